@@ -1,0 +1,77 @@
+/* engine/backend.h: the one interface every compute backend implements (CPU, CUDA).
+ *
+ * A backend owns the model's weights in its memory (the CPU backend borrows the mapping) and a
+ * pool of KV blocks. Block *bookkeeping* (which block is free, refcounts, prefix names) lives in
+ * engine/kvpool.c, not here: a backend only stores bytes per block id.
+ *
+ * KV block layout (the same bytes on every backend, so blocks move between tiers unchanged):
+ *   [n_layers][2 (K, V)][block_tokens][n_kv_heads][head_dim] elements of kv_type (F32 or F16).
+ *
+ * Threads: a backend is driven by one thread at a time (the engine's step thread); it may use
+ * its own worker threads inside a call. */
+#ifndef SPILLWAY_ENGINE_BACKEND_H
+#define SPILLWAY_ENGINE_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model.h"
+
+/* One forward step over a set of sequences. Tokens of sequence s occupy the contiguous range
+ * [seq_start[s], seq_start[s+1]) with consecutive positions (a prefill chunk, or one decode
+ * token). Each token's K/V is written at its position through the sequence's block table before
+ * attention, which covers positions [0, pos] of the same sequence (causal). */
+typedef struct {
+    int n_tokens;
+    const int32_t *tokens;              /* [n_tokens] token ids */
+    const int32_t *pos;                 /* [n_tokens] absolute positions */
+    int n_seqs;
+    const int32_t *seq_start;           /* [n_seqs + 1] */
+    const int32_t *const *block_tables; /* [n_seqs] -> block ids covering positions 0..last pos */
+    int n_logits;
+    const int32_t *logits_idx;          /* [n_logits] token indices whose logits are wanted */
+} backend_batch_t;
+
+typedef struct {
+    int threads;          /* CPU worker threads (>= 1) */
+    int block_tokens;     /* B: tokens per KV block */
+    int n_kv_blocks;      /* blocks in the pool */
+    int kv_type;          /* DT_F32 or DT_F16 */
+    int max_batch_tokens; /* largest n_tokens a forward call may get (sizes scratch) */
+} backend_params_t;
+
+typedef struct backend backend_t;
+
+typedef struct {
+    const char *name;
+    void (*free)(backend_t *b);
+    /* Runs one step. logits: [n_logits][n_vocab] F32 written on success. Returns 0 or -1 and
+     * fills errstr. */
+    int (*forward)(backend_t *b, const backend_batch_t *batch, float *logits, char *errstr,
+                   size_t errlen);
+    /* Block copies: dst/src hold kv_block_bytes. Optional (NULL): the caller falls back. */
+    int (*kv_block_read)(backend_t *b, int32_t block, void *dst);
+    int (*kv_block_write)(backend_t *b, int32_t block, const void *src);
+    int (*kv_block_copy)(backend_t *b, int32_t dst_block, int32_t src_block);
+    /* Waits for queued work; 0 or -1. */
+    int (*synchronize)(backend_t *b);
+} backend_ops_t;
+
+struct backend {
+    const backend_ops_t *ops;
+    void *ctx;               /* the implementation's state */
+    const model_t *model;    /* borrowed: outlives the backend */
+    backend_params_t params;
+    size_t kv_block_bytes;
+};
+
+/* CPU backend (engine/cpu). model is borrowed and must outlive the backend. */
+backend_t *backend_cpu_new(const model_t *model, const backend_params_t *params, char *errstr,
+                           size_t errlen);
+
+static inline void backend_free(backend_t *b)
+{
+    if (b) b->ops->free(b);
+}
+
+#endif

@@ -1,0 +1,128 @@
+/* engine/dtype.h: GGML tensor element types and scalar conversions.
+ * Internal to the engine module. Pure functions, thread-safe. */
+#ifndef SPILLWAY_ENGINE_DTYPE_H
+#define SPILLWAY_ENGINE_DTYPE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+/* Tensor element types, numbered as in GGUF/ggml (ggml_type). */
+enum dtype {
+    DT_F32 = 0,
+    DT_F16 = 1,
+    DT_Q4_0 = 2,
+    DT_Q4_1 = 3,
+    DT_Q8_0 = 8,
+    DT_Q4_K = 12,
+    DT_Q6_K = 14,
+    DT_BF16 = 30,
+};
+
+/* Q8_0 block: 32 weights = fp16 scale d + 32 int8; w[i] = d * qs[i]. */
+#define QK8_0 32
+typedef struct {
+    uint16_t d;     /* fp16 */
+    int8_t qs[QK8_0];
+} block_q8_0;
+
+/* Elements per block and bytes per block of a type; 0 when unsupported. */
+static inline int dtype_block_elems(int t)
+{
+    switch (t) {
+    case DT_F32: case DT_F16: case DT_BF16: return 1;
+    case DT_Q8_0: return QK8_0;
+    default: return 0;
+    }
+}
+static inline size_t dtype_block_bytes(int t)
+{
+    switch (t) {
+    case DT_F32: return 4;
+    case DT_F16: case DT_BF16: return 2;
+    case DT_Q8_0: return sizeof(block_q8_0);
+    default: return 0;
+    }
+}
+/* Bytes of a row of n elements (n a multiple of the block size), 0 when unsupported. */
+static inline size_t dtype_row_bytes(int t, int64_t n)
+{
+    int be = dtype_block_elems(t);
+    if (be == 0 || n % be) return 0;
+    return (size_t)(n / be) * dtype_block_bytes(t);
+}
+const char *dtype_name(int t);               /* "f32", "q8_0", ... or "unknown" */
+int dtype_supported(int t);                  /* 1 for F32, F16, BF16, Q8_0 */
+#define DTYPE_SUPPORTED_LIST "F32, F16, BF16, Q8_0"
+
+static inline float fp16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1f, mant = h & 0x3ff, bits;
+    if (exp == 0) {
+        if (mant == 0) {
+            bits = sign;
+        } else { /* subnormal: renormalise */
+            exp = 127 - 15 + 1;
+            while (!(mant & 0x400)) { mant <<= 1; exp--; }
+            mant &= 0x3ff;
+            bits = sign | (exp << 23) | (mant << 13);
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7f800000u | (mant << 13);
+    } else {
+        bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* Round to nearest even; overflow gives inf, NaN stays NaN. */
+static inline uint16_t f32_to_fp16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000;
+    uint32_t absx = x & 0x7fffffffu;
+    if (absx >= 0x7f800000u) /* inf or nan */
+        return (uint16_t)(sign | 0x7c00 | (absx > 0x7f800000u ? 0x200 : 0));
+    if (absx >= 0x477ff000u) /* rounds to >= 65520: inf */
+        return (uint16_t)(sign | 0x7c00);
+    if (absx < 0x38800000u) { /* below fp16 normal range: subnormal or zero */
+        if (absx < 0x33000000u) return (uint16_t)sign;
+        uint32_t e = absx >> 23;
+        uint32_t m = (absx & 0x7fffff) | 0x800000;
+        uint32_t shift = 126 - e; /* 14..24 */
+        /* value = m * 2^(e-150); subnormal unit 2^-24, so q = m >> (126 - e) */
+        uint32_t q = m >> shift;
+        uint32_t rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (q & 1))) q++;
+        return (uint16_t)(sign | q);
+    }
+    uint32_t e = (absx >> 23) - 127 + 15;
+    uint32_t m = absx & 0x7fffff;
+    uint32_t h = (e << 10) | (m >> 13);
+    uint32_t rem = m & 0x1fff;
+    if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) h++;
+    return (uint16_t)(sign | h);
+}
+
+static inline float bf16_to_f32(uint16_t b)
+{
+    uint32_t bits = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static inline uint16_t f32_to_bf16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40);
+    x += 0x7fff + ((x >> 16) & 1);
+    return (uint16_t)(x >> 16);
+}
+
+#endif

@@ -1,0 +1,86 @@
+/* engine/model.h: a Llama-family model bound to the tensors of a GGUF file. Internal.
+ *
+ * model_load() reads hyper-parameters from the GGUF metadata and binds every tensor (no copy:
+ * weights point into the gguf_t mapping, which the model owns). Immutable after load: safe to
+ * share between threads.
+ *
+ * Matrix convention: a weight W of GGUF shape ne = {in, out} is row-major [out][in]; row o is
+ * the contiguous vector of `in` elements, so y[o] = dot(W[o, :], x). */
+#ifndef SPILLWAY_ENGINE_MODEL_H
+#define SPILLWAY_ENGINE_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gguf.h"
+
+enum model_arch { ARCH_LLAMA = 0, ARCH_QWEN2 = 1 };
+#define MODEL_ARCH_SUPPORTED "llama, qwen2"
+
+/* RoPE pairing: NORM rotates adjacent pairs (x[2i], x[2i+1]) (llama GGUF, whose Q/K rows the
+ * converter permuted); NEOX rotates (x[i], x[i + d/2]) (qwen2). */
+enum rope_kind { ROPE_NORM = 0, ROPE_NEOX = 1 };
+
+typedef struct {
+    int type;            /* enum dtype */
+    const void *data;    /* [rows][cols] in type's row format; borrowed from the mapping */
+    int64_t rows, cols;  /* out, in */
+    size_t row_bytes;
+} weight_t;
+
+typedef struct {
+    weight_t attn_norm;  /* F32 [dim] (converted at load when stored otherwise) */
+    weight_t wq;         /* [n_heads * head_dim][dim] */
+    weight_t wk;         /* [n_kv_heads * head_dim][dim] */
+    weight_t wv;         /* [n_kv_heads * head_dim][dim] */
+    weight_t wo;         /* [dim][n_heads * head_dim] */
+    weight_t bq, bk, bv; /* F32 biases (qwen2), data NULL when absent */
+    weight_t ffn_norm;   /* F32 [dim] */
+    weight_t w_gate;     /* [ffn_dim][dim] */
+    weight_t w_up;       /* [ffn_dim][dim] */
+    weight_t w_down;     /* [dim][ffn_dim] */
+} layer_weights_t;
+
+typedef struct {
+    int arch;            /* enum model_arch */
+    char arch_name[32];
+    int n_vocab;
+    int dim;             /* embedding length */
+    int n_layers;
+    int n_heads;
+    int n_kv_heads;
+    int head_dim;        /* dim / n_heads unless the file says otherwise */
+    int ffn_dim;
+    int ctx_len;         /* trained context length */
+    float norm_eps;      /* RMSNorm epsilon */
+    int rope_kind;       /* enum rope_kind */
+    float rope_theta;    /* base frequency */
+    int rope_dim;        /* rotated dims per head (= head_dim unless the file says less) */
+    float rope_freq_scale; /* linear scaling: positions multiplied by this (1 = none) */
+} hparams_t;
+
+typedef struct model {
+    hparams_t hp;
+    gguf_t *gguf;                 /* owned */
+    weight_t tok_embd;            /* [n_vocab][dim] */
+    weight_t output_norm;         /* F32 [dim] */
+    weight_t output;              /* [n_vocab][dim]; same data as tok_embd when tied */
+    int tied_output;
+    layer_weights_t *layers;      /* [n_layers], owned */
+    float *rope_inv_freq;         /* [rope_dim / 2] owned: theta^(-2i/rope_dim) / freq factor */
+    float *owned_f32;             /* norms/biases converted to F32 at load, owned */
+    uint64_t fingerprint;         /* hash of hparams, tensor names/types/shapes and weight bytes sample */
+    int weight_type;              /* dominant matrix dtype (for display) */
+    size_t weight_bytes;          /* sum of all tensor bytes */
+} model_t;
+
+/* Loads path. Returns NULL and fills errstr on error (unsupported arch names the supported ones;
+ * unsupported tensor type names the supported ones; missing tensor names it). Takes ownership of
+ * nothing; the returned model owns its gguf_t. */
+model_t *model_load(const char *path, char *errstr, size_t errlen);
+void model_free(model_t *m);
+
+/* Bytes of K+V per token per layer set, for a KV element size of elem_bytes. */
+size_t model_kv_bytes_per_token(const model_t *m, size_t elem_bytes);
+
+#endif
