@@ -1,0 +1,208 @@
+#!/usr/bin/env python3
+"""Minimal, independent GGUF v2/v3 reader for the float64 reference forward pass.
+
+Written from the GGUF format description only (no gguf package, no engine code), so that an error
+shared by the engine's reader and this one is unlikely.
+
+File layout (all little-endian):
+    u32 magic "GGUF", u32 version (2 or 3), u64 n_tensors, u64 n_kv,
+    n_kv x { string key, u32 value_type, value },
+    n_tensors x { string name, u32 n_dims, u64 ne[n_dims], u32 dtype, u64 offset },
+    padding to `general.alignment` (default 32), then the data section; each tensor's offset is
+    relative to the start of the data section.
+    string = u64 length + bytes (no NUL); array = u32 elem_type + u64 count + elements.
+
+Tensors come back as float64 numpy arrays of shape ne[::-1] (ne[0] is the innermost, contiguous
+dimension), so a matrix of ne = {in, out} is an (out, in) array. Supported dtypes: F32, F16, BF16,
+Q8_0 (blocks of 32: fp16 scale d + 32 int8 q, w = d * q, exact in float64).
+
+Usage as a script: gguf_ref.py FILE  prints the metadata and tensor list.
+"""
+import struct
+import sys
+
+import numpy as np
+
+GGUF_MAGIC = b"GGUF"
+
+# metadata value types
+T_U8, T_I8, T_U16, T_I16, T_U32, T_I32, T_F32, T_BOOL, T_STR, T_ARR, T_U64, T_I64, T_F64 = range(13)
+_SCALAR = {
+    T_U8: "<B", T_I8: "<b", T_U16: "<H", T_I16: "<h", T_U32: "<I", T_I32: "<i",
+    T_F32: "<f", T_BOOL: "<?", T_U64: "<Q", T_I64: "<q", T_F64: "<d",
+}
+_NP_SCALAR = {
+    T_U8: "<u1", T_I8: "<i1", T_U16: "<u2", T_I16: "<i2", T_U32: "<u4", T_I32: "<i4",
+    T_F32: "<f4", T_BOOL: "<u1", T_U64: "<u8", T_I64: "<i8", T_F64: "<f8",
+}
+
+# tensor dtypes (ggml numbering)
+DT_F32, DT_F16, DT_Q8_0, DT_BF16 = 0, 1, 8, 30
+DTYPE_NAMES = {DT_F32: "f32", DT_F16: "f16", DT_Q8_0: "q8_0", DT_BF16: "bf16"}
+QK8_0 = 32
+Q8_0_BLOCK_BYTES = 2 + QK8_0
+
+
+class GGUFError(Exception):
+    pass
+
+
+class Tensor:
+    """Tensor info; .array() dequantises the stored bytes to float64."""
+
+    def __init__(self, name, ne, dtype, offset, raw):
+        self.name = name
+        self.ne = ne          # list, ne[0] innermost
+        self.dtype = dtype
+        self.offset = offset
+        self.raw = raw        # memoryview of exactly the tensor's bytes
+
+    @property
+    def shape(self):
+        return tuple(reversed(self.ne))
+
+    def array(self):
+        n = 1
+        for d in self.ne:
+            n *= d
+        if self.dtype == DT_F32:
+            flat = np.frombuffer(self.raw, dtype="<f4", count=n).astype(np.float64)
+        elif self.dtype == DT_F16:
+            flat = np.frombuffer(self.raw, dtype="<f2", count=n).astype(np.float64)
+        elif self.dtype == DT_BF16:
+            u16 = np.frombuffer(self.raw, dtype="<u2", count=n).astype(np.uint32)
+            flat = (u16 << 16).astype("<u4").view("<f4").astype(np.float64)
+        elif self.dtype == DT_Q8_0:
+            nb = n // QK8_0
+            blocks = np.frombuffer(self.raw, dtype=np.uint8, count=nb * Q8_0_BLOCK_BYTES)
+            blocks = blocks.reshape(nb, Q8_0_BLOCK_BYTES)
+            d = blocks[:, :2].copy().view("<f2").astype(np.float64)          # (nb, 1)
+            q = blocks[:, 2:].copy().view(np.int8).astype(np.float64)        # (nb, 32)
+            flat = (d * q).reshape(n)
+        else:
+            raise GGUFError("tensor %s: unsupported dtype %d" % (self.name, self.dtype))
+        return flat.reshape(self.shape)
+
+
+def _nbytes(dtype, ne, name):
+    n = 1
+    for d in ne:
+        n *= d
+    if dtype == DT_F32:
+        return 4 * n
+    if dtype in (DT_F16, DT_BF16):
+        return 2 * n
+    if dtype == DT_Q8_0:
+        if ne[0] % QK8_0:
+            raise GGUFError("tensor %s: q8_0 row of %d not a multiple of 32" % (name, ne[0]))
+        return n // QK8_0 * Q8_0_BLOCK_BYTES
+    return None  # unknown size: listed, but not readable
+
+
+class GGUF:
+    def __init__(self, path):
+        with open(path, "rb") as f:
+            self.buf = f.read()
+        self.path = path
+        self.pos = 0
+        if self._take(4) != GGUF_MAGIC:
+            raise GGUFError("%s: not a GGUF file" % path)
+        self.version = self._u("<I")
+        if self.version not in (2, 3):
+            raise GGUFError("%s: GGUF version %d unsupported" % (path, self.version))
+        n_tensors = self._u("<Q")
+        n_kv = self._u("<Q")
+        self.kv = {}
+        self.kv_types = {}
+        for _ in range(n_kv):
+            key = self._str()
+            vt = self._u("<I")
+            self.kv[key] = self._value(vt)
+            self.kv_types[key] = vt
+        infos = []
+        for _ in range(n_tensors):
+            name = self._str()
+            n_dims = self._u("<I")
+            if not 1 <= n_dims <= 4:
+                raise GGUFError("tensor %s: %d dims" % (name, n_dims))
+            ne = [self._u("<Q") for _ in range(n_dims)]
+            dtype = self._u("<I")
+            offset = self._u("<Q")
+            infos.append((name, ne, dtype, offset))
+        self.alignment = int(self.kv.get("general.alignment", 32))
+        a = self.alignment
+        self.data_start = (self.pos + a - 1) // a * a
+        self.tensors = {}
+        mv = memoryview(self.buf)
+        for name, ne, dtype, offset in infos:
+            nb = _nbytes(dtype, ne, name)
+            start = self.data_start + offset
+            if nb is not None and start + nb > len(self.buf):
+                raise GGUFError("tensor %s: data beyond end of file" % name)
+            raw = mv[start:start + nb] if nb is not None else None
+            self.tensors[name] = Tensor(name, ne, dtype, offset, raw)
+
+    # -- low-level readers --
+    def _take(self, n):
+        if self.pos + n > len(self.buf):
+            raise GGUFError("%s: truncated at byte %d" % (self.path, self.pos))
+        b = self.buf[self.pos:self.pos + n]
+        self.pos += n
+        return b
+
+    def _u(self, fmt):
+        return struct.unpack(fmt, self._take(struct.calcsize(fmt)))[0]
+
+    def _str(self):
+        n = self._u("<Q")
+        return self._take(n).decode("utf-8", errors="replace")
+
+    def _value(self, vt):
+        if vt in _SCALAR:
+            return self._u(_SCALAR[vt])
+        if vt == T_STR:
+            return self._str()
+        if vt == T_ARR:
+            et = self._u("<I")
+            n = self._u("<Q")
+            if et in _NP_SCALAR:
+                size = np.dtype(_NP_SCALAR[et]).itemsize
+                arr = np.frombuffer(self._take(n * size), dtype=_NP_SCALAR[et])
+                return arr
+            return [self._value(et) for _ in range(n)]
+        raise GGUFError("%s: bad metadata type %d at byte %d" % (self.path, vt, self.pos))
+
+    # -- accessors --
+    def get(self, key, default=None):
+        return self.kv.get(key, default)
+
+    def has_tensor(self, name):
+        return name in self.tensors
+
+    def tensor(self, name):
+        t = self.tensors.get(name)
+        if t is None:
+            raise GGUFError("%s: tensor %s missing" % (self.path, name))
+        return t.array()
+
+
+def main(argv):
+    if len(argv) != 2:
+        print("usage: gguf_ref.py FILE", file=sys.stderr)
+        return 2
+    g = GGUF(argv[1])
+    print("version %d, alignment %d, %d kv, %d tensors" %
+          (g.version, g.alignment, len(g.kv), len(g.tensors)))
+    for k, v in g.kv.items():
+        if isinstance(v, (list, np.ndarray)):
+            s = "[%d] %s" % (len(v), list(v[:4]))
+        else:
+            s = repr(v)
+        print("  %-45s %s" % (k, s[:100]))
+    for t in g.tensors.values():
+        print("  %-32s %-5s ne=%s" % (t.name, DTYPE_NAMES.get(t.dtype, str(t.dtype)), t.ne))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
