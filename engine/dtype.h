@@ -13,10 +13,18 @@ enum dtype {
     DT_F16 = 1,
     DT_Q4_0 = 2,
     DT_Q4_1 = 3,
+    DT_Q5_0 = 6,
+    DT_Q5_1 = 7,
     DT_Q8_0 = 8,
+    DT_Q8_1 = 9,
+    DT_Q2_K = 10,
+    DT_Q3_K = 11,
     DT_Q4_K = 12,
+    DT_Q5_K = 13,
     DT_Q6_K = 14,
+    DT_Q8_K = 15,
     DT_BF16 = 30,
+    DT_COUNT_ = 43, /* one past the highest ggml type number this build knows */
 };
 
 /* Q8_0 block: 32 weights = fp16 scale d + 32 int8; w[i] = d * qs[i]. */
@@ -52,6 +60,12 @@ static inline size_t dtype_row_bytes(int t, int64_t n)
     return (size_t)(n / be) * dtype_block_bytes(t);
 }
 const char *dtype_name(int t);               /* "f32", "q8_0", ... or "unknown" */
+/* Every ggml type known to this build, supported for compute or not (file validation, inspect):
+ * elements per block and bytes per block; 0 when t is not a known ggml type (numbers removed
+ * from ggml, such as 4, 5 and 31..33, are unknown). Agree with dtype_block_elems/bytes on the
+ * supported types. */
+int dtype_ggml_block_elems(int t);
+size_t dtype_ggml_block_bytes(int t);
 int dtype_supported(int t);                  /* 1 for F32, F16, BF16, Q8_0 */
 #define DTYPE_SUPPORTED_LIST "F32, F16, BF16, Q8_0"
 

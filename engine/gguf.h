@@ -71,6 +71,10 @@ int gguf_get_f32(const gguf_t *g, const char *key, float *out);
 int gguf_get_bool(const gguf_t *g, const char *key, int *out);
 int gguf_get_str(const gguf_t *g, const char *key, gguf_str_t *out);
 
+/* "u8", "i8", "u16", "i16", "u32", "i32", "f32", "bool", "string", "array", "u64", "i64", "f64";
+ * "unknown" otherwise. */
+const char *gguf_type_name(int type);
+
 /* Scalar value by index, for printing: writes a short human-readable rendering of the value
  * (arrays as "[type; n]" plus the first few elements) into buf. */
 void gguf_kv_format(const gguf_t *g, int64_t i, char *buf, size_t buflen);

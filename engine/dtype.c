@@ -1,0 +1,79 @@
+/* engine/dtype.c: names and block geometry of the ggml tensor types. */
+#include "dtype.h"
+
+typedef struct {
+    const char *name;
+    int block_elems;
+    int block_bytes;
+} dtype_desc_t;
+
+/* Indexed by ggml type number. Block sizes as fixed by the ggml file format (ggml-common.h
+ * block structs); an entry with block_elems 0 is a number ggml has retired or never used. */
+static const dtype_desc_t dtype_table[DT_COUNT_] = {
+    [0] = {"f32", 1, 4},
+    [1] = {"f16", 1, 2},
+    [2] = {"q4_0", 32, 18},
+    [3] = {"q4_1", 32, 20},
+    [6] = {"q5_0", 32, 22},
+    [7] = {"q5_1", 32, 24},
+    [8] = {"q8_0", 32, 34},
+    [9] = {"q8_1", 32, 36},
+    [10] = {"q2_K", 256, 84},
+    [11] = {"q3_K", 256, 110},
+    [12] = {"q4_K", 256, 144},
+    [13] = {"q5_K", 256, 176},
+    [14] = {"q6_K", 256, 210},
+    [15] = {"q8_K", 256, 292},
+    [16] = {"iq2_xxs", 256, 66},
+    [17] = {"iq2_xs", 256, 74},
+    [18] = {"iq3_xxs", 256, 98},
+    [19] = {"iq1_s", 256, 50},
+    [20] = {"iq4_nl", 32, 18},
+    [21] = {"iq3_s", 256, 110},
+    [22] = {"iq2_s", 256, 82},
+    [23] = {"iq4_xs", 256, 136},
+    [24] = {"i8", 1, 1},
+    [25] = {"i16", 1, 2},
+    [26] = {"i32", 1, 4},
+    [27] = {"i64", 1, 8},
+    [28] = {"f64", 1, 8},
+    [29] = {"iq1_m", 256, 56},
+    [30] = {"bf16", 1, 2},
+    [34] = {"tq1_0", 256, 54},
+    [35] = {"tq2_0", 256, 66},
+    [39] = {"mxfp4", 32, 17},
+    [40] = {"nvfp4", 64, 36},
+    [41] = {"q1_0", 128, 18},
+    [42] = {"q2_0", 64, 18},
+};
+
+_Static_assert(sizeof(block_q8_0) == 34, "block_q8_0 must be packed to 34 bytes");
+
+static const dtype_desc_t *dtype_desc(int t)
+{
+    if (t < 0 || t >= DT_COUNT_ || dtype_table[t].block_elems == 0) return NULL;
+    return &dtype_table[t];
+}
+
+const char *dtype_name(int t)
+{
+    const dtype_desc_t *d = dtype_desc(t);
+    return d ? d->name : "unknown";
+}
+
+int dtype_supported(int t)
+{
+    return t == DT_F32 || t == DT_F16 || t == DT_BF16 || t == DT_Q8_0;
+}
+
+int dtype_ggml_block_elems(int t)
+{
+    const dtype_desc_t *d = dtype_desc(t);
+    return d ? d->block_elems : 0;
+}
+
+size_t dtype_ggml_block_bytes(int t)
+{
+    const dtype_desc_t *d = dtype_desc(t);
+    return d ? (size_t)d->block_bytes : 0;
+}
