@@ -1,0 +1,529 @@
+/* engine/cpu/cpu_backend.c: the CPU backend: Llama-family forward pass over the paged KV cache.
+ *
+ * Weights are read in place from the model's mapping. Activations live in scratch buffers sized
+ * for params.max_batch_tokens at creation; nothing is allocated per step. Each phase of a layer
+ * is one tpool_run; matmuls split output rows over threads, attention splits (token, kv head)
+ * items over threads. Every output value is computed in an order that does not depend on the
+ * batch (see kernels.h), so results are bit-identical alone or batched. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../backend.h"
+#include "../dtype.h"
+#include "kernels.h"
+#include "threadpool.h"
+
+typedef struct {
+    backend_t base;
+    const kern_table_t *k;
+    tpool_t *pool;
+    int n_threads;
+    unsigned char *kv;       /* [n_kv_blocks][kv_block_bytes] */
+    size_t kv_elem;          /* 4 (F32) or 2 (F16) */
+    int max_T;
+    /* scratch, [max_T][...] F32 */
+    float *x;                /* [T][dim] residual stream */
+    float *xn;               /* [T][dim] normalised input */
+    float *q;                /* [T][n_heads * head_dim] */
+    float *kk;               /* [T][n_kv * head_dim] */
+    float *vv;               /* [T][n_kv * head_dim] */
+    float *att;              /* [T][n_heads * head_dim] attention output */
+    float *gate;             /* [T][ffn] */
+    float *up;               /* [T][ffn] */
+    float *tmp;              /* [T][dim] */
+    float *rope_cs;          /* [T][rope_dim / 2][2] cos, sin */
+    int32_t *tok_seq;        /* [T] sequence index of each token */
+    float *scores;           /* [n_threads][group * ctx_len] */
+    float *kvconv;           /* [n_threads][block_tokens * head_dim * 2] F16 -> F32 staging */
+    size_t scores_per_thread;
+} cpu_t;
+
+static void seterr(char *errstr, size_t errlen, const char *fmt, ...)
+{
+    if (!errstr || !errlen) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(errstr, errlen, fmt, ap);
+    va_end(ap);
+}
+
+/* ---- per-step job shared by the phase functions ---- */
+typedef struct {
+    cpu_t *c;
+    const backend_batch_t *b;
+    const layer_weights_t *L;
+    int layer;
+    int T;
+    float *logits;
+    const float *logit_in;   /* [n_logits][dim] */
+} job_t;
+
+static void mm(const cpu_t *c, const weight_t *w, const float *x, int64_t ldx, float *y,
+               int64_t ldy, int T, int ith, int nth)
+{
+    long lo, hi;
+    tpool_split((long)w->rows, ith, nth, &lo, &hi);
+    if (lo < hi) c->k->matmul(w->type, w->data, w->row_bytes, w->cols, x, ldx, y, ldy, T, lo, hi);
+}
+
+static void ph_embed(void *arg, int ith, int nth)
+{
+    job_t *j = arg;
+    const cpu_t *c = j->c;
+    const model_t *m = c->base.model;
+    const int dim = m->hp.dim;
+    long lo, hi;
+    tpool_split(j->T, ith, nth, &lo, &hi);
+    for (long t = lo; t < hi; t++) {
+        const char *row = (const char *)m->tok_embd.data + (size_t)j->b->tokens[t] * m->tok_embd.row_bytes;
+        c->k->dequant_row(m->tok_embd.type, row, c->x + t * dim, dim);
+        /* RoPE angles of this token, in double for accuracy at large positions. */
+        const hparams_t *hp = &m->hp;
+        double p = (double)j->b->pos[t] * hp->rope_freq_scale;
+        float *cs = c->rope_cs + t * hp->rope_dim;
+        for (int i = 0; i < hp->rope_dim / 2; i++) {
+            double a = p * m->rope_inv_freq[i];
+            cs[2 * i] = (float)cos(a);
+            cs[2 * i + 1] = (float)sin(a);
+        }
+    }
+}
+
+static void ph_attn_norm(void *arg, int ith, int nth)
+{
+    job_t *j = arg;
+    const cpu_t *c = j->c;
+    const int dim = c->base.model->hp.dim;
+    long lo, hi;
+    tpool_split(j->T, ith, nth, &lo, &hi);
+    for (long t = lo; t < hi; t++)
+        c->k->rmsnorm(c->x + t * dim, j->L->attn_norm.data, c->base.model->hp.norm_eps,
+                      c->xn + t * dim, dim);
+}
+
+static void ph_qkv(void *arg, int ith, int nth)
+{
+    job_t *j = arg;
+    const cpu_t *c = j->c;
+    const hparams_t *hp = &c->base.model->hp;
+    const int dim = hp->dim, qd = hp->n_heads * hp->head_dim, kvd = hp->n_kv_heads * hp->head_dim;
+    mm(c, &j->L->wq, c->xn, dim, c->q, qd, j->T, ith, nth);
+    mm(c, &j->L->wk, c->xn, dim, c->kk, kvd, j->T, ith, nth);
+    mm(c, &j->L->wv, c->xn, dim, c->vv, kvd, j->T, ith, nth);
+}
+
+static void rope_apply(const hparams_t *hp, const float *cs, float *v)
+{
+    const int half = hp->rope_dim / 2;
+    if (hp->rope_kind == ROPE_NORM) {
+        for (int i = 0; i < half; i++) {
+            float a = v[2 * i], b = v[2 * i + 1], co = cs[2 * i], si = cs[2 * i + 1];
+            v[2 * i] = a * co - b * si;
+            v[2 * i + 1] = a * si + b * co;
+        }
+    } else {
+        for (int i = 0; i < half; i++) {
+            float a = v[i], b = v[i + half], co = cs[2 * i], si = cs[2 * i + 1];
+            v[i] = a * co - b * si;
+            v[i + half] = a * si + b * co;
+        }
+    }
+}
+
+static inline unsigned char *kv_ptr(const cpu_t *c, int32_t block, int layer, int kind, int slot,
+                                    int head)
+{
+    const hparams_t *hp = &c->base.model->hp;
+    const int B = c->base.params.block_tokens;
+    size_t idx = ((((size_t)layer * 2 + kind) * B + slot) * hp->n_kv_heads + head) * hp->head_dim;
+    return c->kv + (size_t)block * c->base.kv_block_bytes + idx * c->kv_elem;
+}
+
+/* Biases, RoPE, and K/V written into the cache at each token's position. */
+static void ph_rope_store(void *arg, int ith, int nth)
+{
+    job_t *j = arg;
+    cpu_t *c = j->c;
+    const hparams_t *hp = &c->base.model->hp;
+    const layer_weights_t *L = j->L;
+    const int hd = hp->head_dim, qd = hp->n_heads * hd, kvd = hp->n_kv_heads * hd;
+    const int B = c->base.params.block_tokens;
+    long lo, hi;
+    tpool_split(j->T, ith, nth, &lo, &hi);
+    for (long t = lo; t < hi; t++) {
+        float *q = c->q + t * qd, *k = c->kk + t * kvd, *v = c->vv + t * kvd;
+        if (L->bq.data) c->k->add(q, L->bq.data, qd);
+        if (L->bk.data) c->k->add(k, L->bk.data, kvd);
+        if (L->bv.data) c->k->add(v, L->bv.data, kvd);
+        const float *cs = c->rope_cs + t * hp->rope_dim;
+        for (int h = 0; h < hp->n_heads; h++) rope_apply(hp, cs, q + h * hd);
+        for (int h = 0; h < hp->n_kv_heads; h++) rope_apply(hp, cs, k + h * hd);
+        int s = c->tok_seq[t];
+        int pos = j->b->pos[t];
+        int32_t blk = j->b->block_tables[s][pos / B];
+        int slot = pos % B;
+        unsigned char *kd = kv_ptr(c, blk, j->layer, 0, slot, 0);
+        unsigned char *vd = kv_ptr(c, blk, j->layer, 1, slot, 0);
+        if (c->kv_elem == 4) {
+            memcpy(kd, k, (size_t)kvd * 4);
+            memcpy(vd, v, (size_t)kvd * 4);
+        } else {
+            c->k->f32_to_f16(k, (uint16_t *)kd, kvd);
+            c->k->f32_to_f16(v, (uint16_t *)vd, kvd);
+        }
+    }
+}
+
+/* Causal attention of one token over its sequence's positions [0, pos], for the query heads
+ * that share kv head g. Scores for all positions first, then softmax, then the weighted V sum,
+ * always in position order. */
+static void attend(cpu_t *c, const backend_batch_t *b, int layer, int t, int g, int ith)
+{
+    const hparams_t *hp = &c->base.model->hp;
+    const kern_table_t *k = c->k;
+    const int hd = hp->head_dim, grp = hp->n_heads / hp->n_kv_heads;
+    const int B = c->base.params.block_tokens;
+    const int s = c->tok_seq[t];
+    const int n = b->pos[t] + 1;
+    const int32_t *bt = b->block_tables[s];
+    const float scale = 1.0f / sqrtf((float)hd);
+    float *sc = c->scores + (size_t)ith * c->scores_per_thread; /* [grp][n] */
+    float *conv = c->kvconv + (size_t)ith * B * hd;
+    const float *q0 = c->q + (size_t)t * hp->n_heads * hd + (size_t)g * grp * hd;
+    float *o0 = c->att + (size_t)t * hp->n_heads * hd + (size_t)g * grp * hd;
+
+    for (int j0 = 0; j0 < n; j0 += B) {
+        int cnt = n - j0 < B ? n - j0 : B;
+        const unsigned char *kb = kv_ptr(c, bt[j0 / B], layer, 0, 0, g);
+        const size_t stride = (size_t)hp->n_kv_heads * hd * c->kv_elem;
+        for (int i = 0; i < cnt; i++) {
+            const float *kr;
+            if (c->kv_elem == 4) {
+                kr = (const float *)(kb + i * stride);
+            } else {
+                k->f16_to_f32((const uint16_t *)(kb + i * stride), conv, hd);
+                kr = conv;
+            }
+            for (int h = 0; h < grp; h++)
+                sc[(size_t)h * n + j0 + i] = k->dot_f32(q0 + h * hd, kr, hd) * scale;
+        }
+    }
+    for (int h = 0; h < grp; h++) {
+        float *srow = sc + (size_t)h * n;
+        float mx = srow[0];
+        for (int j = 1; j < n; j++) mx = srow[j] > mx ? srow[j] : mx;
+        float sum = 0;
+        for (int j = 0; j < n; j++) {
+            srow[j] = expf(srow[j] - mx);
+            sum += srow[j];
+        }
+        float inv = 1.0f / sum;
+        for (int j = 0; j < n; j++) srow[j] *= inv;
+        memset(o0 + h * hd, 0, (size_t)hd * sizeof(float));
+    }
+    for (int j0 = 0; j0 < n; j0 += B) {
+        int cnt = n - j0 < B ? n - j0 : B;
+        const unsigned char *vb = kv_ptr(c, bt[j0 / B], layer, 1, 0, g);
+        const size_t stride = (size_t)hp->n_kv_heads * hd * c->kv_elem;
+        for (int i = 0; i < cnt; i++) {
+            const float *vr;
+            if (c->kv_elem == 4) {
+                vr = (const float *)(vb + i * stride);
+            } else {
+                k->f16_to_f32((const uint16_t *)(vb + i * stride), conv, hd);
+                vr = conv;
+            }
+            for (int h = 0; h < grp; h++)
+                k->axpy_f32(sc[(size_t)h * n + j0 + i], vr, o0 + h * hd, hd);
+        }
+    }
+}
+
+static void ph_attention(void *arg, int ith, int nth)
+{
+    job_t *j = arg;
+    cpu_t *c = j->c;
+    const int nkv = c->base.model->hp.n_kv_heads;
+    const long items = (long)j->T * nkv;
+    /* Interleaved so that long-context (late) tokens of a prefill spread over threads. */
+    for (long it = ith; it < items; it += nth) attend(c, j->b, j->layer, (int)(it / nkv), (int)(it % nkv), ith);
+}
+
+/* x += Wo * att, each thread over its own output rows. */
+static void ph_wo(void *arg, int ith, int nth)
+{
+    job_t *j = arg;
+    const cpu_t *c = j->c;
+    const hparams_t *hp = &c->base.model->hp;
+    const int dim = hp->dim, qd = hp->n_heads * hp->head_dim;
+    long lo, hi;
+    tpool_split(dim, ith, nth, &lo, &hi);
+    if (lo >= hi) return;
+    const weight_t *w = &j->L->wo;
+    c->k->matmul(w->type, w->data, w->row_bytes, w->cols, c->att, qd, c->tmp, dim, j->T, lo, hi);
+    for (int t = 0; t < j->T; t++) c->k->add(c->x + (size_t)t * dim + lo, c->tmp + (size_t)t * dim + lo, hi - lo);
+}
+
+static void ph_ffn_norm(void *arg, int ith, int nth)
+{
+    job_t *j = arg;
+    const cpu_t *c = j->c;
+    const int dim = c->base.model->hp.dim;
+    long lo, hi;
+    tpool_split(j->T, ith, nth, &lo, &hi);
+    for (long t = lo; t < hi; t++)
+        c->k->rmsnorm(c->x + t * dim, j->L->ffn_norm.data, c->base.model->hp.norm_eps,
+                      c->xn + t * dim, dim);
+}
+
+/* gate, up for this thread's rows, then silu(gate) * up on the same rows. */
+static void ph_gate_up(void *arg, int ith, int nth)
+{
+    job_t *j = arg;
+    const cpu_t *c = j->c;
+    const hparams_t *hp = &c->base.model->hp;
+    const int dim = hp->dim, ffn = hp->ffn_dim;
+    long lo, hi;
+    tpool_split(ffn, ith, nth, &lo, &hi);
+    if (lo >= hi) return;
+    const weight_t *wg = &j->L->w_gate, *wu = &j->L->w_up;
+    c->k->matmul(wg->type, wg->data, wg->row_bytes, dim, c->xn, dim, c->gate, ffn, j->T, lo, hi);
+    c->k->matmul(wu->type, wu->data, wu->row_bytes, dim, c->xn, dim, c->up, ffn, j->T, lo, hi);
+    for (int t = 0; t < j->T; t++)
+        c->k->silu_mul(c->gate + (size_t)t * ffn + lo, c->up + (size_t)t * ffn + lo,
+                       c->gate + (size_t)t * ffn + lo, hi - lo);
+}
+
+static void ph_down(void *arg, int ith, int nth)
+{
+    job_t *j = arg;
+    const cpu_t *c = j->c;
+    const hparams_t *hp = &c->base.model->hp;
+    const int dim = hp->dim, ffn = hp->ffn_dim;
+    long lo, hi;
+    tpool_split(dim, ith, nth, &lo, &hi);
+    if (lo >= hi) return;
+    const weight_t *w = &j->L->w_down;
+    c->k->matmul(w->type, w->data, w->row_bytes, ffn, c->gate, ffn, c->tmp, dim, j->T, lo, hi);
+    for (int t = 0; t < j->T; t++) c->k->add(c->x + (size_t)t * dim + lo, c->tmp + (size_t)t * dim + lo, hi - lo);
+}
+
+static void ph_out_norm(void *arg, int ith, int nth)
+{
+    job_t *j = arg;
+    const cpu_t *c = j->c;
+    const model_t *m = c->base.model;
+    const int dim = m->hp.dim;
+    long lo, hi;
+    tpool_split(j->b->n_logits, ith, nth, &lo, &hi);
+    for (long i = lo; i < hi; i++)
+        c->k->rmsnorm(c->x + (size_t)j->b->logits_idx[i] * dim, m->output_norm.data, m->hp.norm_eps,
+                      c->xn + i * dim, dim);
+}
+
+static void ph_logits(void *arg, int ith, int nth)
+{
+    job_t *j = arg;
+    const cpu_t *c = j->c;
+    const model_t *m = c->base.model;
+    mm(c, &m->output, c->xn, m->hp.dim, j->logits, m->hp.n_vocab, j->b->n_logits, ith, nth);
+}
+
+static int cpu_forward(backend_t *be, const backend_batch_t *b, float *logits, char *errstr,
+                       size_t errlen)
+{
+    cpu_t *c = (cpu_t *)be;
+    const hparams_t *hp = &be->model->hp;
+    const int B = be->params.block_tokens;
+    if (b->n_tokens <= 0 || b->n_tokens > c->max_T || b->n_logits < 0 ||
+        b->n_logits > b->n_tokens) {
+        seterr(errstr, errlen, "cpu: batch of %d tokens / %d logits (limit %d)", b->n_tokens,
+               b->n_logits, c->max_T);
+        return -1;
+    }
+    /* Validate the batch: contiguous sequences, ids, positions and blocks in range. */
+    if (b->n_seqs <= 0 || b->seq_start[0] != 0 || b->seq_start[b->n_seqs] != b->n_tokens) {
+        seterr(errstr, errlen, "cpu: bad sequence ranges");
+        return -1;
+    }
+    for (int s = 0; s < b->n_seqs; s++) {
+        if (b->seq_start[s + 1] <= b->seq_start[s]) {
+            seterr(errstr, errlen, "cpu: sequence %d has no tokens", s);
+            return -1;
+        }
+        for (int t = b->seq_start[s]; t < b->seq_start[s + 1]; t++) {
+            c->tok_seq[t] = s;
+            if (b->tokens[t] < 0 || b->tokens[t] >= hp->n_vocab) {
+                seterr(errstr, errlen, "cpu: token id %d out of range [0, %d)", b->tokens[t],
+                       hp->n_vocab);
+                return -1;
+            }
+            if (b->pos[t] < 0 || b->pos[t] >= hp->ctx_len ||
+                (t > b->seq_start[s] && b->pos[t] != b->pos[t - 1] + 1)) {
+                seterr(errstr, errlen, "cpu: bad position %d of sequence %d", b->pos[t], s);
+                return -1;
+            }
+        }
+        int last = b->pos[b->seq_start[s + 1] - 1];
+        for (int i = 0; i <= last / B; i++) {
+            int32_t blk = b->block_tables[s][i];
+            if (blk < 0 || blk >= be->params.n_kv_blocks) {
+                seterr(errstr, errlen, "cpu: sequence %d block %d = %d out of range", s, i, blk);
+                return -1;
+            }
+        }
+    }
+    for (int i = 0; i < b->n_logits; i++)
+        if (b->logits_idx[i] < 0 || b->logits_idx[i] >= b->n_tokens) {
+            seterr(errstr, errlen, "cpu: logits index %d out of range", b->logits_idx[i]);
+            return -1;
+        }
+
+    job_t j = {.c = c, .b = b, .T = b->n_tokens, .logits = logits};
+    tpool_run(c->pool, ph_embed, &j);
+    for (int l = 0; l < hp->n_layers; l++) {
+        j.layer = l;
+        j.L = &be->model->layers[l];
+        tpool_run(c->pool, ph_attn_norm, &j);
+        tpool_run(c->pool, ph_qkv, &j);
+        tpool_run(c->pool, ph_rope_store, &j);
+        tpool_run(c->pool, ph_attention, &j);
+        tpool_run(c->pool, ph_wo, &j);
+        tpool_run(c->pool, ph_ffn_norm, &j);
+        tpool_run(c->pool, ph_gate_up, &j);
+        tpool_run(c->pool, ph_down, &j);
+    }
+    if (b->n_logits > 0) {
+        tpool_run(c->pool, ph_out_norm, &j);
+        tpool_run(c->pool, ph_logits, &j);
+    }
+    return 0;
+}
+
+static int cpu_kv_read(backend_t *be, int32_t block, void *dst)
+{
+    cpu_t *c = (cpu_t *)be;
+    if (block < 0 || block >= be->params.n_kv_blocks) return -1;
+    memcpy(dst, c->kv + (size_t)block * be->kv_block_bytes, be->kv_block_bytes);
+    return 0;
+}
+
+static int cpu_kv_write(backend_t *be, int32_t block, const void *src)
+{
+    cpu_t *c = (cpu_t *)be;
+    if (block < 0 || block >= be->params.n_kv_blocks) return -1;
+    memcpy(c->kv + (size_t)block * be->kv_block_bytes, src, be->kv_block_bytes);
+    return 0;
+}
+
+static int cpu_kv_copy(backend_t *be, int32_t dst, int32_t src)
+{
+    cpu_t *c = (cpu_t *)be;
+    if (dst < 0 || src < 0 || dst >= be->params.n_kv_blocks || src >= be->params.n_kv_blocks)
+        return -1;
+    if (dst != src)
+        memcpy(c->kv + (size_t)dst * be->kv_block_bytes, c->kv + (size_t)src * be->kv_block_bytes,
+               be->kv_block_bytes);
+    return 0;
+}
+
+static int cpu_sync(backend_t *be)
+{
+    (void)be;
+    return 0;
+}
+
+static void cpu_free(backend_t *be)
+{
+    cpu_t *c = (cpu_t *)be;
+    if (!c) return;
+    tpool_free(c->pool);
+    free(c->kv);
+    free(c->x);
+    free(c->xn);
+    free(c->q);
+    free(c->kk);
+    free(c->vv);
+    free(c->att);
+    free(c->gate);
+    free(c->up);
+    free(c->tmp);
+    free(c->rope_cs);
+    free(c->tok_seq);
+    free(c->scores);
+    free(c->kvconv);
+    free(c);
+}
+
+static const backend_ops_t cpu_ops = {
+    .name = "cpu",
+    .free = cpu_free,
+    .forward = cpu_forward,
+    .kv_block_read = cpu_kv_read,
+    .kv_block_write = cpu_kv_write,
+    .kv_block_copy = cpu_kv_copy,
+    .synchronize = cpu_sync,
+};
+
+backend_t *backend_cpu_new(const model_t *model, const backend_params_t *params, char *errstr,
+                           size_t errlen)
+{
+    const hparams_t *hp = &model->hp;
+    if (params->threads < 1 || params->block_tokens < 1 || params->n_kv_blocks < 1 ||
+        params->max_batch_tokens < 1 || (params->kv_type != DT_F32 && params->kv_type != DT_F16)) {
+        seterr(errstr, errlen, "cpu: bad parameters (threads %d, block tokens %d, blocks %d, "
+               "batch tokens %d, kv type %s)", params->threads, params->block_tokens,
+               params->n_kv_blocks, params->max_batch_tokens, dtype_name(params->kv_type));
+        return NULL;
+    }
+    cpu_t *c = calloc(1, sizeof *c);
+    if (!c) {
+        seterr(errstr, errlen, "cpu: out of memory");
+        return NULL;
+    }
+    c->base.ops = &cpu_ops;
+    c->base.ctx = c;
+    c->base.model = model;
+    c->base.params = *params;
+    c->kv_elem = params->kv_type == DT_F32 ? 4 : 2;
+    c->base.kv_block_bytes = (size_t)params->block_tokens * model_kv_bytes_per_token(model, c->kv_elem);
+    c->k = kern_get(NULL);
+    c->n_threads = params->threads;
+    c->max_T = params->max_batch_tokens;
+    c->pool = tpool_new(params->threads, errstr, errlen);
+    if (!c->pool) goto fail;
+
+    const size_t T = (size_t)c->max_T, dim = hp->dim, hd = hp->head_dim;
+    const size_t qd = (size_t)hp->n_heads * hd, kvd = (size_t)hp->n_kv_heads * hd;
+    const size_t grp = (size_t)(hp->n_heads / hp->n_kv_heads);
+    size_t kv_total = (size_t)params->n_kv_blocks * c->base.kv_block_bytes;
+    if (kv_total / c->base.kv_block_bytes != (size_t)params->n_kv_blocks) goto oom;
+    c->kv = malloc(kv_total);
+    c->x = malloc(T * dim * 4);
+    c->xn = malloc(T * dim * 4);
+    c->q = malloc(T * qd * 4);
+    c->kk = malloc(T * kvd * 4);
+    c->vv = malloc(T * kvd * 4);
+    c->att = malloc(T * qd * 4);
+    c->gate = malloc(T * hp->ffn_dim * 4);
+    c->up = malloc(T * hp->ffn_dim * 4);
+    c->tmp = malloc(T * dim * 4);
+    c->rope_cs = malloc(T * hp->rope_dim * 4);
+    c->tok_seq = malloc(T * sizeof *c->tok_seq);
+    c->scores_per_thread = grp * (size_t)hp->ctx_len;
+    c->scores = malloc((size_t)c->n_threads * c->scores_per_thread * 4);
+    c->kvconv = malloc((size_t)c->n_threads * params->block_tokens * hd * 4);
+    if (!c->kv || !c->x || !c->xn || !c->q || !c->kk || !c->vv || !c->att || !c->gate ||
+        !c->up || !c->tmp || !c->rope_cs || !c->tok_seq || !c->scores || !c->kvconv)
+        goto oom;
+    return &c->base;
+oom:
+    seterr(errstr, errlen, "cpu: out of memory (KV pool of %d blocks x %zu bytes, batch of %d tokens)",
+           params->n_kv_blocks, c->base.kv_block_bytes, c->max_T);
+fail:
+    cpu_free(&c->base);
+    return NULL;
+}

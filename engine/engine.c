@@ -1,0 +1,825 @@
+/* engine/engine.c: requests, continuous-batching scheduler and the step loop.
+ *
+ * A sequence holds tokens = prompt + generated; positions [0, n_computed) have KV in its blocks.
+ * Every step gives each running sequence min(n_tokens - n_computed, budget left) tokens (one
+ * for a decoding sequence, a chunk for one still in prefill); a sequence whose chunk reaches
+ * n_tokens gets logits and samples its next token. Waiting sequences are admitted in order of
+ * (priority desc, arrival asc) while sequences, batch tokens and KV blocks allow, after reusing
+ * the longest run of their full prompt blocks that the pool has cached by name. When a running
+ * sequence cannot get a block, the lowest-priority, newest running sequence is preempted: its
+ * full blocks are published (so its recompute can hit them), its blocks released, and it goes
+ * back to the waiting queue keeping its tokens, sampler and text. */
+#include "engine.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "backend.h"
+#include "cpu/kernels.h"
+#include "dtype.h"
+#include "kvpool.h"
+#include "model.h"
+#include "sampler.h"
+#include "tokenizer.h"
+
+typedef struct seq {
+    uint64_t id;
+    uint64_t arrival;
+    void *user;
+    engine_done_fn done;
+    void *cb_arg;
+    int priority;
+
+    int32_t *tokens;          /* [cap_tokens]: prompt then generated */
+    int n_tokens, cap_tokens;
+    int n_prompt;
+    int n_computed;           /* positions with KV in the blocks */
+    int32_t *blocks;          /* block table [cap_blocks] */
+    int n_blocks, cap_blocks;
+    int n_named;              /* leading blocks whose names are known */
+    uint64_t last_name;       /* name of block n_named - 1, or the pool seed */
+
+    sampler_t *sampler;
+    stop_matcher_t *stop;
+    int32_t *stop_ids;
+    int n_stop_ids;
+    int max_tokens;
+    int ignore_eos;
+    int n_logprobs;
+
+    int n_generated;
+    int n_cached;
+    int n_preempted;
+    char *text;               /* generated text so far (may end in a partial stop string) */
+    size_t text_len, text_cap;
+    size_t text_final;        /* bytes of text that are final */
+    int stopped_by_string;
+    tok_stream_t stream;
+    engine_logprob_t *lp;     /* [max_tokens] chosen */
+    engine_logprob_t *top;    /* [max_tokens][n_logprobs] */
+
+    int64_t t_submit, t_first_scheduled, t_first_token;
+    int step_tokens;          /* tokens given in the current step */
+} seq_t;
+
+struct engine {
+    engine_config_t cfg;
+    model_t *model;
+    tokenizer_t *tok;
+    backend_t *be;
+    kvpool_t *pool;
+    int max_ctx;
+    int kv_type;
+
+    seq_t **waiting;          /* sorted: priority desc, arrival asc */
+    int n_waiting, cap_waiting;
+    seq_t **running;          /* sorted the same way */
+    int n_running;
+    uint64_t next_id;
+    uint64_t next_arrival;
+
+    /* step scratch */
+    int32_t *b_tokens, *b_pos, *b_seq_start, *b_logits_idx;
+    const int32_t **b_tables;
+    seq_t **b_seqs;
+    float *logits;            /* [max_seqs][n_vocab] */
+    char piece[4096];
+
+    engine_stats_t st;
+};
+
+static void seterr(char *errstr, size_t errlen, const char *fmt, ...)
+{
+    if (!errstr || !errlen) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(errstr, errlen, fmt, ap);
+    va_end(ap);
+}
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+void engine_config_default(engine_config_t *c)
+{
+    memset(c, 0, sizeof *c);
+    c->backend = "cpu";
+    c->threads = 0;
+    c->block_tokens = 16;
+    c->kv_blocks = 0;
+    c->kv_mem_mb = 1024;
+    c->kv_type = "f16";
+    c->max_batch_tokens = 512;
+    c->max_seqs = 64;
+    c->max_ctx = 0;
+    c->prefix_cache = 1;
+}
+
+void engine_request_default(engine_request_t *r)
+{
+    memset(r, 0, sizeof *r);
+    r->sampling.temperature = 1.0f;
+    r->sampling.top_p = 1.0f;
+    r->sampling.repeat_penalty = 1.0f;
+    r->sampling.repeat_last_n = 64;
+    r->max_tokens = 256;
+}
+
+const char *engine_finish_name(int finish)
+{
+    switch (finish) {
+    case ENGINE_FINISH_STOP: return "stop";
+    case ENGINE_FINISH_LENGTH: return "length";
+    case ENGINE_FINISH_ABORT: return "abort";
+    default: return "unknown";
+    }
+}
+
+/* ---- sequences ---- */
+
+static void seq_free(seq_t *s)
+{
+    if (!s) return;
+    free(s->tokens);
+    free(s->blocks);
+    sampler_free(s->sampler);
+    stop_matcher_free(s->stop);
+    free(s->stop_ids);
+    free(s->text);
+    free(s->lp);
+    free(s->top);
+    free(s);
+}
+
+static void seq_release_blocks(engine_t *e, seq_t *s)
+{
+    for (int i = 0; i < s->n_blocks; i++) kvpool_unref(e->pool, s->blocks[i]);
+    s->n_blocks = 0;
+    s->n_named = 0;
+    s->last_name = kvpool_seed(e->pool);
+    s->n_computed = 0;
+}
+
+/* Names and publishes the full, computed blocks not yet named. */
+static void seq_publish(engine_t *e, seq_t *s)
+{
+    if (!e->cfg.prefix_cache) return;
+    const int B = e->cfg.block_tokens;
+    int full = s->n_computed / B;
+    while (s->n_named < full && s->n_named < s->n_blocks) {
+        uint64_t name = kvpool_block_name(e->pool, s->last_name, s->tokens + (size_t)s->n_named * B);
+        kvpool_publish(e->pool, s->blocks[s->n_named], name);
+        s->last_name = name;
+        s->n_named++;
+    }
+}
+
+static int text_append(seq_t *s, const char *p, size_t n)
+{
+    if (s->text_len + n + 1 > s->text_cap) {
+        size_t cap = s->text_cap ? s->text_cap * 2 : 256;
+        while (cap < s->text_len + n + 1) cap *= 2;
+        char *t = realloc(s->text, cap);
+        if (!t) return -1;
+        s->text = t;
+        s->text_cap = cap;
+    }
+    memcpy(s->text + s->text_len, p, n);
+    s->text_len += n;
+    s->text[s->text_len] = 0;
+    return 0;
+}
+
+static void queue_insert(seq_t **q, int *n, seq_t *s)
+{
+    int i = *n;
+    while (i > 0 && (q[i - 1]->priority < s->priority ||
+                     (q[i - 1]->priority == s->priority && q[i - 1]->arrival > s->arrival))) {
+        q[i] = q[i - 1];
+        i--;
+    }
+    q[i] = s;
+    (*n)++;
+}
+
+static void queue_remove_at(seq_t **q, int *n, int i)
+{
+    memmove(q + i, q + i + 1, (size_t)(*n - i - 1) * sizeof *q);
+    (*n)--;
+}
+
+static void seq_finish(engine_t *e, seq_t *s, int finish)
+{
+    seq_publish(e, s);
+    seq_release_blocks(e, s);
+    if (!s->stopped_by_string) {
+        /* Whatever the stream still holds back is final now. */
+        char tail[64];
+        int n = tokenizer_stream_flush(e->tok, &s->stream, tail, sizeof tail);
+        if (n > 0 && text_append(s, tail, (size_t)n) == 0) {
+        }
+        s->text_final = s->text_len;
+    }
+    engine_result_t r = {
+        .id = s->id,
+        .user = s->user,
+        .finish = finish,
+        .text = s->text ? s->text : "",
+        .text_len = s->text_final,
+        .tokens = s->tokens + s->n_prompt,
+        .n_tokens = s->n_generated,
+        .n_prompt = s->n_prompt,
+        .n_cached = s->n_cached,
+        .n_preempted = s->n_preempted,
+        .t_submit = s->t_submit,
+        .t_first_scheduled = s->t_first_scheduled,
+        .t_first_token = s->t_first_token,
+        .t_finish = now_ns(),
+        .logprobs = s->n_logprobs ? s->lp : NULL,
+        .top_logprobs = s->n_logprobs ? s->top : NULL,
+        .n_logprobs = s->n_logprobs,
+    };
+    if (s->text) s->text[s->text_final] = 0;
+    if (s->done) s->done(s->cb_arg, &r);
+    seq_free(s);
+}
+
+/* ---- construction ---- */
+
+void engine_free(engine_t *e)
+{
+    if (!e) return;
+    for (int i = 0; i < e->n_waiting; i++) {
+        seq_release_blocks(e, e->waiting[i]);
+        seq_free(e->waiting[i]);
+    }
+    for (int i = 0; i < e->n_running; i++) {
+        seq_release_blocks(e, e->running[i]);
+        seq_free(e->running[i]);
+    }
+    free(e->waiting);
+    free(e->running);
+    free(e->b_tokens);
+    free(e->b_pos);
+    free(e->b_seq_start);
+    free(e->b_logits_idx);
+    free(e->b_tables);
+    free(e->b_seqs);
+    free(e->logits);
+    kvpool_free(e->pool);
+    backend_free(e->be);
+    tokenizer_free(e->tok);
+    model_free(e->model);
+    free(e);
+}
+
+engine_t *engine_new(const engine_config_t *cfg, char *errstr, size_t errlen)
+{
+    engine_t *e = calloc(1, sizeof *e);
+    if (!e) {
+        seterr(errstr, errlen, "engine: out of memory");
+        return NULL;
+    }
+    e->cfg = *cfg;
+    engine_config_t *c = &e->cfg;
+    if (!c->model_path) {
+        seterr(errstr, errlen, "engine: no model path");
+        goto fail;
+    }
+    if (c->backend && strcmp(c->backend, "cpu") != 0) {
+        seterr(errstr, errlen, "engine: backend '%s' is not available; available: cpu", c->backend);
+        goto fail;
+    }
+    if (c->kv_type && strcmp(c->kv_type, "f16") == 0) e->kv_type = DT_F16;
+    else if (c->kv_type && strcmp(c->kv_type, "f32") == 0) e->kv_type = DT_F32;
+    else {
+        seterr(errstr, errlen, "engine: kv_type must be f16 or f32");
+        goto fail;
+    }
+    if (c->threads <= 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        c->threads = n > 0 ? (int)n : 1;
+    }
+    if (c->block_tokens < 1 || c->block_tokens > 4096 || c->max_batch_tokens < 1 ||
+        c->max_seqs < 1 || c->max_seqs > c->max_batch_tokens || c->kv_blocks < 0 ||
+        c->kv_mem_mb < 0 || c->max_ctx < 0 || c->threads > 1024) {
+        seterr(errstr, errlen, "engine: bad limits (block_tokens 1..4096, max_batch_tokens >= "
+               "max_seqs >= 1, threads <= 1024)");
+        goto fail;
+    }
+    e->model = model_load(c->model_path, errstr, errlen);
+    if (!e->model) goto fail;
+    e->tok = tokenizer_from_gguf(e->model->gguf, errstr, errlen);
+    if (!e->tok) goto fail;
+    const hparams_t *hp = &e->model->hp;
+    e->max_ctx = c->max_ctx > 0 && c->max_ctx < hp->ctx_len ? c->max_ctx : hp->ctx_len;
+
+    size_t block_bytes = (size_t)c->block_tokens *
+                         model_kv_bytes_per_token(e->model, e->kv_type == DT_F32 ? 4 : 2);
+    int n_blocks = c->kv_blocks;
+    if (n_blocks == 0) {
+        size_t nb = ((size_t)c->kv_mem_mb << 20) / block_bytes;
+        n_blocks = nb > (1u << 30) ? (1 << 30) : (int)nb;
+    }
+    int per_seq = (e->max_ctx + c->block_tokens - 1) / c->block_tokens;
+    if (n_blocks < 1) {
+        seterr(errstr, errlen, "engine: the KV pool holds no block of %zu bytes", block_bytes);
+        goto fail;
+    }
+    if (per_seq > n_blocks) e->max_ctx = n_blocks * c->block_tokens; /* one sequence must fit */
+    backend_params_t bp = {
+        .threads = c->threads,
+        .block_tokens = c->block_tokens,
+        .n_kv_blocks = n_blocks,
+        .kv_type = e->kv_type,
+        .max_batch_tokens = c->max_batch_tokens,
+    };
+    e->be = backend_cpu_new(e->model, &bp, errstr, errlen);
+    if (!e->be) goto fail;
+    uint64_t seed_in[4] = {e->model->fingerprint, (uint64_t)c->block_tokens, (uint64_t)e->kv_type,
+                           0x73706c6c77617931ull /* "spllway1" */};
+    e->pool = kvpool_new(n_blocks, c->block_tokens, XXH3_64bits(seed_in, sizeof seed_in), errstr,
+                         errlen);
+    if (!e->pool) goto fail;
+
+    size_t T = (size_t)c->max_batch_tokens;
+    e->cap_waiting = 64;
+    e->waiting = malloc(sizeof *e->waiting * (size_t)e->cap_waiting);
+    e->running = malloc(sizeof *e->running * (size_t)c->max_seqs);
+    e->b_tokens = malloc(T * sizeof *e->b_tokens);
+    e->b_pos = malloc(T * sizeof *e->b_pos);
+    e->b_seq_start = malloc((T + 1) * sizeof *e->b_seq_start);
+    e->b_logits_idx = malloc(T * sizeof *e->b_logits_idx);
+    e->b_tables = malloc(T * sizeof *e->b_tables);
+    e->b_seqs = malloc(T * sizeof *e->b_seqs);
+    e->logits = malloc((size_t)c->max_seqs * hp->n_vocab * sizeof *e->logits);
+    if (!e->waiting || !e->running || !e->b_tokens || !e->b_pos || !e->b_seq_start ||
+        !e->b_logits_idx || !e->b_tables || !e->b_seqs || !e->logits) {
+        seterr(errstr, errlen, "engine: out of memory");
+        goto fail;
+    }
+    e->next_id = 1;
+    e->st.kv_blocks_total = n_blocks;
+    return e;
+fail:
+    engine_free(e);
+    return NULL;
+}
+
+/* ---- requests ---- */
+
+int engine_submit(engine_t *e, const engine_request_t *req, engine_done_fn done, void *cb_arg,
+                  uint64_t *id_out, char *errstr, size_t errlen)
+{
+    const int n_vocab = e->model->hp.n_vocab;
+    if (req->n_prompt < 1) {
+        seterr(errstr, errlen, "empty prompt (at least one token is needed)");
+        return -1;
+    }
+    if (req->n_prompt >= e->max_ctx) {
+        seterr(errstr, errlen, "prompt of %d tokens leaves no room in the context of %d tokens",
+               req->n_prompt, e->max_ctx);
+        return -1;
+    }
+    if (req->max_tokens < 1) {
+        seterr(errstr, errlen, "max_tokens must be at least 1");
+        return -1;
+    }
+    for (int i = 0; i < req->n_prompt; i++)
+        if (req->prompt[i] < 0 || req->prompt[i] >= n_vocab) {
+            seterr(errstr, errlen, "prompt token %d (id %d) is outside the vocabulary [0, %d)", i,
+                   req->prompt[i], n_vocab);
+            return -1;
+        }
+    if (req->n_stop < 0 || req->n_stop_ids < 0 || req->sampling.n_logprobs < 0 ||
+        req->sampling.n_logprobs > SAMPLER_MAX_LOGPROBS) {
+        seterr(errstr, errlen, "bad stop list or n_logprobs (0..%d)", SAMPLER_MAX_LOGPROBS);
+        return -1;
+    }
+    seq_t *s = calloc(1, sizeof *s);
+    if (!s) goto oom;
+    int room = e->max_ctx;
+    int max_tokens = req->max_tokens;
+    if (max_tokens > room - req->n_prompt) max_tokens = room - req->n_prompt + 0;
+    s->cap_tokens = req->n_prompt + max_tokens + 1;
+    s->tokens = malloc((size_t)s->cap_tokens * sizeof *s->tokens);
+    s->cap_blocks = (s->cap_tokens + e->cfg.block_tokens - 1) / e->cfg.block_tokens;
+    s->blocks = malloc((size_t)s->cap_blocks * sizeof *s->blocks);
+    if (!s->tokens || !s->blocks) goto oom;
+    memcpy(s->tokens, req->prompt, (size_t)req->n_prompt * sizeof *s->tokens);
+    s->n_tokens = s->n_prompt = req->n_prompt;
+    s->max_tokens = req->max_tokens;
+    s->ignore_eos = req->ignore_eos;
+    s->priority = req->priority;
+    s->user = req->user;
+    s->done = done;
+    s->cb_arg = cb_arg;
+    s->last_name = kvpool_seed(e->pool);
+    s->n_logprobs = req->sampling.n_logprobs;
+    if (s->n_logprobs) {
+        s->lp = calloc((size_t)max_tokens + 1, sizeof *s->lp);
+        s->top = calloc(((size_t)max_tokens + 1) * (size_t)s->n_logprobs, sizeof *s->top);
+        if (!s->lp || !s->top) goto oom;
+    }
+    sampler_params_t sp;
+    sampler_params_default(&sp);
+    sp.temperature = req->sampling.temperature;
+    sp.top_k = req->sampling.top_k;
+    sp.top_p = req->sampling.top_p;
+    sp.min_p = req->sampling.min_p;
+    sp.repeat_penalty = req->sampling.repeat_penalty;
+    sp.repeat_last_n = req->sampling.repeat_last_n;
+    sp.presence_penalty = req->sampling.presence_penalty;
+    sp.frequency_penalty = req->sampling.frequency_penalty;
+    sp.seed = req->sampling.seed;
+    sp.n_logprobs = req->sampling.n_logprobs;
+    s->sampler = sampler_new(&sp, n_vocab, errstr, errlen);
+    if (!s->sampler) goto fail;
+    for (int i = 0; i < req->n_prompt; i++) sampler_accept(s->sampler, req->prompt[i]);
+    if (req->n_stop > 0) {
+        s->stop = stop_matcher_new(req->stop, req->n_stop, errstr, errlen);
+        if (!s->stop) goto fail;
+    }
+    if (req->n_stop_ids > 0) {
+        s->stop_ids = malloc((size_t)req->n_stop_ids * sizeof *s->stop_ids);
+        if (!s->stop_ids) goto oom;
+        memcpy(s->stop_ids, req->stop_ids, (size_t)req->n_stop_ids * sizeof *s->stop_ids);
+        s->n_stop_ids = req->n_stop_ids;
+    }
+    tokenizer_stream_init(&s->stream, req->text_at_start);
+    if (e->n_waiting == e->cap_waiting) {
+        int cap = e->cap_waiting * 2;
+        seq_t **w = realloc(e->waiting, sizeof *w * (size_t)cap);
+        if (!w) goto oom;
+        e->waiting = w;
+        e->cap_waiting = cap;
+    }
+    s->id = e->next_id++;
+    s->arrival = e->next_arrival++;
+    s->t_submit = now_ns();
+    queue_insert(e->waiting, &e->n_waiting, s);
+    if (id_out) *id_out = s->id;
+    return 0;
+oom:
+    seterr(errstr, errlen, "out of memory");
+fail:
+    seq_free(s);
+    return -1;
+}
+
+int engine_cancel(engine_t *e, uint64_t id)
+{
+    for (int i = 0; i < e->n_waiting; i++)
+        if (e->waiting[i]->id == id) {
+            seq_t *s = e->waiting[i];
+            queue_remove_at(e->waiting, &e->n_waiting, i);
+            seq_finish(e, s, ENGINE_FINISH_ABORT);
+            return 0;
+        }
+    for (int i = 0; i < e->n_running; i++)
+        if (e->running[i]->id == id) {
+            seq_t *s = e->running[i];
+            queue_remove_at(e->running, &e->n_running, i);
+            seq_finish(e, s, ENGINE_FINISH_ABORT);
+            return 0;
+        }
+    return -1;
+}
+
+int engine_n_waiting(const engine_t *e) { return e->n_waiting; }
+int engine_n_running(const engine_t *e) { return e->n_running; }
+
+/* ---- scheduling ---- */
+
+/* Makes s hold blocks for positions [0, upto). 0, or -1 when the pool has no block left. */
+static int seq_grow(engine_t *e, seq_t *s, int upto)
+{
+    int need = (upto + e->cfg.block_tokens - 1) / e->cfg.block_tokens;
+    while (s->n_blocks < need) {
+        int32_t b = kvpool_alloc(e->pool);
+        if (b < 0) return -1;
+        s->blocks[s->n_blocks++] = b;
+    }
+    return 0;
+}
+
+static void preempt(engine_t *e, int idx)
+{
+    seq_t *s = e->running[idx];
+    queue_remove_at(e->running, &e->n_running, idx);
+    seq_publish(e, s);
+    seq_release_blocks(e, s);
+    s->n_preempted++;
+    e->st.preemptions++;
+    queue_insert(e->waiting, &e->n_waiting, s); /* arrival order puts it ahead of newer ones */
+}
+
+/* Reuses the longest run of cached full blocks of s's tokens, leaving at least one token to
+ * compute (its logits are needed). */
+static void seq_reuse_prefix(engine_t *e, seq_t *s)
+{
+    if (!e->cfg.prefix_cache || s->n_computed != 0) return;
+    const int B = e->cfg.block_tokens;
+    int max_blocks = (s->n_tokens - 1) / B;
+    uint64_t parent = kvpool_seed(e->pool);
+    while (s->n_blocks < max_blocks) {
+        uint64_t name = kvpool_block_name(e->pool, parent, s->tokens + (size_t)s->n_blocks * B);
+        int32_t b = kvpool_lookup(e->pool, name);
+        if (b < 0) break;
+        s->blocks[s->n_blocks++] = b;
+        parent = name;
+    }
+    s->n_named = s->n_blocks;
+    s->last_name = parent;
+    s->n_computed = s->n_blocks * B;
+}
+
+/* Plans one step: fills e->b_seqs[0..n) with step_tokens set. Returns n. */
+static int plan_step(engine_t *e)
+{
+    int budget = e->cfg.max_batch_tokens;
+    int n = 0;
+    /* Running sequences, highest priority / oldest first. */
+    for (int i = 0; i < e->n_running && budget > 0; i++) {
+        seq_t *s = e->running[i];
+        int want = s->n_tokens - s->n_computed;
+        if (want > budget) want = budget;
+        while (seq_grow(e, s, s->n_computed + want) != 0) {
+            /* Out of blocks: preempt the lowest-priority, newest sequence (maybe s itself). */
+            int victim = e->n_running - 1;
+            int self = e->running[victim] == s;
+            preempt(e, victim);
+            if (self) {
+                want = 0;
+                break;
+            }
+        }
+        if (want == 0) break; /* s was the last one and got preempted */
+        s->step_tokens = want;
+        budget -= want;
+        e->b_seqs[n++] = s;
+    }
+    /* Admissions. */
+    while (e->n_waiting > 0 && e->n_running < e->cfg.max_seqs && budget > 0) {
+        seq_t *s = e->waiting[0];
+        seq_reuse_prefix(e, s);
+        int want = s->n_tokens - s->n_computed;
+        if (want > budget) want = budget;
+        int need_blocks = (s->n_computed + want + e->cfg.block_tokens - 1) / e->cfg.block_tokens -
+                          s->n_blocks;
+        /* Keep one block of headroom per running sequence so decodes rarely preempt. */
+        if (need_blocks + e->n_running > kvpool_n_available(e->pool) &&
+            !(e->n_running == 0 && need_blocks <= kvpool_n_available(e->pool))) {
+            /* Give back the reused prefix: it stays cached by name. */
+            seq_release_blocks(e, s);
+            break;
+        }
+        if (seq_grow(e, s, s->n_computed + want) != 0) {
+            seq_release_blocks(e, s);
+            break;
+        }
+        queue_remove_at(e->waiting, &e->n_waiting, 0);
+        e->running[e->n_running++] = s;
+        if (s->n_preempted == 0) {
+            s->n_cached = s->n_computed;
+            e->st.cached_tokens += (uint64_t)s->n_computed;
+            e->st.prompt_tokens += (uint64_t)s->n_prompt;
+        }
+        if (!s->t_first_scheduled) s->t_first_scheduled = now_ns();
+        s->step_tokens = want;
+        budget -= want;
+        e->b_seqs[n++] = s;
+    }
+    return n;
+}
+
+static int is_stop_id(const seq_t *s, int32_t id)
+{
+    for (int i = 0; i < s->n_stop_ids; i++)
+        if (s->stop_ids[i] == id) return 1;
+    return 0;
+}
+
+/* Samples the next token of s from logits; returns 1 when s finished (and was freed). */
+static int seq_advance(engine_t *e, seq_t *s, float *logits, int *finish_out)
+{
+    sampler_logprob_t top[SAMPLER_MAX_LOGPROBS], chosen;
+    int32_t tok = sampler_sample(s->sampler, logits, s->n_logprobs ? top : NULL,
+                                 s->n_logprobs ? &chosen : NULL);
+    sampler_accept(s->sampler, tok);
+    if (s->n_logprobs) {
+        s->lp[s->n_generated].id = chosen.id;
+        s->lp[s->n_generated].logprob = chosen.logprob;
+        for (int i = 0; i < s->n_logprobs; i++) {
+            s->top[(size_t)s->n_generated * s->n_logprobs + i].id = top[i].id;
+            s->top[(size_t)s->n_generated * s->n_logprobs + i].logprob = top[i].logprob;
+        }
+    }
+    if (s->n_generated == 0) s->t_first_token = now_ns();
+    s->tokens[s->n_tokens++] = tok;
+    s->n_generated++;
+    e->st.generated_tokens++;
+
+    int finish = -1;
+    if ((!s->ignore_eos && tokenizer_is_eog(e->tok, tok)) || is_stop_id(s, tok)) {
+        finish = ENGINE_FINISH_STOP;
+    } else {
+        int n = tokenizer_stream_push(e->tok, &s->stream, tok, e->piece, sizeof e->piece);
+        if (n > 0 && text_append(s, e->piece, (size_t)n) != 0) n = -1;
+        if (s->stop && n > 0) {
+            int stopped = 0;
+            s->text_final = stop_matcher_push(s->stop, e->piece, (size_t)n, &stopped);
+            if (stopped) {
+                s->stopped_by_string = 1;
+                finish = ENGINE_FINISH_STOP;
+            }
+        } else if (!s->stop) {
+            s->text_final = s->text_len;
+        }
+    }
+    if (finish < 0 && (s->n_generated >= s->max_tokens || s->n_tokens >= e->max_ctx))
+        finish = ENGINE_FINISH_LENGTH;
+    *finish_out = finish;
+    return finish >= 0;
+}
+
+int engine_step(engine_t *e, char *errstr, size_t errlen)
+{
+    int n = plan_step(e);
+    if (n == 0) {
+        if (e->n_waiting > 0 && e->n_running == 0) {
+            /* Nothing can run: the head request cannot fit even alone. Fail it as length. */
+            seq_t *s = e->waiting[0];
+            queue_remove_at(e->waiting, &e->n_waiting, 0);
+            seq_finish(e, s, ENGINE_FINISH_LENGTH);
+            return 1;
+        }
+        return 0;
+    }
+    int T = 0, n_logits = 0;
+    for (int i = 0; i < n; i++) {
+        seq_t *s = e->b_seqs[i];
+        e->b_seq_start[i] = T;
+        e->b_tables[i] = s->blocks;
+        for (int j = 0; j < s->step_tokens; j++) {
+            e->b_tokens[T] = s->tokens[s->n_computed + j];
+            e->b_pos[T] = s->n_computed + j;
+            T++;
+        }
+        if (s->n_computed + s->step_tokens == s->n_tokens) e->b_logits_idx[n_logits++] = T - 1;
+    }
+    e->b_seq_start[n] = T;
+    backend_batch_t batch = {
+        .n_tokens = T,
+        .tokens = e->b_tokens,
+        .pos = e->b_pos,
+        .n_seqs = n,
+        .seq_start = e->b_seq_start,
+        .block_tables = e->b_tables,
+        .n_logits = n_logits,
+        .logits_idx = e->b_logits_idx,
+    };
+    int64_t t0 = now_ns();
+    if (e->be->ops->forward(e->be, &batch, e->logits, errstr, errlen) != 0) return -1;
+    e->st.forward_seconds += (double)(now_ns() - t0) * 1e-9;
+    e->st.steps++;
+
+    const int n_vocab = e->model->hp.n_vocab;
+    int li = 0;
+    for (int i = 0; i < n; i++) {
+        seq_t *s = e->b_seqs[i];
+        s->n_computed += s->step_tokens;
+        seq_publish(e, s);
+        if (s->n_computed != s->n_tokens) continue;
+        int finish;
+        if (seq_advance(e, s, e->logits + (size_t)li++ * n_vocab, &finish)) {
+            for (int r = 0; r < e->n_running; r++)
+                if (e->running[r] == s) {
+                    queue_remove_at(e->running, &e->n_running, r);
+                    break;
+                }
+            seq_finish(e, s, finish);
+        }
+    }
+    return 1;
+}
+
+int engine_run(engine_t *e, char *errstr, size_t errlen)
+{
+    for (;;) {
+        int r = engine_step(e, errstr, errlen);
+        if (r < 0) return -1;
+        if (r == 0) return 0;
+    }
+}
+
+/* ---- info ---- */
+
+int engine_tokenize(const engine_t *e, const char *text, size_t len, int add_special,
+                    int parse_special, int32_t *out, int cap)
+{
+    return tokenizer_encode(e->tok, text, len, add_special, parse_special, out, cap);
+}
+
+int engine_token_to_piece(const engine_t *e, int32_t id, char *buf, size_t cap)
+{
+    return tokenizer_token_to_piece(e->tok, id, 0, buf, cap);
+}
+
+void engine_info(const engine_t *e, engine_info_t *info)
+{
+    const hparams_t *hp = &e->model->hp;
+    memset(info, 0, sizeof *info);
+    info->arch = hp->arch_name;
+    info->backend = e->be->ops->name;
+    info->kernels = kern_get(NULL)->name;
+    info->n_vocab = hp->n_vocab;
+    info->dim = hp->dim;
+    info->n_layers = hp->n_layers;
+    info->n_heads = hp->n_heads;
+    info->n_kv_heads = hp->n_kv_heads;
+    info->head_dim = hp->head_dim;
+    info->ffn_dim = hp->ffn_dim;
+    info->ctx_len = e->max_ctx;
+    info->threads = e->cfg.threads;
+    info->block_tokens = e->cfg.block_tokens;
+    info->kv_blocks = e->be->params.n_kv_blocks;
+    info->max_batch_tokens = e->cfg.max_batch_tokens;
+    info->max_seqs = e->cfg.max_seqs;
+    info->kv_block_bytes = e->be->kv_block_bytes;
+    info->weight_bytes = e->model->weight_bytes;
+    info->fingerprint = e->model->fingerprint;
+    info->bos = tokenizer_bos(e->tok);
+    info->eos = tokenizer_eos(e->tok);
+}
+
+void engine_stats(const engine_t *e, engine_stats_t *st)
+{
+    *st = e->st;
+    const kvpool_stats_t *ps = kvpool_stats(e->pool);
+    st->prefix_lookups = ps->lookups;
+    st->prefix_hits = ps->hits;
+    st->evictions = ps->evictions;
+    st->kv_blocks_used = kvpool_n_used(e->pool);
+    st->kv_blocks_total = kvpool_n_blocks(e->pool);
+}
+
+/* ---- raw access ---- */
+
+int engine_raw_alloc_blocks(engine_t *e, int n, int32_t *out)
+{
+    for (int i = 0; i < n; i++) {
+        out[i] = kvpool_alloc(e->pool);
+        if (out[i] < 0) {
+            engine_raw_free_blocks(e, i, out);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+void engine_raw_free_blocks(engine_t *e, int n, const int32_t *blocks)
+{
+    for (int i = 0; i < n; i++) kvpool_unref(e->pool, blocks[i]);
+}
+
+int engine_raw_forward(engine_t *e, int n_seqs, const int32_t *const *tokens, const int *n,
+                       const int *start, const int32_t *const *tables, float *logits,
+                       char *errstr, size_t errlen)
+{
+    int T = 0;
+    for (int s = 0; s < n_seqs; s++) T += n[s];
+    if (n_seqs < 1 || T > e->cfg.max_batch_tokens) {
+        seterr(errstr, errlen, "raw forward: %d tokens in %d sequences (limit %d tokens)", T,
+               n_seqs, e->cfg.max_batch_tokens);
+        return -1;
+    }
+    int t = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        e->b_seq_start[s] = t;
+        e->b_tables[s] = tables[s];
+        for (int j = 0; j < n[s]; j++) {
+            e->b_tokens[t] = tokens[s][j];
+            e->b_pos[t] = start[s] + j;
+            e->b_logits_idx[t] = t;
+            t++;
+        }
+    }
+    e->b_seq_start[n_seqs] = t;
+    backend_batch_t batch = {
+        .n_tokens = T, .tokens = e->b_tokens, .pos = e->b_pos, .n_seqs = n_seqs,
+        .seq_start = e->b_seq_start, .block_tables = e->b_tables, .n_logits = T,
+        .logits_idx = e->b_logits_idx,
+    };
+    return e->be->ops->forward(e->be, &batch, logits, errstr, errlen);
+}

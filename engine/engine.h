@@ -1,0 +1,159 @@
+/* engine/engine.h: the engine module's public interface.
+ *
+ * An engine_t owns a loaded model, its tokenizer, a compute backend with its KV block pool and
+ * a continuous-batching scheduler. Requests are submitted (prompt token ids plus sampling
+ * parameters and limits); each engine_step() runs one forward step over a batch that mixes
+ * prefill chunks and single-token decodes, under limits on batch tokens, sequences and free KV
+ * blocks; finished requests are reported through their callback.
+ *
+ * Threads: an engine_t is used by one thread at a time (the step thread); callbacks run on it.
+ * Errors: functions return 0 / -1 (or NULL) and fill the caller's errstr. */
+#ifndef SPILLWAY_ENGINE_H
+#define SPILLWAY_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct engine engine_t;
+
+/* Every tunable number of the engine, with its default in engine_config_default(). */
+typedef struct {
+    const char *model_path;  /* GGUF file (borrowed during engine_new) */
+    const char *backend;     /* "cpu" */
+    int threads;             /* compute threads; 0 = one per online CPU */
+    int block_tokens;        /* tokens per KV block (16) */
+    int kv_blocks;           /* KV pool blocks; 0 = from kv_mem_mb */
+    int kv_mem_mb;           /* KV pool size in MiB when kv_blocks is 0 (1024) */
+    const char *kv_type;     /* "f16" or "f32" ("f16") */
+    int max_batch_tokens;    /* tokens per forward step, prefill chunks included (512) */
+    int max_seqs;            /* sequences running at once (64) */
+    int max_ctx;             /* context limit per sequence; 0 = the model's trained context */
+    int prefix_cache;        /* 1: reuse cached full prompt blocks across requests (1) */
+} engine_config_t;
+
+void engine_config_default(engine_config_t *c);
+
+/* Sampling parameters of one request (mirrors the sampler's; defaults from
+ * engine_request_default()). */
+typedef struct {
+    float temperature;       /* <= 0 greedy (1) */
+    int top_k;               /* 0 off */
+    float top_p;             /* 1 off */
+    float min_p;             /* 0 off */
+    float repeat_penalty;    /* 1 off */
+    int repeat_last_n;       /* 64; -1 whole history */
+    float presence_penalty;  /* 0 */
+    float frequency_penalty; /* 0 */
+    uint64_t seed;           /* 0 */
+    int n_logprobs;          /* 0..20 */
+} engine_sampling_t;
+
+enum engine_finish {
+    ENGINE_FINISH_STOP = 0,   /* EOS/EOG token, stop token id or stop string */
+    ENGINE_FINISH_LENGTH = 1, /* max_tokens or the context limit */
+    ENGINE_FINISH_ABORT = 2,  /* engine_cancel */
+};
+const char *engine_finish_name(int finish); /* "stop", "length", "abort" */
+
+typedef struct {
+    const int32_t *prompt;          /* [n_prompt] token ids, copied by engine_submit */
+    int n_prompt;
+    engine_sampling_t sampling;
+    int max_tokens;                 /* generated tokens at most (>= 1) */
+    const char *const *stop;        /* [n_stop] stop strings, copied */
+    int n_stop;
+    const int32_t *stop_ids;        /* [n_stop_ids] extra stop token ids, copied */
+    int n_stop_ids;
+    int ignore_eos;                 /* 1: EOS/EOG tokens do not stop */
+    int text_at_start;              /* 1: the completion starts the text (no prompt text before
+                                       it), so a SentencePiece leading space is dropped */
+    int priority;                   /* higher is admitted first (0) */
+    void *user;                     /* passed back in the result */
+} engine_request_t;
+
+void engine_request_default(engine_request_t *r);
+
+typedef struct {
+    int32_t id;
+    float logprob;
+} engine_logprob_t;
+
+/* A finished request. Valid only during the callback (copy what you keep). */
+typedef struct {
+    uint64_t id;
+    void *user;
+    int finish;                     /* enum engine_finish */
+    const char *text;               /* completion text, UTF-8, stop string excluded */
+    size_t text_len;
+    const int32_t *tokens;          /* generated ids (a matched stop string's tokens included) */
+    int n_tokens;
+    int n_prompt;
+    int n_cached;                   /* prompt tokens whose KV came from the prefix cache */
+    int n_preempted;                /* times the request was preempted and recomputed */
+    /* monotonic ns */
+    int64_t t_submit, t_first_scheduled, t_first_token, t_finish;
+    /* when sampling.n_logprobs > 0: [n_tokens] chosen and [n_tokens][n_logprobs] top */
+    const engine_logprob_t *logprobs;
+    const engine_logprob_t *top_logprobs;
+    int n_logprobs;
+} engine_result_t;
+
+typedef void (*engine_done_fn)(void *cb_arg, const engine_result_t *r);
+
+engine_t *engine_new(const engine_config_t *cfg, char *errstr, size_t errlen);
+void engine_free(engine_t *e);
+
+/* Adds a request to the waiting queue; *id_out gets its id. done is called once when it
+ * finishes (from engine_step / engine_cancel). -1 + errstr for a bad request (empty or over
+ * the context limit, bad sampling parameters, token ids out of range). */
+int engine_submit(engine_t *e, const engine_request_t *req, engine_done_fn done, void *cb_arg,
+                  uint64_t *id_out, char *errstr, size_t errlen);
+/* Runs one scheduler step. Returns 1 when a forward step ran, 0 when there was nothing to do,
+ * -1 on a backend error (errstr). */
+int engine_step(engine_t *e, char *errstr, size_t errlen);
+/* Runs steps until no request is left. 0 or -1. */
+int engine_run(engine_t *e, char *errstr, size_t errlen);
+/* Finishes a waiting or running request with ENGINE_FINISH_ABORT. 0, or -1 if unknown. */
+int engine_cancel(engine_t *e, uint64_t id);
+
+int engine_n_waiting(const engine_t *e);
+int engine_n_running(const engine_t *e);
+
+/* Tokenizer access (see engine/tokenizer.h for the semantics). */
+int engine_tokenize(const engine_t *e, const char *text, size_t len, int add_special,
+                    int parse_special, int32_t *out, int cap);
+int engine_token_to_piece(const engine_t *e, int32_t id, char *buf, size_t cap);
+
+typedef struct {
+    const char *arch;
+    const char *backend;
+    const char *kernels;     /* CPU kernel set in use */
+    int n_vocab, dim, n_layers, n_heads, n_kv_heads, head_dim, ffn_dim, ctx_len;
+    int threads, block_tokens, kv_blocks, max_batch_tokens, max_seqs;
+    size_t kv_block_bytes;
+    size_t weight_bytes;
+    uint64_t fingerprint;
+    int32_t bos, eos;
+} engine_info_t;
+void engine_info(const engine_t *e, engine_info_t *info);
+
+typedef struct {
+    uint64_t steps, prompt_tokens, cached_tokens, generated_tokens, preemptions;
+    uint64_t prefix_lookups, prefix_hits, evictions;
+    int kv_blocks_used, kv_blocks_total;
+    double forward_seconds;
+} engine_stats_t;
+void engine_stats(const engine_t *e, engine_stats_t *st);
+
+/* Low-level: one forward step over explicit sequences, for tests and `spillway logits`.
+ * Sequence s has tokens[s][0..n[s]) at positions start[s].. and uses block table tables[s]
+ * (blocks owned by the caller, allocated with engine_raw_alloc_blocks). logits gets, for every
+ * token of every sequence in order, n_vocab floats. 0 or -1. */
+int engine_raw_forward(engine_t *e, int n_seqs, const int32_t *const *tokens, const int *n,
+                       const int *start, const int32_t *const *tables, float *logits,
+                       char *errstr, size_t errlen);
+/* Allocates n fresh KV blocks into out (refcount 1). 0, or -1 when the pool is exhausted. */
+int engine_raw_alloc_blocks(engine_t *e, int n, int32_t *out);
+void engine_raw_free_blocks(engine_t *e, int n, const int32_t *blocks);
+
+#endif

@@ -1,0 +1,56 @@
+/* engine/kvpool.h: bookkeeping of the KV block pool (tier 1 of the prefix cache). Internal.
+ *
+ * Blocks are ids in [0, n_blocks); their bytes live in the backend. A block is
+ *   free      refcount 0, no name: on the free list;
+ *   in use    refcount > 0 (held by sequences; a shared prefix block has one ref per holder);
+ *   cached    refcount 0 with a name (a full block's chained hash): in the LRU, reusable by a
+ *             lookup of its name until evicted by an allocation that finds no free block.
+ * Names: h_i = XXH3_64(tokens of block i, seed h_{i-1}), h_{-1} = the pool's seed (model
+ * fingerprint, block size, KV type), so equal prefixes get equal names.
+ *
+ * Not thread-safe: owned by the engine's step thread. */
+#ifndef SPILLWAY_ENGINE_KVPOOL_H
+#define SPILLWAY_ENGINE_KVPOOL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct kvpool kvpool_t;
+
+typedef struct {
+    uint64_t lookups;      /* blocks looked up by name */
+    uint64_t hits;         /* of which found */
+    uint64_t evictions;    /* cached blocks reclaimed by allocation */
+} kvpool_stats_t;
+
+kvpool_t *kvpool_new(int n_blocks, int block_tokens, uint64_t seed, char *errstr, size_t errlen);
+void kvpool_free(kvpool_t *p);
+
+int kvpool_n_blocks(const kvpool_t *p);
+/* Blocks an allocation can get now: free + cached (evictable). */
+int kvpool_n_available(const kvpool_t *p);
+/* Blocks with refcount > 0. */
+int kvpool_n_used(const kvpool_t *p);
+int kvpool_refcount(const kvpool_t *p, int32_t block);
+
+/* A fresh unnamed block with refcount 1 (a free one first, else the least recently used cached
+ * one, whose name is dropped), or -1 when every block is in use. */
+int32_t kvpool_alloc(kvpool_t *p);
+void kvpool_ref(kvpool_t *p, int32_t block);
+/* Drops one reference. At zero a named block becomes cached (most recently used), an unnamed
+ * one free. */
+void kvpool_unref(kvpool_t *p, int32_t block);
+
+/* Name of a full block that follows parent (parent = the seed for the first block). */
+uint64_t kvpool_block_name(const kvpool_t *p, uint64_t parent, const int32_t *tokens);
+uint64_t kvpool_seed(const kvpool_t *p);
+
+/* Block holding name, with one reference added (taken out of the LRU), or -1. */
+int32_t kvpool_lookup(kvpool_t *p, uint64_t name);
+/* Gives an in-use, full block its name so later lookups find it. If another block already has
+ * the name, nothing changes (that one stays the canonical copy). */
+void kvpool_publish(kvpool_t *p, int32_t block, uint64_t name);
+
+const kvpool_stats_t *kvpool_stats(const kvpool_t *p);
+
+#endif

@@ -1,0 +1,363 @@
+/* engine/model.c: binds a GGUF file's tensors to a Llama-family layer structure. */
+#include "model.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "dtype.h"
+
+static void seterr(char *errstr, size_t errlen, const char *fmt, ...)
+{
+    if (!errstr || !errlen) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(errstr, errlen, fmt, ap);
+    va_end(ap);
+}
+
+/* Reads "<arch>.<suffix>" as an integer; def when absent. -1 on a present but unusable value. */
+static int get_arch_int(const gguf_t *g, const char *arch, const char *suffix, int64_t def,
+                        int64_t *out)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    if (gguf_find_key(g, key) < 0) {
+        *out = def;
+        return 0;
+    }
+    if (gguf_get_i64(g, key, out) == 0) return 0;
+    /* Some files store a per-layer array (e.g. head_count_kv); accept it when all equal. */
+    int et;
+    uint64_t n;
+    if (gguf_get_arr(g, key, &et, &n) == 0 && n > 0 && (et == GGUF_INT32 || et == GGUF_UINT32)) {
+        const unsigned char *d = gguf_get_arr_data(g, key);
+        int32_t first, v;
+        memcpy(&first, d, 4);
+        for (uint64_t i = 1; i < n; i++) {
+            memcpy(&v, d + 4 * i, 4);
+            if (v != first) return -1;
+        }
+        *out = first;
+        return 0;
+    }
+    return -1;
+}
+
+static int get_arch_f32(const gguf_t *g, const char *arch, const char *suffix, float def,
+                        float *out)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    if (gguf_find_key(g, key) < 0) {
+        *out = def;
+        return 0;
+    }
+    return gguf_get_f32(g, key, out);
+}
+
+/* Binds tensor `name` of shape {cols, rows} (rows = 1 for vectors). required: missing is an
+ * error; otherwise w->data stays NULL. */
+static int bind(const model_t *m, weight_t *w, const char *name, int64_t cols, int64_t rows,
+                int required, char *errstr, size_t errlen)
+{
+    const gguf_tensor_t *t = gguf_find_tensor(m->gguf, name);
+    memset(w, 0, sizeof *w);
+    if (!t) {
+        if (!required) return 0;
+        seterr(errstr, errlen, "model: tensor '%s' is missing", name);
+        return -1;
+    }
+    int64_t trows = 1;
+    for (int d = 1; d < t->n_dims; d++) trows *= t->ne[d];
+    if (t->ne[0] != cols || trows != rows) {
+        seterr(errstr, errlen,
+               "model: tensor '%s' has shape {%lld, %lld}, expected {%lld, %lld}", name,
+               (long long)t->ne[0], (long long)trows, (long long)cols, (long long)rows);
+        return -1;
+    }
+    if (!dtype_supported(t->type)) {
+        seterr(errstr, errlen, "model: tensor '%s' has type %s; supported types: %s", name,
+               dtype_name(t->type), DTYPE_SUPPORTED_LIST);
+        return -1;
+    }
+    w->type = t->type;
+    w->data = t->data;
+    w->rows = rows;
+    w->cols = cols;
+    w->row_bytes = dtype_row_bytes(t->type, cols);
+    if (w->row_bytes == 0) {
+        seterr(errstr, errlen, "model: tensor '%s': row of %lld elements does not fit type %s",
+               name, (long long)cols, dtype_name(t->type));
+        return -1;
+    }
+    return 0;
+}
+
+/* Converts a bound vector weight to F32 into dst (n floats) and repoints w at it. */
+static void to_f32(weight_t *w, float *dst)
+{
+    int64_t n = w->cols * w->rows;
+    const unsigned char *src = w->data;
+    for (int64_t i = 0; i < n; i++) {
+        switch (w->type) {
+        case DT_F32: memcpy(&dst[i], src + 4 * i, 4); break;
+        case DT_F16: { uint16_t h; memcpy(&h, src + 2 * i, 2); dst[i] = fp16_to_f32(h); break; }
+        case DT_BF16: { uint16_t h; memcpy(&h, src + 2 * i, 2); dst[i] = bf16_to_f32(h); break; }
+        case DT_Q8_0: {
+            const block_q8_0 *b = (const block_q8_0 *)src + i / QK8_0;
+            dst[i] = fp16_to_f32(b->d) * b->qs[i % QK8_0];
+            break;
+        }
+        default: dst[i] = 0; break;
+        }
+    }
+    w->type = DT_F32;
+    w->data = dst;
+    w->row_bytes = (size_t)w->cols * 4;
+}
+
+void model_free(model_t *m)
+{
+    if (!m) return;
+    free(m->layers);
+    free(m->rope_inv_freq);
+    free(m->owned_f32);
+    gguf_close(m->gguf);
+    free(m);
+}
+
+size_t model_kv_bytes_per_token(const model_t *m, size_t elem_bytes)
+{
+    return (size_t)m->hp.n_layers * 2 * (size_t)m->hp.n_kv_heads * (size_t)m->hp.head_dim *
+           elem_bytes;
+}
+
+model_t *model_load(const char *path, char *errstr, size_t errlen)
+{
+    model_t *m = calloc(1, sizeof *m);
+    if (!m) {
+        seterr(errstr, errlen, "model: out of memory");
+        return NULL;
+    }
+    m->gguf = gguf_open(path, errstr, errlen);
+    if (!m->gguf) goto fail;
+    const gguf_t *g = m->gguf;
+    hparams_t *hp = &m->hp;
+
+    gguf_str_t arch;
+    if (gguf_get_str(g, "general.architecture", &arch) != 0) {
+        seterr(errstr, errlen, "model: general.architecture is missing; supported: %s",
+               MODEL_ARCH_SUPPORTED);
+        goto fail;
+    }
+    if (arch.len >= sizeof hp->arch_name) arch.len = sizeof hp->arch_name - 1;
+    memcpy(hp->arch_name, arch.ptr, arch.len);
+    hp->arch_name[arch.len] = 0;
+    if (strcmp(hp->arch_name, "llama") == 0) {
+        hp->arch = ARCH_LLAMA;
+        hp->rope_kind = ROPE_NORM;
+    } else if (strcmp(hp->arch_name, "qwen2") == 0) {
+        hp->arch = ARCH_QWEN2;
+        hp->rope_kind = ROPE_NEOX;
+    } else {
+        seterr(errstr, errlen, "model: architecture '%s' is not supported; supported: %s",
+               hp->arch_name, MODEL_ARCH_SUPPORTED);
+        goto fail;
+    }
+    const char *a = hp->arch_name;
+    int64_t dim, n_layers, n_heads, n_kv, ffn, ctx, key_len, rope_dim;
+    if (get_arch_int(g, a, "embedding_length", 0, &dim) || dim <= 0 || dim > 65536 ||
+        get_arch_int(g, a, "block_count", 0, &n_layers) || n_layers <= 0 || n_layers > 1024 ||
+        get_arch_int(g, a, "attention.head_count", 0, &n_heads) || n_heads <= 0 ||
+        n_heads > 1024) {
+        seterr(errstr, errlen,
+               "model: %s.embedding_length, .block_count and .attention.head_count must be "
+               "present and positive", a);
+        goto fail;
+    }
+    if (get_arch_int(g, a, "attention.head_count_kv", n_heads, &n_kv) || n_kv <= 0 ||
+        n_heads % n_kv) {
+        seterr(errstr, errlen, "model: %s.attention.head_count_kv must divide head_count (%lld)",
+               a, (long long)n_heads);
+        goto fail;
+    }
+    if (get_arch_int(g, a, "feed_forward_length", 0, &ffn) || ffn <= 0 || ffn > 1 << 20) {
+        seterr(errstr, errlen, "model: %s.feed_forward_length must be present and positive", a);
+        goto fail;
+    }
+    if (get_arch_int(g, a, "context_length", 2048, &ctx) || ctx <= 0) ctx = 2048;
+    if (get_arch_int(g, a, "attention.key_length", dim / n_heads, &key_len) || key_len <= 0 ||
+        key_len % 2 || key_len > 1024) {
+        seterr(errstr, errlen, "model: bad head dimension (%s.attention.key_length)", a);
+        goto fail;
+    }
+    int64_t val_len;
+    if (get_arch_int(g, a, "attention.value_length", key_len, &val_len) || val_len != key_len) {
+        seterr(errstr, errlen, "model: key and value head dimensions differ; not supported");
+        goto fail;
+    }
+    if (get_arch_int(g, a, "rope.dimension_count", key_len, &rope_dim) || rope_dim <= 0 ||
+        rope_dim > key_len || rope_dim % 2) {
+        seterr(errstr, errlen, "model: bad %s.rope.dimension_count", a);
+        goto fail;
+    }
+    hp->dim = (int)dim;
+    hp->n_layers = (int)n_layers;
+    hp->n_heads = (int)n_heads;
+    hp->n_kv_heads = (int)n_kv;
+    hp->head_dim = (int)key_len;
+    hp->ffn_dim = (int)ffn;
+    hp->ctx_len = ctx > INT32_MAX / 2 ? INT32_MAX / 2 : (int)ctx;
+    hp->rope_dim = (int)rope_dim;
+    if (get_arch_f32(g, a, "attention.layer_norm_rms_epsilon", 1e-5f, &hp->norm_eps) ||
+        !(hp->norm_eps > 0) || get_arch_f32(g, a, "rope.freq_base", 10000.0f, &hp->rope_theta) ||
+        !(hp->rope_theta > 0)) {
+        seterr(errstr, errlen, "model: bad RMSNorm epsilon or RoPE base frequency");
+        goto fail;
+    }
+    hp->rope_freq_scale = 1.0f;
+    {
+        char key[128];
+        gguf_str_t st;
+        snprintf(key, sizeof key, "%s.rope.scaling.type", a);
+        if (gguf_get_str(g, key, &st) == 0 && !(st.len == 4 && !memcmp(st.ptr, "none", 4))) {
+            float factor = 1.0f;
+            if (st.len == 6 && !memcmp(st.ptr, "linear", 6)) {
+                if (get_arch_f32(g, a, "rope.scaling.factor", 1.0f, &factor) || !(factor > 0)) {
+                    seterr(errstr, errlen, "model: bad %s.rope.scaling.factor", a);
+                    goto fail;
+                }
+                hp->rope_freq_scale = 1.0f / factor;
+            } else if (!(st.len == 6 && !memcmp(st.ptr, "llama3", 6))) {
+                /* llama3 scaling comes as the rope_freqs tensor, handled below. */
+                seterr(errstr, errlen,
+                       "model: RoPE scaling type '%.*s' is not supported; supported: none, "
+                       "linear, llama3 (rope_freqs tensor)", (int)(st.len > 32 ? 32 : st.len),
+                       st.ptr);
+                goto fail;
+            }
+        }
+    }
+
+    /* Token embedding decides the vocabulary size. */
+    const gguf_tensor_t *te = gguf_find_tensor(g, "token_embd.weight");
+    if (!te || te->n_dims != 2 || te->ne[0] != dim || te->ne[1] <= 0 || te->ne[1] > (1 << 24)) {
+        seterr(errstr, errlen, "model: tensor 'token_embd.weight' is missing or not {%lld, vocab}",
+               (long long)dim);
+        goto fail;
+    }
+    hp->n_vocab = (int)te->ne[1];
+
+    int64_t q_dim = (int64_t)hp->n_heads * hp->head_dim, kv_dim = (int64_t)hp->n_kv_heads * hp->head_dim;
+    /* F32 storage for norms and biases: per layer 2 norms (dim) + biases (q_dim + 2 kv_dim);
+     * plus output_norm (dim). */
+    size_t per_layer = (size_t)(2 * dim + q_dim + 2 * kv_dim);
+    m->owned_f32 = malloc(sizeof(float) * (per_layer * (size_t)n_layers + (size_t)dim));
+    m->layers = calloc((size_t)n_layers, sizeof *m->layers);
+    m->rope_inv_freq = malloc(sizeof(float) * (size_t)(rope_dim / 2));
+    if (!m->owned_f32 || !m->layers || !m->rope_inv_freq) {
+        seterr(errstr, errlen, "model: out of memory");
+        goto fail;
+    }
+    float *f32p = m->owned_f32;
+
+    if (bind(m, &m->tok_embd, "token_embd.weight", dim, hp->n_vocab, 1, errstr, errlen)) goto fail;
+    if (bind(m, &m->output_norm, "output_norm.weight", dim, 1, 1, errstr, errlen)) goto fail;
+    to_f32(&m->output_norm, f32p);
+    f32p += dim;
+    if (bind(m, &m->output, "output.weight", dim, hp->n_vocab, 0, errstr, errlen)) goto fail;
+    if (!m->output.data) {
+        m->output = m->tok_embd;
+        m->tied_output = 1;
+    }
+    int is_qwen2 = hp->arch == ARCH_QWEN2;
+    for (int l = 0; l < hp->n_layers; l++) {
+        layer_weights_t *L = &m->layers[l];
+        char name[96];
+#define BIND(field, suffix, cols, rows, req)                                       \
+    do {                                                                           \
+        snprintf(name, sizeof name, "blk.%d.%s", l, suffix);                       \
+        if (bind(m, &L->field, name, cols, rows, req, errstr, errlen)) goto fail;  \
+    } while (0)
+        BIND(attn_norm, "attn_norm.weight", dim, 1, 1);
+        to_f32(&L->attn_norm, f32p);
+        f32p += dim;
+        BIND(wq, "attn_q.weight", dim, q_dim, 1);
+        BIND(wk, "attn_k.weight", dim, kv_dim, 1);
+        BIND(wv, "attn_v.weight", dim, kv_dim, 1);
+        BIND(wo, "attn_output.weight", q_dim, dim, 1);
+        BIND(bq, "attn_q.bias", q_dim, 1, is_qwen2);
+        BIND(bk, "attn_k.bias", kv_dim, 1, is_qwen2);
+        BIND(bv, "attn_v.bias", kv_dim, 1, is_qwen2);
+        if (L->bq.data) { to_f32(&L->bq, f32p); f32p += q_dim; }
+        if (L->bk.data) { to_f32(&L->bk, f32p); f32p += kv_dim; }
+        if (L->bv.data) { to_f32(&L->bv, f32p); f32p += kv_dim; }
+        BIND(ffn_norm, "ffn_norm.weight", dim, 1, 1);
+        to_f32(&L->ffn_norm, f32p);
+        f32p += dim;
+        BIND(w_gate, "ffn_gate.weight", dim, ffn, 1);
+        BIND(w_up, "ffn_up.weight", dim, ffn, 1);
+        BIND(w_down, "ffn_down.weight", ffn, dim, 1);
+#undef BIND
+    }
+
+    /* RoPE inverse frequencies, with Llama-3 per-dimension factors when present. */
+    {
+        const gguf_tensor_t *rf = gguf_find_tensor(g, "rope_freqs.weight");
+        if (rf && (rf->type != DT_F32 || rf->n_dims != 1 || rf->ne[0] != rope_dim / 2)) {
+            seterr(errstr, errlen, "model: tensor 'rope_freqs.weight' must be F32 {%lld}",
+                   (long long)(rope_dim / 2));
+            goto fail;
+        }
+        for (int i = 0; i < rope_dim / 2; i++) {
+            double f = pow((double)hp->rope_theta, -2.0 * i / (double)rope_dim);
+            if (rf) {
+                float fac;
+                memcpy(&fac, (const char *)rf->data + 4 * i, 4);
+                if (!(fac > 0)) {
+                    seterr(errstr, errlen, "model: rope_freqs.weight[%d] is not positive", i);
+                    goto fail;
+                }
+                f /= fac;
+            }
+            m->rope_inv_freq[i] = (float)f;
+        }
+    }
+
+    /* Fingerprint: architecture, shapes, tensor names/types and every weight byte. */
+    {
+        XXH3_state_t *st = XXH3_createState();
+        if (!st) {
+            seterr(errstr, errlen, "model: out of memory");
+            goto fail;
+        }
+        XXH3_64bits_reset(st);
+        XXH3_64bits_update(st, hp, sizeof *hp);
+        size_t total = 0;
+        int counts[64] = {0};
+        for (int64_t i = 0; i < gguf_n_tensors(g); i++) {
+            const gguf_tensor_t *t = gguf_tensor(g, i);
+            XXH3_64bits_update(st, t->name, strlen(t->name));
+            XXH3_64bits_update(st, &t->type, sizeof t->type);
+            XXH3_64bits_update(st, t->ne, sizeof t->ne);
+            XXH3_64bits_update(st, t->data, t->nbytes);
+            total += t->nbytes;
+            if (t->n_dims == 2 && t->type >= 0 && t->type < 64) counts[t->type]++;
+        }
+        m->fingerprint = XXH3_64bits_digest(st);
+        XXH3_freeState(st);
+        m->weight_bytes = total;
+        int best = 0;
+        for (int t = 0; t < 64; t++)
+            if (counts[t] > counts[best]) best = t;
+        m->weight_type = best;
+    }
+    return m;
+fail:
+    model_free(m);
+    return NULL;
+}
