@@ -15,7 +15,8 @@ Checks:
      - one-shot forward of 257 tokens == token-by-token forward through the cache;
      - NEOX RoPE with Q/K rows permuted (per head: interleaved -> halves) == NORM RoPE;
      - GQA == the same model with its K/V heads duplicated into MHA;
-     - tied output (output.weight removed, embedding set to it) == untied.
+     - tied output (output.weight removed, embedding set to it) == untied;
+     - RoPE: linear scaling by f at position f*p == unscaled at p == rope_freqs f at f*p.
 """
 import hashlib
 import os
@@ -228,6 +229,20 @@ def test_stories(path):
     mm.n_kv_heads = mm.n_heads
     e = rel_err(mm.forward(ref_seq), ref)
     check(e < 1e-12, "GQA == same model expanded to MHA (rel %.1e)" % e)
+
+    # RoPE scaling: linear factor f at position f*p == unscaled at p; rope_freqs = f (Llama 3
+    # style, dividing the inverse frequencies) == linear factor f
+    x = np.random.default_rng(5).normal(size=(6, 3, hd))
+    p = np.arange(6)
+    mr = forward_ref.RefModel(path)
+    base = mr.rope(x, p)
+    mr.pos_scale = 0.25
+    e1 = rel_err(mr.rope(x, 4 * p), base)
+    mr.pos_scale = 1.0
+    mr.inv_freq = m.inv_freq / 4.0
+    e2 = rel_err(mr.rope(x, 4 * p), base)
+    check(e1 < 1e-14 and e2 < 1e-14, "RoPE linear scaling and rope_freqs division (rel %.1e, %.1e)" % (e1, e2))
+    check(np.array_equal(m.rope(x, np.zeros(6, dtype=np.int64)), x), "RoPE at position 0 is the identity")
 
     # stories' output.weight is a copy of the embedding: tied and untied must agree exactly
     mt = forward_ref.RefModel(path)
