@@ -1,0 +1,185 @@
+/* engine/cpu/kernels.c: kernel dispatch (kern_get) and the portable C implementation.
+ *
+ * Scalar matmul arithmetic, per output element (t, o) -- fixed, so batch invariant:
+ *   8 lane partial sums s[j] = sum over k = j (mod 8), in increasing k, of (w[k] * x[k]) rounded
+ *   (a separate multiply and add, no fused FMA, so the result does not depend on -ffp-contract
+ *   or libm), then ((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7)).
+ * Weights are widened to F32 exactly (F16, BF16, and Q8_0 as d * q, which is exact in F32). */
+#include "engine/cpu/kernels.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "engine/cpu/kernels_impl.h"
+#include "engine/dtype.h"
+
+#define SC_LANES 8
+#define SC_CHUNK 32 /* elements widened at a time; a multiple of SC_LANES and of QK8_0 */
+#define SC_TOK 8    /* tokens sharing one widened chunk */
+
+/* Widens elements [k0, k0 + n) of a row to F32; k0 is a multiple of 32 for Q8_0. */
+static void sc_widen(int wtype, const void *row, int64_t k0, int n, float *out)
+{
+    switch (wtype) {
+    case DT_F32:
+        memcpy(out, (const float *)row + k0, (size_t)n * sizeof(float));
+        break;
+    case DT_F16: {
+        const uint16_t *h = (const uint16_t *)row + k0;
+        for (int i = 0; i < n; i++) out[i] = fp16_to_f32(h[i]);
+        break;
+    }
+    case DT_BF16: {
+        const uint16_t *h = (const uint16_t *)row + k0;
+        for (int i = 0; i < n; i++) out[i] = bf16_to_f32(h[i]);
+        break;
+    }
+    case DT_Q8_0: {
+        const block_q8_0 *b = (const block_q8_0 *)row + k0 / QK8_0;
+        for (int i = 0; i < n; i += QK8_0, b++) {
+            float d = fp16_to_f32(b->d);
+            int m = n - i < QK8_0 ? n - i : QK8_0;
+            for (int j = 0; j < m; j++) out[i + j] = d * (float)b->qs[j];
+        }
+        break;
+    }
+    default:
+        break;
+    }
+}
+
+static float sc_lanes_sum(const float *s)
+{
+    return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
+}
+
+static int sc_matmul(int wtype, const void *W, size_t w_row_bytes, int64_t K, const float *x,
+                     int64_t ldx, float *y, int64_t ldy, int T, int64_t o0, int64_t o1)
+{
+    if (!kern_wtype_ok(wtype, K)) return -1;
+    float w[SC_CHUNK];
+    float s[SC_TOK][SC_LANES];
+    for (int64_t o = o0; o < o1; o++) {
+        const void *row = (const char *)W + (size_t)o * w_row_bytes;
+        for (int t0 = 0; t0 < T; t0 += SC_TOK) {
+            int nt = T - t0 < SC_TOK ? T - t0 : SC_TOK;
+            memset(s, 0, sizeof s);
+            for (int64_t k = 0; k < K; k += SC_CHUNK) {
+                int n = K - k < SC_CHUNK ? (int)(K - k) : SC_CHUNK;
+                sc_widen(wtype, row, k, n, w);
+                for (int t = 0; t < nt; t++) {
+                    const float *xt = x + (int64_t)(t0 + t) * ldx + k;
+                    for (int i = 0; i < n; i++) {
+                        float p = w[i] * xt[i];
+                        s[t][i % SC_LANES] += p;
+                    }
+                }
+            }
+            for (int t = 0; t < nt; t++) y[(int64_t)(t0 + t) * ldy + o] = sc_lanes_sum(s[t]);
+        }
+    }
+    return 0;
+}
+
+static void sc_dequant_row(int wtype, const void *row, float *out, int64_t K)
+{
+    for (int64_t k = 0; k < K; k += SC_CHUNK) {
+        int n = K - k < SC_CHUNK ? (int)(K - k) : SC_CHUNK;
+        sc_widen(wtype, row, k, n, out + k);
+    }
+}
+
+static float sc_dot(const float *a, const float *b, int64_t n)
+{
+    float s[SC_LANES] = {0};
+    for (int64_t i = 0; i < n; i++) {
+        float p = a[i] * b[i];
+        s[i % SC_LANES] += p;
+    }
+    return sc_lanes_sum(s);
+}
+
+static void sc_axpy(float a, const float *x, float *y, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+static void sc_rmsnorm(const float *x, const float *w, float eps, float *out, int64_t n)
+{
+    float s[SC_LANES] = {0};
+    for (int64_t i = 0; i < n; i++) {
+        float p = x[i] * x[i];
+        s[i % SC_LANES] += p;
+    }
+    float scale = 1.0f / sqrtf(sc_lanes_sum(s) / (float)n + eps);
+    for (int64_t i = 0; i < n; i++) out[i] = x[i] * scale * w[i];
+}
+
+static void sc_silu_mul(const float *gate, const float *up, float *out, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        float g = gate[i];
+        out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+static void sc_add(float *y, const float *x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) y[i] += x[i];
+}
+
+static void sc_f32_to_f16(const float *x, uint16_t *y, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) y[i] = f32_to_fp16(x[i]);
+}
+
+static void sc_f16_to_f32(const uint16_t *x, float *y, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) y[i] = fp16_to_f32(x[i]);
+}
+
+const kern_table_t kern_table_scalar = {
+    .name = "scalar",
+    .matmul = sc_matmul,
+    .dequant_row = sc_dequant_row,
+    .dot_f32 = sc_dot,
+    .axpy_f32 = sc_axpy,
+    .rmsnorm = sc_rmsnorm,
+    .silu_mul = sc_silu_mul,
+    .add = sc_add,
+    .f32_to_f16 = sc_f32_to_f16,
+    .f16_to_f32 = sc_f16_to_f32,
+};
+
+#ifdef KERN_HAVE_X86
+static int cpu_has_avx512(void)
+{
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c") &&
+           __builtin_cpu_supports("avx2");
+}
+
+static int cpu_has_avx2(void)
+{
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
+}
+#endif
+
+const kern_table_t *kern_get(const char *force)
+{
+#ifdef KERN_HAVE_X86
+    if (!force) {
+        if (cpu_has_avx512()) return &kern_table_avx512;
+        if (cpu_has_avx2()) return &kern_table_avx2;
+        return &kern_table_scalar;
+    }
+    if (strcmp(force, "avx512") == 0) return cpu_has_avx512() ? &kern_table_avx512 : NULL;
+    if (strcmp(force, "avx2") == 0) return cpu_has_avx2() ? &kern_table_avx2 : NULL;
+#else
+    if (!force) return &kern_table_scalar;
+#endif
+    if (strcmp(force, "scalar") == 0) return &kern_table_scalar;
+    return NULL;
+}

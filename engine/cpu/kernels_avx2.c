@@ -1,0 +1,321 @@
+/* engine/cpu/kernels_avx2.c: AVX2 + FMA + F16C kernels.
+ *
+ * matmul arithmetic, per output element (t, o) -- fixed, so batch invariant:
+ *   one 8-lane F32 accumulator; for each 8-element chunk of K in increasing order
+ *   acc = fma(w[k..k+7], x[k..k+7], acc), the last partial chunk zero-padded;
+ *   then h[i] = acc[i] + acc[i+4];  p[i] = h[i] + h[i+2];  y = p[0] + p[1].
+ * Weights are widened to F32 exactly (see kernels_avx512.c). Tiles are R = 4 rows x C <= 2
+ * tokens (8 accumulators of the 16 ymm registers); other tile shapes do the same per-element
+ * arithmetic. */
+#pragma GCC target("avx2,fma,f16c")
+
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "engine/cpu/kernels_impl.h"
+
+#define AI static inline __attribute__((always_inline))
+
+#define TILE_R 4
+#define TILE_C 2
+#define KERN_PANEL_BYTES (128 * 1024)
+
+/* 8 elements of a row starting at element k. */
+AI __m256 w_load(const int dt, const char *row, int64_t k)
+{
+    switch (dt) {
+    case DT_F32:
+        return _mm256_loadu_ps((const float *)row + k);
+    case DT_F16:
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + k)));
+    case DT_BF16: {
+        __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + k)));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+    }
+    default: { /* DT_Q8_0; k is a multiple of 8 */
+        const block_q8_0 *b = (const block_q8_0 *)row + (k >> 5);
+        __m256 d = _mm256_set1_ps(_cvtsh_ss(b->d));
+        __m128i q8 = _mm_loadl_epi64((const __m128i *)(b->qs + (k & 24)));
+        return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8)), d);
+    }
+    }
+}
+
+/* The first n (< 8) elements at k, the rest 0; never Q8_0. */
+AI __m256 w_load_part(const int dt, const char *row, int64_t k, int n)
+{
+    if (dt == DT_F32) {
+        float tmp[8] = {0};
+        memcpy(tmp, (const float *)row + k, (size_t)n * sizeof(float));
+        return _mm256_loadu_ps(tmp);
+    }
+    uint16_t tmp[8] = {0};
+    memcpy(tmp, (const uint16_t *)row + k, (size_t)n * sizeof(uint16_t));
+    return w_load(dt, (const char *)tmp, 0);
+}
+
+AI __m256 x_load_part(const float *x, int n)
+{
+    float tmp[8] = {0};
+    memcpy(tmp, x, (size_t)n * sizeof(float));
+    return _mm256_loadu_ps(tmp);
+}
+
+AI float hsum1(__m256 v)
+{
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    __m128 p = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_add_ss(p, _mm_movehdup_ps(p)));
+}
+
+AI void tile(const int dt, const int R, const int C, const char *W, size_t wrb, int64_t K,
+             const float *x, int64_t ldx, float *y, int64_t ldy)
+{
+    __m256 acc[TILE_R][TILE_C];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+        for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 8 <= K; k += 8) {
+        __m256 w[TILE_R];
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) w[r] = w_load(dt, W + (size_t)r * wrb, k);
+#pragma GCC unroll 8
+        for (int c = 0; c < C; c++) {
+            __m256 xv = _mm256_loadu_ps(x + c * ldx + k);
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) acc[r][c] = _mm256_fmadd_ps(w[r], xv, acc[r][c]);
+        }
+    }
+    if (dt != DT_Q8_0 && k < K) { /* Q8_0: K is a multiple of 32 */
+        int n = (int)(K - k);
+        __m256 w[TILE_R];
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) w[r] = w_load_part(dt, W + (size_t)r * wrb, k, n);
+#pragma GCC unroll 8
+        for (int c = 0; c < C; c++) {
+            __m256 xv = x_load_part(x + c * ldx + k, n);
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) acc[r][c] = _mm256_fmadd_ps(w[r], xv, acc[r][c]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+        for (int c = 0; c < C; c++) y[c * ldy + r] = hsum1(acc[r][c]);
+}
+
+AI void rows_pass(const int dt, const int C, const char *W, size_t wrb, int64_t K, const float *x,
+                  int64_t ldx, float *y, int64_t ldy, int64_t ob, int64_t oe)
+{
+    int64_t o = ob;
+    for (; o + TILE_R <= oe; o += TILE_R)
+        tile(dt, TILE_R, C, W + (size_t)o * wrb, wrb, K, x, ldx, y + o, ldy);
+    for (; o < oe; o++) tile(dt, 1, C, W + (size_t)o * wrb, wrb, K, x, ldx, y + o, ldy);
+}
+
+AI void matmul_dt(const int dt, const char *W, size_t wrb, int64_t K, const float *x,
+                  int64_t ldx, float *y, int64_t ldy, int T, int64_t o0, int64_t o1)
+{
+    int64_t panel = wrb ? (int64_t)(KERN_PANEL_BYTES / wrb) : (o1 - o0);
+    panel = panel < TILE_R ? TILE_R : panel / TILE_R * TILE_R;
+    for (int64_t ob = o0; ob < o1; ob += panel) {
+        int64_t oe = o1 - ob < panel ? o1 : ob + panel;
+        int t = 0;
+        for (; t + TILE_C <= T; t += TILE_C)
+            rows_pass(dt, TILE_C, W, wrb, K, x + t * ldx, ldx, y + t * ldy, ldy, ob, oe);
+        if (t < T) rows_pass(dt, 1, W, wrb, K, x + t * ldx, ldx, y + t * ldy, ldy, ob, oe);
+    }
+}
+
+static void mm_f32(const char *W, size_t wrb, int64_t K, const float *x, int64_t ldx, float *y,
+                   int64_t ldy, int T, int64_t o0, int64_t o1)
+{
+    matmul_dt(DT_F32, W, wrb, K, x, ldx, y, ldy, T, o0, o1);
+}
+static void mm_f16(const char *W, size_t wrb, int64_t K, const float *x, int64_t ldx, float *y,
+                   int64_t ldy, int T, int64_t o0, int64_t o1)
+{
+    matmul_dt(DT_F16, W, wrb, K, x, ldx, y, ldy, T, o0, o1);
+}
+static void mm_bf16(const char *W, size_t wrb, int64_t K, const float *x, int64_t ldx, float *y,
+                    int64_t ldy, int T, int64_t o0, int64_t o1)
+{
+    matmul_dt(DT_BF16, W, wrb, K, x, ldx, y, ldy, T, o0, o1);
+}
+static void mm_q8_0(const char *W, size_t wrb, int64_t K, const float *x, int64_t ldx, float *y,
+                    int64_t ldy, int T, int64_t o0, int64_t o1)
+{
+    matmul_dt(DT_Q8_0, W, wrb, K, x, ldx, y, ldy, T, o0, o1);
+}
+
+static int v_matmul(int wtype, const void *W, size_t w_row_bytes, int64_t K, const float *x,
+                    int64_t ldx, float *y, int64_t ldy, int T, int64_t o0, int64_t o1)
+{
+    if (!kern_wtype_ok(wtype, K)) return -1;
+    if (T <= 0 || o1 <= o0) return 0;
+    const char *w = W;
+    switch (wtype) {
+    case DT_F32: mm_f32(w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1); break;
+    case DT_F16: mm_f16(w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1); break;
+    case DT_BF16: mm_bf16(w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1); break;
+    default: mm_q8_0(w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1); break;
+    }
+    return 0;
+}
+
+/* ---- element-wise kernels (vector body, scalar tail) ---- */
+
+static void v_dequant_row(int wtype, const void *row, float *out, int64_t K)
+{
+    const char *r = row;
+    int64_t k = 0;
+    switch (wtype) {
+    case DT_F32:
+        memcpy(out, row, (size_t)K * sizeof(float));
+        return;
+    case DT_F16:
+        for (; k + 8 <= K; k += 8) _mm256_storeu_ps(out + k, w_load(DT_F16, r, k));
+        for (; k < K; k++) out[k] = fp16_to_f32(((const uint16_t *)row)[k]);
+        return;
+    case DT_BF16:
+        for (; k + 8 <= K; k += 8) _mm256_storeu_ps(out + k, w_load(DT_BF16, r, k));
+        for (; k < K; k++) out[k] = bf16_to_f32(((const uint16_t *)row)[k]);
+        return;
+    case DT_Q8_0:
+        for (; k + 8 <= K; k += 8) _mm256_storeu_ps(out + k, w_load(DT_Q8_0, r, k));
+        return;
+    default:
+        return;
+    }
+}
+
+static float v_dot(const float *a, const float *b, int64_t n)
+{
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+        s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
+        s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
+    }
+    for (; i + 8 <= n; i += 8)
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    if (i < n) s0 = _mm256_fmadd_ps(x_load_part(a + i, (int)(n - i)), x_load_part(b + i, (int)(n - i)), s0);
+    return hsum1(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+}
+
+static void v_axpy(float a, const float *x, float *y, int64_t n)
+{
+    __m256 va = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] = fmaf(a, x[i], y[i]);
+}
+
+static void v_rmsnorm(const float *x, const float *w, float eps, float *out, int64_t n)
+{
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + i + 8);
+        s0 = _mm256_fmadd_ps(a, a, s0);
+        s1 = _mm256_fmadd_ps(b, b, s1);
+    }
+    for (; i + 8 <= n; i += 8) {
+        __m256 a = _mm256_loadu_ps(x + i);
+        s0 = _mm256_fmadd_ps(a, a, s0);
+    }
+    if (i < n) {
+        __m256 a = x_load_part(x + i, (int)(n - i));
+        s0 = _mm256_fmadd_ps(a, a, s0);
+    }
+    float scale = 1.0f / sqrtf(hsum1(_mm256_add_ps(s0, s1)) / (float)n + eps);
+    __m256 vs = _mm256_set1_ps(scale);
+    for (i = 0; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), vs),
+                                                _mm256_loadu_ps(w + i)));
+    for (; i < n; i++) out[i] = x[i] * scale * w[i];
+}
+
+/* e^x for |x| <= 88 (see kernels_avx512.c); 2^n built in the exponent field. */
+AI __m256 v_exp(__m256 x)
+{
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860682030941723e-6f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+AI __m256 v_silu_mul1(__m256 g, __m256 u)
+{
+    __m256 e = v_exp(_mm256_sub_ps(_mm256_setzero_ps(), g));
+    return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), u);
+}
+
+static void v_silu_mul(const float *gate, const float *up, float *out, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, v_silu_mul1(_mm256_loadu_ps(gate + i), _mm256_loadu_ps(up + i)));
+    if (i < n) {
+        float tmp[8];
+        int m = (int)(n - i);
+        _mm256_storeu_ps(tmp, v_silu_mul1(x_load_part(gate + i, m), x_load_part(up + i, m)));
+        memcpy(out + i, tmp, (size_t)m * sizeof(float));
+    }
+}
+
+static void v_add(float *y, const float *x, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_loadu_ps(y + i), _mm256_loadu_ps(x + i)));
+    for (; i < n; i++) y[i] += x[i];
+}
+
+static void v_f32_to_f16(const float *x, uint16_t *y, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(y + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(x + i),
+                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    for (; i < n; i++) y[i] = f32_to_fp16(x[i]);
+}
+
+static void v_f16_to_f32(const uint16_t *x, float *y, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))));
+    for (; i < n; i++) y[i] = fp16_to_f32(x[i]);
+}
+
+const kern_table_t kern_table_avx2 = {
+    .name = "avx2",
+    .matmul = v_matmul,
+    .dequant_row = v_dequant_row,
+    .dot_f32 = v_dot,
+    .axpy_f32 = v_axpy,
+    .rmsnorm = v_rmsnorm,
+    .silu_mul = v_silu_mul,
+    .add = v_add,
+    .f32_to_f16 = v_f32_to_f16,
+    .f16_to_f32 = v_f16_to_f32,
+};

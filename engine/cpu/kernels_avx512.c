@@ -1,0 +1,393 @@
+/* engine/cpu/kernels_avx512.c: AVX-512 (F, BW, VL, DQ) + FMA + F16C kernels.
+ *
+ * matmul arithmetic, per output element (t, o) -- fixed, so batch invariant:
+ *   one 16-lane F32 accumulator; for each 16-element chunk of K in increasing order
+ *   acc = fma(w[k..k+15], x[k..k+15], acc), the last partial chunk zero-padded (masked loads);
+ *   then the fixed tree  h[i] = acc[i] + acc[i+8];  q[i] = h[i] + h[i+4];
+ *   p[i] = q[i] + q[i+2];  y = p[0] + p[1].
+ * Weights are widened to F32 exactly in registers: F16 by vcvtph2ps, BF16 by a 16-bit shift,
+ * Q8_0 as float(q) * d (exact: an 8-bit times an 11-bit significand fits in 24 bits). Q8_0 uses
+ * the same F32 path rather than quantising x to int8, so it adds no error beyond the weights'
+ * own quantisation.
+ *
+ * Blocking: a tile is R = 4 rows x C <= 6 tokens (24 accumulators in zmm registers); each weight
+ * vector is widened once per tile and used for C tokens, each x vector is used for R rows. The
+ * rows of a call are cut into panels of about KERN_PANEL_BYTES of weights (kept in L2 while
+ * every token tile of the batch passes over them). Tiles of other shapes (fewer tokens at the
+ * end of a batch, single rows at the end of a range) do the identical per-element arithmetic. */
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "engine/cpu/kernels_impl.h"
+
+#define AI static inline __attribute__((always_inline))
+
+#define TILE_R 4
+#define TILE_C 6
+#define KERN_PANEL_BYTES (192 * 1024)
+
+/* ---- weight widening: 16 elements of a row starting at element k ---- */
+
+AI __m512 w_load(const int dt, const char *row, int64_t k)
+{
+    switch (dt) {
+    case DT_F32:
+        return _mm512_loadu_ps((const float *)row + k);
+    case DT_F16:
+        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + k)));
+    case DT_BF16: {
+        __m512i v = _mm512_cvtepu16_epi32(
+            _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + k)));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+    }
+    default: { /* DT_Q8_0; k is a multiple of 16 */
+        const block_q8_0 *b = (const block_q8_0 *)row + (k >> 5);
+        __m512 d = _mm512_set1_ps(_cvtsh_ss(b->d));
+        __m128i q8 = _mm_loadu_si128((const __m128i *)(b->qs + (k & 16)));
+        return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q8)), d);
+    }
+    }
+}
+
+/* The lanes of m only (others 0); never Q8_0 (its K is a multiple of 32). */
+AI __m512 w_load_mask(const int dt, const char *row, int64_t k, __mmask16 m)
+{
+    switch (dt) {
+    case DT_F32:
+        return _mm512_maskz_loadu_ps(m, (const float *)row + k);
+    case DT_F16:
+        return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)row + k));
+    default: { /* DT_BF16 */
+        __m512i v = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t *)row + k));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+    }
+    }
+}
+
+/* ---- the fixed horizontal reduction ---- */
+
+AI float hsum1(__m512 v)
+{
+    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    __m128 p = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    return _mm_cvtss_f32(_mm_add_ss(p, _mm_movehdup_ps(p)));
+}
+
+/* Four reductions at once, each with exactly hsum1's tree: returns {sum a, sum b, sum c, sum d}. */
+AI __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d)
+{
+    __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
+                              _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+    __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, _MM_SHUFFLE(1, 0, 1, 0)),
+                              _mm512_shuffle_f32x4(c, d, _MM_SHUFFLE(3, 2, 3, 2)));
+    /* ab = {h_a, h_b}, cd = {h_c, h_d}; now q[i] = h[i] + h[i+4] per 128-bit lane */
+    __m512 q = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(3, 1, 3, 1)));
+    __m512 p = _mm512_add_ps(q, _mm512_permute_ps(q, _MM_SHUFFLE(1, 0, 3, 2)));
+    __m512 s = _mm512_add_ps(p, _mm512_permute_ps(p, _MM_SHUFFLE(2, 3, 0, 1)));
+    const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12);
+    return _mm512_castps512_ps128(_mm512_permutexvar_ps(idx, s));
+}
+
+/* ---- register tile: R rows x C tokens over the whole of K ---- */
+
+AI void tile(const int dt, const int R, const int C, const char *W, size_t wrb, int64_t K,
+             const float *x, int64_t ldx, float *y, int64_t ldy)
+{
+    __m512 acc[TILE_R][TILE_C];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+        for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
+
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+        __m512 w[TILE_R];
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) w[r] = w_load(dt, W + (size_t)r * wrb, k);
+#pragma GCC unroll 8
+        for (int c = 0; c < C; c++) {
+            __m512 xv = _mm512_loadu_ps(x + c * ldx + k);
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) acc[r][c] = _mm512_fmadd_ps(w[r], xv, acc[r][c]);
+        }
+    }
+    if (dt != DT_Q8_0 && k < K) { /* Q8_0: K is a multiple of 32 */
+        __mmask16 m = (__mmask16)((1u << (K - k)) - 1);
+        __m512 w[TILE_R];
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) w[r] = w_load_mask(dt, W + (size_t)r * wrb, k, m);
+#pragma GCC unroll 8
+        for (int c = 0; c < C; c++) {
+            __m512 xv = _mm512_maskz_loadu_ps(m, x + c * ldx + k);
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) acc[r][c] = _mm512_fmadd_ps(w[r], xv, acc[r][c]);
+        }
+    }
+
+    if (R == 4) {
+#pragma GCC unroll 8
+        for (int c = 0; c < C; c++)
+            _mm_storeu_ps(y + c * ldy, hsum4(acc[0][c], acc[1][c], acc[2][c], acc[3][c]));
+    } else {
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+            for (int c = 0; c < C; c++) y[c * ldy + r] = hsum1(acc[r][c]);
+    }
+}
+
+/* Rows [ob, oe) for tokens [0, C) of x/y (already offset to the tile's first token). */
+AI void rows_pass(const int dt, const int C, const char *W, size_t wrb, int64_t K, const float *x,
+                  int64_t ldx, float *y, int64_t ldy, int64_t ob, int64_t oe)
+{
+    int64_t o = ob;
+    for (; o + TILE_R <= oe; o += TILE_R)
+        tile(dt, TILE_R, C, W + (size_t)o * wrb, wrb, K, x, ldx, y + o, ldy);
+    for (; o < oe; o++) tile(dt, 1, C, W + (size_t)o * wrb, wrb, K, x, ldx, y + o, ldy);
+}
+
+AI void matmul_dt(const int dt, const char *W, size_t wrb, int64_t K, const float *x,
+                  int64_t ldx, float *y, int64_t ldy, int T, int64_t o0, int64_t o1)
+{
+    int64_t panel = wrb ? (int64_t)(KERN_PANEL_BYTES / wrb) : (o1 - o0);
+    panel = panel < TILE_R ? TILE_R : panel / TILE_R * TILE_R;
+    for (int64_t ob = o0; ob < o1; ob += panel) {
+        int64_t oe = o1 - ob < panel ? o1 : ob + panel;
+        int t = 0;
+        for (; t + TILE_C <= T; t += TILE_C)
+            rows_pass(dt, TILE_C, W, wrb, K, x + t * ldx, ldx, y + t * ldy, ldy, ob, oe);
+        const float *xt = x + t * ldx;
+        float *yt = y + t * ldy;
+        switch (T - t) {
+        case 1: rows_pass(dt, 1, W, wrb, K, xt, ldx, yt, ldy, ob, oe); break;
+        case 2: rows_pass(dt, 2, W, wrb, K, xt, ldx, yt, ldy, ob, oe); break;
+        case 3: rows_pass(dt, 3, W, wrb, K, xt, ldx, yt, ldy, ob, oe); break;
+        case 4: rows_pass(dt, 4, W, wrb, K, xt, ldx, yt, ldy, ob, oe); break;
+        case 5: rows_pass(dt, 5, W, wrb, K, xt, ldx, yt, ldy, ob, oe); break;
+        default: break;
+        }
+    }
+}
+
+static void mm_f32(const char *W, size_t wrb, int64_t K, const float *x, int64_t ldx, float *y,
+                   int64_t ldy, int T, int64_t o0, int64_t o1)
+{
+    matmul_dt(DT_F32, W, wrb, K, x, ldx, y, ldy, T, o0, o1);
+}
+static void mm_f16(const char *W, size_t wrb, int64_t K, const float *x, int64_t ldx, float *y,
+                   int64_t ldy, int T, int64_t o0, int64_t o1)
+{
+    matmul_dt(DT_F16, W, wrb, K, x, ldx, y, ldy, T, o0, o1);
+}
+static void mm_bf16(const char *W, size_t wrb, int64_t K, const float *x, int64_t ldx, float *y,
+                    int64_t ldy, int T, int64_t o0, int64_t o1)
+{
+    matmul_dt(DT_BF16, W, wrb, K, x, ldx, y, ldy, T, o0, o1);
+}
+static void mm_q8_0(const char *W, size_t wrb, int64_t K, const float *x, int64_t ldx, float *y,
+                    int64_t ldy, int T, int64_t o0, int64_t o1)
+{
+    matmul_dt(DT_Q8_0, W, wrb, K, x, ldx, y, ldy, T, o0, o1);
+}
+
+static int v_matmul(int wtype, const void *W, size_t w_row_bytes, int64_t K, const float *x,
+                    int64_t ldx, float *y, int64_t ldy, int T, int64_t o0, int64_t o1)
+{
+    if (!kern_wtype_ok(wtype, K)) return -1;
+    if (T <= 0 || o1 <= o0) return 0;
+    const char *w = W;
+    switch (wtype) {
+    case DT_F32: mm_f32(w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1); break;
+    case DT_F16: mm_f16(w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1); break;
+    case DT_BF16: mm_bf16(w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1); break;
+    default: mm_q8_0(w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1); break;
+    }
+    return 0;
+}
+
+/* ---- element-wise kernels ---- */
+
+AI __mmask16 tail_mask(int64_t n)
+{
+    return (__mmask16)((1u << n) - 1);
+}
+
+static void v_dequant_row(int wtype, const void *row, float *out, int64_t K)
+{
+    const char *r = row;
+    int64_t k = 0;
+    switch (wtype) {
+    case DT_F32:
+        memcpy(out, row, (size_t)K * sizeof(float));
+        return;
+    case DT_F16:
+        for (; k + 16 <= K; k += 16) _mm512_storeu_ps(out + k, w_load(DT_F16, r, k));
+        if (k < K) _mm512_mask_storeu_ps(out + k, tail_mask(K - k),
+                                         w_load_mask(DT_F16, r, k, tail_mask(K - k)));
+        return;
+    case DT_BF16:
+        for (; k + 16 <= K; k += 16) _mm512_storeu_ps(out + k, w_load(DT_BF16, r, k));
+        if (k < K) _mm512_mask_storeu_ps(out + k, tail_mask(K - k),
+                                         w_load_mask(DT_BF16, r, k, tail_mask(K - k)));
+        return;
+    case DT_Q8_0:
+        for (; k + 16 <= K; k += 16) _mm512_storeu_ps(out + k, w_load(DT_Q8_0, r, k));
+        return;
+    default:
+        return;
+    }
+}
+
+static float v_dot(const float *a, const float *b, int64_t n)
+{
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+        s2 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 32), _mm512_loadu_ps(b + i + 32), s2);
+        s3 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 48), _mm512_loadu_ps(b + i + 48), s3);
+    }
+    for (; i + 16 <= n; i += 16)
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+    if (i < n) {
+        __mmask16 m = tail_mask(n - i);
+        s0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s0);
+    }
+    return hsum1(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+}
+
+static void v_axpy(float a, const float *x, float *y, int64_t n)
+{
+    __m512 va = _mm512_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+    if (i < n) {
+        __mmask16 m = tail_mask(n - i);
+        __m512 r = _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i));
+        _mm512_mask_storeu_ps(y + i, m, r);
+    }
+}
+
+static void v_rmsnorm(const float *x, const float *w, float eps, float *out, int64_t n)
+{
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0;
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m512 a = _mm512_loadu_ps(x + i), b = _mm512_loadu_ps(x + i + 16);
+        s0 = _mm512_fmadd_ps(a, a, s0);
+        s1 = _mm512_fmadd_ps(b, b, s1);
+    }
+    for (; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : tail_mask(n - i);
+        __m512 a = _mm512_maskz_loadu_ps(m, x + i);
+        s0 = _mm512_fmadd_ps(a, a, s0);
+    }
+    float ss = hsum1(_mm512_add_ps(s0, s1));
+    __m512 scale = _mm512_set1_ps(1.0f / sqrtf(ss / (float)n + eps));
+    for (i = 0; i + 16 <= n; i += 16) {
+        __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), scale), _mm512_loadu_ps(w + i));
+        _mm512_storeu_ps(out + i, v);
+    }
+    if (i < n) {
+        __mmask16 m = tail_mask(n - i);
+        __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), scale),
+                                 _mm512_maskz_loadu_ps(m, w + i));
+        _mm512_mask_storeu_ps(out + i, m, v);
+    }
+}
+
+/* e^x for |x| <= 88: 2^n * P(r), r = x - n ln2 in [-ln2/2, ln2/2], P the degree-7 Taylor
+ * polynomial (truncation error < 1e-8 relative); about 1-2 ulp overall. */
+AI __m512 v_exp(__m512 x)
+{
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860682030941723e-6f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+AI __m512 v_silu_mul1(__m512 g, __m512 u)
+{
+    __m512 e = v_exp(_mm512_sub_ps(_mm512_setzero_ps(), g));
+    return _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), u);
+}
+
+static void v_silu_mul(const float *gate, const float *up, float *out, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(out + i, v_silu_mul1(_mm512_loadu_ps(gate + i), _mm512_loadu_ps(up + i)));
+    if (i < n) {
+        __mmask16 m = tail_mask(n - i);
+        __m512 v = v_silu_mul1(_mm512_maskz_loadu_ps(m, gate + i), _mm512_maskz_loadu_ps(m, up + i));
+        _mm512_mask_storeu_ps(out + i, m, v);
+    }
+}
+
+static void v_add(float *y, const float *x, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_add_ps(_mm512_loadu_ps(y + i), _mm512_loadu_ps(x + i)));
+    if (i < n) {
+        __mmask16 m = tail_mask(n - i);
+        __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, y + i), _mm512_maskz_loadu_ps(m, x + i));
+        _mm512_mask_storeu_ps(y + i, m, v);
+    }
+}
+
+static void v_f32_to_f16(const float *x, uint16_t *y, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(y + i),
+                            _mm512_cvtps_ph(_mm512_loadu_ps(x + i),
+                                            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    if (i < n) {
+        __mmask16 m = tail_mask(n - i);
+        __m256i h = _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, x + i),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        _mm256_mask_storeu_epi16(y + i, m, h);
+    }
+}
+
+static void v_f16_to_f32(const uint16_t *x, float *y, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + i))));
+    if (i < n) {
+        __mmask16 m = tail_mask(n - i);
+        _mm512_mask_storeu_ps(y + i, m, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, x + i)));
+    }
+}
+
+const kern_table_t kern_table_avx512 = {
+    .name = "avx512",
+    .matmul = v_matmul,
+    .dequant_row = v_dequant_row,
+    .dot_f32 = v_dot,
+    .axpy_f32 = v_axpy,
+    .rmsnorm = v_rmsnorm,
+    .silu_mul = v_silu_mul,
+    .add = v_add,
+    .f32_to_f16 = v_f32_to_f16,
+    .f16_to_f32 = v_f16_to_f32,
+};

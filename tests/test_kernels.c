@@ -1,0 +1,431 @@
+/* tests/test_kernels.c: CPU kernels (every available ISA x every weight type) and thread pool.
+ *
+ * Error bounds. matmul/dot accumulate K products in F32 in some fixed order; for any order the
+ * rounding error is at most gamma_K * sum_k |w_k x_k| with gamma_K = K u / (1 - K u), u = 2^-24
+ * (Higham, Accuracy and Stability, 3.1; an FMA only removes roundings). The weights are widened
+ * exactly, so the double-precision reference over the widened weights is the exact answer and
+ * the per-element check |y - ref| <= (K + 4) u sum|w x| is a rigorous bound, not a tuning knob.
+ * On top, the normalised squared error over a whole output (NMSE) must be < 1e-12 -- a random
+ * walk of K roundings gives ~1e-14; an indexing or tail bug gives O(1).
+ *
+ * Batch invariance (kernels.h): every (t, o) of a batch of T tokens over rows [o0, o1) must be
+ * bit-identical to the same token computed alone over a single row, for T = 1..70, ranges
+ * starting and ending at odd rows, and neighbouring tokens that differ. */
+#include <math.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "engine/cpu/kernels.h"
+#include "engine/cpu/threadpool.h"
+#include "engine/dtype.h"
+
+static const int WTYPES[] = {DT_F32, DT_F16, DT_BF16, DT_Q8_0};
+#define N_WTYPES 4
+static const char *const ISAS[] = {"scalar", "avx2", "avx512"};
+#define N_ISAS 3
+
+/* xorshift64*: deterministic test data */
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint64_t rng_next(void)
+{
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return rng_state * 0x2545f4914f6cdd1dull;
+}
+static float rng_unif(void) /* [-1, 1) */
+{
+    return (float)((double)(rng_next() >> 40) / (double)(1ull << 23) - 1.0);
+}
+
+/* Random weights: rows x K of type t, row_bytes = dtype_row_bytes(t, K). */
+static void *make_weights(int t, int64_t rows, int64_t K, size_t *row_bytes)
+{
+    size_t rb = dtype_row_bytes(t, K);
+    char *w = malloc(rb * (size_t)rows + 64);
+    for (int64_t o = 0; o < rows; o++) {
+        char *row = w + (size_t)o * rb;
+        switch (t) {
+        case DT_F32:
+            for (int64_t k = 0; k < K; k++) ((float *)row)[k] = rng_unif();
+            break;
+        case DT_F16:
+            for (int64_t k = 0; k < K; k++) ((uint16_t *)row)[k] = f32_to_fp16(rng_unif());
+            break;
+        case DT_BF16:
+            for (int64_t k = 0; k < K; k++) ((uint16_t *)row)[k] = f32_to_bf16(rng_unif());
+            break;
+        case DT_Q8_0:
+            for (int64_t b = 0; b < K / QK8_0; b++) {
+                block_q8_0 *blk = (block_q8_0 *)row + b;
+                blk->d = f32_to_fp16(0.01f * (1.5f + rng_unif()));
+                for (int i = 0; i < QK8_0; i++) blk->qs[i] = (int8_t)((int)(rng_next() % 255) - 127);
+            }
+            break;
+        }
+    }
+    *row_bytes = rb;
+    return w;
+}
+
+/* Exact F32 value of element k of a row (independent of the kernels). */
+static float ref_weight(int t, const void *row, int64_t k)
+{
+    switch (t) {
+    case DT_F32: return ((const float *)row)[k];
+    case DT_F16: return fp16_to_f32(((const uint16_t *)row)[k]);
+    case DT_BF16: return bf16_to_f32(((const uint16_t *)row)[k]);
+    default: {
+        const block_q8_0 *b = (const block_q8_0 *)row + k / QK8_0;
+        return fp16_to_f32(b->d) * (float)b->qs[k % QK8_0];
+    }
+    }
+}
+
+static float *make_vec(int64_t n)
+{
+    float *v = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    for (int64_t i = 0; i < n; i++) v[i] = rng_unif();
+    return v;
+}
+
+/* Matmul against the double reference: N rows, T tokens, strided x and y. */
+static void test_matmul_accuracy(const kern_table_t *kt, int t, int64_t K, int T)
+{
+    const int64_t N = 37, ldx = K + 3, ldy = N + 5;
+    size_t rb;
+    void *W = make_weights(t, N, K, &rb);
+    float *x = make_vec(ldx * T);
+    float *y = malloc((size_t)(ldy * T) * sizeof(float));
+    for (int64_t i = 0; i < ldy * T; i++) y[i] = NAN;
+    CHECK(kt->matmul(t, W, rb, K, x, ldx, y, ldy, T, 0, N) == 0);
+    double se = 0, sr = 0;
+    int bad = 0;
+    for (int tk = 0; tk < T; tk++) {
+        for (int64_t o = 0; o < N; o++) {
+            const void *row = (const char *)W + (size_t)o * rb;
+            double ref = 0, mag = 0;
+            for (int64_t k = 0; k < K; k++) {
+                double p = (double)ref_weight(t, row, k) * x[tk * ldx + k];
+                ref += p;
+                mag += fabs(p);
+            }
+            double got = y[tk * ldy + o];
+            double bound = (double)(K + 4) * ldexp(1.0, -24) * mag;
+            if (!(fabs(got - ref) <= bound)) bad++;
+            se += (got - ref) * (got - ref);
+            sr += ref * ref;
+        }
+        for (int64_t o = N; o < ldy; o++) /* padding untouched */
+            if (!isnan(y[tk * ldy + o])) bad++;
+    }
+    double nmse = sr > 0 ? se / sr : se;
+    CHECKF(bad == 0 && nmse < 1e-12, "%s %s K=%lld T=%d: %d bad, nmse %.3g", kt->name,
+           dtype_name(t), (long long)K, T, bad, nmse);
+    free(W);
+    free(x);
+    free(y);
+}
+
+/* Bitwise batch invariance for T = 1..maxT. */
+static void test_batch_invariance(const kern_table_t *kt, int t, int64_t K, int maxT)
+{
+    const int64_t N = 29;
+    const int pool = maxT + 2; /* token pool; a batch is a window of it */
+    size_t rb;
+    void *W = make_weights(t, N, K, &rb);
+    float *x = make_vec(K * pool);
+    /* alone[tok][o]: token alone, one row at a time */
+    float *alone = malloc((size_t)(pool * N) * sizeof(float));
+    for (int tok = 0; tok < pool; tok++)
+        for (int64_t o = 0; o < N; o++)
+            CHECK(kt->matmul(t, W, rb, K, x + tok * K, K, alone + tok * N, N, 1, o, o + 1) == 0);
+    float *y = malloc((size_t)(maxT * N) * sizeof(float));
+    int bad = 0;
+    for (int T = 1; T <= maxT; T++) {
+        int s = T % 3;                        /* first token of the window */
+        int64_t o0 = T % 2 ? 1 : 0;           /* odd and even starts */
+        int64_t o1 = N - (T % 4 == 1 ? 2 : 0); /* ends short of N at times */
+        CHECK(kt->matmul(t, W, rb, K, x + s * K, K, y, N, T, o0, o1) == 0);
+        for (int tk = 0; tk < T; tk++)
+            for (int64_t o = o0; o < o1; o++)
+                if (memcmp(&y[tk * N + o], &alone[(s + tk) * N + o], sizeof(float)) != 0) bad++;
+    }
+    CHECKF(bad == 0, "%s %s K=%lld: %d outputs differ between batch and alone", kt->name,
+           dtype_name(t), (long long)K, bad);
+    free(W);
+    free(x);
+    free(alone);
+    free(y);
+}
+
+/* Two ISAs agree within the sum of their bounds. */
+static void test_isa_cross(const kern_table_t *a, const kern_table_t *b, int t, int64_t K)
+{
+    const int64_t N = 21;
+    const int T = 9;
+    size_t rb;
+    void *W = make_weights(t, N, K, &rb);
+    float *x = make_vec(K * T);
+    float *ya = malloc((size_t)(N * T) * sizeof(float)), *yb = malloc((size_t)(N * T) * sizeof(float));
+    CHECK(a->matmul(t, W, rb, K, x, K, ya, N, T, 0, N) == 0);
+    CHECK(b->matmul(t, W, rb, K, x, K, yb, N, T, 0, N) == 0);
+    int bad = 0;
+    for (int tk = 0; tk < T; tk++)
+        for (int64_t o = 0; o < N; o++) {
+            const void *row = (const char *)W + (size_t)o * rb;
+            double mag = 0;
+            for (int64_t k = 0; k < K; k++) mag += fabs((double)ref_weight(t, row, k) * x[tk * K + k]);
+            double bound = 2.0 * (double)(K + 4) * ldexp(1.0, -24) * mag;
+            if (!(fabs((double)ya[tk * N + o] - yb[tk * N + o]) <= bound)) bad++;
+        }
+    CHECKF(bad == 0, "%s vs %s %s K=%lld: %d differ beyond bound", a->name, b->name,
+           dtype_name(t), (long long)K, bad);
+    free(W);
+    free(x);
+    free(ya);
+    free(yb);
+}
+
+static void test_elementwise(const kern_table_t *kt)
+{
+    static const int64_t NS[] = {1, 7, 16, 33, 64, 100, 576, 1537};
+    for (size_t ni = 0; ni < sizeof NS / sizeof NS[0]; ni++) {
+        int64_t n = NS[ni];
+        float *a = make_vec(n), *b = make_vec(n), *c = make_vec(n + 1), *d = malloc((size_t)(n + 1) * 4);
+
+        /* dequant_row: exact, bitwise against dtype.h */
+        for (int wi = 0; wi < N_WTYPES; wi++) {
+            int t = WTYPES[wi];
+            int64_t K = t == DT_Q8_0 ? (n + 31) / 32 * 32 : n;
+            size_t rb;
+            void *W = make_weights(t, 1, K, &rb);
+            float *out = malloc((size_t)K * 4);
+            kt->dequant_row(t, W, out, K);
+            int bad = 0;
+            for (int64_t k = 0; k < K; k++) {
+                float r = ref_weight(t, W, k);
+                if (memcmp(&r, &out[k], 4) != 0) bad++;
+            }
+            CHECKF(bad == 0, "%s dequant_row %s n=%lld", kt->name, dtype_name(t), (long long)K);
+            free(W);
+            free(out);
+        }
+
+        /* dot */
+        double ref = 0, mag = 0;
+        for (int64_t i = 0; i < n; i++) {
+            ref += (double)a[i] * b[i];
+            mag += fabs((double)a[i] * b[i]);
+        }
+        double got = kt->dot_f32(a, b, n);
+        CHECKF(fabs(got - ref) <= (double)(n + 4) * ldexp(1.0, -24) * mag, "%s dot n=%lld",
+               kt->name, (long long)n);
+
+        /* axpy: one or two roundings per element; guard element untouched */
+        memcpy(d, c, (size_t)(n + 1) * 4);
+        kt->axpy_f32(0.75f, a, d, n);
+        int bad = 0;
+        for (int64_t i = 0; i < n; i++) {
+            double r = (double)c[i] + 0.75 * a[i];
+            if (fabs(d[i] - r) > ldexp(1.0, -23) * (fabs(c[i]) + fabs(0.75 * a[i]))) bad++;
+        }
+        if (d[n] != c[n]) bad++;
+        CHECKF(bad == 0, "%s axpy n=%lld", kt->name, (long long)n);
+
+        /* add: exact */
+        memcpy(d, c, (size_t)(n + 1) * 4);
+        kt->add(d, a, n);
+        bad = 0;
+        for (int64_t i = 0; i < n; i++)
+            if (d[i] != c[i] + a[i]) bad++;
+        if (d[n] != c[n]) bad++;
+        CHECKF(bad == 0, "%s add n=%lld", kt->name, (long long)n);
+
+        /* rmsnorm: relative error a few ulp (sum of squares has n roundings, all positive) */
+        double ss = 0;
+        for (int64_t i = 0; i < n; i++) ss += (double)a[i] * a[i];
+        double sc = 1.0 / sqrt(ss / (double)n + 1e-5);
+        kt->rmsnorm(a, b, 1e-5f, d, n);
+        bad = 0;
+        for (int64_t i = 0; i < n; i++) {
+            double r = a[i] * sc * b[i];
+            if (fabs(d[i] - r) > (8.0 + (double)n) * ldexp(1.0, -24) * fabs(r) + 1e-30) bad++;
+        }
+        CHECKF(bad == 0, "%s rmsnorm n=%lld", kt->name, (long long)n);
+        /* in place */
+        memcpy(d, a, (size_t)n * 4);
+        kt->rmsnorm(d, b, 1e-5f, d, n);
+        bad = 0;
+        for (int64_t i = 0; i < n; i++) {
+            double r = a[i] * sc * b[i];
+            if (fabs(d[i] - r) > (8.0 + (double)n) * ldexp(1.0, -24) * fabs(r) + 1e-30) bad++;
+        }
+        CHECKF(bad == 0, "%s rmsnorm in place n=%lld", kt->name, (long long)n);
+
+        /* silu_mul over a wide range of gates: relative error <= 1e-6 (a handful of ulp) */
+        for (int64_t i = 0; i < n; i++) d[i] = a[i] * 12.0f;
+        memcpy(c, d, (size_t)n * 4);
+        kt->silu_mul(d, b, d, n); /* out aliases gate */
+        bad = 0;
+        for (int64_t i = 0; i < n; i++) {
+            double g = c[i];
+            double r = g / (1.0 + exp(-g)) * b[i];
+            if (fabs(d[i] - r) > 1e-6 * fabs(r) + 1e-37) bad++;
+        }
+        CHECKF(bad == 0, "%s silu_mul n=%lld", kt->name, (long long)n);
+        free(a);
+        free(b);
+        free(c);
+        free(d);
+    }
+    /* silu at the extremes: finite, and the right limits */
+    float g[4] = {-200.0f, -90.0f, 90.0f, 200.0f}, u[4] = {1, 1, 1, 1}, o[4];
+    kt->silu_mul(g, u, o, 4);
+    CHECKF(fabsf(o[0]) < 1e-30f && fabsf(o[1]) < 1e-30f && o[2] == 90.0f && o[3] == 200.0f,
+           "%s silu extremes %g %g %g %g", kt->name, o[0], o[1], o[2], o[3]);
+
+    /* f16 -> f32: every non-NaN half, bitwise */
+    {
+        uint16_t *h = malloc(65536 * 2);
+        float *f = malloc(65536 * 4);
+        for (int i = 0; i < 65536; i++) h[i] = (uint16_t)i;
+        kt->f16_to_f32(h, f, 65535); /* odd length: tail path */
+        int bad = 0;
+        for (int i = 0; i < 65535; i++) {
+            float r = fp16_to_f32(h[i]);
+            if (isnan(r) ? !isnan(f[i]) : memcmp(&r, &f[i], 4) != 0) bad++;
+        }
+        CHECKF(bad == 0, "%s f16_to_f32: %d differ", kt->name, bad);
+        free(h);
+        free(f);
+    }
+    /* f32 -> f16: round to nearest even over normal, subnormal, overflow and tie values */
+    {
+        const int n = 20003;
+        float *f = malloc((size_t)n * 4);
+        uint16_t *h = malloc((size_t)n * 2 + 2);
+        for (int i = 0; i < n; i++) {
+            float v = rng_unif();
+            int e = (int)(rng_next() % 48) - 30; /* 2^-30 .. 2^17: subnormal .. overflow */
+            f[i] = ldexpf(v, e);
+        }
+        f[0] = 65504.0f; f[1] = 65520.0f; f[2] = -65519.0f; f[3] = 0.0f; f[4] = -0.0f;
+        f[5] = 1.0f + ldexpf(1.0f, -11); /* a tie */
+        f[6] = ldexpf(1.0f, -25); f[7] = ldexpf(3.0f, -25); f[8] = INFINITY;
+        h[n] = 0xbeef;
+        kt->f32_to_f16(f, h, n);
+        int bad = 0;
+        for (int i = 0; i < n; i++)
+            if (h[i] != f32_to_fp16(f[i])) bad++;
+        CHECKF(bad == 0 && h[n] == 0xbeef, "%s f32_to_f16: %d differ", kt->name, bad);
+        free(f);
+        free(h);
+    }
+}
+
+/* ---- thread pool ---- */
+
+typedef struct {
+    atomic_int *calls; /* [n] */
+    atomic_int wrong_nth;
+    int n;
+} tp_job_t;
+
+static void tp_fn(void *arg, int ith, int nth)
+{
+    tp_job_t *j = arg;
+    if (nth != j->n || ith < 0 || ith >= nth) {
+        atomic_fetch_add(&j->wrong_nth, 1);
+        return;
+    }
+    atomic_fetch_add(&j->calls[ith], 1);
+}
+
+static void test_threadpool(void)
+{
+    char err[128];
+    CHECK(tpool_new(0, err, sizeof err) == NULL);
+    for (int n = 1; n <= 4; n++) {
+        tpool_t *p = tpool_new(n, err, sizeof err);
+        CHECKF(p != NULL, "tpool_new(%d): %s", n, err);
+        if (!p) continue;
+        CHECK(tpool_size(p) == n);
+        atomic_int calls[4];
+        for (int i = 0; i < 4; i++) atomic_init(&calls[i], 0);
+        tp_job_t job = {.calls = calls, .n = n};
+        atomic_init(&job.wrong_nth, 0);
+        int bad = 0;
+        const int rounds = 3000;
+        for (int r = 1; r <= rounds; r++) {
+            tpool_run(p, tp_fn, &job);
+            for (int i = 0; i < n; i++)
+                if (atomic_load(&calls[i]) != r) bad++;
+            if (r % 1000 == 0) usleep(2000); /* let the workers fall asleep, then wake them */
+        }
+        CHECKF(bad == 0 && atomic_load(&job.wrong_nth) == 0, "tpool n=%d: %d bad rounds", n, bad);
+        tpool_free(p);
+    }
+    /* tpool_split covers [0, n) in order, sizes differ by at most 1 */
+    for (long n = 0; n < 50; n++)
+        for (int nth = 1; nth <= 5; nth++) {
+            long prev = 0;
+            for (int i = 0; i < nth; i++) {
+                long lo, hi;
+                tpool_split(n, i, nth, &lo, &hi);
+                CHECK(lo == prev && hi >= lo && hi - lo <= n / nth + 1);
+                prev = hi;
+            }
+            CHECK(prev == n);
+        }
+}
+
+int main(void)
+{
+    const kern_table_t *def = kern_get(NULL);
+    CHECK(def != NULL);
+    if (def) fprintf(stderr, "kern_get(NULL) = %s\n", def->name);
+    CHECK(kern_get("nonsense") == NULL);
+    CHECK(kern_get("scalar") != NULL);
+
+    const kern_table_t *tabs[N_ISAS];
+    for (int i = 0; i < N_ISAS; i++) {
+        tabs[i] = kern_get(ISAS[i]);
+        if (!tabs[i]) fprintf(stderr, "%s: not supported here, skipped\n", ISAS[i]);
+    }
+    static const int64_t KS[] = {32, 64, 96, 576, 1536};
+    static const int64_t KS_ODD[] = {1, 7, 17, 100, 172};
+    for (int i = 0; i < N_ISAS; i++) {
+        const kern_table_t *kt = tabs[i];
+        if (!kt) continue;
+        for (int wi = 0; wi < N_WTYPES; wi++) {
+            int t = WTYPES[wi];
+            for (size_t ki = 0; ki < sizeof KS / sizeof KS[0]; ki++)
+                for (int T = 1; T <= 13; T += 4) test_matmul_accuracy(kt, t, KS[ki], T);
+            if (t != DT_Q8_0)
+                for (size_t ki = 0; ki < sizeof KS_ODD / sizeof KS_ODD[0]; ki++)
+                    test_matmul_accuracy(kt, t, KS_ODD[ki], 7);
+            else /* K not a multiple of 32: rejected */
+                CHECK(kt->matmul(t, NULL, 0, 48, NULL, 48, NULL, 1, 1, 0, 1) == -1);
+            test_batch_invariance(kt, t, t == DT_Q8_0 ? 96 : 100, i == 0 ? 24 : 70);
+            test_batch_invariance(kt, t, 576, i == 0 ? 8 : 14);
+        }
+        CHECK(kt->matmul(DT_Q4_0, NULL, 0, 32, NULL, 32, NULL, 1, 1, 0, 1) == -1);
+        test_elementwise(kt);
+    }
+    for (int i = 0; i < N_ISAS; i++)
+        for (int j = i + 1; j < N_ISAS; j++) {
+            if (!tabs[i] || !tabs[j]) continue;
+            for (int wi = 0; wi < N_WTYPES; wi++) {
+                test_isa_cross(tabs[i], tabs[j], WTYPES[wi], 576);
+                if (WTYPES[wi] != DT_Q8_0) test_isa_cross(tabs[i], tabs[j], WTYPES[wi], 100);
+            }
+        }
+    test_threadpool();
+    return check_exit();
+}
