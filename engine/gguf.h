@@ -116,6 +116,18 @@ int gguf_writer_add_arr_str(gguf_writer_t *w, const char *key, const char *const
  * ne[0]) * ne[1] * ne[2] * ne[3] bytes, copied. */
 int gguf_writer_add_tensor(gguf_writer_t *w, const char *name, int type, int n_dims,
                            const int64_t *ne, const void *data);
+/* Any fixed-size scalar type (not STRING or ARRAY): value points to a host object of that
+ * type's C type (uint8_t, int8_t, ..., float, double; BOOL: a uint8_t 0 or 1). */
+int gguf_writer_add_scalar(gguf_writer_t *w, const char *key, int type, const void *value);
+/* Streaming tensor (large models without holding the weights in memory): the data is not given
+ * now; during gguf_writer_write the writer calls fill once per row, in order, for rows
+ * 0 .. ne[1]*ne[2]*ne[3]-1, with dst a buffer of row_bytes = dtype_row_bytes(type, ne[0]) to
+ * fill. fill returns 0, or -1 to abort the write (the writer's errstr then says so). user is
+ * borrowed and must stay valid until the write. Types: any ggml type dtype_ggml_block_elems()
+ * knows, here and in gguf_writer_add_tensor. */
+typedef int (*gguf_row_fill_fn)(void *user, int64_t row, void *dst, size_t row_bytes);
+int gguf_writer_add_tensor_stream(gguf_writer_t *w, const char *name, int type, int n_dims,
+                                  const int64_t *ne, gguf_row_fill_fn fill, void *user);
 /* Writes the file (atomically: a temp file renamed over path). 0 or -1. */
 int gguf_writer_write(gguf_writer_t *w, const char *path);
 
