@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Runs every test: installs dependencies, builds Release with -Werror and runs ctest, builds the
+# ASan+UBSan configuration and runs ctest again, then runs each libFuzzer target for a bounded
+# time. Exit status 0 only when everything passed.
+#   SPILLWAY_FUZZ_SECONDS  seconds per fuzz target (default 60; 0 skips fuzzing)
+#   SPILLWAY_SHARED_DIR    folder holding models/ (default: ../shared next to the checkout)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+JOBS=$(nproc)
+SHARED=${SPILLWAY_SHARED_DIR:-$ROOT/../shared}
+FUZZ_SECONDS=${SPILLWAY_FUZZ_SECONDS:-60}
+
+scripts/install-deps.sh
+
+echo "=== build: Release, -Werror ==="
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DSPILLWAY_WERROR=ON -DSPILLWAY_SHARED_DIR="$SHARED" >/dev/null
+cmake --build build -j"$JOBS"
+echo "=== tests: Release ==="
+(cd build && ctest --output-on-failure -j"$JOBS")
+
+echo "=== build: ASan+UBSan ==="
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPILLWAY_WERROR=ON -DSPILLWAY_SANITIZE=ON \
+  -DSPILLWAY_SHARED_DIR="$SHARED" >/dev/null
+cmake --build build-asan -j"$JOBS"
+echo "=== tests: ASan+UBSan ==="
+(cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+  ctest --output-on-failure -j"$JOBS")
+
+if [ "$FUZZ_SECONDS" -gt 0 ]; then
+  echo "=== fuzz: ${FUZZ_SECONDS}s per target ==="
+  CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPILLWAY_FUZZ=ON \
+    -DSPILLWAY_SHARED_DIR="$SHARED" >/dev/null
+  for src in tests/fuzz/fuzz_*.c; do
+    name=$(basename "$src" .c)
+    cmake --build build-fuzz -j"$JOBS" --target "$name"
+    corpus=tests/fuzz/corpus/${name#fuzz_}
+    work=$(mktemp -d)
+    cp -r "$corpus"/. "$work"/
+    echo "--- $name"
+    ./build-fuzz/"$name" -max_total_time="$FUZZ_SECONDS" -print_final_stats=1 "$work" 2>&1 | tail -n 5
+    rm -rf "$work"
+  done
+fi
+echo "all test stages passed"
