@@ -1,0 +1,423 @@
+/* tests/test_mkmodel.c: synthetic model writer.
+ *
+ * Writes tiny models for both architectures, every matrix dtype, tied and untied, and reads
+ * them back with gguf_open: metadata keys, tokenizer arrays, tensor names/shapes/types, weight
+ * statistics, and the F16/BF16/Q8_0 values against the F32 file of the same seed (Q8_0 error
+ * within half a quantisation step per block). Also: determinism, parameter validation,
+ * presets, and a 128256-token vocabulary with unique pieces. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/dtype.h"
+#include "engine/gguf.h"
+#include "engine/mkmodel.h"
+#include "engine/model.h"
+#include "tests/check.h"
+
+static char tmpdir[64];
+
+static mkmodel_params_t small_params(int arch, int dtype, int tied)
+{
+    mkmodel_params_t p;
+    mkmodel_preset(arch == ARCH_QWEN2 ? "qwen2-tiny" : "tiny", &p);
+    p.ffn_dim = 96;
+    p.n_vocab = 320;
+    p.ctx_len = 128;
+    p.dtype = dtype;
+    p.tied = tied;
+    p.seed = 42;
+    return p;
+}
+
+static int str_eq(gguf_str_t s, const char *c)
+{
+    return s.len == strlen(c) && memcmp(s.ptr, c, s.len) == 0;
+}
+
+static float elem_f32(const gguf_tensor_t *t, int64_t i)
+{
+    const uint8_t *d = t->data;
+    uint16_t h;
+    float f;
+    switch (t->type) {
+    case DT_F32: memcpy(&f, d + 4 * i, 4); return f;
+    case DT_F16: memcpy(&h, d + 2 * i, 2); return fp16_to_f32(h);
+    case DT_BF16: memcpy(&h, d + 2 * i, 2); return bf16_to_f32(h);
+    case DT_Q8_0: {
+        const block_q8_0 *b = (const block_q8_0 *)d + i / QK8_0;
+        return fp16_to_f32(b->d) * (float)b->qs[i % QK8_0];
+    }
+    default: return NAN;
+    }
+}
+
+static int64_t n_elems(const gguf_tensor_t *t)
+{
+    return t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
+}
+
+static void check_model(const gguf_t *g, const mkmodel_params_t *p)
+{
+    const char *arch = p->arch == ARCH_QWEN2 ? "qwen2" : "llama";
+    char key[96];
+    gguf_str_t s;
+    uint32_t u;
+    float f;
+    int b;
+#define AKEY(suffix) (snprintf(key, sizeof key, "%s.%s", arch, suffix), key)
+    CHECK(gguf_get_str(g, "general.architecture", &s) == 0 && str_eq(s, arch));
+    CHECK(gguf_get_str(g, "general.name", &s) == 0 && s.len > 0);
+    CHECK(gguf_get_u32(g, "general.file_type", &u) == 0 &&
+          u == (p->dtype == DT_F32 ? 0u : p->dtype == DT_F16 ? 1u : p->dtype == DT_Q8_0 ? 7u : 32u));
+    CHECK(gguf_kv_type(g, gguf_find_key(g, AKEY("context_length"))) == GGUF_UINT32);
+    CHECK(gguf_get_u32(g, AKEY("context_length"), &u) == 0 && u == (uint32_t)p->ctx_len);
+    CHECK(gguf_get_u32(g, AKEY("embedding_length"), &u) == 0 && u == (uint32_t)p->dim);
+    CHECK(gguf_get_u32(g, AKEY("block_count"), &u) == 0 && u == (uint32_t)p->n_layers);
+    CHECK(gguf_get_u32(g, AKEY("feed_forward_length"), &u) == 0 && u == (uint32_t)p->ffn_dim);
+    CHECK(gguf_get_u32(g, AKEY("attention.head_count"), &u) == 0 && u == (uint32_t)p->n_heads);
+    CHECK(gguf_get_u32(g, AKEY("attention.head_count_kv"), &u) == 0 && u == (uint32_t)p->n_kv_heads);
+    CHECK(gguf_get_u32(g, AKEY("vocab_size"), &u) == 0 && u == (uint32_t)p->n_vocab);
+    CHECK(gguf_get_u32(g, AKEY("rope.dimension_count"), &u) == 0 && u == (uint32_t)(p->dim / p->n_heads));
+    CHECK(gguf_get_f32(g, AKEY("attention.layer_norm_rms_epsilon"), &f) == 0 && f == p->norm_eps);
+    CHECK(gguf_get_f32(g, AKEY("rope.freq_base"), &f) == 0 && f == p->rope_theta);
+#undef AKEY
+    /* Tokenizer. */
+    int et;
+    uint64_t n;
+    CHECK(gguf_get_str(g, "tokenizer.ggml.model", &s) == 0 && str_eq(s, "llama"));
+    CHECK(gguf_get_arr(g, "tokenizer.ggml.tokens", &et, &n) == 0 && et == GGUF_STRING &&
+          n == (uint64_t)p->n_vocab);
+    CHECK(gguf_get_arr_str(g, "tokenizer.ggml.tokens", 0, &s) == 0 && str_eq(s, "<unk>"));
+    CHECK(gguf_get_arr_str(g, "tokenizer.ggml.tokens", 1, &s) == 0 && str_eq(s, "<s>"));
+    CHECK(gguf_get_arr_str(g, "tokenizer.ggml.tokens", 2, &s) == 0 && str_eq(s, "</s>"));
+    CHECK(gguf_get_arr_str(g, "tokenizer.ggml.tokens", 3 + 0x0A, &s) == 0 && str_eq(s, "<0x0A>"));
+    CHECK(gguf_get_arr_str(g, "tokenizer.ggml.tokens", 258, &s) == 0 && str_eq(s, "<0xFF>"));
+    CHECK(gguf_get_arr_str(g, "tokenizer.ggml.tokens", 259, &s) == 0 && str_eq(s, "\xe2\x96\x81"));
+    CHECK(gguf_get_arr(g, "tokenizer.ggml.scores", &et, &n) == 0 && et == GGUF_FLOAT32 &&
+          n == (uint64_t)p->n_vocab);
+    CHECK(gguf_get_arr(g, "tokenizer.ggml.token_type", &et, &n) == 0 && et == GGUF_INT32 &&
+          n == (uint64_t)p->n_vocab);
+    const uint8_t *tt = gguf_get_arr_data(g, "tokenizer.ggml.token_type");
+    if (tt) {
+        int32_t t0, t1, t2, t3, t258, t259, tl;
+        memcpy(&t0, tt, 4);
+        memcpy(&t1, tt + 4, 4);
+        memcpy(&t2, tt + 8, 4);
+        memcpy(&t3, tt + 12, 4);
+        memcpy(&t258, tt + 4 * 258, 4);
+        memcpy(&t259, tt + 4 * 259, 4);
+        memcpy(&tl, tt + 4 * (p->n_vocab - 1), 4);
+        CHECK(t0 == 2 && t1 == 3 && t2 == 3 && t3 == 6 && t258 == 6 && t259 == 1 && tl == 1);
+    }
+    const uint8_t *sc = gguf_get_arr_data(g, "tokenizer.ggml.scores");
+    if (sc) {
+        float s260, s300;
+        memcpy(&s260, sc + 4 * 260, 4);
+        memcpy(&s300, sc + 4 * 300, 4);
+        CHECK(s260 > s300);
+    }
+    CHECK(gguf_get_u32(g, "tokenizer.ggml.bos_token_id", &u) == 0 && u == 1);
+    CHECK(gguf_get_u32(g, "tokenizer.ggml.eos_token_id", &u) == 0 && u == 2);
+    CHECK(gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &b) == 0 && b == 1);
+
+    /* Tensors. */
+    int hd = p->dim / p->n_heads, kv_dim = p->n_kv_heads * hd;
+    int qwen = p->arch == ARCH_QWEN2;
+    CHECK(gguf_n_tensors(g) == 2 + !p->tied + p->n_layers * (qwen ? 12 : 9));
+    const gguf_tensor_t *t = gguf_find_tensor(g, "token_embd.weight");
+    CHECK(t && t->type == p->dtype && t->n_dims == 2 && t->ne[0] == p->dim && t->ne[1] == p->n_vocab);
+    t = gguf_find_tensor(g, "output_norm.weight");
+    CHECK(t && t->type == DT_F32 && t->n_dims == 1 && t->ne[0] == p->dim);
+    t = gguf_find_tensor(g, "output.weight");
+    CHECK(p->tied ? t == NULL : (t && t->type == p->dtype && t->ne[0] == p->dim && t->ne[1] == p->n_vocab));
+    for (int l = 0; l < p->n_layers; l++) {
+        struct {
+            const char *suffix;
+            int type;
+            int64_t ne0, ne1;
+            int present;
+        } want[] = {
+            {"attn_norm.weight", DT_F32, p->dim, 1, 1},
+            {"attn_q.weight", p->dtype, p->dim, p->dim, 1},
+            {"attn_k.weight", p->dtype, p->dim, kv_dim, 1},
+            {"attn_v.weight", p->dtype, p->dim, kv_dim, 1},
+            {"attn_output.weight", p->dtype, p->dim, p->dim, 1},
+            {"attn_q.bias", DT_F32, p->dim, 1, qwen},
+            {"attn_k.bias", DT_F32, kv_dim, 1, qwen},
+            {"attn_v.bias", DT_F32, kv_dim, 1, qwen},
+            {"ffn_norm.weight", DT_F32, p->dim, 1, 1},
+            {"ffn_gate.weight", p->dtype, p->dim, p->ffn_dim, 1},
+            {"ffn_up.weight", p->dtype, p->dim, p->ffn_dim, 1},
+            {"ffn_down.weight", p->dtype, p->ffn_dim, p->dim, 1},
+        };
+        for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+            char nm[64];
+            snprintf(nm, sizeof nm, "blk.%d.%s", l, want[i].suffix);
+            t = gguf_find_tensor(g, nm);
+            if (!want[i].present) {
+                CHECKF(t == NULL, "%s", nm);
+                continue;
+            }
+            CHECKF(t && t->type == want[i].type && t->ne[0] == want[i].ne0 && t->ne[1] == want[i].ne1 &&
+                   t->n_dims == (want[i].ne1 == 1 ? 1 : 2), "%s", nm);
+        }
+    }
+    /* Weight statistics (on the F32 file). */
+    if (p->dtype == DT_F32) {
+        struct {
+            const char *name;
+            double mean, std;
+        } st[] = {
+            {"blk.0.attn_norm.weight", 1.0, 0.05},
+            {"blk.1.ffn_gate.weight", 0.0, 1.0 / sqrt(p->dim)},
+            {"blk.1.ffn_down.weight", 0.0, 1.0 / sqrt(p->ffn_dim)},
+            {"token_embd.weight", 0.0, 0.02},
+        };
+        for (size_t i = 0; i < sizeof st / sizeof st[0]; i++) {
+            t = gguf_find_tensor(g, st[i].name);
+            if (!t) continue;
+            double s1 = 0, s2 = 0;
+            int64_t ne = n_elems(t);
+            for (int64_t j = 0; j < ne; j++) {
+                double x = elem_f32(t, j);
+                s1 += x;
+                s2 += x * x;
+            }
+            double mean = s1 / (double)ne, sd = sqrt(s2 / (double)ne - mean * mean);
+            CHECKF(fabs(mean - st[i].mean) < 0.2 * st[i].std + 1e-3 && fabs(sd / st[i].std - 1) < 0.15,
+                   "%s: mean %g std %g, want %g %g", st[i].name, mean, sd, st[i].mean, st[i].std);
+        }
+    }
+}
+
+/* Compares every matrix of gq (dtype p->dtype) with the same tensor of the F32 file gf. */
+static void check_against_f32(const gguf_t *gq, const gguf_t *gf, int dtype)
+{
+    double worst_rel = 0, err2 = 0, ref2 = 0; /* worst_rel: worst error / bound */
+    int bad_blocks = 0;
+    for (int64_t i = 0; i < gguf_n_tensors(gf); i++) {
+        const gguf_tensor_t *tf = gguf_tensor(gf, i);
+        const gguf_tensor_t *tq = gguf_find_tensor(gq, tf->name);
+        CHECKF(tq && n_elems(tq) == n_elems(tf), "%s", tf->name);
+        if (!tq || tf->n_dims == 1) continue;
+        int64_t ne = n_elems(tf);
+        for (int64_t j = 0; j < ne; j += QK8_0) {
+            float amax = 0;
+            for (int k = 0; k < QK8_0; k++) amax = fmaxf(amax, fabsf(elem_f32(tf, j + k)));
+            for (int k = 0; k < QK8_0; k++) {
+                float a = elem_f32(tf, j + k), q = elem_f32(tq, j + k);
+                double e = fabs((double)a - q);
+                err2 += e * e;
+                ref2 += (double)a * a;
+                if (dtype == DT_Q8_0) {
+                    /* half a step of d = amax/127, plus the fp16 rounding of d over |q| <= 127 */
+                    if (e > 0.5 * amax / 127.0 + 127.0 * amax / 127.0 / 1024.0) bad_blocks++;
+                } else {
+                    /* error over the rounding bound: half an ulp, relative 2^-11 (F16) or
+                     * 2^-8 (BF16), floored at half the smallest F16 subnormal */
+                    double bound = dtype == DT_F16 ? fabs(a) / 2048.0 + ldexp(1.0, -25)
+                                                   : fabs(a) / 256.0;
+                    if (e / bound > worst_rel) worst_rel = e / bound;
+                }
+            }
+        }
+    }
+    double nmse = err2 / ref2;
+    if (dtype == DT_Q8_0) {
+        CHECKF(bad_blocks == 0, "%d Q8_0 elements off by more than half a step", bad_blocks);
+        CHECKF(nmse < 1e-4, "Q8_0 NMSE %g", nmse);
+    } else if (dtype == DT_F16) {
+        CHECKF(worst_rel <= 1.0 && nmse < 1e-7, "F16 error/bound %g NMSE %g", worst_rel, nmse);
+    } else if (dtype == DT_BF16) {
+        CHECKF(worst_rel <= 1.0 && nmse < 1e-5, "BF16 error/bound %g NMSE %g", worst_rel, nmse);
+    }
+    fprintf(stderr, "  %s vs f32: NMSE %.3g\n", dtype_name(dtype), nmse);
+}
+
+static uint8_t *slurp(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    rewind(f);
+    uint8_t *b = malloc((size_t)n + 1);
+    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
+        free(b);
+        b = NULL;
+    }
+    fclose(f);
+    *len = (size_t)n;
+    return b;
+}
+
+static void test_all_variants(void)
+{
+    const int dtypes[] = {DT_F32, DT_F16, DT_BF16, DT_Q8_0};
+    const int arches[] = {ARCH_LLAMA, ARCH_QWEN2};
+    char err[256], pf[128], pq[128];
+    for (int a = 0; a < 2; a++) {
+        for (int tied = 0; tied < 2; tied++) {
+            mkmodel_params_t p32 = small_params(arches[a], DT_F32, tied);
+            snprintf(pf, sizeof pf, "%s/f32.gguf", tmpdir);
+            CHECKF(mkmodel_write(&p32, pf, err, sizeof err) == 0, "%s", err);
+            gguf_t *gf = gguf_open(pf, err, sizeof err);
+            CHECKF(gf != NULL, "%s", err);
+            if (!gf) continue;
+            check_model(gf, &p32);
+            for (int d = 1; d < 4; d++) {
+                mkmodel_params_t p = small_params(arches[a], dtypes[d], tied);
+                snprintf(pq, sizeof pq, "%s/%s.gguf", tmpdir, dtype_name(dtypes[d]));
+                CHECKF(mkmodel_write(&p, pq, err, sizeof err) == 0, "%s", err);
+                gguf_t *gq = gguf_open(pq, err, sizeof err);
+                CHECKF(gq != NULL, "%s", err);
+                if (!gq) continue;
+                fprintf(stderr, "%s %s:\n", a ? "qwen2" : "llama", tied ? "tied" : "untied");
+                check_model(gq, &p);
+                check_against_f32(gq, gf, dtypes[d]);
+                gguf_close(gq);
+                unlink(pq);
+            }
+            gguf_close(gf);
+            unlink(pf);
+        }
+    }
+}
+
+static void test_determinism(void)
+{
+    char err[256], p1[128], p2[128];
+    mkmodel_params_t p = small_params(ARCH_LLAMA, DT_Q8_0, 0);
+    snprintf(p1, sizeof p1, "%s/a.gguf", tmpdir);
+    snprintf(p2, sizeof p2, "%s/b.gguf", tmpdir);
+    CHECK(mkmodel_write(&p, p1, err, sizeof err) == 0);
+    CHECK(mkmodel_write(&p, p2, err, sizeof err) == 0);
+    size_t l1 = 0, l2 = 0;
+    uint8_t *b1 = slurp(p1, &l1), *b2 = slurp(p2, &l2);
+    CHECK(b1 && b2 && l1 == l2 && memcmp(b1, b2, l1) == 0);
+    free(b2);
+    p.seed = 43;
+    CHECK(mkmodel_write(&p, p2, err, sizeof err) == 0);
+    b2 = slurp(p2, &l2);
+    CHECK(b1 && b2 && l1 == l2 && memcmp(b1, b2, l1) != 0);
+    free(b1);
+    free(b2);
+    unlink(p1);
+    unlink(p2);
+}
+
+static void test_validation_and_presets(void)
+{
+    char err[256], path[128];
+    snprintf(path, sizeof path, "%s/bad.gguf", tmpdir);
+    mkmodel_params_t p = small_params(ARCH_LLAMA, DT_F32, 0);
+    p.n_heads = 5;
+    CHECK(mkmodel_write(&p, path, err, sizeof err) == -1 && strstr(err, "n_heads"));
+    p = small_params(ARCH_LLAMA, DT_F32, 0);
+    p.n_kv_heads = 3;
+    CHECK(mkmodel_write(&p, path, err, sizeof err) == -1 && strstr(err, "n_kv_heads 3"));
+    p = small_params(ARCH_LLAMA, DT_Q8_0, 0);
+    p.ffn_dim = 100;
+    CHECK(mkmodel_write(&p, path, err, sizeof err) == -1 && strstr(err, "multiples of 32"));
+    p = small_params(ARCH_LLAMA, DT_Q4_0, 0);
+    CHECK(mkmodel_write(&p, path, err, sizeof err) == -1 && strstr(err, "not supported"));
+    p = small_params(ARCH_LLAMA, DT_F32, 0);
+    p.n_vocab = 259;
+    CHECK(mkmodel_write(&p, path, err, sizeof err) == -1 && strstr(err, "n_vocab 259"));
+    p = small_params(ARCH_LLAMA, DT_F32, 0);
+    p.arch = 7;
+    CHECK(mkmodel_write(&p, path, err, sizeof err) == -1 && strstr(err, "arch"));
+    CHECK(access(path, F_OK) != 0);
+    /* Valid parameters, unwritable path: the error comes from the writer. */
+    p = small_params(ARCH_LLAMA, DT_F32, 0);
+    CHECK(mkmodel_write(&p, "/nonexistent-dir/m.gguf", err, sizeof err) == -1 &&
+          strstr(err, "temp file"));
+
+    const char *names[] = {"tiny", "qwen2-tiny", "smollm2-135m", "llama-3.2-1b", "llama-3.1-8b"};
+    for (size_t i = 0; i < 5; i++) CHECKF(mkmodel_preset(names[i], &p) == 0, "%s", names[i]);
+    CHECK(mkmodel_preset("nope", &p) == -1);
+    CHECK(mkmodel_preset("tiny", &p) == 0 && p.arch == ARCH_LLAMA && p.dim == 64 && p.n_layers == 2 &&
+          p.n_heads == 4 && p.n_kv_heads == 2 && p.ffn_dim == 128 && p.n_vocab == 512);
+    CHECK(mkmodel_preset("qwen2-tiny", &p) == 0 && p.arch == ARCH_QWEN2 && p.dim == 64 &&
+          p.n_vocab == 512 && p.n_kv_heads == 2);
+    CHECK(mkmodel_preset("smollm2-135m", &p) == 0 && p.dim == 576 && p.n_layers == 30 &&
+          p.n_heads == 9 && p.n_kv_heads == 3 && p.ffn_dim == 1536 && p.n_vocab == 49152 &&
+          p.ctx_len == 8192 && p.tied && p.rope_theta == 100000.0f && p.norm_eps == 1e-5f);
+    CHECK(mkmodel_preset("llama-3.2-1b", &p) == 0 && p.dim == 2048 && p.n_layers == 16 &&
+          p.n_heads == 32 && p.n_kv_heads == 8 && p.ffn_dim == 8192 && p.n_vocab == 128256 &&
+          p.tied && p.rope_theta == 500000.0f);
+    CHECK(mkmodel_preset("llama-3.1-8b", &p) == 0 && p.dim == 4096 && p.n_layers == 32 &&
+          p.n_heads == 32 && p.n_kv_heads == 8 && p.ffn_dim == 14336 && p.n_vocab == 128256 &&
+          !p.tied && p.rope_theta == 500000.0f);
+    /* The tiny presets write as they are. */
+    for (size_t i = 0; i < 2; i++) {
+        mkmodel_preset(names[i], &p);
+        CHECKF(mkmodel_write(&p, path, err, sizeof err) == 0, "%s: %s", names[i], err);
+        gguf_t *g = gguf_open(path, err, sizeof err);
+        CHECKF(g != NULL, "%s", err);
+        if (g) check_model(g, &p);
+        gguf_close(g);
+        unlink(path);
+    }
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    const gguf_str_t *x = a, *y = b;
+    size_t n = x->len < y->len ? (size_t)x->len : (size_t)y->len;
+    int c = memcmp(x->ptr, y->ptr, n);
+    return c ? c : (x->len > y->len) - (x->len < y->len);
+}
+
+static void test_big_vocab(void)
+{
+    char err[256], path[128];
+    snprintf(path, sizeof path, "%s/vocab.gguf", tmpdir);
+    mkmodel_params_t p = small_params(ARCH_LLAMA, DT_BF16, 1);
+    p.dim = 32;
+    p.n_heads = 2;
+    p.n_kv_heads = 1;
+    p.n_layers = 1;
+    p.ffn_dim = 32;
+    p.n_vocab = 128256;
+    CHECKF(mkmodel_write(&p, path, err, sizeof err) == 0, "%s", err);
+    gguf_t *g = gguf_open(path, err, sizeof err);
+    CHECKF(g != NULL, "%s", err);
+    if (!g) return;
+    gguf_str_t *all = malloc(sizeof *all * (size_t)p.n_vocab);
+    int ok = all != NULL;
+    for (int i = 0; ok && i < p.n_vocab; i++) ok = gguf_get_arr_str(g, "tokenizer.ggml.tokens", (uint64_t)i, &all[i]) == 0 && all[i].len > 0;
+    CHECK(ok);
+    if (ok) {
+        qsort(all, (size_t)p.n_vocab, sizeof *all, cmp_str);
+        int dups = 0;
+        for (int i = 1; i < p.n_vocab; i++) dups += cmp_str(&all[i - 1], &all[i]) == 0;
+        CHECKF(dups == 0, "%d duplicate pieces", dups);
+    }
+    free(all);
+    const gguf_tensor_t *t = gguf_find_tensor(g, "token_embd.weight");
+    CHECK(t && t->ne[1] == 128256 && t->type == DT_BF16);
+    gguf_close(g);
+    unlink(path);
+}
+
+int main(void)
+{
+    snprintf(tmpdir, sizeof tmpdir, "test_mkmodel.XXXXXX");
+    if (!mkdtemp(tmpdir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    test_all_variants();
+    test_determinism();
+    test_validation_and_presets();
+    test_big_vocab();
+    if (rmdir(tmpdir) != 0) {
+        fprintf(stderr, "temp dir %s not empty\n", tmpdir);
+        check_failures_++;
+    }
+    return check_exit();
+}
