@@ -13,6 +13,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 typedef struct engine engine_t;
 
@@ -144,6 +145,11 @@ typedef struct {
     double forward_seconds;
 } engine_stats_t;
 void engine_stats(const engine_t *e, engine_stats_t *st);
+
+/* Prints a GGUF file's metadata, tensors and derived figures (KV bytes per token) to out.
+ * Works on files the engine cannot run (it then names why). 0, or -1 when the file itself is
+ * unreadable (errstr). */
+int engine_inspect(const char *path, FILE *out, char *errstr, size_t errlen);
 
 /* Low-level: one forward step over explicit sequences, for tests and `spillway logits`.
  * Sequence s has tokens[s][0..n[s]) at positions start[s].. and uses block table tables[s]

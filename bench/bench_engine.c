@@ -1,0 +1,188 @@
+/* bench/bench_engine.c: engine throughput on one model, printed as a markdown table.
+ *   prefill   tokens/s of one P-token prompt (default 512), prefix cache off
+ *   decode@1  tokens/s of one sequence generating G tokens (default 128) after a short prompt
+ *   decode@N  generated tokens/s of N sequences decoding together (N = 4, 16, 64 by default)
+ * Each figure is measured R times (default 3) and reported as min / median / max.
+ * usage: bench_engine MODEL [--threads N] [--reps R] [--prompt P] [--gen G] [--batches 4,16,64]
+ *                          [--kv-type f16|f32] [--json FILE]
+ * --json appends one JSON object per figure to FILE (read by bench/run.py). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/engine.h"
+
+typedef struct {
+    int done;
+} cnt_t;
+
+static void on_done(void *arg, const engine_result_t *r)
+{
+    (void)r;
+    ((cnt_t *)arg)->done++;
+}
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static unsigned long long rng_state = 88172645463325252ull;
+static int32_t rnd_tok(int n_vocab)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (int32_t)(3 + rng_state % (unsigned long long)(n_vocab - 3));
+}
+
+/* Runs n_seq requests of prompt_len random tokens generating gen tokens each. Returns the
+ * seconds of the first step (prefill of all prompts, which the config lets fit in one step)
+ * in *t_prefill and of all later steps (pure decode) in *t_decode. */
+static int measure(engine_t *e, int n_seq, int prompt_len, int gen, double *t_prefill, double *t_decode)
+{
+    engine_info_t info;
+    engine_info(e, &info);
+    cnt_t cnt = {0};
+    char err[512];
+    int32_t *p = malloc(sizeof *p * (size_t)prompt_len);
+    for (int s = 0; s < n_seq; s++) {
+        for (int i = 0; i < prompt_len; i++) p[i] = rnd_tok(info.n_vocab);
+        engine_request_t rq;
+        engine_request_default(&rq);
+        rq.prompt = p;
+        rq.n_prompt = prompt_len;
+        rq.sampling.temperature = 0;
+        rq.max_tokens = gen;
+        rq.ignore_eos = 1;
+        if (engine_submit(e, &rq, on_done, &cnt, NULL, err, sizeof err) != 0) {
+            fprintf(stderr, "submit: %s\n", err);
+            free(p);
+            return -1;
+        }
+    }
+    free(p);
+    double t0 = now();
+    if (engine_step(e, err, sizeof err) != 1) {
+        fprintf(stderr, "step: %s\n", err);
+        return -1;
+    }
+    double t1 = now();
+    if (engine_n_waiting(e) != 0) {
+        fprintf(stderr, "bench: prompts did not fit one step\n");
+        return -1;
+    }
+    if (engine_run(e, err, sizeof err) != 0) {
+        fprintf(stderr, "run: %s\n", err);
+        return -1;
+    }
+    double t2 = now();
+    *t_prefill = t1 - t0;
+    *t_decode = t2 - t1;
+    return cnt.done == n_seq ? 0 : -1;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: bench_engine MODEL [--threads N] [--reps R] [--prompt P] [--gen G] "
+                        "[--batches 4,16,64] [--kv-type f16|f32]\n");
+        return 2;
+    }
+    const char *model = argv[1];
+    int threads = 2, reps = 3, P = 512, G = 128;
+    const char *kv = "f16";
+    FILE *jf = NULL;
+    int batches[16] = {4, 16, 64}, nb = 3;
+    for (int i = 2; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--prompt")) P = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--gen")) G = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--kv-type")) kv = argv[i + 1];
+        else if (!strcmp(argv[i], "--json")) {
+            jf = fopen(argv[i + 1], "a");
+            if (!jf) {
+                perror(argv[i + 1]);
+                return 1;
+            }
+        }
+        else if (!strcmp(argv[i], "--batches")) {
+            nb = 0;
+            for (char *s = argv[i + 1]; *s && nb < 16;) {
+                batches[nb++] = (int)strtol(s, &s, 10);
+                if (*s == ',') s++;
+            }
+        } else {
+            fprintf(stderr, "unknown option %s\n", argv[i]);
+            return 2;
+        }
+    }
+    if (reps < 1 || reps > 100) reps = 3;
+    engine_config_t cfg;
+    engine_config_default(&cfg);
+    cfg.model_path = model;
+    cfg.threads = threads;
+    cfg.kv_type = kv;
+    cfg.prefix_cache = 0;
+    cfg.max_seqs = 64;
+    int maxb = 1;
+    for (int i = 0; i < nb; i++) maxb = batches[i] > maxb ? batches[i] : maxb;
+    cfg.max_seqs = maxb;
+    cfg.max_batch_tokens = P > maxb * 16 ? P : maxb * 16;
+    cfg.kv_mem_mb = 2048;
+    char err[512];
+    engine_t *e = engine_new(&cfg, err, sizeof err);
+    if (!e) {
+        fprintf(stderr, "bench: %s\n", err);
+        return 1;
+    }
+    engine_info_t info;
+    engine_info(e, &info);
+    printf("model %s: %s dim %d layers %d heads %d/%d ffn %d vocab %d, %.1f MiB weights; "
+           "%d threads, kernels %s, KV %s\n\n",
+           model, info.arch, info.dim, info.n_layers, info.n_heads, info.n_kv_heads, info.ffn_dim,
+           info.n_vocab, (double)info.weight_bytes / 1048576.0, threads, info.kernels, kv);
+    printf("| workload | tokens/s min | median | max |\n|---|---:|---:|---:|\n");
+    double v[100], tp, td;
+    /* prefill */
+    for (int r = 0; r < reps; r++) {
+        if (measure(e, 1, P, 1, &tp, &td)) return 1;
+        v[r] = P / tp;
+    }
+    qsort(v, (size_t)reps, sizeof *v, cmp_d);
+    printf("| prefill %d tokens | %.1f | %.1f | %.1f |\n", P, v[0], v[reps / 2], v[reps - 1]);
+    if (jf)
+        fprintf(jf, "{\"model\": \"%s\", \"workload\": \"prefill\", \"n\": %d, \"min\": %.3f, "
+                    "\"median\": %.3f, \"max\": %.3f}\n", model, P, v[0], v[reps / 2], v[reps - 1]);
+    fflush(stdout);
+    int sizes[17] = {1};
+    for (int i = 0; i < nb; i++) sizes[i + 1] = batches[i];
+    for (int b = 0; b < nb + 1; b++) {
+        int n = sizes[b];
+        for (int r = 0; r < reps; r++) {
+            if (measure(e, n, 16, G, &tp, &td)) return 1;
+            v[r] = (double)n * (G - 1) / td;
+        }
+        qsort(v, (size_t)reps, sizeof *v, cmp_d);
+        printf("| decode, %d sequence%s x %d tokens | %.1f | %.1f | %.1f |\n", n, n > 1 ? "s" : "",
+               G, v[0], v[reps / 2], v[reps - 1]);
+        if (jf)
+            fprintf(jf, "{\"model\": \"%s\", \"workload\": \"decode\", \"n\": %d, \"gen\": %d, "
+                        "\"min\": %.3f, \"median\": %.3f, \"max\": %.3f}\n",
+                    model, n, G, v[0], v[reps / 2], v[reps - 1]);
+        fflush(stdout);
+    }
+    engine_free(e);
+    if (jf) fclose(jf);
+    return 0;
+}

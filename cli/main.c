@@ -1,0 +1,47 @@
+/* cli/main.c: the `spillway` command: generate, inspect, mkmodel, logits. */
+#include <errno.h>
+#include <getopt.h>
+#include <jansson.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli.h"
+#include "engine/engine.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: spillway COMMAND [options]\n"
+            "\n"
+            "commands:\n"
+            "  generate  -m MODEL (-p PROMPT | -f PROMPTS.jsonl) [options]  generate completions\n"
+            "  inspect   MODEL                                  metadata, tensors, KV bytes per token\n"
+            "  mkmodel   -o FILE [--preset NAME] [shape options] write a synthetic GGUF model\n"
+            "  logits    -m MODEL -i SEQS.txt -o OUT.f32 [--mode M] dump logits (tests)\n"
+            "\n"
+            "Run 'spillway COMMAND --help' for the options of a command.\n");
+}
+
+int main(int argc, char **argv)
+{
+    signal(SIGPIPE, SIG_IGN);
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(cmd, "generate")) return cli_generate(argc - 1, argv + 1);
+    if (!strcmp(cmd, "inspect")) return cli_inspect(argc - 1, argv + 1);
+    if (!strcmp(cmd, "mkmodel")) return cli_mkmodel(argc - 1, argv + 1);
+    if (!strcmp(cmd, "logits")) return cli_logits(argc - 1, argv + 1);
+    fprintf(stderr, "spillway: unknown command '%s'\n", cmd);
+    usage(stderr);
+    return 2;
+}

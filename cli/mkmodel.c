@@ -1,0 +1,97 @@
+/* cli/mkmodel.c: `spillway mkmodel`: writes a synthetic GGUF model with chosen shapes, dtype and
+ * seeded random weights (engine/mkmodel.h), for tests and benchmarks. */
+#include <getopt.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+#include "engine/dtype.h"
+#include "engine/mkmodel.h"
+#include "engine/model.h"
+
+int cli_mkmodel(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"output", required_argument, 0, 'o'},
+        {"preset", required_argument, 0, 4001},
+        {"arch", required_argument, 0, 4002},
+        {"dim", required_argument, 0, 4003},
+        {"layers", required_argument, 0, 4004},
+        {"heads", required_argument, 0, 4005},
+        {"kv-heads", required_argument, 0, 4006},
+        {"ffn", required_argument, 0, 4007},
+        {"vocab", required_argument, 0, 4008},
+        {"ctx", required_argument, 0, 4009},
+        {"dtype", required_argument, 0, 4010},
+        {"tied", no_argument, 0, 4011},
+        {"untied", no_argument, 0, 4012},
+        {"seed", required_argument, 0, 4013},
+        {"rope-theta", required_argument, 0, 4014},
+        {"norm-eps", required_argument, 0, 4015},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    mkmodel_params_t p;
+    mkmodel_preset("tiny", &p);
+    const char *out = NULL;
+    long v;
+    double d;
+    int opt;
+    /* The preset is applied first wherever it appears, so other flags override it. */
+    for (int i = 1; i + 1 < argc; i++)
+        if (!strcmp(argv[i], "--preset") && mkmodel_preset(argv[i + 1], &p) != 0) {
+            fprintf(stderr, "spillway: unknown preset '%s'; presets: %s\n", argv[i + 1], MKMODEL_PRESETS);
+            return 2;
+        }
+    optind = 1;
+    while ((opt = getopt_long(argc, argv, "o:h", longopts, NULL)) != -1) {
+        switch (opt) {
+        case 'o': out = optarg; break;
+        case 4001: break;
+        case 4002:
+            if (!strcmp(optarg, "llama")) p.arch = ARCH_LLAMA;
+            else if (!strcmp(optarg, "qwen2")) p.arch = ARCH_QWEN2;
+            else { fprintf(stderr, "spillway: --arch: llama or qwen2\n"); return 2; }
+            break;
+        case 4003: if (cli_parse_int("--dim", optarg, 2, 1 << 16, &v)) return 2; p.dim = (int)v; break;
+        case 4004: if (cli_parse_int("--layers", optarg, 1, 1024, &v)) return 2; p.n_layers = (int)v; break;
+        case 4005: if (cli_parse_int("--heads", optarg, 1, 1024, &v)) return 2; p.n_heads = (int)v; break;
+        case 4006: if (cli_parse_int("--kv-heads", optarg, 1, 1024, &v)) return 2; p.n_kv_heads = (int)v; break;
+        case 4007: if (cli_parse_int("--ffn", optarg, 1, 1 << 20, &v)) return 2; p.ffn_dim = (int)v; break;
+        case 4008: if (cli_parse_int("--vocab", optarg, MKMODEL_MIN_VOCAB, 1 << 24, &v)) return 2; p.n_vocab = (int)v; break;
+        case 4009: if (cli_parse_int("--ctx", optarg, 1, 1 << 30, &v)) return 2; p.ctx_len = (int)v; break;
+        case 4010:
+            if (!strcmp(optarg, "f32")) p.dtype = DT_F32;
+            else if (!strcmp(optarg, "f16")) p.dtype = DT_F16;
+            else if (!strcmp(optarg, "bf16")) p.dtype = DT_BF16;
+            else if (!strcmp(optarg, "q8_0")) p.dtype = DT_Q8_0;
+            else { fprintf(stderr, "spillway: --dtype: f32, f16, bf16 or q8_0\n"); return 2; }
+            break;
+        case 4011: p.tied = 1; break;
+        case 4012: p.tied = 0; break;
+        case 4013: if (cli_parse_int("--seed", optarg, 0, 1L << 62, &v)) return 2; p.seed = (uint64_t)v; break;
+        case 4014: if (cli_parse_double("--rope-theta", optarg, &d)) return 2; p.rope_theta = (float)d; break;
+        case 4015: if (cli_parse_double("--norm-eps", optarg, &d)) return 2; p.norm_eps = (float)d; break;
+        case 'h':
+            printf("usage: spillway mkmodel -o FILE [--preset NAME] [options]\n"
+                   "  --preset NAME   %s (default tiny); later flags override it\n"
+                   "  --arch A        llama | qwen2\n"
+                   "  --dim N --layers N --heads N --kv-heads N --ffn N --vocab N --ctx N\n"
+                   "  --dtype T       f32 | f16 | bf16 | q8_0 (matrices; norms stay f32)\n"
+                   "  --tied | --untied   share the output matrix with the embedding or not\n"
+                   "  --seed N --rope-theta F --norm-eps F\n", MKMODEL_PRESETS);
+            return 0;
+        default: return 2;
+        }
+    }
+    if (!out || optind != argc) {
+        fprintf(stderr, "usage: spillway mkmodel -o FILE [--preset NAME] [options] (see --help)\n");
+        return 2;
+    }
+    char err[512];
+    if (mkmodel_write(&p, out, err, sizeof err) != 0) {
+        fprintf(stderr, "spillway: %s\n", err);
+        return 1;
+    }
+    return 0;
+}

@@ -1,0 +1,429 @@
+/* tests/test_engine.c: end-to-end engine behaviour on the real stories260K model:
+ * golden greedy outputs, batch invariance, prefix-block sharing, preemption, seeds, stop
+ * strings, limits and request validation. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "engine/engine.h"
+
+#define MODEL SPILLWAY_MODELS "/stories260K.gguf"
+#define MAXR 64
+
+/* Reference (a): llama2.c run.c greedy from BOS, 256 tokens (stdout without its final '\n'). */
+static const char *GOLDEN_A =
+    "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. "
+    "One day, she saw a big, red ball. She wanted to play with it, but it was too high.\n"
+    "Lily's mom said, \"Lily, let's go to the park.\" Lily was sad and didn't know what to do. "
+    "She said, \"I want to play with your ball, but I can't find it.\"\n"
+    "Lily was sad and didn't know what to do. She said, \"I'm sorry, Lily. I didn't know what to "
+    "do.\"\n"
+    "Lily didn't want to help her mom, so she said, \"I'm sorry, mom. I didn't know what to do.\" "
+    "Her mom said, \"Don't worry, Lily. We can help you.";
+/* Reference (b1): prompt "Once upon a time", 60 generated tokens. */
+static const int32_t GOLDEN_B1_IDS[] = {
+    403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426, 338,
+    401, 396, 267, 337, 410, 408, 419, 292, 411, 322, 265, 282, 295, 433, 426, 385,
+    328, 432, 358, 394, 261, 370, 432, 352, 266, 268, 388, 426, 338, 391, 266, 267,
+    337, 335, 312, 432, 398, 312, 286, 267, 414, 270, 333, 415, 426, 13, 438, 310};
+
+typedef struct {
+    int finish;
+    char *text;
+    size_t text_len;
+    int32_t *toks;
+    int n_toks;
+    int n_cached;
+    int n_preempted;
+    float *lp; /* chosen logprobs */
+    int done;
+} res_t;
+
+static void on_done(void *arg, const engine_result_t *r)
+{
+    res_t *x = r->user;
+    (void)arg;
+    x->finish = r->finish;
+    x->text = malloc(r->text_len + 1);
+    memcpy(x->text, r->text, r->text_len);
+    x->text[r->text_len] = 0;
+    x->text_len = r->text_len;
+    x->toks = malloc(sizeof(int32_t) * (size_t)(r->n_tokens + 1));
+    memcpy(x->toks, r->tokens, sizeof(int32_t) * (size_t)r->n_tokens);
+    x->n_toks = r->n_tokens;
+    x->n_cached = r->n_cached;
+    x->n_preempted = r->n_preempted;
+    if (r->n_logprobs) {
+        x->lp = malloc(sizeof(float) * (size_t)(r->n_tokens + 1));
+        for (int i = 0; i < r->n_tokens; i++) x->lp[i] = r->logprobs[i].logprob;
+    }
+    x->done++;
+}
+
+static void res_clear(res_t *r, int n)
+{
+    for (int i = 0; i < n; i++) {
+        free(r[i].text);
+        free(r[i].toks);
+        free(r[i].lp);
+        memset(&r[i], 0, sizeof r[i]);
+    }
+}
+
+static engine_t *mk(engine_config_t *cfg)
+{
+    char err[512];
+    engine_t *e = engine_new(cfg, err, sizeof err);
+    if (!e) fprintf(stderr, "engine_new: %s\n", err);
+    return e;
+}
+
+static void base_cfg(engine_config_t *c)
+{
+    engine_config_default(c);
+    c->model_path = MODEL;
+    c->threads = 2;
+    c->kv_type = "f32";
+    c->kv_mem_mb = 64;
+}
+
+/* Submits prompts (text), runs to completion, fills res. */
+static int run(engine_t *e, int n, const char *const *prompts, const engine_request_t *tmpl,
+               res_t *res)
+{
+    char err[512];
+    for (int i = 0; i < n; i++) {
+        int32_t toks[1024];
+        int nt = engine_tokenize(e, prompts[i], strlen(prompts[i]), 1, 0, toks, 1024);
+        if (nt < 1 || nt > 1024) return -1;
+        engine_request_t rq = *tmpl;
+        rq.prompt = toks;
+        rq.n_prompt = nt;
+        rq.user = &res[i];
+        rq.text_at_start = prompts[i][0] == 0;
+        if (engine_submit(e, &rq, on_done, NULL, NULL, err, sizeof err) != 0) {
+            fprintf(stderr, "submit: %s\n", err);
+            return -1;
+        }
+    }
+    if (engine_run(e, err, sizeof err) != 0) {
+        fprintf(stderr, "run: %s\n", err);
+        return -1;
+    }
+    for (int i = 0; i < n; i++)
+        if (res[i].done != 1) return -1;
+    return 0;
+}
+
+static const char *PROMPTS[] = {
+    "Once upon a time",
+    "",
+    "Tom had a red ball and",
+    "The little dog was sad because it could not find its toy. It looked under the bed, behind the door and",
+    "Lily",
+    "One day, a big bird",
+    "Sue and Ben went to the park to play. They saw a swing, a slide and a sandbox. Sue wanted to",
+    "The sun was",
+};
+#define NP ((int)(sizeof PROMPTS / sizeof PROMPTS[0]))
+
+static void test_golden(void)
+{
+    engine_config_t c;
+    base_cfg(&c);
+    engine_t *e = mk(&c);
+    CHECK(e != NULL);
+    if (!e) return;
+    engine_request_t rq;
+    engine_request_default(&rq);
+    rq.sampling.temperature = 0;
+    rq.max_tokens = 256;
+    res_t r[2] = {0};
+    const char *p0[] = {""};
+    CHECK(run(e, 1, p0, &rq, r) == 0);
+    CHECKF(r[0].text && strcmp(r[0].text, GOLDEN_A) == 0, "golden (a) differs:\n%s", r[0].text ? r[0].text : "(null)");
+    CHECK(r[0].n_toks == 256 && r[0].finish == ENGINE_FINISH_LENGTH);
+    res_clear(r, 1);
+
+    rq.max_tokens = 60;
+    const char *p1[] = {"Once upon a time"};
+    CHECK(run(e, 1, p1, &rq, r) == 0);
+    int ok = r[0].n_toks == 60;
+    for (int i = 0; ok && i < 60; i++) ok = r[0].toks[i] == GOLDEN_B1_IDS[4 + i];
+    CHECKF(ok, "golden (b1) token ids differ");
+    CHECK(strncmp(r[0].text, ", there was a little girl named Lily.", 37) == 0);
+    res_clear(r, 1);
+    engine_free(e);
+}
+
+/* Greedy outputs and logprobs are identical alone, batched, with small chunks, and with the
+ * prefix cache on or off; prefix blocks are reused. */
+static void test_batch_invariance(void)
+{
+    engine_request_t rq;
+    engine_request_default(&rq);
+    rq.sampling.temperature = 0;
+    rq.sampling.n_logprobs = 3;
+    rq.max_tokens = 40;
+    rq.ignore_eos = 1;
+    res_t alone[NP], batch[NP], chunked[NP];
+    memset(alone, 0, sizeof alone);
+    memset(batch, 0, sizeof batch);
+    memset(chunked, 0, sizeof chunked);
+    engine_config_t c;
+    base_cfg(&c);
+    c.prefix_cache = 0;
+    engine_t *e = mk(&c);
+    CHECK(e != NULL);
+    if (!e) return;
+    for (int i = 0; i < NP; i++) CHECK(run(e, 1, &PROMPTS[i], &rq, &alone[i]) == 0);
+    engine_free(e);
+
+    base_cfg(&c);
+    e = mk(&c);
+    CHECK(run(e, NP, PROMPTS, &rq, batch) == 0);
+    engine_free(e);
+
+    base_cfg(&c);
+    c.max_batch_tokens = 7; /* forces chunked prefill mixed with decodes */
+    c.max_seqs = 5;
+    c.block_tokens = 4;
+    e = mk(&c);
+    CHECK(run(e, NP, PROMPTS, &rq, chunked) == 0);
+    engine_free(e);
+    for (int i = 0; i < NP; i++) {
+        CHECKF(alone[i].n_toks == batch[i].n_toks && !memcmp(alone[i].toks, batch[i].toks, sizeof(int32_t) * (size_t)alone[i].n_toks),
+               "prompt %d: batched tokens differ from alone", i);
+        CHECKF(!memcmp(alone[i].lp, batch[i].lp, sizeof(float) * (size_t)alone[i].n_toks),
+               "prompt %d: batched logprobs differ from alone (not bit-identical)", i);
+        CHECKF(alone[i].n_toks == chunked[i].n_toks && !memcmp(alone[i].toks, chunked[i].toks, sizeof(int32_t) * (size_t)alone[i].n_toks),
+               "prompt %d: chunked tokens differ", i);
+        CHECKF(!memcmp(alone[i].lp, chunked[i].lp, sizeof(float) * (size_t)alone[i].n_toks),
+               "prompt %d: chunked logprobs differ", i);
+    }
+    res_clear(alone, NP);
+    res_clear(batch, NP);
+    res_clear(chunked, NP);
+}
+
+/* Requests sharing a long prefix reuse its blocks (n_cached > 0) and produce the same
+ * logprobs, bit for bit, as with private blocks. */
+static void test_shared_prefix(void)
+{
+    static const char *shared =
+        "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
+        "park. One day, she saw a big, red ball. She wanted to play with it, but it was too high. ";
+    const char *tails[] = {"Lily", "Her mom", "A bird", "The ball", "She"};
+    char *prompts[5];
+    for (int i = 0; i < 5; i++) {
+        prompts[i] = malloc(strlen(shared) + strlen(tails[i]) + 1);
+        strcpy(prompts[i], shared);
+        strcat(prompts[i], tails[i]);
+    }
+    engine_request_t rq;
+    engine_request_default(&rq);
+    rq.sampling.temperature = 0;
+    rq.sampling.n_logprobs = 2;
+    rq.max_tokens = 24;
+    rq.ignore_eos = 1;
+    res_t priv[5], shr[5];
+    memset(priv, 0, sizeof priv);
+    memset(shr, 0, sizeof shr);
+    engine_config_t c;
+    base_cfg(&c);
+    c.prefix_cache = 0;
+    engine_t *e = mk(&c);
+    CHECK(run(e, 5, (const char *const *)prompts, &rq, priv) == 0);
+    engine_free(e);
+
+    base_cfg(&c);
+    e = mk(&c);
+    /* The first request fills the cache; the others then reuse its full blocks. */
+    CHECK(run(e, 1, (const char *const *)prompts, &rq, shr) == 0);
+    CHECK(run(e, 4, (const char *const *)prompts + 1, &rq, shr + 1) == 0);
+    engine_stats_t st;
+    engine_stats(e, &st);
+    engine_free(e);
+    CHECK(shr[0].n_cached == 0);
+    for (int i = 1; i < 5; i++) CHECKF(shr[i].n_cached >= 32, "request %d: %d cached tokens", i, shr[i].n_cached);
+    CHECK(st.prefix_hits > 0);
+    for (int i = 0; i < 5; i++) {
+        CHECKF(priv[i].n_toks == shr[i].n_toks && !memcmp(priv[i].toks, shr[i].toks, sizeof(int32_t) * (size_t)priv[i].n_toks),
+               "prompt %d: shared-prefix tokens differ", i);
+        CHECKF(!memcmp(priv[i].lp, shr[i].lp, sizeof(float) * (size_t)priv[i].n_toks),
+               "prompt %d: shared-prefix logprobs differ", i);
+    }
+    res_clear(priv, 5);
+    res_clear(shr, 5);
+    for (int i = 0; i < 5; i++) free(prompts[i]);
+}
+
+/* A pool too small for all sequences at once forces preemption; outputs do not change. */
+static void test_preemption(void)
+{
+    engine_request_t rq;
+    engine_request_default(&rq);
+    rq.sampling.temperature = 0;
+    rq.max_tokens = 48;
+    rq.ignore_eos = 1;
+    res_t ref[NP], small[NP];
+    memset(ref, 0, sizeof ref);
+    memset(small, 0, sizeof small);
+    engine_config_t c;
+    base_cfg(&c);
+    engine_t *e = mk(&c);
+    CHECK(run(e, NP, PROMPTS, &rq, ref) == 0);
+    engine_free(e);
+    base_cfg(&c);
+    c.block_tokens = 8;
+    c.kv_blocks = 20; /* 160 token slots for 8 sequences of up to ~75 tokens */
+    c.prefix_cache = 0;
+    e = mk(&c);
+    CHECK(run(e, NP, PROMPTS, &rq, small) == 0);
+    engine_stats_t st;
+    engine_stats(e, &st);
+    CHECKF(st.preemptions > 0, "expected preemptions, got %llu", (unsigned long long)st.preemptions);
+    CHECK(st.kv_blocks_used == 0);
+    engine_free(e);
+    for (int i = 0; i < NP; i++)
+        CHECKF(ref[i].n_toks == small[i].n_toks && !memcmp(ref[i].toks, small[i].toks, sizeof(int32_t) * (size_t)ref[i].n_toks),
+               "prompt %d: output changed under preemption", i);
+    res_clear(ref, NP);
+    res_clear(small, NP);
+}
+
+/* The same seed gives the same text alone and in a batch; another seed differs. */
+static void test_seeds(void)
+{
+    engine_request_t rq;
+    engine_request_default(&rq);
+    rq.sampling.temperature = 0.9f;
+    rq.sampling.top_p = 0.95f;
+    rq.sampling.seed = 1234;
+    rq.max_tokens = 40;
+    rq.ignore_eos = 1;
+    engine_config_t c;
+    base_cfg(&c);
+    engine_t *e = mk(&c);
+    res_t a[1] = {0}, b[NP], d[1] = {0};
+    memset(b, 0, sizeof b);
+    CHECK(run(e, 1, &PROMPTS[2], &rq, a) == 0);
+    CHECK(run(e, NP, PROMPTS, &rq, b) == 0);
+    rq.sampling.seed = 99;
+    CHECK(run(e, 1, &PROMPTS[2], &rq, d) == 0);
+    engine_free(e);
+    CHECK(a[0].text && b[2].text && strcmp(a[0].text, b[2].text) == 0);
+    CHECK(a[0].text && d[0].text && strcmp(a[0].text, d[0].text) != 0);
+    res_clear(a, 1);
+    res_clear(b, NP);
+    res_clear(d, 1);
+}
+
+/* A stop string that spans token boundaries ends the text right before it. */
+static void test_stop_strings(void)
+{
+    engine_request_t rq;
+    engine_request_default(&rq);
+    rq.sampling.temperature = 0;
+    rq.max_tokens = 60;
+    engine_config_t c;
+    base_cfg(&c);
+    engine_t *e = mk(&c);
+    res_t r[1] = {0};
+    const char *p[] = {"Once upon a time"};
+    CHECK(run(e, 1, p, &rq, r) == 0);
+    /* ", there was a little girl named Lily." -> stop on "e girl na" (spans tokens). */
+    const char *stop = "e girl na";
+    const char *hit = r[0].text ? strstr(r[0].text, stop) : NULL;
+    CHECK(hit != NULL);
+    size_t want = hit ? (size_t)(hit - r[0].text) : 0;
+    res_clear(r, 1);
+    const char *stops[] = {"never appears", stop};
+    rq.stop = stops;
+    rq.n_stop = 2;
+    CHECK(run(e, 1, p, &rq, r) == 0);
+    CHECK(r[0].finish == ENGINE_FINISH_STOP);
+    CHECKF(r[0].text_len == want, "stop: text %zu bytes, want %zu", r[0].text_len, want);
+    CHECK(r[0].text && strstr(r[0].text, "e girl") == NULL);
+    res_clear(r, 1);
+    /* max_tokens */
+    rq.n_stop = 0;
+    rq.max_tokens = 5;
+    CHECK(run(e, 1, p, &rq, r) == 0);
+    CHECK(r[0].finish == ENGINE_FINISH_LENGTH && r[0].n_toks == 5);
+    res_clear(r, 1);
+    engine_free(e);
+}
+
+static void test_validation(void)
+{
+    engine_config_t c;
+    base_cfg(&c);
+    c.max_ctx = 64;
+    engine_t *e = mk(&c);
+    engine_request_t rq;
+    engine_request_default(&rq);
+    char err[256];
+    int32_t toks[100];
+    for (int i = 0; i < 100; i++) toks[i] = 300;
+    rq.prompt = toks;
+    rq.n_prompt = 0;
+    CHECK(engine_submit(e, &rq, on_done, NULL, NULL, err, sizeof err) == -1);
+    rq.n_prompt = 64;
+    CHECK(engine_submit(e, &rq, on_done, NULL, NULL, err, sizeof err) == -1);
+    CHECK(strstr(err, "context") != NULL);
+    rq.n_prompt = 3;
+    toks[1] = 512;
+    CHECK(engine_submit(e, &rq, on_done, NULL, NULL, err, sizeof err) == -1);
+    CHECK(strstr(err, "vocabulary") != NULL);
+    toks[1] = 300;
+    rq.sampling.top_p = 0;
+    CHECK(engine_submit(e, &rq, on_done, NULL, NULL, err, sizeof err) == -1);
+    rq.sampling.top_p = 1;
+    /* Context limit: a 60-token prompt with max_tokens 100 stops at the 64-token context. */
+    rq.n_prompt = 60;
+    rq.max_tokens = 100;
+    rq.ignore_eos = 1;
+    res_t r[1] = {0};
+    rq.user = r;
+    CHECK(engine_submit(e, &rq, on_done, NULL, NULL, err, sizeof err) == 0);
+    CHECK(engine_run(e, err, sizeof err) == 0);
+    CHECK(r[0].finish == ENGINE_FINISH_LENGTH && r[0].n_toks == 4);
+    res_clear(r, 1);
+    /* Cancel */
+    uint64_t id;
+    rq.n_prompt = 3;
+    rq.user = r;
+    CHECK(engine_submit(e, &rq, on_done, NULL, &id, err, sizeof err) == 0);
+    CHECK(engine_cancel(e, id) == 0);
+    CHECK(r[0].finish == ENGINE_FINISH_ABORT && r[0].done == 1);
+    CHECK(engine_cancel(e, id) == -1);
+    res_clear(r, 1);
+    engine_free(e);
+    /* Bad model path and bad config */
+    base_cfg(&c);
+    c.model_path = "/nonexistent.gguf";
+    CHECK(engine_new(&c, err, sizeof err) == NULL);
+    base_cfg(&c);
+    c.kv_type = "q4";
+    CHECK(engine_new(&c, err, sizeof err) == NULL);
+}
+
+int main(void)
+{
+    FILE *f = fopen(MODEL, "rb");
+    if (!f) {
+        fprintf(stderr, "skip: %s not found\n", MODEL);
+        return 77;
+    }
+    fclose(f);
+    test_golden();
+    test_batch_invariance();
+    test_shared_prefix();
+    test_preemption();
+    test_seeds();
+    test_stop_strings();
+    test_validation();
+    return check_exit();
+}
