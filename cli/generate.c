@@ -77,7 +77,7 @@ static void on_done(void *arg, const engine_result_t *r)
         }
         json_object_set_new(o, "logprobs", lp);
     }
-    char *s = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
+    char *s = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII | JSON_REAL_PRECISION(7));
     if (s) {
         fputs(s, g->out);
         fputc('\n', g->out);
@@ -165,7 +165,7 @@ static int parse_line(engine_t *e, json_t *o, const engine_request_t *defaults, 
     engine_tokenize(e, prompt, plen, 1, 1, *toks, n);
     rq->prompt = *toks;
     rq->n_prompt = n;
-    rq->text_at_start = 1;
+    rq->text_at_start = plen == 0; /* otherwise the completion continues the prompt's text */
     return 0;
 }
 
