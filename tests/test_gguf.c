@@ -2,7 +2,8 @@
  *
  * 1. Round trip: the writer emits every value type, arrays, tensors of several types (copied
  *    and streamed) at alignments 32 and 64; the reader must give back the same.
- * 2. The real stories260K.gguf: known metadata and tensor shapes (skipped if the file is absent).
+ * 2. The real stories260K.gguf: known metadata and tensor shapes; llama.cpp's 9 vocab-only
+ *    files open (each skipped if absent).
  * 3. A table of hand-built bad files, each refused with a specific message.
  * 4. Every prefix of a small valid file fails cleanly (or succeeds once all data is present);
  *    random byte mutations of it never crash (run under ASan to see over-reads).
@@ -450,6 +451,38 @@ static void test_stories(void)
     gguf_close(g);
 }
 
+/* llama.cpp's vocab-only files: all open, with a token list as long as the other arrays. */
+static void test_vocab_files(void)
+{
+    static const char *const names[] = {"deepseek-coder", "deepseek-llm", "falcon", "gpt-2",
+                                        "llama-spm", "mpt", "phi-3", "refact", "starcoder"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char path[512], err[256];
+        snprintf(path, sizeof path, "%s/tokenizer-vectors/ggml-vocab-%s.gguf", SPILLWAY_MODELS,
+                 names[i]);
+        if (access(path, R_OK) != 0) {
+            fprintf(stderr, "%s not found: skipped\n", path);
+            continue;
+        }
+        gguf_t *g = gguf_open(path, err, sizeof err);
+        CHECKF(g != NULL, "%s: %s", names[i], err);
+        if (!g) continue;
+        int et, et2;
+        uint64_t n = 0, n2 = 0;
+        gguf_str_t s;
+        CHECKF(gguf_get_arr(g, "tokenizer.ggml.tokens", &et, &n) == 0 && et == GGUF_STRING &&
+               n > 30000, "%s", names[i]);
+        CHECK(gguf_get_arr(g, "tokenizer.ggml.token_type", &et2, &n2) == 0 && et2 == GGUF_INT32 &&
+              n2 == n);
+        CHECK(gguf_get_arr_str(g, "tokenizer.ggml.tokens", n - 1, &s) == 0 && s.len > 0);
+        CHECK(gguf_get_str(g, "tokenizer.ggml.model", &s) == 0 &&
+              (str_eq(s, "llama") || str_eq(s, "gpt2")));
+        CHECK(gguf_n_tensors(g) == 0);
+        exercise(g);
+        gguf_close(g);
+    }
+}
+
 /* ---------------------------------------------------------------- 3. bad files */
 
 static const uint64_t ne_8_2[2] = {8, 2};
@@ -860,6 +893,7 @@ int main(void)
     }
     test_round_trip();
     test_stories();
+    test_vocab_files();
     test_bad_files();
     test_prefixes_and_mutations();
     test_writer_errors();
