@@ -16,6 +16,11 @@
 #include "kernels.h"
 #include "threadpool.h"
 
+/* Up to this many tokens, every thread normalises all rows itself inside the matmul phase
+ * (no separate norm phase and barrier); above it a norm phase runs first. Same arithmetic
+ * either way. */
+#define FUSE_T 32
+
 typedef struct {
     backend_t base;
     const kern_table_t *k;
@@ -38,6 +43,7 @@ typedef struct {
     int32_t *tok_seq;        /* [T] sequence index of each token */
     float *scores;           /* [n_threads][group * ctx_len] */
     float *kvconv;           /* [n_threads][block_tokens * head_dim * 2] F16 -> F32 staging */
+    float *xn_priv;          /* [n_threads][FUSE_T][dim]: each thread's own normalised rows */
     size_t scores_per_thread;
 } cpu_t;
 
@@ -58,8 +64,22 @@ typedef struct {
     int layer;
     int T;
     float *logits;
-    const float *logit_in;   /* [n_logits][dim] */
+    int fuse_norm;           /* T <= FUSE_T: norms fused into the matmul phases */
+    int fuse_attn;           /* every sequence has one token: RoPE/store fused into attention */
 } job_t;
+
+/* Normalised input rows for this thread: either the shared xn (filled by a norm phase) or the
+ * thread's private copy, computed here. */
+static const float *norm_rows(const job_t *j, const float *w, int ith)
+{
+    const cpu_t *c = j->c;
+    const int dim = c->base.model->hp.dim;
+    if (!j->fuse_norm) return c->xn;
+    float *xn = c->xn_priv + (size_t)ith * FUSE_T * dim;
+    for (int t = 0; t < j->T; t++)
+        c->k->rmsnorm(c->x + (size_t)t * dim, w, c->base.model->hp.norm_eps, xn + (size_t)t * dim, dim);
+    return xn;
+}
 
 static void mm(const cpu_t *c, const weight_t *w, const float *x, int64_t ldx, float *y,
                int64_t ldy, int T, int ith, int nth)
@@ -110,9 +130,10 @@ static void ph_qkv(void *arg, int ith, int nth)
     const cpu_t *c = j->c;
     const hparams_t *hp = &c->base.model->hp;
     const int dim = hp->dim, qd = hp->n_heads * hp->head_dim, kvd = hp->n_kv_heads * hp->head_dim;
-    mm(c, &j->L->wq, c->xn, dim, c->q, qd, j->T, ith, nth);
-    mm(c, &j->L->wk, c->xn, dim, c->kk, kvd, j->T, ith, nth);
-    mm(c, &j->L->wv, c->xn, dim, c->vv, kvd, j->T, ith, nth);
+    const float *xn = norm_rows(j, j->L->attn_norm.data, ith);
+    mm(c, &j->L->wq, xn, dim, c->q, qd, j->T, ith, nth);
+    mm(c, &j->L->wk, xn, dim, c->kk, kvd, j->T, ith, nth);
+    mm(c, &j->L->wv, xn, dim, c->vv, kvd, j->T, ith, nth);
 }
 
 static void rope_apply(const hparams_t *hp, const float *cs, float *v)
@@ -142,39 +163,45 @@ static inline unsigned char *kv_ptr(const cpu_t *c, int32_t block, int layer, in
     return c->kv + (size_t)block * c->base.kv_block_bytes + idx * c->kv_elem;
 }
 
-/* Biases, RoPE, and K/V written into the cache at each token's position. */
-static void ph_rope_store(void *arg, int ith, int nth)
+/* Biases, RoPE, and K/V written into the cache at the token's position, for kv head g and the
+ * query heads that share it. */
+static void rope_store_one(cpu_t *c, const job_t *j, long t, int g)
 {
-    job_t *j = arg;
-    cpu_t *c = j->c;
     const hparams_t *hp = &c->base.model->hp;
     const layer_weights_t *L = j->L;
     const int hd = hp->head_dim, qd = hp->n_heads * hd, kvd = hp->n_kv_heads * hd;
+    const int grp = hp->n_heads / hp->n_kv_heads;
     const int B = c->base.params.block_tokens;
+    float *q = c->q + t * qd + (size_t)g * grp * hd, *k = c->kk + t * kvd + (size_t)g * hd;
+    float *v = c->vv + t * kvd + (size_t)g * hd;
+    if (L->bq.data) c->k->add(q, (const float *)L->bq.data + (size_t)g * grp * hd, grp * hd);
+    if (L->bk.data) c->k->add(k, (const float *)L->bk.data + (size_t)g * hd, hd);
+    if (L->bv.data) c->k->add(v, (const float *)L->bv.data + (size_t)g * hd, hd);
+    const float *cs = c->rope_cs + t * hp->rope_dim;
+    for (int h = 0; h < grp; h++) rope_apply(hp, cs, q + h * hd);
+    rope_apply(hp, cs, k);
+    int s = c->tok_seq[t];
+    int pos = j->b->pos[t];
+    int32_t blk = j->b->block_tables[s][pos / B];
+    unsigned char *kd = kv_ptr(c, blk, j->layer, 0, pos % B, g);
+    unsigned char *vd = kv_ptr(c, blk, j->layer, 1, pos % B, g);
+    if (c->kv_elem == 4) {
+        memcpy(kd, k, (size_t)hd * 4);
+        memcpy(vd, v, (size_t)hd * 4);
+    } else {
+        c->k->f32_to_f16(k, (uint16_t *)kd, hd);
+        c->k->f32_to_f16(v, (uint16_t *)vd, hd);
+    }
+}
+
+static void ph_rope_store(void *arg, int ith, int nth)
+{
+    job_t *j = arg;
+    const int nkv = j->c->base.model->hp.n_kv_heads;
     long lo, hi;
     tpool_split(j->T, ith, nth, &lo, &hi);
-    for (long t = lo; t < hi; t++) {
-        float *q = c->q + t * qd, *k = c->kk + t * kvd, *v = c->vv + t * kvd;
-        if (L->bq.data) c->k->add(q, L->bq.data, qd);
-        if (L->bk.data) c->k->add(k, L->bk.data, kvd);
-        if (L->bv.data) c->k->add(v, L->bv.data, kvd);
-        const float *cs = c->rope_cs + t * hp->rope_dim;
-        for (int h = 0; h < hp->n_heads; h++) rope_apply(hp, cs, q + h * hd);
-        for (int h = 0; h < hp->n_kv_heads; h++) rope_apply(hp, cs, k + h * hd);
-        int s = c->tok_seq[t];
-        int pos = j->b->pos[t];
-        int32_t blk = j->b->block_tables[s][pos / B];
-        int slot = pos % B;
-        unsigned char *kd = kv_ptr(c, blk, j->layer, 0, slot, 0);
-        unsigned char *vd = kv_ptr(c, blk, j->layer, 1, slot, 0);
-        if (c->kv_elem == 4) {
-            memcpy(kd, k, (size_t)kvd * 4);
-            memcpy(vd, v, (size_t)kvd * 4);
-        } else {
-            c->k->f32_to_f16(k, (uint16_t *)kd, kvd);
-            c->k->f32_to_f16(v, (uint16_t *)vd, kvd);
-        }
-    }
+    for (long t = lo; t < hi; t++)
+        for (int g = 0; g < nkv; g++) rope_store_one(j->c, j, t, g);
 }
 
 /* Causal attention of one token over its sequence's positions [0, pos], for the query heads
@@ -249,7 +276,12 @@ static void ph_attention(void *arg, int ith, int nth)
     const int nkv = c->base.model->hp.n_kv_heads;
     const long items = (long)j->T * nkv;
     /* Interleaved so that long-context (late) tokens of a prefill spread over threads. */
-    for (long it = ith; it < items; it += nth) attend(c, j->b, j->layer, (int)(it / nkv), (int)(it % nkv), ith);
+    for (long it = ith; it < items; it += nth) {
+        int t = (int)(it / nkv), g = (int)(it % nkv);
+        /* One token per sequence: nobody else reads this token's K/V, so store it here. */
+        if (j->fuse_attn) rope_store_one(c, j, t, g);
+        attend(c, j->b, j->layer, t, g, ith);
+    }
 }
 
 /* x += Wo * att, each thread over its own output rows. */
@@ -288,10 +320,11 @@ static void ph_gate_up(void *arg, int ith, int nth)
     const int dim = hp->dim, ffn = hp->ffn_dim;
     long lo, hi;
     tpool_split(ffn, ith, nth, &lo, &hi);
+    const float *xn = norm_rows(j, j->L->ffn_norm.data, ith);
     if (lo >= hi) return;
     const weight_t *wg = &j->L->w_gate, *wu = &j->L->w_up;
-    c->k->matmul(wg->type, wg->data, wg->row_bytes, dim, c->xn, dim, c->gate, ffn, j->T, lo, hi);
-    c->k->matmul(wu->type, wu->data, wu->row_bytes, dim, c->xn, dim, c->up, ffn, j->T, lo, hi);
+    c->k->matmul(wg->type, wg->data, wg->row_bytes, dim, xn, dim, c->gate, ffn, j->T, lo, hi);
+    c->k->matmul(wu->type, wu->data, wu->row_bytes, dim, xn, dim, c->up, ffn, j->T, lo, hi);
     for (int t = 0; t < j->T; t++)
         c->k->silu_mul(c->gate + (size_t)t * ffn + lo, c->up + (size_t)t * ffn + lo,
                        c->gate + (size_t)t * ffn + lo, hi - lo);
@@ -383,16 +416,18 @@ static int cpu_forward(backend_t *be, const backend_batch_t *b, float *logits, c
         }
 
     job_t j = {.c = c, .b = b, .T = b->n_tokens, .logits = logits};
+    j.fuse_norm = j.T <= FUSE_T;
+    j.fuse_attn = b->n_seqs == b->n_tokens;
     tpool_run(c->pool, ph_embed, &j);
     for (int l = 0; l < hp->n_layers; l++) {
         j.layer = l;
         j.L = &be->model->layers[l];
-        tpool_run(c->pool, ph_attn_norm, &j);
+        if (!j.fuse_norm) tpool_run(c->pool, ph_attn_norm, &j);
         tpool_run(c->pool, ph_qkv, &j);
-        tpool_run(c->pool, ph_rope_store, &j);
+        if (!j.fuse_attn) tpool_run(c->pool, ph_rope_store, &j);
         tpool_run(c->pool, ph_attention, &j);
         tpool_run(c->pool, ph_wo, &j);
-        tpool_run(c->pool, ph_ffn_norm, &j);
+        if (!j.fuse_norm) tpool_run(c->pool, ph_ffn_norm, &j);
         tpool_run(c->pool, ph_gate_up, &j);
         tpool_run(c->pool, ph_down, &j);
     }
@@ -455,6 +490,7 @@ static void cpu_free(backend_t *be)
     free(c->tok_seq);
     free(c->scores);
     free(c->kvconv);
+    free(c->xn_priv);
     free(c);
 }
 
@@ -516,8 +552,9 @@ backend_t *backend_cpu_new(const model_t *model, const backend_params_t *params,
     c->scores_per_thread = grp * (size_t)hp->ctx_len;
     c->scores = malloc((size_t)c->n_threads * c->scores_per_thread * 4);
     c->kvconv = malloc((size_t)c->n_threads * params->block_tokens * hd * 4);
+    c->xn_priv = malloc((size_t)c->n_threads * FUSE_T * dim * 4);
     if (!c->kv || !c->x || !c->xn || !c->q || !c->kk || !c->vv || !c->att || !c->gate ||
-        !c->up || !c->tmp || !c->rope_cs || !c->tok_seq || !c->scores || !c->kvconv)
+        !c->up || !c->tmp || !c->rope_cs || !c->tok_seq || !c->scores || !c->kvconv || !c->xn_priv)
         goto oom;
     return &c->base;
 oom:
