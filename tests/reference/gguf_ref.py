@@ -195,7 +195,8 @@ def main(argv):
           (g.version, g.alignment, len(g.kv), len(g.tensors)))
     for k, v in g.kv.items():
         if isinstance(v, (list, np.ndarray)):
-            s = "[%d] %s" % (len(v), list(v[:4]))
+            head = v[:4].tolist() if isinstance(v, np.ndarray) else v[:4]
+            s = "[%d] %s" % (len(v), head)
         else:
             s = repr(v)
         print("  %-45s %s" % (k, s[:100]))
