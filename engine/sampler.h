@@ -28,6 +28,14 @@ typedef struct {
 /* Defaults: temperature 1, top_k 0, top_p 1, min_p 0, penalties off, repeat_last_n 64, seed 0. */
 void sampler_params_default(sampler_params_t *p);
 
+/* Checks p without allocating: 0 if usable, -1 with errstr naming the first bad field.
+ * Rejected: non-finite temperature/min_p/penalties, top_p not in (0, 1], min_p > 1,
+ * repeat_penalty <= 0, repeat_last_n < -1 or > SAMPLER_MAX_REPEAT_LAST_N,
+ * n_logprobs outside 0..SAMPLER_MAX_LOGPROBS. sampler_new calls it. */
+int sampler_params_validate(const sampler_params_t *p, char *errstr, size_t errlen);
+
+#define SAMPLER_MAX_REPEAT_LAST_N (1 << 20)
+
 typedef struct {
     int32_t id;
     float logprob;   /* log-softmax of the raw logits (before penalties/temperature) */
@@ -42,17 +50,22 @@ void sampler_free(sampler_t *s);
 /* Picks the next token from logits[n_vocab] (the array is used as scratch and modified).
  * Penalties use the tokens previously passed to sampler_accept (the prompt's and generated).
  * When p->n_logprobs > 0, top[0..n_logprobs) gets the most likely alternatives and *chosen the
- * chosen token's logprob (both may be NULL otherwise). Returns the token id. */
+ * chosen token's logprob (both may be NULL otherwise); slots beyond n_vocab get id -1 and
+ * logprob -INFINITY. NaN logits count as -INFINITY. Returns the token id. */
 int32_t sampler_sample(sampler_t *s, float *logits, sampler_logprob_t *top,
                        sampler_logprob_t *chosen);
 
-/* Records a token into the penalty history (prompt tokens and each sampled token). */
+/* Records a token into the penalty history (prompt tokens and each sampled token). Ids outside
+ * [0, n_vocab) are ignored. No allocation. */
 void sampler_accept(sampler_t *s, int32_t id);
 
 /* Stop strings, matched across token boundaries on the generated text.
  * stop_matcher_push appends text and returns how many bytes of the text pushed so far are safe
  * to emit (they cannot be the start of a stop string). When a stop string completes,
- * *stopped is set and the safe length excludes the stop string and everything after it. */
+ * *stopped is set and the safe length excludes the stop string and everything after it.
+ * Precisely: the stream stops at the first byte where any stop string completes; if several
+ * complete at that byte, the longest (earliest-starting) is cut. The result does not depend on
+ * how the text is split into pushes. */
 typedef struct stop_matcher stop_matcher_t;
 
 /* strs: n stop strings (copied). NULL on out of memory or an empty string. */
