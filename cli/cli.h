@@ -9,6 +9,14 @@ int cli_generate(int argc, char **argv);
 int cli_inspect(int argc, char **argv);
 int cli_mkmodel(int argc, char **argv);
 int cli_logits(int argc, char **argv);
+int cli_config(int argc, char **argv);
+
+/* The worker's configuration from the command line (cli/config.c): defaults, then -c FILE, then
+ * SPILLWAY_* environment, then options. 0: cfg filled (caller frees with worker_config_free);
+ * 1: --help printed (exit 0); 2: usage or value error (printed). *list_keys (may be NULL) is set
+ * when --keys was given. */
+#include "worker/worker.h"
+int cli_worker_config(int argc, char **argv, worker_config_t *cfg, int *list_keys);
 
 /* Shared engine options (--threads, --kv-type, ...): returns 1 if opt was one and stored it in
  * cfg, 0 if not, -1 for a bad value (message printed). */

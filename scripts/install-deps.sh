@@ -10,6 +10,7 @@ PKGS=(
   libpcre2-dev
   libjansson-dev
   libxxhash-dev
+  librdkafka-dev
   python3 python3-numpy
   clang
 )

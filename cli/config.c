@@ -1,0 +1,123 @@
+/* cli/config.c: the worker's command-line configuration (shared by `spillway worker`, `spillway
+ * config` and `spillway demo`) and the `spillway config` command, which prints the effective
+ * value of every key and where it came from.
+ *
+ * Precedence, lowest first: defaults, -c FILE, SPILLWAY_* environment, command-line options. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "worker/worker.h"
+
+typedef struct {
+    int kind; /* 0: key=value, 1: -X property, 2: shortcut key */
+    const char *key;
+    const char *arg;
+} pending_t;
+
+static void config_usage(FILE *f, const char *cmd)
+{
+    fprintf(f,
+            "usage: spillway %s [options]\n"
+            "  -c FILE          key=value config file (kafka.* keys pass to librdkafka)\n"
+            "  -X PROP=VALUE    librdkafka property (consumer.PROP / producer.PROP for one client)\n"
+            "  -s KEY=VALUE     set a worker key (see 'spillway config --keys')\n"
+            "  -b BROKERS       brokers            -t TOPICS   input.topics\n"
+            "  -o TOPIC         output.topic       -d TOPIC    dlq.topic\n"
+            "  -g GROUP         group.id           -m MODEL    model\n"
+            "  --exactly-once   delivery=exactly-once\n"
+            "Environment: SPILLWAY_<KEY> (upper case, '.' -> '_'), e.g. SPILLWAY_BATCH_MAX_SEQS.\n",
+            cmd);
+}
+
+int cli_worker_config(int argc, char **argv, worker_config_t *cfg, int *list_keys)
+{
+    static const struct option longopts[] = {
+        {"config", required_argument, 0, 'c'}, {"set", required_argument, 0, 's'},
+        {"brokers", required_argument, 0, 'b'}, {"topics", required_argument, 0, 't'},
+        {"output", required_argument, 0, 'o'}, {"dlq", required_argument, 0, 'd'},
+        {"group", required_argument, 0, 'g'}, {"model", required_argument, 0, 'm'},
+        {"exactly-once", no_argument, 0, 'E'}, {"keys", no_argument, 0, 'K'},
+        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0},
+    };
+    char err[512];
+    const char *file = NULL;
+    pending_t *ops = calloc((size_t)argc + 1, sizeof *ops);
+    int n_ops = 0, rc = 2, opt;
+    if (!ops || worker_config_default(cfg)) {
+        free(ops);
+        fprintf(stderr, "spillway: out of memory\n");
+        return 2;
+    }
+    if (list_keys) *list_keys = 0;
+    optind = 0;
+    while ((opt = getopt_long(argc, argv, "c:X:s:b:t:o:d:g:m:h", longopts, NULL)) != -1) {
+        pending_t *p = &ops[n_ops];
+        switch (opt) {
+        case 'c': file = optarg; break;
+        case 'X': *p = (pending_t){1, NULL, optarg}; n_ops++; break;
+        case 's': *p = (pending_t){0, NULL, optarg}; n_ops++; break;
+        case 'b': *p = (pending_t){2, "brokers", optarg}; n_ops++; break;
+        case 't': *p = (pending_t){2, "input.topics", optarg}; n_ops++; break;
+        case 'o': *p = (pending_t){2, "output.topic", optarg}; n_ops++; break;
+        case 'd': *p = (pending_t){2, "dlq.topic", optarg}; n_ops++; break;
+        case 'g': *p = (pending_t){2, "group.id", optarg}; n_ops++; break;
+        case 'm': *p = (pending_t){2, "model", optarg}; n_ops++; break;
+        case 'E': *p = (pending_t){2, "delivery", "exactly-once"}; n_ops++; break;
+        case 'K':
+            if (list_keys) *list_keys = 1;
+            break;
+        case 'h': config_usage(stdout, argv[0]); rc = 1; goto fail;
+        default: config_usage(stderr, argv[0]); goto fail;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "spillway %s: unexpected argument '%s'\n", argv[0], argv[optind]);
+        goto fail;
+    }
+    if (file && worker_config_load_file(cfg, file, err, sizeof err)) goto bad;
+    if (worker_config_load_env(cfg, err, sizeof err)) goto bad;
+    for (int i = 0; i < n_ops; i++) {
+        pending_t *p = &ops[i];
+        if (p->kind == 1) {
+            if (worker_config_add_kafka(cfg, p->arg, "cli", err, sizeof err)) goto bad;
+        } else if (p->kind == 2) {
+            if (worker_config_set(cfg, p->key, p->arg, "cli", err, sizeof err)) goto bad;
+        } else {
+            const char *eq = strchr(p->arg, '=');
+            if (!eq) {
+                snprintf(err, sizeof err, "-s %s: expected key=value", p->arg);
+                goto bad;
+            }
+            char key[128];
+            snprintf(key, sizeof key, "%.*s", (int)(eq - p->arg), p->arg);
+            if (worker_config_set(cfg, key, eq + 1, "cli", err, sizeof err)) goto bad;
+        }
+    }
+    free(ops);
+    return 0;
+bad:
+    fprintf(stderr, "spillway %s: %s\n", argv[0], err);
+fail:
+    free(ops);
+    worker_config_free(cfg);
+    return rc;
+}
+
+int cli_config(int argc, char **argv)
+{
+    worker_config_t cfg;
+    int keys = 0;
+    int rc = cli_worker_config(argc, argv, &cfg, &keys);
+    if (rc) return rc == 1 ? 0 : rc;
+    if (keys) {
+        for (int i = 0; i < worker_config_n_keys(); i++)
+            printf("%-28s %s\n", worker_config_key_name(i), worker_config_key_help(i));
+    } else {
+        worker_config_print(&cfg, stdout);
+    }
+    worker_config_free(&cfg);
+    return 0;
+}

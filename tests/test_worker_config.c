@@ -1,0 +1,91 @@
+/* tests/test_worker_config.c: worker configuration: defaults, key=value file, SPILLWAY_*
+ * environment, -X pass-through, precedence and errors. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "worker/worker.h"
+
+static const char *source_of(const worker_config_t *c, const char *key)
+{
+    for (int i = 0; i < worker_config_n_keys(); i++)
+        if (!strcmp(worker_config_key_name(i), key)) return c->source[i];
+    return NULL;
+}
+
+int main(void)
+{
+    char err[512];
+    worker_config_t c;
+    CHECK(worker_config_default(&c) == 0);
+    CHECK(!strcmp(c.brokers, "localhost:9092"));
+    CHECK(c.delivery == WORKER_ALO);
+    CHECK(c.max_seqs == 64 && c.prefix_cache == 1 && c.log_level == 2);
+    CHECK(!strcmp(source_of(&c, "brokers"), "default"));
+    /* every key has a name and help, and no name repeats */
+    for (int i = 0; i < worker_config_n_keys(); i++) {
+        CHECK(worker_config_key_name(i) && worker_config_key_help(i));
+        for (int j = 0; j < i; j++) CHECK(strcmp(worker_config_key_name(i), worker_config_key_name(j)));
+    }
+
+    char path[] = "/tmp/spillway-cfg-XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    FILE *f = fdopen(fd, "w");
+    fprintf(f, "# comment\n\n  brokers = b1:9092,b2:9092  \nbatch.max_seqs=8\ndelivery=exactly-once\n"
+               "kafka.linger.ms = 7\nprefix_cache=false\nlog.level=debug\n");
+    fclose(f);
+    CHECK(worker_config_load_file(&c, path, err, sizeof err) == 0);
+    CHECK(!strcmp(c.brokers, "b1:9092,b2:9092"));
+    CHECK(c.max_seqs == 8 && c.delivery == WORKER_EOS && c.prefix_cache == 0 && c.log_level == 3);
+    CHECK(c.n_kafka == 1 && !strcmp(c.kafka[0].key, "linger.ms") && !strcmp(c.kafka[0].value, "7"));
+    CHECKF(!strncmp(source_of(&c, "brokers"), "file:", 5) &&
+               strstr(source_of(&c, "brokers"), ":3"), "%s", source_of(&c, "brokers"));
+
+    /* environment beats the file */
+    setenv("SPILLWAY_BATCH_MAX_SEQS", "12", 1);
+    setenv("SPILLWAY_OUTPUT_TOPIC", "out2", 1);
+    CHECK(worker_config_load_env(&c, err, sizeof err) == 0);
+    CHECK(c.max_seqs == 12 && !strcmp(c.output_topic, "out2"));
+    CHECK(!strcmp(source_of(&c, "batch.max_seqs"), "env:SPILLWAY_BATCH_MAX_SEQS"));
+    setenv("SPILLWAY_BATCH_MAX_SEQS", "zero", 1);
+    CHECK(worker_config_load_env(&c, err, sizeof err) == -1 && strstr(err, "batch.max_seqs"));
+    unsetenv("SPILLWAY_BATCH_MAX_SEQS");
+    unsetenv("SPILLWAY_OUTPUT_TOPIC");
+
+    /* set / errors */
+    CHECK(worker_config_set(&c, "max.inflight", "0", "cli", err, sizeof err) == -1);
+    CHECK(worker_config_set(&c, "no.such.key", "1", "cli", err, sizeof err) == -1 &&
+          strstr(err, "unknown key"));
+    CHECK(worker_config_set(&c, "delivery", "twice", "cli", err, sizeof err) == -1);
+    CHECK(worker_config_set(&c, "max.inflight", "3", "cli", err, sizeof err) == 0 && c.max_inflight == 3);
+    CHECK(worker_config_add_kafka(&c, "producer.acks=all", "cli", err, sizeof err) == 0 && c.n_kafka == 2);
+    CHECK(worker_config_add_kafka(&c, "noequals", "cli", err, sizeof err) == -1);
+
+    /* check(): model missing, then consistent */
+    CHECK(worker_config_check(&c, err, sizeof err) == -1 && strstr(err, "model"));
+    CHECK(worker_config_set(&c, "model", "/x.gguf", "cli", err, sizeof err) == 0);
+    CHECK(worker_config_check(&c, err, sizeof err) == 0);
+    CHECK(worker_config_set(&c, "limits.default_max_tokens", "5000", "cli", err, sizeof err) == 0);
+    CHECK(worker_config_check(&c, err, sizeof err) == -1);
+
+    /* a bad file line names FILE:LINE */
+    f = fopen(path, "w");
+    fprintf(f, "brokers=x\nthreads=lots\n");
+    fclose(f);
+    CHECK(worker_config_load_file(&c, path, err, sizeof err) == -1 && strstr(err, ":2:"));
+    CHECK(worker_config_load_file(&c, "/nonexistent/spillway.conf", err, sizeof err) == -1);
+    unlink(path);
+
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&buf, &len);
+    worker_config_print(&c, m);
+    fclose(m);
+    CHECK(strstr(buf, "kafka.producer.acks") && strstr(buf, "# cli") && strstr(buf, "max.inflight"));
+    free(buf);
+    worker_config_free(&c);
+    return check_exit();
+}

@@ -1,0 +1,361 @@
+/* worker/config.c: the worker's settings. KEYS below is the one place that holds every key,
+ * its type, its default and its help; defaults, the file reader, environment overrides and
+ * `spillway config` all walk it. */
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "worker/worker.h"
+
+enum { K_STR, K_INT, K_LONG, K_BOOL, K_DELIVERY, K_LOGLEVEL };
+
+typedef struct {
+    const char *name;
+    int type;
+    size_t off;          /* offset in worker_config_t */
+    const char *def;     /* default, text form */
+    long lo, hi;         /* numeric range */
+    const char *help;
+} key_t_;
+
+#define F(x) offsetof(worker_config_t, x)
+static const key_t_ KEYS[] = {
+    {"brokers", K_STR, F(brokers), "localhost:9092", 0, 0, "Kafka bootstrap servers"},
+    {"input.topics", K_STR, F(input_topics), "prompts", 0, 0, "input topics, comma-separated"},
+    {"output.topic", K_STR, F(output_topic), "results", 0, 0, "result topic"},
+    {"dlq.topic", K_STR, F(dlq_topic), "prompts.dlq", 0, 0, "dead-letter topic"},
+    {"group.id", K_STR, F(group_id), "spillway", 0, 0, "consumer group"},
+    {"worker.id", K_STR, F(worker_id), "", 0, 0, "name in results and DLQ headers (\"\" = host-pid)"},
+    {"transactional.id", K_STR, F(transactional_id), "", 0, 0,
+     "exactly-once producer id (\"\" = spillway-<group>-<worker.id>)"},
+    {"delivery", K_DELIVERY, F(delivery), "at-least-once", 0, 0, "at-least-once | exactly-once"},
+    {"commit.interval.ms", K_INT, F(commit_interval_ms), "500", 1, 3600000,
+     "offset commit / transaction period"},
+    {"drain.timeout.ms", K_INT, F(drain_timeout_ms), "30000", 0, 86400000,
+     "on SIGTERM, time to finish in-flight work"},
+    {"max.inflight", K_INT, F(max_inflight), "512", 1, 1 << 24,
+     "accepted messages without a durable result; partitions pause above it"},
+    {"max.inflight.bytes", K_LONG, F(max_inflight_bytes), "67108864", 1, LONG_MAX,
+     "prompt bytes of those messages, at most"},
+    {"poll.ms", K_INT, F(poll_ms), "20", 0, 10000, "longest consumer poll wait"},
+    {"model", K_STR, F(model), "", 0, 0, "GGUF model path"},
+    {"backend", K_STR, F(backend), "cpu", 0, 0, "compute backend"},
+    {"threads", K_INT, F(threads), "0", 0, 1024, "compute threads (0 = one per CPU)"},
+    {"batch.max_seqs", K_INT, F(max_seqs), "64", 1, 1 << 16, "sequences per batch"},
+    {"batch.max_tokens", K_INT, F(max_batch_tokens), "512", 1, 1 << 20, "tokens per forward step"},
+    {"kv.blocks", K_INT, F(kv_blocks), "0", 0, 1 << 30, "KV blocks (0 = from kv.mem_mb)"},
+    {"kv.mem_mb", K_INT, F(kv_mem_mb), "1024", 1, 1 << 24, "KV pool size in MiB"},
+    {"kv.type", K_STR, F(kv_type), "f16", 0, 0, "KV cache type f16 | f32"},
+    {"kv.block_tokens", K_INT, F(block_tokens), "16", 1, 4096, "tokens per KV block"},
+    {"ctx", K_INT, F(max_ctx), "0", 0, 1 << 30, "context limit per sequence (0 = the model's)"},
+    {"prefix_cache", K_BOOL, F(prefix_cache), "true", 0, 1, "reuse cached prompt blocks"},
+    {"chat.template", K_STR, F(chat_template), "", 0, 0,
+     "chat template name (\"\" = the model's tokenizer.chat_template)"},
+    {"limits.max_message_bytes", K_LONG, F(max_message_bytes), "1048576", 1, LONG_MAX,
+     "largest message value"},
+    {"limits.max_prompt_bytes", K_LONG, F(max_prompt_bytes), "262144", 1, LONG_MAX,
+     "largest prompt (text or rendered chat)"},
+    {"limits.max_prompt_tokens", K_INT, F(max_prompt_tokens), "0", 0, 1 << 30,
+     "largest prompt in tokens (0 = the context limit)"},
+    {"limits.max_tokens", K_INT, F(max_tokens), "4096", 1, 1 << 24, "largest max_tokens accepted"},
+    {"limits.default_max_tokens", K_INT, F(default_max_tokens), "256", 1, 1 << 24,
+     "max_tokens when a request names none"},
+    {"log.level", K_LOGLEVEL, F(log_level), "info", 0, 0, "error | warn | info | debug"},
+};
+#undef F
+#define NKEYS ((int)(sizeof KEYS / sizeof KEYS[0]))
+
+static const char *const LOG_LEVELS[] = {"error", "warn", "info", "debug"};
+
+int worker_config_n_keys(void) { return NKEYS; }
+const char *worker_config_key_name(int i) { return i >= 0 && i < NKEYS ? KEYS[i].name : NULL; }
+const char *worker_config_key_help(int i) { return i >= 0 && i < NKEYS ? KEYS[i].help : NULL; }
+
+static int find_key(const char *name)
+{
+    for (int i = 0; i < NKEYS; i++)
+        if (!strcmp(KEYS[i].name, name)) return i;
+    return -1;
+}
+
+static int set_source(worker_config_t *c, int i, const char *source)
+{
+    char *s = strdup(source);
+    if (!s) return -1;
+    free(c->source[i]);
+    c->source[i] = s;
+    return 0;
+}
+
+static int set_value(worker_config_t *c, int i, const char *value, char *errstr, size_t errlen)
+{
+    const key_t_ *k = &KEYS[i];
+    void *p = (char *)c + k->off;
+    switch (k->type) {
+    case K_STR: {
+        char *s = strdup(value);
+        if (!s) goto oom;
+        free(*(char **)p);
+        *(char **)p = s;
+        return 0;
+    }
+    case K_INT:
+    case K_LONG: {
+        char *end;
+        errno = 0;
+        long v = strtol(value, &end, 10);
+        if (errno || end == value || *end || v < k->lo || v > k->hi) {
+            snprintf(errstr, errlen, "%s: '%s' is not an integer in [%ld, %ld]", k->name, value,
+                     k->lo, k->hi);
+            return -1;
+        }
+        if (k->type == K_INT) *(int *)p = (int)v;
+        else *(long *)p = v;
+        return 0;
+    }
+    case K_BOOL:
+        if (!strcmp(value, "true") || !strcmp(value, "1") || !strcmp(value, "yes")) *(int *)p = 1;
+        else if (!strcmp(value, "false") || !strcmp(value, "0") || !strcmp(value, "no")) *(int *)p = 0;
+        else {
+            snprintf(errstr, errlen, "%s: '%s' is not true or false", k->name, value);
+            return -1;
+        }
+        return 0;
+    case K_DELIVERY:
+        if (!strcmp(value, "at-least-once")) *(int *)p = WORKER_ALO;
+        else if (!strcmp(value, "exactly-once")) *(int *)p = WORKER_EOS;
+        else {
+            snprintf(errstr, errlen, "%s: '%s' is not at-least-once or exactly-once", k->name, value);
+            return -1;
+        }
+        return 0;
+    case K_LOGLEVEL:
+        for (int l = 0; l < 4; l++)
+            if (!strcmp(value, LOG_LEVELS[l])) {
+                *(int *)p = l;
+                return 0;
+            }
+        snprintf(errstr, errlen, "%s: '%s' is not error, warn, info or debug", k->name, value);
+        return -1;
+    }
+    return -1;
+oom:
+    snprintf(errstr, errlen, "out of memory");
+    return -1;
+}
+
+int worker_config_default(worker_config_t *c)
+{
+    char err[64];
+    memset(c, 0, sizeof *c);
+    c->source = calloc(NKEYS, sizeof *c->source);
+    if (!c->source) return -1;
+    for (int i = 0; i < NKEYS; i++)
+        if (set_value(c, i, KEYS[i].def, err, sizeof err) || set_source(c, i, "default")) {
+            worker_config_free(c);
+            return -1;
+        }
+    return 0;
+}
+
+void worker_config_free(worker_config_t *c)
+{
+    if (!c) return;
+    for (int i = 0; i < NKEYS; i++)
+        if (KEYS[i].type == K_STR) free(*(char **)((char *)c + KEYS[i].off));
+    if (c->source)
+        for (int i = 0; i < NKEYS; i++) free(c->source[i]);
+    free(c->source);
+    for (int i = 0; i < c->n_kafka; i++) {
+        free(c->kafka[i].key);
+        free(c->kafka[i].value);
+        free(c->kafka[i].source);
+    }
+    free(c->kafka);
+    memset(c, 0, sizeof *c);
+}
+
+int worker_config_set(worker_config_t *c, const char *key, const char *value, const char *source,
+                      char *errstr, size_t errlen)
+{
+    int i = find_key(key);
+    if (i < 0) {
+        snprintf(errstr, errlen, "unknown key '%s' (librdkafka properties go in -X or kafka.*)", key);
+        return -1;
+    }
+    if (set_value(c, i, value, errstr, errlen)) return -1;
+    if (set_source(c, i, source)) {
+        snprintf(errstr, errlen, "out of memory");
+        return -1;
+    }
+    return 0;
+}
+
+static int add_kafka(worker_config_t *c, const char *key, size_t klen, const char *value,
+                     const char *source)
+{
+    worker_kafka_prop_t *k = realloc(c->kafka, sizeof *k * (size_t)(c->n_kafka + 1));
+    if (!k) return -1;
+    c->kafka = k;
+    worker_kafka_prop_t *p = &k[c->n_kafka];
+    p->key = strndup(key, klen);
+    p->value = strdup(value);
+    p->source = strdup(source);
+    if (!p->key || !p->value || !p->source) {
+        free(p->key);
+        free(p->value);
+        free(p->source);
+        return -1;
+    }
+    c->n_kafka++;
+    return 0;
+}
+
+int worker_config_add_kafka(worker_config_t *c, const char *kv, const char *source, char *errstr,
+                            size_t errlen)
+{
+    const char *eq = strchr(kv, '=');
+    if (!eq || eq == kv) {
+        snprintf(errstr, errlen, "-X %s: expected property=value", kv);
+        return -1;
+    }
+    if (add_kafka(c, kv, (size_t)(eq - kv), eq + 1, source)) {
+        snprintf(errstr, errlen, "out of memory");
+        return -1;
+    }
+    return 0;
+}
+
+static char *trim(char *s)
+{
+    while (isspace((unsigned char)*s)) s++;
+    size_t n = strlen(s);
+    while (n && isspace((unsigned char)s[n - 1])) s[--n] = 0;
+    return s;
+}
+
+int worker_config_load_file(worker_config_t *c, const char *path, char *errstr, size_t errlen)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        snprintf(errstr, errlen, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+    char line[4096], src[512], sub[384];
+    int lineno = 0, rc = 0;
+    while (fgets(line, sizeof line, f)) {
+        lineno++;
+        snprintf(src, sizeof src, "file:%s:%d", path, lineno);
+        size_t n = strlen(line);
+        if (n == sizeof line - 1 && line[n - 1] != '\n') {
+            snprintf(errstr, errlen, "%s:%d: line too long", path, lineno);
+            rc = -1;
+            break;
+        }
+        char *s = trim(line);
+        if (!*s || *s == '#') continue;
+        char *eq = strchr(s, '=');
+        if (!eq) {
+            snprintf(errstr, errlen, "%s:%d: expected key=value", path, lineno);
+            rc = -1;
+            break;
+        }
+        *eq = 0;
+        char *key = trim(s), *val = trim(eq + 1);
+        if (!strncmp(key, "kafka.", 6) && key[6]) {
+            if (add_kafka(c, key + 6, strlen(key + 6), val, src)) {
+                snprintf(errstr, errlen, "out of memory");
+                rc = -1;
+                break;
+            }
+        } else if (worker_config_set(c, key, val, src, sub, sizeof sub)) {
+            snprintf(errstr, errlen, "%s:%d: %s", path, lineno, sub);
+            rc = -1;
+            break;
+        }
+    }
+    if (!rc && ferror(f)) {
+        snprintf(errstr, errlen, "%s: read error", path);
+        rc = -1;
+    }
+    fclose(f);
+    return rc;
+}
+
+int worker_config_load_env(worker_config_t *c, char *errstr, size_t errlen)
+{
+    char name[128], src[160];
+    for (int i = 0; i < NKEYS; i++) {
+        size_t j = 0;
+        j += (size_t)snprintf(name, sizeof name, "SPILLWAY_");
+        for (const char *p = KEYS[i].name; *p && j + 1 < sizeof name; p++)
+            name[j++] = *p == '.' ? '_' : (char)toupper((unsigned char)*p);
+        name[j] = 0;
+        const char *v = getenv(name);
+        if (!v) continue;
+        snprintf(src, sizeof src, "env:%s", name);
+        if (worker_config_set(c, KEYS[i].name, v, src, errstr, errlen)) return -1;
+    }
+    return 0;
+}
+
+int worker_config_check(const worker_config_t *c, char *errstr, size_t errlen)
+{
+    if (!*c->brokers) {
+        snprintf(errstr, errlen, "brokers is empty");
+        return -1;
+    }
+    if (!*c->input_topics || !*c->output_topic || !*c->dlq_topic) {
+        snprintf(errstr, errlen, "input.topics, output.topic and dlq.topic must be set");
+        return -1;
+    }
+    if (!*c->group_id) {
+        snprintf(errstr, errlen, "group.id is empty");
+        return -1;
+    }
+    if (!*c->model) {
+        snprintf(errstr, errlen, "model is not set (-m FILE or model=FILE)");
+        return -1;
+    }
+    if (strcmp(c->kv_type, "f16") && strcmp(c->kv_type, "f32")) {
+        snprintf(errstr, errlen, "kv.type must be f16 or f32");
+        return -1;
+    }
+    if (c->default_max_tokens > c->max_tokens) {
+        snprintf(errstr, errlen, "limits.default_max_tokens (%d) exceeds limits.max_tokens (%d)",
+                 c->default_max_tokens, c->max_tokens);
+        return -1;
+    }
+    if (c->max_prompt_bytes > c->max_message_bytes) {
+        snprintf(errstr, errlen, "limits.max_prompt_bytes exceeds limits.max_message_bytes");
+        return -1;
+    }
+    return 0;
+}
+
+void worker_config_print(const worker_config_t *c, FILE *out)
+{
+    for (int i = 0; i < NKEYS; i++) {
+        const key_t_ *k = &KEYS[i];
+        const void *p = (const char *)c + k->off;
+        char val[64];
+        const char *v = val;
+        switch (k->type) {
+        case K_STR: v = *(char *const *)p; break;
+        case K_INT:
+        case K_BOOL: snprintf(val, sizeof val, "%d", *(const int *)p); break;
+        case K_LONG: snprintf(val, sizeof val, "%ld", *(const long *)p); break;
+        case K_DELIVERY: v = *(const int *)p == WORKER_EOS ? "exactly-once" : "at-least-once"; break;
+        case K_LOGLEVEL: v = LOG_LEVELS[*(const int *)p & 3]; break;
+        }
+        if (k->type == K_BOOL) v = *(const int *)p ? "true" : "false";
+        fprintf(out, "%-28s = %-24s # %s\n", k->name, v, c->source[i]);
+    }
+    for (int i = 0; i < c->n_kafka; i++)
+        fprintf(out, "kafka.%-22s = %-24s # %s\n", c->kafka[i].key, c->kafka[i].value,
+                c->kafka[i].source);
+}

@@ -1,0 +1,141 @@
+/* worker/worker.h: the worker module: `spillway worker`'s configuration and its main loop.
+ *
+ * A worker_t is one member of a Kafka consumer group. It consumes prompt messages from the input
+ * topic(s), runs them through the engine's continuous batching and produces one result per
+ * accepted message to the output topic, or one dead-letter record to the DLQ topic for a message
+ * that cannot be served. Offsets are committed per partition only up to the lowest message whose
+ * result (or DLQ record) is not yet durable (at-least-once), or together with the results in one
+ * Kafka transaction (exactly-once).
+ *
+ * Threads: worker_run() runs the Kafka side (consume, produce, commit, rebalances) on the
+ * calling thread and the engine on a thread of its own; worker_stop() may be called from any
+ * thread. Errors: 0 / -1 (or NULL) plus the caller's errstr. */
+#ifndef SPILLWAY_WORKER_H
+#define SPILLWAY_WORKER_H
+
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* ---- configuration ------------------------------------------------------------------------ */
+
+/* One librdkafka property passed through untouched (-X key=value). A key prefixed "consumer."
+ * or "producer." applies to that client only (the prefix is removed). */
+typedef struct {
+    char *key, *value;  /* owned */
+    char *source;       /* owned: "file:PATH:LINE", "env:NAME" or "cli" */
+} worker_kafka_prop_t;
+
+enum { WORKER_ALO = 0, WORKER_EOS = 1 }; /* delivery: at-least-once, exactly-once */
+
+/* Every setting of the worker. All defaults live in one table in worker/config.c
+ * (worker_config_default); `spillway config` prints it. Strings are owned by the struct. */
+typedef struct {
+    /* Kafka */
+    char *brokers;             /* bootstrap.servers */
+    char *input_topics;        /* comma-separated input topic list */
+    char *output_topic;        /* results */
+    char *dlq_topic;           /* dead letters */
+    char *group_id;            /* consumer group */
+    char *worker_id;           /* this worker's name in results and DLQ headers; "" = host-pid */
+    char *transactional_id;    /* exactly-once: "" = spillway-<group>-<worker_id> */
+    int delivery;              /* WORKER_ALO / WORKER_EOS ("at-least-once" / "exactly-once") */
+    int commit_interval_ms;    /* offset commit / transaction period */
+    int drain_timeout_ms;      /* SIGTERM: time to finish in-flight work before closing */
+    int max_inflight;          /* accepted messages without a durable result, at most */
+    long max_inflight_bytes;   /* their prompt bytes, at most (the token bound's proxy) */
+    int poll_ms;               /* longest consumer poll wait */
+    /* engine */
+    char *model;               /* GGUF path */
+    char *backend;             /* "cpu" */
+    int threads;               /* 0 = one per CPU */
+    int max_seqs;              /* sequences per batch */
+    int max_batch_tokens;      /* tokens per forward step */
+    int kv_blocks;             /* 0 = from kv_mem_mb */
+    int kv_mem_mb;
+    char *kv_type;             /* f16 | f32 */
+    int block_tokens;
+    int max_ctx;               /* 0 = the model's */
+    int prefix_cache;          /* 0/1 */
+    char *chat_template;       /* "" = the model's tokenizer.chat_template */
+    /* request limits */
+    long max_message_bytes;
+    long max_prompt_bytes;
+    int max_prompt_tokens;     /* 0 = context limit only */
+    int max_tokens;            /* largest max_tokens a request may ask */
+    int default_max_tokens;    /* when a request names none */
+    /* logging */
+    int log_level;             /* 0 error, 1 warn, 2 info, 3 debug ("error".."debug") */
+
+    worker_kafka_prop_t *kafka; /* [n_kafka] pass-through properties, in the order given */
+    int n_kafka;
+    char **source;             /* [worker_config_n_keys()] where each key's value came from */
+} worker_config_t;
+
+/* Fills every key with its default; source "default". 0 or -1 (out of memory). */
+int worker_config_default(worker_config_t *c);
+void worker_config_free(worker_config_t *c);
+
+/* Sets one key from its text form ("batch.max_seqs", "32"). source is copied. 0, or -1 for an
+ * unknown key or a bad value (errstr names the key and the accepted values). */
+int worker_config_set(worker_config_t *c, const char *key, const char *value, const char *source,
+                      char *errstr, size_t errlen);
+/* Adds a librdkafka property from "key=value". 0 or -1 (no '='). */
+int worker_config_add_kafka(worker_config_t *c, const char *kv, const char *source, char *errstr,
+                            size_t errlen);
+/* Reads a key=value file: '#' comments, blank lines, whitespace around key and value; a key
+ * prefixed "kafka." is a librdkafka property (prefix removed), anything else a worker key.
+ * 0 or -1 (unreadable file, or the first bad line: errstr names FILE:LINE). */
+int worker_config_load_file(worker_config_t *c, const char *path, char *errstr, size_t errlen);
+/* Applies SPILLWAY_<KEY> environment variables (KEY upper-cased, '.' -> '_', e.g.
+ * SPILLWAY_BATCH_MAX_SEQS). 0 or -1 on a bad value. */
+int worker_config_load_env(worker_config_t *c, char *errstr, size_t errlen);
+/* Cross-key checks (topics set, limits consistent). 0 or -1. */
+int worker_config_check(const worker_config_t *c, char *errstr, size_t errlen);
+/* Prints "key = value  # source" for every key, then the pass-through properties. */
+void worker_config_print(const worker_config_t *c, FILE *out);
+
+int worker_config_n_keys(void);
+/* Name and help of key i (0 <= i < worker_config_n_keys()). */
+const char *worker_config_key_name(int i);
+const char *worker_config_key_help(int i);
+
+/* ---- the worker ---------------------------------------------------------------------------- */
+
+typedef struct worker worker_t;
+
+/* Loads the model and creates the Kafka clients (nothing is consumed before worker_run).
+ * cfg is copied. NULL + errstr on failure. */
+worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen);
+/* Consumes until *stop becomes non-zero (a flag main's signal handler sets; may be NULL) or
+ * worker_stop() is called, then drains: stops intake, finishes in-flight work within the drain
+ * timeout, commits and closes the consumer. 0 after a clean drain, -1 on a fatal error (errstr;
+ * e.g. a fenced transactional producer): the process should exit and be restarted. */
+int worker_run(worker_t *w, const volatile sig_atomic_t *stop, char *errstr, size_t errlen);
+/* Asks a running worker_run to drain and return. Any thread. */
+void worker_stop(worker_t *w);
+void worker_free(worker_t *w);
+
+typedef struct {
+    uint64_t consumed;         /* messages accepted from Kafka */
+    uint64_t results;          /* results made durable (acknowledged / committed) */
+    uint64_t dlq;              /* DLQ records made durable */
+    uint64_t expired;          /* results with finish_reason "expired" */
+    uint64_t produce_retries;  /* outputs produced again after a failed delivery */
+    uint64_t txn_commits, txn_aborts;
+    uint64_t commits;          /* offset commits sent (at-least-once) */
+    uint64_t pauses, resumes;
+    uint64_t prompt_tokens, completion_tokens, cached_tokens;
+    uint64_t revoked_dropped;  /* in-flight requests dropped by a revocation or drain timeout */
+    double ttft_ms_sum;        /* over results with a first token */
+    uint64_t ttft_n;
+    int inflight;              /* now */
+    int assigned;              /* partitions assigned now */
+} worker_stats_t;
+
+/* Counters so far. Any thread (values are read without a lock: each one is exact, the set is
+ * not a consistent snapshot). */
+void worker_stats(const worker_t *w, worker_stats_t *st);
+
+#endif
