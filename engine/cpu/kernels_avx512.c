@@ -26,8 +26,15 @@
 #define AI static inline __attribute__((always_inline))
 
 #define TILE_R 4
+#define TILE_RMAX 8
 #define TILE_C 6
 #define KERN_PANEL_BYTES (192 * 1024)
+#ifndef PF_STREAM_BYTES
+#define PF_STREAM_BYTES 8192
+#endif
+#ifndef PF_PANEL_BYTES
+#define PF_PANEL_BYTES 256
+#endif
 
 /* ---- weight widening: 16 elements of a row starting at element k ---- */
 
@@ -45,7 +52,7 @@ AI __m512 w_load(const int dt, const char *row, int64_t k)
     }
     default: { /* DT_Q8_0; k is a multiple of 16 */
         const block_q8_0 *b = (const block_q8_0 *)row + (k >> 5);
-        __m512 d = _mm512_set1_ps(_cvtsh_ss(b->d));
+        __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16((short)b->d));
         __m128i q8 = _mm_loadu_si128((const __m128i *)(b->qs + (k & 16)));
         return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q8)), d);
     }
@@ -95,10 +102,22 @@ AI __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d)
 
 /* ---- register tile: R rows x C tokens over the whole of K ---- */
 
-AI void tile(const int dt, const int R, const int C, const char *W, size_t wrb, int64_t K,
-             const float *x, int64_t ldx, float *y, int64_t ldy)
+/* Byte offset of element k (a multiple of 16) within a row. */
+AI size_t elem_off(const int dt, int64_t k)
 {
-    __m512 acc[TILE_R][TILE_C];
+    switch (dt) {
+    case DT_F32: return (size_t)k * 4;
+    case DT_Q8_0: return (size_t)(k >> 5) * sizeof(block_q8_0) + (size_t)(k & 16);
+    default: return (size_t)k * 2;
+    }
+}
+
+/* y[c * ldy + r] for r < R, c < C; W at the tile's first row, x and y at its first token.
+ * pfd: bytes ahead of each row's read position to prefetch (0: none). */
+AI void tile(const int dt, const int R, const int C, const char *W, size_t wrb, int64_t K,
+             const float *x, int64_t ldx, float *y, int64_t ldy, size_t pfd)
+{
+    __m512 acc[TILE_RMAX][TILE_C];
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 8
@@ -106,7 +125,12 @@ AI void tile(const int dt, const int R, const int C, const char *W, size_t wrb, 
 
     int64_t k = 0;
     for (; k + 16 <= K; k += 16) {
-        __m512 w[TILE_R];
+        __m512 w[TILE_RMAX];
+        if (pfd) {
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++)
+                _mm_prefetch(W + (size_t)r * wrb + elem_off(dt, k) + pfd, _MM_HINT_T0);
+        }
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) w[r] = w_load(dt, W + (size_t)r * wrb, k);
 #pragma GCC unroll 8
@@ -118,7 +142,7 @@ AI void tile(const int dt, const int R, const int C, const char *W, size_t wrb, 
     }
     if (dt != DT_Q8_0 && k < K) { /* Q8_0: K is a multiple of 32 */
         __mmask16 m = (__mmask16)((1u << (K - k)) - 1);
-        __m512 w[TILE_R];
+        __m512 w[TILE_RMAX];
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) w[r] = w_load_mask(dt, W + (size_t)r * wrb, k, m);
 #pragma GCC unroll 8
@@ -129,10 +153,13 @@ AI void tile(const int dt, const int R, const int C, const char *W, size_t wrb, 
         }
     }
 
-    if (R == 4) {
+    if (R % 4 == 0) {
 #pragma GCC unroll 8
-        for (int c = 0; c < C; c++)
-            _mm_storeu_ps(y + c * ldy, hsum4(acc[0][c], acc[1][c], acc[2][c], acc[3][c]));
+        for (int r = 0; r < R; r += 4)
+#pragma GCC unroll 8
+            for (int c = 0; c < C; c++)
+                _mm_storeu_ps(y + c * ldy + r,
+                              hsum4(acc[r][c], acc[r + 1][c], acc[r + 2][c], acc[r + 3][c]));
     } else {
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++)
@@ -141,34 +168,50 @@ AI void tile(const int dt, const int R, const int C, const char *W, size_t wrb, 
     }
 }
 
-/* Rows [ob, oe) for tokens [0, C) of x/y (already offset to the tile's first token). */
-AI void rows_pass(const int dt, const int C, const char *W, size_t wrb, int64_t K, const float *x,
-                  int64_t ldx, float *y, int64_t ldy, int64_t ob, int64_t oe)
+/* Rows [ob, oe) for tokens [0, C) of x/y (already offset to the tile's first token), in tiles
+ * of R rows then single rows. */
+AI void rows_pass(const int dt, const int R, const int C, const char *W, size_t wrb, int64_t K,
+                  const float *x, int64_t ldx, float *y, int64_t ldy, int64_t ob, int64_t oe,
+                  size_t pfd)
 {
     int64_t o = ob;
-    for (; o + TILE_R <= oe; o += TILE_R)
-        tile(dt, TILE_R, C, W + (size_t)o * wrb, wrb, K, x, ldx, y + o, ldy);
-    for (; o < oe; o++) tile(dt, 1, C, W + (size_t)o * wrb, wrb, K, x, ldx, y + o, ldy);
+    for (; o + R <= oe; o += R)
+        tile(dt, R, C, W + (size_t)o * wrb, wrb, K, x, ldx, y + o, ldy, pfd);
+    for (; o < oe; o++) tile(dt, 1, C, W + (size_t)o * wrb, wrb, K, x, ldx, y + o, ldy, pfd);
 }
 
 AI void matmul_dt(const int dt, const char *W, size_t wrb, int64_t K, const float *x,
                   int64_t ldx, float *y, int64_t ldy, int T, int64_t o0, int64_t o1)
 {
+    /* Few tokens: one pass over the weights, streamed from memory; prefetch far ahead. */
+    switch (T) {
+    case 1: rows_pass(dt, 8, 1, W, wrb, K, x, ldx, y, ldy, o0, o1, PF_STREAM_BYTES); return;
+    case 2: rows_pass(dt, 8, 2, W, wrb, K, x, ldx, y, ldy, o0, o1, PF_STREAM_BYTES); return;
+    case 3: rows_pass(dt, 4, 3, W, wrb, K, x, ldx, y, ldy, o0, o1, PF_STREAM_BYTES); return;
+    case 4: rows_pass(dt, 4, 4, W, wrb, K, x, ldx, y, ldy, o0, o1, PF_STREAM_BYTES); return;
+    case 5: rows_pass(dt, 4, 5, W, wrb, K, x, ldx, y, ldy, o0, o1, PF_STREAM_BYTES); return;
+    case 6: rows_pass(dt, 4, 6, W, wrb, K, x, ldx, y, ldy, o0, o1, PF_STREAM_BYTES); return;
+    default: break;
+    }
+    /* Many tokens: panels of rows kept in L2 while every token tile passes over them; the
+     * first pass streams the panel in from memory. */
     int64_t panel = wrb ? (int64_t)(KERN_PANEL_BYTES / wrb) : (o1 - o0);
     panel = panel < TILE_R ? TILE_R : panel / TILE_R * TILE_R;
+    const size_t pf_l2 = dt == DT_F32 ? PF_PANEL_BYTES : 0;
     for (int64_t ob = o0; ob < o1; ob += panel) {
         int64_t oe = o1 - ob < panel ? o1 : ob + panel;
         int t = 0;
         for (; t + TILE_C <= T; t += TILE_C)
-            rows_pass(dt, TILE_C, W, wrb, K, x + t * ldx, ldx, y + t * ldy, ldy, ob, oe);
+            rows_pass(dt, TILE_R, TILE_C, W, wrb, K, x + t * ldx, ldx, y + t * ldy, ldy, ob, oe,
+                      t == 0 ? PF_STREAM_BYTES : pf_l2);
         const float *xt = x + t * ldx;
         float *yt = y + t * ldy;
         switch (T - t) {
-        case 1: rows_pass(dt, 1, W, wrb, K, xt, ldx, yt, ldy, ob, oe); break;
-        case 2: rows_pass(dt, 2, W, wrb, K, xt, ldx, yt, ldy, ob, oe); break;
-        case 3: rows_pass(dt, 3, W, wrb, K, xt, ldx, yt, ldy, ob, oe); break;
-        case 4: rows_pass(dt, 4, W, wrb, K, xt, ldx, yt, ldy, ob, oe); break;
-        case 5: rows_pass(dt, 5, W, wrb, K, xt, ldx, yt, ldy, ob, oe); break;
+        case 1: rows_pass(dt, TILE_R, 1, W, wrb, K, xt, ldx, yt, ldy, ob, oe, pf_l2); break;
+        case 2: rows_pass(dt, TILE_R, 2, W, wrb, K, xt, ldx, yt, ldy, ob, oe, pf_l2); break;
+        case 3: rows_pass(dt, TILE_R, 3, W, wrb, K, xt, ldx, yt, ldy, ob, oe, pf_l2); break;
+        case 4: rows_pass(dt, TILE_R, 4, W, wrb, K, xt, ldx, yt, ldy, ob, oe, pf_l2); break;
+        case 5: rows_pass(dt, TILE_R, 5, W, wrb, K, xt, ldx, yt, ldy, ob, oe, pf_l2); break;
         default: break;
         }
     }
