@@ -332,9 +332,10 @@ static void test_elementwise(const kern_table_t *kt)
 /* ---- thread pool ---- */
 
 typedef struct {
-    atomic_int *calls; /* [n] */
-    atomic_int wrong_nth;
-    int n;
+    atomic_int *calls;  /* [n] */
+    atomic_int *inside; /* [n]: calls of part i running now (must never exceed 1) */
+    atomic_int wrong_nth, overlap;
+    int n, work;        /* work: busy iterations per call */
 } tp_job_t;
 
 static void tp_fn(void *arg, int ith, int nth)
@@ -344,6 +345,10 @@ static void tp_fn(void *arg, int ith, int nth)
         atomic_fetch_add(&j->wrong_nth, 1);
         return;
     }
+    if (atomic_fetch_add(&j->inside[ith], 1) != 0) atomic_fetch_add(&j->overlap, 1);
+    volatile unsigned sink = 0;
+    for (int i = 0; i < j->work; i++) sink += (unsigned)i;
+    atomic_fetch_sub(&j->inside[ith], 1);
     atomic_fetch_add(&j->calls[ith], 1);
 }
 
@@ -351,24 +356,36 @@ static void test_threadpool(void)
 {
     char err[128];
     CHECK(tpool_new(0, err, sizeof err) == NULL);
-    for (int n = 1; n <= 4; n++) {
+    /* sizes 1..4, and 6 (more threads than this machine's cores); parts of no work (the
+     * caller usually takes over parts whose worker has not started) and of some work; pauses
+     * long enough for the workers to fall asleep on the futex and be woken again */
+    static const int SIZES[] = {1, 2, 3, 4, 6};
+    for (size_t si = 0; si < sizeof SIZES / sizeof SIZES[0]; si++) {
+        int n = SIZES[si];
         tpool_t *p = tpool_new(n, err, sizeof err);
         CHECKF(p != NULL, "tpool_new(%d): %s", n, err);
         if (!p) continue;
         CHECK(tpool_size(p) == n);
-        atomic_int calls[4];
-        for (int i = 0; i < 4; i++) atomic_init(&calls[i], 0);
-        tp_job_t job = {.calls = calls, .n = n};
+        atomic_int calls[6], inside[6];
+        for (int i = 0; i < 6; i++) {
+            atomic_init(&calls[i], 0);
+            atomic_init(&inside[i], 0);
+        }
+        tp_job_t job = {.calls = calls, .inside = inside, .n = n};
         atomic_init(&job.wrong_nth, 0);
+        atomic_init(&job.overlap, 0);
         int bad = 0;
         const int rounds = 3000;
         for (int r = 1; r <= rounds; r++) {
+            job.work = (r / 100) % 2 ? 2000 : 0;
             tpool_run(p, tp_fn, &job);
             for (int i = 0; i < n; i++)
                 if (atomic_load(&calls[i]) != r) bad++;
-            if (r % 1000 == 0) usleep(2000); /* let the workers fall asleep, then wake them */
+            if (r % 1000 == 0) usleep(1000); /* workers fall asleep, then are woken */
         }
-        CHECKF(bad == 0 && atomic_load(&job.wrong_nth) == 0, "tpool n=%d: %d bad rounds", n, bad);
+        CHECKF(bad == 0 && atomic_load(&job.wrong_nth) == 0 && atomic_load(&job.overlap) == 0,
+               "tpool n=%d: %d bad rounds, %d wrong nth, %d overlaps", n, bad,
+               atomic_load(&job.wrong_nth), atomic_load(&job.overlap));
         tpool_free(p);
     }
     /* tpool_split covers [0, n) in order, sizes differ by at most 1 */

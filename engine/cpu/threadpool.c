@@ -1,26 +1,29 @@
 /* engine/cpu/threadpool.c: fixed pool of worker threads (see threadpool.h).
  *
- * Protocol. The caller publishes (fn, arg), sets `pending` to n-1 and bumps the generation
- * counter `gen`; each worker waits for `gen` to move past the value it last saw, runs
- * fn(arg, ith, n) and decrements `pending`; the caller runs part 0 and waits for `pending` to
- * reach 0. Both waits spin for a bounded time (pause instruction, sched_yield every few
- * hundred spins so an oversubscribed pool hands the core over) and then sleep on a futex.
- * Sleepers announce themselves in `sleepers` / `caller_sleeping` before the futex wait; the
- * waker checks those after its own store. Every such pair is seq_cst, so either the waker sees
- * the sleeper or the sleeper's futex_wait sees the new value (futex_wait re-checks the word).
+ * Protocol. For each job the caller publishes (fn, arg), clears one claim flag per part, sets
+ * `pending` to n-1 and bumps the generation counter `gen`. A worker that sees `gen` move claims
+ * its own part (atomic exchange on its flag) and runs it. The caller runs part 0, then claims
+ * and runs every part whose worker has not claimed it yet -- so a worker that is descheduled
+ * (more threads than free cores) costs at most one part's time, never a scheduler time slice.
+ * Whoever completes a part 1..n-1 decrements `pending`; the caller returns when it is 0.
  *
- * Memory ordering: fn/arg are written before the release store of `gen` and read after the
- * acquire load that saw it; each worker's writes inside fn happen before its release decrement
- * of `pending`, which the caller reads with acquire. */
+ * Waiting. Both sides spin for a bounded time (pause instruction; sched_yield every few hundred
+ * spins so an oversubscribed core is handed over), then sleep on a futex. A sleeper announces
+ * itself (`sleepers`, `caller_sleeping`) before futex_wait; the waker checks after its own
+ * store; both sides are seq_cst, so either the waker sees the sleeper or futex_wait sees the new
+ * value (it re-checks the word atomically).
+ *
+ * Memory ordering. fn/arg are written before the claim flags are cleared (release) and read
+ * after a successful claim (acq_rel exchange that read the cleared flag). A part's writes happen
+ * before its release decrement of `pending`, which the caller reads with acquire. A new job is
+ * published only after `pending` reached 0, i.e. after every part of the previous one ended. */
 #include "engine/cpu/threadpool.h"
 
-#include <errno.h>
 #include <limits.h>
 #include <linux/futex.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,10 +31,15 @@
 #include <time.h>
 #include <unistd.h>
 
-/* How long a waiter spins before it sleeps, and how often a spinning waiter yields. */
+/* A waiter spins (pause: ~20 ns on Zen 4/5) for up to TPOOL_SPIN_NS, then sleeps. Past the
+ * first TPOOL_YIELD_AFTER spins (~20 us: longer than the gaps between the parallel regions of
+ * a decode step) it also yields every TPOOL_YIELD_EVERY spins, so on an oversubscribed core
+ * the threads with work get to run; sched_yield is a ~1 us system call, hence not earlier. */
 #define TPOOL_SPIN_NS 200000L
-#define TPOOL_YIELD_EVERY 256
-#define TPOOL_CLOCK_EVERY 64
+#define TPOOL_YIELD_AFTER 1024u
+#define TPOOL_YIELD_EVERY 256u
+#define TPOOL_CLOCK_EVERY 64u
+#define TPOOL_MAX_THREADS 1024
 
 #define CACHELINE 64
 
@@ -42,17 +50,18 @@ struct worker {
 };
 
 struct tpool {
-    /* Written by the caller; read by the workers. */
+    /* Written by the caller per job; read by the workers. */
     _Alignas(CACHELINE) atomic_uint gen; /* futex word: job generation */
     atomic_int stop;
     tpool_fn fn;
     void *arg;
-    /* Counters the workers write; kept off the caller's line. */
-    _Alignas(CACHELINE) atomic_uint pending; /* futex word: workers still running this job */
+    int n;
+    /* Written by whoever completes a part. */
+    _Alignas(CACHELINE) atomic_uint pending; /* futex word: parts 1..n-1 not yet completed */
     atomic_int sleepers;        /* workers in (or about to enter) futex_wait on gen */
     atomic_int caller_sleeping; /* caller in (or about to enter) futex_wait on pending */
-    _Alignas(CACHELINE) int n;
-    int n_started;
+    _Alignas(CACHELINE) int n_started;
+    atomic_int *claimed;    /* [n]: part i taken in the current job (index 0 unused) */
     struct worker *workers; /* [n] (index 0 unused: the caller) */
 };
 
@@ -83,14 +92,14 @@ static long now_ns(void)
     return ts.tv_sec * 1000000000L + ts.tv_nsec;
 }
 
-/* Spins until *addr != val or the spin budget is spent. Returns 1 when it changed. */
+/* Spins while *addr == val, for at most the spin budget. Returns 1 when it changed. */
 static int spin_while_equal(atomic_uint *addr, unsigned val)
 {
     long t0 = 0;
     for (unsigned i = 1;; i++) {
         if (atomic_load_explicit(addr, memory_order_acquire) != val) return 1;
         cpu_relax();
-        if (i % TPOOL_YIELD_EVERY == 0) sched_yield();
+        if (i >= TPOOL_YIELD_AFTER && i % TPOOL_YIELD_EVERY == 0) sched_yield();
         if (i % TPOOL_CLOCK_EVERY == 0) {
             long t = now_ns();
             if (t0 == 0)
@@ -101,25 +110,36 @@ static int spin_while_equal(atomic_uint *addr, unsigned val)
     }
 }
 
-static void *worker_main(void *p)
+/* Takes part i of the current job if nobody has; returns 1 when taken. */
+static inline int claim(tpool_t *p, int i)
 {
-    struct worker *w = p;
-    tpool_t *pool = w->pool;
+    if (atomic_load_explicit(&p->claimed[i], memory_order_relaxed)) return 0;
+    return atomic_exchange_explicit(&p->claimed[i], 1, memory_order_acq_rel) == 0;
+}
+
+/* Runs claimed part i and reports it complete. */
+static void run_part(tpool_t *p, int i)
+{
+    p->fn(p->arg, i, p->n);
+    if (atomic_fetch_sub_explicit(&p->pending, 1, memory_order_acq_rel) == 1 &&
+        atomic_load(&p->caller_sleeping))
+        futex_wake_all(&p->pending);
+}
+
+static void *worker_main(void *v)
+{
+    struct worker *w = v;
+    tpool_t *p = w->pool;
     unsigned seen = 0;
     for (;;) {
-        unsigned g;
-        if (!spin_while_equal(&pool->gen, seen)) {
-            atomic_fetch_add(&pool->sleepers, 1);
-            while ((g = atomic_load(&pool->gen)) == seen) futex_wait(&pool->gen, seen);
-            atomic_fetch_sub(&pool->sleepers, 1);
+        if (!spin_while_equal(&p->gen, seen)) {
+            atomic_fetch_add(&p->sleepers, 1);
+            while (atomic_load(&p->gen) == seen) futex_wait(&p->gen, seen);
+            atomic_fetch_sub(&p->sleepers, 1);
         }
-        g = atomic_load_explicit(&pool->gen, memory_order_acquire);
-        seen = g;
-        if (atomic_load_explicit(&pool->stop, memory_order_relaxed)) break;
-        pool->fn(pool->arg, w->ith, pool->n);
-        if (atomic_fetch_sub_explicit(&pool->pending, 1, memory_order_acq_rel) == 1 &&
-            atomic_load(&pool->caller_sleeping))
-            futex_wake_all(&pool->pending);
+        seen = atomic_load_explicit(&p->gen, memory_order_acquire);
+        if (atomic_load_explicit(&p->stop, memory_order_acquire)) break;
+        if (claim(p, w->ith)) run_part(p, w->ith);
     }
     return NULL;
 }
@@ -127,8 +147,9 @@ static void *worker_main(void *p)
 /* Publishes the current fn/arg (or stop) to the workers. */
 static void publish(tpool_t *p)
 {
-    atomic_store_explicit(&p->pending, (unsigned)(p->n_started), memory_order_relaxed);
-    atomic_fetch_add(&p->gen, 1); /* seq_cst: orders against the sleepers load */
+    atomic_store_explicit(&p->pending, (unsigned)(p->n - 1), memory_order_relaxed);
+    for (int i = 1; i < p->n; i++) atomic_store_explicit(&p->claimed[i], 0, memory_order_release);
+    atomic_fetch_add(&p->gen, 1); /* seq_cst: ordered before the sleepers load */
     if (atomic_load(&p->sleepers) > 0) futex_wake_all(&p->gen);
 }
 
@@ -141,7 +162,6 @@ static void wait_workers(tpool_t *p)
             atomic_store(&p->caller_sleeping, 1);
             while ((left = atomic_load(&p->pending)) != 0) futex_wait(&p->pending, left);
             atomic_store(&p->caller_sleeping, 0);
-            atomic_thread_fence(memory_order_acquire);
             return;
         }
     }
@@ -150,8 +170,9 @@ static void wait_workers(tpool_t *p)
 tpool_t *tpool_new(int n_threads, char *errstr, size_t errlen)
 {
     tpool_t *p = NULL;
-    if (n_threads < 1 || n_threads > 1024) {
-        snprintf(errstr, errlen, "tpool: bad thread count %d", n_threads);
+    if (n_threads < 1 || n_threads > TPOOL_MAX_THREADS) {
+        snprintf(errstr, errlen, "tpool: bad thread count %d (1..%d)", n_threads,
+                 TPOOL_MAX_THREADS);
         return NULL;
     }
     p = aligned_alloc(CACHELINE, (sizeof *p + CACHELINE - 1) / CACHELINE * CACHELINE);
@@ -163,8 +184,10 @@ tpool_t *tpool_new(int n_threads, char *errstr, size_t errlen)
     atomic_init(&p->sleepers, 0);
     atomic_init(&p->caller_sleeping, 0);
     p->n = n_threads;
+    p->claimed = calloc((size_t)n_threads, sizeof *p->claimed);
     p->workers = calloc((size_t)n_threads, sizeof *p->workers);
-    if (!p->workers) goto oom;
+    if (!p->claimed || !p->workers) goto oom;
+    for (int i = 0; i < n_threads; i++) atomic_init(&p->claimed[i], 1);
     for (int i = 1; i < n_threads; i++) {
         struct worker *w = &p->workers[i];
         w->pool = p;
@@ -192,6 +215,7 @@ void tpool_free(tpool_t *p)
         publish(p);
         for (int i = 1; i <= p->n_started; i++) pthread_join(p->workers[i].tid, NULL);
     }
+    free(p->claimed);
     free(p->workers);
     free(p);
 }
@@ -211,5 +235,7 @@ void tpool_run(tpool_t *p, tpool_fn fn, void *arg)
     p->arg = arg;
     publish(p);
     fn(arg, 0, p->n);
+    for (int i = 1; i < p->n; i++) /* parts whose worker has not started yet */
+        if (claim(p, i)) run_part(p, i);
     wait_workers(p);
 }

@@ -1,7 +1,10 @@
 /* engine/cpu/threadpool.h: a fixed pool of worker threads for data-parallel kernels. Internal.
  *
  * tpool_run(p, fn, arg) calls fn(arg, i, n) once for every i in [0, n) where n = tpool_size(p),
- * the calling thread acting as i = 0, and returns when all calls have returned. Workers spin a
+ * the calling thread acting as i = 0, and returns when all calls have returned. Part i > 0
+ * normally runs on worker i, but the caller takes over any part whose worker has not started
+ * it by the time the caller's own part is done (so a descheduled worker never stalls a job):
+ * use i to pick the data and per-part scratch, not thread-local state. Workers spin a
  * short, bounded time after a job, then sleep on a futex/condvar, so a pool with more threads
  * than cores does not burn CPU between jobs. One tpool_run at a time per pool (the caller's
  * thread owns the pool). */
