@@ -13,6 +13,7 @@ PKGS=(
   librdkafka-dev
   python3 python3-numpy
   clang
+  python3-jsonschema
 )
 missing=()
 for p in "${PKGS[@]}"; do

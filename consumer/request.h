@@ -1,0 +1,93 @@
+/* consumer/request.h: a prompt request message, parsed and validated. Part of the consumer
+ * module (its public header consumer/consumer.h includes this file).
+ *
+ * request_parse() turns the bytes of one Kafka message value into a request_t, or into a
+ * dead-letter reason: a short stable code (REQ_ERR_*, used as the DLQ header value and metric
+ * label) plus a human-readable message. It never aborts on bad input and never reads past len.
+ * Unknown fields are ignored. Thread-safe (no shared state). */
+#ifndef SPILLWAY_CONSUMER_REQUEST_H
+#define SPILLWAY_CONSUMER_REQUEST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Dead-letter reason codes (stable strings). */
+#define REQ_ERR_NOT_JSON        "not_json"         /* not parseable JSON, or not an object */
+#define REQ_ERR_INVALID_UTF8    "invalid_utf8"     /* bytes are not valid UTF-8 */
+#define REQ_ERR_WRONG_TYPE      "wrong_type"       /* a known field has the wrong JSON type */
+#define REQ_ERR_MISSING_PROMPT  "missing_prompt"   /* none of prompt / messages / input_ids */
+#define REQ_ERR_AMBIGUOUS       "ambiguous_prompt" /* more than one of them */
+#define REQ_ERR_EMPTY_PROMPT    "empty_prompt"
+#define REQ_ERR_PROMPT_BYTES    "prompt_too_large" /* over limits.max_prompt_bytes */
+#define REQ_ERR_PROMPT_TOKENS   "prompt_too_many_tokens" /* set by the worker after tokenising */
+#define REQ_ERR_BAD_PARAM       "bad_parameter"    /* out-of-range sampling parameter / max_tokens */
+#define REQ_ERR_TOO_MANY_STOP   "too_many_stop"
+#define REQ_ERR_METADATA        "metadata_too_large"
+#define REQ_ERR_BAD_ID          "bad_id"           /* id missing/empty/too long/not a string */
+#define REQ_ERR_TEMPLATE        "unknown_template" /* set by the worker when chat rendering fails */
+#define REQ_ERR_RESULT_TOO_LARGE "result_too_large" /* set by the producer */
+#define REQ_ERR_MESSAGE_BYTES   "message_too_large" /* value over limits.max_message_bytes */
+/* Not a dead-letter reason: an allocation failed while parsing. The message itself may be fine;
+ * the caller should retry or stop, not dead-letter it. */
+#define REQ_ERR_NO_MEMORY       "out_of_memory"
+
+/* Every input limit is a config key (worker config); defaults in request_limits_default(). */
+typedef struct {
+    size_t max_message_bytes;   /* whole message value (1 MiB) */
+    size_t max_prompt_bytes;    /* prompt text / rendered messages (256 KiB) */
+    int max_input_ids;          /* input_ids entries (32768) */
+    int max_messages;           /* chat messages (256) */
+    int max_tokens_limit;       /* largest max_tokens accepted (4096) */
+    int default_max_tokens;     /* when the request has none (256) */
+    int max_stop;               /* stop strings (16) */
+    size_t max_stop_bytes;      /* bytes per stop string (256) */
+    size_t max_metadata_bytes;  /* serialized metadata (16 KiB) */
+    size_t max_id_bytes;        /* id length (256) */
+} request_limits_t;
+
+void request_limits_default(request_limits_t *l);
+
+typedef struct {
+    char *role;                 /* "system", "user", "assistant", ... (owned) */
+    char *content;              /* owned, NUL-terminated, valid UTF-8 */
+} request_message_t;
+
+typedef struct {
+    char *id;                   /* owned */
+    /* Exactly one prompt form is set: */
+    char *prompt;               /* text (owned, NUL-terminated, valid UTF-8) or NULL */
+    size_t prompt_len;
+    request_message_t *messages;/* chat messages (owned) or NULL */
+    int n_messages;
+    int32_t *input_ids;         /* token ids (owned) or NULL; range checked by the engine */
+    int n_input_ids;
+    /* Sampling and limits (defaults as engine_request_default, max_tokens from limits). */
+    int max_tokens;
+    float temperature, top_p, min_p;
+    int top_k;
+    float repeat_penalty, presence_penalty, frequency_penalty;
+    uint64_t seed;
+    int has_seed;
+    int n_logprobs;
+    char **stop;                /* [n_stop] owned strings */
+    int n_stop;
+    int priority;               /* higher first; default 0 */
+    int64_t deadline_ms;        /* absolute, Unix epoch ms; 0 = none. "ttl_ms" becomes
+                                   msg_timestamp_ms + ttl_ms */
+    char *metadata_json;        /* compact JSON text of "metadata", echoed; NULL when absent */
+    char *template_name;        /* optional "chat_template" override by name; NULL = model's */
+} request_t;
+
+/* Parses value[0..len) of a message whose Kafka timestamp is msg_timestamp_ms (used for
+ * ttl_ms; pass 0 if unknown: ttl_ms then counts from the current wall-clock time). On success
+ * returns 0 and fills *out (caller frees with request_free). On failure returns -1, sets *code
+ * to a REQ_ERR_* string (static) and writes a message into errstr that names the offending
+ * field and what it accepts; *out is left empty (zeroed). limits may be NULL (defaults).
+ * The field-by-field rules are documented in schemas/request.schema.json. */
+int request_parse(const char *value, size_t len, int64_t msg_timestamp_ms,
+                  const request_limits_t *limits, request_t *out, const char **code,
+                  char *errstr, size_t errlen);
+
+void request_free(request_t *r);
+
+#endif
