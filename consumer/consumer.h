@@ -4,10 +4,104 @@
  *   - request.h: parsing and validating one message value (request_parse), its limits and the
  *     stable dead-letter reason codes (REQ_ERR_*). Wire formats: schemas/request.schema.json,
  *     schemas/result.schema.json, schemas/dlq.schema.json.
- *   - the Kafka intake API (to come) is declared below this block. */
+ *   - Kafka intake (consumer_*): the group consumer and its per-partition offset tracker,
+ *     declared below. */
 #ifndef SPILLWAY_CONSUMER_H
 #define SPILLWAY_CONSUMER_H
 
 #include "consumer/request.h"
+
+
+/* ---- Kafka intake ---------------------------------------------------------------------------
+ *
+ * A consumer_t is a librdkafka KafkaConsumer in a consumer group (cooperative-sticky, automatic
+ * commit and offset store off) plus a per-partition offset tracker: every accepted message is
+ * tracked from consumer_track() until consumer_ack(); the position committed for a partition is
+ * the offset of its lowest unacknowledged message (or one past the highest tracked message when
+ * none is pending), so requests may finish in any order and a commit never passes a message
+ * whose output is not durable.
+ *
+ * Threads: every function runs on the one polling thread, except consumer_wake (any thread).
+ * Rebalance callbacks and commit callbacks run inside consumer_poll / consumer_commit /
+ * consumer_close on that thread. */
+
+#include <librdkafka/rdkafka.h>
+
+typedef struct consumer consumer_t;
+
+typedef struct {
+    void *arg;
+    /* Partitions (not lost) are about to be revoked: the last chance to make outputs durable
+     * (poll the producer for delivery reports, commit an open transaction). May be NULL. */
+    void (*before_revoke)(void *arg);
+    /* A tracked, unacknowledged message of a revoked, lost or rewound partition is dropped: the
+     * owner of user must cancel its work and must not ack it. */
+    void (*drop)(void *arg, void *user);
+    /* One log line (level 0 error .. 3 debug). May be NULL. */
+    void (*log)(void *arg, int level, const char *msg);
+} consumer_hooks_t;
+
+typedef struct {
+    const char *brokers;
+    const char *group_id;
+    const char *topics;            /* comma-separated */
+    /* librdkafka properties applied after the defaults: [n_props] key/value pairs */
+    const char *const *prop_keys;
+    const char *const *prop_values;
+    int n_props;
+    int commit_offsets;            /* 1: consumer_commit commits (at-least-once); 0: the caller
+                                      commits through a transaction */
+} consumer_config_t;
+
+/* Creates the consumer and subscribes. NULL + errstr on failure. hooks is copied. */
+consumer_t *consumer_new(const consumer_config_t *cfg, const consumer_hooks_t *hooks,
+                         char *errstr, size_t errlen);
+/* Commits what is committable (synchronously when commit_offsets), closes the group membership
+ * (revocations drop what is left) and frees. NULL is a no-op. */
+void consumer_close(consumer_t *c);
+
+/* Next message or NULL (timeout, or an event that was handled). The caller owns the message
+ * and destroys it with rd_kafka_message_destroy. Messages with m->err set are returned too
+ * (the caller logs them; they are not tracked). */
+rd_kafka_message_t *consumer_poll(consumer_t *c, int timeout_ms);
+/* Makes a blocked consumer_poll return early. Any thread. */
+void consumer_wake(consumer_t *c);
+
+/* A tracked message: enough to find it again after its partition state may have been dropped. */
+typedef struct {
+    uint64_t gen;                  /* the partition assignment it belongs to */
+    int64_t offset;
+} consumer_ticket_t;
+
+/* Starts tracking message m (not consumed otherwise). 0 and *t set; 1 when the message is
+ * stale (its partition is not assigned, or its offset is not above the highest tracked one):
+ * the caller must skip it without output. -1 out of memory. */
+int consumer_track(consumer_t *c, const rd_kafka_message_t *m, void *user, consumer_ticket_t *t);
+/* The message's output is durable. 0, or 1 when the ticket is stale (partition revoked). */
+int consumer_ack(consumer_t *c, const consumer_ticket_t *t);
+/* Tracked messages not yet acknowledged, all partitions. */
+int consumer_pending(const consumer_t *c);
+int consumer_n_assigned(const consumer_t *c);
+
+/* Pause / resume fetching of every assigned partition (partitions assigned while paused are
+ * paused too). Idempotent. */
+int consumer_pause(consumer_t *c);
+int consumer_resume(consumer_t *c);
+int consumer_paused(const consumer_t *c);
+
+/* At-least-once: commits the committable position of every partition that moved. async: 1 for
+ * a background commit (its result arrives in a later consumer_poll). 0 or -1. */
+int consumer_commit(consumer_t *c, int async);
+/* Exactly-once: the committable positions that moved since the last mark (NULL when none;
+ * caller destroys the list), for rd_kafka_send_offsets_to_transaction ... */
+rd_kafka_topic_partition_list_t *consumer_txn_offsets(consumer_t *c);
+/* ... and, after the transaction committed, records them as committed. */
+void consumer_txn_committed(consumer_t *c, const rd_kafka_topic_partition_list_t *offsets);
+/* Drops every tracked message (hooks.drop) and seeks every assigned partition back to its
+ * committed offset (after an aborted transaction). 0 or -1. */
+int consumer_rewind(consumer_t *c, char *errstr, size_t errlen);
+/* For rd_kafka_send_offsets_to_transaction. Caller destroys. */
+rd_kafka_consumer_group_metadata_t *consumer_group_metadata(consumer_t *c);
+
 
 #endif

@@ -179,22 +179,6 @@ void worker_config_free(worker_config_t *c)
     memset(c, 0, sizeof *c);
 }
 
-int worker_config_set(worker_config_t *c, const char *key, const char *value, const char *source,
-                      char *errstr, size_t errlen)
-{
-    int i = find_key(key);
-    if (i < 0) {
-        snprintf(errstr, errlen, "unknown key '%s' (librdkafka properties go in -X or kafka.*)", key);
-        return -1;
-    }
-    if (set_value(c, i, value, errstr, errlen)) return -1;
-    if (set_source(c, i, source)) {
-        snprintf(errstr, errlen, "out of memory");
-        return -1;
-    }
-    return 0;
-}
-
 static int add_kafka(worker_config_t *c, const char *key, size_t klen, const char *value,
                      const char *source)
 {
@@ -212,6 +196,48 @@ static int add_kafka(worker_config_t *c, const char *key, size_t klen, const cha
         return -1;
     }
     c->n_kafka++;
+    return 0;
+}
+
+int worker_config_copy(worker_config_t *dst, const worker_config_t *src)
+{
+    *dst = *src;
+    dst->source = calloc(NKEYS, sizeof *dst->source);
+    dst->kafka = NULL;
+    dst->n_kafka = 0;
+    for (int i = 0; i < NKEYS; i++)
+        if (KEYS[i].type == K_STR) *(char **)((char *)dst + KEYS[i].off) = NULL;
+    if (!dst->source) goto fail;
+    for (int i = 0; i < NKEYS; i++) {
+        if (!(dst->source[i] = strdup(src->source[i]))) goto fail;
+        if (KEYS[i].type == K_STR) {
+            char **d = (char **)((char *)dst + KEYS[i].off);
+            if (!(*d = strdup(*(char *const *)((const char *)src + KEYS[i].off)))) goto fail;
+        }
+    }
+    for (int i = 0; i < src->n_kafka; i++)
+        if (add_kafka(dst, src->kafka[i].key, strlen(src->kafka[i].key), src->kafka[i].value,
+                      src->kafka[i].source))
+            goto fail;
+    return 0;
+fail:
+    worker_config_free(dst);
+    return -1;
+}
+
+int worker_config_set(worker_config_t *c, const char *key, const char *value, const char *source,
+                      char *errstr, size_t errlen)
+{
+    int i = find_key(key);
+    if (i < 0) {
+        snprintf(errstr, errlen, "unknown key '%s' (librdkafka properties go in -X or kafka.*)", key);
+        return -1;
+    }
+    if (set_value(c, i, value, errstr, errlen)) return -1;
+    if (set_source(c, i, source)) {
+        snprintf(errstr, errlen, "out of memory");
+        return -1;
+    }
     return 0;
 }
 

@@ -76,6 +76,8 @@ typedef struct {
 /* Fills every key with its default; source "default". 0 or -1 (out of memory). */
 int worker_config_default(worker_config_t *c);
 void worker_config_free(worker_config_t *c);
+/* Deep copy of src into dst (uninitialised). 0 or -1 (out of memory). */
+int worker_config_copy(worker_config_t *dst, const worker_config_t *src);
 
 /* Sets one key from its text form ("batch.max_seqs", "32"). source is copied. 0, or -1 for an
  * unknown key or a bad value (errstr names the key and the accepted values). */

@@ -1,0 +1,48 @@
+/* cli/worker.c: `spillway worker`: runs one worker of the consumer group until SIGTERM/SIGINT,
+ * then drains (see worker/worker.h). Exit status 0 after a clean drain, 1 on a fatal error (a
+ * supervisor restarts the process), 2 on a usage or configuration error. */
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+#include "worker/worker.h"
+
+/* Set by the signal handler; the one flag the worker loop polls (owned by this command). */
+static volatile sig_atomic_t stop_flag;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    stop_flag = 1;
+}
+
+int cli_worker(int argc, char **argv)
+{
+    worker_config_t cfg;
+    char err[512];
+    int rc = cli_worker_config(argc, argv, &cfg, NULL);
+    if (rc) return rc == 1 ? 0 : rc;
+    if (worker_config_check(&cfg, err, sizeof err)) {
+        fprintf(stderr, "spillway worker: %s\n", err);
+        worker_config_free(&cfg);
+        return 2;
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    worker_t *w = worker_new(&cfg, err, sizeof err);
+    worker_config_free(&cfg);
+    if (!w) {
+        fprintf(stderr, "spillway worker: %s\n", err);
+        return 1;
+    }
+    rc = worker_run(w, &stop_flag, err, sizeof err) ? 1 : 0;
+    if (rc) fprintf(stderr, "spillway worker: fatal: %s\n", err);
+    worker_free(w);
+    return rc;
+}

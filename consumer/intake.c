@@ -1,0 +1,497 @@
+/* consumer/intake.c: Kafka intake: the group consumer, rebalances, pause/resume and the
+ * per-partition offset tracker (see consumer.h for the contract).
+ *
+ * Threads: everything here runs on the polling thread except consumer_wake. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "consumer/consumer.h"
+
+/* Tracking state of one assigned partition. Offsets are tracked in increasing order in a ring;
+ * the front entry is always pending (done entries at the front are popped at once). */
+typedef struct {
+    char *topic;             /* owned */
+    int32_t partition;
+    uint64_t gen;            /* unique per assignment; tickets carry it */
+    int64_t *off;            /* ring [cap] */
+    void **user;             /* ring [cap]: the owner's pointer, NULL once acked */
+    uint8_t *done;           /* ring [cap] */
+    size_t head, n, cap;
+    int64_t hi;              /* highest tracked offset, -1 none */
+    int64_t committed;       /* last position committed (or being committed), -1 none */
+} part_t;
+
+struct consumer {
+    rd_kafka_t *rk;
+    rd_kafka_queue_t *q;     /* the consumer queue, for consumer_wake */
+    consumer_hooks_t hooks;
+    int commit_offsets;
+    part_t **parts;          /* [n_parts] */
+    int n_parts, cap_parts;
+    uint64_t next_gen;
+    int paused;
+    int pending;             /* unacked entries over all partitions */
+};
+
+static void logf_(consumer_t *c, int level, const char *fmt, ...)
+{
+    if (!c->hooks.log) return;
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    c->hooks.log(c->hooks.arg, level, buf);
+}
+
+/* ---- partition table ---- */
+
+static part_t *find_part(const consumer_t *c, const char *topic, int32_t partition)
+{
+    for (int i = 0; i < c->n_parts; i++)
+        if (c->parts[i]->partition == partition && !strcmp(c->parts[i]->topic, topic))
+            return c->parts[i];
+    return NULL;
+}
+
+static part_t *find_gen(const consumer_t *c, uint64_t gen)
+{
+    for (int i = 0; i < c->n_parts; i++)
+        if (c->parts[i]->gen == gen) return c->parts[i];
+    return NULL;
+}
+
+static void part_free(part_t *p)
+{
+    if (!p) return;
+    free(p->topic);
+    free(p->off);
+    free(p->user);
+    free(p->done);
+    free(p);
+}
+
+/* Drops every unacked entry (hooks.drop) and empties the ring. */
+static void part_drop_all(consumer_t *c, part_t *p)
+{
+    for (size_t i = 0; i < p->n; i++) {
+        size_t k = (p->head + i) % p->cap;
+        if (!p->done[k]) {
+            c->pending--;
+            if (c->hooks.drop && p->user[k]) c->hooks.drop(c->hooks.arg, p->user[k]);
+        }
+    }
+    p->head = p->n = 0;
+}
+
+static int add_part(consumer_t *c, const char *topic, int32_t partition)
+{
+    if (find_part(c, topic, partition)) return 0;
+    if (c->n_parts == c->cap_parts) {
+        int cap = c->cap_parts ? c->cap_parts * 2 : 8;
+        part_t **np = realloc(c->parts, sizeof *np * (size_t)cap);
+        if (!np) return -1;
+        c->parts = np;
+        c->cap_parts = cap;
+    }
+    part_t *p = calloc(1, sizeof *p);
+    if (!p || !(p->topic = strdup(topic))) {
+        free(p);
+        return -1;
+    }
+    p->partition = partition;
+    p->gen = ++c->next_gen;
+    p->hi = -1;
+    p->committed = -1;
+    c->parts[c->n_parts++] = p;
+    return 0;
+}
+
+static void remove_part(consumer_t *c, part_t *p)
+{
+    for (int i = 0; i < c->n_parts; i++)
+        if (c->parts[i] == p) {
+            c->parts[i] = c->parts[--c->n_parts];
+            break;
+        }
+    part_drop_all(c, p);
+    part_free(p);
+}
+
+/* Committable position: the lowest pending offset, or one past the highest tracked. */
+static int64_t committable(const part_t *p)
+{
+    if (p->n) return p->off[p->head];
+    return p->hi >= 0 ? p->hi + 1 : -1;
+}
+
+/* ---- rebalances ---- */
+
+/* Commits the given partitions' committable positions synchronously (at-least-once). */
+static void commit_parts(consumer_t *c, const rd_kafka_topic_partition_list_t *parts)
+{
+    if (!c->commit_offsets) return;
+    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(parts->cnt);
+    for (int i = 0; i < parts->cnt; i++) {
+        part_t *p = find_part(c, parts->elems[i].topic, parts->elems[i].partition);
+        if (!p) continue;
+        int64_t pos = committable(p);
+        if (pos < 0 || pos == p->committed) continue;
+        rd_kafka_topic_partition_list_add(l, p->topic, p->partition)->offset = pos;
+        p->committed = pos;
+    }
+    if (l->cnt) {
+        rd_kafka_resp_err_t err = rd_kafka_commit(c->rk, l, 0);
+        if (err) logf_(c, 1, "commit on revoke: %s", rd_kafka_err2str(err));
+    }
+    rd_kafka_topic_partition_list_destroy(l);
+}
+
+static void on_rebalance(rd_kafka_t *rk, rd_kafka_resp_err_t err,
+                         rd_kafka_topic_partition_list_t *parts, void *opaque)
+{
+    consumer_t *c = opaque;
+    int coop = !strcmp(rd_kafka_rebalance_protocol(rk), "COOPERATIVE");
+    if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
+        for (int i = 0; i < parts->cnt; i++)
+            if (add_part(c, parts->elems[i].topic, parts->elems[i].partition))
+                logf_(c, 0, "out of memory tracking %s[%d]", parts->elems[i].topic,
+                      parts->elems[i].partition);
+        rd_kafka_error_t *e = NULL;
+        if (coop) e = rd_kafka_incremental_assign(rk, parts);
+        else rd_kafka_assign(rk, parts);
+        if (e) {
+            logf_(c, 0, "incremental assign: %s", rd_kafka_error_string(e));
+            rd_kafka_error_destroy(e);
+        }
+        if (c->paused) rd_kafka_pause_partitions(rk, parts);
+        logf_(c, 2, "assigned %d partition(s), %d now", parts->cnt, c->n_parts);
+        return;
+    }
+    if (err == RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS) {
+        int lost = rd_kafka_assignment_lost(rk);
+        if (!lost) {
+            if (c->hooks.before_revoke) c->hooks.before_revoke(c->hooks.arg);
+            commit_parts(c, parts);
+        }
+        int dropped = 0;
+        for (int i = 0; i < parts->cnt; i++) {
+            part_t *p = find_part(c, parts->elems[i].topic, parts->elems[i].partition);
+            if (!p) continue;
+            dropped += (int)p->n;
+            remove_part(c, p);
+        }
+        rd_kafka_error_t *e = NULL;
+        if (coop) e = rd_kafka_incremental_unassign(rk, parts);
+        else rd_kafka_assign(rk, NULL);
+        if (e) {
+            logf_(c, 0, "incremental unassign: %s", rd_kafka_error_string(e));
+            rd_kafka_error_destroy(e);
+        }
+        logf_(c, 2, "%s %d partition(s) (%d in-flight dropped), %d left", lost ? "lost" : "revoked",
+              parts->cnt, dropped, c->n_parts);
+        return;
+    }
+    logf_(c, 0, "rebalance error: %s", rd_kafka_err2str(err));
+    if (coop) {
+        rd_kafka_error_t *e = rd_kafka_incremental_unassign(rk, parts);
+        if (e) rd_kafka_error_destroy(e);
+    } else {
+        rd_kafka_assign(rk, NULL);
+    }
+}
+
+static void on_commit(rd_kafka_t *rk, rd_kafka_resp_err_t err,
+                      rd_kafka_topic_partition_list_t *offsets, void *opaque)
+{
+    consumer_t *c = opaque;
+    if (err == RD_KAFKA_RESP_ERR_NO_ERROR || err == RD_KAFKA_RESP_ERR__NO_OFFSET) return;
+    logf_(c, 1, "offset commit failed: %s (will retry)", rd_kafka_err2str(err));
+    for (int i = 0; offsets && i < offsets->cnt; i++) {
+        part_t *p = find_part(c, offsets->elems[i].topic, offsets->elems[i].partition);
+        if (p) p->committed = -1; /* resend at the next commit */
+    }
+}
+
+static void on_log(const rd_kafka_t *rk, int level, const char *fac, const char *buf)
+{
+    consumer_t *c = rd_kafka_opaque(rk);
+    if (c) logf_(c, level <= 3 ? 0 : level <= 4 ? 1 : level <= 6 ? 2 : 3, "rdkafka %s: %s", fac, buf);
+}
+
+/* ---- lifecycle ---- */
+
+consumer_t *consumer_new(const consumer_config_t *cfg, const consumer_hooks_t *hooks,
+                         char *errstr, size_t errlen)
+{
+    consumer_t *c = calloc(1, sizeof *c);
+    rd_kafka_conf_t *conf = rd_kafka_conf_new();
+    rd_kafka_topic_partition_list_t *subs = NULL;
+    char *topics = NULL;
+    if (!c || !conf) {
+        snprintf(errstr, errlen, "out of memory");
+        goto fail;
+    }
+    c->hooks = *hooks;
+    c->commit_offsets = cfg->commit_offsets;
+    static const char *const defaults[][2] = {
+        {"partition.assignment.strategy", "cooperative-sticky"},
+        {"enable.auto.commit", "false"},
+        {"enable.auto.offset.store", "false"},
+        {"auto.offset.reset", "earliest"},
+        {"isolation.level", "read_committed"},
+        {"enable.partition.eof", "false"},
+    };
+    char e[256];
+    if (rd_kafka_conf_set(conf, "bootstrap.servers", cfg->brokers, e, sizeof e) ||
+        rd_kafka_conf_set(conf, "group.id", cfg->group_id, e, sizeof e))
+        goto conf_fail;
+    for (size_t i = 0; i < sizeof defaults / sizeof defaults[0]; i++)
+        if (rd_kafka_conf_set(conf, defaults[i][0], defaults[i][1], e, sizeof e)) goto conf_fail;
+    for (int i = 0; i < cfg->n_props; i++)
+        if (rd_kafka_conf_set(conf, cfg->prop_keys[i], cfg->prop_values[i], e, sizeof e))
+            goto conf_fail;
+    rd_kafka_conf_set_rebalance_cb(conf, on_rebalance);
+    rd_kafka_conf_set_offset_commit_cb(conf, on_commit);
+    rd_kafka_conf_set_log_cb(conf, on_log);
+    rd_kafka_conf_set_opaque(conf, c);
+    c->rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, e, sizeof e);
+    if (!c->rk) goto conf_fail;
+    conf = NULL; /* owned by rk now */
+    rd_kafka_poll_set_consumer(c->rk);
+    c->q = rd_kafka_queue_get_consumer(c->rk);
+
+    topics = strdup(cfg->topics);
+    subs = rd_kafka_topic_partition_list_new(4);
+    if (!topics || !subs) {
+        snprintf(errstr, errlen, "out of memory");
+        goto fail;
+    }
+    char *save = NULL;
+    for (char *t = strtok_r(topics, ",", &save); t; t = strtok_r(NULL, ",", &save))
+        if (*t) rd_kafka_topic_partition_list_add(subs, t, RD_KAFKA_PARTITION_UA);
+    if (!subs->cnt) {
+        snprintf(errstr, errlen, "no input topic");
+        goto fail;
+    }
+    rd_kafka_resp_err_t err = rd_kafka_subscribe(c->rk, subs);
+    if (err) {
+        snprintf(errstr, errlen, "subscribe: %s", rd_kafka_err2str(err));
+        goto fail;
+    }
+    rd_kafka_topic_partition_list_destroy(subs);
+    free(topics);
+    return c;
+conf_fail:
+    snprintf(errstr, errlen, "consumer: %s", e);
+fail:
+    if (subs) rd_kafka_topic_partition_list_destroy(subs);
+    free(topics);
+    if (conf) rd_kafka_conf_destroy(conf);
+    if (c) {
+        if (c->q) rd_kafka_queue_destroy(c->q);
+        if (c->rk) rd_kafka_destroy(c->rk);
+        free(c);
+    }
+    return NULL;
+}
+
+void consumer_close(consumer_t *c)
+{
+    if (!c) return;
+    if (c->commit_offsets) consumer_commit(c, 0);
+    rd_kafka_queue_destroy(c->q);
+    rd_kafka_resp_err_t err = rd_kafka_consumer_close(c->rk); /* revokes: drops what is left */
+    if (err) logf_(c, 1, "consumer close: %s", rd_kafka_err2str(err));
+    while (c->n_parts) remove_part(c, c->parts[c->n_parts - 1]);
+    free(c->parts);
+    rd_kafka_destroy(c->rk);
+    free(c);
+}
+
+rd_kafka_message_t *consumer_poll(consumer_t *c, int timeout_ms)
+{
+    return rd_kafka_consumer_poll(c->rk, timeout_ms);
+}
+
+void consumer_wake(consumer_t *c) { rd_kafka_queue_yield(c->q); }
+
+/* ---- tracking ---- */
+
+int consumer_track(consumer_t *c, const rd_kafka_message_t *m, void *user, consumer_ticket_t *t)
+{
+    part_t *p = find_part(c, rd_kafka_topic_name(m->rkt), m->partition);
+    if (!p || m->offset <= p->hi) return 1;
+    if (p->n == p->cap) {
+        size_t cap = p->cap ? p->cap * 2 : 64;
+        int64_t *off = malloc(sizeof *off * cap);
+        void **us = malloc(sizeof *us * cap);
+        uint8_t *done = malloc(cap);
+        if (!off || !us || !done) {
+            free(off);
+            free(us);
+            free(done);
+            return -1;
+        }
+        for (size_t i = 0; i < p->n; i++) {
+            size_t k = (p->head + i) % p->cap;
+            off[i] = p->off[k];
+            us[i] = p->user[k];
+            done[i] = p->done[k];
+        }
+        free(p->off);
+        free(p->user);
+        free(p->done);
+        p->off = off;
+        p->user = us;
+        p->done = done;
+        p->head = 0;
+        p->cap = cap;
+    }
+    size_t k = (p->head + p->n) % p->cap;
+    p->off[k] = m->offset;
+    p->user[k] = user;
+    p->done[k] = 0;
+    p->n++;
+    p->hi = m->offset;
+    c->pending++;
+    t->gen = p->gen;
+    t->offset = m->offset;
+    return 0;
+}
+
+int consumer_ack(consumer_t *c, const consumer_ticket_t *t)
+{
+    part_t *p = find_gen(c, t->gen);
+    if (!p || !p->n) return 1;
+    size_t lo = 0, hi = p->n; /* binary search over the ring's logical order */
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (p->off[(p->head + mid) % p->cap] < t->offset) lo = mid + 1;
+        else hi = mid;
+    }
+    size_t k = (p->head + lo) % p->cap;
+    if (lo == p->n || p->off[k] != t->offset || p->done[k]) return 1;
+    p->done[k] = 1;
+    p->user[k] = NULL;
+    c->pending--;
+    while (p->n && p->done[p->head]) {
+        p->head = (p->head + 1) % p->cap;
+        p->n--;
+    }
+    return 0;
+}
+
+int consumer_pending(const consumer_t *c) { return c->pending; }
+int consumer_n_assigned(const consumer_t *c) { return c->n_parts; }
+int consumer_paused(const consumer_t *c) { return c->paused; }
+
+static int pause_resume(consumer_t *c, int pause)
+{
+    if (c->paused == pause) return 0;
+    rd_kafka_topic_partition_list_t *l = NULL;
+    rd_kafka_resp_err_t err = rd_kafka_assignment(c->rk, &l);
+    if (!err && l->cnt)
+        err = pause ? rd_kafka_pause_partitions(c->rk, l) : rd_kafka_resume_partitions(c->rk, l);
+    if (l) rd_kafka_topic_partition_list_destroy(l);
+    if (err) {
+        logf_(c, 1, "%s: %s", pause ? "pause" : "resume", rd_kafka_err2str(err));
+        return -1;
+    }
+    c->paused = pause;
+    return 0;
+}
+
+int consumer_pause(consumer_t *c) { return pause_resume(c, 1); }
+int consumer_resume(consumer_t *c) { return pause_resume(c, 0); }
+
+/* Partitions whose committable position moved since the last commit. */
+static rd_kafka_topic_partition_list_t *moved(consumer_t *c)
+{
+    rd_kafka_topic_partition_list_t *l = NULL;
+    for (int i = 0; i < c->n_parts; i++) {
+        part_t *p = c->parts[i];
+        int64_t pos = committable(p);
+        if (pos < 0 || pos == p->committed) continue;
+        if (!l) l = rd_kafka_topic_partition_list_new(c->n_parts);
+        rd_kafka_topic_partition_list_add(l, p->topic, p->partition)->offset = pos;
+    }
+    return l;
+}
+
+int consumer_commit(consumer_t *c, int async)
+{
+    rd_kafka_topic_partition_list_t *l = moved(c);
+    if (!l) return 0;
+    for (int i = 0; i < l->cnt; i++) {
+        part_t *p = find_part(c, l->elems[i].topic, l->elems[i].partition);
+        if (p) p->committed = l->elems[i].offset;
+    }
+    rd_kafka_resp_err_t err = rd_kafka_commit(c->rk, l, async);
+    if (err && !async) {
+        /* a failed synchronous commit: resend next time */
+        for (int i = 0; i < l->cnt; i++) {
+            part_t *p = find_part(c, l->elems[i].topic, l->elems[i].partition);
+            if (p) p->committed = -1;
+        }
+        logf_(c, 1, "commit: %s", rd_kafka_err2str(err));
+    }
+    rd_kafka_topic_partition_list_destroy(l);
+    return err ? -1 : 0;
+}
+
+rd_kafka_topic_partition_list_t *consumer_txn_offsets(consumer_t *c) { return moved(c); }
+
+void consumer_txn_committed(consumer_t *c, const rd_kafka_topic_partition_list_t *offsets)
+{
+    for (int i = 0; offsets && i < offsets->cnt; i++) {
+        part_t *p = find_part(c, offsets->elems[i].topic, offsets->elems[i].partition);
+        if (p) p->committed = offsets->elems[i].offset;
+    }
+}
+
+int consumer_rewind(consumer_t *c, char *errstr, size_t errlen)
+{
+    if (!c->n_parts) return 0;
+    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(c->n_parts);
+    for (int i = 0; i < c->n_parts; i++) {
+        part_t *p = c->parts[i];
+        part_drop_all(c, p);
+        p->hi = -1;
+        p->committed = -1;
+        p->gen = ++c->next_gen; /* outstanding tickets go stale */
+        rd_kafka_topic_partition_list_add(l, p->topic, p->partition);
+    }
+    int rc = 0;
+    rd_kafka_resp_err_t err = rd_kafka_committed(c->rk, l, 10000);
+    if (err) {
+        snprintf(errstr, errlen, "fetching committed offsets: %s", rd_kafka_err2str(err));
+        rc = -1;
+        goto out;
+    }
+    for (int i = 0; i < l->cnt; i++)
+        if (l->elems[i].offset < 0) l->elems[i].offset = RD_KAFKA_OFFSET_BEGINNING;
+    rd_kafka_error_t *e = rd_kafka_seek_partitions(c->rk, l, 10000);
+    if (e) {
+        snprintf(errstr, errlen, "seek: %s", rd_kafka_error_string(e));
+        rd_kafka_error_destroy(e);
+        rc = -1;
+        goto out;
+    }
+    for (int i = 0; i < l->cnt; i++)
+        if (l->elems[i].err) {
+            snprintf(errstr, errlen, "seek %s[%d]: %s", l->elems[i].topic, l->elems[i].partition,
+                     rd_kafka_err2str(l->elems[i].err));
+            rc = -1;
+        }
+out:
+    rd_kafka_topic_partition_list_destroy(l);
+    return rc;
+}
+
+rd_kafka_consumer_group_metadata_t *consumer_group_metadata(consumer_t *c)
+{
+    return rd_kafka_consumer_group_metadata(c->rk);
+}

@@ -1,0 +1,222 @@
+/* producer/producer.c: idempotent / transactional producer for results and DLQ records. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "producer/producer.h"
+
+struct producer {
+    rd_kafka_t *rk;
+    int transactional;
+    producer_dr_fn dr;
+    void *dr_arg;
+    void (*log)(void *arg, int level, const char *msg);
+};
+
+static void plog(producer_t *p, int level, const char *fmt, ...)
+{
+    if (!p->log) return;
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    p->log(p->dr_arg, level, buf);
+}
+
+/* Runs on the thread calling producer_poll / producer_flush. */
+static void on_dr(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
+{
+    producer_t *p = opaque;
+    if (p->dr) p->dr(p->dr_arg, m->_private, m->err);
+}
+
+static void on_log(const rd_kafka_t *rk, int level, const char *fac, const char *buf)
+{
+    producer_t *p = rd_kafka_opaque(rk);
+    if (p) plog(p, level <= 3 ? 0 : level <= 4 ? 1 : level <= 6 ? 2 : 3, "rdkafka %s: %s", fac, buf);
+}
+
+producer_t *producer_new(const producer_config_t *cfg, char *errstr, size_t errlen)
+{
+    producer_t *p = calloc(1, sizeof *p);
+    rd_kafka_conf_t *conf = rd_kafka_conf_new();
+    char e[512];
+    if (!p || !conf) {
+        snprintf(errstr, errlen, "out of memory");
+        goto fail;
+    }
+    p->dr = cfg->dr;
+    p->dr_arg = cfg->dr_arg;
+    p->log = cfg->log;
+    p->transactional = cfg->transactional_id && *cfg->transactional_id;
+    static const char *const defaults[][2] = {
+        {"enable.idempotence", "true"},
+        {"acks", "all"},
+        {"linger.ms", "5"},
+        {"compression.type", "lz4"},
+    };
+    if (rd_kafka_conf_set(conf, "bootstrap.servers", cfg->brokers, e, sizeof e)) goto conf_fail;
+    for (size_t i = 0; i < sizeof defaults / sizeof defaults[0]; i++)
+        if (rd_kafka_conf_set(conf, defaults[i][0], defaults[i][1], e, sizeof e)) goto conf_fail;
+    if (p->transactional &&
+        rd_kafka_conf_set(conf, "transactional.id", cfg->transactional_id, e, sizeof e))
+        goto conf_fail;
+    for (int i = 0; i < cfg->n_props; i++)
+        if (rd_kafka_conf_set(conf, cfg->prop_keys[i], cfg->prop_values[i], e, sizeof e))
+            goto conf_fail;
+    rd_kafka_conf_set_dr_msg_cb(conf, on_dr);
+    rd_kafka_conf_set_log_cb(conf, on_log);
+    rd_kafka_conf_set_opaque(conf, p);
+    p->rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, e, sizeof e);
+    if (!p->rk) goto conf_fail;
+    conf = NULL; /* owned by rk */
+    if (p->transactional) {
+        rd_kafka_error_t *err = rd_kafka_init_transactions(p->rk, 30000);
+        if (err) {
+            snprintf(errstr, errlen, "init_transactions: %s", rd_kafka_error_string(err));
+            rd_kafka_error_destroy(err);
+            goto fail;
+        }
+    }
+    return p;
+conf_fail:
+    snprintf(errstr, errlen, "producer: %s", e);
+fail:
+    if (conf) rd_kafka_conf_destroy(conf);
+    if (p && p->rk) rd_kafka_destroy(p->rk);
+    free(p);
+    return NULL;
+}
+
+void producer_free(producer_t *p, int timeout_ms)
+{
+    if (!p) return;
+    if (rd_kafka_flush(p->rk, timeout_ms))
+        plog(p, 1, "producer closed with %d record(s) undelivered", rd_kafka_outq_len(p->rk));
+    rd_kafka_destroy(p->rk);
+    free(p);
+}
+
+int producer_send(producer_t *p, const char *topic, const void *key, size_t klen,
+                  const void *value, size_t vlen, rd_kafka_headers_t *hdrs, void *opaque,
+                  char *errstr, size_t errlen)
+{
+    for (;;) {
+        rd_kafka_resp_err_t err = rd_kafka_producev(
+            p->rk, RD_KAFKA_V_TOPIC(topic), RD_KAFKA_V_KEY(key, klen),
+            RD_KAFKA_V_VALUE((void *)value, vlen), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+            RD_KAFKA_V_HEADERS(hdrs), RD_KAFKA_V_OPAQUE(opaque), RD_KAFKA_V_END);
+        if (!err) return 0; /* hdrs now owned by librdkafka */
+        if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL) {
+            rd_kafka_poll(p->rk, 10);
+            continue;
+        }
+        if (hdrs) rd_kafka_headers_destroy(hdrs);
+        snprintf(errstr, errlen, "produce to %s: %s", topic, rd_kafka_err2str(err));
+        return err == RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE ? -2 : -1;
+    }
+}
+
+int producer_poll(producer_t *p, int timeout_ms) { return rd_kafka_poll(p->rk, timeout_ms); }
+
+int producer_flush(producer_t *p, int timeout_ms)
+{
+    return rd_kafka_flush(p->rk, timeout_ms) ? -1 : 0;
+}
+
+int producer_fatal(producer_t *p, char *errstr, size_t errlen)
+{
+    char e[256];
+    rd_kafka_resp_err_t err = rd_kafka_fatal_error(p->rk, e, sizeof e);
+    if (!err) return 0;
+    snprintf(errstr, errlen, "fatal producer error: %s: %s", rd_kafka_err2name(err), e);
+    return 1;
+}
+
+int producer_txn_begin(producer_t *p, char *errstr, size_t errlen)
+{
+    rd_kafka_error_t *e = rd_kafka_begin_transaction(p->rk);
+    if (!e) return 0;
+    snprintf(errstr, errlen, "begin_transaction: %s", rd_kafka_error_string(e));
+    rd_kafka_error_destroy(e);
+    return -1;
+}
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int producer_txn_abort(producer_t *p, int timeout_ms, char *errstr, size_t errlen)
+{
+    rd_kafka_error_t *e = rd_kafka_abort_transaction(p->rk, timeout_ms);
+    if (!e) return PRODUCER_TXN_OK;
+    snprintf(errstr, errlen, "abort_transaction: %s", rd_kafka_error_string(e));
+    rd_kafka_error_destroy(e);
+    return PRODUCER_TXN_FATAL;
+}
+
+int producer_txn_commit(producer_t *p, const rd_kafka_topic_partition_list_t *offsets,
+                        const rd_kafka_consumer_group_metadata_t *cgmd, int timeout_ms,
+                        char *errstr, size_t errlen)
+{
+    int64_t end = now_ms() + timeout_ms;
+    int sent = offsets == NULL || offsets->cnt == 0;
+    for (;;) {
+        int left = (int)(end - now_ms());
+        if (left < 1) left = 1;
+        const char *what = sent ? "commit_transaction" : "send_offsets_to_transaction";
+        rd_kafka_error_t *e = sent ? rd_kafka_commit_transaction(p->rk, left)
+                                   : rd_kafka_send_offsets_to_transaction(
+                                         p->rk, (rd_kafka_topic_partition_list_t *)offsets, cgmd, left);
+        if (!e) {
+            if (sent) return PRODUCER_TXN_OK;
+            sent = 1;
+            continue;
+        }
+        snprintf(errstr, errlen, "%s: %s", what, rd_kafka_error_string(e));
+        int fatal = rd_kafka_error_is_fatal(e);
+        int abortable = rd_kafka_error_txn_requires_abort(e);
+        int retriable = rd_kafka_error_is_retriable(e);
+        rd_kafka_error_destroy(e);
+        if (fatal) return PRODUCER_TXN_FATAL;
+        if (abortable || !retriable || now_ms() >= end) {
+            plog(p, 1, "%s; aborting the transaction", errstr);
+            char e2[256];
+            if (producer_txn_abort(p, timeout_ms, e2, sizeof e2) != PRODUCER_TXN_OK) {
+                snprintf(errstr, errlen, "%s", e2);
+                return PRODUCER_TXN_FATAL;
+            }
+            return PRODUCER_TXN_ABORTED;
+        }
+        plog(p, 1, "%s; retrying", errstr);
+    }
+}
+
+rd_kafka_headers_t *producer_dlq_headers(const char *code, const char *message,
+                                         const char *topic, int32_t partition, int64_t offset,
+                                         const char *worker, int64_t timestamp_ms)
+{
+    rd_kafka_headers_t *h = rd_kafka_headers_new(7);
+    if (!h) return NULL;
+    char part[16], off[24], ts[24];
+    snprintf(part, sizeof part, "%d", (int)partition);
+    snprintf(off, sizeof off, "%lld", (long long)offset);
+    snprintf(ts, sizeof ts, "%lld", (long long)timestamp_ms);
+    if (rd_kafka_header_add(h, PRODUCER_H_CODE, -1, code, -1) ||
+        rd_kafka_header_add(h, PRODUCER_H_MESSAGE, -1, message, -1) ||
+        rd_kafka_header_add(h, PRODUCER_H_TOPIC, -1, topic, -1) ||
+        rd_kafka_header_add(h, PRODUCER_H_PARTITION, -1, part, -1) ||
+        rd_kafka_header_add(h, PRODUCER_H_OFFSET, -1, off, -1) ||
+        rd_kafka_header_add(h, PRODUCER_H_WORKER, -1, worker, -1) ||
+        rd_kafka_header_add(h, PRODUCER_H_TIMESTAMP, -1, ts, -1)) {
+        rd_kafka_headers_destroy(h);
+        return NULL;
+    }
+    return h;
+}

@@ -1,0 +1,83 @@
+/* producer/producer.h: the producer module: an idempotent (optionally transactional) librdkafka
+ * producer for results and dead-letter records.
+ *
+ * Threads: producer_send may be called from any thread; delivery reports run on the thread that
+ * calls producer_poll / producer_flush; the transaction functions must be called from one thread
+ * (the same one that sends inside the transaction, or with sends excluded meanwhile). Errors:
+ * 0 / -1 (or NULL) plus the caller's errstr. */
+#ifndef SPILLWAY_PRODUCER_H
+#define SPILLWAY_PRODUCER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <librdkafka/rdkafka.h>
+
+/* Dead-letter record headers (Kafka Connect style); values are UTF-8 text. */
+#define PRODUCER_H_CODE      "__spillway.errors.code"      /* a REQ_ERR_* code */
+#define PRODUCER_H_MESSAGE   "__spillway.errors.message"   /* human-readable reason */
+#define PRODUCER_H_TOPIC     "__spillway.errors.topic"     /* source topic */
+#define PRODUCER_H_PARTITION "__spillway.errors.partition" /* source partition, decimal */
+#define PRODUCER_H_OFFSET    "__spillway.errors.offset"    /* source offset, decimal */
+#define PRODUCER_H_WORKER    "__spillway.errors.worker"    /* worker.id */
+#define PRODUCER_H_TIMESTAMP "__spillway.errors.timestamp" /* when rejected, Unix epoch ms */
+
+typedef struct producer producer_t;
+
+/* Delivery report of one sent record: err 0 when the record is durable (acks=all), else the
+ * librdkafka error; opaque as given to producer_send. */
+typedef void (*producer_dr_fn)(void *arg, void *opaque, rd_kafka_resp_err_t err);
+
+typedef struct {
+    const char *brokers;
+    const char *transactional_id;  /* NULL or "": idempotent only; else transactional */
+    const char *const *prop_keys;  /* librdkafka properties applied after the defaults */
+    const char *const *prop_values;
+    int n_props;
+    producer_dr_fn dr;             /* may be NULL */
+    void *dr_arg;
+    void (*log)(void *arg, int level, const char *msg); /* may be NULL; arg = dr_arg */
+} producer_config_t;
+
+/* Creates the producer (enable.idempotence=true, acks=all); a transactional one is initialised
+ * (rd_kafka_init_transactions, fencing older instances with the same id) before returning.
+ * NULL + errstr on failure. */
+producer_t *producer_new(const producer_config_t *cfg, char *errstr, size_t errlen);
+/* Flushes (up to timeout_ms) and destroys. NULL is a no-op. */
+void producer_free(producer_t *p, int timeout_ms);
+
+/* Sends one record (key, value and headers are copied; hdrs, when not NULL, is always
+ * consumed). Waits while the local queue is full (serving delivery reports on this thread).
+ * 0; -2 when the record exceeds the size limit (never sent); -1 other errors (errstr). */
+int producer_send(producer_t *p, const char *topic, const void *key, size_t klen,
+                  const void *value, size_t vlen, rd_kafka_headers_t *hdrs, void *opaque,
+                  char *errstr, size_t errlen);
+/* Serves delivery reports; returns how many events were served. */
+int producer_poll(producer_t *p, int timeout_ms);
+/* Waits until every sent record is reported. 0, or -1 on timeout. */
+int producer_flush(producer_t *p, int timeout_ms);
+/* 1 (and errstr) once the producer raised a fatal error (e.g. fenced): it cannot go on. */
+int producer_fatal(producer_t *p, char *errstr, size_t errlen);
+
+/* ---- transactions (transactional producers only) ---- */
+enum {
+    PRODUCER_TXN_OK = 0,
+    PRODUCER_TXN_ABORTED = 1, /* an abortable error: the transaction was aborted; the caller
+                                 rewinds its input to the committed offsets */
+    PRODUCER_TXN_FATAL = -1,  /* the producer cannot continue (errstr): stop the process */
+};
+int producer_txn_begin(producer_t *p, char *errstr, size_t errlen);
+/* Sends offsets (may be NULL) for the consumer group cgmd and commits the open transaction,
+ * retrying retriable errors within timeout_ms. PRODUCER_TXN_*. */
+int producer_txn_commit(producer_t *p, const rd_kafka_topic_partition_list_t *offsets,
+                        const rd_kafka_consumer_group_metadata_t *cgmd, int timeout_ms,
+                        char *errstr, size_t errlen);
+/* Aborts the open transaction. PRODUCER_TXN_OK or PRODUCER_TXN_FATAL. */
+int producer_txn_abort(producer_t *p, int timeout_ms, char *errstr, size_t errlen);
+
+/* Headers of a dead-letter record (PRODUCER_H_*). NULL on out of memory. Caller owns. */
+rd_kafka_headers_t *producer_dlq_headers(const char *code, const char *message,
+                                         const char *topic, int32_t partition, int64_t offset,
+                                         const char *worker, int64_t timestamp_ms);
+
+#endif

@@ -1,0 +1,375 @@
+/* tests/test_worker_mock.c: the worker end to end on librdkafka's in-process mock cluster with
+ * the stories260K model: N prompts in -> N results out (set equality), bad input -> DLQ with its
+ * reason and original bytes, a past deadline -> finish_reason "expired", backpressure (pauses)
+ * without loss, committed offsets at the log end after a clean stop; and fault injection:
+ * while the results' partition leader is down nothing is committed, and once it is back every
+ * result arrives and the offsets reach the end. Exactly-once mode: results read with
+ * read_committed, offsets committed by the transaction. */
+#include <librdkafka/rdkafka.h>
+#include <librdkafka/rdkafka_mock.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "worker/worker.h"
+
+#define MODEL SPILLWAY_MODELS "/stories260K.gguf"
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static rd_kafka_t *new_client(rd_kafka_type_t type, const char *brokers, const char *group,
+                              const char *isolation)
+{
+    char err[256];
+    rd_kafka_conf_t *conf = rd_kafka_conf_new();
+    rd_kafka_conf_set(conf, "bootstrap.servers", brokers, err, sizeof err);
+    rd_kafka_conf_set(conf, "log_level", "3", err, sizeof err);
+    if (group) rd_kafka_conf_set(conf, "group.id", group, err, sizeof err);
+    if (isolation) rd_kafka_conf_set(conf, "isolation.level", isolation, err, sizeof err);
+    if (type == RD_KAFKA_CONSUMER) rd_kafka_conf_set(conf, "enable.auto.commit", "false", err, sizeof err);
+    rd_kafka_t *rk = rd_kafka_new(type, conf, err, sizeof err);
+    if (!rk) fprintf(stderr, "rd_kafka_new: %s\n", err);
+    return rk;
+}
+
+/* Produces values[i] with key keys[i] (NULL: no key) to partition i % nparts. */
+static void produce_all(const char *brokers, const char *topic, int n, char **values,
+                        const size_t *lens, int nparts)
+{
+    rd_kafka_t *p = new_client(RD_KAFKA_PRODUCER, brokers, NULL, NULL);
+    for (int i = 0; i < n; i++) {
+        char key[32];
+        snprintf(key, sizeof key, "k%d", i);
+        rd_kafka_resp_err_t e = rd_kafka_producev(
+            p, RD_KAFKA_V_TOPIC(topic), RD_KAFKA_V_PARTITION(i % nparts),
+            RD_KAFKA_V_KEY(key, strlen(key)), RD_KAFKA_V_VALUE(values[i], lens[i]),
+            RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_END);
+        CHECK(e == 0);
+    }
+    CHECK(rd_kafka_flush(p, 10000) == 0);
+    rd_kafka_destroy(p);
+}
+
+typedef struct {
+    char *value;
+    size_t len;
+    char code[64];   /* DLQ: __spillway.errors.code */
+    int32_t src_partition;
+} rec_t;
+
+/* Reads topic (nparts partitions, from the beginning) until want records or timeout. */
+static int collect(const char *brokers, const char *topic, int nparts, int want, int timeout_ms,
+                   rec_t *out, int cap)
+{
+    rd_kafka_t *c = new_client(RD_KAFKA_CONSUMER, brokers, "collector", "read_committed");
+    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(nparts);
+    for (int p = 0; p < nparts; p++)
+        rd_kafka_topic_partition_list_add(l, topic, p)->offset = RD_KAFKA_OFFSET_BEGINNING;
+    rd_kafka_assign(c, l);
+    rd_kafka_topic_partition_list_destroy(l);
+    int n = 0;
+    int64_t end = now_ms() + timeout_ms;
+    while (n < want && now_ms() < end) {
+        rd_kafka_message_t *m = rd_kafka_consumer_poll(c, 100);
+        if (!m) continue;
+        if (!m->err && n < cap) {
+            rec_t *r = &out[n++];
+            r->value = malloc(m->len + 1);
+            memcpy(r->value, m->payload, m->len);
+            r->value[m->len] = 0;
+            r->len = m->len;
+            r->code[0] = 0;
+            r->src_partition = -1;
+            rd_kafka_headers_t *h = NULL;
+            const void *v;
+            size_t vl;
+            if (!rd_kafka_message_headers(m, &h)) {
+                if (!rd_kafka_header_get_last(h, "__spillway.errors.code", &v, &vl))
+                    snprintf(r->code, sizeof r->code, "%.*s", (int)vl, (const char *)v);
+                if (!rd_kafka_header_get_last(h, "__spillway.errors.partition", &v, &vl))
+                    r->src_partition = atoi((const char *)v);
+            }
+        }
+        rd_kafka_message_destroy(m);
+    }
+    rd_kafka_consumer_close(c);
+    rd_kafka_destroy(c);
+    return n;
+}
+
+/* Sum over partitions of the group's committed offsets (-1 per partition without one). */
+static int64_t committed_sum(const char *brokers, const char *group, const char *topic, int nparts)
+{
+    rd_kafka_t *c = new_client(RD_KAFKA_CONSUMER, brokers, group, NULL);
+    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(nparts);
+    for (int p = 0; p < nparts; p++) rd_kafka_topic_partition_list_add(l, topic, p);
+    int64_t sum = 0;
+    if (rd_kafka_committed(c, l, 5000)) sum = -1000000;
+    for (int p = 0; p < l->cnt; p++) sum += l->elems[p].offset >= 0 ? l->elems[p].offset : -1;
+    rd_kafka_topic_partition_list_destroy(l);
+    rd_kafka_destroy(c);
+    return sum;
+}
+
+typedef struct {
+    worker_t *w;
+    int rc;
+    char err[512];
+} run_t;
+
+static void *run_worker(void *arg)
+{
+    run_t *r = arg;
+    r->rc = worker_run(r->w, NULL, r->err, sizeof r->err);
+    return NULL;
+}
+
+static worker_t *make_worker(const char *brokers, const char *group, const char *in,
+                             const char *out, const char *dlq, int eos, int max_inflight)
+{
+    worker_config_t c;
+    char err[512], num[32];
+    worker_config_default(&c);
+    worker_config_set(&c, "brokers", brokers, "test", err, sizeof err);
+    worker_config_set(&c, "group.id", group, "test", err, sizeof err);
+    worker_config_set(&c, "input.topics", in, "test", err, sizeof err);
+    worker_config_set(&c, "output.topic", out, "test", err, sizeof err);
+    worker_config_set(&c, "dlq.topic", dlq, "test", err, sizeof err);
+    worker_config_set(&c, "model", MODEL, "test", err, sizeof err);
+    worker_config_set(&c, "threads", "1", "test", err, sizeof err);
+    worker_config_set(&c, "kv.mem_mb", "16", "test", err, sizeof err);
+    worker_config_set(&c, "commit.interval.ms", "100", "test", err, sizeof err);
+    worker_config_set(&c, "drain.timeout.ms", "10000", "test", err, sizeof err);
+    worker_config_set(&c, "worker.id", "test-worker", "test", err, sizeof err);
+    worker_config_set(&c, "log.level", getenv("WLOG") ? getenv("WLOG") : "warn", "test", err, sizeof err);
+    snprintf(num, sizeof num, "%d", max_inflight);
+    worker_config_set(&c, "max.inflight", num, "test", err, sizeof err);
+    if (eos) worker_config_set(&c, "delivery", "exactly-once", "test", err, sizeof err);
+    worker_config_add_kafka(&c, "log_level=3", "test", err, sizeof err);
+    worker_config_add_kafka(&c, "consumer.session.timeout.ms=6000", "test", err, sizeof err);
+    worker_t *w = worker_new(&c, err, sizeof err);
+    CHECKF(w != NULL, "%s", err);
+    worker_config_free(&c);
+    return w;
+}
+
+static int find_id(rec_t *recs, int n, const char *id)
+{
+    char pat[96];
+    snprintf(pat, sizeof pat, "\"id\":\"%s\"", id);
+    int hits = 0;
+    for (int i = 0; i < n; i++)
+        if (strstr(recs[i].value, pat)) hits++;
+    return hits;
+}
+
+static void free_recs(rec_t *recs, int n)
+{
+    for (int i = 0; i < n; i++) free(recs[i].value);
+}
+
+/* Good prompts, bad input, an expired request, backpressure; committed at the end. */
+static void test_end_to_end(rd_kafka_mock_cluster_t *mc, const char *brokers, int eos)
+{
+    const char *in = eos ? "in-eos" : "in", *out = eos ? "out-eos" : "out",
+               *dlq = eos ? "dlq-eos" : "dlq", *group = eos ? "g-eos" : "g";
+    rd_kafka_mock_topic_create(mc, in, 4, 1);
+    rd_kafka_mock_topic_create(mc, out, 2, 1);
+    rd_kafka_mock_topic_create(mc, dlq, 1, 1);
+    enum { NGOOD = 24, NBAD = 5, N = NGOOD + NBAD + 1 };
+    char *vals[N];
+    size_t lens[N];
+    static const char *prefixes[] = {"Once upon a time, there was a little girl named Lily. She",
+                                     "Tom and his dog", "The sun was"};
+    for (int i = 0; i < NGOOD; i++) {
+        char buf[512];
+        snprintf(buf, sizeof buf,
+                 "{\"id\":\"r%d\",\"prompt\":\"%s %d\",\"max_tokens\":%d,\"temperature\":0,"
+                 "\"metadata\":{\"n\":%d}}",
+                 i, prefixes[i % 3], i, 4 + i % 5, i);
+        vals[i] = strdup(buf);
+    }
+    const char *bad[NBAD] = {
+        "this is not json",
+        "{\"id\":\"nop\"}",
+        "{\"id\":\"u8\",\"prompt\":\"bad \xff\xfe bytes\"}",
+        "{\"id\":\"mt\",\"prompt\":\"x\",\"max_tokens\":-3}",
+        "{\"id\":\"chat\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"chat_template\":\"nosuch\"}",
+    };
+    for (int i = 0; i < NBAD; i++) vals[NGOOD + i] = strdup(bad[i]);
+    vals[N - 1] = strdup("{\"id\":\"late\",\"prompt\":\"Once upon\",\"deadline\":1000}");
+    for (int i = 0; i < N; i++) lens[i] = strlen(vals[i]);
+    produce_all(brokers, in, N, vals, lens, 4);
+
+    worker_t *w = make_worker(brokers, group, in, out, dlq, eos, 5);
+    if (!w) return;
+    run_t run = {.w = w};
+    pthread_t th;
+    int64_t t0 = now_ms();
+    pthread_create(&th, NULL, run_worker, &run);
+    rec_t res[64], dl[16];
+    int nres = collect(brokers, out, 2, NGOOD + 1, 40000, res, 64);
+    int ndlq = collect(brokers, dlq, 1, NBAD, 20000, dl, 16);
+    double secs = (double)(now_ms() - t0) * 1e-3;
+    /* wait until everything is committed, then stop */
+    int64_t end = now_ms() + 10000;
+    worker_stats_t st;
+    do {
+        usleep(50000);
+        worker_stats(w, &st);
+    } while (st.results + st.dlq < (uint64_t)N && now_ms() < end);
+    worker_stop(w);
+    pthread_join(th, NULL);
+    CHECKF(run.rc == 0, "%s", run.err);
+    fprintf(stderr, "%s: %d results, %d DLQ in %.2fs; pauses %llu, commits %llu, txns %llu\n",
+            eos ? "exactly-once" : "at-least-once", nres, ndlq, secs,
+            (unsigned long long)st.pauses, (unsigned long long)st.commits,
+            (unsigned long long)st.txn_commits);
+    CHECKF(nres == NGOOD + 1, "%d results", nres);
+    for (int i = 0; i < NGOOD; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "r%d", i);
+        CHECKF(find_id(res, nres, id) == 1, "%s", id);
+    }
+    CHECK(find_id(res, nres, "late") == 1);
+    for (int i = 0; i < nres; i++) {
+        if (strstr(res[i].value, "\"id\":\"late\"")) {
+            CHECKF(strstr(res[i].value, "\"finish_reason\":\"expired\"") != NULL, "%s", res[i].value);
+            CHECK(strstr(res[i].value, "\"completion_tokens\":0") != NULL);
+        } else {
+            CHECKF(strstr(res[i].value, "\"finish_reason\":\"length\"") ||
+                       strstr(res[i].value, "\"finish_reason\":\"stop\""), "%s", res[i].value);
+            CHECK(strstr(res[i].value, "\"metadata\":{\"n\":") != NULL);
+            CHECK(strstr(res[i].value, "\"worker\":\"test-worker\"") != NULL);
+            CHECK(strstr(res[i].value, "\"input\":{\"topic\":") != NULL);
+        }
+    }
+    CHECKF(ndlq == NBAD, "%d DLQ records", ndlq);
+    static const char *codes[NBAD] = {"not_json", "missing_prompt", "invalid_utf8", "bad_parameter",
+                                      "unknown_template"};
+    for (int i = 0; i < NBAD; i++) {
+        int found = 0;
+        for (int j = 0; j < ndlq; j++)
+            if (dl[j].len == lens[NGOOD + i] && !memcmp(dl[j].value, vals[NGOOD + i], dl[j].len)) {
+                found = 1;
+                CHECKF(!strcmp(dl[j].code, codes[i]), "DLQ '%s': code %s, want %s", vals[NGOOD + i],
+                       dl[j].code, codes[i]);
+                CHECK(dl[j].src_partition == (NGOOD + i) % 4);
+            }
+        CHECKF(found, "no DLQ record for '%s'", vals[NGOOD + i]);
+    }
+    CHECK(st.pauses > 0); /* max.inflight 5 < 30 messages */
+    CHECK(st.expired == 1);
+    /* librdkafka 2.0's mock cluster acknowledges TxnOffsetCommit without storing the offsets,
+     * so exactly-once commits are checked on the real broker (tests/test_worker_kafka.sh). */
+    if (!eos) {
+        int64_t sum = committed_sum(brokers, group, in, 4);
+        CHECKF(sum == N, "committed offsets sum %lld, want %d", (long long)sum, N);
+    } else {
+        CHECK(st.txn_commits > 0 && st.txn_aborts == 0);
+    }
+    worker_free(w);
+    free_recs(res, nres);
+    free_recs(dl, ndlq);
+    for (int i = 0; i < N; i++) free(vals[i]);
+}
+
+/* The results' leader is down: results cannot be made durable, so nothing may be committed;
+ * once it is back, everything arrives and the offsets reach the end. */
+static void test_broker_down(rd_kafka_mock_cluster_t *mc, const char *brokers)
+{
+    const char *in = "fin", *out = "fout", *dlq = "fdlq", *group = "gf";
+    rd_kafka_mock_topic_create(mc, in, 2, 1);
+    rd_kafka_mock_topic_create(mc, out, 1, 1);
+    rd_kafka_mock_topic_create(mc, dlq, 1, 1);
+    rd_kafka_mock_partition_set_leader(mc, in, 0, 1);
+    rd_kafka_mock_partition_set_leader(mc, in, 1, 1);
+    rd_kafka_mock_partition_set_leader(mc, out, 0, 3);
+    rd_kafka_mock_partition_set_leader(mc, dlq, 0, 1);
+    rd_kafka_mock_coordinator_set(mc, "group", group, 1);
+    enum { N = 8 };
+    char *vals[N];
+    size_t lens[N];
+    for (int i = 0; i < N; i++) {
+        char buf[128];
+        snprintf(buf, sizeof buf, "{\"id\":\"f%d\",\"prompt\":\"Tom and his dog %d\",\"max_tokens\":3}", i, i);
+        vals[i] = strdup(buf);
+        lens[i] = strlen(buf);
+    }
+    produce_all(brokers, in, N, vals, lens, 2);
+    rd_kafka_mock_broker_set_down(mc, 3);
+    /* retriable produce errors on top, once the broker is back */
+    rd_kafka_mock_push_request_errors(mc, 0 /* Produce */, 2, RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS,
+                                      RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS);
+
+    worker_t *w = make_worker(brokers, group, in, out, dlq, 0, 64);
+    if (!w) return;
+    run_t run = {.w = w};
+    pthread_t th;
+    pthread_create(&th, NULL, run_worker, &run);
+    worker_stats_t st;
+    int64_t end = now_ms() + 20000;
+    do { /* all consumed and computed, none durable */
+        usleep(50000);
+        worker_stats(w, &st);
+    } while (st.consumed < N && now_ms() < end);
+    usleep(1500000);
+    int64_t sum = committed_sum(brokers, group, in, 2);
+    worker_stats(w, &st);
+    CHECKF(st.results == 0, "%llu results durable while the leader is down", (unsigned long long)st.results);
+    CHECKF(sum <= 0, "committed %lld while no result is durable", (long long)sum);
+    rd_kafka_mock_broker_set_up(mc, 3);
+    rec_t res[N + 8];
+    int nres = collect(brokers, out, 1, N, 30000, res, N + 8);
+    end = now_ms() + 10000;
+    do {
+        usleep(50000);
+        worker_stats(w, &st);
+    } while (st.results < N && now_ms() < end);
+    worker_stop(w);
+    pthread_join(th, NULL);
+    CHECKF(run.rc == 0, "%s", run.err);
+    CHECKF(nres == N, "%d results after the broker came back", nres);
+    for (int i = 0; i < N; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "f%d", i);
+        CHECKF(find_id(res, nres, id) >= 1, "%s", id);
+    }
+    sum = committed_sum(brokers, group, in, 2);
+    CHECKF(sum == N, "committed offsets sum %lld, want %d", (long long)sum, N);
+    worker_free(w);
+    free_recs(res, nres);
+    for (int i = 0; i < N; i++) free(vals[i]);
+}
+
+int main(void)
+{
+    if (access(MODEL, R_OK)) {
+        fprintf(stderr, "skip: %s not found\n", MODEL);
+        return 77;
+    }
+    char err[256];
+    rd_kafka_conf_t *conf = rd_kafka_conf_new();
+    rd_kafka_conf_set(conf, "log_level", "3", err, sizeof err);
+    rd_kafka_t *mk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof err);
+    CHECK(mk != NULL);
+    rd_kafka_mock_cluster_t *mc = rd_kafka_mock_cluster_new(mk, 3);
+    CHECK(mc != NULL);
+    char *brokers = strdup(rd_kafka_mock_cluster_bootstraps(mc));
+    test_end_to_end(mc, brokers, 0);
+    test_end_to_end(mc, brokers, 1);
+    test_broker_down(mc, brokers);
+    free(brokers);
+    rd_kafka_mock_cluster_destroy(mc);
+    rd_kafka_destroy(mk);
+    return check_exit();
+}

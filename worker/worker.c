@@ -1,0 +1,968 @@
+/* worker/worker.c: the worker's main loop.
+ *
+ * Two threads:
+ *  - the poll thread (the caller of worker_run) owns the consumer and every Kafka call that
+ *    needs one thread: it polls messages, parses them (request_parse), produces every output
+ *    (results and DLQ records), serves delivery reports, commits offsets or transactions,
+ *    pauses/resumes partitions and handles rebalances. It never waits on inference.
+ *  - the engine thread owns the engine_t: it takes parsed requests from the inbox, tokenises
+ *    them, submits them, runs engine_step and turns each finished request into an output that it
+ *    puts in the outbox.
+ * inbox and outbox are FIFO lists under w->mu; the engine thread waits on w->cv for work and
+ * wakes the poll thread with consumer_wake when it adds to the outbox.
+ *
+ * Ownership of one message (wreq_t r): created by the poll thread, which tracks it in the
+ * consumer (consumer_track). Then, in turn: the inbox, the engine thread, the outbox, and the
+ * poll thread again, which produces r->out. At-least-once: librdkafka holds r (the record's
+ * opaque) until the delivery report, whose handler acks the offset and frees r; a failed
+ * delivery is retried. Exactly-once: r is acked and freed as soon as its record is in the open
+ * transaction. r->msg (the rd_kafka_message_t) is destroyed exactly once, in wreq_free.
+ * Cancellation: the poll thread sets r->cancelled (atomic) when r's partition is revoked or
+ * rewound or the drain times out, and forgets r; whoever holds r next frees it without output. */
+#include <errno.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "consumer/consumer.h"
+#include "engine/engine.h"
+#include "producer/producer.h"
+#include "worker/worker.h"
+
+static const char *const LEVEL_NAME[] = {"ERROR", "WARN", "INFO", "DEBUG"};
+
+typedef struct wreq wreq_t;
+struct wreq {
+    wreq_t *next;                /* link in the inbox, outbox or retry list */
+    rd_kafka_message_t *msg;     /* owned: destroyed in wreq_free */
+    consumer_ticket_t ticket;
+    request_t req;
+    int parsed;                  /* req is filled (request_free in wreq_free) */
+    int64_t t_intake;            /* monotonic ns when polled */
+    size_t bytes;                /* counted against max.inflight.bytes */
+    atomic_int cancelled;        /* set by the poll thread only */
+    /* engine thread */
+    uint64_t engine_id;
+    int active_ix;               /* index in w->active, -1 when not submitted */
+    int expire;                  /* cancelled because the deadline passed */
+    /* the output: a result (out = JSON) or a DLQ record (out NULL: the original bytes) */
+    int is_dlq;
+    const char *dlq_code;        /* REQ_ERR_* (static) */
+    char dlq_msg[256];
+    char *out;                   /* malloc'd JSON */
+    size_t out_len;
+    int expired;                 /* result is finish_reason "expired" */
+    int n_prompt, n_completion, n_cached;
+    double ttft_ms;              /* < 0 none */
+    int64_t retry_at_ms;         /* retry list: next attempt (monotonic ms) */
+};
+
+typedef struct {
+    atomic_uint_fast64_t consumed, results, dlq, expired, produce_retries, txn_commits, txn_aborts,
+        commits, pauses, resumes, prompt_tokens, completion_tokens, cached_tokens, dropped, ttft_n,
+        ttft_us_sum;
+    atomic_int inflight, assigned;
+} stats_t;
+
+struct worker {
+    worker_config_t cfg;
+    request_limits_t limits;
+    char worker_id[128];
+    char model_name[256];
+    engine_t *eng;
+    consumer_t *cons;
+    producer_t *prod;
+    char **prop_c_keys, **prop_c_vals, **prop_p_keys, **prop_p_vals; /* pass-through split */
+    int n_prop_c, n_prop_p;
+
+    pthread_mutex_t mu;          /* guards inbox, outbox, eng_stop, fatal */
+    pthread_cond_t cv;           /* engine thread: inbox or eng_stop changed */
+    wreq_t *inbox, *inbox_tail;
+    wreq_t *outbox, *outbox_tail;
+    int eng_stop;
+    int fatal;
+    char fatal_msg[512];
+    atomic_int stop_req;
+
+    /* engine thread only */
+    wreq_t **active;
+    int n_active, cap_active;
+
+    /* poll thread only */
+    wreq_t *retry;               /* outputs whose produce failed, to send again */
+    long inflight_bytes;
+    int txn_open;
+    int64_t txn_start_ms, last_commit_ms;
+    stats_t st;
+};
+
+/* ---- small helpers ---- */
+
+static int64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+static int64_t mono_ms(void) { return mono_ns() / 1000000; }
+static int64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void wlog(worker_t *w, int level, const char *fmt, ...)
+{
+    if (level > w->cfg.log_level) return;
+    char buf[1024], ts[32];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    struct tm tm;
+    gmtime_r(&tv.tv_sec, &tm);
+    strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%S", &tm);
+    fprintf(stderr, "%s.%03dZ spillway[%s] %s %s\n", ts, (int)(tv.tv_usec / 1000), w->worker_id,
+            LEVEL_NAME[level & 3], buf);
+}
+
+static void hook_log(void *arg, int level, const char *msg) { wlog(arg, level, "%s", msg); }
+
+static void set_fatal(worker_t *w, const char *fmt, ...)
+{
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    pthread_mutex_lock(&w->mu);
+    if (!w->fatal) {
+        w->fatal = 1;
+        snprintf(w->fatal_msg, sizeof w->fatal_msg, "%s", buf);
+    }
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+static int is_fatal(worker_t *w)
+{
+    pthread_mutex_lock(&w->mu);
+    int f = w->fatal;
+    pthread_mutex_unlock(&w->mu);
+    return f;
+}
+
+static void wreq_free(wreq_t *r)
+{
+    if (!r) return;
+    if (r->parsed) request_free(&r->req);
+    if (r->msg) rd_kafka_message_destroy(r->msg);
+    free(r->out);
+    free(r);
+}
+
+/* Any thread: hands a finished output to the poll thread. */
+static void outbox_push(worker_t *w, wreq_t *r)
+{
+    r->next = NULL;
+    pthread_mutex_lock(&w->mu);
+    if (w->outbox_tail) w->outbox_tail->next = r;
+    else w->outbox = r;
+    w->outbox_tail = r;
+    pthread_mutex_unlock(&w->mu);
+    if (w->cons) consumer_wake(w->cons);
+}
+
+/* Marks r as a dead letter (the original message goes to the DLQ topic). */
+static void make_dlq(wreq_t *r, const char *code, const char *msg)
+{
+    r->is_dlq = 1;
+    r->dlq_code = code;
+    snprintf(r->dlq_msg, sizeof r->dlq_msg, "%s", msg);
+    free(r->out);
+    r->out = NULL;
+}
+
+static double ms_between(int64_t a_ns, int64_t b_ns) { return (double)(b_ns - a_ns) * 1e-6; }
+
+/* Builds the result JSON of r. er is the engine's result, or NULL for an expired request that
+ * was never computed. 0 or -1 (out of memory: r becomes a DLQ record). */
+static int make_result(worker_t *w, wreq_t *r, const engine_result_t *er, const char *finish)
+{
+    int64_t now = mono_ns();
+    json_t *o = json_object(), *u = json_object(), *t = json_object(), *in = json_object();
+    if (!o || !u || !t || !in) goto oom;
+    json_object_set_new(o, "id", json_string(r->req.id));
+    json_object_set_new(o, "text", er ? json_stringn(er->text, er->text_len) : json_string(""));
+    json_object_set_new(o, "finish_reason", json_string(finish));
+    r->n_prompt = er ? er->n_prompt : 0;
+    r->n_completion = er ? er->n_tokens : 0;
+    r->n_cached = er ? er->n_cached : 0;
+    json_object_set_new(u, "prompt_tokens", json_integer(r->n_prompt));
+    json_object_set_new(u, "cached_tokens", json_integer(r->n_cached));
+    json_object_set_new(u, "completion_tokens", json_integer(r->n_completion));
+    json_object_set_new(o, "usage", u);
+    u = NULL;
+    double queue = er && er->t_first_scheduled ? ms_between(r->t_intake, er->t_first_scheduled)
+                                               : ms_between(r->t_intake, now);
+    r->ttft_ms = er && er->t_first_token ? ms_between(r->t_intake, er->t_first_token) : -1;
+    double decode = er && er->t_first_token ? ms_between(er->t_first_token, er->t_finish) : 0;
+    json_object_set_new(t, "queue_ms", json_real(queue));
+    json_object_set_new(t, "ttft_ms", json_real(r->ttft_ms >= 0 ? r->ttft_ms : 0));
+    json_object_set_new(t, "decode_ms", json_real(decode));
+    json_object_set_new(t, "total_ms", json_real(ms_between(r->t_intake, now)));
+    json_object_set_new(o, "timings", t);
+    t = NULL;
+    json_object_set_new(o, "model", json_string(w->model_name));
+    json_object_set_new(o, "worker", json_string(w->worker_id));
+    json_object_set_new(in, "topic", json_string(rd_kafka_topic_name(r->msg->rkt)));
+    json_object_set_new(in, "partition", json_integer(r->msg->partition));
+    json_object_set_new(in, "offset", json_integer(r->msg->offset));
+    json_object_set_new(o, "input", in);
+    in = NULL;
+    if (r->req.metadata_json) {
+        json_t *md = json_loads(r->req.metadata_json, JSON_DECODE_ANY, NULL);
+        if (md) json_object_set_new(o, "metadata", md); /* steals md */
+    }
+    char *s = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(6));
+    json_decref(o);
+    if (!s) goto oom_done;
+    free(r->out);
+    r->out = s;
+    r->out_len = strlen(s);
+    r->is_dlq = 0;
+    r->expired = !strcmp(finish, "expired");
+    return 0;
+oom:
+    json_decref(o);
+    json_decref(u);
+    json_decref(t);
+    json_decref(in);
+oom_done:
+    make_dlq(r, REQ_ERR_RESULT_TOO_LARGE, "out of memory building the result");
+    return -1;
+}
+
+static int deadline_passed(const wreq_t *r)
+{
+    return r->req.deadline_ms > 0 && wall_ms() >= r->req.deadline_ms;
+}
+
+/* ---- engine thread ---- */
+
+static void active_remove(worker_t *w, wreq_t *r)
+{
+    int i = r->active_ix;
+    if (i < 0) return;
+    w->active[i] = w->active[--w->n_active];
+    w->active[i]->active_ix = i;
+    r->active_ix = -1;
+}
+
+/* engine_step / engine_cancel callback, on the engine thread. */
+static void on_engine_done(void *arg, const engine_result_t *res)
+{
+    worker_t *w = arg;
+    wreq_t *r = res->user;
+    active_remove(w, r);
+    if (atomic_load(&r->cancelled)) {
+        wreq_free(r);
+        return;
+    }
+    const char *finish = r->expire ? "expired" : engine_finish_name(res->finish);
+    make_result(w, r, res, finish);
+    outbox_push(w, r);
+}
+
+/* Tokenises and submits one parsed request, or finishes it at once (expired, dead letter). */
+static void engine_start(worker_t *w, wreq_t *r)
+{
+    char err[256];
+    int32_t *toks = NULL;
+    const int32_t *prompt;
+    int n;
+    if (atomic_load(&r->cancelled)) {
+        wreq_free(r);
+        return;
+    }
+    if (deadline_passed(r)) {
+        make_result(w, r, NULL, "expired");
+        outbox_push(w, r);
+        return;
+    }
+    if (r->req.messages) {
+        /* Chat rendering is not available in the engine yet. */
+        make_dlq(r, REQ_ERR_TEMPLATE, "chat messages: no chat template renderer in this build");
+        outbox_push(w, r);
+        return;
+    }
+    if (r->req.prompt) {
+        n = engine_tokenize(w->eng, r->req.prompt, r->req.prompt_len, 1, 0, NULL, 0);
+        if (n < 0 || !(toks = malloc(sizeof *toks * (size_t)(n > 0 ? n : 1)))) {
+            make_dlq(r, REQ_ERR_PROMPT_TOKENS, "tokenizer: out of memory");
+            outbox_push(w, r);
+            return;
+        }
+        engine_tokenize(w->eng, r->req.prompt, r->req.prompt_len, 1, 0, toks, n);
+        prompt = toks;
+    } else {
+        prompt = r->req.input_ids;
+        n = r->req.n_input_ids;
+    }
+    if (w->cfg.max_prompt_tokens > 0 && n > w->cfg.max_prompt_tokens) {
+        snprintf(err, sizeof err, "prompt has %d tokens, over limits.max_prompt_tokens=%d", n,
+                 w->cfg.max_prompt_tokens);
+        free(toks);
+        make_dlq(r, REQ_ERR_PROMPT_TOKENS, err);
+        outbox_push(w, r);
+        return;
+    }
+    engine_request_t q;
+    engine_request_default(&q);
+    q.prompt = prompt;
+    q.n_prompt = n;
+    q.max_tokens = r->req.max_tokens;
+    q.sampling.temperature = r->req.temperature;
+    q.sampling.top_k = r->req.top_k;
+    q.sampling.top_p = r->req.top_p;
+    q.sampling.min_p = r->req.min_p;
+    q.sampling.repeat_penalty = r->req.repeat_penalty;
+    q.sampling.presence_penalty = r->req.presence_penalty;
+    q.sampling.frequency_penalty = r->req.frequency_penalty;
+    if (r->req.has_seed) q.sampling.seed = r->req.seed;
+    q.sampling.n_logprobs = r->req.n_logprobs;
+    q.stop = (const char *const *)r->req.stop;
+    q.n_stop = r->req.n_stop;
+    q.priority = r->req.priority;
+    q.user = r;
+    if (w->n_active == w->cap_active) {
+        int cap = w->cap_active ? w->cap_active * 2 : 64;
+        wreq_t **a = realloc(w->active, sizeof *a * (size_t)cap);
+        if (!a) {
+            free(toks);
+            make_dlq(r, REQ_ERR_BAD_PARAM, "out of memory");
+            outbox_push(w, r);
+            return;
+        }
+        w->active = a;
+        w->cap_active = cap;
+    }
+    r->active_ix = w->n_active;
+    w->active[w->n_active++] = r;
+    if (engine_submit(w->eng, &q, on_engine_done, w, &r->engine_id, err, sizeof err)) {
+        active_remove(w, r);
+        free(toks);
+        make_dlq(r, strstr(err, "context") ? REQ_ERR_PROMPT_TOKENS : REQ_ERR_BAD_PARAM, err);
+        outbox_push(w, r);
+        return;
+    }
+    free(toks);
+}
+
+static void *engine_main(void *arg)
+{
+    worker_t *w = arg;
+    char err[256];
+    pthread_mutex_lock(&w->mu);
+    for (;;) {
+        while (!w->eng_stop && !w->fatal && !w->inbox && w->n_active == 0)
+            pthread_cond_wait(&w->cv, &w->mu);
+        if (w->fatal || (w->eng_stop && !w->inbox && w->n_active == 0)) break;
+        wreq_t *batch = w->inbox;
+        w->inbox = w->inbox_tail = NULL;
+        int stopping = w->eng_stop;
+        pthread_mutex_unlock(&w->mu);
+
+        while (batch) {
+            wreq_t *r = batch;
+            batch = r->next;
+            r->next = NULL;
+            if (stopping) atomic_store(&r->cancelled, 1); /* only after the drain gave up */
+            engine_start(w, r);
+        }
+        /* cancellations and deadlines; engine_cancel calls on_engine_done, which edits active */
+        for (int i = w->n_active - 1; i >= 0; i--) {
+            if (i >= w->n_active) continue;
+            wreq_t *r = w->active[i];
+            if (stopping) atomic_store(&r->cancelled, 1);
+            if (atomic_load(&r->cancelled)) {
+                engine_cancel(w->eng, r->engine_id);
+            } else if (deadline_passed(r)) {
+                r->expire = 1;
+                engine_cancel(w->eng, r->engine_id);
+            }
+        }
+        if (w->n_active > 0 && engine_step(w->eng, err, sizeof err) < 0) {
+            set_fatal(w, "engine step: %s", err);
+            pthread_mutex_lock(&w->mu);
+            break;
+        }
+        pthread_mutex_lock(&w->mu);
+    }
+    pthread_mutex_unlock(&w->mu);
+    /* fatal: whatever is left is dropped (its offsets stay uncommitted) */
+    while (w->n_active > 0) {
+        wreq_t *r = w->active[w->n_active - 1];
+        atomic_store(&r->cancelled, 1);
+        if (engine_cancel(w->eng, r->engine_id)) {
+            active_remove(w, r);
+            wreq_free(r);
+        }
+    }
+    return NULL;
+}
+
+/* ---- poll thread: outputs ---- */
+
+/* The consumer dropped r (revocation, rewind, close): cancel its work. Poll thread. */
+static void hook_drop(void *arg, void *user)
+{
+    worker_t *w = arg;
+    wreq_t *r = user;
+    w->inflight_bytes -= (long)r->bytes; /* read before r may be freed by another thread */
+    atomic_fetch_add(&w->st.dropped, 1);
+    atomic_store(&r->cancelled, 1);
+}
+
+static void count_output(worker_t *w, const wreq_t *r)
+{
+    if (r->is_dlq) {
+        atomic_fetch_add(&w->st.dlq, 1);
+        return;
+    }
+    atomic_fetch_add(&w->st.results, 1);
+    if (r->expired) atomic_fetch_add(&w->st.expired, 1);
+    atomic_fetch_add(&w->st.prompt_tokens, (uint64_t)r->n_prompt);
+    atomic_fetch_add(&w->st.completion_tokens, (uint64_t)r->n_completion);
+    atomic_fetch_add(&w->st.cached_tokens, (uint64_t)r->n_cached);
+    if (r->ttft_ms >= 0) {
+        atomic_fetch_add(&w->st.ttft_n, 1);
+        atomic_fetch_add(&w->st.ttft_us_sum, (uint64_t)(r->ttft_ms * 1e3));
+    }
+}
+
+/* r's output is durable (or in the open transaction): ack its offset and free it. */
+static void output_done(worker_t *w, wreq_t *r)
+{
+    if (w->cons && consumer_ack(w->cons, &r->ticket) == 0) {
+        w->inflight_bytes -= (long)r->bytes;
+        count_output(w, r);
+    }
+    wreq_free(r);
+}
+
+static void retry_later(worker_t *w, wreq_t *r, int delay_ms)
+{
+    r->retry_at_ms = mono_ms() + delay_ms;
+    r->next = w->retry;
+    w->retry = r;
+}
+
+/* Produces r's output. At-least-once: librdkafka holds r until the delivery report.
+ * Exactly-once: inside the open transaction; r is done at once. */
+static void send_output(worker_t *w, wreq_t *r)
+{
+    char err[256];
+    int eos = w->cfg.delivery == WORKER_EOS;
+    if (atomic_load(&r->cancelled)) {
+        wreq_free(r);
+        return;
+    }
+    if (eos && !w->txn_open) {
+        if (producer_txn_begin(w->prod, err, sizeof err)) {
+            set_fatal(w, "%s", err);
+            retry_later(w, r, 100);
+            return;
+        }
+        w->txn_open = 1;
+        w->txn_start_ms = mono_ms();
+    }
+    const rd_kafka_message_t *m = r->msg;
+    const void *key = m->key;
+    size_t klen = m->key_len;
+    if (!key && r->parsed) {
+        key = r->req.id;
+        klen = strlen(r->req.id);
+    }
+    for (;;) {
+        int rc;
+        if (r->is_dlq) {
+            rd_kafka_headers_t *h =
+                producer_dlq_headers(r->dlq_code, r->dlq_msg, rd_kafka_topic_name(m->rkt),
+                                     m->partition, m->offset, w->worker_id, wall_ms());
+            rc = producer_send(w->prod, w->cfg.dlq_topic, m->key, m->key_len, m->payload, m->len,
+                               h, eos ? NULL : r, err, sizeof err);
+        } else {
+            rc = producer_send(w->prod, w->cfg.output_topic, key, klen, r->out, r->out_len, NULL,
+                               eos ? NULL : r, err, sizeof err);
+        }
+        if (rc == 0) break;
+        if (rc == -2 && !r->is_dlq) {
+            make_dlq(r, REQ_ERR_RESULT_TOO_LARGE, err);
+            continue;
+        }
+        wlog(w, 1, "%s (offset %s[%d]@%" PRId64 "), retrying", err, rd_kafka_topic_name(m->rkt),
+             (int)m->partition, (int64_t)m->offset);
+        atomic_fetch_add(&w->st.produce_retries, 1);
+        retry_later(w, r, 200);
+        return;
+    }
+    if (eos) output_done(w, r);
+}
+
+/* Delivery report (poll thread, inside producer_poll). */
+static void on_delivery(void *arg, void *opaque, rd_kafka_resp_err_t err)
+{
+    worker_t *w = arg;
+    wreq_t *r = opaque;
+    if (!r) {
+        if (err) wlog(w, 1, "transactional record not delivered: %s", rd_kafka_err2str(err));
+        return;
+    }
+    if (atomic_load(&r->cancelled) || !w->cons) {
+        wreq_free(r);
+        return;
+    }
+    if (err) {
+        wlog(w, 1, "record for %s[%d]@%" PRId64 " not delivered: %s; producing it again",
+             rd_kafka_topic_name(r->msg->rkt), (int)r->msg->partition, (int64_t)r->msg->offset,
+             rd_kafka_err2str(err));
+        atomic_fetch_add(&w->st.produce_retries, 1);
+        retry_later(w, r, 100);
+        return;
+    }
+    output_done(w, r);
+}
+
+static void drain_outbox(worker_t *w)
+{
+    pthread_mutex_lock(&w->mu);
+    wreq_t *list = w->outbox;
+    w->outbox = w->outbox_tail = NULL;
+    pthread_mutex_unlock(&w->mu);
+    while (list) {
+        wreq_t *r = list;
+        list = r->next;
+        r->next = NULL;
+        send_output(w, r);
+    }
+    if (w->retry) {
+        int64_t now = mono_ms();
+        wreq_t *due = NULL, **pp = &w->retry;
+        while (*pp) {
+            wreq_t *r = *pp;
+            if (r->retry_at_ms <= now) {
+                *pp = r->next;
+                r->next = due;
+                due = r;
+            } else {
+                pp = &r->next;
+            }
+        }
+        while (due) {
+            wreq_t *r = due;
+            due = r->next;
+            r->next = NULL;
+            send_output(w, r);
+        }
+    }
+}
+
+/* Exactly-once: commits the open transaction with the offsets it covers. 0, or -1 when fatal. */
+static int txn_commit(worker_t *w)
+{
+    if (!w->txn_open) return 0;
+    char err[512];
+    rd_kafka_topic_partition_list_t *offs = consumer_txn_offsets(w->cons);
+    rd_kafka_consumer_group_metadata_t *md = consumer_group_metadata(w->cons);
+    int rc = producer_txn_commit(w->prod, offs, md, 30000, err, sizeof err);
+    rd_kafka_consumer_group_metadata_destroy(md);
+    w->txn_open = 0;
+    if (rc == PRODUCER_TXN_OK) {
+        consumer_txn_committed(w->cons, offs);
+        atomic_fetch_add(&w->st.txn_commits, 1);
+    } else if (rc == PRODUCER_TXN_ABORTED) {
+        atomic_fetch_add(&w->st.txn_aborts, 1);
+        wlog(w, 1, "transaction aborted (%s); rewinding to the committed offsets", err);
+        char e2[256];
+        if (consumer_rewind(w->cons, e2, sizeof e2)) wlog(w, 0, "rewind: %s", e2);
+    } else {
+        set_fatal(w, "exactly-once: %s (stopping; restart the worker)", err);
+    }
+    if (offs) rd_kafka_topic_partition_list_destroy(offs);
+    return rc == PRODUCER_TXN_FATAL ? -1 : 0;
+}
+
+static void hook_before_revoke(void *arg)
+{
+    worker_t *w = arg;
+    if (!w->prod) return;
+    if (w->cfg.delivery == WORKER_EOS) {
+        drain_outbox(w);
+        txn_commit(w);
+        return;
+    }
+    /* give outputs already produced a moment to be acknowledged, so they get committed */
+    drain_outbox(w);
+    producer_flush(w->prod, 2000);
+}
+
+static void periodic_commit(worker_t *w, int force)
+{
+    int64_t now = mono_ms();
+    if (!force && now - w->last_commit_ms < w->cfg.commit_interval_ms) return;
+    w->last_commit_ms = now;
+    if (w->cfg.delivery == WORKER_EOS) {
+        txn_commit(w);
+    } else if (consumer_commit(w->cons, !force) == 0) {
+        atomic_fetch_add(&w->st.commits, 1);
+    }
+}
+
+/* ---- poll thread: intake ---- */
+
+static void intake(worker_t *w, rd_kafka_message_t *m)
+{
+    if (m->err) {
+        if (m->err != RD_KAFKA_RESP_ERR__PARTITION_EOF)
+            wlog(w, m->err == RD_KAFKA_RESP_ERR__FATAL ? 0 : 1, "consumer: %s",
+                 rd_kafka_message_errstr(m));
+        if (m->err == RD_KAFKA_RESP_ERR__FATAL) set_fatal(w, "consumer: %s", rd_kafka_message_errstr(m));
+        rd_kafka_message_destroy(m);
+        return;
+    }
+    wreq_t *r = calloc(1, sizeof *r);
+    if (!r) {
+        rd_kafka_message_destroy(m);
+        set_fatal(w, "out of memory");
+        return;
+    }
+    r->msg = m; /* owned by r from here */
+    r->active_ix = -1;
+    r->ttft_ms = -1;
+    r->t_intake = mono_ns();
+    int rc = consumer_track(w->cons, m, r, &r->ticket);
+    if (rc) {
+        if (rc < 0) set_fatal(w, "out of memory");
+        wreq_free(r);
+        return;
+    }
+    r->bytes = m->len;
+    w->inflight_bytes += (long)r->bytes;
+    atomic_fetch_add(&w->st.consumed, 1);
+    const char *code = NULL;
+    char err[256];
+    int64_t ts = rd_kafka_message_timestamp(m, NULL);
+    if (request_parse(m->payload, m->len, ts > 0 ? ts : 0, &w->limits, &r->req, &code, err,
+                      sizeof err)) {
+        make_dlq(r, code ? code : REQ_ERR_NOT_JSON, err);
+        send_output(w, r);
+        return;
+    }
+    r->parsed = 1;
+    if (deadline_passed(r)) {
+        make_result(w, r, NULL, "expired");
+        send_output(w, r);
+        return;
+    }
+    r->next = NULL;
+    pthread_mutex_lock(&w->mu);
+    if (w->inbox_tail) w->inbox_tail->next = r;
+    else w->inbox = r;
+    w->inbox_tail = r;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+static void flow_control(worker_t *w)
+{
+    int pending = consumer_pending(w->cons);
+    int hi = w->cfg.max_inflight, lo = hi - (hi / 4 > 1 ? hi / 4 : 1);
+    long bhi = w->cfg.max_inflight_bytes, blo = bhi - bhi / 4;
+    if (!consumer_paused(w->cons)) {
+        if (pending >= hi || w->inflight_bytes >= bhi) {
+            if (consumer_pause(w->cons) == 0) {
+                atomic_fetch_add(&w->st.pauses, 1);
+                wlog(w, 3, "paused intake: %d in flight, %ld bytes", pending, w->inflight_bytes);
+            }
+        }
+    } else if (pending <= lo && w->inflight_bytes <= blo) {
+        if (consumer_resume(w->cons) == 0) {
+            atomic_fetch_add(&w->st.resumes, 1);
+            wlog(w, 3, "resumed intake: %d in flight", pending);
+        }
+    }
+}
+
+/* ---- lifecycle ---- */
+
+static int split_props(worker_t *w)
+{
+    int n = w->cfg.n_kafka;
+    w->prop_c_keys = calloc((size_t)n + 1, sizeof(char *));
+    w->prop_c_vals = calloc((size_t)n + 1, sizeof(char *));
+    w->prop_p_keys = calloc((size_t)n + 1, sizeof(char *));
+    w->prop_p_vals = calloc((size_t)n + 1, sizeof(char *));
+    if (!w->prop_c_keys || !w->prop_c_vals || !w->prop_p_keys || !w->prop_p_vals) return -1;
+    for (int i = 0; i < n; i++) {
+        char *k = w->cfg.kafka[i].key, *v = w->cfg.kafka[i].value;
+        if (!strncmp(k, "consumer.", 9)) {
+            w->prop_c_keys[w->n_prop_c] = k + 9;
+            w->prop_c_vals[w->n_prop_c++] = v;
+        } else if (!strncmp(k, "producer.", 9)) {
+            w->prop_p_keys[w->n_prop_p] = k + 9;
+            w->prop_p_vals[w->n_prop_p++] = v;
+        } else {
+            w->prop_c_keys[w->n_prop_c] = k;
+            w->prop_c_vals[w->n_prop_c++] = v;
+            w->prop_p_keys[w->n_prop_p] = k;
+            w->prop_p_vals[w->n_prop_p++] = v;
+        }
+    }
+    return 0;
+}
+
+worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen)
+{
+    worker_t *w = calloc(1, sizeof *w);
+    if (!w) {
+        snprintf(errstr, errlen, "out of memory");
+        return NULL;
+    }
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->cv, NULL);
+    if (worker_config_copy(&w->cfg, cfg)) {
+        snprintf(errstr, errlen, "out of memory");
+        free(w);
+        return NULL;
+    }
+    if (worker_config_check(&w->cfg, errstr, errlen)) goto fail;
+    if (split_props(w)) {
+        snprintf(errstr, errlen, "out of memory");
+        goto fail;
+    }
+    if (*w->cfg.worker_id) {
+        snprintf(w->worker_id, sizeof w->worker_id, "%s", w->cfg.worker_id);
+    } else {
+        char host[64] = "host";
+        gethostname(host, sizeof host - 1);
+        snprintf(w->worker_id, sizeof w->worker_id, "%s-%d", host, (int)getpid());
+    }
+    const char *base = strrchr(w->cfg.model, '/');
+    snprintf(w->model_name, sizeof w->model_name, "%s", base ? base + 1 : w->cfg.model);
+    char *dot = strrchr(w->model_name, '.');
+    if (dot && !strcmp(dot, ".gguf")) *dot = 0;
+
+    request_limits_default(&w->limits);
+    w->limits.max_message_bytes = (size_t)w->cfg.max_message_bytes;
+    w->limits.max_prompt_bytes = (size_t)w->cfg.max_prompt_bytes;
+    w->limits.max_tokens_limit = w->cfg.max_tokens;
+    w->limits.default_max_tokens = w->cfg.default_max_tokens;
+
+    engine_config_t ec;
+    engine_config_default(&ec);
+    ec.model_path = w->cfg.model;
+    ec.backend = w->cfg.backend;
+    ec.threads = w->cfg.threads;
+    ec.max_seqs = w->cfg.max_seqs;
+    ec.max_batch_tokens = w->cfg.max_batch_tokens;
+    ec.kv_blocks = w->cfg.kv_blocks;
+    ec.kv_mem_mb = w->cfg.kv_mem_mb;
+    ec.kv_type = w->cfg.kv_type;
+    ec.block_tokens = w->cfg.block_tokens;
+    ec.max_ctx = w->cfg.max_ctx;
+    ec.prefix_cache = w->cfg.prefix_cache;
+    w->eng = engine_new(&ec, errstr, errlen);
+    if (!w->eng) goto fail;
+
+    char txid[512];
+    if (*w->cfg.transactional_id) snprintf(txid, sizeof txid, "%s", w->cfg.transactional_id);
+    else snprintf(txid, sizeof txid, "spillway-%s-%s", w->cfg.group_id, w->worker_id);
+    producer_config_t pc = {
+        .brokers = w->cfg.brokers,
+        .transactional_id = w->cfg.delivery == WORKER_EOS ? txid : NULL,
+        .prop_keys = (const char *const *)w->prop_p_keys,
+        .prop_values = (const char *const *)w->prop_p_vals,
+        .n_props = w->n_prop_p,
+        .dr = on_delivery,
+        .dr_arg = w,
+        .log = hook_log,
+    };
+    w->prod = producer_new(&pc, errstr, errlen);
+    if (!w->prod) goto fail;
+    consumer_config_t cc = {
+        .brokers = w->cfg.brokers,
+        .group_id = w->cfg.group_id,
+        .topics = w->cfg.input_topics,
+        .prop_keys = (const char *const *)w->prop_c_keys,
+        .prop_values = (const char *const *)w->prop_c_vals,
+        .n_props = w->n_prop_c,
+        .commit_offsets = w->cfg.delivery == WORKER_ALO,
+    };
+    consumer_hooks_t hooks = {.arg = w, .before_revoke = hook_before_revoke, .drop = hook_drop,
+                              .log = hook_log};
+    w->cons = consumer_new(&cc, &hooks, errstr, errlen);
+    if (!w->cons) goto fail;
+    return w;
+fail:
+    worker_free(w);
+    return NULL;
+}
+
+void worker_stop(worker_t *w)
+{
+    atomic_store(&w->stop_req, 1);
+    if (w->cons) consumer_wake(w->cons);
+}
+
+int worker_run(worker_t *w, const volatile sig_atomic_t *stop, char *errstr, size_t errlen)
+{
+    pthread_t th;
+    if (pthread_create(&th, NULL, engine_main, w)) {
+        snprintf(errstr, errlen, "cannot start the engine thread");
+        return -1;
+    }
+    engine_info_t info;
+    engine_info(w->eng, &info);
+    wlog(w, 2, "started: model %s (%s), group %s, input %s -> %s (DLQ %s), %s", w->model_name,
+         info.arch, w->cfg.group_id, w->cfg.input_topics, w->cfg.output_topic, w->cfg.dlq_topic,
+         w->cfg.delivery == WORKER_EOS ? "exactly-once" : "at-least-once");
+    w->last_commit_ms = mono_ms();
+    while (!(stop && *stop) && !atomic_load(&w->stop_req) && !is_fatal(w)) {
+        flow_control(w);
+        pthread_mutex_lock(&w->mu);
+        int have_out = w->outbox != NULL;
+        pthread_mutex_unlock(&w->mu);
+        rd_kafka_message_t *m = consumer_poll(w->cons, have_out ? 0 : w->cfg.poll_ms);
+        if (m) intake(w, m);
+        drain_outbox(w);
+        producer_poll(w->prod, 0);
+        periodic_commit(w, 0);
+        char e[512];
+        if (producer_fatal(w->prod, e, sizeof e)) set_fatal(w, "%s", e);
+        atomic_store(&w->st.inflight, consumer_pending(w->cons));
+        atomic_store(&w->st.assigned, consumer_n_assigned(w->cons));
+    }
+
+    /* drain: stop intake, finish what is in flight, commit */
+    int fatal = is_fatal(w);
+    if (!fatal) {
+        int pending = consumer_pending(w->cons);
+        wlog(w, 2, "draining %d in-flight request(s) (up to %d ms)", pending, w->cfg.drain_timeout_ms);
+        consumer_pause(w->cons);
+        int64_t end = mono_ms() + w->cfg.drain_timeout_ms;
+        while (consumer_pending(w->cons) > 0 && mono_ms() < end && !is_fatal(w)) {
+            rd_kafka_message_t *m = consumer_poll(w->cons, 5);
+            if (m) rd_kafka_message_destroy(m); /* paused: not accepted, not tracked */
+            drain_outbox(w);
+            producer_poll(w->prod, 5);
+            periodic_commit(w, 0);
+        }
+        drain_outbox(w);
+        if (w->cfg.delivery == WORKER_EOS) {
+            txn_commit(w);
+        } else {
+            producer_flush(w->prod, 5000);
+            producer_poll(w->prod, 0);
+        }
+        if (consumer_pending(w->cons) > 0)
+            wlog(w, 1, "drain timeout: %d request(s) left uncommitted", consumer_pending(w->cons));
+        fatal = is_fatal(w);
+    }
+    if (w->cfg.delivery == WORKER_EOS && w->txn_open) {
+        char e[256];
+        producer_txn_abort(w->prod, 5000, e, sizeof e);
+        w->txn_open = 0;
+    }
+    /* close the consumer (final commit in at-least-once; drops what is left) */
+    consumer_t *c = w->cons;
+    consumer_close(c);
+    w->cons = NULL;
+    pthread_mutex_lock(&w->mu);
+    w->eng_stop = 1;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    pthread_join(th, NULL);
+    /* anything still queued is dropped */
+    pthread_mutex_lock(&w->mu);
+    wreq_t *list = w->outbox;
+    w->outbox = w->outbox_tail = NULL;
+    wreq_t *in = w->inbox;
+    w->inbox = w->inbox_tail = NULL;
+    pthread_mutex_unlock(&w->mu);
+    for (wreq_t *lists[3] = {list, in, w->retry}, **l = lists; l < lists + 3; l++)
+        while (*l) {
+            wreq_t *r = *l;
+            *l = r->next;
+            wreq_free(r);
+        }
+    w->retry = NULL;
+    producer_free(w->prod, 5000); /* delivery reports now free without acking */
+    w->prod = NULL;
+    worker_stats_t st;
+    worker_stats(w, &st);
+    wlog(w, 2, "stopped: %" PRIu64 " consumed, %" PRIu64 " results (%" PRIu64 " expired), %" PRIu64
+               " DLQ, %" PRIu64 " dropped",
+         st.consumed, st.results, st.expired, st.dlq, st.revoked_dropped);
+    if (fatal) {
+        pthread_mutex_lock(&w->mu);
+        snprintf(errstr, errlen, "%s", w->fatal_msg);
+        pthread_mutex_unlock(&w->mu);
+        wlog(w, 0, "fatal: %s", errstr);
+        return -1;
+    }
+    return 0;
+}
+
+void worker_free(worker_t *w)
+{
+    if (!w) return;
+    if (w->cons) consumer_close(w->cons);
+    w->cons = NULL;
+    if (w->prod) producer_free(w->prod, 0);
+    if (w->eng) engine_free(w->eng);
+    free(w->active);
+    free(w->prop_c_keys);
+    free(w->prop_c_vals);
+    free(w->prop_p_keys);
+    free(w->prop_p_vals);
+    worker_config_free(&w->cfg);
+    pthread_mutex_destroy(&w->mu);
+    pthread_cond_destroy(&w->cv);
+    free(w);
+}
+
+void worker_stats(const worker_t *w, worker_stats_t *st)
+{
+    worker_t *m = (worker_t *)w; /* atomics are read-only here */
+    memset(st, 0, sizeof *st);
+    st->consumed = atomic_load(&m->st.consumed);
+    st->results = atomic_load(&m->st.results);
+    st->dlq = atomic_load(&m->st.dlq);
+    st->expired = atomic_load(&m->st.expired);
+    st->produce_retries = atomic_load(&m->st.produce_retries);
+    st->txn_commits = atomic_load(&m->st.txn_commits);
+    st->txn_aborts = atomic_load(&m->st.txn_aborts);
+    st->commits = atomic_load(&m->st.commits);
+    st->pauses = atomic_load(&m->st.pauses);
+    st->resumes = atomic_load(&m->st.resumes);
+    st->prompt_tokens = atomic_load(&m->st.prompt_tokens);
+    st->completion_tokens = atomic_load(&m->st.completion_tokens);
+    st->cached_tokens = atomic_load(&m->st.cached_tokens);
+    st->revoked_dropped = atomic_load(&m->st.dropped);
+    st->ttft_n = atomic_load(&m->st.ttft_n);
+    st->ttft_ms_sum = (double)atomic_load(&m->st.ttft_us_sum) * 1e-3;
+    st->inflight = atomic_load(&m->st.inflight);
+    st->assigned = atomic_load(&m->st.assigned);
+}
