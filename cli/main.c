@@ -24,6 +24,8 @@ static void usage(FILE *f)
             "  worker    [-c FILE] [-X PROP=V] [-s KEY=V] ...  run a worker: Kafka prompts in, results out\n"
             "  config    [-c FILE] [-X PROP=V] [-s KEY=V]     print the worker's effective settings\n"
             "  demo      [-m MODEL] [-n N]                    worker on an in-process mock Kafka cluster\n"
+            "  produce   -b BROKERS -t TOPIC [FILE|-]         send spillway / OpenAI Batch JSONL prompts\n"
+            "  collect   -b BROKERS -t TOPIC (--ids F|--count N) [-o F] [--openai]  read results\n"
             "\n"
             "Run 'spillway COMMAND --help' for the options of a command.\n");
 }
@@ -47,6 +49,8 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "config")) return cli_config(argc - 1, argv + 1);
     if (!strcmp(cmd, "worker")) return cli_worker(argc - 1, argv + 1);
     if (!strcmp(cmd, "demo")) return cli_demo(argc - 1, argv + 1);
+    if (!strcmp(cmd, "produce")) return cli_produce(argc - 1, argv + 1);
+    if (!strcmp(cmd, "collect")) return cli_collect(argc - 1, argv + 1);
     fprintf(stderr, "spillway: unknown command '%s'\n", cmd);
     usage(stderr);
     return 2;

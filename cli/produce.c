@@ -1,0 +1,229 @@
+/* cli/produce.c: `spillway produce -b BROKERS -t TOPIC [FILE|-]`: sends prompt requests to Kafka.
+ *
+ * Input lines are spillway requests (JSONL, sent unchanged) or OpenAI Batch API lines
+ * ({"custom_id", "body": {messages|prompt, parameters}}, converted: id = custom_id, the body's
+ * fields become request fields, max_completion_tokens -> max_tokens, "model" dropped). Each
+ * message is keyed by a hash of its prompt's first --key-prefix bytes (default 64), so
+ * requests sharing a prefix land on one partition (one worker's KV cache); --key-prefix 0 keys
+ * by id. A progress line (count, rate, ETA) is shown on a terminal, a summary at the end. */
+#include <getopt.h>
+#include <jansson.h>
+#include <librdkafka/rdkafka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "cli.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+typedef struct {
+    long delivered, failed;
+} dr_count_t;
+
+static void on_dr(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
+{
+    dr_count_t *c = opaque;
+    if (m->err) c->failed++;
+    else c->delivered++;
+}
+
+/* Converts an OpenAI Batch line to a spillway request (new reference) or returns NULL when o
+ * is not one. */
+static json_t *from_openai(json_t *o)
+{
+    json_t *cid = json_object_get(o, "custom_id"), *body = json_object_get(o, "body");
+    if (!json_is_string(cid) || !json_is_object(body)) return NULL;
+    json_t *r = json_deep_copy(body);
+    json_object_del(r, "model");
+    json_t *mct = json_object_get(r, "max_completion_tokens");
+    if (mct && !json_object_get(r, "max_tokens")) json_object_set(r, "max_tokens", mct);
+    json_object_del(r, "max_completion_tokens");
+    json_object_set(r, "id", cid);
+    return r;
+}
+
+/* The key: XXH64 of the prompt's first prefix bytes, as 16 hex digits. */
+static int prompt_key(json_t *r, long prefix, char *key, size_t cap)
+{
+    char buf[4096];
+    size_t n = 0;
+    json_t *p = json_object_get(r, "prompt"), *msgs = json_object_get(r, "messages");
+    if (json_is_string(p)) {
+        n = json_string_length(p) < sizeof buf ? json_string_length(p) : sizeof buf;
+        memcpy(buf, json_string_value(p), n);
+    } else if (json_is_array(msgs)) {
+        size_t i;
+        json_t *m;
+        json_array_foreach(msgs, i, m) {
+            const char *role = json_string_value(json_object_get(m, "role"));
+            const char *content = json_string_value(json_object_get(m, "content"));
+            int k = snprintf(buf + n, sizeof buf - n, "%s\x1f%s\x1e", role ? role : "",
+                             content ? content : "");
+            if (k < 0 || (size_t)k >= sizeof buf - n) {
+                n = sizeof buf;
+                break;
+            }
+            n += (size_t)k;
+        }
+    } else {
+        return -1;
+    }
+    if ((size_t)prefix < n) n = (size_t)prefix;
+    snprintf(key, cap, "%016llx", (unsigned long long)XXH64(buf, n, 0));
+    return 0;
+}
+
+int cli_produce(int argc, char **argv)
+{
+    static const struct option longopts[] = {{"brokers", required_argument, 0, 'b'},
+                                             {"topic", required_argument, 0, 't'},
+                                             {"key-prefix", required_argument, 0, 'k'},
+                                             {"help", no_argument, 0, 'h'},
+                                             {0, 0, 0, 0}};
+    const char *brokers = NULL, *topic = NULL;
+    long prefix = 64;
+    char err[512];
+    rd_kafka_conf_t *conf = rd_kafka_conf_new();
+    int opt;
+    optind = 0;
+    while ((opt = getopt_long(argc, argv, "b:t:k:X:h", longopts, NULL)) != -1) {
+        switch (opt) {
+        case 'b': brokers = optarg; break;
+        case 't': topic = optarg; break;
+        case 'k':
+            if (cli_parse_int("--key-prefix", optarg, 0, 1 << 20, &prefix)) goto usage_err;
+            break;
+        case 'X': {
+            char *eq = strchr(optarg, '=');
+            if (!eq) goto usage_err;
+            *eq = 0;
+            if (rd_kafka_conf_set(conf, optarg, eq + 1, err, sizeof err)) {
+                fprintf(stderr, "spillway produce: %s\n", err);
+                goto usage_err;
+            }
+            break;
+        }
+        case 'h':
+            printf("usage: spillway produce -b BROKERS -t TOPIC [--key-prefix BYTES] [-X PROP=V] [FILE|-]\n");
+            rd_kafka_conf_destroy(conf);
+            return 0;
+        default: goto usage_err;
+        }
+    }
+    if (!brokers || !topic || argc - optind > 1) goto usage_err;
+    const char *path = optind < argc ? argv[optind] : "-";
+    FILE *in = strcmp(path, "-") ? fopen(path, "r") : stdin;
+    if (!in) {
+        perror(path);
+        rd_kafka_conf_destroy(conf);
+        return 1;
+    }
+    struct stat sb;
+    long long total_bytes = in != stdin && !stat(path, &sb) ? (long long)sb.st_size : 0;
+    dr_count_t dc = {0, 0};
+    rd_kafka_conf_set(conf, "bootstrap.servers", brokers, err, sizeof err);
+    rd_kafka_conf_set(conf, "enable.idempotence", "true", err, sizeof err);
+    rd_kafka_conf_set(conf, "linger.ms", "10", err, sizeof err);
+    rd_kafka_conf_set_dr_msg_cb(conf, on_dr);
+    rd_kafka_conf_set_opaque(conf, &dc);
+    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof err);
+    if (!rk) {
+        fprintf(stderr, "spillway produce: %s\n", err);
+        if (in != stdin) fclose(in);
+        return 1;
+    }
+    int tty = isatty(2);
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    long sent = 0, bad = 0, lineno = 0;
+    long long bytes = 0;
+    double t0 = now_s(), last = 0;
+    while ((len = getline(&line, &cap, in)) > 0) {
+        lineno++;
+        bytes += len;
+        while (len && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = 0;
+        if (!len) continue;
+        json_error_t je;
+        json_t *o = json_loadb(line, (size_t)len, 0, &je), *r = NULL;
+        char key[32];
+        const char *k = NULL;
+        size_t klen = 0;
+        char *val = line;
+        size_t vlen = (size_t)len;
+        char *owned = NULL;
+        if (o && (r = from_openai(o))) {
+            owned = json_dumps(r, JSON_COMPACT);
+            val = owned;
+            vlen = strlen(owned);
+        } else if (o) {
+            r = json_incref(o);
+        } else {
+            fprintf(stderr, "spillway produce: line %ld is not JSON (%s); sent as is\n", lineno, je.text);
+            bad++;
+        }
+        if (r && prefix > 0 && prompt_key(r, prefix, key, sizeof key) == 0) {
+            k = key;
+            klen = strlen(key);
+        } else if (r && json_is_string(json_object_get(r, "id"))) {
+            k = json_string_value(json_object_get(r, "id"));
+            klen = strlen(k);
+        }
+        for (;;) {
+            rd_kafka_resp_err_t e = rd_kafka_producev(
+                rk, RD_KAFKA_V_TOPIC(topic), RD_KAFKA_V_KEY(k, klen), RD_KAFKA_V_VALUE(val, vlen),
+                RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_END);
+            if (e == RD_KAFKA_RESP_ERR__QUEUE_FULL) {
+                rd_kafka_poll(rk, 50);
+                continue;
+            }
+            if (e) {
+                fprintf(stderr, "spillway produce: line %ld: %s\n", lineno, rd_kafka_err2str(e));
+                dc.failed++;
+            } else {
+                sent++;
+            }
+            break;
+        }
+        free(owned);
+        json_decref(r);
+        json_decref(o);
+        rd_kafka_poll(rk, 0);
+        double t = now_s();
+        if (tty && t - last > 0.2) {
+            last = t;
+            double rate = (double)sent / (t - t0 + 1e-9);
+            if (total_bytes > 0 && bytes > 0) {
+                double eta = (t - t0) * (double)(total_bytes - bytes) / (double)bytes;
+                fprintf(stderr, "\r%ld sent  %.0f msg/s  %3.0f%%  ETA %.0fs   ", sent, rate,
+                        100.0 * (double)bytes / (double)total_bytes, eta);
+            } else {
+                fprintf(stderr, "\r%ld sent  %.0f msg/s   ", sent, rate);
+            }
+        }
+    }
+    free(line);
+    if (in != stdin) fclose(in);
+    int flushed = rd_kafka_flush(rk, 60000) == 0;
+    double secs = now_s() - t0;
+    if (tty) fputc('\n', stderr);
+    fprintf(stderr, "produced %ld message(s) to %s in %.2fs (%.0f msg/s): %ld delivered, %ld failed%s%s\n",
+            sent, topic, secs, (double)sent / (secs + 1e-9), dc.delivered, dc.failed,
+            bad ? ", some lines not JSON" : "", flushed ? "" : ", flush timed out");
+    rd_kafka_destroy(rk);
+    return dc.failed || !flushed ? 1 : 0;
+usage_err:
+    rd_kafka_conf_destroy(conf);
+    fprintf(stderr, "usage: spillway produce -b BROKERS -t TOPIC [--key-prefix BYTES] [-X PROP=V] [FILE|-]\n");
+    return 2;
+}

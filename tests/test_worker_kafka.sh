@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# The worker against a real Apache Kafka 4.x broker (scripts/kafka-broker.sh) with stories260K:
+#   1,000 prompts over 4 partitions, produced with `spillway produce`, plus bad input and one
+#   request past its deadline -> `spillway worker` is killed with SIGKILL mid-batch and restarted
+#   -> `spillway collect` gets every id (set equality; duplicates only from the killed run's
+#   in-flight or not-yet-committed work) -> every bad message is in the DLQ with its reason header -> the late request
+#   came back "expired" -> SIGTERM drains and exits 0 -> a second run of the group finds nothing
+#   left to consume (the committed offsets reached the log end).
+# Arguments (from ctest): the spillway binary and the models folder.
+set -euo pipefail
+SPILLWAY=$(realpath "$1")
+MODEL=$2/stories260K.gguf
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+KB=$ROOT/scripts/kafka-broker.sh
+[ -x "$KB" ] || { echo "SKIP: scripts/kafka-broker.sh not present"; exit 77; }
+[ -f "$MODEL" ] || { echo "SKIP: $MODEL not found"; exit 77; }
+command -v java >/dev/null 2>&1 && java -version >/dev/null 2>&1 || { echo "SKIP: no java"; exit 77; }
+command -v mvn >/dev/null 2>&1 || { echo "SKIP: no mvn"; exit 77; }
+command -v kcat >/dev/null 2>&1 || { echo "FAIL: kcat not found"; exit 1; }
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/spillway-worker-kafka.XXXXXX")
+export SPILLWAY_SVC_OWNER=$$
+WPID=
+cleanup() {
+  [ -n "$WPID" ] && kill -9 "$WPID" 2>/dev/null || true
+  "$KB" stop "$WORK/broker" >/dev/null 2>&1 || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+eval "$("$KB" start "$WORK/broker" | grep -E '^(BOOTSTRAP|PID)=')"
+echo "broker at $BOOTSTRAP"
+"$KB" topic "$WORK/broker" prompts 4 >/dev/null
+"$KB" topic "$WORK/broker" results 4 >/dev/null
+"$KB" topic "$WORK/broker" prompts.dlq 1 >/dev/null
+
+N=1000
+python3 - "$WORK" "$N" <<'PY'
+import json, sys
+work, n = sys.argv[1], int(sys.argv[2])
+prefixes = ["Once upon a time, there was a little girl named Lily. She",
+            "Tom and his dog went to the park.", "The sun was shining and", "Sue had a red ball."]
+with open(f"{work}/in.jsonl", "w") as f, open(f"{work}/ids.txt", "w") as ids:
+    for i in range(n):
+        rid = f"r{i:05d}"
+        f.write(json.dumps({"id": rid, "prompt": f"{prefixes[i % 4]} {i}", "max_tokens": 1 + i % 8,
+                            "temperature": 0}) + "\n")
+        ids.write(rid + "\n")
+    f.write(json.dumps({"id": "late", "prompt": "Once upon", "deadline": 1000}) + "\n")
+    ids.write("late\n")
+with open(f"{work}/bad.jsonl", "w") as f:
+    f.write("not json at all\n")
+    f.write(json.dumps({"id": "noprompt"}) + "\n")
+    f.write(json.dumps({"id": "badtemp", "prompt": "x", "temperature": "hot"}) + "\n")
+PY
+
+"$SPILLWAY" produce -b "$BOOTSTRAP" -t prompts "$WORK/in.jsonl"
+"$SPILLWAY" produce -b "$BOOTSTRAP" -t prompts --key-prefix 0 "$WORK/bad.jsonl"
+
+run_worker() {
+  "$SPILLWAY" worker -b "$BOOTSTRAP" -t prompts -o results -d prompts.dlq -g spw -m "$MODEL" \
+    -s threads=1 -s commit.interval.ms=200 -s max.inflight=64 -s kv.mem_mb=64 -s log.level=info \
+    -X log_level=3 -X consumer.session.timeout.ms=6000 >>"$WORK/worker.log" 2>&1 &
+  WPID=$!
+}
+
+# first run: SIGKILL once some results are out (mid-batch)
+run_worker
+for _ in $(seq 1 600); do
+  c=$(kcat -b "$BOOTSTRAP" -C -t results -e -q -o beginning -f '.\n' 2>/dev/null | wc -l || true)
+  [ "$c" -ge 200 ] && break
+  sleep 0.1
+done
+kill -9 "$WPID"; wait "$WPID" 2>/dev/null || true
+echo "killed the worker after $c results"
+
+# restart and collect everything
+run_worker
+"$SPILLWAY" collect -b "$BOOTSTRAP" -t results --ids "$WORK/ids.txt" -o "$WORK/out.jsonl" --timeout 240 \
+  || fail "not every id came back"
+# SIGTERM drains and exits 0
+kill -TERM "$WPID"
+wait "$WPID" || fail "worker exit status $? after SIGTERM"
+WPID=
+grep -q "stopped:" "$WORK/worker.log" || fail "no clean stop in the log"
+
+python3 - "$WORK" <<'PY' || exit 1
+import json, sys
+work = sys.argv[1]
+want = set(open(f"{work}/ids.txt").read().split())
+got = [json.loads(l) for l in open(f"{work}/out.jsonl")]
+ids = [r["id"] for r in got]
+assert set(ids) == want, f"set mismatch: missing {len(want - set(ids))}"
+assert len(ids) == len(set(ids)), "collect returned a duplicate"
+late = [r for r in got if r["id"] == "late"][0]
+assert late["finish_reason"] == "expired" and late["usage"]["completion_tokens"] == 0, late
+for r in got:
+    assert r["finish_reason"] in ("stop", "length", "expired"), r
+    assert r["input"]["topic"] == "prompts" and r["model"] == "stories260K", r
+print(f"{len(ids)} results, set equality holds")
+PY
+
+# every raw result, with duplicates: only what was in flight when killed may repeat
+total=$(kcat -b "$BOOTSTRAP" -C -t results -e -q -o beginning -f '%s\n' -X isolation.level=read_committed | wc -l)
+echo "results topic holds $total records for $((N + 1)) requests ($((total - N - 1)) duplicates)"
+[ "$total" -ge $((N + 1)) ] || fail "fewer records than requests"
+# in flight (max.inflight 64) or durable but not yet committed (commit.interval.ms 200) when killed
+[ $((total - N - 1)) -le 256 ] || fail "too many duplicates"
+
+# DLQ: every bad message with its reason
+kcat -b "$BOOTSTRAP" -C -t prompts.dlq -e -q -o beginning -f '%h|%s\n' > "$WORK/dlq.txt"
+[ "$(wc -l < "$WORK/dlq.txt")" -eq 3 ] || { cat "$WORK/dlq.txt"; fail "want 3 DLQ records"; }
+grep -q '__spillway.errors.code=not_json.*|not json at all' "$WORK/dlq.txt" || fail "not_json"
+grep -q '__spillway.errors.code=missing_prompt' "$WORK/dlq.txt" || fail "missing_prompt"
+grep -q '__spillway.errors.code=wrong_type' "$WORK/dlq.txt" || fail "wrong_type"
+
+# a fresh run of the group: the committed offsets are at the log end, nothing is consumed again
+: > "$WORK/worker.log"
+run_worker
+sleep 8
+kill -TERM "$WPID"; wait "$WPID" || fail "second run exit status"
+WPID=
+grep -q "stopped: 0 consumed" "$WORK/worker.log" || { cat "$WORK/worker.log"; fail "the group consumed again: offsets were not committed to the end"; }
+echo "PASS"
