@@ -13,6 +13,7 @@ PKGS=(
   librdkafka-dev
   python3 python3-numpy
   clang
+  default-jre-headless maven kcat redis-server
   python3-jsonschema
 )
 missing=()
