@@ -12,6 +12,8 @@ SHARED=${SPILLWAY_SHARED_DIR:-$ROOT/../shared}
 FUZZ_SECONDS=${SPILLWAY_FUZZ_SECONDS:-60}
 
 scripts/install-deps.sh
+# Kafka broker jars for the integration tests, fetched once from Maven Central (cached).
+scripts/kafka-broker.sh fetch
 
 echo "=== build: Release, -Werror ==="
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DSPILLWAY_WERROR=ON -DSPILLWAY_SHARED_DIR="$SHARED" >/dev/null
