@@ -401,6 +401,21 @@ static size_t compact_json(const char *s, size_t n, char *out)
     return o;
 }
 
+/* The key of the top-level member whose value holds byte off, into key; "message" when there
+ * is none (the byte is outside any value, or the text before it is not a plausible object). */
+static const char *member_at(const char *s, size_t len, size_t off, char *key, size_t n)
+{
+    member_it_t it = {0};
+    key[0] = 0;
+    while (next_member(s, len, &it)) {
+        if (it.key0 <= off && off < it.val1) {
+            if (off >= it.val0) member_key(s, &it, key, n);
+            break;
+        }
+    }
+    return key[0] ? key : "message";
+}
+
 /* ---- parsing the document ---- */
 
 /* Parses text[0..len) into *root, resolving jansson's refusals of legal-but-unrepresentable
@@ -995,23 +1010,17 @@ int request_parse(const char *value, size_t len, int64_t msg_timestamp_ms,
     if (len > limits->max_message_bytes)
         return fail(&c, REQ_ERR_MESSAGE_BYTES, "message: %zu bytes, over the limit of %zu", len,
                     limits->max_message_bytes);
+    char key[128];
     size_t bad = utf8_invalid_at((const unsigned char *)value, len);
-    if (bad < len) {
-        /* name the member the byte is in when the text up to it is a plausible object */
-        member_it_t it = {0};
-        char key[128] = "";
-        while (next_member(value, len, &it)) {
-            if (it.key0 <= bad && bad < it.val1) {
-                if (bad >= it.val0) member_key(value, &it, key, sizeof key);
-                break;
-            }
-        }
-        if (key[0])
-            return fail(&c, REQ_ERR_INVALID_UTF8, "%s: invalid UTF-8 at byte %zu (0x%02x)", key,
-                        bad, (unsigned char)value[bad]);
-        return fail(&c, REQ_ERR_INVALID_UTF8, "message: invalid UTF-8 at byte %zu (0x%02x)", bad,
-                    (unsigned char)value[bad]);
-    }
+    if (bad < len)
+        return fail(&c, REQ_ERR_INVALID_UTF8, "%s: invalid UTF-8 at byte %zu (0x%02x)",
+                    member_at(value, len, bad, key, sizeof key), bad, (unsigned char)value[bad]);
+    /* a raw NUL is never valid JSON text, but jansson lets some through (e.g. "[null\0]") */
+    const char *nul = len ? memchr(value, 0, len) : NULL;
+    if (nul)
+        return fail(&c, REQ_ERR_NOT_JSON, "%s: raw NUL byte at byte %zu (not valid in JSON text)",
+                    member_at(value, len, (size_t)(nul - value), key, sizeof key),
+                    (size_t)(nul - value));
     /* a UTF-8 byte order mark is ignored (RFC 8259 8.1) */
     if (len >= 3 && memcmp(value, "\xEF\xBB\xBF", 3) == 0) {
         value += 3;

@@ -12,19 +12,27 @@
 #include <stdint.h>
 
 /* Dead-letter reason codes (stable strings). */
-#define REQ_ERR_NOT_JSON        "not_json"         /* not parseable JSON, or not an object */
-#define REQ_ERR_INVALID_UTF8    "invalid_utf8"     /* bytes are not valid UTF-8 */
+#define REQ_ERR_NOT_JSON        "not_json"         /* not parseable JSON (a raw NUL byte
+                                                      included), or not an object */
+#define REQ_ERR_INVALID_UTF8    "invalid_utf8"     /* bytes are not valid UTF-8, or a known
+                                                      field has a \u escape of a lone surrogate */
 #define REQ_ERR_WRONG_TYPE      "wrong_type"       /* a known field has the wrong JSON type */
 #define REQ_ERR_MISSING_PROMPT  "missing_prompt"   /* none of prompt / messages / input_ids */
 #define REQ_ERR_AMBIGUOUS       "ambiguous_prompt" /* more than one of them */
 #define REQ_ERR_EMPTY_PROMPT    "empty_prompt"
-#define REQ_ERR_PROMPT_BYTES    "prompt_too_large" /* over limits.max_prompt_bytes */
-#define REQ_ERR_PROMPT_TOKENS   "prompt_too_many_tokens" /* set by the worker after tokenising */
-#define REQ_ERR_BAD_PARAM       "bad_parameter"    /* out-of-range sampling parameter / max_tokens */
+#define REQ_ERR_PROMPT_BYTES    "prompt_too_large" /* over limits.max_prompt_bytes (or
+                                                      limits.max_messages) */
+#define REQ_ERR_PROMPT_TOKENS   "prompt_too_many_tokens" /* input_ids over limits.max_input_ids;
+                                                      also set by the worker after tokenising */
+#define REQ_ERR_BAD_PARAM       "bad_parameter"    /* out-of-range sampling parameter / max_tokens
+                                                      / seed / deadline / ttl_ms / stop length /
+                                                      input id; unrepresentable number or \u0000
+                                                      in a known field */
 #define REQ_ERR_TOO_MANY_STOP   "too_many_stop"
 #define REQ_ERR_METADATA        "metadata_too_large"
 #define REQ_ERR_BAD_ID          "bad_id"           /* id missing/empty/too long/not a string */
-#define REQ_ERR_TEMPLATE        "unknown_template" /* set by the worker when chat rendering fails */
+#define REQ_ERR_TEMPLATE        "unknown_template" /* chat_template empty or over 64 bytes; set by
+                                                      the worker when chat rendering fails */
 #define REQ_ERR_RESULT_TOO_LARGE "result_too_large" /* set by the producer */
 #define REQ_ERR_MESSAGE_BYTES   "message_too_large" /* value over limits.max_message_bytes */
 /* Not a dead-letter reason: an allocation failed while parsing. The message itself may be fine;

@@ -27,6 +27,7 @@
 #include "model.h"
 #include "sampler.h"
 #include "tokenizer.h"
+#include "engine_internal.h"
 
 typedef struct seq {
     uint64_t id;
@@ -822,4 +823,11 @@ int engine_raw_forward(engine_t *e, int n_seqs, const int32_t *const *tokens, co
         .logits_idx = e->b_logits_idx,
     };
     return e->be->ops->forward(e->be, &batch, logits, errstr, errlen);
+}
+
+/* ---- internal accessors (engine_internal.h) ---- */
+
+const gguf_t *engine_gguf(const engine_t *e)
+{
+    return e->model->gguf;
 }

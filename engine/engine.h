@@ -162,4 +162,23 @@ int engine_raw_forward(engine_t *e, int n_seqs, const int32_t *const *tokens, co
 int engine_raw_alloc_blocks(engine_t *e, int n, int32_t *out);
 void engine_raw_free_blocks(engine_t *e, int n, const int32_t *blocks);
 
+/* ---- chat templates (engine/chat.c) ----
+ * Built-in renderers of the chat formats llama.cpp's llama_chat_apply_template knows by name,
+ * producing the same text for the same messages (not a Jinja interpreter). */
+typedef struct { const char *role; const char *content; } engine_chat_msg_t;
+/* Renders msgs[0..n) with the template named `name` ("chatml", "llama2", "llama3", "zephyr", ...:
+ * engine_chat_template_names()), or, when name is NULL, with the one detected from the model's
+ * tokenizer.chat_template metadata (e may be NULL when name is given).
+ * add_generation_prompt: end with the assistant turn opener (templates that have none, such as
+ * the llama2 and mistral families, end after the last message either way). NULL role/content
+ * count as "". Returns malloc'd NUL-terminated text (caller frees), or NULL + errstr ("unknown
+ * chat template ..." naming the supported ones, "model has no chat template", or out of
+ * memory). Thread-safe: reads only immutable model metadata. */
+char *engine_chat_render(const engine_t *e, const char *name, const engine_chat_msg_t *msgs, int n,
+                         int add_generation_prompt, char *errstr, size_t errlen);
+/* Name of the template detected from the model's metadata, or NULL. */
+const char *engine_chat_template(const engine_t *e);
+/* Built-in template names, comma-separated ("chatml, llama2, ..."). Static. */
+const char *engine_chat_template_names(void);
+
 #endif

@@ -13,7 +13,8 @@ Checks:
     max_prompt_bytes, a date that does not exist, float rounding); such a case must then really
     validate, so the annotation cannot go stale;
   * the DLQ code enum equals the REQ_ERR_* codes of consumer/request.h (less out_of_memory,
-    which is not a dead-letter reason).
+    which is not a dead-letter reason), and the request schema's chat_template description names
+    every built-in template of engine/chat.c.
 """
 import json
 import os
@@ -165,6 +166,16 @@ def main():
     enum = {c["const"] for c in dlq["properties"]["__spillway.errors.code"]["oneOf"]}
     check(enum == codes, "dlq code enum %s != request.h codes %s"
           % (sorted(enum - codes), sorted(codes - enum)))
+
+    # the chat_template description names every built-in template (engine/chat.c NAME_LIST)
+    with open(os.path.join(ROOT, "engine", "chat.c"), encoding="utf-8") as f:
+        m = re.search(r"NAME_LIST\[\] =((?:\s*\"[^\"]*\")+);", f.read())
+    check(m is not None, "engine/chat.c: NAME_LIST not found")
+    if m:
+        names = "".join(re.findall(r'"([^"]*)"', m.group(1))).split(", ")
+        desc = schemas["request.schema.json"]["properties"]["chat_template"]["description"]
+        missing = [n for n in names if re.search(r"(^|[ ,:])%s[,. ]" % re.escape(n), desc) is None]
+        check(not missing, "request.schema.json chat_template does not list " + ", ".join(missing))
 
     validator = Draft202012Validator(schemas["request.schema.json"])
     n_ok = n_err = n_annot = 0
