@@ -8,6 +8,9 @@
 #include "engine/cpu/kernels.h"
 
 #include <math.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 #include <string.h>
 
 #include "engine/cpu/kernels_impl.h"
@@ -152,18 +155,23 @@ const kern_table_t kern_table_scalar = {
 };
 
 #ifdef KERN_HAVE_X86
+/* F16C from CPUID leaf 1, ECX bit 29 (clang 14's __builtin_cpu_supports has no "f16c"). */
+static int cpu_has_f16c(void)
+{
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c >> 29 & 1);
+}
+
 static int cpu_has_avx512(void)
 {
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-           __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c") &&
-           __builtin_cpu_supports("avx2");
+           __builtin_cpu_supports("fma") && cpu_has_f16c() && __builtin_cpu_supports("avx2");
 }
 
 static int cpu_has_avx2(void)
 {
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c");
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
 }
 #endif
 
