@@ -13,6 +13,7 @@
 
 #include "../backend.h"
 #include "../dtype.h"
+#include "attention.h"
 #include "kernels.h"
 #include "threadpool.h"
 
@@ -20,6 +21,10 @@
  * (no separate norm phase and barrier); above it a norm phase runs first. Same arithmetic
  * either way. */
 #define FUSE_T 32
+/* Query tokens of one sequence that share a pass over its KV blocks in attention (fewer when
+ * the context is long, to bound the score scratch). Performance only: values do not depend on
+ * it. */
+#define ATT_QT 16
 
 typedef struct {
     backend_t base;
@@ -42,8 +47,14 @@ typedef struct {
     float *rope_cs;          /* [T][rope_dim / 2][2] cos, sin */
     int32_t *tok_seq;        /* [T] sequence index of each token */
     float *scores;           /* [n_threads][group * ctx_len] */
-    float *kvconv;           /* [n_threads][block_tokens * head_dim * 2] F16 -> F32 staging */
+    float *kvconv;           /* [n_threads][stage_floats]: K/V block staging for attention */
+    size_t stage_floats;     /* head_dim * block_tokens rounded up to 16 */
     float *xn_priv;          /* [n_threads][FUSE_T][dim]: each thread's own normalised rows */
+    attn_fn attn;            /* attention tile implementation */
+    const float **aq;        /* [n_threads][ATT_QT * group] query pointers */
+    float **ao;              /* [n_threads][ATT_QT * group] output pointers */
+    int32_t *apos;           /* [n_threads][ATT_QT * group] query positions */
+    int32_t *items;          /* [max_T * n_kv][3]: (seq, first token, tokens) x kv head */
     size_t scores_per_thread;
 } cpu_t;
 
@@ -66,6 +77,7 @@ typedef struct {
     float *logits;
     int fuse_norm;           /* T <= FUSE_T: norms fused into the matmul phases */
     int fuse_attn;           /* every sequence has one token: RoPE/store fused into attention */
+    int n_items;             /* attention work items in c->items */
 } job_t;
 
 /* Normalised input rows for this thread: either the shared xn (filled by a norm phase) or the
@@ -204,83 +216,81 @@ static void ph_rope_store(void *arg, int ith, int nth)
         for (int g = 0; g < nkv; g++) rope_store_one(j->c, j, t, g);
 }
 
-/* Causal attention of one token over its sequence's positions [0, pos], for the query heads
- * that share kv head g. Scores for all positions first, then softmax, then the weighted V sum,
- * always in position order. */
-static void attend(cpu_t *c, const backend_batch_t *b, int layer, int t, int g, int ith)
+/* Attention work items: (sequence, first token, token count, kv head), query tiles of at
+ * most ATT_QT tokens of one sequence; built once per step by build_items. */
+static int build_items(cpu_t *c, const backend_batch_t *b)
 {
     const hparams_t *hp = &c->base.model->hp;
-    const kern_table_t *k = c->k;
-    const int hd = hp->head_dim, grp = hp->n_heads / hp->n_kv_heads;
-    const int B = c->base.params.block_tokens;
-    const int s = c->tok_seq[t];
-    const int n = b->pos[t] + 1;
-    const int32_t *bt = b->block_tables[s];
-    const float scale = 1.0f / sqrtf((float)hd);
-    float *sc = c->scores + (size_t)ith * c->scores_per_thread; /* [grp][n] */
-    float *conv = c->kvconv + (size_t)ith * B * hd;
-    const float *q0 = c->q + (size_t)t * hp->n_heads * hd + (size_t)g * grp * hd;
-    float *o0 = c->att + (size_t)t * hp->n_heads * hd + (size_t)g * grp * hd;
-
-    for (int j0 = 0; j0 < n; j0 += B) {
-        int cnt = n - j0 < B ? n - j0 : B;
-        const unsigned char *kb = kv_ptr(c, bt[j0 / B], layer, 0, 0, g);
-        const size_t stride = (size_t)hp->n_kv_heads * hd * c->kv_elem;
-        for (int i = 0; i < cnt; i++) {
-            const float *kr;
-            if (c->kv_elem == 4) {
-                kr = (const float *)(kb + i * stride);
-            } else {
-                k->f16_to_f32((const uint16_t *)(kb + i * stride), conv, hd);
-                kr = conv;
+    const int grp = hp->n_heads / hp->n_kv_heads;
+    int n = 0;
+    for (int s = 0; s < b->n_seqs; s++) {
+        int t0 = b->seq_start[s], t1 = b->seq_start[s + 1];
+        int n_ctx = b->pos[t1 - 1] + 1;
+        /* scores scratch per thread holds scores_per_thread floats = qt * grp * n_ctx */
+        long qt = (long)(c->scores_per_thread / ((size_t)grp * (size_t)n_ctx));
+        if (qt > ATT_QT) qt = ATT_QT;
+        if (qt < 1) qt = 1;
+        for (int t = t0; t < t1; t += (int)qt) {
+            int cnt = t1 - t < qt ? t1 - t : (int)qt;
+            for (int g = 0; g < hp->n_kv_heads; g++) {
+                c->items[4 * n] = s;
+                c->items[4 * n + 1] = t;
+                c->items[4 * n + 2] = cnt;
+                c->items[4 * n + 3] = g;
+                n++;
             }
-            for (int h = 0; h < grp; h++)
-                sc[(size_t)h * n + j0 + i] = k->dot_f32(q0 + h * hd, kr, hd) * scale;
         }
     }
-    for (int h = 0; h < grp; h++) {
-        float *srow = sc + (size_t)h * n;
-        float mx = srow[0];
-        for (int j = 1; j < n; j++) mx = srow[j] > mx ? srow[j] : mx;
-        float sum = 0;
-        for (int j = 0; j < n; j++) {
-            srow[j] = expf(srow[j] - mx);
-            sum += srow[j];
-        }
-        float inv = 1.0f / sum;
-        for (int j = 0; j < n; j++) srow[j] *= inv;
-        memset(o0 + h * hd, 0, (size_t)hd * sizeof(float));
-    }
-    for (int j0 = 0; j0 < n; j0 += B) {
-        int cnt = n - j0 < B ? n - j0 : B;
-        const unsigned char *vb = kv_ptr(c, bt[j0 / B], layer, 1, 0, g);
-        const size_t stride = (size_t)hp->n_kv_heads * hd * c->kv_elem;
-        for (int i = 0; i < cnt; i++) {
-            const float *vr;
-            if (c->kv_elem == 4) {
-                vr = (const float *)(vb + i * stride);
-            } else {
-                k->f16_to_f32((const uint16_t *)(vb + i * stride), conv, hd);
-                vr = conv;
-            }
-            for (int h = 0; h < grp; h++)
-                k->axpy_f32(sc[(size_t)h * n + j0 + i], vr, o0 + h * hd, hd);
-        }
-    }
+    return n;
 }
 
 static void ph_attention(void *arg, int ith, int nth)
 {
     job_t *j = arg;
     cpu_t *c = j->c;
-    const int nkv = c->base.model->hp.n_kv_heads;
-    const long items = (long)j->T * nkv;
-    /* Interleaved so that long-context (late) tokens of a prefill spread over threads. */
-    for (long it = ith; it < items; it += nth) {
-        int t = (int)(it / nkv), g = (int)(it % nkv);
-        /* One token per sequence: nobody else reads this token's K/V, so store it here. */
-        if (j->fuse_attn) rope_store_one(c, j, t, g);
-        attend(c, j->b, j->layer, t, g, ith);
+    const hparams_t *hp = &c->base.model->hp;
+    const int hd = hp->head_dim, grp = hp->n_heads / hp->n_kv_heads;
+    const int B = c->base.params.block_tokens;
+    const size_t row_stride = (size_t)hp->n_kv_heads * hd * c->kv_elem;
+    const float **aq = c->aq + (size_t)ith * ATT_QT * grp;
+    float **ao = c->ao + (size_t)ith * ATT_QT * grp;
+    int32_t *apos = c->apos + (size_t)ith * ATT_QT * grp;
+    /* Interleaved so that long-context (late) tiles of a prefill spread over threads. */
+    for (int it = ith; it < j->n_items; it += nth) {
+        const int32_t *item = c->items + 4 * it;
+        int s = item[0], t0 = item[1], cnt = item[2], g = item[3];
+        int nq = 0;
+        for (int t = t0; t < t0 + cnt; t++) {
+            /* One token per sequence: nobody else reads this token's K/V, so store it here. */
+            if (j->fuse_attn) rope_store_one(c, j, t, g);
+            for (int h = 0; h < grp; h++) {
+                size_t off = (size_t)t * hp->n_heads * hd + ((size_t)g * grp + h) * hd;
+                aq[nq] = c->q + off;
+                ao[nq] = c->att + off;
+                apos[nq] = j->b->pos[t];
+                nq++;
+            }
+        }
+        attn_args_t a = {
+            .hd = hd,
+            .nq = nq,
+            .q = aq,
+            .out = ao,
+            .qpos = apos,
+            .n_ctx = j->b->pos[t0 + cnt - 1] + 1,
+            .blocks = j->b->block_tables[s],
+            .block_tokens = B,
+            .kv = c->kv,
+            .block_bytes = c->base.kv_block_bytes,
+            .k_off = (size_t)(kv_ptr(c, 0, j->layer, 0, 0, g) - c->kv),
+            .v_off = (size_t)(kv_ptr(c, 0, j->layer, 1, 0, g) - c->kv),
+            .row_stride = row_stride,
+            .kv_f16 = c->kv_elem == 2,
+            .scale = 1.0f / sqrtf((float)hd),
+            .scores = c->scores + (size_t)ith * c->scores_per_thread,
+            .stage = c->kvconv + (size_t)ith * c->stage_floats,
+        };
+        c->attn(&a);
     }
 }
 
@@ -418,6 +428,7 @@ static int cpu_forward(backend_t *be, const backend_batch_t *b, float *logits, c
     job_t j = {.c = c, .b = b, .T = b->n_tokens, .logits = logits};
     j.fuse_norm = j.T <= FUSE_T;
     j.fuse_attn = b->n_seqs == b->n_tokens;
+    j.n_items = build_items(c, b);
     tpool_run(c->pool, ph_embed, &j);
     for (int l = 0; l < hp->n_layers; l++) {
         j.layer = l;
@@ -491,6 +502,10 @@ static void cpu_free(backend_t *be)
     free(c->scores);
     free(c->kvconv);
     free(c->xn_priv);
+    free(c->aq);
+    free(c->ao);
+    free(c->apos);
+    free(c->items);
     free(c);
 }
 
@@ -549,12 +564,21 @@ backend_t *backend_cpu_new(const model_t *model, const backend_params_t *params,
     c->tmp = malloc(T * dim * 4);
     c->rope_cs = malloc(T * hp->rope_dim * 4);
     c->tok_seq = malloc(T * sizeof *c->tok_seq);
+    /* Score scratch: one query tile at up to 4096 context tokens, or one token at the full
+     * trained context, whichever is larger. */
     c->scores_per_thread = grp * (size_t)hp->ctx_len;
+    if (c->scores_per_thread < (size_t)ATT_QT * grp * 4096) c->scores_per_thread = (size_t)ATT_QT * grp * 4096;
     c->scores = malloc((size_t)c->n_threads * c->scores_per_thread * 4);
-    c->kvconv = malloc((size_t)c->n_threads * params->block_tokens * hd * 4);
+    c->stage_floats = (size_t)(params->block_tokens + 15) / 16 * 16 * hd;
+    c->kvconv = malloc((size_t)c->n_threads * c->stage_floats * 4);
     c->xn_priv = malloc((size_t)c->n_threads * FUSE_T * dim * 4);
+    c->attn = attn_get(c->k->name);
+    c->aq = malloc((size_t)c->n_threads * ATT_QT * grp * sizeof *c->aq);
+    c->ao = malloc((size_t)c->n_threads * ATT_QT * grp * sizeof *c->ao);
+    c->apos = malloc((size_t)c->n_threads * ATT_QT * grp * sizeof *c->apos);
+    c->items = malloc(T * (size_t)hp->n_kv_heads * 4 * sizeof *c->items);
     if (!c->kv || !c->x || !c->xn || !c->q || !c->kk || !c->vv || !c->att || !c->gate ||
-        !c->up || !c->tmp || !c->rope_cs || !c->tok_seq || !c->scores || !c->kvconv || !c->xn_priv)
+        !c->up || !c->tmp || !c->rope_cs || !c->tok_seq || !c->scores || !c->kvconv || !c->xn_priv || !c->aq || !c->ao || !c->apos || !c->items)
         goto oom;
     return &c->base;
 oom:

@@ -1,0 +1,237 @@
+/* engine/cpu/attention_avx512.c: AVX-512 attention tile (see attention.h). Called only when
+ * the CPU has AVX-512F (dispatch in attention.c). Scores take any head dimension; the V sum is
+ * register-blocked for head dimensions that are multiples of 16 up to 128, a plain loop
+ * otherwise. */
+#if defined(__x86_64__)
+#ifndef __clang__
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+#endif
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "engine/cpu/attention.h"
+
+#define MAXV 8 /* hd / 16 at most for the register-blocked V sum */
+
+/* Block rows [0, cnt) as F32 with stride hd: converted into stage (F16) or in place (F32). */
+static const float *block_rows(const attn_args_t *a, int blk, size_t off, int cnt, size_t *stride)
+{
+    const unsigned char *p = a->kv + (size_t)blk * a->block_bytes + off;
+    if (!a->kv_f16) {
+        *stride = a->row_stride / sizeof(float);
+        return (const float *)p;
+    }
+    const int hd = a->hd;
+    for (int i = 0; i < cnt; i++) {
+        const uint16_t *h = (const uint16_t *)(p + (size_t)i * a->row_stride);
+        float *dst = a->stage + (size_t)i * hd;
+        int e = 0;
+        for (; e + 16 <= hd; e += 16)
+            _mm512_storeu_ps(dst + e, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + e))));
+        for (; e < hd; e++) dst[e] = _cvtsh_ss(h[e]);
+    }
+    *stride = (size_t)hd;
+    return a->stage;
+}
+
+/* exp(x) for x <= 0 (softmax arguments): 2^n * p(r) with x = n ln2 + r, |r| <= ln2/2, and a
+ * degree-6 polynomial (relative error about 2e-7); below -87 the result is 0. */
+static inline __m512 exp_neg(__m512 x)
+{
+    const __m512 lo = _mm512_set1_ps(-87.0f);
+    __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+    x = _mm512_max_ps(x, lo);
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    __m512 e = _mm512_scalef_ps(p, n);
+    return _mm512_maskz_mov_ps((__mmask16)~under, e);
+}
+
+/* K rows [0, cnt) of a block transposed into kt[e][16 * ceil(cnt/16)] (zero padded). */
+static void stage_kt(const attn_args_t *a, int blk, int cnt, float *kt, int ldk)
+{
+    const unsigned char *p = a->kv + (size_t)blk * a->block_bytes + a->k_off;
+    const int hd = a->hd;
+    for (int i = 0; i < ldk; i++) {
+        if (i >= cnt) {
+            for (int e = 0; e < hd; e++) kt[(size_t)e * ldk + i] = 0;
+            continue;
+        }
+        const unsigned char *r = p + (size_t)i * a->row_stride;
+        if (a->kv_f16) {
+            const uint16_t *h = (const uint16_t *)r;
+            for (int e = 0; e < hd; e++) kt[(size_t)e * ldk + i] = _cvtsh_ss(h[e]);
+        } else {
+            const float *f = (const float *)r;
+            for (int e = 0; e < hd; e++) kt[(size_t)e * ldk + i] = f[e];
+        }
+    }
+}
+
+/* Scores of G queries (same position) against 16 transposed keys at column i0: one
+ * accumulator per query, summed over e in order (the same sequence for G = 1..4). */
+static inline __attribute__((always_inline)) void score_group(const attn_args_t *a, int qi, int G,
+                                                              int ldk, int i0, int j0, int m)
+{
+    __m512 acc[4];
+    const float *q[4];
+    #pragma GCC unroll 8
+    for (int g = 0; g < G; g++) {
+        acc[g] = _mm512_setzero_ps();
+        q[g] = a->q[qi + g];
+    }
+    const float *kt = a->stage + i0;
+    for (int e = 0; e < a->hd; e++) {
+        __m512 k = _mm512_loadu_ps(kt + (size_t)e * ldk);
+        #pragma GCC unroll 8
+        for (int g = 0; g < G; g++) acc[g] = _mm512_fmadd_ps(_mm512_set1_ps(q[g][e]), k, acc[g]);
+    }
+    #pragma GCC unroll 8
+    for (int g = 0; g < G; g++)
+        _mm512_mask_storeu_ps(a->scores + (size_t)(qi + g) * a->n_ctx + j0 + i0, (__mmask16)((1u << m) - 1),
+                              _mm512_mul_ps(acc[g], _mm512_set1_ps(a->scale)));
+}
+
+/* out[q] += sum_i p[q][i] * V[i] for G queries (same position), NV vectors per row, rows in
+ * ascending order: per query the same FMA sequence whatever G. */
+static inline __attribute__((always_inline)) void vacc_group(const attn_args_t *a, int qi, int G, int NV,
+                                                             const float *V, size_t st, int j0, int lim)
+{
+    __m512 acc[4][8];
+    const float *p[4];
+    #pragma GCC unroll 8
+    for (int g = 0; g < G; g++) {
+        p[g] = a->scores + (size_t)(qi + g) * a->n_ctx + j0;
+        #pragma GCC unroll 8
+        for (int v = 0; v < NV; v++) acc[g][v] = _mm512_loadu_ps(a->out[qi + g] + 16 * v);
+    }
+    for (int i = 0; i < lim; i++) {
+        const float *vr = V + (size_t)i * st;
+        #pragma GCC unroll 8
+        for (int v = 0; v < NV; v++) {
+            __m512 x = _mm512_loadu_ps(vr + 16 * v);
+            #pragma GCC unroll 8
+            for (int g = 0; g < G; g++) acc[g][v] = _mm512_fmadd_ps(_mm512_set1_ps(p[g][i]), x, acc[g][v]);
+        }
+    }
+    #pragma GCC unroll 8
+    for (int g = 0; g < G; g++)
+        #pragma GCC unroll 8
+        for (int v = 0; v < NV; v++) _mm512_storeu_ps(a->out[qi + g] + 16 * v, acc[g][v]);
+}
+
+/* Queries qi.. with the same position as qi, at most max. */
+static inline int same_pos_run(const attn_args_t *a, int qi, int max)
+{
+    int g = 1;
+    while (g < max && qi + g < a->nq && a->qpos[qi + g] == a->qpos[qi]) g++;
+    return g;
+}
+
+void attn_tile_avx512(const attn_args_t *a)
+{
+    const int B = a->block_tokens, hd = a->hd, nv = hd / 16;
+    const int fast = hd % 16 == 0 && nv <= MAXV;
+    const int ldk = (B + 15) / 16 * 16;
+    size_t st;
+    /* Scores: 16 keys at a time, sum over e in order (no horizontal reductions). The stage
+     * buffer holds the transposed K block: [hd][ldk]. */
+    for (int j0 = 0; j0 < a->n_ctx; j0 += B) {
+        int cnt = a->n_ctx - j0 < B ? a->n_ctx - j0 : B;
+        stage_kt(a, a->blocks[j0 / B], cnt, a->stage, ldk);
+        for (int qi = 0; qi < a->nq;) {
+            int G = same_pos_run(a, qi, 4);
+            int lim = a->qpos[qi] + 1 - j0;
+            if (lim > cnt) lim = cnt;
+            for (int i0 = 0; i0 < lim; i0 += 16) {
+                int m = lim - i0 < 16 ? lim - i0 : 16;
+                switch (G) {
+                case 4: score_group(a, qi, 4, ldk, i0, j0, m); break;
+                case 3: score_group(a, qi, 3, ldk, i0, j0, m); break;
+                case 2: score_group(a, qi, 2, ldk, i0, j0, m); break;
+                default: score_group(a, qi, 1, ldk, i0, j0, m); break;
+                }
+            }
+            qi += G;
+        }
+    }
+    /* Softmax over [0, qpos] in 16-wide chunks; the same order for a query whatever its tile. */
+    for (int qi = 0; qi < a->nq; qi++) {
+        float *sc = a->scores + (size_t)qi * a->n_ctx;
+        int n = a->qpos[qi] + 1;
+        __m512 vmx = _mm512_set1_ps(-INFINITY);
+        for (int j = 0; j < n; j += 16) {
+            __mmask16 m = n - j >= 16 ? 0xffff : (__mmask16)((1u << (n - j)) - 1);
+            vmx = _mm512_mask_max_ps(vmx, m, vmx, _mm512_maskz_loadu_ps(m, sc + j));
+        }
+        __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(vmx));
+        __m512 vs = _mm512_setzero_ps();
+        for (int j = 0; j < n; j += 16) {
+            __mmask16 m = n - j >= 16 ? 0xffff : (__mmask16)((1u << (n - j)) - 1);
+            __m512 ev = exp_neg(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, sc + j), mx));
+            ev = _mm512_maskz_mov_ps(m, ev);
+            _mm512_mask_storeu_ps(sc + j, m, ev);
+            vs = _mm512_add_ps(vs, ev);
+        }
+        __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(vs));
+        for (int j = 0; j < n; j += 16) {
+            __mmask16 m = n - j >= 16 ? 0xffff : (__mmask16)((1u << (n - j)) - 1);
+            _mm512_mask_storeu_ps(sc + j, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, sc + j), inv));
+        }
+        memset(a->out[qi], 0, (size_t)hd * sizeof(float));
+    }
+    for (int j0 = 0; j0 < a->n_ctx; j0 += B) {
+        int cnt = a->n_ctx - j0 < B ? a->n_ctx - j0 : B;
+        const float *V = block_rows(a, a->blocks[j0 / B], a->v_off, cnt, &st);
+        for (int qi = 0; qi < a->nq;) {
+            int G = same_pos_run(a, qi, nv > 4 ? 2 : 4);
+            int lim = a->qpos[qi] + 1 - j0;
+            if (lim > cnt) lim = cnt;
+            if (lim > 0) {
+                if (!fast) {
+                    for (int g = 0; g < G; g++) {
+                        const float *p = a->scores + (size_t)(qi + g) * a->n_ctx + j0;
+                        float *o = a->out[qi + g];
+                        for (int i = 0; i < lim; i++)
+                            for (int e = 0; e < hd; e++) o[e] = fmaf(p[i], V[(size_t)i * st + e], o[e]);
+                    }
+                } else {
+#define VACC(NV)                                                                   \
+    switch (G) {                                                                   \
+    case 4: vacc_group(a, qi, 4, NV, V, st, j0, lim); break;                       \
+    case 3: vacc_group(a, qi, 3, NV, V, st, j0, lim); break;                       \
+    case 2: vacc_group(a, qi, 2, NV, V, st, j0, lim); break;                       \
+    default: vacc_group(a, qi, 1, NV, V, st, j0, lim); break;                      \
+    }
+                    switch (nv) {
+                    case 1: VACC(1) break;
+                    case 2: VACC(2) break;
+                    case 4: VACC(4) break;
+                    case 8: VACC(8) break;
+                    default: /* head dimension 48, 80, 96 or 112: plain loop */
+                        for (int g = 0; g < G; g++) {
+                            const float *p = a->scores + (size_t)(qi + g) * a->n_ctx + j0;
+                            float *o = a->out[qi + g];
+                            for (int i = 0; i < lim; i++)
+                                for (int e = 0; e < hd; e++) o[e] = fmaf(p[i], V[(size_t)i * st + e], o[e]);
+                        }
+                        break;
+                    }
+#undef VACC
+                }
+            }
+            qi += G;
+        }
+    }
+}
+#endif
