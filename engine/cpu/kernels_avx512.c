@@ -28,7 +28,16 @@
 #define TILE_R 4
 #define TILE_RMAX 8
 #define TILE_C 6
+#ifndef KERN_PANEL_BYTES
 #define KERN_PANEL_BYTES (192 * 1024)
+#endif
+#ifndef KERN_KBLOCK
+#define KERN_KBLOCK 512        /* K range of a blocked pass (multiple of 32) */
+#endif
+#ifndef KERN_KBLOCK_MIN
+#define KERN_KBLOCK_MIN 1024   /* rows longer than this are cut into K ranges */
+#endif
+#define KERN_KBLOCK_ROWS 64    /* panel rows when cut (bounds the saved accumulators) */
 #ifndef PF_STREAM_BYTES
 #define PF_STREAM_BYTES 8192
 #endif
@@ -112,19 +121,30 @@ AI size_t elem_off(const int dt, int64_t k)
     }
 }
 
-/* y[c * ldy + r] for r < R, c < C; W at the tile's first row, x and y at its first token.
- * pfd: bytes ahead of each row's read position to prefetch (0: none). */
-AI void tile(const int dt, const int R, const int C, const char *W, size_t wrb, int64_t K,
-             const float *x, int64_t ldx, float *y, int64_t ldy, size_t pfd)
+/* The part [k0, k1) of a tile's sums: y[c * ldy + r] for r < R, c < C, with W at the tile's
+ * first row and x, y at its first token. k0, k1 are multiples of 32 (or k1 = K). A tile whose K
+ * is cut into several ranges keeps its accumulators in save[r * C + c] in between (stored and
+ * reloaded unchanged, so the arithmetic is that of one pass); the range with k1 = K reduces
+ * and writes y. pfd: bytes ahead of each row's read position to prefetch (0: none). */
+AI void tile(const int dt, const int R, const int C, const char *W, size_t wrb, int64_t k0,
+             int64_t k1, int64_t K, const float *x, int64_t ldx, float *y, int64_t ldy,
+             size_t pfd, __m512 *save)
 {
     __m512 acc[TILE_RMAX][TILE_C];
+    if (k0 == 0) {
 #pragma GCC unroll 8
-    for (int r = 0; r < R; r++)
+        for (int r = 0; r < R; r++)
 #pragma GCC unroll 8
-        for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
+            for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
+    } else {
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+            for (int c = 0; c < C; c++) acc[r][c] = save[r * C + c];
+    }
 
-    int64_t k = 0;
-    for (; k + 16 <= K; k += 16) {
+    int64_t k = k0;
+    for (; k + 16 <= k1; k += 16) {
         __m512 w[TILE_RMAX];
         if (pfd) {
 #pragma GCC unroll 8
@@ -140,6 +160,13 @@ AI void tile(const int dt, const int R, const int C, const char *W, size_t wrb, 
             for (int r = 0; r < R; r++) acc[r][c] = _mm512_fmadd_ps(w[r], xv, acc[r][c]);
         }
     }
+    if (k1 < K) {
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+            for (int c = 0; c < C; c++) save[r * C + c] = acc[r][c];
+        return;
+    }
     if (dt != DT_Q8_0 && k < K) { /* Q8_0: K is a multiple of 32 */
         __mmask16 m = (__mmask16)((1u << (K - k)) - 1);
         __m512 w[TILE_RMAX];
@@ -153,31 +180,39 @@ AI void tile(const int dt, const int R, const int C, const char *W, size_t wrb, 
         }
     }
 
-    if (R % 4 == 0) {
+    int r0 = 0;
 #pragma GCC unroll 8
-        for (int r = 0; r < R; r += 4)
+    for (; r0 + 4 <= R; r0 += 4)
 #pragma GCC unroll 8
-            for (int c = 0; c < C; c++)
-                _mm_storeu_ps(y + c * ldy + r,
-                              hsum4(acc[r][c], acc[r + 1][c], acc[r + 2][c], acc[r + 3][c]));
-    } else {
+        for (int c = 0; c < C; c++)
+            _mm_storeu_ps(y + c * ldy + r0,
+                          hsum4(acc[r0][c], acc[r0 + 1][c], acc[r0 + 2][c], acc[r0 + 3][c]));
 #pragma GCC unroll 8
-        for (int r = 0; r < R; r++)
+    for (int r = r0; r < R; r++)
 #pragma GCC unroll 8
-            for (int c = 0; c < C; c++) y[c * ldy + r] = hsum1(acc[r][c]);
-    }
+        for (int c = 0; c < C; c++) y[c * ldy + r] = hsum1(acc[r][c]);
 }
 
 /* Rows [ob, oe) for tokens [0, C) of x/y (already offset to the tile's first token), in tiles
- * of R rows then single rows. */
+ * of R rows then single rows. With save (room for (oe - ob) * C vectors), K is cut into ranges
+ * of KERN_KBLOCK and each range passes over all the rows before the next, so the x slice of a
+ * range stays in L1. */
 AI void rows_pass(const int dt, const int R, const int C, const char *W, size_t wrb, int64_t K,
                   const float *x, int64_t ldx, float *y, int64_t ldy, int64_t ob, int64_t oe,
-                  size_t pfd)
+                  size_t pfd, __m512 *save)
 {
-    int64_t o = ob;
-    for (; o + R <= oe; o += R)
-        tile(dt, R, C, W + (size_t)o * wrb, wrb, K, x, ldx, y + o, ldy, pfd);
-    for (; o < oe; o++) tile(dt, 1, C, W + (size_t)o * wrb, wrb, K, x, ldx, y + o, ldy, pfd);
+    const int64_t kstep = save ? KERN_KBLOCK : K;
+    for (int64_t k0 = 0; k0 < K || k0 == 0; k0 += kstep) {
+        int64_t k1 = K - k0 <= kstep ? K : k0 + kstep;
+        int64_t o = ob;
+        for (; o + R <= oe; o += R)
+            tile(dt, R, C, W + (size_t)o * wrb, wrb, k0, k1, K, x, ldx, y + o, ldy, pfd,
+                 save ? save + (o - ob) * C : NULL);
+        for (; o < oe; o++)
+            tile(dt, 1, C, W + (size_t)o * wrb, wrb, k0, k1, K, x, ldx, y + o, ldy, pfd,
+                 save ? save + (o - ob) * C : NULL);
+        if (k1 == K) break;
+    }
 }
 
 AI void matmul_dt(const int dt, const char *W, size_t wrb, int64_t K, const float *x,
@@ -185,33 +220,39 @@ AI void matmul_dt(const int dt, const char *W, size_t wrb, int64_t K, const floa
 {
     /* Few tokens: one pass over the weights, streamed from memory; prefetch far ahead. */
     switch (T) {
-    case 1: rows_pass(dt, 8, 1, W, wrb, K, x, ldx, y, ldy, o0, o1, PF_STREAM_BYTES); return;
-    case 2: rows_pass(dt, 8, 2, W, wrb, K, x, ldx, y, ldy, o0, o1, PF_STREAM_BYTES); return;
-    case 3: rows_pass(dt, 4, 3, W, wrb, K, x, ldx, y, ldy, o0, o1, PF_STREAM_BYTES); return;
-    case 4: rows_pass(dt, 4, 4, W, wrb, K, x, ldx, y, ldy, o0, o1, PF_STREAM_BYTES); return;
-    case 5: rows_pass(dt, 4, 5, W, wrb, K, x, ldx, y, ldy, o0, o1, PF_STREAM_BYTES); return;
-    case 6: rows_pass(dt, 4, 6, W, wrb, K, x, ldx, y, ldy, o0, o1, PF_STREAM_BYTES); return;
+    case 1: rows_pass(dt, 8, 1, W, wrb, K, x, ldx, y, ldy, o0, o1, PF_STREAM_BYTES, NULL); return;
+    case 2: rows_pass(dt, 8, 2, W, wrb, K, x, ldx, y, ldy, o0, o1, PF_STREAM_BYTES, NULL); return;
+    case 3: rows_pass(dt, 4, 3, W, wrb, K, x, ldx, y, ldy, o0, o1, PF_STREAM_BYTES, NULL); return;
+    case 4: rows_pass(dt, 4, 4, W, wrb, K, x, ldx, y, ldy, o0, o1, PF_STREAM_BYTES, NULL); return;
+    case 5: rows_pass(dt, 4, 5, W, wrb, K, x, ldx, y, ldy, o0, o1, PF_STREAM_BYTES, NULL); return;
+    case 6: rows_pass(dt, 4, 6, W, wrb, K, x, ldx, y, ldy, o0, o1, PF_STREAM_BYTES, NULL); return;
     default: break;
     }
     /* Many tokens: panels of rows kept in L2 while every token tile passes over them; the
-     * first pass streams the panel in from memory. */
+     * first pass streams the panel in from memory. Long rows are cut into K ranges. */
     int64_t panel = wrb ? (int64_t)(KERN_PANEL_BYTES / wrb) : (o1 - o0);
     panel = panel < TILE_R ? TILE_R : panel / TILE_R * TILE_R;
+    __m512 *save = NULL;
+    __m512 save_buf[KERN_KBLOCK_ROWS * TILE_C];
+    if (dt == DT_F32 && K > KERN_KBLOCK_MIN) { /* measured: helps F32 only */
+        save = save_buf;
+        if (panel > KERN_KBLOCK_ROWS) panel = KERN_KBLOCK_ROWS;
+    }
     const size_t pf_l2 = dt == DT_F32 ? PF_PANEL_BYTES : 0;
     for (int64_t ob = o0; ob < o1; ob += panel) {
         int64_t oe = o1 - ob < panel ? o1 : ob + panel;
         int t = 0;
         for (; t + TILE_C <= T; t += TILE_C)
             rows_pass(dt, TILE_R, TILE_C, W, wrb, K, x + t * ldx, ldx, y + t * ldy, ldy, ob, oe,
-                      t == 0 ? PF_STREAM_BYTES : pf_l2);
+                      t == 0 ? PF_STREAM_BYTES : pf_l2, save);
         const float *xt = x + t * ldx;
         float *yt = y + t * ldy;
         switch (T - t) {
-        case 1: rows_pass(dt, TILE_R, 1, W, wrb, K, xt, ldx, yt, ldy, ob, oe, pf_l2); break;
-        case 2: rows_pass(dt, TILE_R, 2, W, wrb, K, xt, ldx, yt, ldy, ob, oe, pf_l2); break;
-        case 3: rows_pass(dt, TILE_R, 3, W, wrb, K, xt, ldx, yt, ldy, ob, oe, pf_l2); break;
-        case 4: rows_pass(dt, TILE_R, 4, W, wrb, K, xt, ldx, yt, ldy, ob, oe, pf_l2); break;
-        case 5: rows_pass(dt, TILE_R, 5, W, wrb, K, xt, ldx, yt, ldy, ob, oe, pf_l2); break;
+        case 1: rows_pass(dt, TILE_R, 1, W, wrb, K, xt, ldx, yt, ldy, ob, oe, pf_l2, save); break;
+        case 2: rows_pass(dt, TILE_R, 2, W, wrb, K, xt, ldx, yt, ldy, ob, oe, pf_l2, save); break;
+        case 3: rows_pass(dt, TILE_R, 3, W, wrb, K, xt, ldx, yt, ldy, ob, oe, pf_l2, save); break;
+        case 4: rows_pass(dt, TILE_R, 4, W, wrb, K, xt, ldx, yt, ldy, ob, oe, pf_l2, save); break;
+        case 5: rows_pass(dt, TILE_R, 5, W, wrb, K, xt, ldx, yt, ldy, ob, oe, pf_l2, save); break;
         default: break;
         }
     }
