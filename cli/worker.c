@@ -1,5 +1,6 @@
 /* cli/worker.c: `spillway worker`: runs one worker of the consumer group until SIGTERM/SIGINT,
- * then drains (see worker/worker.h). Exit status 0 after a clean drain, 1 on a fatal error (a
+ * then drains (see worker/worker.h); SIGUSR1 logs the stats line (counters and where the time
+ * went) without stopping. Exit status 0 after a clean drain, 1 on a fatal error (a
  * supervisor restarts the process), 2 on a usage or configuration error. */
 #include <signal.h>
 #include <stdio.h>
@@ -8,13 +9,13 @@
 #include "cli.h"
 #include "worker/worker.h"
 
-/* Set by the signal handler; the one flag the worker loop polls (owned by this command). */
-static volatile sig_atomic_t stop_flag;
+/* Set by the signal handlers; the flags the worker loop polls (owned by this command). */
+static volatile sig_atomic_t stop_flag, stats_flag;
 
 static void on_signal(int sig)
 {
-    (void)sig;
-    stop_flag = 1;
+    if (sig == SIGUSR1) stats_flag = 1;
+    else stop_flag = 1;
 }
 
 int cli_worker(int argc, char **argv)
@@ -34,6 +35,7 @@ int cli_worker(int argc, char **argv)
     sigemptyset(&sa.sa_mask);
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGUSR1, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
     worker_t *w = worker_new(&cfg, err, sizeof err);
     worker_config_free(&cfg);
@@ -41,6 +43,7 @@ int cli_worker(int argc, char **argv)
         fprintf(stderr, "spillway worker: %s\n", err);
         return 1;
     }
+    worker_set_stats_flag(w, &stats_flag);
     rc = worker_run(w, &stop_flag, err, sizeof err) ? 1 : 0;
     if (rc) fprintf(stderr, "spillway worker: fatal: %s\n", err);
     worker_free(w);

@@ -243,6 +243,9 @@ consumer_t *consumer_new(const consumer_config_t *cfg, const consumer_hooks_t *h
         {"auto.offset.reset", "earliest"},
         {"isolation.level", "read_committed"},
         {"enable.partition.eof", "false"},
+        /* One fetch request is outstanding per broker; when it names only partitions at the log
+         * end, the broker holds it this long, and partitions resumed meanwhile wait for it. */
+        {"fetch.wait.max.ms", "100"},
     };
     char e[256];
     if (rd_kafka_conf_set(conf, "bootstrap.servers", cfg->brokers, e, sizeof e) ||
@@ -388,6 +391,29 @@ int consumer_pending(const consumer_t *c) { return c->pending; }
 int consumer_n_assigned(const consumer_t *c) { return c->n_parts; }
 int consumer_paused(const consumer_t *c) { return c->paused; }
 
+/* After a resume, librdkafka (2.0) does not wake the fetcher: a resumed partition is fetched at
+ * the broker thread's next periodic wakeup, up to a second later, which made every pause/resume
+ * cycle cost about a second of intake. An absolute seek does wake it, so every resumed partition
+ * that has delivered a message is sought (asynchronously) to the offset after the last one, which
+ * is where the resume restarts fetching anyway (pausing drops the prefetched messages). */
+static void wake_fetcher(consumer_t *c)
+{
+    rd_kafka_topic_partition_list_t *l = NULL;
+    for (int i = 0; i < c->n_parts; i++) {
+        part_t *p = c->parts[i];
+        if (p->hi < 0) continue;
+        if (!l && !(l = rd_kafka_topic_partition_list_new(c->n_parts))) return;
+        rd_kafka_topic_partition_list_add(l, p->topic, p->partition)->offset = p->hi + 1;
+    }
+    if (!l) return;
+    rd_kafka_error_t *e = rd_kafka_seek_partitions(c->rk, l, 0);
+    if (e) {
+        logf_(c, 3, "seek after resume: %s", rd_kafka_error_string(e));
+        rd_kafka_error_destroy(e);
+    }
+    rd_kafka_topic_partition_list_destroy(l);
+}
+
 static int pause_resume(consumer_t *c, int pause)
 {
     if (c->paused == pause) return 0;
@@ -401,6 +427,7 @@ static int pause_resume(consumer_t *c, int pause)
         return -1;
     }
     c->paused = pause;
+    if (!pause) wake_fetcher(c);
     return 0;
 }
 

@@ -2,12 +2,16 @@
  *
  * Two threads:
  *  - the poll thread (the caller of worker_run) owns the consumer and every Kafka call that
- *    needs one thread: it polls messages, parses them (request_parse), produces every output
+ *    needs one thread: it polls messages, parses them (request_parse), renders chat messages and
+ *    tokenises prompts (engine_chat_render and engine_tokenize only read the immutable
+ *    tokenizer and model metadata, so they may run beside engine_step), produces every output
  *    (results and DLQ records), serves delivery reports, commits offsets or transactions,
- *    pauses/resumes partitions and handles rebalances. It never waits on inference.
- *  - the engine thread owns the engine_t: it takes parsed requests from the inbox, tokenises
- *    them, submits them, runs engine_step and turns each finished request into an output that it
- *    puts in the outbox.
+ *    pauses/resumes partitions and handles rebalances. It never waits on inference. Knowing
+ *    each request's token count before the engine sees it lets it bound the tokens in flight
+ *    (max.inflight.tokens) as well as the messages and bytes.
+ *  - the engine thread owns the engine_t's scheduler: it takes tokenised requests from the
+ *    inbox, submits them, runs engine_step and turns each finished request into an output that
+ *    it puts in the outbox.
  * inbox and outbox are FIFO lists under w->mu; the engine thread waits on w->cv for work and
  * wakes the poll thread with consumer_wake when it adds to the outbox.
  *
@@ -24,10 +28,12 @@
 #include <jansson.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
@@ -48,6 +54,10 @@ struct wreq {
     int parsed;                  /* req is filled (request_free in wreq_free) */
     int64_t t_intake;            /* monotonic ns when polled */
     size_t bytes;                /* counted against max.inflight.bytes */
+    int32_t *toks;               /* owned: the prompt's token ids (NULL: req.input_ids) */
+    int n_toks;
+    long cost;                   /* prompt tokens + max_tokens, counted against
+                                    max.inflight.tokens (0 when never given to the engine) */
     atomic_int cancelled;        /* set by the poll thread only */
     /* engine thread */
     uint64_t engine_id;
@@ -62,6 +72,7 @@ struct wreq {
     int expired;                 /* result is finish_reason "expired" */
     int n_prompt, n_completion, n_cached;
     double ttft_ms;              /* < 0 none */
+    int64_t queue_ns;            /* intake to the first scheduled step (or to the result) */
     int64_t retry_at_ms;         /* retry list: next attempt (monotonic ms) */
 };
 
@@ -70,6 +81,14 @@ typedef struct {
         commits, pauses, resumes, prompt_tokens, completion_tokens, cached_tokens, dropped, ttft_n,
         ttft_us_sum;
     atomic_int inflight, assigned;
+    /* phase times, ns (worker_stats_t); each is added to by one thread only */
+    atomic_uint_fast64_t ns_poll, ns_intake, ns_parse, ns_tokenize, ns_produce, ns_commit,
+        ns_submit, ns_step, ns_result, ns_idle, ns_queue_sum, ns_inbox_sum;
+    atomic_int_fast64_t t_first, t_last; /* monotonic ns: first accepted, last durable; 0 none */
+    /* thread CPU time: live through the clock ids while the thread runs, else the final value */
+    atomic_int poll_alive, eng_alive;
+    clockid_t poll_clock, eng_clock;
+    atomic_int_fast64_t poll_cpu_ns, eng_cpu_ns;
 } stats_t;
 
 struct worker {
@@ -99,6 +118,9 @@ struct worker {
     /* poll thread only */
     wreq_t *retry;               /* outputs whose produce failed, to send again */
     long inflight_bytes;
+    long inflight_tokens;        /* sum of cost over accepted, unacknowledged requests */
+    int32_t bos;                 /* the model's BOS id, -1 none */
+    volatile sig_atomic_t *stats_flag;
     int txn_open;
     int64_t txn_start_ms, last_commit_ms;
     stats_t st;
@@ -113,6 +135,21 @@ static int64_t mono_ns(void)
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 static int64_t mono_ms(void) { return mono_ns() / 1000000; }
+
+/* Adds the ns since t0 to counter c and returns now. */
+static int64_t add_since(atomic_uint_fast64_t *c, int64_t t0)
+{
+    int64_t now = mono_ns();
+    atomic_fetch_add_explicit(c, (uint64_t)(now - t0), memory_order_relaxed);
+    return now;
+}
+
+static int64_t thread_cpu_ns(clockid_t id)
+{
+    struct timespec ts;
+    if (clock_gettime(id, &ts)) return -1;
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
 static int64_t wall_ms(void)
 {
     struct timespec ts;
@@ -168,6 +205,7 @@ static void wreq_free(wreq_t *r)
     if (!r) return;
     if (r->parsed) request_free(&r->req);
     if (r->msg) rd_kafka_message_destroy(r->msg);
+    free(r->toks);
     free(r->out);
     free(r);
 }
@@ -196,6 +234,80 @@ static void make_dlq(wreq_t *r, const char *code, const char *msg)
 
 static double ms_between(int64_t a_ns, int64_t b_ns) { return (double)(b_ns - a_ns) * 1e-6; }
 
+/* Copies src[0..len) into dst (cap >= 3 * len + 1) with every byte that does not start a
+ * complete, valid UTF-8 sequence (truncated, overlong, surrogate, > U+10FFFF) replaced by
+ * U+FFFD; NUL-terminates. Returns the output length. */
+static size_t utf8_sanitize(const unsigned char *src, size_t len, char *dst)
+{
+    size_t o = 0;
+    for (size_t i = 0; i < len;) {
+        unsigned c = src[i];
+        size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        int ok = n > 0 && i + n <= len && (n != 2 || c >= 0xC2);
+        for (size_t k = 1; ok && k < n; k++) ok = (src[i + k] & 0xC0) == 0x80;
+        if (ok && n == 3) {
+            unsigned v = (c & 0x0F) << 12 | (src[i + 1] & 0x3Fu) << 6;
+            ok = v >= 0x800 && (v < 0xD800 || v > 0xDFFF);
+        } else if (ok && n == 4) {
+            unsigned v = (c & 0x07) << 18 | (src[i + 1] & 0x3Fu) << 12;
+            ok = v >= 0x10000 && v <= 0x10FFFF;
+        }
+        if (!ok) {
+            memcpy(dst + o, "\xEF\xBF\xBD", 3);
+            o += 3;
+            i++;
+            continue;
+        }
+        memcpy(dst + o, src + i, n);
+        o += n;
+        i += n;
+    }
+    dst[o] = 0;
+    return o;
+}
+
+/* {"id", "text", "logprob"} of one token (top-level entries get "top_logprobs" added by the
+ * caller). A logprob of -inf (a token the model gives no chance) is written as -9999, as
+ * OpenAI's API does. NULL on out of memory. */
+static json_t *logprob_entry(worker_t *w, const engine_logprob_t *lp)
+{
+    char piece[256], text[3 * sizeof piece + 1];
+    int n = engine_token_to_piece(w->eng, lp->id, piece, sizeof piece);
+    if (n < 0) n = 0;
+    if ((size_t)n > sizeof piece) n = (int)sizeof piece;
+    utf8_sanitize((const unsigned char *)piece, (size_t)n, text);
+    double v = isfinite(lp->logprob) ? (double)lp->logprob : -9999.0;
+    return json_pack("{s:i, s:s, s:f}", "id", (int)lp->id, "text", text, "logprob", v);
+}
+
+/* The result's "logprobs" array (schemas/result.schema.json): one entry per generated token.
+ * NULL on out of memory. */
+static json_t *logprobs_json(worker_t *w, const engine_result_t *er)
+{
+    json_t *arr = json_array();
+    if (!arr) return NULL;
+    for (int i = 0; i < er->n_tokens; i++) {
+        json_t *e = logprob_entry(w, &er->logprobs[i]), *top = json_array();
+        if (!e || !top || json_object_set_new(e, "top_logprobs", top)) {
+            json_decref(e);
+            goto oom;
+        }
+        for (int j = 0; j < er->n_logprobs; j++) {
+            const engine_logprob_t *t = &er->top_logprobs[(size_t)i * (size_t)er->n_logprobs + (size_t)j];
+            if (t->id < 0) continue; /* fewer candidates than asked (tiny vocabulary) */
+            if (json_array_append_new(top, logprob_entry(w, t))) {
+                json_decref(e);
+                goto oom;
+            }
+        }
+        if (json_array_append_new(arr, e)) goto oom;
+    }
+    return arr;
+oom:
+    json_decref(arr);
+    return NULL;
+}
+
 /* Builds the result JSON of r. er is the engine's result, or NULL for an expired request that
  * was never computed. 0 or -1 (out of memory: r becomes a DLQ record). */
 static int make_result(worker_t *w, wreq_t *r, const engine_result_t *er, const char *finish)
@@ -214,8 +326,8 @@ static int make_result(worker_t *w, wreq_t *r, const engine_result_t *er, const 
     json_object_set_new(u, "completion_tokens", json_integer(r->n_completion));
     json_object_set_new(o, "usage", u);
     u = NULL;
-    double queue = er && er->t_first_scheduled ? ms_between(r->t_intake, er->t_first_scheduled)
-                                               : ms_between(r->t_intake, now);
+    r->queue_ns = (er && er->t_first_scheduled ? er->t_first_scheduled : now) - r->t_intake;
+    double queue = (double)r->queue_ns * 1e-6;
     r->ttft_ms = er && er->t_first_token ? ms_between(r->t_intake, er->t_first_token) : -1;
     double decode = er && er->t_first_token ? ms_between(er->t_first_token, er->t_finish) : 0;
     json_object_set_new(t, "queue_ms", json_real(queue));
@@ -234,6 +346,10 @@ static int make_result(worker_t *w, wreq_t *r, const engine_result_t *er, const 
     if (r->req.metadata_json) {
         json_t *md = json_loads(r->req.metadata_json, JSON_DECODE_ANY, NULL);
         if (md) json_object_set_new(o, "metadata", md); /* steals md */
+    }
+    if (er && r->req.n_logprobs > 0 && er->logprobs) {
+        json_t *lp = logprobs_json(w, er);
+        if (!lp || json_object_set_new(o, "logprobs", lp)) goto oom;
     }
     char *s = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(6));
     json_decref(o);
@@ -281,57 +397,31 @@ static void on_engine_done(void *arg, const engine_result_t *res)
         return;
     }
     const char *finish = r->expire ? "expired" : engine_finish_name(res->finish);
+    int64_t t0 = mono_ns();
     make_result(w, r, res, finish);
+    add_since(&w->st.ns_result, t0);
     outbox_push(w, r);
 }
 
-/* Tokenises and submits one parsed request, or finishes it at once (expired, dead letter). */
+/* Submits one tokenised request, or finishes it at once (cancelled, expired, refused). */
 static void engine_start(worker_t *w, wreq_t *r)
 {
     char err[256];
-    int32_t *toks = NULL;
-    const int32_t *prompt;
-    int n;
     if (atomic_load(&r->cancelled)) {
         wreq_free(r);
         return;
     }
+    atomic_fetch_add_explicit(&w->st.ns_inbox_sum, (uint64_t)(mono_ns() - r->t_intake),
+                              memory_order_relaxed);
     if (deadline_passed(r)) {
         make_result(w, r, NULL, "expired");
         outbox_push(w, r);
         return;
     }
-    if (r->req.messages) {
-        /* Chat rendering is not available in the engine yet. */
-        make_dlq(r, REQ_ERR_TEMPLATE, "chat messages: no chat template renderer in this build");
-        outbox_push(w, r);
-        return;
-    }
-    if (r->req.prompt) {
-        n = engine_tokenize(w->eng, r->req.prompt, r->req.prompt_len, 1, 0, NULL, 0);
-        if (n < 0 || !(toks = malloc(sizeof *toks * (size_t)(n > 0 ? n : 1)))) {
-            make_dlq(r, REQ_ERR_PROMPT_TOKENS, "tokenizer: out of memory");
-            outbox_push(w, r);
-            return;
-        }
-        engine_tokenize(w->eng, r->req.prompt, r->req.prompt_len, 1, 0, toks, n);
-        prompt = toks;
-    } else {
-        prompt = r->req.input_ids;
-        n = r->req.n_input_ids;
-    }
-    if (w->cfg.max_prompt_tokens > 0 && n > w->cfg.max_prompt_tokens) {
-        snprintf(err, sizeof err, "prompt has %d tokens, over limits.max_prompt_tokens=%d", n,
-                 w->cfg.max_prompt_tokens);
-        free(toks);
-        make_dlq(r, REQ_ERR_PROMPT_TOKENS, err);
-        outbox_push(w, r);
-        return;
-    }
     engine_request_t q;
     engine_request_default(&q);
-    q.prompt = prompt;
-    q.n_prompt = n;
+    q.prompt = r->toks ? r->toks : r->req.input_ids;
+    q.n_prompt = r->toks ? r->n_toks : r->req.n_input_ids;
     q.max_tokens = r->req.max_tokens;
     q.sampling.temperature = r->req.temperature;
     q.sampling.top_k = r->req.top_k;
@@ -350,7 +440,6 @@ static void engine_start(worker_t *w, wreq_t *r)
         int cap = w->cap_active ? w->cap_active * 2 : 64;
         wreq_t **a = realloc(w->active, sizeof *a * (size_t)cap);
         if (!a) {
-            free(toks);
             make_dlq(r, REQ_ERR_BAD_PARAM, "out of memory");
             outbox_push(w, r);
             return;
@@ -362,12 +451,13 @@ static void engine_start(worker_t *w, wreq_t *r)
     w->active[w->n_active++] = r;
     if (engine_submit(w->eng, &q, on_engine_done, w, &r->engine_id, err, sizeof err)) {
         active_remove(w, r);
-        free(toks);
         make_dlq(r, strstr(err, "context") ? REQ_ERR_PROMPT_TOKENS : REQ_ERR_BAD_PARAM, err);
         outbox_push(w, r);
         return;
     }
-    free(toks);
+    /* the engine copied the prompt */
+    free(r->toks);
+    r->toks = NULL;
 }
 
 static void *engine_main(void *arg)
@@ -376,14 +466,17 @@ static void *engine_main(void *arg)
     char err[256];
     pthread_mutex_lock(&w->mu);
     for (;;) {
+        int64_t t_wait = mono_ns();
         while (!w->eng_stop && !w->fatal && !w->inbox && w->n_active == 0)
             pthread_cond_wait(&w->cv, &w->mu);
+        add_since(&w->st.ns_idle, t_wait);
         if (w->fatal || (w->eng_stop && !w->inbox && w->n_active == 0)) break;
         wreq_t *batch = w->inbox;
         w->inbox = w->inbox_tail = NULL;
         int stopping = w->eng_stop;
         pthread_mutex_unlock(&w->mu);
 
+        int64_t t0 = mono_ns();
         while (batch) {
             wreq_t *r = batch;
             batch = r->next;
@@ -403,14 +496,21 @@ static void *engine_main(void *arg)
                 engine_cancel(w->eng, r->engine_id);
             }
         }
-        if (w->n_active > 0 && engine_step(w->eng, err, sizeof err) < 0) {
-            set_fatal(w, "engine step: %s", err);
-            pthread_mutex_lock(&w->mu);
-            break;
+        t0 = add_since(&w->st.ns_submit, t0);
+        if (w->n_active > 0) {
+            int rc = engine_step(w->eng, err, sizeof err);
+            add_since(&w->st.ns_step, t0);
+            if (rc < 0) {
+                set_fatal(w, "engine step: %s", err);
+                pthread_mutex_lock(&w->mu);
+                break;
+            }
         }
         pthread_mutex_lock(&w->mu);
     }
     pthread_mutex_unlock(&w->mu);
+    atomic_store(&w->st.eng_cpu_ns, thread_cpu_ns(CLOCK_THREAD_CPUTIME_ID));
+    atomic_store(&w->st.eng_alive, 0);
     /* fatal: whatever is left is dropped (its offsets stay uncommitted) */
     while (w->n_active > 0) {
         wreq_t *r = w->active[w->n_active - 1];
@@ -430,7 +530,9 @@ static void hook_drop(void *arg, void *user)
 {
     worker_t *w = arg;
     wreq_t *r = user;
-    w->inflight_bytes -= (long)r->bytes; /* read before r may be freed by another thread */
+    /* read before r may be freed by another thread */
+    w->inflight_bytes -= (long)r->bytes;
+    w->inflight_tokens -= r->cost;
     atomic_fetch_add(&w->st.dropped, 1);
     atomic_store(&r->cancelled, 1);
 }
@@ -442,6 +544,7 @@ static void count_output(worker_t *w, const wreq_t *r)
         return;
     }
     atomic_fetch_add(&w->st.results, 1);
+    atomic_fetch_add_explicit(&w->st.ns_queue_sum, (uint64_t)r->queue_ns, memory_order_relaxed);
     if (r->expired) atomic_fetch_add(&w->st.expired, 1);
     atomic_fetch_add(&w->st.prompt_tokens, (uint64_t)r->n_prompt);
     atomic_fetch_add(&w->st.completion_tokens, (uint64_t)r->n_completion);
@@ -457,7 +560,9 @@ static void output_done(worker_t *w, wreq_t *r)
 {
     if (w->cons && consumer_ack(w->cons, &r->ticket) == 0) {
         w->inflight_bytes -= (long)r->bytes;
+        w->inflight_tokens -= r->cost;
         count_output(w, r);
+        atomic_store(&w->st.t_last, mono_ns());
     }
     wreq_free(r);
 }
@@ -632,6 +737,79 @@ static void periodic_commit(worker_t *w, int force)
 
 /* ---- poll thread: intake ---- */
 
+/* Encodes text into r->toks. 0, or -1 on out of memory. */
+static int tokenize(worker_t *w, wreq_t *r, const char *text, size_t len, int parse_special)
+{
+    /* one pass in the common case: no tokenizer makes more than a token per byte, plus BOS/EOS */
+    int cap = len < (size_t)(1 << 30) ? (int)len + 4 : 1 << 30;
+    for (int pass = 0; pass < 2; pass++) {
+        int32_t *t = realloc(r->toks, sizeof *t * (size_t)cap);
+        if (!t) return -1;
+        r->toks = t;
+        int n = engine_tokenize(w->eng, text, len, 1, parse_special, t, cap);
+        if (n < 0) return -1;
+        if (n <= cap) {
+            r->n_toks = n;
+            return 0;
+        }
+        cap = n;
+    }
+    return -1;
+}
+
+/* Renders r's chat messages (template: the request's chat_template, else the chat.template key,
+ * else the model's) and tokenises the prompt; checks the token limit. 0, or -1 with *code and
+ * err set (a dead letter), or -2 on out of memory. Poll thread. */
+static int prepare_prompt(worker_t *w, wreq_t *r, const char **code, char *err, size_t errlen)
+{
+    const request_t *q = &r->req;
+    if (q->messages) {
+        engine_chat_msg_t *msgs = malloc(sizeof *msgs * (size_t)q->n_messages);
+        if (!msgs) return -2;
+        for (int i = 0; i < q->n_messages; i++) {
+            msgs[i].role = q->messages[i].role;
+            msgs[i].content = q->messages[i].content;
+        }
+        const char *name = q->template_name ? q->template_name
+                           : *w->cfg.chat_template ? w->cfg.chat_template : NULL;
+        char *text = engine_chat_render(w->eng, name, msgs, q->n_messages, 1, err, errlen);
+        free(msgs);
+        if (!text) {
+            if (strstr(err, "out of memory")) return -2;
+            *code = REQ_ERR_TEMPLATE;
+            return -1;
+        }
+        size_t len = strlen(text);
+        if (len > (size_t)w->cfg.max_prompt_bytes) {
+            snprintf(err, errlen, "rendered chat prompt has %zu bytes, over limits.max_prompt_bytes=%ld",
+                     len, w->cfg.max_prompt_bytes);
+            free(text);
+            *code = REQ_ERR_PROMPT_BYTES;
+            return -1;
+        }
+        /* the template's own special tokens (<|im_start|>, ...) are tokens, not text */
+        int rc = tokenize(w, r, text, len, 1);
+        free(text);
+        if (rc) return -2;
+        /* a template that writes the BOS text itself, plus the tokenizer's BOS: keep one */
+        if (r->n_toks >= 2 && w->bos >= 0 && r->toks[0] == w->bos && r->toks[1] == w->bos) {
+            memmove(r->toks, r->toks + 1, sizeof *r->toks * (size_t)(r->n_toks - 1));
+            r->n_toks--;
+        }
+    } else if (q->prompt) {
+        if (tokenize(w, r, q->prompt, q->prompt_len, 0)) return -2;
+    }
+    int n = r->toks ? r->n_toks : q->n_input_ids;
+    if (w->cfg.max_prompt_tokens > 0 && n > w->cfg.max_prompt_tokens) {
+        snprintf(err, errlen, "prompt has %d tokens, over limits.max_prompt_tokens=%d", n,
+                 w->cfg.max_prompt_tokens);
+        *code = REQ_ERR_PROMPT_TOKENS;
+        return -1;
+    }
+    r->cost = (long)n + q->max_tokens;
+    return 0;
+}
+
 static void intake(worker_t *w, rd_kafka_message_t *m)
 {
     if (m->err) {
@@ -642,6 +820,7 @@ static void intake(worker_t *w, rd_kafka_message_t *m)
         rd_kafka_message_destroy(m);
         return;
     }
+    int64_t t0 = mono_ns();
     wreq_t *r = calloc(1, sizeof *r);
     if (!r) {
         rd_kafka_message_destroy(m);
@@ -651,31 +830,49 @@ static void intake(worker_t *w, rd_kafka_message_t *m)
     r->msg = m; /* owned by r from here */
     r->active_ix = -1;
     r->ttft_ms = -1;
-    r->t_intake = mono_ns();
+    r->t_intake = t0;
     int rc = consumer_track(w->cons, m, r, &r->ticket);
     if (rc) {
         if (rc < 0) set_fatal(w, "out of memory");
         wreq_free(r);
         return;
     }
+    int64_t zero = 0;
+    atomic_compare_exchange_strong(&w->st.t_first, &zero, t0);
     r->bytes = m->len;
     w->inflight_bytes += (long)r->bytes;
     atomic_fetch_add(&w->st.consumed, 1);
     const char *code = NULL;
     char err[256];
     int64_t ts = rd_kafka_message_timestamp(m, NULL);
-    if (request_parse(m->payload, m->len, ts > 0 ? ts : 0, &w->limits, &r->req, &code, err,
-                      sizeof err)) {
+    int64_t t1 = mono_ns();
+    rc = request_parse(m->payload, m->len, ts > 0 ? ts : 0, &w->limits, &r->req, &code, err,
+                       sizeof err);
+    t1 = add_since(&w->st.ns_parse, t1);
+    if (rc) {
         make_dlq(r, code ? code : REQ_ERR_NOT_JSON, err);
         send_output(w, r);
-        return;
+        goto out;
     }
     r->parsed = 1;
     if (deadline_passed(r)) {
         make_result(w, r, NULL, "expired");
         send_output(w, r);
-        return;
+        goto out;
     }
+    rc = prepare_prompt(w, r, &code, err, sizeof err);
+    add_since(&w->st.ns_tokenize, t1);
+    if (rc == -2) {
+        /* Not the message's fault: stop rather than dead-letter it (a restart retries it).
+         * r still goes to the inbox, which the engine thread no longer takes from once fatal
+         * is set; worker_run frees it after the consumer dropped it. */
+        set_fatal(w, "out of memory preparing a prompt");
+    } else if (rc) {
+        make_dlq(r, code, err);
+        send_output(w, r);
+        goto out;
+    }
+    w->inflight_tokens += r->cost;
     r->next = NULL;
     pthread_mutex_lock(&w->mu);
     if (w->inbox_tail) w->inbox_tail->next = r;
@@ -683,6 +880,8 @@ static void intake(worker_t *w, rd_kafka_message_t *m)
     w->inbox_tail = r;
     pthread_cond_signal(&w->cv);
     pthread_mutex_unlock(&w->mu);
+out:
+    add_since(&w->st.ns_intake, t0);
 }
 
 static void flow_control(worker_t *w)
@@ -690,14 +889,16 @@ static void flow_control(worker_t *w)
     int pending = consumer_pending(w->cons);
     int hi = w->cfg.max_inflight, lo = hi - (hi / 4 > 1 ? hi / 4 : 1);
     long bhi = w->cfg.max_inflight_bytes, blo = bhi - bhi / 4;
+    long thi = w->cfg.max_inflight_tokens, tlo = thi - thi / 4;
     if (!consumer_paused(w->cons)) {
-        if (pending >= hi || w->inflight_bytes >= bhi) {
+        if (pending >= hi || w->inflight_bytes >= bhi || w->inflight_tokens >= thi) {
             if (consumer_pause(w->cons) == 0) {
                 atomic_fetch_add(&w->st.pauses, 1);
-                wlog(w, 3, "paused intake: %d in flight, %ld bytes", pending, w->inflight_bytes);
+                wlog(w, 3, "paused intake: %d in flight, %ld bytes, %ld tokens", pending,
+                     w->inflight_bytes, w->inflight_tokens);
             }
         }
-    } else if (pending <= lo && w->inflight_bytes <= blo) {
+    } else if (pending <= lo && w->inflight_bytes <= blo && w->inflight_tokens <= tlo) {
         if (consumer_resume(w->cons) == 0) {
             atomic_fetch_add(&w->st.resumes, 1);
             wlog(w, 3, "resumed intake: %d in flight", pending);
@@ -785,6 +986,9 @@ worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen)
     ec.prefix_cache = w->cfg.prefix_cache;
     w->eng = engine_new(&ec, errstr, errlen);
     if (!w->eng) goto fail;
+    engine_info_t info;
+    engine_info(w->eng, &info);
+    w->bos = info.bos;
 
     char txid[512];
     if (*w->cfg.transactional_id) snprintf(txid, sizeof txid, "%s", w->cfg.transactional_id);
@@ -826,6 +1030,40 @@ void worker_stop(worker_t *w)
     if (w->cons) consumer_wake(w->cons);
 }
 
+void worker_set_stats_flag(worker_t *w, volatile sig_atomic_t *flag) { w->stats_flag = flag; }
+
+void worker_log_stats(worker_t *w)
+{
+    worker_stats_t st;
+    worker_stats(w, &st);
+    struct rusage ru;
+    double proc_cpu = 0;
+    if (!getrusage(RUSAGE_SELF, &ru))
+        proc_cpu = (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec * 1e-6 +
+                   (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec * 1e-6;
+    double busy = (double)st.ns_busy * 1e-9, s = 1e-9;
+    uint64_t out = st.results + st.dlq;
+    double per = out ? 1e-3 / (double)out : 0; /* ns sum -> us per output */
+    wlog(w, 2,
+         "stats: busy_s=%.3f outputs=%" PRIu64 " results=%" PRIu64 " dlq=%" PRIu64
+         " expired=%" PRIu64 " req_per_s=%.1f completion_tokens=%" PRIu64 " tok_per_s=%.1f"
+         " prompt_tokens=%" PRIu64 " cached_tokens=%" PRIu64 " poll_cpu_s=%.3f engine_cpu_s=%.3f"
+         " process_cpu_s=%.3f poll_s=%.3f intake_s=%.3f parse_s=%.3f tokenize_s=%.3f"
+         " produce_s=%.3f commit_s=%.3f submit_s=%.3f step_s=%.3f result_s=%.3f idle_s=%.3f"
+         " intake_us=%.2f produce_us=%.2f queue_ms_mean=%.2f inbox_ms_mean=%.3f"
+         " pauses=%" PRIu64 " commits=%" PRIu64 " txn_commits=%" PRIu64 " retries=%" PRIu64,
+         busy, out, st.results, st.dlq, st.expired, busy > 0 ? (double)out / busy : 0.0,
+         st.completion_tokens, busy > 0 ? (double)st.completion_tokens / busy : 0.0,
+         st.prompt_tokens, st.cached_tokens, st.poll_cpu_s, st.engine_cpu_s, proc_cpu,
+         (double)st.ns_poll * s, (double)st.ns_intake * s, (double)st.ns_parse * s,
+         (double)st.ns_tokenize * s, (double)st.ns_produce * s, (double)st.ns_commit * s,
+         (double)st.ns_submit * s, (double)st.ns_step * s, (double)st.ns_result * s,
+         (double)st.ns_idle * s, (double)st.ns_intake * per, (double)st.ns_produce * per,
+         st.results ? (double)st.ns_queue_sum * 1e-6 / (double)st.results : 0.0,
+         st.consumed ? (double)st.ns_inbox_sum * 1e-6 / (double)st.consumed : 0.0, st.pauses,
+         st.commits, st.txn_commits, st.produce_retries);
+}
+
 int worker_run(worker_t *w, const volatile sig_atomic_t *stop, char *errstr, size_t errlen)
 {
     pthread_t th;
@@ -833,6 +1071,8 @@ int worker_run(worker_t *w, const volatile sig_atomic_t *stop, char *errstr, siz
         snprintf(errstr, errlen, "cannot start the engine thread");
         return -1;
     }
+    if (!pthread_getcpuclockid(th, &w->st.eng_clock)) atomic_store(&w->st.eng_alive, 1);
+    if (!pthread_getcpuclockid(pthread_self(), &w->st.poll_clock)) atomic_store(&w->st.poll_alive, 1);
     engine_info_t info;
     engine_info(w->eng, &info);
     wlog(w, 2, "started: model %s (%s), group %s, input %s -> %s (DLQ %s), %s", w->model_name,
@@ -840,15 +1080,24 @@ int worker_run(worker_t *w, const volatile sig_atomic_t *stop, char *errstr, siz
          w->cfg.delivery == WORKER_EOS ? "exactly-once" : "at-least-once");
     w->last_commit_ms = mono_ms();
     while (!(stop && *stop) && !atomic_load(&w->stop_req) && !is_fatal(w)) {
+        if (w->stats_flag && *w->stats_flag) {
+            *w->stats_flag = 0;
+            worker_log_stats(w);
+        }
         flow_control(w);
         pthread_mutex_lock(&w->mu);
         int have_out = w->outbox != NULL;
         pthread_mutex_unlock(&w->mu);
+        int64_t t0 = mono_ns();
         rd_kafka_message_t *m = consumer_poll(w->cons, have_out ? 0 : w->cfg.poll_ms);
+        add_since(&w->st.ns_poll, t0);
         if (m) intake(w, m);
+        t0 = mono_ns();
         drain_outbox(w);
         producer_poll(w->prod, 0);
+        t0 = add_since(&w->st.ns_produce, t0);
         periodic_commit(w, 0);
+        add_since(&w->st.ns_commit, t0);
         char e[512];
         if (producer_fatal(w->prod, e, sizeof e)) set_fatal(w, "%s", e);
         atomic_store(&w->st.inflight, consumer_pending(w->cons));
@@ -910,6 +1159,9 @@ int worker_run(worker_t *w, const volatile sig_atomic_t *stop, char *errstr, siz
     w->retry = NULL;
     producer_free(w->prod, 5000); /* delivery reports now free without acking */
     w->prod = NULL;
+    atomic_store(&w->st.poll_cpu_ns, thread_cpu_ns(CLOCK_THREAD_CPUTIME_ID));
+    atomic_store(&w->st.poll_alive, 0);
+    worker_log_stats(w);
     worker_stats_t st;
     worker_stats(w, &st);
     wlog(w, 2, "stopped: %" PRIu64 " consumed, %" PRIu64 " results (%" PRIu64 " expired), %" PRIu64
@@ -965,4 +1217,26 @@ void worker_stats(const worker_t *w, worker_stats_t *st)
     st->ttft_ms_sum = (double)atomic_load(&m->st.ttft_us_sum) * 1e-3;
     st->inflight = atomic_load(&m->st.inflight);
     st->assigned = atomic_load(&m->st.assigned);
+    st->ns_poll = atomic_load(&m->st.ns_poll);
+    st->ns_intake = atomic_load(&m->st.ns_intake);
+    st->ns_parse = atomic_load(&m->st.ns_parse);
+    st->ns_tokenize = atomic_load(&m->st.ns_tokenize);
+    st->ns_produce = atomic_load(&m->st.ns_produce);
+    st->ns_commit = atomic_load(&m->st.ns_commit);
+    st->ns_submit = atomic_load(&m->st.ns_submit);
+    st->ns_step = atomic_load(&m->st.ns_step);
+    st->ns_result = atomic_load(&m->st.ns_result);
+    st->ns_idle = atomic_load(&m->st.ns_idle);
+    st->ns_queue_sum = atomic_load(&m->st.ns_queue_sum);
+    st->ns_inbox_sum = atomic_load(&m->st.ns_inbox_sum);
+    int64_t t_first = atomic_load(&m->st.t_first), t_last = atomic_load(&m->st.t_last);
+    st->ns_busy = t_first && t_last > t_first ? (uint64_t)(t_last - t_first) : 0;
+    int64_t cpu = -1;
+    if (atomic_load(&m->st.poll_alive)) cpu = thread_cpu_ns(m->st.poll_clock);
+    if (cpu < 0) cpu = atomic_load(&m->st.poll_cpu_ns);
+    st->poll_cpu_s = cpu > 0 ? (double)cpu * 1e-9 : 0;
+    cpu = -1;
+    if (atomic_load(&m->st.eng_alive)) cpu = thread_cpu_ns(m->st.eng_clock);
+    if (cpu < 0) cpu = atomic_load(&m->st.eng_cpu_ns);
+    st->engine_cpu_s = cpu > 0 ? (double)cpu * 1e-9 : 0;
 }

@@ -44,7 +44,8 @@ typedef struct {
     int commit_interval_ms;    /* offset commit / transaction period */
     int drain_timeout_ms;      /* SIGTERM: time to finish in-flight work before closing */
     int max_inflight;          /* accepted messages without a durable result, at most */
-    long max_inflight_bytes;   /* their prompt bytes, at most (the token bound's proxy) */
+    long max_inflight_bytes;   /* their message bytes, at most */
+    long max_inflight_tokens;  /* prompt tokens + max_tokens of those given to the engine */
     int poll_ms;               /* longest consumer poll wait */
     /* engine */
     char *model;               /* GGUF path */
@@ -117,6 +118,13 @@ worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen);
 int worker_run(worker_t *w, const volatile sig_atomic_t *stop, char *errstr, size_t errlen);
 /* Asks a running worker_run to drain and return. Any thread. */
 void worker_stop(worker_t *w);
+/* Optional: a flag (e.g. set by a SIGUSR1 handler) that worker_run checks on every loop turn;
+ * when it is non-zero worker_run logs the stats line (worker_log_stats) and sets it back to 0.
+ * Call before worker_run; flag must outlive it. */
+void worker_set_stats_flag(worker_t *w, volatile sig_atomic_t *flag);
+/* Logs one info line of counters and per-phase times ("stats: key=value ..."), the line
+ * worker_run also logs when it returns. Any thread. */
+void worker_log_stats(worker_t *w);
 void worker_free(worker_t *w);
 
 typedef struct {
@@ -134,6 +142,27 @@ typedef struct {
     uint64_t ttft_n;
     int inflight;              /* now */
     int assigned;              /* partitions assigned now */
+    /* Where the time went: monotonic ns summed over calls (cheap counters, always on).
+     * Poll thread: */
+    uint64_t ns_poll;          /* in consumer_poll (waiting included, rebalances included) */
+    uint64_t ns_intake;        /* intake of accepted messages: everything below and tracking */
+    uint64_t ns_parse;         /*   of which request_parse */
+    uint64_t ns_tokenize;      /*   of which chat rendering and tokenisation */
+    uint64_t ns_produce;       /* producing outputs, serving delivery reports, acking */
+    uint64_t ns_commit;        /* offset commits / transaction commits */
+    /* Engine thread: */
+    uint64_t ns_submit;        /* engine_submit and finishing requests that need no step */
+    uint64_t ns_step;          /* engine_step (result building included) */
+    uint64_t ns_result;        /*   of which building result JSON */
+    uint64_t ns_idle;          /* waiting for work */
+    /* Per request, summed over results: from intake to the first scheduled step, and to the
+     * engine thread taking the request from the inbox. */
+    uint64_t ns_queue_sum, ns_inbox_sum;
+    /* From the first message accepted to the last output made durable (0 before). */
+    uint64_t ns_busy;
+    /* CPU seconds of the poll thread and of the engine thread (compute pool threads and
+     * librdkafka's threads not included) */
+    double poll_cpu_s, engine_cpu_s;
 } worker_stats_t;
 
 /* Counters so far. Any thread (values are read without a lock: each one is exact, the set is

@@ -1,0 +1,360 @@
+/* tests/test_worker_features.c: request features of the worker end to end on librdkafka's mock
+ * cluster with stories260K (which has no tokenizer.chat_template):
+ *  - chat `messages` rendered with the configured chat.template (chatml): usage.prompt_tokens is
+ *    the token count of the chatml rendering; a request's own chat_template (llama3) wins over
+ *    the configured one; without a configured template the request is a dead letter with code
+ *    unknown_template and a message naming why;
+ *  - `logprobs`: one entry per generated token, each with `logprobs` alternatives, most likely
+ *    first, the greedy choice being the first; no `logprobs` field when not asked;
+ *  - the token bound (max.inflight.tokens) pauses intake and loses nothing;
+ *  - the phase counters of worker_stats move, and worker_log_stats prints them. */
+#include <jansson.h>
+#include <librdkafka/rdkafka.h>
+#include <librdkafka/rdkafka_mock.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "engine/engine.h"
+#include "worker/worker.h"
+
+#define MODEL SPILLWAY_MODELS "/stories260K.gguf"
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static rd_kafka_t *client(rd_kafka_type_t type, const char *brokers, const char *group)
+{
+    char err[256];
+    rd_kafka_conf_t *conf = rd_kafka_conf_new();
+    if (brokers) rd_kafka_conf_set(conf, "bootstrap.servers", brokers, err, sizeof err);
+    rd_kafka_conf_set(conf, "log_level", "3", err, sizeof err);
+    if (group) {
+        rd_kafka_conf_set(conf, "group.id", group, err, sizeof err);
+        rd_kafka_conf_set(conf, "enable.auto.commit", "false", err, sizeof err);
+    }
+    rd_kafka_t *rk = rd_kafka_new(type, conf, err, sizeof err);
+    if (!rk) fprintf(stderr, "rd_kafka_new: %s\n", err);
+    return rk;
+}
+
+static void produce(const char *brokers, const char *topic, const char *const *vals, int n)
+{
+    rd_kafka_t *p = client(RD_KAFKA_PRODUCER, brokers, NULL);
+    for (int i = 0; i < n; i++)
+        CHECK(rd_kafka_producev(p, RD_KAFKA_V_TOPIC(topic), RD_KAFKA_V_VALUE((void *)vals[i], strlen(vals[i])),
+                                RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_END) == 0);
+    CHECK(rd_kafka_flush(p, 10000) == 0);
+    rd_kafka_destroy(p);
+}
+
+typedef struct {
+    json_t *value;     /* parsed record value (NULL for a DLQ record's raw bytes) */
+    char raw[512];     /* the value's first bytes, NUL-terminated */
+    char code[64], message[256]; /* DLQ headers */
+} rec_t;
+
+/* Reads topic (1 partition) from the beginning until want records or the timeout. */
+static int collect(const char *brokers, const char *topic, int want, rec_t *out)
+{
+    rd_kafka_t *c = client(RD_KAFKA_CONSUMER, brokers, "collector");
+    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);
+    rd_kafka_topic_partition_list_add(l, topic, 0)->offset = RD_KAFKA_OFFSET_BEGINNING;
+    rd_kafka_assign(c, l);
+    rd_kafka_topic_partition_list_destroy(l);
+    int n = 0;
+    for (int64_t end = now_ms() + 30000; n < want && now_ms() < end;) {
+        rd_kafka_message_t *m = rd_kafka_consumer_poll(c, 100);
+        if (!m) continue;
+        if (!m->err) {
+            rec_t *r = &out[n++];
+            memset(r, 0, sizeof *r);
+            snprintf(r->raw, sizeof r->raw, "%.*s", (int)m->len, (const char *)m->payload);
+            r->value = json_loadb(m->payload, m->len, 0, NULL);
+            rd_kafka_headers_t *h;
+            const void *v;
+            size_t vl;
+            if (!rd_kafka_message_headers(m, &h)) {
+                if (!rd_kafka_header_get_last(h, "__spillway.errors.code", &v, &vl))
+                    snprintf(r->code, sizeof r->code, "%.*s", (int)vl, (const char *)v);
+                if (!rd_kafka_header_get_last(h, "__spillway.errors.message", &v, &vl))
+                    snprintf(r->message, sizeof r->message, "%.*s", (int)vl, (const char *)v);
+            }
+        }
+        rd_kafka_message_destroy(m);
+    }
+    rd_kafka_consumer_close(c);
+    rd_kafka_destroy(c);
+    return n;
+}
+
+static json_t *find(rec_t *recs, int n, const char *id)
+{
+    for (int i = 0; i < n; i++)
+        if (recs[i].value) {
+            const char *v = json_string_value(json_object_get(recs[i].value, "id"));
+            if (v && !strcmp(v, id)) return recs[i].value;
+        }
+    return NULL;
+}
+
+static void free_recs(rec_t *recs, int n)
+{
+    for (int i = 0; i < n; i++) json_decref(recs[i].value);
+}
+
+typedef struct {
+    worker_t *w;
+    int rc;
+    char err[512];
+} run_t;
+
+static void *run_worker(void *arg)
+{
+    run_t *r = arg;
+    r->rc = worker_run(r->w, NULL, r->err, sizeof r->err);
+    return NULL;
+}
+
+/* A worker on topics in/out/dlq with extra settings kv[0..n) ("key", "value" pairs). */
+static worker_t *make_worker(const char *brokers, const char *suffix, const char *const (*kv)[2], int n)
+{
+    worker_config_t c;
+    char err[512], in[32], out[32], dlq[32], group[32];
+    snprintf(in, sizeof in, "in-%s", suffix);
+    snprintf(out, sizeof out, "out-%s", suffix);
+    snprintf(dlq, sizeof dlq, "dlq-%s", suffix);
+    snprintf(group, sizeof group, "g-%s", suffix);
+    worker_config_default(&c);
+    const char *base[][2] = {{"brokers", brokers}, {"group.id", group}, {"input.topics", in},
+                             {"output.topic", out}, {"dlq.topic", dlq}, {"model", MODEL},
+                             {"threads", "1"}, {"kv.mem_mb", "16"}, {"commit.interval.ms", "100"},
+                             {"worker.id", "wf"}, {"log.level", getenv("WLOG") ? getenv("WLOG") : "warn"}};
+    for (size_t i = 0; i < sizeof base / sizeof base[0]; i++)
+        CHECKF(!worker_config_set(&c, base[i][0], base[i][1], "test", err, sizeof err), "%s", err);
+    for (int i = 0; i < n; i++)
+        CHECKF(!worker_config_set(&c, kv[i][0], kv[i][1], "test", err, sizeof err), "%s", err);
+    worker_config_add_kafka(&c, "log_level=3", "test", err, sizeof err);
+    worker_t *w = worker_new(&c, err, sizeof err);
+    CHECKF(w != NULL, "%s", err);
+    worker_config_free(&c);
+    return w;
+}
+
+/* Runs worker w until outputs results + DLQ records are durable, then stops it. */
+static void run_until(worker_t *w, uint64_t outputs, worker_stats_t *st)
+{
+    run_t run = {.w = w};
+    pthread_t th;
+    pthread_create(&th, NULL, run_worker, &run);
+    int64_t end = now_ms() + 40000;
+    do {
+        usleep(50000);
+        worker_stats(w, st);
+    } while (st->results + st->dlq < outputs && now_ms() < end);
+    worker_log_stats(w);
+    worker_stop(w);
+    pthread_join(th, NULL);
+    CHECKF(run.rc == 0, "%s", run.err);
+    worker_stats(w, st);
+}
+
+/* Token count of msgs rendered with template name, tokenised as the worker does. */
+static int chat_tokens(engine_t *e, const char *name, const engine_chat_msg_t *msgs, int n)
+{
+    char err[256];
+    char *text = engine_chat_render(e, name, msgs, n, 1, err, sizeof err);
+    CHECKF(text != NULL, "%s", err);
+    if (!text) return -1;
+    int k = engine_tokenize(e, text, strlen(text), 1, 1, NULL, 0);
+    free(text);
+    return k;
+}
+
+static const engine_chat_msg_t CHAT[] = {{"system", "You tell short stories."},
+                                         {"user", "Tell me about Lily and her dog."}};
+#define CHAT_JSON                                                                            \
+    "[{\"role\":\"system\",\"content\":\"You tell short stories.\"},"                        \
+    "{\"role\":\"user\",\"content\":\"Tell me about Lily and her dog.\"}]"
+
+static void test_chat_and_logprobs(rd_kafka_mock_cluster_t *mc, const char *brokers, engine_t *e)
+{
+    rd_kafka_mock_topic_create(mc, "in-a", 1, 1);
+    rd_kafka_mock_topic_create(mc, "out-a", 1, 1);
+    rd_kafka_mock_topic_create(mc, "dlq-a", 1, 1);
+    const char *reqs[] = {
+        "{\"id\":\"chat\",\"messages\":" CHAT_JSON ",\"max_tokens\":4,\"temperature\":0}",
+        "{\"id\":\"chat3\",\"messages\":" CHAT_JSON ",\"chat_template\":\"llama3\",\"max_tokens\":2}",
+        "{\"id\":\"bad\",\"messages\":" CHAT_JSON ",\"chat_template\":\"nosuch\"}",
+        "{\"id\":\"lp\",\"prompt\":\"Once upon a time\",\"max_tokens\":5,\"temperature\":0,\"logprobs\":3}",
+        "{\"id\":\"nolp\",\"prompt\":\"Once upon a time\",\"max_tokens\":2,\"temperature\":0}",
+    };
+    int nreq = (int)(sizeof reqs / sizeof reqs[0]);
+    produce(brokers, "in-a", reqs, nreq);
+    const char *kv[][2] = {{"chat.template", "chatml"}};
+    worker_t *w = make_worker(brokers, "a", kv, 1);
+    if (!w) return;
+    worker_stats_t st;
+    run_until(w, (uint64_t)nreq, &st);
+    worker_free(w);
+    CHECK(st.results == 4 && st.dlq == 1);
+    /* every phase the requests went through was timed */
+    CHECK(st.ns_intake > 0 && st.ns_parse > 0 && st.ns_tokenize > 0 && st.ns_produce > 0);
+    CHECK(st.ns_step > 0 && st.ns_result > 0 && st.ns_busy > 0 && st.ns_queue_sum > 0);
+    CHECK(st.ns_parse + st.ns_tokenize <= st.ns_intake && st.ns_result <= st.ns_step);
+    CHECK(st.engine_cpu_s > 0 && st.poll_cpu_s > 0);
+
+    rec_t res[8], dl[4];
+    int nres = collect(brokers, "out-a", 4, res), ndl = collect(brokers, "dlq-a", 1, dl);
+    CHECKF(nres == 4, "%d results", nres);
+    json_t *chat = find(res, nres, "chat"), *chat3 = find(res, nres, "chat3");
+    CHECK(chat && chat3);
+    int want = chat_tokens(e, "chatml", CHAT, 2), want3 = chat_tokens(e, "llama3", CHAT, 2);
+    CHECK(want > 0 && want3 > 0 && want != want3);
+    if (chat) {
+        json_t *u = json_object_get(chat, "usage");
+        CHECKF(json_integer_value(json_object_get(u, "prompt_tokens")) == want, "chatml: %lld, want %d",
+               (long long)json_integer_value(json_object_get(u, "prompt_tokens")), want);
+        CHECK(json_integer_value(json_object_get(u, "completion_tokens")) >= 1);
+        CHECK(json_object_get(chat, "logprobs") == NULL);
+    }
+    if (chat3)
+        CHECKF(json_integer_value(json_object_get(json_object_get(chat3, "usage"), "prompt_tokens")) == want3,
+               "llama3: want %d", want3);
+    CHECKF(ndl == 1 && !strcmp(dl[0].code, "unknown_template") && strstr(dl[0].message, "nosuch") &&
+               strstr(dl[0].raw, "\"id\":\"bad\""),
+           "DLQ %s: %s", ndl ? dl[0].code : "-", ndl ? dl[0].message : "-");
+
+    json_t *lp = find(res, nres, "lp"), *nolp = find(res, nres, "nolp");
+    CHECK(lp && nolp);
+    if (nolp) CHECK(json_object_get(nolp, "logprobs") == NULL);
+    if (lp) {
+        json_t *arr = json_object_get(lp, "logprobs");
+        int ntok = (int)json_integer_value(json_object_get(json_object_get(lp, "usage"), "completion_tokens"));
+        CHECKF(json_is_array(arr) && (int)json_array_size(arr) == ntok && ntok >= 1, "%d tokens",
+               ntok);
+        size_t i;
+        json_t *t;
+        json_array_foreach(arr, i, t) {
+            json_t *top = json_object_get(t, "top_logprobs");
+            double lpv = json_number_value(json_object_get(t, "logprob"));
+            CHECK(json_is_integer(json_object_get(t, "id")) && json_is_string(json_object_get(t, "text")));
+            CHECK(json_is_real(json_object_get(t, "logprob")) && lpv <= 0);
+            CHECKF(json_is_array(top) && json_array_size(top) == 3, "top %zu", json_array_size(top));
+            if (!json_is_array(top) || json_array_size(top) != 3) continue;
+            /* greedy: the choice is the most likely alternative, alternatives best first */
+            json_t *t0 = json_array_get(top, 0);
+            CHECK(json_integer_value(json_object_get(t0, "id")) == json_integer_value(json_object_get(t, "id")));
+            CHECK(json_number_value(json_object_get(t0, "logprob")) == lpv);
+            for (size_t k = 1; k < 3; k++)
+                CHECK(json_number_value(json_object_get(json_array_get(top, k), "logprob")) <=
+                      json_number_value(json_object_get(json_array_get(top, k - 1), "logprob")));
+        }
+        /* the token texts make up the completion text */
+        char text[512] = "";
+        json_array_foreach(arr, i, t) {
+            const char *piece = json_string_value(json_object_get(t, "text"));
+            if (piece) strncat(text, piece, sizeof text - strlen(text) - 1);
+        }
+        const char *full = json_string_value(json_object_get(lp, "text"));
+        CHECKF(full && !strcmp(text, full), "pieces '%s' vs text '%s'", text, full ? full : "");
+    }
+    free_recs(res, nres);
+    free_recs(dl, ndl);
+}
+
+/* No template configured and none in the model: a chat request is a dead letter. */
+static void test_no_template(rd_kafka_mock_cluster_t *mc, const char *brokers)
+{
+    rd_kafka_mock_topic_create(mc, "in-b", 1, 1);
+    rd_kafka_mock_topic_create(mc, "out-b", 1, 1);
+    rd_kafka_mock_topic_create(mc, "dlq-b", 1, 1);
+    const char *reqs[] = {"{\"id\":\"chat\",\"messages\":" CHAT_JSON "}",
+                          "{\"id\":\"plain\",\"prompt\":\"Tom and his dog\",\"max_tokens\":2}"};
+    produce(brokers, "in-b", reqs, 2);
+    worker_t *w = make_worker(brokers, "b", NULL, 0);
+    if (!w) return;
+    worker_stats_t st;
+    run_until(w, 2, &st);
+    worker_free(w);
+    CHECK(st.results == 1 && st.dlq == 1);
+    rec_t dl[2], res[2];
+    int ndl = collect(brokers, "dlq-b", 1, dl), nres = collect(brokers, "out-b", 1, res);
+    CHECKF(ndl == 1 && !strcmp(dl[0].code, "unknown_template") &&
+               strstr(dl[0].message, "no chat template"),
+           "DLQ %s: %s", ndl ? dl[0].code : "-", ndl ? dl[0].message : "-");
+    CHECK(nres == 1 && find(res, nres, "plain"));
+    free_recs(dl, ndl);
+    free_recs(res, nres);
+}
+
+/* max.inflight.tokens far below the backlog: intake pauses on tokens, nothing is lost. */
+static void test_token_bound(rd_kafka_mock_cluster_t *mc, const char *brokers)
+{
+    rd_kafka_mock_topic_create(mc, "in-c", 1, 1);
+    rd_kafka_mock_topic_create(mc, "out-c", 1, 1);
+    rd_kafka_mock_topic_create(mc, "dlq-c", 1, 1);
+    enum { N = 24 };
+    char bufs[N][160];
+    const char *reqs[N];
+    for (int i = 0; i < N; i++) {
+        snprintf(bufs[i], sizeof bufs[i],
+                 "{\"id\":\"t%d\",\"prompt\":\"Sue had a red ball and a blue kite %d\",\"max_tokens\":6}", i, i);
+        reqs[i] = bufs[i];
+    }
+    produce(brokers, "in-c", reqs, N);
+    const char *kv[][2] = {{"max.inflight.tokens", "40"}};
+    worker_t *w = make_worker(brokers, "c", kv, 1);
+    if (!w) return;
+    worker_stats_t st;
+    run_until(w, N, &st);
+    worker_free(w);
+    CHECKF(st.results == N, "%llu results", (unsigned long long)st.results);
+    CHECKF(st.pauses >= 3, "%llu pauses", (unsigned long long)st.pauses); /* ~2 requests per 40 tokens */
+    rec_t res[N + 4];
+    int nres = collect(brokers, "out-c", N, res);
+    CHECK(nres == N);
+    for (int i = 0; i < N; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "t%d", i);
+        CHECKF(find(res, nres, id) != NULL, "%s", id);
+    }
+    free_recs(res, nres);
+}
+
+int main(void)
+{
+    if (access(MODEL, R_OK)) {
+        fprintf(stderr, "skip: %s not found\n", MODEL);
+        return 77;
+    }
+    char err[256];
+    engine_config_t ec;
+    engine_config_default(&ec);
+    ec.model_path = MODEL;
+    ec.threads = 1;
+    ec.kv_mem_mb = 4;
+    engine_t *e = engine_new(&ec, err, sizeof err);
+    CHECKF(e != NULL, "%s", err);
+    if (!e) return check_exit();
+    rd_kafka_t *mk = client(RD_KAFKA_PRODUCER, NULL, NULL);
+    rd_kafka_mock_cluster_t *mc = rd_kafka_mock_cluster_new(mk, 1);
+    CHECK(mc != NULL);
+    char *brokers = strdup(rd_kafka_mock_cluster_bootstraps(mc));
+    test_chat_and_logprobs(mc, brokers, e);
+    test_no_template(mc, brokers);
+    test_token_bound(mc, brokers);
+    free(brokers);
+    rd_kafka_mock_cluster_destroy(mc);
+    rd_kafka_destroy(mk);
+    engine_free(e);
+    return check_exit();
+}
