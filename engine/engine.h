@@ -7,6 +7,9 @@
  * blocks; finished requests are reported through their callback.
  *
  * Threads: an engine_t is used by one thread at a time (the step thread); callbacks run on it.
+ * Exceptions: engine_tokenize, engine_token_to_piece, engine_info and engine_chat_* only read the
+ * immutable tokenizer and model metadata, so they may be called from any thread, concurrently
+ * with each other and with engine_step / engine_submit on the step thread.
  * Errors: functions return 0 / -1 (or NULL) and fill the caller's errstr. */
 #ifndef SPILLWAY_ENGINE_H
 #define SPILLWAY_ENGINE_H
@@ -120,7 +123,7 @@ int engine_cancel(engine_t *e, uint64_t id);
 int engine_n_waiting(const engine_t *e);
 int engine_n_running(const engine_t *e);
 
-/* Tokenizer access (see engine/tokenizer.h for the semantics). */
+/* Tokenizer access (see engine/tokenizer.h for the semantics). Any thread (see the top). */
 int engine_tokenize(const engine_t *e, const char *text, size_t len, int add_special,
                     int parse_special, int32_t *out, int cap);
 int engine_token_to_piece(const engine_t *e, int32_t id, char *buf, size_t cap);
