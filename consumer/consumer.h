@@ -79,6 +79,11 @@ typedef struct {
 int consumer_track(consumer_t *c, const rd_kafka_message_t *m, void *user, consumer_ticket_t *t);
 /* The message's output is durable. 0, or 1 when the ticket is stale (partition revoked). */
 int consumer_ack(consumer_t *c, const consumer_ticket_t *t);
+/* 1 when t's message is the lowest unacknowledged one of its partition (every earlier tracked
+ * message is acknowledged), else 0 (also for a stale ticket). Exactly-once uses it to put
+ * outputs into a transaction in offset order: the offsets a transaction commits must cover
+ * exactly the outputs committed so far, or a restart would compute the ones above them again. */
+int consumer_is_next(const consumer_t *c, const consumer_ticket_t *t);
 /* Tracked messages not yet acknowledged, all partitions. */
 int consumer_pending(const consumer_t *c);
 int consumer_n_assigned(const consumer_t *c);

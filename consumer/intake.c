@@ -387,6 +387,12 @@ int consumer_ack(consumer_t *c, const consumer_ticket_t *t)
     return 0;
 }
 
+int consumer_is_next(const consumer_t *c, const consumer_ticket_t *t)
+{
+    const part_t *p = find_gen(c, t->gen);
+    return p && p->n && p->off[p->head] == t->offset; /* the front entry is always pending */
+}
+
 int consumer_pending(const consumer_t *c) { return c->pending; }
 int consumer_n_assigned(const consumer_t *c) { return c->n_parts; }
 int consumer_paused(const consumer_t *c) { return c->paused; }

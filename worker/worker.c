@@ -117,6 +117,8 @@ struct worker {
 
     /* poll thread only */
     wreq_t *retry;               /* outputs whose produce failed, to send again */
+    wreq_t *held;                /* exactly-once: outputs waiting for an earlier message of their
+                                    partition to be in a transaction; by (ticket.gen, offset) */
     long inflight_bytes;
     long inflight_tokens;        /* sum of cost over accepted, unacknowledged requests */
     int32_t bos;                 /* the model's BOS id, -1 none */
@@ -574,14 +576,33 @@ static void retry_later(worker_t *w, wreq_t *r, int delay_ms)
     w->retry = r;
 }
 
+/* Exactly-once: keeps r until every earlier message of its partition is in a transaction. */
+static void hold(worker_t *w, wreq_t *r)
+{
+    wreq_t **pp = &w->held;
+    while (*pp && ((*pp)->ticket.gen < r->ticket.gen ||
+                   ((*pp)->ticket.gen == r->ticket.gen && (*pp)->ticket.offset < r->ticket.offset)))
+        pp = &(*pp)->next;
+    r->next = *pp;
+    *pp = r;
+}
+
 /* Produces r's output. At-least-once: librdkafka holds r until the delivery report.
- * Exactly-once: inside the open transaction; r is done at once. */
+ * Exactly-once: inside the open transaction, in offset order per partition (held until every
+ * earlier message's output is in); r is done at once. The order matters because the offsets a
+ * transaction commits (the lowest unacknowledged message of each partition) must cover exactly
+ * the outputs committed so far: an output committed above them would be computed and committed
+ * again by whoever resumes from those offsets after a crash or a revocation. */
 static void send_output(worker_t *w, wreq_t *r)
 {
     char err[256];
     int eos = w->cfg.delivery == WORKER_EOS;
     if (atomic_load(&r->cancelled)) {
         wreq_free(r);
+        return;
+    }
+    if (eos && !consumer_is_next(w->cons, &r->ticket)) {
+        hold(w, r);
         return;
     }
     if (eos && !w->txn_open) {
@@ -681,6 +702,20 @@ static void drain_outbox(worker_t *w)
             r->next = NULL;
             send_output(w, r);
         }
+    }
+    /* exactly-once: one pass in (gen, offset) order releases every run that became next */
+    wreq_t *held = w->held, **tail = &w->held;
+    w->held = NULL;
+    while (held) {
+        wreq_t *r = held;
+        held = r->next;
+        r->next = NULL;
+        if (!atomic_load(&r->cancelled) && !consumer_is_next(w->cons, &r->ticket)) {
+            *tail = r; /* still waiting: keeps its place */
+            tail = &r->next;
+            continue;
+        }
+        send_output(w, r); /* cancelled: freed; next: produced and acked, never held again */
     }
 }
 
@@ -1150,13 +1185,14 @@ int worker_run(worker_t *w, const volatile sig_atomic_t *stop, char *errstr, siz
     wreq_t *in = w->inbox;
     w->inbox = w->inbox_tail = NULL;
     pthread_mutex_unlock(&w->mu);
-    for (wreq_t *lists[3] = {list, in, w->retry}, **l = lists; l < lists + 3; l++)
+    for (wreq_t *lists[4] = {list, in, w->retry, w->held}, **l = lists; l < lists + 4; l++)
         while (*l) {
             wreq_t *r = *l;
             *l = r->next;
             wreq_free(r);
         }
     w->retry = NULL;
+    w->held = NULL;
     producer_free(w->prod, 5000); /* delivery reports now free without acking */
     w->prod = NULL;
     atomic_store(&w->st.poll_cpu_ns, thread_cpu_ns(CLOCK_THREAD_CPUTIME_ID));
