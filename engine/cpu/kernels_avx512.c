@@ -39,13 +39,28 @@
 #endif
 #define KERN_KBLOCK_ROWS 64    /* panel rows when cut (bounds the saved accumulators) */
 #ifndef PF_STREAM_BYTES
-#define PF_STREAM_BYTES 8192
+#define PF_STREAM_BYTES 16384
 #endif
 #ifndef PF_PANEL_BYTES
 #define PF_PANEL_BYTES 256
 #endif
 
 /* ---- weight widening: 16 elements of a row starting at element k ---- */
+
+/* Q8_0: the scale of the block holding element k, in every lane. */
+AI __m512 q8_scale(const char *row, int64_t k)
+{
+    const block_q8_0 *b = (const block_q8_0 *)row + (k >> 5);
+    return _mm512_cvtph_ps(_mm256_set1_epi16((short)b->d));
+}
+
+/* Q8_0: the 16 weights at k (a multiple of 16), float(q) * d -- exact. */
+AI __m512 q8_half(const char *row, int64_t k, __m512 d)
+{
+    const block_q8_0 *b = (const block_q8_0 *)row + (k >> 5);
+    __m128i q8 = _mm_loadu_si128((const __m128i *)(b->qs + (k & 16)));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q8)), d);
+}
 
 AI __m512 w_load(const int dt, const char *row, int64_t k)
 {
@@ -59,12 +74,8 @@ AI __m512 w_load(const int dt, const char *row, int64_t k)
             _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + k)));
         return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
     }
-    default: { /* DT_Q8_0; k is a multiple of 16 */
-        const block_q8_0 *b = (const block_q8_0 *)row + (k >> 5);
-        __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16((short)b->d));
-        __m128i q8 = _mm_loadu_si128((const __m128i *)(b->qs + (k & 16)));
-        return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q8)), d);
-    }
+    default: /* DT_Q8_0; k is a multiple of 16 */
+        return q8_half(row, k, q8_scale(row, k));
     }
 }
 
@@ -144,6 +155,27 @@ AI void tile(const int dt, const int R, const int C, const char *W, size_t wrb, 
     }
 
     int64_t k = k0;
+    if (dt == DT_Q8_0 && C == 1) {
+        /* both halves of a block in one step, so the block scale is widened once per row */
+        for (; k + 32 <= k1; k += 32) {
+            __m512 d[TILE_RMAX];
+            if (pfd) {
+#pragma GCC unroll 8
+                for (int r = 0; r < R; r++)
+                    _mm_prefetch(W + (size_t)r * wrb + elem_off(dt, k) + pfd, _MM_HINT_T0);
+            }
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) d[r] = q8_scale(W + (size_t)r * wrb, k);
+#pragma GCC unroll 2
+            for (int h = 0; h < 32; h += 16) {
+                __m512 xv = _mm512_loadu_ps(x + k + h);
+#pragma GCC unroll 8
+                for (int r = 0; r < R; r++)
+                    acc[r][0] = _mm512_fmadd_ps(q8_half(W + (size_t)r * wrb, k + h, d[r]), xv,
+                                                acc[r][0]);
+            }
+        }
+    }
     for (; k + 16 <= k1; k += 16) {
         __m512 w[TILE_RMAX];
         if (pfd) {
