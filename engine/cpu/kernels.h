@@ -1,6 +1,6 @@
 /* engine/cpu/kernels.h: CPU compute kernels of the CPU backend. Internal.
  *
- * Dispatch: kern_init() picks the best implementation the CPU supports at run time (AVX-512,
+ * Dispatch: kern_get() picks the best implementation the CPU supports at run time (AVX-512,
  * AVX2+FMA+F16C, or portable C) and returns a table; all callers go through the table.
  *
  * Batch invariance (a contract every implementation keeps): the value written for output element
@@ -8,7 +8,17 @@
  * or on the neighbouring tokens. So a sequence gets bit-identical results alone or in a batch.
  *
  * Threads: kernels are pure functions of their arguments; callers split work over threads by
- * output rows or by tokens. */
+ * output rows or by tokens. matmul is fastest when each thread's row range is a multiple of 8
+ * rows (4 when T > 2); any range is correct.
+ *
+ * Arithmetic (engine/cpu/kernels*.c give the exact per-ISA order): weights are widened to F32
+ * exactly in registers -- F16, BF16, and Q8_0 as float(q) * d, which is exact in F32 -- and
+ * multiplied with the F32 activations in F32 with a fixed accumulation order. So Q8_0 adds no
+ * error beyond the weights' own quantisation: x is not quantised to int8. (The int8/VNNI route
+ * of llama.cpp has up to 4x the multiply rate at large T, but rounds each 32-element block of x
+ * to 8 bits, a relative error of up to 2^-8 per element; at T = 1 both are memory-bound.) A
+ * matmul output differs from the exact dot product of the widened weights by at most
+ * (K + 4) * 2^-24 * sum_k |w_k x_k| (tests/test_kernels.c checks this bound). */
 #ifndef SPILLWAY_ENGINE_CPU_KERNELS_H
 #define SPILLWAY_ENGINE_CPU_KERNELS_H
 
