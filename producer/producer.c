@@ -120,6 +120,27 @@ int producer_send(producer_t *p, const char *topic, const void *key, size_t klen
     }
 }
 
+int producer_prepare_topic(producer_t *p, const char *topic, int timeout_ms, char *errstr,
+                           size_t errlen)
+{
+    rd_kafka_topic_t *rkt = rd_kafka_topic_new(p->rk, topic, NULL);
+    if (!rkt) {
+        snprintf(errstr, errlen, "topic %s: %s", topic, rd_kafka_err2str(rd_kafka_last_error()));
+        return -1;
+    }
+    const struct rd_kafka_metadata *md = NULL;
+    rd_kafka_resp_err_t err = rd_kafka_metadata(p->rk, 0, rkt, &md, timeout_ms);
+    if (!err && (md->topic_cnt != 1 || md->topics[0].err)) err = md->topic_cnt == 1 ? md->topics[0].err
+                                                                        : RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC;
+    if (md) rd_kafka_metadata_destroy(md);
+    rd_kafka_topic_destroy(rkt);
+    if (err) {
+        snprintf(errstr, errlen, "topic %s: %s", topic, rd_kafka_err2str(err));
+        return -1;
+    }
+    return 0;
+}
+
 int producer_poll(producer_t *p, int timeout_ms) { return rd_kafka_poll(p->rk, timeout_ms); }
 
 int producer_flush(producer_t *p, int timeout_ms)

@@ -52,6 +52,12 @@ void producer_free(producer_t *p, int timeout_ms);
 int producer_send(producer_t *p, const char *topic, const void *key, size_t klen,
                   const void *value, size_t vlen, rd_kafka_headers_t *hdrs, void *opaque,
                   char *errstr, size_t errlen);
+/* Fetches topic's metadata (partitions and leaders) now, so that the first records sent to it
+ * do not wait for a metadata refresh (about a second in librdkafka 2.0). 0, or -1 with errstr
+ * (e.g. the topic does not exist, or no broker answered within timeout_ms); sending to it
+ * later works either way once it exists. */
+int producer_prepare_topic(producer_t *p, const char *topic, int timeout_ms, char *errstr,
+                           size_t errlen);
 /* Serves delivery reports; returns how many events were served. */
 int producer_poll(producer_t *p, int timeout_ms);
 /* Waits until every sent record is reported. 0, or -1 on timeout. */

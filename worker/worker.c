@@ -1040,6 +1040,13 @@ worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen)
     };
     w->prod = producer_new(&pc, errstr, errlen);
     if (!w->prod) goto fail;
+    /* learn the output topics' leaders now rather than on the first result */
+    const char *outs[2] = {w->cfg.output_topic, w->cfg.dlq_topic};
+    for (int i = 0; i < 2; i++) {
+        char e[256];
+        if (producer_prepare_topic(w->prod, outs[i], 5000, e, sizeof e))
+            wlog(w, 1, "%s (results wait until it exists)", e);
+    }
     consumer_config_t cc = {
         .brokers = w->cfg.brokers,
         .group_id = w->cfg.group_id,
