@@ -25,9 +25,12 @@
 
 #define AI static inline __attribute__((always_inline))
 
+#ifndef TILE_R
 #define TILE_R 4
-#define TILE_RMAX 8
 #define TILE_C 6
+#endif
+#define TILE_RMAX 8
+#define TILE_CMAX 8
 #ifndef KERN_PANEL_BYTES
 #define KERN_PANEL_BYTES (192 * 1024)
 #endif
@@ -141,7 +144,7 @@ AI void tile(const int dt, const int R, const int C, const char *W, size_t wrb, 
              int64_t k1, int64_t K, const float *x, int64_t ldx, float *y, int64_t ldy,
              size_t pfd, __m512 *save)
 {
-    __m512 acc[TILE_RMAX][TILE_C];
+    __m512 acc[TILE_RMAX][TILE_CMAX];
     if (k0 == 0) {
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++)
@@ -220,9 +223,18 @@ AI void tile(const int dt, const int R, const int C, const char *W, size_t wrb, 
             _mm_storeu_ps(y + c * ldy + r0,
                           hsum4(acc[r0][c], acc[r0 + 1][c], acc[r0 + 2][c], acc[r0 + 3][c]));
 #pragma GCC unroll 8
-    for (int r = r0; r < R; r++)
+    for (int r = r0; r < R; r++) {
+        int c = 0;
 #pragma GCC unroll 8
-        for (int c = 0; c < C; c++) y[c * ldy + r] = hsum1(acc[r][c]);
+        for (; c + 4 <= C; c += 4) {
+            float s4[4];
+            _mm_storeu_ps(s4, hsum4(acc[r][c], acc[r][c + 1], acc[r][c + 2], acc[r][c + 3]));
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) y[(c + i) * ldy + r] = s4[i];
+        }
+#pragma GCC unroll 8
+        for (; c < C; c++) y[c * ldy + r] = hsum1(acc[r][c]);
+    }
 }
 
 /* Rows [ob, oe) for tokens [0, C) of x/y (already offset to the tile's first token), in tiles
@@ -285,6 +297,10 @@ AI void matmul_dt(const int dt, const char *W, size_t wrb, int64_t K, const floa
         case 3: rows_pass(dt, TILE_R, 3, W, wrb, K, xt, ldx, yt, ldy, ob, oe, pf_l2, save); break;
         case 4: rows_pass(dt, TILE_R, 4, W, wrb, K, xt, ldx, yt, ldy, ob, oe, pf_l2, save); break;
         case 5: rows_pass(dt, TILE_R, 5, W, wrb, K, xt, ldx, yt, ldy, ob, oe, pf_l2, save); break;
+#if TILE_C > 6
+        case 6: rows_pass(dt, TILE_R, 6, W, wrb, K, xt, ldx, yt, ldy, ob, oe, pf_l2, save); break;
+        case 7: rows_pass(dt, TILE_R, 7, W, wrb, K, xt, ldx, yt, ldy, ob, oe, pf_l2, save); break;
+#endif
         default: break;
         }
     }
