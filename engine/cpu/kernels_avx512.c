@@ -144,8 +144,9 @@ AI void tile(const int dt, const int R, const int C, const char *W, size_t wrb, 
              int64_t k1, int64_t K, const float *x, int64_t ldx, float *y, int64_t ldy,
              size_t pfd, __m512 *save)
 {
+    const int blocked = save != NULL; /* a constant wherever tile is inlined */
     __m512 acc[TILE_RMAX][TILE_CMAX];
-    if (k0 == 0) {
+    if (!blocked || k0 == 0) {
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++)
 #pragma GCC unroll 8
@@ -195,7 +196,7 @@ AI void tile(const int dt, const int R, const int C, const char *W, size_t wrb, 
             for (int r = 0; r < R; r++) acc[r][c] = _mm512_fmadd_ps(w[r], xv, acc[r][c]);
         }
     }
-    if (k1 < K) {
+    if (blocked && k1 < K) {
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++)
 #pragma GCC unroll 8
@@ -245,17 +246,23 @@ AI void rows_pass(const int dt, const int R, const int C, const char *W, size_t 
                   const float *x, int64_t ldx, float *y, int64_t ldy, int64_t ob, int64_t oe,
                   size_t pfd, __m512 *save)
 {
-    const int64_t kstep = save ? KERN_KBLOCK : K;
-    for (int64_t k0 = 0; k0 < K || k0 == 0; k0 += kstep) {
-        int64_t k1 = K - k0 <= kstep ? K : k0 + kstep;
+    if (!save) {
+        int64_t o = ob;
+        for (; o + R <= oe; o += R)
+            tile(dt, R, C, W + (size_t)o * wrb, wrb, 0, K, K, x, ldx, y + o, ldy, pfd, NULL);
+        for (; o < oe; o++)
+            tile(dt, 1, C, W + (size_t)o * wrb, wrb, 0, K, K, x, ldx, y + o, ldy, pfd, NULL);
+        return;
+    }
+    for (int64_t k0 = 0; k0 < K; k0 += KERN_KBLOCK) {
+        int64_t k1 = K - k0 <= KERN_KBLOCK ? K : k0 + KERN_KBLOCK;
         int64_t o = ob;
         for (; o + R <= oe; o += R)
             tile(dt, R, C, W + (size_t)o * wrb, wrb, k0, k1, K, x, ldx, y + o, ldy, pfd,
-                 save ? save + (o - ob) * C : NULL);
+                 save + (o - ob) * C);
         for (; o < oe; o++)
             tile(dt, 1, C, W + (size_t)o * wrb, wrb, k0, k1, K, x, ldx, y + o, ldy, pfd,
-                 save ? save + (o - ob) * C : NULL);
-        if (k1 == K) break;
+                 save + (o - ob) * C);
     }
 }
 
