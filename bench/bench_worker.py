@@ -17,6 +17,8 @@ Scenarios (stories260K, greedy):
 Figures: busy = from the worker's first accepted message to its last durable output (the
 worker's monotonic clock; excludes process start and the consumer-group join), e2e = from
 starting the worker process until `collect` has every result (includes start-up and the join).
+Non-engine CPU per request = (process CPU - engine-thread CPU) / outputs: the poll thread plus
+librdkafka's threads (their idle wakeups included, which dominates when the engine is slow).
 Phase times are summed wall time per thread (see worker_stats_t in worker/worker.h). The table
 is appended to bench/RESULTS.md with the date, git revision, CPU and command line.
 
@@ -96,21 +98,22 @@ def parse_stats(log):
     return {k: float(v) for k, v in re.findall(r"(\w+)=([-0-9.]+)", line.split(" stats: ", 1)[1])}
 
 
-def run_scenario(args, env, bootstrap, bdir, work, name, n, max_tokens, expired):
-    tin, tout, tdlq = "in-" + name, "out-" + name, "dlq-" + name
+def run_scenario(args, env, bootstrap, bdir, work, name, n, max_tokens, expired, rep=0):
+    tag = "%s-%d" % (name, rep)
+    tin, tout, tdlq = "in-" + tag, "out-" + tag, "dlq-" + tag
     for t, parts in ((tin, 4), (tout, 4), (tdlq, 1)):
         subprocess.run([KB, "topic", bdir, t, str(parts)], check=True, env=env,
                        stdout=subprocess.DEVNULL)
-    req = os.path.join(work, name + ".jsonl")
+    req = os.path.join(work, tag + ".jsonl")
     write_requests(req, n, max_tokens, expired, seed=n)
     t0 = time.monotonic()
     subprocess.run([args.spillway, "produce", "-b", bootstrap, "-t", tin, "--key-prefix", "0", req],
                    check=True, stderr=subprocess.DEVNULL)
     produce_s = time.monotonic() - t0
 
-    log_path = os.path.join(work, name + ".worker.log")
+    log_path = os.path.join(work, tag + ".worker.log")
     cmd = [args.spillway, "worker", "-b", bootstrap, "-t", tin, "-o", tout, "-d", tdlq,
-           "-g", "bench-" + name, "-m", args.model, "-s", "log.level=info",
+           "-g", "bench-" + tag, "-m", args.model, "-s", "log.level=info",
            "-s", "threads=%d" % args.threads, "-X", "log_level=3"]
     for kv in args.set:
         cmd += ["-s", kv]
@@ -148,14 +151,27 @@ def run_scenario(args, env, bootstrap, bdir, work, name, n, max_tokens, expired)
     return st
 
 
+def strip_note(argv):
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--note":
+            skip = True
+        elif not a.startswith("--note="):
+            out.append(a)
+    return out
+
+
 def fmt_table(rows):
-    out = ["| scenario | requests | max_tokens | busy s | req/s | gen tok/s | e2e s | poll-thread CPU s |"
-           " engine-thread CPU s | process CPU s | plumbing CPU us/req | pauses |",
+    out = ["| scenario | requests | max_tokens | busy s | req/s (min-max) | gen tok/s | e2e s | poll-thread CPU s |"
+           " engine-thread CPU s | process CPU s | non-engine CPU us/req | pauses |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         plumb = (r["process_cpu_s"] - r["engine_cpu_s"]) / max(r["outputs"], 1) * 1e6
-        out.append("| %s | %d | %d | %.2f | %.0f | %.0f | %.2f | %.2f | %.2f | %.2f | %.1f | %d |" % (
-            r["name"], r["n"], r["max_tokens"], r["busy_s"], r["req_per_s"], r["tok_per_s"],
+        spread = " (%.0f-%.0f)" % (r["rate_min"], r["rate_max"]) if r["reps"] > 1 else ""
+        out.append("| %s | %d | %d | %.2f | %.0f%s | %.0f | %.2f | %.2f | %.2f | %.2f | %.1f | %d |" % (
+            r["name"], r["n"], r["max_tokens"], r["busy_s"], r["req_per_s"], spread, r["tok_per_s"],
             r["e2e_s"], r["poll_cpu_s"], r["engine_cpu_s"], r["process_cpu_s"], plumb, r["pauses"]))
     out.append("")
     out.append("Worker time split (seconds of wall time summed per thread; poll thread: poll = waiting in "
@@ -184,6 +200,8 @@ def main():
     ap.add_argument("--long", type=int, default=1000, help="requests of the long run")
     ap.add_argument("--long-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=1, help="worker compute threads")
+    ap.add_argument("--reps", type=int, default=1,
+                    help="runs per scenario; the table shows the median run and the req/s range")
     ap.add_argument("-s", "--set", action="append", default=[], help="extra worker KEY=VALUE")
     ap.add_argument("-X", "--kafka", action="append", default=[], help="extra librdkafka PROP=VALUE")
     ap.add_argument("--timeout", type=int, default=600)
@@ -211,7 +229,10 @@ def main():
                 "plumbing": (args.short, 1, True)}
         for name in args.scenarios.split(","):
             n, mt, expired = plan[name]
-            r = run_scenario(args, env, bootstrap, bdir, work, name, n, mt, expired)
+            runs = sorted((run_scenario(args, env, bootstrap, bdir, work, name, n, mt, expired, k)
+                           for k in range(args.reps)), key=lambda x: x["req_per_s"])
+            r = dict(runs[len(runs) // 2], reps=len(runs), rate_min=runs[0]["req_per_s"],
+                     rate_max=runs[-1]["req_per_s"])
             rows.append(r)
             print("%s: %d requests, busy %.2f s, %.0f req/s, %.0f tok/s, e2e %.2f s" % (
                 name, n, r["busy_s"], r["req_per_s"], r["tok_per_s"], r["e2e_s"]), file=sys.stderr)
@@ -226,7 +247,7 @@ def main():
         head = ["", "## bench_worker.py, %s, rev %s" % (datetime.date.today().isoformat(), git_rev()), "",
                 "Machine: %s, %d CPUs (load average before the run %.1f; broker, worker and collect share "
                 "them)." % (cpu_model(), os.cpu_count(), load[0]),
-                "Command: `%s`" % " ".join(shlex.quote(a) for a in sys.argv),
+                "Command: `%s`" % " ".join(shlex.quote(a) for a in strip_note(sys.argv)),
                 "Worker: `%s`" % rows[0]["cmd"].replace(ROOT + "/", "") if rows else ""]
         if args.note:
             head.append("Note: " + args.note)
