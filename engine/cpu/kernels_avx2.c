@@ -7,7 +7,12 @@
  * Weights are widened to F32 exactly (see kernels_avx512.c). Tiles are R = 3 rows x C <= 4
  * tokens (12 accumulators of the 16 ymm registers; measured ~90% of the FMA peak in L2), 8 rows
  * x 1 token for decode; other tile shapes do the same per-element arithmetic. */
+/* Every function of this file is compiled for the ISA (no global -m flags). */
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
 #pragma GCC target("avx2,fma,f16c")
+#endif
 
 #include <immintrin.h>
 #include <math.h>
@@ -355,3 +360,7 @@ const kern_table_t kern_table_avx2 = {
     .f32_to_f16 = v_f32_to_f16,
     .f16_to_f32 = v_f16_to_f32,
 };
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#endif

@@ -15,7 +15,12 @@
  * rows of a call are cut into panels of about KERN_PANEL_BYTES of weights (kept in L2 while
  * every token tile of the batch passes over them). Tiles of other shapes (fewer tokens at the
  * end of a batch, single rows at the end of a range) do the identical per-element arithmetic. */
+/* Every function of this file is compiled for the ISA (no global -m flags). */
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"))), apply_to = function)
+#else
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+#endif
 
 #include <immintrin.h>
 #include <math.h>
@@ -530,3 +535,7 @@ const kern_table_t kern_table_avx512 = {
     .f32_to_f16 = v_f32_to_f16,
     .f16_to_f32 = v_f16_to_f32,
 };
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#endif
