@@ -175,6 +175,10 @@ format_storage() {
   # A cluster id is 16 random bytes in URL-safe base64 without padding (what
   # "kafka.tools.StorageTool random-uuid" prints), made here to save a JVM start.
   cid=$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n')
+  # A leading '-' would be read as an option by the storage tool: draw again.
+  while [ "${cid#-}" != "$cid" ]; do
+    cid=$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n')
+  done
   run_tool "$dir" "$dir/format.log" kafka.tools.StorageTool format --standalone \
     -t "$cid" -c "$dir/server.properties" ||
     { cat "$dir/format.log" >&2; svc_die "formatting storage in $dir/data failed"; }
