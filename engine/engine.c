@@ -46,7 +46,9 @@ typedef struct seq {
     int n_named;              /* leading blocks whose names are known */
     uint64_t last_name;       /* name of block n_named - 1, or the pool seed */
 
-    sampler_t *sampler;
+    sampler_params_t sp;      /* validated at submit */
+    sampler_t *sampler;       /* created at first admission (its scratch is per-vocabulary:
+                                 waiting requests hold none), kept across preemption */
     stop_matcher_t *stop;
     int32_t *stop_ids;
     int n_stop_ids;
@@ -432,21 +434,18 @@ int engine_submit(engine_t *e, const engine_request_t *req, engine_done_fn done,
         s->top = calloc(((size_t)max_tokens + 1) * (size_t)s->n_logprobs, sizeof *s->top);
         if (!s->lp || !s->top) goto oom;
     }
-    sampler_params_t sp;
-    sampler_params_default(&sp);
-    sp.temperature = req->sampling.temperature;
-    sp.top_k = req->sampling.top_k;
-    sp.top_p = req->sampling.top_p;
-    sp.min_p = req->sampling.min_p;
-    sp.repeat_penalty = req->sampling.repeat_penalty;
-    sp.repeat_last_n = req->sampling.repeat_last_n;
-    sp.presence_penalty = req->sampling.presence_penalty;
-    sp.frequency_penalty = req->sampling.frequency_penalty;
-    sp.seed = req->sampling.seed;
-    sp.n_logprobs = req->sampling.n_logprobs;
-    s->sampler = sampler_new(&sp, n_vocab, errstr, errlen);
-    if (!s->sampler) goto fail;
-    for (int i = 0; i < req->n_prompt; i++) sampler_accept(s->sampler, req->prompt[i]);
+    sampler_params_default(&s->sp);
+    s->sp.temperature = req->sampling.temperature;
+    s->sp.top_k = req->sampling.top_k;
+    s->sp.top_p = req->sampling.top_p;
+    s->sp.min_p = req->sampling.min_p;
+    s->sp.repeat_penalty = req->sampling.repeat_penalty;
+    s->sp.repeat_last_n = req->sampling.repeat_last_n;
+    s->sp.presence_penalty = req->sampling.presence_penalty;
+    s->sp.frequency_penalty = req->sampling.frequency_penalty;
+    s->sp.seed = req->sampling.seed;
+    s->sp.n_logprobs = req->sampling.n_logprobs;
+    if (sampler_params_validate(&s->sp, errstr, errlen) != 0) goto fail;
     if (req->n_stop > 0) {
         s->stop = stop_matcher_new(req->stop, req->n_stop, errstr, errlen);
         if (!s->stop) goto fail;
@@ -573,6 +572,14 @@ static int plan_step(engine_t *e)
     /* Admissions. */
     while (e->n_waiting > 0 && e->n_running < e->cfg.max_seqs && budget > 0) {
         seq_t *s = e->waiting[0];
+        if (!s->sampler) {
+            char err[128];
+            s->sampler = sampler_new(&s->sp, e->model->hp.n_vocab, err, sizeof err);
+            if (!s->sampler) { /* out of memory: leave it waiting, try again next step */
+                break;
+            }
+            for (int i = 0; i < s->n_tokens; i++) sampler_accept(s->sampler, s->tokens[i]);
+        }
         seq_reuse_prefix(e, s);
         int want = s->n_tokens - s->n_computed;
         if (want > budget) want = budget;
