@@ -56,8 +56,12 @@ typedef struct {
 /* Creates the consumer and subscribes. NULL + errstr on failure. hooks is copied. */
 consumer_t *consumer_new(const consumer_config_t *cfg, const consumer_hooks_t *hooks,
                          char *errstr, size_t errlen);
-/* Commits what is committable (synchronously when commit_offsets), closes the group membership
- * (revocations drop what is left) and frees. NULL is a no-op. */
+/* Commits what is committable (synchronously when commit_offsets) and closes the group
+ * membership: revocations drop what is left (hooks.drop) and every partition is forgotten. The
+ * handle stays valid for consumer_wake and consumer_close only. Idempotent. */
+void consumer_leave(consumer_t *c);
+/* consumer_leave unless done, then frees. Every message consumer_poll returned must have been
+ * destroyed before: librdkafka's rd_kafka_destroy waits for them (forever). NULL is a no-op. */
 void consumer_close(consumer_t *c);
 
 /* Next message or NULL (timeout, or an event that was handled). The caller owns the message

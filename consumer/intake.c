@@ -33,6 +33,7 @@ struct consumer {
     uint64_t next_gen;
     int paused;
     int pending;             /* unacked entries over all partitions */
+    int left;                /* consumer_leave done */
 };
 
 static void logf_(consumer_t *c, int level, const char *fmt, ...)
@@ -301,14 +302,21 @@ fail:
     return NULL;
 }
 
-void consumer_close(consumer_t *c)
+void consumer_leave(consumer_t *c)
 {
-    if (!c) return;
+    if (c->left) return;
+    c->left = 1;
     if (c->commit_offsets) consumer_commit(c, 0);
-    rd_kafka_queue_destroy(c->q);
     rd_kafka_resp_err_t err = rd_kafka_consumer_close(c->rk); /* revokes: drops what is left */
     if (err) logf_(c, 1, "consumer close: %s", rd_kafka_err2str(err));
     while (c->n_parts) remove_part(c, c->parts[c->n_parts - 1]);
+}
+
+void consumer_close(consumer_t *c)
+{
+    if (!c) return;
+    consumer_leave(c);
+    rd_kafka_queue_destroy(c->q);
     free(c->parts);
     rd_kafka_destroy(c->rk);
     free(c);

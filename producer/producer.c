@@ -94,8 +94,13 @@ fail:
 void producer_free(producer_t *p, int timeout_ms)
 {
     if (!p) return;
-    if (rd_kafka_flush(p->rk, timeout_ms))
+    if (rd_kafka_flush(p->rk, timeout_ms)) {
         plog(p, 1, "producer closed with %d record(s) undelivered", rd_kafka_outq_len(p->rk));
+        /* rd_kafka_destroy would drop them without a delivery report, and so leak whatever
+         * their opaques own: purge them, so that each one's report runs (with an error) */
+        rd_kafka_purge(p->rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
+        rd_kafka_flush(p->rk, 1000);
+    }
     rd_kafka_destroy(p->rk);
     free(p);
 }

@@ -43,7 +43,8 @@ typedef struct {
  * (rd_kafka_init_transactions, fencing older instances with the same id) before returning.
  * NULL + errstr on failure. */
 producer_t *producer_new(const producer_config_t *cfg, char *errstr, size_t errlen);
-/* Flushes (up to timeout_ms) and destroys. NULL is a no-op. */
+/* Flushes (up to timeout_ms), purges what is still undelivered (its delivery reports run, with
+ * an error) and destroys. NULL is a no-op. */
 void producer_free(producer_t *p, int timeout_ms);
 
 /* Sends one record (key, value and headers are copied; hdrs, when not NULL, is always

@@ -1176,10 +1176,11 @@ int worker_run(worker_t *w, const volatile sig_atomic_t *stop, char *errstr, siz
         producer_txn_abort(w->prod, 5000, e, sizeof e);
         w->txn_open = 0;
     }
-    /* close the consumer (final commit in at-least-once; drops what is left) */
-    consumer_t *c = w->cons;
-    consumer_close(c);
-    w->cons = NULL;
+    /* leave the group (final commit in at-least-once; what is left is dropped, i.e. cancelled),
+     * then free every request: each holds a consumed message, and librdkafka's destroy of the
+     * consumer waits for all of them to be destroyed (a fatal error or a drain timeout used to
+     * leave some in the engine or the retry list, and the worker hung in consumer_close) */
+    consumer_leave(w->cons);
     pthread_mutex_lock(&w->mu);
     w->eng_stop = 1;
     pthread_cond_broadcast(&w->cv);
@@ -1202,6 +1203,8 @@ int worker_run(worker_t *w, const volatile sig_atomic_t *stop, char *errstr, siz
     w->held = NULL;
     producer_free(w->prod, 5000); /* delivery reports now free without acking */
     w->prod = NULL;
+    consumer_close(w->cons);
+    w->cons = NULL;
     atomic_store(&w->st.poll_cpu_ns, thread_cpu_ns(CLOCK_THREAD_CPUTIME_ID));
     atomic_store(&w->st.poll_alive, 0);
     worker_log_stats(w);
