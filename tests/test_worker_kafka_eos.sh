@@ -1,0 +1,179 @@
+#!/usr/bin/env bash
+# Exactly-once delivery against a real Apache Kafka 4.x broker (scripts/kafka-broker.sh) with
+# stories260K:
+#   600 prompts over 4 partitions (every 4th asks 160 tokens, the others 1..8, so requests
+#   finish out of offset order) plus 2 bad messages -> `spillway worker -s delivery=exactly-once`
+#   (a fixed worker.id, hence a fixed transactional.id) is killed with SIGKILL mid-batch and
+#   restarted -> while the restarted worker runs, a third one starts with the same worker.id and
+#   200 more prompts arrive: the third fences the second (a zombie), which must stop with a
+#   "fatal" log line and exit status 1 -> the third drains everything and stops on SIGTERM with
+#   status 0. Then, read with read_committed: every
+#   id exactly once (zero duplicates, set equality), exactly 2 DLQ records, and the group's
+#   committed offsets equal the log end offsets of every input partition.
+# Arguments (from ctest): the spillway binary and the models folder.
+set -euo pipefail
+SPILLWAY=$(realpath "$1")
+MODEL=$2/stories260K.gguf
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+KB=$ROOT/scripts/kafka-broker.sh
+[ -x "$KB" ] || { echo "SKIP: scripts/kafka-broker.sh not present"; exit 77; }
+[ -f "$MODEL" ] || { echo "SKIP: $MODEL not found"; exit 77; }
+command -v java >/dev/null 2>&1 && java -version >/dev/null 2>&1 || { echo "SKIP: no java"; exit 77; }
+command -v mvn >/dev/null 2>&1 || { echo "SKIP: no mvn"; exit 77; }
+command -v kcat >/dev/null 2>&1 || { echo "FAIL: kcat not found"; exit 1; }
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/spillway-worker-eos.XXXXXX")
+export SPILLWAY_SVC_OWNER=$$
+PIDS=()
+T0=$(date +%s%3N)
+cleanup() {
+  local p
+  for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  "$KB" stop "$WORK/broker" >/dev/null 2>&1 || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+say() { printf '[%5.1fs] %s\n' "$(( $(date +%s%3N) - T0 ))e-3" "$*"; }
+fail() {
+  echo "FAIL: $*"
+  local f
+  for f in "$WORK"/w*.log; do [ -f "$f" ] && { echo "--- $f (end)"; tail -n 15 "$f"; }; done
+  exit 1
+}
+
+eval "$("$KB" start "$WORK/broker" | grep -E '^(BOOTSTRAP|PID)=')"
+KAFKA_LIB=$(sed -n 's/^KAFKA_LIB=//p' "$WORK/broker/env")
+say "broker at $BOOTSTRAP"
+"$KB" topic "$WORK/broker" prompts 4 >/dev/null
+"$KB" topic "$WORK/broker" results 4 >/dev/null
+"$KB" topic "$WORK/broker" prompts.dlq 1 >/dev/null
+say "topics created"
+
+N=600   # first batch; a second one of N2 follows while the zombie runs
+N2=200
+python3 - "$WORK" "$N" "$N2" <<'PY'
+import json, sys
+work, n, n2 = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+prefixes = ["Once upon a time, there was a little girl named Lily. She",
+            "Tom and his dog went to the park.", "The sun was shining and", "Sue had a red ball."]
+# every 4th request is long (160 tokens), the rest 1..8: requests finish out of offset order
+def batch(path, lo, hi):
+    with open(path, "w") as f:
+        for i in range(lo, hi):
+            f.write(json.dumps({"id": f"e{i:05d}", "prompt": f"{prefixes[i % 4]} {i}",
+                                "max_tokens": 160 if i % 4 == 0 else 1 + (i * 5) % 8,
+                                "temperature": 0}) + "\n")
+batch(f"{work}/in1.jsonl", 0, n)
+batch(f"{work}/in2.jsonl", n, n + n2)
+with open(f"{work}/in1.jsonl", "a") as f:
+    f.write("not json at all\n")
+    f.write(json.dumps({"id": "noprompt"}) + "\n")
+with open(f"{work}/ids.txt", "w") as ids:
+    ids.write("".join(f"e{i:05d}\n" for i in range(n + n2)))
+PY
+"$SPILLWAY" produce -b "$BOOTSTRAP" -t prompts --key-prefix 0 "$WORK/in1.jsonl" 2>/dev/null
+say "produced $N prompts and 2 bad messages"
+
+# run_worker NAME: an exactly-once worker (fixed worker.id) logging to $WORK/NAME.log; sets WPID.
+run_worker() {
+  "$SPILLWAY" worker -b "$BOOTSTRAP" -t prompts -o results -d prompts.dlq -g spw-eos -m "$MODEL" \
+    -s delivery=exactly-once -s worker.id=eosw -s threads=1 -s commit.interval.ms=200 \
+    -s max.inflight=64 -s kv.mem_mb=64 -s log.level=info \
+    -X log_level=3 -X consumer.session.timeout.ms=6000 -X consumer.heartbeat.interval.ms=500 \
+    >"$WORK/$1.log" 2>&1 &
+  WPID=$!
+  PIDS+=("$WPID")
+}
+# count ISOLATION: records in the results topic now, read with that isolation level.
+count() {
+  kcat -b "$BOOTSTRAP" -C -t results -e -q -o beginning -f '.\n' -X isolation.level="$1" \
+    2>/dev/null | wc -l || true
+}
+# wait_count ISOLATION MIN SECONDS: waits until count ISOLATION >= MIN; prints the count.
+wait_count() {
+  local c=0 end=$(( $(date +%s) + $3 ))
+  while [ "$(date +%s)" -lt "$end" ]; do
+    c=$(count "$1")
+    [ "$c" -ge "$2" ] && break
+    sleep 0.2
+  done
+  echo "$c"
+}
+
+# 1. SIGKILL mid-batch: some results are in (committed or not), most are not
+run_worker w1
+c=$(wait_count read_uncommitted 50 60)
+[ "$c" -ge 50 ] || fail "only $c results after 60 s"
+kill -9 "$WPID"
+wait "$WPID" 2>/dev/null || true
+k=$(count read_committed)
+[ "$k" -lt "$N" ] || fail "w1 had committed all $N results before the kill: not mid-batch"
+say "killed w1 (SIGKILL): $c results seen before the kill, $k committed of $N"
+
+# 2. restart; then a third instance with the same transactional.id fences it. The second batch,
+# produced once the third is initialised, makes sure the zombie has work to attempt.
+run_worker w2
+W2=$WPID
+c=$(wait_count read_committed 300 60)
+[ "$c" -ge 300 ] || fail "only $c committed results 60 s after the restart"
+kill -0 "$W2" 2>/dev/null || fail "w2 is not running"
+run_worker w3
+for _ in $(seq 1 150); do grep -q ' INFO started: ' "$WORK/w3.log" && break; sleep 0.2; done
+grep -q ' INFO started: ' "$WORK/w3.log" || fail "w3 did not start"
+"$SPILLWAY" produce -b "$BOOTSTRAP" -t prompts --key-prefix 0 "$WORK/in2.jsonl" 2>/dev/null
+say "w2 had $c committed results; w3 started with the same worker.id; produced $N2 more prompts"
+rc=0
+timeout 40 tail --pid="$W2" -f /dev/null || fail "the fenced worker w2 did not stop within 40 s"
+wait "$W2" || rc=$?
+[ "$rc" = 1 ] || fail "fenced worker exit status $rc, want 1"
+grep -q ' ERROR fatal: ' "$WORK/w2.log" || fail "no 'fatal:' line in the fenced worker's log"
+grep ' ERROR fatal: ' "$WORK/w2.log" | grep -qi 'fenced' || fail "the fatal line does not say fenced"
+say "w2 stopped with status 1: $(grep ' ERROR fatal: ' "$WORK/w2.log" | head -1 | cut -c1-200)"
+
+# 3. the third instance finishes the work and drains on SIGTERM
+"$SPILLWAY" collect -b "$BOOTSTRAP" -t results --ids "$WORK/ids.txt" -o "$WORK/out.jsonl" --timeout 120 \
+  2>"$WORK/collect.log" || { cat "$WORK/collect.log"; fail "not every id came back"; }
+kill -TERM "$WPID"
+rc=0
+wait "$WPID" || rc=$?
+[ "$rc" = 0 ] || fail "w3 exit status $rc after SIGTERM"
+grep -q "stopped:" "$WORK/w3.log" || fail "no clean stop in w3's log"
+say "w3 drained and stopped: $(grep -o 'stopped:.*' "$WORK/w3.log" | tail -1)"
+
+# zero duplicates under read_committed, set equality; the aborted records are only visible
+# to read_uncommitted readers
+kcat -b "$BOOTSTRAP" -C -t results -e -q -o beginning -f '%s\n' -X isolation.level=read_committed \
+  >"$WORK/committed.jsonl"
+uncommitted=$(count read_uncommitted)
+python3 - "$WORK" "$uncommitted" <<'PY' || fail "exactly-once check"
+import collections, json, sys
+work, unc = sys.argv[1], int(sys.argv[2])
+want = set(open(f"{work}/ids.txt").read().split())
+recs = [json.loads(l) for l in open(f"{work}/committed.jsonl")]
+ids = collections.Counter(r["id"] for r in recs)
+dups = {k: v for k, v in ids.items() if v > 1}
+missing = want - set(ids)
+extra = set(ids) - want
+print(f"read_committed: {len(recs)} records for {len(want)} ids, {len(dups)} duplicated, "
+      f"{len(missing)} missing, {len(extra)} unexpected; read_uncommitted: {unc} records "
+      f"({unc - len(recs)} from aborted transactions)")
+assert not dups, f"duplicates under read_committed: {sorted(dups.items())[:10]}"
+assert not missing and not extra, (sorted(missing)[:10], sorted(extra)[:10])
+for r in recs:
+    assert r["finish_reason"] in ("stop", "length"), r
+    assert r["worker"] == "eosw" and r["input"]["topic"] == "prompts", r
+PY
+ndlq=$(kcat -b "$BOOTSTRAP" -C -t prompts.dlq -e -q -o beginning -f '%h\n' \
+  -X isolation.level=read_committed | grep -c '__spillway.errors.code=' || true)
+[ "$ndlq" = 2 ] || fail "$ndlq DLQ records under read_committed, want 2"
+
+# the group's committed offsets are at the log end of every input partition
+java -Xms64m -Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 \
+  "-Dlog4j2.configurationFile=$WORK/broker/tools-log4j2.properties" -cp "$KAFKA_LIB/*" \
+  org.apache.kafka.tools.consumer.group.ConsumerGroupCommand --bootstrap-server "$BOOTSTRAP" \
+  --describe --group spw-eos >"$WORK/offsets.txt" 2>&1 || { cat "$WORK/offsets.txt"; fail "describe group"; }
+awk '$1 == "spw-eos" && $2 == "prompts" { n++; if ($4 != $5) bad = bad " " $3 ":" $4 "/" $5; sum += $4 }
+     END { printf "%d partitions, committed offsets sum %d%s\n", n, sum, bad ? ", behind:" bad : "";
+           exit !(n == 4 && bad == "") }' "$WORK/offsets.txt" ||
+  { cat "$WORK/offsets.txt"; fail "committed offsets are not at the log end"; }
+say "PASS"
