@@ -167,7 +167,10 @@ static void on_rebalance(rd_kafka_t *rk, rd_kafka_resp_err_t err,
             logf_(c, 0, "incremental assign: %s", rd_kafka_error_string(e));
             rd_kafka_error_destroy(e);
         }
+        /* librdkafka keeps a partition's application pause flag across unassign/assign: one
+         * revoked or lost while intake was paused would come back paused for ever */
         if (c->paused) rd_kafka_pause_partitions(rk, parts);
+        else rd_kafka_resume_partitions(rk, parts);
         logf_(c, 2, "assigned %d partition(s), %d now", parts->cnt, c->n_parts);
         return;
     }
