@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "consumer/consumer.h"
 
@@ -34,7 +35,22 @@ struct consumer {
     int paused;
     int pending;             /* unacked entries over all partitions */
     int left;                /* consumer_leave done */
+    /* Background commits are held from a (cooperative) revocation until the rebalance that
+     * follows it ends: librdkafka 2.0 declares the whole assignment lost when an offset commit
+     * is answered ILLEGAL_GENERATION because the re-join that follows a revocation bumped the
+     * generation meanwhile (librdkafka issue #4059, fixed in 2.6), which made at-least-once
+     * redo everything in flight. The revocation itself commits synchronously, before that
+     * re-join. */
+    int hold_commits;        /* assignment callbacks to wait for */
+    int64_t hold_until_ms;   /* monotonic; commits resume then in any case */
 };
+
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
 
 static void logf_(consumer_t *c, int level, const char *fmt, ...)
 {
@@ -156,6 +172,7 @@ static void on_rebalance(rd_kafka_t *rk, rd_kafka_resp_err_t err,
     consumer_t *c = opaque;
     int coop = !strcmp(rd_kafka_rebalance_protocol(rk), "COOPERATIVE");
     if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
+        if (c->hold_commits > 0) c->hold_commits--;
         for (int i = 0; i < parts->cnt; i++)
             if (add_part(c, parts->elems[i].topic, parts->elems[i].partition))
                 logf_(c, 0, "out of memory tracking %s[%d]", parts->elems[i].topic,
@@ -180,6 +197,10 @@ static void on_rebalance(rd_kafka_t *rk, rd_kafka_resp_err_t err,
             if (c->hooks.before_revoke) c->hooks.before_revoke(c->hooks.arg);
             commit_parts(c, parts);
         }
+        /* cooperative: the assignment that completes this revocation, then the one ending the
+         * re-join after it */
+        c->hold_commits = coop && !lost ? 2 : 0;
+        c->hold_until_ms = mono_ms() + 10000;
         int dropped = 0;
         for (int i = 0; i < parts->cnt; i++) {
             part_t *p = find_part(c, parts->elems[i].topic, parts->elems[i].partition);
@@ -467,6 +488,7 @@ static rd_kafka_topic_partition_list_t *moved(consumer_t *c)
 
 int consumer_commit(consumer_t *c, int async)
 {
+    if (async && c->hold_commits > 0 && mono_ms() < c->hold_until_ms) return 0; /* see struct */
     rd_kafka_topic_partition_list_t *l = moved(c);
     if (!l) return 0;
     for (int i = 0; i < l->cnt; i++) {
