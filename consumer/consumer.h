@@ -39,6 +39,10 @@ typedef struct {
     void (*drop)(void *arg, void *user);
     /* One log line (level 0 error .. 3 debug). May be NULL. */
     void (*log)(void *arg, int level, const char *msg);
+    /* Partitions were lost (not revoked: another member may own them already, and their
+     * offsets can no longer be committed); their tracked messages were dropped first. May be
+     * NULL. */
+    void (*lost)(void *arg);
 } consumer_hooks_t;
 
 typedef struct {

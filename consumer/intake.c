@@ -217,6 +217,7 @@ static void on_rebalance(rd_kafka_t *rk, rd_kafka_resp_err_t err,
         }
         logf_(c, 2, "%s %d partition(s) (%d in-flight dropped), %d left", lost ? "lost" : "revoked",
               parts->cnt, dropped, c->n_parts);
+        if (lost && c->hooks.lost) c->hooks.lost(c->hooks.arg);
         return;
     }
     logf_(c, 0, "rebalance error: %s", rd_kafka_err2str(err));

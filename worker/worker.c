@@ -758,6 +758,25 @@ static void hook_before_revoke(void *arg)
     producer_flush(w->prod, 2000);
 }
 
+/* Partitions were lost. Exactly-once: the open transaction may hold outputs of theirs, whose
+ * offsets can no longer be committed; committing those outputs alone would make whoever owns the
+ * partitions now compute and commit them again. So the transaction is aborted and what is still
+ * assigned rewound to the committed offsets (as after an abortable error). */
+static void hook_lost(void *arg)
+{
+    worker_t *w = arg;
+    if (w->cfg.delivery != WORKER_EOS || !w->prod || !w->txn_open) return;
+    char err[256];
+    w->txn_open = 0;
+    if (producer_txn_abort(w->prod, 30000, err, sizeof err) != PRODUCER_TXN_OK) {
+        set_fatal(w, "exactly-once: %s (stopping; restart the worker)", err);
+        return;
+    }
+    atomic_fetch_add(&w->st.txn_aborts, 1);
+    wlog(w, 1, "partitions lost: transaction aborted; rewinding to the committed offsets");
+    if (consumer_rewind(w->cons, err, sizeof err)) wlog(w, 0, "rewind: %s", err);
+}
+
 static void periodic_commit(worker_t *w, int force)
 {
     int64_t now = mono_ms();
@@ -1057,6 +1076,7 @@ worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen)
         .commit_offsets = w->cfg.delivery == WORKER_ALO,
     };
     consumer_hooks_t hooks = {.arg = w, .before_revoke = hook_before_revoke, .drop = hook_drop,
+                              .lost = hook_lost,
                               .log = hook_log};
     w->cons = consumer_new(&cc, &hooks, errstr, errlen);
     if (!w->cons) goto fail;
