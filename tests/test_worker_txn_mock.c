@@ -10,6 +10,8 @@
  *    TRANSACTIONAL_ID_AUTHORIZATION_FAILED, AddOffsetsToTxn and Produce INVALID_PRODUCER_EPOCH):
  *    worker_run returns -1 with the reason and no transaction was committed; a restarted worker
  *    with the same transactional.id serves everything;
+ *  - exactly-once, the assignment lost (a heartbeat answered ILLEGAL_GENERATION) with outputs
+ *    in the open transaction: it is aborted, and everything is served again;
  *  - at-least-once, permanent produce errors and delivery timeouts (leader down longer than
  *    message.timeout.ms): the worker produces again, and a checker that samples the group's
  *    committed offsets and then the results topic finds, at every sample, a durable result for
@@ -42,7 +44,8 @@
 #define MODEL SPILLWAY_MODELS "/stories260K.gguf"
 
 /* Kafka protocol ApiKeys */
-enum { API_PRODUCE = 0, API_ADD_OFFSETS_TO_TXN = 25, API_END_TXN = 26, API_TXN_OFFSET_COMMIT = 28 };
+enum { API_PRODUCE = 0, API_HEARTBEAT = 12, API_ADD_OFFSETS_TO_TXN = 25, API_END_TXN = 26,
+       API_TXN_OFFSET_COMMIT = 28 };
 /* mock brokers: 1 = transaction coordinator and input leader, 2 = group coordinator, 3 = output
  * leader */
 enum { B_TXN = 1, B_GROUP = 2, B_OUT = 3 };
@@ -524,6 +527,62 @@ static int case_fatal_produce(void)
                           RD_KAFKA_RESP_ERR_INVALID_PRODUCER_EPOCH, 0);
 }
 
+/* Exactly-once, the assignment is lost (a heartbeat answered ILLEGAL_GENERATION) while outputs
+ * sit in the open transaction: their offsets can no longer be committed, so the transaction is
+ * aborted (committing the outputs alone would make the partitions' next owner compute them
+ * again); the worker re-joins, serves everything again and commits. */
+static int case_eos_lost(void)
+{
+    env_t e;
+    if (env_init(&e, "eos-lost", 16)) return -1;
+    produce_prompts(&e, tok2);
+    const char *extra[] = {"commit.interval.ms=60000", "kafka:consumer.heartbeat.interval.ms=100",
+                           NULL};
+    worker_t *w = make_worker(&e, 1, extra);
+    if (!w) return -1;
+    reader_t rd;
+    reader_init(&rd, &e);
+    run_t run;
+    run_start(&run, w);
+    worker_stats_t st;
+    int64_t end = now_ms() + 20000;
+    do { /* every output in the open transaction, nothing committed */
+        usleep(20000);
+        worker_stats(w, &st);
+    } while (st.results < (uint64_t)e.n && now_ms() < end);
+    CHECKF(st.results == (uint64_t)e.n && st.txn_commits == 0, "%llu outputs, %llu commits",
+           (unsigned long long)st.results, (unsigned long long)st.txn_commits);
+    rd_kafka_mock_broker_push_request_error_rtts(e.mc, B_GROUP, API_HEARTBEAT, 1,
+                                                 RD_KAFKA_RESP_ERR_ILLEGAL_GENERATION, 0);
+    end = now_ms() + 30000;
+    do { /* lost, re-joined, everything consumed and computed again */
+        usleep(50000);
+        worker_stats(w, &st);
+    } while ((st.consumed < 2 * (uint64_t)e.n || st.inflight > 0) && !run_done(&run) &&
+             now_ms() < end);
+    if (run_stop(&run, 20000)) {
+        CHECKF(0, "worker_run did not return");
+        return -1;
+    }
+    reader_catch_up(&rd, e.out);
+    worker_stats(w, &st);
+    CHECKF(run.rc == 0, "%s", run.err);
+    CHECK(stack_left(&e, B_GROUP, API_HEARTBEAT) == 0);
+    CHECKF(st.txn_aborts == 1, "%llu transactions aborted after the loss, want 1",
+           (unsigned long long)st.txn_aborts);
+    CHECKF(st.consumed == 2 * (uint64_t)e.n, "consumed %llu", (unsigned long long)st.consumed);
+    CHECK(st.txn_commits >= 1);
+    CHECKF(rd.distinct == e.n, "%d of %d ids", rd.distinct, e.n);
+    fprintf(stderr, "summary: lost with %d outputs in the open transaction: %llu aborted, %llu "
+                    "consumed, %llu committed transaction(s)\n",
+            e.n, (unsigned long long)st.txn_aborts, (unsigned long long)st.consumed,
+            (unsigned long long)st.txn_commits);
+    worker_free(w);
+    reader_free(&rd);
+    env_free(&e);
+    return 0;
+}
+
 /* At-least-once: outputs fail for a while (permanent produce errors, or the output leader down
  * longer than message.timeout.ms); the worker produces them again, and no sample of the committed
  * offsets ever runs ahead of the durable results. */
@@ -711,6 +770,7 @@ int main(void)
         {.name = "eos_fatal_txn_offset_commit", .fn = case_fatal_offsets},
         {.name = "eos_fatal_add_offsets", .fn = case_fatal_addoffsets},
         {.name = "eos_fatal_produce", .fn = case_fatal_produce},
+        {.name = "eos_lost", .fn = case_eos_lost},
         {.name = "alo_produce_errors", .fn = case_alo_produce_errors},
         {.name = "alo_message_timeout", .fn = case_alo_msg_timeout},
         {.name = "alo_drain_timeout", .fn = case_alo_drain_timeout},
