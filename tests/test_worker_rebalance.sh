@@ -7,8 +7,10 @@
 #      (batch.max_seqs 128) that runs well past 3 s (the results' timings prove it) -> no
 #      revocation, no lost partition and no "maximum poll interval exceeded" in the worker's log
 #      before the stop: one assignment.
-#   2. At-least-once, a second worker joins under load (800 prompts) and leaves (SIGTERM) just
-#      after 400 more arrive (max.inflight 64 each): every id comes back (set equality);
+#   2. At-least-once, a second worker joins under load (600 prompts, then 200 more as it joins,
+#      so the partitions it takes over have work) and leaves (SIGTERM) after its first 50
+#      results, just after 400 more arrive (max.inflight 64 each): every id comes back (set
+#      equality);
 #      duplicates are at most the in-flight requests the revocations dropped (the workers'
 #      "revoked ... (N in-flight dropped)" lines); both exit 0.
 #   3. The same with exactly-once: zero duplicates under read_committed.
@@ -83,13 +85,14 @@ write("long", [f"L{i:03d}" for i in range(128)],
       lambda i: {"prompt": f"{prefixes[i % 4]} {i}", "max_tokens": 480, "temperature": 0.8,
                  "seed": i})
 # 2, 3: every 2nd request 200 tokens, the rest 1..8 (they finish out of offset order); a first
-# batch of 800 and a second of 400, produced just before the second worker leaves
+# batch of 600, a second of 200 as the second worker joins, a third of 400 just before it leaves
 req = lambda i: {"prompt": f"{prefixes[i % 4]} {i}", "temperature": 0,
                  "max_tokens": 200 if i % 2 == 0 else 1 + (i * 5) % 8}
 for mode in ("alo", "eos"):
     ids = [f"{mode[0].upper()}{i:04d}" for i in range(1200)]
-    write(mode + "1", ids[:800], req)
-    write(mode + "2", ids[800:], lambda i: req(i + 800))
+    write(mode + "1", ids[:600], req)
+    write(mode + "2", ids[600:800], lambda i: req(i + 600))
+    write(mode + "3", ids[800:], lambda i: req(i + 800))
     open(f"{work}/{mode}.ids", "w").write("".join(i + "\n" for i in ids))
 PY
 
@@ -177,9 +180,12 @@ phase() {
   [ "$c" -ge 100 ] || fail "$a: only $c results"
   run_worker "$b" "g-$mode" "p-$mode" -s max.inflight=64 "${extra[@]}"
   local WB=$WPID
+  # the joiner must get work: the partitions it takes over may already be drained (the first
+  # worker fetched whole partitions at once), so 200 more arrive on every partition as it joins
+  "$SPILLWAY" produce -b "$BOOTSTRAP" -t "p-$mode" --key-prefix 0 "$WORK/${mode}2.jsonl" 2>/dev/null
   c=$(wait_results "$b" 50 60)
   [ "$c" -ge 50 ] || fail "$b: only $c results after joining"
-  "$SPILLWAY" produce -b "$BOOTSTRAP" -t "p-$mode" --key-prefix 0 "$WORK/${mode}2.jsonl" 2>/dev/null
+  "$SPILLWAY" produce -b "$BOOTSTRAP" -t "p-$mode" --key-prefix 0 "$WORK/${mode}3.jsonl" 2>/dev/null
   stop_worker "$WB" "$b"
   local done
   done=$(done_ids "$WORK/$mode.ids")
