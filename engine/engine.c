@@ -36,6 +36,7 @@ typedef struct seq {
     engine_done_fn done;
     void *cb_arg;
     int priority;
+    int64_t deadline_ms;      /* Unix epoch ms, 0 none */
 
     int32_t *tokens;          /* [cap_tokens]: prompt then generated */
     int n_tokens, cap_tokens;
@@ -45,6 +46,8 @@ typedef struct seq {
     int n_blocks, cap_blocks;
     int n_named;              /* leading blocks whose names are known */
     uint64_t last_name;       /* name of block n_named - 1, or the pool seed */
+    uint64_t *pnames;         /* [n_pnames] names of the full prompt blocks (prefix cache on) */
+    int n_pnames;
 
     sampler_params_t sp;      /* validated at submit */
     sampler_t *sampler;       /* created at first admission (its scratch is per-vocabulary:
@@ -93,6 +96,11 @@ struct engine {
     seq_t **b_seqs;
     float *logits;            /* [max_seqs][n_vocab] */
     char piece[4096];
+    seq_t **cand;             /* [sched_window + 1] admission candidates of a step */
+    int64_t *cand_prio, *cand_cached; /* [sched_window + 1] their sort keys */
+
+    engine_kv_tier_t tier;    /* tier 2; tier.lookup NULL = none */
+    void *kv_stage;           /* [kv_block_bytes] tier 2 fetch staging */
 
     engine_stats_t st;
 };
@@ -126,6 +134,9 @@ void engine_config_default(engine_config_t *c)
     c->max_seqs = 64;
     c->max_ctx = 0;
     c->prefix_cache = 1;
+    c->sched_window = 32;
+    c->sched_aging_ms = 5000;
+    c->sched_urgent_ms = 2000;
 }
 
 void engine_request_default(engine_request_t *r)
@@ -155,6 +166,7 @@ static void seq_free(seq_t *s)
     if (!s) return;
     free(s->tokens);
     free(s->blocks);
+    free(s->pnames);
     sampler_free(s->sampler);
     stop_matcher_free(s->stop);
     free(s->stop_ids);
@@ -180,8 +192,20 @@ static void seq_publish(engine_t *e, seq_t *s)
     const int B = e->cfg.block_tokens;
     int full = s->n_computed / B;
     while (s->n_named < full && s->n_named < s->n_blocks) {
-        uint64_t name = kvpool_block_name(e->pool, s->last_name, s->tokens + (size_t)s->n_named * B);
-        kvpool_publish(e->pool, s->blocks[s->n_named], name);
+        int32_t b = s->blocks[s->n_named];
+        uint64_t name = s->n_named < s->n_pnames
+                            ? s->pnames[s->n_named]
+                            : kvpool_block_name(e->pool, s->last_name,
+                                                s->tokens + (size_t)s->n_named * B);
+        kvpool_publish(e->pool, b, name);
+        if (e->tier.store_begin) {
+            void *buf = e->tier.store_begin(e->tier.arg, name);
+            if (buf) {
+                int ok = e->be->ops->kv_block_read(e->be, b, buf) == 0;
+                e->st.tier2_stores += (uint64_t)ok;
+                e->tier.store_commit(e->tier.arg, buf, ok);
+            }
+        }
         s->last_name = name;
         s->n_named++;
     }
@@ -279,6 +303,10 @@ void engine_free(engine_t *e)
     free(e->b_tables);
     free(e->b_seqs);
     free(e->logits);
+    free(e->cand);
+    free(e->cand_prio);
+    free(e->cand_cached);
+    free(e->kv_stage);
     kvpool_free(e->pool);
     backend_free(e->be);
     tokenizer_free(e->tok);
@@ -315,9 +343,10 @@ engine_t *engine_new(const engine_config_t *cfg, char *errstr, size_t errlen)
     }
     if (c->block_tokens < 1 || c->block_tokens > 4096 || c->max_batch_tokens < 1 ||
         c->max_seqs < 1 || c->max_seqs > c->max_batch_tokens || c->kv_blocks < 0 ||
-        c->kv_mem_mb < 0 || c->max_ctx < 0 || c->threads > 1024) {
+        c->kv_mem_mb < 0 || c->max_ctx < 0 || c->threads > 1024 || c->sched_window < 1 ||
+        c->sched_window > 65536 || c->sched_aging_ms < 0 || c->sched_urgent_ms < 0) {
         seterr(errstr, errlen, "engine: bad limits (block_tokens 1..4096, max_batch_tokens >= "
-               "max_seqs >= 1, threads <= 1024)");
+               "max_seqs >= 1, threads <= 1024, sched_window 1..65536, sched_*_ms >= 0)");
         goto fail;
     }
     e->model = model_load(c->model_path, errstr, errlen);
@@ -366,7 +395,10 @@ engine_t *engine_new(const engine_config_t *cfg, char *errstr, size_t errlen)
     e->b_tables = malloc(T * sizeof *e->b_tables);
     e->b_seqs = malloc(T * sizeof *e->b_seqs);
     e->logits = malloc((size_t)c->max_seqs * hp->n_vocab * sizeof *e->logits);
-    if (!e->waiting || !e->running || !e->b_tokens || !e->b_pos || !e->b_seq_start ||
+    e->cand = malloc(sizeof *e->cand * ((size_t)c->sched_window + 1));
+    e->cand_prio = malloc(sizeof *e->cand_prio * ((size_t)c->sched_window + 1));
+    e->cand_cached = malloc(sizeof *e->cand_cached * ((size_t)c->sched_window + 1));
+    if (!e->cand || !e->cand_prio || !e->cand_cached || !e->waiting || !e->running || !e->b_tokens || !e->b_pos || !e->b_seq_start ||
         !e->b_logits_idx || !e->b_tables || !e->b_seqs || !e->logits) {
         seterr(errstr, errlen, "engine: out of memory");
         goto fail;
@@ -424,6 +456,7 @@ int engine_submit(engine_t *e, const engine_request_t *req, engine_done_fn done,
     s->max_tokens = req->max_tokens;
     s->ignore_eos = req->ignore_eos;
     s->priority = req->priority;
+    s->deadline_ms = req->deadline_ms;
     s->user = req->user;
     s->done = done;
     s->cb_arg = cb_arg;
@@ -524,24 +557,140 @@ static void preempt(engine_t *e, int idx)
     queue_insert(e->waiting, &e->n_waiting, s); /* arrival order puts it ahead of newer ones */
 }
 
-/* Reuses the longest run of cached full blocks of s's tokens, leaving at least one token to
- * compute (its logits are needed). */
+/* Names of the full blocks of s's tokens [0, upto) into s->pnames (grown as needed). 0 or -1. */
+static int seq_name_blocks(engine_t *e, seq_t *s, int upto)
+{
+    const int B = e->cfg.block_tokens;
+    int n = upto / B;
+    if (n <= s->n_pnames) return 0;
+    uint64_t *p = realloc(s->pnames, sizeof *p * (size_t)n);
+    if (!p) return -1;
+    s->pnames = p;
+    for (int i = s->n_pnames; i < n; i++)
+        p[i] = kvpool_block_name(e->pool, i ? p[i - 1] : kvpool_seed(e->pool),
+                                 s->tokens + (size_t)i * B);
+    s->n_pnames = n;
+    return 0;
+}
+
+/* Blocks of s's leading full blocks held by tier 1 (no reference taken), at most max. */
+static int seq_cached_blocks(const engine_t *e, const seq_t *s, int max)
+{
+    int n = 0;
+    while (n < max && n < s->n_pnames && kvpool_contains(e->pool, s->pnames[n])) n++;
+    return n;
+}
+
+/* Reuses the longest run of cached full blocks of s's tokens (tier 1, then tier 2), leaving at
+ * least one token to compute (its logits are needed). */
 static void seq_reuse_prefix(engine_t *e, seq_t *s)
 {
     if (!e->cfg.prefix_cache || s->n_computed != 0) return;
     const int B = e->cfg.block_tokens;
     int max_blocks = (s->n_tokens - 1) / B;
-    uint64_t parent = kvpool_seed(e->pool);
+    if (seq_name_blocks(e, s, s->n_tokens) != 0) return; /* out of memory: compute it all */
     while (s->n_blocks < max_blocks) {
-        uint64_t name = kvpool_block_name(e->pool, parent, s->tokens + (size_t)s->n_blocks * B);
-        int32_t b = kvpool_lookup(e->pool, name);
+        int32_t b = kvpool_lookup(e->pool, s->pnames[s->n_blocks]);
         if (b < 0) break;
         s->blocks[s->n_blocks++] = b;
-        parent = name;
+    }
+    if (e->tier.lookup && s->n_blocks < max_blocks) {
+        int first = s->n_blocks, want = max_blocks - first;
+        e->st.tier2_lookups += (uint64_t)want;
+        int found = e->tier.lookup(e->tier.arg, s->pnames + first, want);
+        for (int i = 0; i < found; i++) {
+            int32_t b = kvpool_alloc(e->pool);
+            if (b < 0) break;
+            if (e->tier.fetch(e->tier.arg, i, e->kv_stage) != 0 ||
+                e->be->ops->kv_block_write(e->be, b, e->kv_stage) != 0) {
+                kvpool_unref(e->pool, b);
+                break;
+            }
+            kvpool_publish(e->pool, b, s->pnames[first + i]);
+            s->blocks[s->n_blocks++] = b;
+            e->st.tier2_hits++;
+        }
     }
     s->n_named = s->n_blocks;
-    s->last_name = parent;
+    s->last_name = s->n_blocks ? s->pnames[s->n_blocks - 1] : kvpool_seed(e->pool);
     s->n_computed = s->n_blocks * B;
+}
+
+/* Whether s's first block that is not cached is being computed by a running sequence right now:
+ * admitting s would compute it a second time, while waiting a step or two gets it from tier 1
+ * once that sequence publishes it. */
+static int prefix_in_flight(const engine_t *e, const seq_t *s, int cached)
+{
+    if (cached >= s->n_pnames || cached >= (s->n_tokens - 1) / e->cfg.block_tokens) return 0;
+    uint64_t name = s->pnames[cached];
+    for (int i = 0; i < e->n_running; i++) {
+        const seq_t *r = e->running[i];
+        if (r->n_named <= cached && cached < r->n_pnames && r->pnames[cached] == name) return 1;
+    }
+    return 0;
+}
+
+static int64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Admission candidates of this step, best first (see engine_config_t.sched_*): fills e->cand and
+ * returns their number. */
+static int pick_candidates(engine_t *e)
+{
+    int w = e->cfg.sched_window < e->n_waiting ? e->cfg.sched_window : e->n_waiting;
+    int n = 0;
+    for (int i = 0; i < w; i++) e->cand[n++] = e->waiting[i];
+    /* the oldest waiting request, wherever priority put it */
+    seq_t *oldest = NULL;
+    for (int i = w; i < e->n_waiting; i++)
+        if (!oldest || e->waiting[i]->arrival < oldest->arrival) oldest = e->waiting[i];
+    if (oldest) e->cand[n++] = oldest;
+    if (n <= 1) return n;
+    int64_t now = now_ns(), wall = e->cfg.sched_urgent_ms > 0 ? wall_ms() : 0;
+    int64_t *key_prio = e->cand_prio, *key_cached = e->cand_cached;
+    for (int i = 0; i < n; i++) {
+        seq_t *s = e->cand[i];
+        int64_t p = s->priority;
+        if (e->cfg.sched_aging_ms > 0)
+            p += (now - s->t_submit) / ((int64_t)e->cfg.sched_aging_ms * 1000000);
+        if (s->deadline_ms > 0 && e->cfg.sched_urgent_ms > 0 &&
+            s->deadline_ms - wall < e->cfg.sched_urgent_ms)
+            p += 1;
+        key_prio[i] = p;
+        key_cached[i] = 0;
+        if (e->cfg.prefix_cache && s->n_computed == 0 && seq_name_blocks(e, s, s->n_tokens) == 0)
+            key_cached[i] = seq_cached_blocks(e, s, (s->n_tokens - 1) / e->cfg.block_tokens);
+    }
+    /* insertion sort: n is small */
+    for (int i = 1; i < n; i++) {
+        seq_t *s = e->cand[i];
+        int64_t kp = key_prio[i], kc = key_cached[i];
+        int j = i;
+        while (j > 0 && (key_prio[j - 1] < kp ||
+                         (key_prio[j - 1] == kp && (key_cached[j - 1] < kc ||
+                                                    (key_cached[j - 1] == kc &&
+                                                     e->cand[j - 1]->arrival > s->arrival))))) {
+            e->cand[j] = e->cand[j - 1];
+            key_prio[j] = key_prio[j - 1];
+            key_cached[j] = key_cached[j - 1];
+            j--;
+        }
+        e->cand[j] = s;
+        key_prio[j] = kp;
+        key_cached[j] = kc;
+    }
+    return n;
+}
+
+static int waiting_index(const engine_t *e, const seq_t *s)
+{
+    for (int i = 0; i < e->n_waiting; i++)
+        if (e->waiting[i] == s) return i;
+    return -1;
 }
 
 /* Plans one step: fills e->b_seqs[0..n) with step_tokens set. Returns n. */
@@ -569,9 +718,16 @@ static int plan_step(engine_t *e)
         budget -= want;
         e->b_seqs[n++] = s;
     }
-    /* Admissions. */
-    while (e->n_waiting > 0 && e->n_running < e->cfg.max_seqs && budget > 0) {
-        seq_t *s = e->waiting[0];
+    /* Admissions, best candidate first; one that does not fit ends them (no smaller request
+     * overtakes it, so it cannot starve). */
+    int n_cand = e->n_running < e->cfg.max_seqs && budget > 0 ? pick_candidates(e) : 0;
+    for (int c = 0; c < n_cand && e->n_running < e->cfg.max_seqs && budget > 0; c++) {
+        seq_t *s = e->cand[c];
+        if (e->cfg.prefix_cache && s->n_computed == 0 &&
+            prefix_in_flight(e, s, seq_cached_blocks(e, s, (s->n_tokens - 1) / e->cfg.block_tokens))) {
+            e->st.deferred++;
+            continue;
+        }
         if (!s->sampler) {
             char err[128];
             s->sampler = sampler_new(&s->sp, e->model->hp.n_vocab, err, sizeof err);
@@ -596,8 +752,8 @@ static int plan_step(engine_t *e)
             seq_release_blocks(e, s);
             break;
         }
-        queue_remove_at(e->waiting, &e->n_waiting, 0);
-        e->running[e->n_running++] = s;
+        queue_remove_at(e->waiting, &e->n_waiting, waiting_index(e, s));
+        queue_insert(e->running, &e->n_running, s);
         if (s->n_preempted == 0) {
             s->n_cached = s->n_computed;
             e->st.cached_tokens += (uint64_t)s->n_computed;
@@ -744,6 +900,28 @@ int engine_token_to_piece(const engine_t *e, int32_t id, char *buf, size_t cap)
     return tokenizer_token_to_piece(e->tok, id, 0, buf, cap);
 }
 
+int engine_set_kv_tier(engine_t *e, const engine_kv_tier_t *tier, char *errstr, size_t errlen)
+{
+    if (!tier) {
+        memset(&e->tier, 0, sizeof e->tier);
+        return 0;
+    }
+    if (!tier->lookup || !tier->fetch || !tier->store_begin || !tier->store_commit) {
+        seterr(errstr, errlen, "engine: tier 2 needs all four callbacks");
+        return -1;
+    }
+    if (!e->be->ops->kv_block_read || !e->be->ops->kv_block_write) {
+        seterr(errstr, errlen, "engine: backend %s cannot copy KV blocks", e->be->ops->name);
+        return -1;
+    }
+    if (!e->kv_stage && !(e->kv_stage = malloc(e->be->kv_block_bytes))) {
+        seterr(errstr, errlen, "engine: out of memory");
+        return -1;
+    }
+    e->tier = *tier;
+    return 0;
+}
+
 void engine_info(const engine_t *e, engine_info_t *info)
 {
     const hparams_t *hp = &e->model->hp;
@@ -767,6 +945,7 @@ void engine_info(const engine_t *e, engine_info_t *info)
     info->kv_block_bytes = e->be->kv_block_bytes;
     info->weight_bytes = e->model->weight_bytes;
     info->fingerprint = e->model->fingerprint;
+    info->kv_seed = kvpool_seed(e->pool);
     info->bos = tokenizer_bos(e->tok);
     info->eos = tokenizer_eos(e->tok);
 }

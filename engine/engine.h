@@ -33,6 +33,14 @@ typedef struct {
     int max_seqs;            /* sequences running at once (64) */
     int max_ctx;             /* context limit per sequence; 0 = the model's trained context */
     int prefix_cache;        /* 1: reuse cached full prompt blocks across requests (1) */
+    /* admission order (prefix-grouped): among the sched_window first waiting requests (by
+     * priority, then arrival) and the oldest one, the next admitted is the one with the highest
+     * effective priority, then the longest cached prefix, then the oldest. Effective priority =
+     * priority + 1 per sched_aging_ms waited (0 = no aging) + 1 when its deadline is less than
+     * sched_urgent_ms away. */
+    int sched_window;        /* 32 */
+    int sched_aging_ms;      /* 5000 */
+    int sched_urgent_ms;     /* 2000 */
 } engine_config_t;
 
 void engine_config_default(engine_config_t *c);
@@ -72,6 +80,9 @@ typedef struct {
     int text_at_start;              /* 1: the completion starts the text (no prompt text before
                                        it), so a SentencePiece leading space is dropped */
     int priority;                   /* higher is admitted first (0) */
+    int64_t deadline_ms;            /* Unix epoch ms after which the result is useless; 0 none.
+                                       Only orders admission (sched_urgent_ms): the caller
+                                       cancels what expires */
     void *user;                     /* passed back in the result */
 } engine_request_t;
 
@@ -137,17 +148,42 @@ typedef struct {
     size_t kv_block_bytes;
     size_t weight_bytes;
     uint64_t fingerprint;
+    uint64_t kv_seed;        /* seed of the block-name chain (fingerprint, block size, KV type) */
     int32_t bos, eos;
 } engine_info_t;
 void engine_info(const engine_t *e, engine_info_t *info);
 
 typedef struct {
     uint64_t steps, prompt_tokens, cached_tokens, generated_tokens, preemptions;
-    uint64_t prefix_lookups, prefix_hits, evictions;
+    uint64_t prefix_lookups, prefix_hits, evictions;  /* tier 1, in blocks */
+    uint64_t tier2_lookups, tier2_hits;               /* tier 2, in blocks */
+    uint64_t tier2_stores;                            /* blocks offered to tier 2 */
+    uint64_t deferred;       /* admissions put off because another request was computing the
+                                same prefix block (it is shared once published) */
     int kv_blocks_used, kv_blocks_total;
     double forward_seconds;
 } engine_stats_t;
 void engine_stats(const engine_t *e, engine_stats_t *st);
+
+/* Tier 2 of the prefix cache (cache/: a host arena indexed in Redis), seen through callbacks so
+ * the engine does not depend on it. All are called on the step thread. The names are the
+ * engine's block names (engine_info.kv_seed starts the chain); a block is kv_block_bytes bytes in
+ * the backend's layout.
+ *   lookup       names[0..n) is a chain: how many leading blocks the tier holds (0..n)
+ *   fetch        copies block i of the last lookup into dst; 0, or -1 on a miss
+ *   store_begin  a buffer for a newly computed block, or NULL when the tier does not want it
+ *   store_commit hands the buffer back: ok 1 = filled (store it), 0 = not filled (drop it) */
+typedef struct {
+    void *arg;
+    int (*lookup)(void *arg, const uint64_t *names, int n);
+    int (*fetch)(void *arg, int i, void *dst);
+    void *(*store_begin)(void *arg, uint64_t name);
+    void (*store_commit)(void *arg, void *buf, int ok);
+} engine_kv_tier_t;
+/* Attaches tier 2 (copied; tier->arg must stay valid until detached with NULL or the engine is
+ * freed). A prompt's blocks are then looked up in tier 1, then tier 2; computed blocks are
+ * offered to it. 0, or -1 (errstr) when the backend cannot copy blocks or out of memory. */
+int engine_set_kv_tier(engine_t *e, const engine_kv_tier_t *tier, char *errstr, size_t errlen);
 
 /* Prints a GGUF file's metadata, tensors and derived figures (KV bytes per token) to out.
  * Works on files the engine cannot run (it then names why). 0, or -1 when the file itself is

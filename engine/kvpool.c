@@ -206,6 +206,8 @@ int32_t kvpool_lookup(kvpool_t *p, uint64_t name)
     return b;
 }
 
+int kvpool_contains(const kvpool_t *p, uint64_t name) { return ht_get(p, name) != NIL; }
+
 void kvpool_publish(kvpool_t *p, int32_t b, uint64_t name)
 {
     if (p->named[b] || ht_get(p, name) != NIL) return;

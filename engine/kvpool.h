@@ -47,6 +47,8 @@ uint64_t kvpool_seed(const kvpool_t *p);
 
 /* Block holding name, with one reference added (taken out of the LRU), or -1. */
 int32_t kvpool_lookup(kvpool_t *p, uint64_t name);
+/* Whether a block holds name (cached or in use), without a reference or a stats count. */
+int kvpool_contains(const kvpool_t *p, uint64_t name);
 /* Gives an in-use, full block its name so later lookups find it. If another block already has
  * the name, nothing changes (that one stays the canonical copy). */
 void kvpool_publish(kvpool_t *p, int32_t block, uint64_t name);

@@ -1,9 +1,11 @@
 /* tests/test_engine.c: end-to-end engine behaviour on the real stories260K model:
  * golden greedy outputs, batch invariance, prefix-block sharing, preemption, seeds, stop
  * strings, limits and request validation. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "check.h"
 #include "engine/engine.h"
@@ -259,6 +261,142 @@ static void test_shared_prefix(void)
     for (int i = 0; i < 5; i++) free(prompts[i]);
 }
 
+/* Requests submitted together that share an uncached prefix compute it once: the first admitted
+ * computes it, the others wait (deferred) until its blocks are published and then reuse them;
+ * outputs equal those of private computation. */
+static void test_prefix_compute_once(void)
+{
+    static const char *shared =
+        "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
+        "park. One day, she saw a big, red ball. She wanted to play with it, but it was too high. ";
+    const char *tails[] = {"Lily", "Her mom", "A bird", "The ball", "She"};
+    char *prompts[5];
+    for (int i = 0; i < 5; i++) {
+        prompts[i] = malloc(strlen(shared) + strlen(tails[i]) + 1);
+        strcpy(prompts[i], shared);
+        strcat(prompts[i], tails[i]);
+    }
+    engine_request_t rq;
+    engine_request_default(&rq);
+    rq.sampling.temperature = 0;
+    rq.sampling.n_logprobs = 1;
+    rq.max_tokens = 16;
+    rq.ignore_eos = 1;
+    res_t priv[5], shr[5];
+    memset(priv, 0, sizeof priv);
+    memset(shr, 0, sizeof shr);
+    engine_config_t c;
+    base_cfg(&c);
+    c.prefix_cache = 0;
+    c.max_batch_tokens = 128;
+    c.max_seqs = 8;
+    engine_t *e = mk(&c);
+    CHECK(run(e, 5, (const char *const *)prompts, &rq, priv) == 0);
+    engine_free(e);
+
+    base_cfg(&c);
+    c.max_batch_tokens = 128;
+    c.max_seqs = 8;
+    e = mk(&c);
+    CHECK(run(e, 5, (const char *const *)prompts, &rq, shr) == 0);
+    engine_stats_t st;
+    engine_stats(e, &st);
+    engine_free(e);
+    CHECKF(st.deferred > 0, "no admission was deferred (%llu)", (unsigned long long)st.deferred);
+    int shared_blocks = 0;
+    for (int i = 1; i < 5; i++) {
+        CHECKF(shr[i].n_cached >= 32, "request %d: %d cached tokens", i, shr[i].n_cached);
+        if (shr[i].n_cached >= 32) shared_blocks++;
+    }
+    /* computed once: prompt tokens computed = all prompts minus what was reused */
+    CHECKF(st.cached_tokens >= 4 * 32, "cached tokens %llu", (unsigned long long)st.cached_tokens);
+    for (int i = 0; i < 5; i++) {
+        CHECKF(priv[i].n_toks == shr[i].n_toks &&
+                   !memcmp(priv[i].toks, shr[i].toks, sizeof(int32_t) * (size_t)priv[i].n_toks),
+               "prompt %d: tokens differ", i);
+        CHECKF(!memcmp(priv[i].lp, shr[i].lp, sizeof(float) * (size_t)priv[i].n_toks),
+               "prompt %d: logprobs differ", i);
+    }
+    res_clear(priv, 5);
+    res_clear(shr, 5);
+    for (int i = 0; i < 5; i++) free(prompts[i]);
+}
+
+typedef struct {
+    int order[8];
+    int n;
+} order_t;
+
+static void on_done_order(void *arg, const engine_result_t *r)
+{
+    order_t *o = arg;
+    if (o->n < 8) o->order[o->n++] = (int)(intptr_t)r->user;
+}
+
+static void submit_text(engine_t *e, const char *text, int priority, int tag, order_t *o)
+{
+    char err[256];
+    int32_t toks[512];
+    int nt = engine_tokenize(e, text, strlen(text), 1, 0, toks, 512);
+    engine_request_t rq;
+    engine_request_default(&rq);
+    rq.sampling.temperature = 0;
+    rq.max_tokens = 2;
+    rq.ignore_eos = 1;
+    rq.prompt = toks;
+    rq.n_prompt = nt;
+    rq.priority = priority;
+    rq.user = (void *)(intptr_t)tag;
+    CHECKF(engine_submit(e, &rq, on_done_order, o, NULL, err, sizeof err) == 0, "submit: %s", err);
+}
+
+/* Admission order with one sequence at a time: the request whose prefix is cached goes before
+ * older ones that share nothing (longest prefix first); priority still goes first; with aging
+ * an old request overtakes a higher priority. */
+static void test_admission_order(void)
+{
+    static const char *doc =
+        "Sue and Ben went to the park to play. They saw a swing, a slide and a sandbox. Sue wanted "
+        "to go on the swing, but Ben wanted to go on the slide. ";
+    char warm[512], hit[512];
+    snprintf(warm, sizeof warm, "%sThey", doc);
+    snprintf(hit, sizeof hit, "%sSue", doc);
+    engine_config_t c;
+    base_cfg(&c);
+    c.max_seqs = 1;
+    c.sched_aging_ms = 0;
+    engine_t *e = mk(&c);
+    char err[256];
+    order_t o = {{0}, 0};
+    submit_text(e, warm, 0, 9, &o);
+    CHECK(engine_run(e, err, sizeof err) == 0);
+    o.n = 0;
+    submit_text(e, "The little dog was sad", 0, 1, &o);
+    submit_text(e, "Tom had a red ball and", 0, 2, &o);
+    submit_text(e, hit, 0, 3, &o);
+    submit_text(e, "One day, a big bird", 1, 4, &o);
+    CHECK(engine_run(e, err, sizeof err) == 0);
+    CHECKF(o.n == 4 && o.order[0] == 4 && o.order[1] == 3 && o.order[2] == 1 && o.order[3] == 2,
+           "order %d %d %d %d", o.order[0], o.order[1], o.order[2], o.order[3]);
+    engine_free(e);
+
+    /* aging: 1 ms per level, the old request gains many levels while the newer high priority
+     * one is submitted */
+    base_cfg(&c);
+    c.max_seqs = 1;
+    c.sched_aging_ms = 1;
+    e = mk(&c);
+    o.n = 0;
+    submit_text(e, "The little dog was sad", 0, 1, &o);
+    struct timespec ts = {0, 50 * 1000000};
+    nanosleep(&ts, NULL);
+    submit_text(e, "Tom had a red ball and", 5, 2, &o);
+    CHECK(engine_run(e, err, sizeof err) == 0);
+    CHECKF(o.n == 2 && o.order[0] == 1 && o.order[1] == 2, "aging order %d %d", o.order[0],
+           o.order[1]);
+    engine_free(e);
+}
+
 /* A pool too small for all sequences at once forces preemption; outputs do not change. */
 static void test_preemption(void)
 {
@@ -421,6 +559,8 @@ int main(void)
     test_golden();
     test_batch_invariance();
     test_shared_prefix();
+    test_prefix_compute_once();
+    test_admission_order();
     test_preemption();
     test_seeds();
     test_stop_strings();
