@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cache/cache.h"
 #include "cli.h"
 
 #define MAX_STOP 16
@@ -186,6 +187,9 @@ int cli_generate(int argc, char **argv)
         {"no-echo", no_argument, 0, 2006},
         {"ignore-eos", no_argument, 0, 2007},
         {"stats", no_argument, 0, 2008},
+        {"cache-redis", required_argument, 0, 2009},
+        {"cache-arena", required_argument, 0, 2010},
+        {"cache-arena-mb", required_argument, 0, 2011},
         {"help", no_argument, 0, 'h'},
         CLI_ENGINE_LONGOPTS,
         {0, 0, 0, 0},
@@ -197,6 +201,10 @@ int cli_generate(int argc, char **argv)
     const char *prompt = NULL, *file = NULL;
     const char *stops[MAX_STOP];
     int n_stop = 0, echo = 1, stats = 0;
+    cache_config_t kc;
+    cache_config_default(&kc);
+    char redis_host[256] = "";
+    cache_t *cache = NULL;
     long v;
     double d;
     int opt;
@@ -228,6 +236,19 @@ int cli_generate(int argc, char **argv)
         case 2006: echo = 0; break;
         case 2007: dr.ignore_eos = 1; break;
         case 2008: stats = 1; break;
+        case 2009: {
+            snprintf(redis_host, sizeof redis_host, "%s", optarg);
+            char *colon = strrchr(redis_host, ':');
+            if (colon) {
+                *colon = 0;
+                if (cli_parse_int("--cache-redis port", colon + 1, 1, 65535, &v)) return 2;
+                kc.redis_port = (int)v;
+            }
+            kc.redis_host = redis_host;
+            break;
+        }
+        case 2010: kc.arena_path = optarg; break;
+        case 2011: if (cli_parse_int("--cache-arena-mb", optarg, 1, 1L << 30, &v)) return 2; kc.arena_mb = v; break;
         case 'h':
             printf("usage: spillway generate -m MODEL [-p PROMPT | -f PROMPTS.jsonl] [options]\n"
                    "  -m, --model FILE     GGUF model\n"
@@ -244,6 +265,10 @@ int cli_generate(int argc, char **argv)
                    "  --ignore-eos         keep generating past end-of-generation tokens\n"
                    "  --no-echo            -p mode: do not print the prompt\n"
                    "  --stats              print throughput figures to stderr\n"
+                   "  --cache-redis HOST[:PORT]  prefix cache tier 2: Redis index (password from\n"
+                   "                       SPILLWAY_CACHE_REDIS_PASSWORD)\n"
+                   "  --cache-arena PATH   its host arena file (default /dev/shm/spillway.arena)\n"
+                   "  --cache-arena-mb N   its size in MiB (default 1024)\n"
                    CLI_ENGINE_HELP, MAX_STOP);
             return 0;
         default: return 2;
@@ -260,6 +285,27 @@ int cli_generate(int argc, char **argv)
     if (!e) {
         fprintf(stderr, "spillway: %s\n", err);
         return 1;
+    }
+    if (*redis_host && cfg.prefix_cache) {
+        const char *pw = getenv("SPILLWAY_CACHE_REDIS_PASSWORD");
+        if (pw) kc.redis_password = pw;
+        engine_info_t info;
+        engine_info(e, &info);
+        cache_geometry_t geo = {.seed = info.kv_seed, .block_tokens = info.block_tokens,
+                                .block_bytes = info.kv_block_bytes};
+        engine_kv_tier_t tier;
+        if (!(cache = cache_new(&kc, &geo, err, sizeof err))) {
+            fprintf(stderr, "spillway: %s\n", err);
+            engine_free(e);
+            return 1;
+        }
+        cache_engine_tier(cache, &tier);
+        if (engine_set_kv_tier(e, &tier, err, sizeof err) != 0) {
+            fprintf(stderr, "spillway: %s\n", err);
+            engine_free(e);
+            cache_free(cache);
+            return 1;
+        }
     }
     gen_ctx_t g = {.out = stdout};
     int rc = 1;
@@ -369,7 +415,14 @@ out:
                 (double)(g.gen_tokens + g.prompt_tokens - g.cached_tokens) / wall,
                 g.done ? g.ttft_sum / (double)g.done * 1e3 : 0.0, (unsigned long long)st.steps,
                 (unsigned long long)st.preemptions);
+        fprintf(stderr,
+                "spillway: prefix blocks: tier 1 %llu of %llu looked up, tier 2 %llu of %llu, "
+                "%llu offered to tier 2, %llu admissions deferred to share a prefix\n",
+                (unsigned long long)st.prefix_hits, (unsigned long long)st.prefix_lookups,
+                (unsigned long long)st.tier2_hits, (unsigned long long)st.tier2_lookups,
+                (unsigned long long)st.tier2_stores, (unsigned long long)st.deferred);
     }
     engine_free(e);
+    cache_free(cache); /* after the engine; waits for the queued stores */
     return rc;
 }

@@ -10,6 +10,8 @@ PKGS=(
   libpcre2-dev
   libjansson-dev
   libxxhash-dev
+  libhiredis-dev
+  libmicrohttpd-dev
   librdkafka-dev
   python3 python3-numpy
   clang

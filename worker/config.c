@@ -55,6 +55,33 @@ static const key_t_ KEYS[] = {
     {"kv.block_tokens", K_INT, F(block_tokens), "16", 1, 4096, "tokens per KV block"},
     {"ctx", K_INT, F(max_ctx), "0", 0, 1 << 30, "context limit per sequence (0 = the model's)"},
     {"prefix_cache", K_BOOL, F(prefix_cache), "true", 0, 1, "reuse cached prompt blocks"},
+    {"sched.window", K_INT, F(sched_window), "32", 1, 65536,
+     "waiting requests compared for admission (plus the oldest)"},
+    {"sched.aging_ms", K_INT, F(sched_aging_ms), "5000", 0, 86400000,
+     "a waiting request gains one priority level per this many ms (0 = no aging)"},
+    {"sched.urgent_ms", K_INT, F(sched_urgent_ms), "2000", 0, 86400000,
+     "one more priority level when the deadline is closer than this"},
+    {"cache.redis.host", K_STR, F(cache_redis_host), "", 0, 0,
+     "Redis of the prefix-cache index (\"\" = tier 2 off)"},
+    {"cache.redis.port", K_INT, F(cache_redis_port), "6379", 1, 65535, "its port"},
+    {"cache.redis.user", K_STR, F(cache_redis_user), "", 0, 0, "ACL user (\"\" = password only)"},
+    {"cache.redis.password", K_STR, F(cache_redis_password), "", 0, 0, "AUTH password (\"\" = none)"},
+    {"cache.redis.db", K_INT, F(cache_redis_db), "0", 0, 1 << 16, "database number"},
+    {"cache.redis.namespace", K_STR, F(cache_namespace), "spillway", 0, 0, "key prefix"},
+    {"cache.redis.connect_timeout_ms", K_INT, F(cache_connect_timeout_ms), "200", 1, 600000,
+     "connect timeout"},
+    {"cache.redis.timeout_ms", K_INT, F(cache_cmd_timeout_ms), "50", 1, 600000,
+     "timeout of each command"},
+    {"cache.redis.backoff_min_ms", K_INT, F(cache_backoff_min_ms), "100", 1, 3600000,
+     "first reconnect delay (doubles)"},
+    {"cache.redis.backoff_max_ms", K_INT, F(cache_backoff_max_ms), "5000", 1, 3600000,
+     "largest reconnect delay"},
+    {"cache.arena.path", K_STR, F(cache_arena_path), "/dev/shm/spillway.arena", 0, 0,
+     "host arena file (shared by the host's workers)"},
+    {"cache.arena.mb", K_LONG, F(cache_arena_mb), "1024", 1, 1L << 30, "host arena size in MiB"},
+    {"cache.host_id", K_STR, F(cache_host_id), "", 0, 0, "this host in the index (\"\" = hostname)"},
+    {"cache.write_queue", K_INT, F(cache_write_queue), "64", 1, 1 << 20,
+     "blocks waiting to be written to the arena, at most (more are not cached)"},
     {"chat.template", K_STR, F(chat_template), "", 0, 0,
      "chat template name (\"\" = the model's tokenizer.chat_template)"},
     {"limits.max_message_bytes", K_LONG, F(max_message_bytes), "1048576", 1, LONG_MAX,
@@ -381,6 +408,7 @@ void worker_config_print(const worker_config_t *c, FILE *out)
         case K_LOGLEVEL: v = LOG_LEVELS[*(const int *)p & 3]; break;
         }
         if (k->type == K_BOOL) v = *(const int *)p ? "true" : "false";
+        if (strstr(k->name, "password") && *v) v = "(set)";
         fprintf(out, "%-28s = %-24s # %s\n", k->name, v, c->source[i]);
     }
     for (int i = 0; i < c->n_kafka; i++)

@@ -38,6 +38,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cache/cache.h"
 #include "consumer/consumer.h"
 #include "engine/engine.h"
 #include "producer/producer.h"
@@ -89,6 +90,10 @@ typedef struct {
     atomic_int poll_alive, eng_alive;
     clockid_t poll_clock, eng_clock;
     atomic_int_fast64_t poll_cpu_ns, eng_cpu_ns;
+    /* prefix cache, copied from engine_stats after each step (engine thread) */
+    atomic_uint_fast64_t t1_lookups, t1_hits, t1_evictions, t2_lookups, t2_hits, t2_stores,
+        deferred;
+    atomic_int kv_used, kv_total;
 } stats_t;
 
 struct worker {
@@ -97,6 +102,7 @@ struct worker {
     char worker_id[128];
     char model_name[256];
     engine_t *eng;
+    cache_t *cache;          /* prefix cache tier 2, or NULL; used by the engine thread */
     consumer_t *cons;
     producer_t *prod;
     char **prop_c_keys, **prop_c_vals, **prop_p_keys, **prop_p_vals; /* pass-through split */
@@ -502,6 +508,17 @@ static void *engine_main(void *arg)
         if (w->n_active > 0) {
             int rc = engine_step(w->eng, err, sizeof err);
             add_since(&w->st.ns_step, t0);
+            engine_stats_t es;
+            engine_stats(w->eng, &es);
+            atomic_store(&w->st.t1_lookups, es.prefix_lookups);
+            atomic_store(&w->st.t1_hits, es.prefix_hits);
+            atomic_store(&w->st.t1_evictions, es.evictions);
+            atomic_store(&w->st.t2_lookups, es.tier2_lookups);
+            atomic_store(&w->st.t2_hits, es.tier2_hits);
+            atomic_store(&w->st.t2_stores, es.tier2_stores);
+            atomic_store(&w->st.deferred, es.deferred);
+            atomic_store(&w->st.kv_used, es.kv_blocks_used);
+            atomic_store(&w->st.kv_total, es.kv_blocks_total);
             if (rc < 0) {
                 set_fatal(w, "engine step: %s", err);
                 pthread_mutex_lock(&w->mu);
@@ -1038,11 +1055,42 @@ worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen)
     ec.block_tokens = w->cfg.block_tokens;
     ec.max_ctx = w->cfg.max_ctx;
     ec.prefix_cache = w->cfg.prefix_cache;
+    ec.sched_window = w->cfg.sched_window;
+    ec.sched_aging_ms = w->cfg.sched_aging_ms;
+    ec.sched_urgent_ms = w->cfg.sched_urgent_ms;
     w->eng = engine_new(&ec, errstr, errlen);
     if (!w->eng) goto fail;
     engine_info_t info;
     engine_info(w->eng, &info);
     w->bos = info.bos;
+    if (w->cfg.prefix_cache && *w->cfg.cache_redis_host) {
+        cache_config_t kc;
+        cache_config_default(&kc);
+        kc.arena_path = w->cfg.cache_arena_path;
+        kc.arena_mb = w->cfg.cache_arena_mb;
+        kc.redis_host = w->cfg.cache_redis_host;
+        kc.redis_port = w->cfg.cache_redis_port;
+        kc.redis_user = w->cfg.cache_redis_user;
+        kc.redis_password = w->cfg.cache_redis_password;
+        kc.redis_db = w->cfg.cache_redis_db;
+        kc.namespace_ = w->cfg.cache_namespace;
+        kc.host_id = w->cfg.cache_host_id;
+        kc.connect_timeout_ms = w->cfg.cache_connect_timeout_ms;
+        kc.cmd_timeout_ms = w->cfg.cache_cmd_timeout_ms;
+        kc.backoff_min_ms = w->cfg.cache_backoff_min_ms;
+        kc.backoff_max_ms = w->cfg.cache_backoff_max_ms;
+        kc.write_queue = w->cfg.cache_write_queue;
+        kc.log_level = w->cfg.log_level;
+        kc.log_fn = hook_log;
+        kc.log_arg = w;
+        cache_geometry_t geo = {.seed = info.kv_seed, .block_tokens = info.block_tokens,
+                                .block_bytes = info.kv_block_bytes};
+        w->cache = cache_new(&kc, &geo, errstr, errlen);
+        if (!w->cache) goto fail;
+        engine_kv_tier_t tier;
+        cache_engine_tier(w->cache, &tier);
+        if (engine_set_kv_tier(w->eng, &tier, errstr, errlen)) goto fail;
+    }
 
     char txid[512];
     if (*w->cfg.transactional_id) snprintf(txid, sizeof txid, "%s", w->cfg.transactional_id);
@@ -1113,7 +1161,11 @@ void worker_log_stats(worker_t *w)
          " process_cpu_s=%.3f poll_s=%.3f intake_s=%.3f parse_s=%.3f tokenize_s=%.3f"
          " produce_s=%.3f commit_s=%.3f submit_s=%.3f step_s=%.3f result_s=%.3f idle_s=%.3f"
          " intake_us=%.2f produce_us=%.2f queue_ms_mean=%.2f inbox_ms_mean=%.3f"
-         " pauses=%" PRIu64 " commits=%" PRIu64 " txn_commits=%" PRIu64 " retries=%" PRIu64,
+         " pauses=%" PRIu64 " commits=%" PRIu64 " txn_commits=%" PRIu64 " retries=%" PRIu64
+         " kv_blocks=%d/%d t1_hits=%" PRIu64 "/%" PRIu64 " t1_evictions=%" PRIu64
+         " t2_hits=%" PRIu64 "/%" PRIu64 " t2_stores=%" PRIu64 " t2_evictions=%" PRIu64
+         " t2_torn=%" PRIu64 " arena=%d/%d redis_up=%d redis_errors=%" PRIu64
+         " prefix_deferred=%" PRIu64,
          busy, out, st.results, st.dlq, st.expired, busy > 0 ? (double)out / busy : 0.0,
          st.completion_tokens, busy > 0 ? (double)st.completion_tokens / busy : 0.0,
          st.prompt_tokens, st.cached_tokens, st.poll_cpu_s, st.engine_cpu_s, proc_cpu,
@@ -1123,7 +1175,10 @@ void worker_log_stats(worker_t *w)
          (double)st.ns_idle * s, (double)st.ns_intake * per, (double)st.ns_produce * per,
          st.results ? (double)st.ns_queue_sum * 1e-6 / (double)st.results : 0.0,
          st.consumed ? (double)st.ns_inbox_sum * 1e-6 / (double)st.consumed : 0.0, st.pauses,
-         st.commits, st.txn_commits, st.produce_retries);
+         st.commits, st.txn_commits, st.produce_retries, st.kv_blocks_used, st.kv_blocks_total,
+         st.tier1_hits, st.tier1_lookups, st.tier1_evictions, st.tier2_hits, st.tier2_lookups,
+         st.tier2_stores, st.tier2_evictions, st.tier2_torn, st.arena_used, st.arena_slots,
+         st.redis_up, st.redis_errors, st.prefix_deferred);
 }
 
 int worker_run(worker_t *w, const volatile sig_atomic_t *stop, char *errstr, size_t errlen)
@@ -1250,6 +1305,7 @@ void worker_free(worker_t *w)
     w->cons = NULL;
     if (w->prod) producer_free(w->prod, 0);
     if (w->eng) engine_free(w->eng);
+    cache_free(w->cache); /* after the engine, which calls it */
     free(w->active);
     free(w->prop_c_keys);
     free(w->prop_c_vals);
@@ -1305,4 +1361,25 @@ void worker_stats(const worker_t *w, worker_stats_t *st)
     if (atomic_load(&m->st.eng_alive)) cpu = thread_cpu_ns(m->st.eng_clock);
     if (cpu < 0) cpu = atomic_load(&m->st.eng_cpu_ns);
     st->engine_cpu_s = cpu > 0 ? (double)cpu * 1e-9 : 0;
+    st->kv_blocks_used = atomic_load(&m->st.kv_used);
+    st->kv_blocks_total = atomic_load(&m->st.kv_total);
+    st->tier1_lookups = atomic_load(&m->st.t1_lookups);
+    st->tier1_hits = atomic_load(&m->st.t1_hits);
+    st->tier1_evictions = atomic_load(&m->st.t1_evictions);
+    st->tier2_lookups = atomic_load(&m->st.t2_lookups);
+    st->tier2_hits = atomic_load(&m->st.t2_hits);
+    st->tier2_stores = atomic_load(&m->st.t2_stores);
+    st->prefix_deferred = atomic_load(&m->st.deferred);
+    st->arena_slots = st->arena_used = -1;
+    st->redis_up = -1;
+    if (m->cache) {
+        cache_stats_t cs;
+        cache_stats(m->cache, &cs);
+        st->arena_slots = cs.arena_slots;
+        st->arena_used = cs.arena_used;
+        st->redis_up = cs.redis_up;
+        st->tier2_evictions = cs.evictions;
+        st->tier2_torn = cs.misses_torn;
+        st->redis_errors = cs.redis_errors;
+    }
 }

@@ -60,6 +60,24 @@ typedef struct {
     int max_ctx;               /* 0 = the model's */
     int prefix_cache;          /* 0/1 */
     char *chat_template;       /* "" = the model's tokenizer.chat_template */
+    int sched_window;          /* admission candidates (engine_config_t.sched_*) */
+    int sched_aging_ms;
+    int sched_urgent_ms;
+    /* prefix cache tier 2 (cache/cache.h): host arena + Redis index */
+    char *cache_redis_host;    /* "" = off */
+    int cache_redis_port;
+    char *cache_redis_user;
+    char *cache_redis_password;
+    int cache_redis_db;
+    char *cache_namespace;
+    int cache_connect_timeout_ms;
+    int cache_cmd_timeout_ms;
+    int cache_backoff_min_ms;
+    int cache_backoff_max_ms;
+    char *cache_arena_path;
+    long cache_arena_mb;
+    char *cache_host_id;       /* "" = hostname */
+    int cache_write_queue;
     /* request limits */
     long max_message_bytes;
     long max_prompt_bytes;
@@ -163,6 +181,14 @@ typedef struct {
     /* CPU seconds of the poll thread and of the engine thread (compute pool threads and
      * librdkafka's threads not included) */
     double poll_cpu_s, engine_cpu_s;
+    /* Prefix cache, in blocks. Tier 1: the engine's pool; tier 2: the host arena (cache/). */
+    int kv_blocks_used, kv_blocks_total;
+    uint64_t tier1_lookups, tier1_hits, tier1_evictions;
+    uint64_t tier2_lookups, tier2_hits, tier2_stores, tier2_evictions, tier2_torn;
+    uint64_t prefix_deferred;  /* admissions put off to share a prefix being computed */
+    int arena_slots, arena_used; /* -1 without tier 2 (arena_used -1: unknown) */
+    int redis_up;              /* 1 / 0, -1 without tier 2 */
+    uint64_t redis_errors;
 } worker_stats_t;
 
 /* Counters so far. Any thread (values are read without a lock: each one is exact, the set is

@@ -1,0 +1,136 @@
+/* cache/cache.h: tier 2 of the prefix KV cache: a host-memory arena shared by every worker
+ * process of a host, indexed in Redis.
+ *
+ * Tier 1 is the backend's own block pool (engine/kvpool.c). A full KV block is named by the
+ * engine's chained hash (h_i = XXH3_64(tokens of block i, seed h_{i-1}), h_{-1} = the pool seed:
+ * model fingerprint, block size, KV type), so equal prefixes have equal names in every process.
+ * The bytes of a block are opaque here: block_bytes of them, the same on every backend.
+ *
+ * Arena: a file (e.g. /dev/shm/spillway.arena) mapped MAP_SHARED by every process, laid out as
+ *   [header: 4096 bytes][slot headers: n_slots x 64 bytes][slots: n_slots x block_bytes,
+ *    each slot 4096-byte aligned]
+ * The header holds magic "SPILLWAYARENA\0\0\0", a layout version, the pool seed (the model
+ * fingerprint), block_tokens, block_bytes, n_slots and a random 64-bit arena id drawn when the
+ * arena is (re)initialised. On attach a header that does not match the parameters (another model,
+ * block geometry or version, or a torn initialisation) is logged naming the field and the arena
+ * is re-initialised: never wrong KV. A slot header holds a seqlock word (odd while being written),
+ * the block name, the slot generation (from Redis) and an XXH3_64 checksum of the slot's bytes.
+ * The file outlives the processes (a worker killed with kill -9 and restarted finds its blocks).
+ *
+ * Redis index, keys "<namespace>:<host_id>:<seed hex>:..." (one index per host and model):
+ *   ...:meta   hash: n_slots, arena id (a mismatch with the arena resets the index)
+ *   ...:free   list of free slot ids
+ *   ...:lru    sorted set slot -> last use (a counter); every non-free slot is in it
+ *   ...:sname  hash slot -> name (hex) of the block being/been written there
+ *   ...:sgen   hash slot -> generation, incremented at every allocation of the slot
+ *   ...:blk    hash name (hex) -> "slot:gen", only for blocks completely written
+ * changed only by Lua scripts (EVALSHA, loaded at connect), so each change is atomic:
+ *   alloc   a free slot, else the least recently used one (its block leaves blk: an eviction);
+ *           bumps its generation; returns slot and generation (nothing if the name is indexed)
+ *   commit  indexes name -> slot:gen if the slot still has that generation
+ *   lookup  the longest indexed run of a name chain, touching each in the LRU
+ * A reader copies a slot only when its header shows the expected name and generation, even
+ * seqlock before and after the copy and the checksum matches; anything else (evicted and rewritten
+ * meanwhile, a writer that crashed mid-copy) is a miss, never wrong bytes.
+ *
+ * Redis is a hint: every command is bounded by cmd_timeout_ms; when Redis is down or fails, the
+ * cache reports misses and drops stores (tier 1 keeps serving) and reconnects with exponential
+ * backoff (backoff_min_ms doubling to backoff_max_ms). Outputs never depend on it.
+ *
+ * Threads: cache_lookup, cache_fetch, cache_store_begin/commit are called from one thread (the
+ * engine's step thread). Stores are written to the arena and indexed by a writer thread owned
+ * by the cache (its own Redis connection), off the step thread. cache_stats may be called from
+ * any thread. Errors: cache_new returns NULL and fills errstr; the rest cannot fail visibly
+ * (misses and dropped stores are counted in the stats). */
+#ifndef SPILLWAY_CACHE_H
+#define SPILLWAY_CACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/engine.h"
+
+typedef struct cache cache_t;
+
+/* Every tunable number, with its default in cache_config_default(). Strings are borrowed during
+ * cache_new only. */
+typedef struct {
+    const char *arena_path;      /* shared-memory file ("/dev/shm/spillway.arena") */
+    long arena_mb;               /* arena size in MiB, header included (1024) */
+    const char *redis_host;      /* "" = tier 2 off ("") */
+    int redis_port;              /* 6379 */
+    const char *redis_user;      /* ACL user ("" = none: AUTH password only) */
+    const char *redis_password;  /* "" = no AUTH */
+    int redis_db;                /* SELECT (0) */
+    const char *namespace_;      /* key prefix ("spillway") */
+    const char *host_id;         /* "" = gethostname() */
+    int connect_timeout_ms;      /* 200 */
+    int cmd_timeout_ms;          /* per command (50) */
+    int backoff_min_ms;          /* first reconnect delay (100) */
+    int backoff_max_ms;          /* largest reconnect delay (5000) */
+    int write_queue;             /* blocks waiting for the writer, at most; more are dropped (64) */
+    /* logging: level 0 error, 1 warn, 2 info, 3 debug; fn NULL = stderr */
+    int log_level;               /* 2 */
+    void (*log_fn)(void *arg, int level, const char *msg);
+    void *log_arg;
+} cache_config_t;
+
+void cache_config_default(cache_config_t *c);
+
+/* Block geometry and identity; all must match for an arena or index to be reused. */
+typedef struct {
+    uint64_t seed;        /* the engine's pool seed (model fingerprint, block size, KV type) */
+    int block_tokens;     /* tokens per block */
+    size_t block_bytes;   /* bytes per block */
+} cache_geometry_t;
+
+/* Maps (creating or re-initialising) the arena and connects to Redis (a failed connection is not
+ * an error: it is retried with backoff). NULL + errstr when the arena cannot be created or mapped
+ * (path, size too small for one slot) or out of memory. Returns NULL with errstr "" never. */
+cache_t *cache_new(const cache_config_t *cfg, const cache_geometry_t *geo, char *errstr,
+                   size_t errlen);
+/* Waits for the writer to finish the queued stores (bounded by cmd timeouts), then frees. */
+void cache_free(cache_t *c);
+
+/* Step thread. names[0..n) is a chain (names[i] follows names[i-1]). Returns how many leading
+ * blocks the index holds (0..n; 0 when Redis is unavailable). Remembers their slots for
+ * cache_fetch until the next cache_lookup. */
+int cache_lookup(cache_t *c, const uint64_t *names, int n);
+/* Step thread. Copies block i (< the last cache_lookup's result) into dst (block_bytes).
+ * 0, or -1 on a miss (evicted, rewritten or torn since the lookup). */
+int cache_fetch(cache_t *c, int i, void *dst);
+
+/* Step thread. Offers a newly computed block. Returns a buffer of block_bytes to fill, or NULL
+ * when the block is not wanted (known to be indexed already, queue full, tier 2 off/down). */
+void *cache_store_begin(cache_t *c, uint64_t name);
+/* Hands the filled buffer (from cache_store_begin) to the writer thread. */
+void cache_store_commit(cache_t *c, void *buf);
+
+/* Discards a buffer from cache_store_begin without storing it (it could not be filled). */
+void cache_store_cancel(cache_t *c, void *buf);
+
+/* Fills *tier so that engine_set_kv_tier(e, tier) makes c the engine's tier 2 (c must outlive
+ * that attachment). */
+void cache_engine_tier(cache_t *c, engine_kv_tier_t *tier);
+
+typedef struct {
+    uint64_t lookups;        /* blocks asked for by cache_lookup */
+    uint64_t hits;           /* blocks copied by cache_fetch */
+    uint64_t misses_torn;    /* fetches refused by the generation/seqlock/checksum check */
+    uint64_t stores;         /* blocks written and indexed */
+    uint64_t stores_dropped; /* offered but dropped (queue full, Redis down, slot raced) */
+    uint64_t evictions;      /* blocks this process evicted to make room */
+    uint64_t redis_errors;   /* failed or timed-out commands and connections */
+    int redis_up;            /* 1 while connected */
+    int arena_slots;         /* slots in the arena */
+    int arena_used;          /* slots not on the free list at the last index call (-1 unknown) */
+} cache_stats_t;
+void cache_stats(cache_t *c, cache_stats_t *st);
+
+/* For tests and `spillway inspect`-style tools: checks the index against the arena: every slot is
+ * either free or in the LRU (never both, none missing), every indexed block points at a slot
+ * whose arena header holds that name and generation, no duplicate free slot. 0 when consistent,
+ * else -1 with the first problem in errstr (also when Redis is unavailable). */
+int cache_check(cache_t *c, char *errstr, size_t errlen);
+
+#endif

@@ -1,0 +1,175 @@
+/* cache/cache_internal.h: what the files of cache/ share: logging, the arena (arena.c) and the
+ * Redis index (index.c). Not installed; nothing outside cache/ includes it. */
+#ifndef SPILLWAY_CACHE_INTERNAL_H
+#define SPILLWAY_CACHE_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "cache/cache.h"
+
+/* ---- logging ---- */
+
+/* Read-only after cache_new; fn (when set) must be callable from the step thread and the
+ * writer thread at once. */
+typedef struct {
+    int level; /* 0 error, 1 warn, 2 info, 3 debug */
+    void (*fn)(void *arg, int level, const char *msg);
+    void *arg;
+} cache_log_t;
+
+enum { CLOG_ERROR = 0, CLOG_WARN = 1, CLOG_INFO = 2, CLOG_DEBUG = 3 };
+
+void cache_log_emit(const cache_log_t *log, int level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Checks the level before anything is formatted. */
+#define CACHE_LOG(log, lvl, ...)                                                   \
+    do {                                                                           \
+        if ((lvl) <= (log)->level) cache_log_emit((log), (lvl), __VA_ARGS__);      \
+    } while (0)
+
+/* Milliseconds of CLOCK_MONOTONIC (backoff deadlines, within one process). */
+int64_t cache_now_ms(void);
+
+/* ---- arena (arena.c) ---- */
+
+/* One process's mapping of the shared arena file. Geometry fields are fixed after arena_open;
+ * the mapping is shared with other processes, synchronised per slot by the seqlock word. */
+typedef struct {
+    char *path;           /* owned copy */
+    int fd;               /* kept open for the mapping's lifetime (-1 when closed) */
+    uint8_t *base;        /* map_bytes bytes, MAP_SHARED */
+    size_t map_bytes;     /* arena_mb MiB */
+    uint64_t seed;
+    uint32_t block_tokens;
+    size_t block_bytes;
+    size_t slot_stride;   /* block_bytes rounded up to 4096 */
+    size_t data_offset;   /* of slot 0: 4096 + n_slots x 64, rounded up to 4096 */
+    uint32_t n_slots;
+    uint64_t id;          /* the random arena id this mapping was attached with */
+    pid_t pid;            /* this process: the owner recorded in a seqlock word while writing */
+} arena_t;
+
+/* Maps (creating, validating, re-initialising under flock) the arena. 0, or -1 + errstr. */
+int arena_open(arena_t *a, const char *path, long arena_mb, const cache_geometry_t *geo,
+               const cache_log_t *log, char *errstr, size_t errlen);
+void arena_close(arena_t *a);
+
+enum { ARENA_OK = 0, ARENA_BUSY = -1, ARENA_LOST = -2 };
+/* Writer (one thread per process per slot at a time, enforced by the seqlock). Writes block
+ * `name` of generation `gen` (from the alloc script) into `slot`. ARENA_OK; ARENA_BUSY when a
+ * live writer holds the slot (nothing written); ARENA_LOST when a takeover happened during the
+ * copy (the slot is the other writer's now: do not commit). */
+int arena_write(arena_t *a, uint32_t slot, uint64_t name, uint64_t gen, const void *src);
+/* Any thread. Copies slot into dst (block_bytes) when its header holds name and gen, the seqlock
+ * is even and unchanged around the copy, and the copy's XXH3 equals the header's checksum: 0.
+ * Else -1 (dst holds garbage). */
+int arena_read(const arena_t *a, uint32_t slot, uint64_t name, uint64_t gen, void *dst);
+/* The header's name and generation of a slot, as seen now (no consistency guarantee). */
+void arena_peek(const arena_t *a, uint32_t slot, uint64_t *name, uint64_t *gen, uint64_t *seq);
+/* 1 when the arena header still carries this mapping's id (nobody re-initialised it since). */
+int arena_still_ours(const arena_t *a);
+
+/* ---- Redis index (index.c) ---- */
+
+enum { SCRIPT_INIT, SCRIPT_ALLOC, SCRIPT_COMMIT, SCRIPT_RELEASE, SCRIPT_LOOKUP, N_SCRIPTS };
+enum { KEY_META, KEY_FREE, KEY_LRU, KEY_SNAME, KEY_SGEN, KEY_BLK, KEY_CLOCK, N_KEYS };
+
+struct redisContext;
+struct redisReply;
+
+/* One Redis connection with its reconnect schedule. Used by exactly one thread. */
+typedef struct {
+    struct redisContext *ctx; /* NULL while down */
+    char sha[N_SCRIPTS][41];  /* SCRIPT LOAD results of this connection */
+    int64_t retry_at_ms;      /* monotonic ms before which no connect is attempted */
+    int backoff_ms;           /* the next delay after a failure */
+    int failures;             /* consecutive failed attempts (logging: only the first warns) */
+    const char *who;          /* "step" or "writer" (logs) */
+} rconn_t;
+
+/* Redis settings and key names: read-only after cache_new. */
+typedef struct {
+    char *host, *user, *password;
+    int port, db;
+    int connect_timeout_ms, cmd_timeout_ms, backoff_min_ms, backoff_max_ms;
+    char *keys[N_KEYS];
+    char arena_id[17];   /* hex of the arena id, as stored in meta */
+    char n_slots[16];    /* decimal */
+} index_cfg_t;
+
+/* ---- the handle ---- */
+
+#define CACHE_RECENT 4096 /* names remembered as indexed (direct-mapped, power of two) */
+
+struct cache {
+    cache_log_t log;
+    arena_t arena;
+    index_cfg_t ix;
+    int tier2;                     /* 0 when redis_host is "" */
+    _Atomic int stale;             /* 1: another process re-initialised the arena under our
+                                      mapping: tier 2 off for this handle */
+
+    /* step thread only */
+    rconn_t step;
+    int n_found, cap_found;        /* the last lookup's result: blocks [0, n_found) */
+    uint64_t *found_name, *found_gen;
+    uint32_t *found_slot;
+    char *arg_hex;                 /* lookup arguments: 17 bytes per name */
+    const char **argv;             /* script arguments scratch */
+    size_t *argvlen;
+    int cap_args;
+    /* names known to be indexed or being stored: the step thread sets entries, the writer
+     * clears (CAS) the ones it failed to store; 0 = empty */
+    _Atomic uint64_t recent[CACHE_RECENT];
+
+    /* writer: the pool of write_queue buffers, each buf_stride bytes; a buffer is free (on
+     * free_stack), lent to the step thread (between store_begin and store_commit), queued (fifo)
+     * or being written. mu guards free_stack, fifo and stopping. */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int mu_init, cv_init, writer_started;
+    pthread_t writer;
+    uint8_t *pool;
+    size_t buf_stride;
+    int n_bufs;
+    uint64_t *job_name;            /* per buffer: the name being stored */
+    int *free_stack, n_free;
+    int *fifo, fifo_head, fifo_len;
+    int stopping;
+    rconn_t wr;                    /* writer thread only */
+    _Atomic int64_t wr_retry_at_ms; /* writer connection down until then (0 = up or retry now) */
+
+    /* stats, relaxed atomics (any thread) */
+    _Atomic uint64_t st_lookups, st_hits, st_misses_torn, st_stores, st_dropped, st_evictions,
+        st_redis_errors;
+    _Atomic int st_redis_up, st_arena_used;
+};
+
+/* Any thread. 1 when tier 2 is on and the arena still carries this handle's arena id; else 0
+ * (a stale handle is marked and logged once). */
+int cache_tier2_usable(cache_t *c);
+
+int index_cfg_init(index_cfg_t *ix, const cache_config_t *cfg, const cache_geometry_t *geo,
+                   uint64_t arena_id, uint32_t n_slots);
+void index_cfg_free(index_cfg_t *ix);
+void rconn_init(rconn_t *r, const index_cfg_t *ix, const char *who);
+void rconn_close(rconn_t *r);
+/* Connects when down and the backoff allows it (bounded by connect_timeout_ms plus one
+ * pipelined round trip of cmd_timeout_ms). 0 connected, -1 down. */
+int rconn_ready(cache_t *c, rconn_t *r);
+/* Runs a script (EVALSHA; EVAL on NOSCRIPT) with the 7 keys and ARGV = arena id, n_slots,
+ * args[0..nargs). Handles an index that belongs to another arena (re-initialises it, or marks
+ * the handle stale). Returns the reply (caller frees with freeReplyObject), or NULL after an
+ * error (the connection is then closed and the error counted). */
+struct redisReply *rconn_script(cache_t *c, rconn_t *r, int script, int nargs, const char **args,
+                                const size_t *lens);
+/* Counts an error, logs it, frees the context and schedules the next attempt. */
+void rconn_fail(cache_t *c, rconn_t *r, const char *what, const char *detail);
+/* The consistency check of cache_check (step connection). */
+int index_check(cache_t *c, char *errstr, size_t errlen);
+
+#endif
