@@ -14,6 +14,8 @@ int cli_worker(int argc, char **argv);
 int cli_demo(int argc, char **argv);
 int cli_produce(int argc, char **argv);
 int cli_collect(int argc, char **argv);
+int cli_top(int argc, char **argv);
+int cli_plan(int argc, char **argv);
 
 /* The worker's configuration from the command line (cli/config.c): defaults, then -c FILE, then
  * SPILLWAY_* environment, then options. 0: cfg filled (caller frees with worker_config_free);
