@@ -7,6 +7,7 @@
  * stopping; c->recent and the stats are atomics. A buffer is owned by exactly one of: the free
  * stack, the step thread (from store_begin to store_commit or store_cancel), the fifo, the
  * writer. */
+#include <errno.h>
 #include <hiredis/hiredis.h>
 #include <inttypes.h>
 #include <signal.h>
@@ -14,7 +15,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cache/cache.h"
 #include "cache/cache_internal.h"
@@ -194,6 +197,10 @@ static void *writer_main(void *arg)
     sigemptyset(&set);
     sigaddset(&set, SIGPIPE);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
+    /* background work: on a host whose cores all compute, the writer takes what they leave
+     * (Linux: a thread's nice value is its own; failure only costs throughput) */
+    if (setpriority(PRIO_PROCESS, (id_t)gettid(), 10) != 0)
+        CACHE_LOG(&c->log, CLOG_DEBUG, "writer thread: setpriority: %s", strerror(errno));
     pthread_mutex_lock(&c->mu);
     for (;;) {
         while (!c->fifo_len && !c->stopping) pthread_cond_wait(&c->cv, &c->mu);
