@@ -43,6 +43,9 @@ typedef struct {
      * offsets can no longer be committed); their tracked messages were dropped first. May be
      * NULL. */
     void (*lost)(void *arg);
+    /* An offset commit (at-least-once) completed: ok 1/0, ns from its request to its result
+     * (poll thread, inside consumer_poll or consumer_commit). May be NULL. */
+    void (*committed)(void *arg, int ok, int64_t ns);
 } consumer_hooks_t;
 
 typedef struct {
@@ -101,6 +104,24 @@ int consumer_n_assigned(const consumer_t *c);
 int consumer_pause(consumer_t *c);
 int consumer_resume(consumer_t *c);
 int consumer_paused(const consumer_t *c);
+
+/* Lag of one assigned partition. */
+typedef struct {
+    char topic[256];
+    int32_t partition;
+    int64_t end;        /* high watermark (log end offset; the last stable offset under
+                           read_committed), from the broker */
+    int64_t committed;  /* the group's committed offset; -1 none yet */
+    int64_t lag;        /* end - committed (end - low watermark when nothing is committed) */
+} consumer_lag_t;
+
+/* Lag of up to cap assigned partitions (Kafka's consumer-group lag: log end minus committed
+ * offset). Any thread: uses only thread-safe librdkafka calls, with network round trips (one
+ * for the committed offsets, one per partition for its watermarks), each bounded by timeout_ms.
+ * Returns the number written, or -1 (errstr) when the assignment or the committed offsets could
+ * not be read; a partition whose watermarks could not be read is left out. */
+int consumer_lag(consumer_t *c, consumer_lag_t *out, int cap, int timeout_ms, char *errstr,
+                 size_t errlen);
 
 /* At-least-once: commits the committable position of every partition that moved. async: 1 for
  * a background commit (its result arrives in a later consumer_poll). 0 or -1. */

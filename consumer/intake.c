@@ -43,6 +43,11 @@ struct consumer {
      * re-join. */
     int hold_commits;        /* assignment callbacks to wait for */
     int64_t hold_until_ms;   /* monotonic; commits resume then in any case */
+    /* start times (monotonic ns) of commits awaiting their result, oldest first: librdkafka
+     * reports commits in the order they were requested */
+    int64_t commit_t0[16];
+    int commit_head, commit_n;
+    int in_sync_commit;      /* 1 inside a synchronous rd_kafka_commit: timed around the call */
 };
 
 static int64_t mono_ms(void)
@@ -146,6 +151,21 @@ static int64_t committable(const part_t *p)
 
 /* ---- rebalances ---- */
 
+static void commit_started(consumer_t *c);
+static int64_t mono_ns_(void);
+
+/* rd_kafka_commit, synchronous, timed for hooks.committed. */
+static rd_kafka_resp_err_t sync_commit(consumer_t *c, const rd_kafka_topic_partition_list_t *l)
+{
+    int64_t t0 = mono_ns_();
+    c->in_sync_commit = 1;
+    rd_kafka_resp_err_t err = rd_kafka_commit(c->rk, l, 0);
+    c->in_sync_commit = 0;
+    if (c->hooks.committed && err != RD_KAFKA_RESP_ERR__NO_OFFSET)
+        c->hooks.committed(c->hooks.arg, err == RD_KAFKA_RESP_ERR_NO_ERROR, mono_ns_() - t0);
+    return err;
+}
+
 /* Commits the given partitions' committable positions synchronously (at-least-once). */
 static void commit_parts(consumer_t *c, const rd_kafka_topic_partition_list_t *parts)
 {
@@ -160,7 +180,7 @@ static void commit_parts(consumer_t *c, const rd_kafka_topic_partition_list_t *p
         p->committed = pos;
     }
     if (l->cnt) {
-        rd_kafka_resp_err_t err = rd_kafka_commit(c->rk, l, 0);
+        rd_kafka_resp_err_t err = sync_commit(c, l);
         if (err) logf_(c, 1, "commit on revoke: %s", rd_kafka_err2str(err));
     }
     rd_kafka_topic_partition_list_destroy(l);
@@ -229,10 +249,33 @@ static void on_rebalance(rd_kafka_t *rk, rd_kafka_resp_err_t err,
     }
 }
 
+static int64_t mono_ns_(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static void commit_started(consumer_t *c)
+{
+    if (c->commit_n == 16) { /* results not seen (should not happen): forget the oldest */
+        c->commit_head = (c->commit_head + 1) % 16;
+        c->commit_n--;
+    }
+    c->commit_t0[(c->commit_head + c->commit_n++) % 16] = mono_ns_();
+}
+
 static void on_commit(rd_kafka_t *rk, rd_kafka_resp_err_t err,
                       rd_kafka_topic_partition_list_t *offsets, void *opaque)
 {
     consumer_t *c = opaque;
+    if (!c->in_sync_commit && c->commit_n > 0) {
+        int64_t t0 = c->commit_t0[c->commit_head];
+        c->commit_head = (c->commit_head + 1) % 16;
+        c->commit_n--;
+        if (c->hooks.committed && err != RD_KAFKA_RESP_ERR__NO_OFFSET)
+            c->hooks.committed(c->hooks.arg, err == RD_KAFKA_RESP_ERR_NO_ERROR, mono_ns_() - t0);
+    }
     if (err == RD_KAFKA_RESP_ERR_NO_ERROR || err == RD_KAFKA_RESP_ERR__NO_OFFSET) return;
     logf_(c, 1, "offset commit failed: %s (will retry)", rd_kafka_err2str(err));
     for (int i = 0; offsets && i < offsets->cnt; i++) {
@@ -496,7 +539,14 @@ int consumer_commit(consumer_t *c, int async)
         part_t *p = find_part(c, l->elems[i].topic, l->elems[i].partition);
         if (p) p->committed = l->elems[i].offset;
     }
-    rd_kafka_resp_err_t err = rd_kafka_commit(c->rk, l, async);
+    rd_kafka_resp_err_t err;
+    if (async) {
+        commit_started(c);
+        err = rd_kafka_commit(c->rk, l, 1);
+        if (err) c->commit_n--; /* refused at once: no result will come */
+    } else {
+        err = sync_commit(c, l);
+    }
     if (err && !async) {
         /* a failed synchronous commit: resend next time */
         for (int i = 0; i < l->cnt; i++) {
@@ -561,4 +611,41 @@ out:
 rd_kafka_consumer_group_metadata_t *consumer_group_metadata(consumer_t *c)
 {
     return rd_kafka_consumer_group_metadata(c->rk);
+}
+
+int consumer_lag(consumer_t *c, consumer_lag_t *out, int cap, int timeout_ms, char *errstr,
+                 size_t errlen)
+{
+    rd_kafka_topic_partition_list_t *l = NULL;
+    rd_kafka_resp_err_t err = rd_kafka_assignment(c->rk, &l);
+    int n = 0;
+    if (err) {
+        snprintf(errstr, errlen, "assignment: %s", rd_kafka_err2str(err));
+        n = -1;
+        goto out;
+    }
+    if (!l->cnt) goto out;
+    err = rd_kafka_committed(c->rk, l, timeout_ms);
+    if (err) {
+        snprintf(errstr, errlen, "committed offsets: %s", rd_kafka_err2str(err));
+        n = -1;
+        goto out;
+    }
+    for (int i = 0; i < l->cnt && n < cap; i++) {
+        const rd_kafka_topic_partition_t *tp = &l->elems[i];
+        int64_t lo, hi;
+        if (rd_kafka_query_watermark_offsets(c->rk, tp->topic, tp->partition, &lo, &hi,
+                                             timeout_ms))
+            continue;
+        consumer_lag_t *x = &out[n++];
+        snprintf(x->topic, sizeof x->topic, "%s", tp->topic);
+        x->partition = tp->partition;
+        x->end = hi;
+        x->committed = !tp->err && tp->offset >= 0 ? tp->offset : -1;
+        int64_t from = x->committed >= 0 ? x->committed : lo;
+        x->lag = hi > from ? hi - from : 0;
+    }
+out:
+    if (l) rd_kafka_topic_partition_list_destroy(l);
+    return n;
 }

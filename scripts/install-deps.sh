@@ -16,7 +16,7 @@ PKGS=(
   python3 python3-numpy
   clang
   default-jre-headless maven kcat redis-server
-  python3-jsonschema
+  python3-jsonschema python3-yaml
 )
 missing=()
 for p in "${PKGS[@]}"; do

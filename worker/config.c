@@ -94,6 +94,10 @@ static const key_t_ KEYS[] = {
     {"limits.default_max_tokens", K_INT, F(default_max_tokens), "256", 1, 1 << 24,
      "max_tokens when a request names none"},
     {"log.level", K_LOGLEVEL, F(log_level), "info", 0, 0, "error | warn | info | debug"},
+    {"log.format", K_STR, F(log_format), "text", 0, 0, "text | json (one JSON object per line)"},
+    {"metrics.port", K_INT, F(metrics_port), "0", 0, 65535,
+     "Prometheus endpoint port (/metrics, /healthz, /readyz; 0 = off)"},
+    {"metrics.bind", K_STR, F(metrics_bind), "0.0.0.0", 0, 0, "address the endpoint listens on"},
 };
 #undef F
 #define NKEYS ((int)(sizeof KEYS / sizeof KEYS[0]))
@@ -378,6 +382,10 @@ int worker_config_check(const worker_config_t *c, char *errstr, size_t errlen)
     }
     if (strcmp(c->kv_type, "f16") && strcmp(c->kv_type, "f32")) {
         snprintf(errstr, errlen, "kv.type must be f16 or f32");
+        return -1;
+    }
+    if (strcmp(c->log_format, "text") && strcmp(c->log_format, "json")) {
+        snprintf(errstr, errlen, "log.format must be text or json");
         return -1;
     }
     if (c->default_max_tokens > c->max_tokens) {

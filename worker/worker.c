@@ -42,6 +42,7 @@
 #include "consumer/consumer.h"
 #include "engine/engine.h"
 #include "producer/producer.h"
+#include "worker/metrics.h"
 #include "worker/worker.h"
 
 static const char *const LEVEL_NAME[] = {"ERROR", "WARN", "INFO", "DEBUG"};
@@ -71,8 +72,10 @@ struct wreq {
     char *out;                   /* malloc'd JSON */
     size_t out_len;
     int expired;                 /* result is finish_reason "expired" */
+    const char *finish;          /* finish_reason (static), NULL for a DLQ record */
     int n_prompt, n_completion, n_cached;
     double ttft_ms;              /* < 0 none */
+    double itl_s;                /* mean time between generated tokens; < 0 none */
     int64_t queue_ns;            /* intake to the first scheduled step (or to the result) */
     int64_t retry_at_ms;         /* retry list: next attempt (monotonic ms) */
 };
@@ -94,17 +97,29 @@ typedef struct {
     atomic_uint_fast64_t t1_lookups, t1_hits, t1_evictions, t2_lookups, t2_hits, t2_stores,
         deferred;
     atomic_int kv_used, kv_total;
+    atomic_int eng_running, eng_waiting, paused;
+    /* metrics (worker/metrics.h): histograms observed by the poll thread */
+    metrics_hist_t h_ttft, h_itl, h_e2e, h_queue, h_commit;
+    atomic_uint_fast64_t finish_n[4];         /* by FINISH_NAMES */
+    /* dead letters by reason: code pointers (REQ_ERR_*, static) set once by the poll thread */
+    _Atomic(const char *) dlq_code[32];
+    atomic_uint_fast64_t dlq_n[32];
 } stats_t;
+
+static const char *const FINISH_NAMES[4] = {"stop", "length", "abort", "expired"};
 
 struct worker {
     worker_config_t cfg;
     request_limits_t limits;
     char worker_id[128];
+    char worker_id_json[256];    /* worker_id escaped for JSON logs */
+    int log_json;                /* log.format = json */
     char model_name[256];
     engine_t *eng;
     cache_t *cache;          /* prefix cache tier 2, or NULL; used by the engine thread */
     consumer_t *cons;
     producer_t *prod;
+    metrics_server_t *metrics;   /* the endpoint, or NULL (metrics.port 0) */
     char **prop_c_keys, **prop_c_vals, **prop_p_keys, **prop_p_vals; /* pass-through split */
     int n_prop_c, n_prop_p;
 
@@ -165,6 +180,30 @@ static int64_t wall_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+static const char *const LEVEL_JSON[] = {"error", "warn", "info", "debug"};
+
+/* Writes s into dst as the inside of a JSON string (quotes, backslashes and control characters
+ * escaped; UTF-8 passes through), truncated to fit. */
+static void json_escape(char *dst, size_t cap, const char *s)
+{
+    size_t j = 0;
+    for (; *s && j + 7 < cap; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\') {
+            dst[j++] = '\\';
+            dst[j++] = (char)ch;
+        } else if (ch == '\n') {
+            dst[j++] = '\\';
+            dst[j++] = 'n';
+        } else if (ch < 0x20) {
+            j += (size_t)snprintf(dst + j, cap - j, "\\u%04x", ch);
+        } else {
+            dst[j++] = (char)ch;
+        }
+    }
+    dst[j] = 0;
+}
+
 static void wlog(worker_t *w, int level, const char *fmt, ...)
 {
     if (level > w->cfg.log_level) return;
@@ -178,11 +217,25 @@ static void wlog(worker_t *w, int level, const char *fmt, ...)
     struct tm tm;
     gmtime_r(&tv.tv_sec, &tm);
     strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%S", &tm);
+    if (w->log_json) {
+        char msg[2 * sizeof buf];
+        json_escape(msg, sizeof msg, buf);
+        fprintf(stderr,
+                "{\"ts\":\"%s.%03dZ\",\"level\":\"%s\",\"worker\":\"%s\",\"msg\":\"%s\"}\n", ts,
+                (int)(tv.tv_usec / 1000), LEVEL_JSON[level & 3], w->worker_id_json, msg);
+        return;
+    }
     fprintf(stderr, "%s.%03dZ spillway[%s] %s %s\n", ts, (int)(tv.tv_usec / 1000), w->worker_id,
             LEVEL_NAME[level & 3], buf);
 }
 
 static void hook_log(void *arg, int level, const char *msg) { wlog(arg, level, "%s", msg); }
+
+static void hook_committed(void *arg, int ok, int64_t ns)
+{
+    worker_t *w = arg;
+    if (ok) metrics_hist_observe(&w->st.h_commit, (double)ns * 1e-9);
+}
 
 static void set_fatal(worker_t *w, const char *fmt, ...)
 {
@@ -367,6 +420,12 @@ static int make_result(worker_t *w, wreq_t *r, const engine_result_t *er, const 
     r->out_len = strlen(s);
     r->is_dlq = 0;
     r->expired = !strcmp(finish, "expired");
+    r->finish = NULL;
+    for (int i = 0; i < 4; i++)
+        if (!strcmp(finish, FINISH_NAMES[i])) r->finish = FINISH_NAMES[i];
+    r->itl_s = er && er->n_tokens > 1 && er->t_first_token
+                   ? (double)(er->t_finish - er->t_first_token) * 1e-9 / (er->n_tokens - 1)
+                   : -1;
     return 0;
 oom:
     json_decref(o);
@@ -519,6 +578,8 @@ static void *engine_main(void *arg)
             atomic_store(&w->st.deferred, es.deferred);
             atomic_store(&w->st.kv_used, es.kv_blocks_used);
             atomic_store(&w->st.kv_total, es.kv_blocks_total);
+            atomic_store(&w->st.eng_running, engine_n_running(w->eng));
+            atomic_store(&w->st.eng_waiting, engine_n_waiting(w->eng));
             if (rc < 0) {
                 set_fatal(w, "engine step: %s", err);
                 pthread_mutex_lock(&w->mu);
@@ -556,12 +617,32 @@ static void hook_drop(void *arg, void *user)
     atomic_store(&r->cancelled, 1);
 }
 
+/* Counts a dead letter under its reason (poll thread: the only writer of the code table). */
+static void count_dlq_reason(worker_t *w, const char *code)
+{
+    for (int i = 0; i < 32; i++) {
+        const char *c = atomic_load(&w->st.dlq_code[i]);
+        if (!c) atomic_store(&w->st.dlq_code[i], c = code);
+        if (c == code || !strcmp(c, code)) {
+            atomic_fetch_add(&w->st.dlq_n[i], 1);
+            return;
+        }
+    }
+}
+
 static void count_output(worker_t *w, const wreq_t *r)
 {
     if (r->is_dlq) {
         atomic_fetch_add(&w->st.dlq, 1);
+        count_dlq_reason(w, r->dlq_code ? r->dlq_code : "unknown");
         return;
     }
+    for (int i = 0; i < 4; i++)
+        if (r->finish == FINISH_NAMES[i]) atomic_fetch_add(&w->st.finish_n[i], 1);
+    metrics_hist_observe(&w->st.h_e2e, (double)(mono_ns() - r->t_intake) * 1e-9);
+    metrics_hist_observe(&w->st.h_queue, (double)r->queue_ns * 1e-9);
+    if (r->ttft_ms >= 0) metrics_hist_observe(&w->st.h_ttft, r->ttft_ms * 1e-3);
+    if (r->itl_s >= 0) metrics_hist_observe(&w->st.h_itl, r->itl_s);
     atomic_fetch_add(&w->st.results, 1);
     atomic_fetch_add_explicit(&w->st.ns_queue_sum, (uint64_t)r->queue_ns, memory_order_relaxed);
     if (r->expired) atomic_fetch_add(&w->st.expired, 1);
@@ -743,7 +824,9 @@ static int txn_commit(worker_t *w)
     char err[512];
     rd_kafka_topic_partition_list_t *offs = consumer_txn_offsets(w->cons);
     rd_kafka_consumer_group_metadata_t *md = consumer_group_metadata(w->cons);
+    int64_t t0 = mono_ns();
     int rc = producer_txn_commit(w->prod, offs, md, 30000, err, sizeof err);
+    metrics_hist_observe(&w->st.h_commit, (double)(mono_ns() - t0) * 1e-9);
     rd_kafka_consumer_group_metadata_destroy(md);
     w->txn_open = 0;
     if (rc == PRODUCER_TXN_OK) {
@@ -965,6 +1048,7 @@ static void flow_control(worker_t *w)
         if (pending >= hi || w->inflight_bytes >= bhi || w->inflight_tokens >= thi) {
             if (consumer_pause(w->cons) == 0) {
                 atomic_fetch_add(&w->st.pauses, 1);
+                atomic_store(&w->st.paused, 1);
                 wlog(w, 3, "paused intake: %d in flight, %ld bytes, %ld tokens", pending,
                      w->inflight_bytes, w->inflight_tokens);
             }
@@ -972,9 +1056,139 @@ static void flow_control(worker_t *w)
     } else if (pending <= lo && w->inflight_bytes <= blo && w->inflight_tokens <= tlo) {
         if (consumer_resume(w->cons) == 0) {
             atomic_fetch_add(&w->st.resumes, 1);
+            atomic_store(&w->st.paused, 0);
             wlog(w, 3, "resumed intake: %d in flight", pending);
         }
     }
+}
+
+/* ---- metrics endpoint (worker/metrics.h): runs on the server's thread ---- */
+
+static void fam(metrics_buf_t *b, const char *name, const char *type, const char *help)
+{
+    metrics_family(b, name, type, help);
+}
+
+static void metrics_render(void *arg, metrics_buf_t *b)
+{
+    worker_t *w = arg;
+    worker_stats_t st;
+    worker_stats(w, &st);
+    char lb[512];
+    fam(b, "spillway:num_requests_running", "gauge", "requests in the engine's running batch");
+    metrics_sample(b, "spillway:num_requests_running", NULL, atomic_load(&w->st.eng_running));
+    fam(b, "spillway:num_requests_waiting", "gauge", "requests waiting for admission");
+    metrics_sample(b, "spillway:num_requests_waiting", NULL, atomic_load(&w->st.eng_waiting));
+    fam(b, "spillway:kv_cache_usage_perc", "gauge", "fraction of the KV block pool in use");
+    metrics_sample(b, "spillway:kv_cache_usage_perc", NULL,
+                   st.kv_blocks_total > 0 ? (double)st.kv_blocks_used / st.kv_blocks_total : 0);
+    fam(b, "spillway:prefix_cache_queries_total", "counter", "KV blocks looked up, per tier");
+    metrics_sample(b, "spillway:prefix_cache_queries_total", "tier=\"1\"", (double)st.tier1_lookups);
+    if (w->cache)
+        metrics_sample(b, "spillway:prefix_cache_queries_total", "tier=\"2\"",
+                       (double)st.tier2_lookups);
+    fam(b, "spillway:prefix_cache_hits_total", "counter", "KV blocks found, per tier");
+    metrics_sample(b, "spillway:prefix_cache_hits_total", "tier=\"1\"", (double)st.tier1_hits);
+    if (w->cache)
+        metrics_sample(b, "spillway:prefix_cache_hits_total", "tier=\"2\"", (double)st.tier2_hits);
+    fam(b, "spillway:prefix_cache_evictions_total", "counter",
+        "cached KV blocks evicted to make room, per tier (tier 2: by this process)");
+    metrics_sample(b, "spillway:prefix_cache_evictions_total", "tier=\"1\"",
+                   (double)st.tier1_evictions);
+    if (w->cache)
+        metrics_sample(b, "spillway:prefix_cache_evictions_total", "tier=\"2\"",
+                       (double)st.tier2_evictions);
+    if (w->cache) {
+        fam(b, "spillway:host_arena_slots", "gauge", "host arena slots (tier 2)");
+        if (st.arena_used >= 0)
+            metrics_sample(b, "spillway:host_arena_slots", "state=\"used\"", st.arena_used);
+        metrics_sample(b, "spillway:host_arena_slots", "state=\"total\"", st.arena_slots);
+    }
+    fam(b, "spillway:prompt_tokens_total", "counter", "prompt tokens of finished requests");
+    metrics_sample(b, "spillway:prompt_tokens_total", NULL, (double)st.prompt_tokens);
+    fam(b, "spillway:generation_tokens_total", "counter", "generated tokens of finished requests");
+    metrics_sample(b, "spillway:generation_tokens_total", NULL, (double)st.completion_tokens);
+    fam(b, "spillway:prompt_tokens_cached_total", "counter",
+        "prompt tokens served from the prefix cache");
+    metrics_sample(b, "spillway:prompt_tokens_cached_total", NULL, (double)st.cached_tokens);
+    fam(b, "spillway:request_success_total", "counter", "results produced, by finish reason");
+    for (int i = 0; i < 4; i++) {
+        metrics_labels(lb, sizeof lb, "finished_reason", FINISH_NAMES[i], (const char *)NULL);
+        metrics_sample(b, "spillway:request_success_total", lb,
+                       (double)atomic_load(&w->st.finish_n[i]));
+    }
+    static const struct {
+        const char *name, *help;
+        size_t off;
+    } H[] = {
+        {"spillway:time_to_first_token_seconds", "Kafka intake to the first generated token",
+         offsetof(stats_t, h_ttft)},
+        {"spillway:inter_token_latency_seconds", "mean time between generated tokens, per request",
+         offsetof(stats_t, h_itl)},
+        {"spillway:e2e_request_latency_seconds", "Kafka intake to the output made durable",
+         offsetof(stats_t, h_e2e)},
+        {"spillway:request_queue_time_seconds", "Kafka intake to the first scheduled step",
+         offsetof(stats_t, h_queue)},
+        {"spillway:commit_latency_seconds", "offset commit or transaction commit duration",
+         offsetof(stats_t, h_commit)},
+    };
+    for (size_t i = 0; i < sizeof H / sizeof H[0]; i++) {
+        fam(b, H[i].name, "histogram", H[i].help);
+        metrics_hist_render(b, H[i].name, NULL,
+                            (const metrics_hist_t *)((const char *)&w->st + H[i].off));
+    }
+    fam(b, "spillway:messages_consumed_total", "counter", "Kafka messages accepted");
+    metrics_sample(b, "spillway:messages_consumed_total", NULL, (double)st.consumed);
+    consumer_lag_t lag[256];
+    char err[256];
+    int n = consumer_lag(w->cons, lag, 256, 500, err, sizeof err);
+    fam(b, "spillway:consumer_lag", "gauge", "log end offset minus the committed offset");
+    for (int i = 0; i < n; i++) {
+        char part[16];
+        snprintf(part, sizeof part, "%d", (int)lag[i].partition);
+        metrics_labels(lb, sizeof lb, "topic", lag[i].topic, "partition", part, (const char *)NULL);
+        metrics_sample(b, "spillway:consumer_lag", lb, (double)lag[i].lag);
+    }
+    fam(b, "spillway:partitions_assigned", "gauge", "partitions assigned to this worker");
+    metrics_sample(b, "spillway:partitions_assigned", NULL, st.assigned);
+    fam(b, "spillway:partitions_paused", "gauge", "assigned partitions paused by backpressure");
+    metrics_sample(b, "spillway:partitions_paused", NULL,
+                   atomic_load(&w->st.paused) ? st.assigned : 0);
+    fam(b, "spillway:dlq_records_total", "counter", "dead letters produced, by reason");
+    for (int i = 0; i < 32; i++) {
+        const char *c = atomic_load(&w->st.dlq_code[i]);
+        if (!c) break;
+        metrics_labels(lb, sizeof lb, "reason", c, (const char *)NULL);
+        metrics_sample(b, "spillway:dlq_records_total", lb, (double)atomic_load(&w->st.dlq_n[i]));
+    }
+    fam(b, "spillway:transaction_aborts_total", "counter", "exactly-once transactions aborted");
+    metrics_sample(b, "spillway:transaction_aborts_total", NULL, (double)st.txn_aborts);
+    fam(b, "spillway:produce_retries_total", "counter",
+        "outputs produced again after a failed delivery");
+    metrics_sample(b, "spillway:produce_retries_total", NULL, (double)st.produce_retries);
+    if (w->cache) {
+        fam(b, "spillway:redis_up", "gauge", "1 when the prefix-cache index is reachable");
+        metrics_sample(b, "spillway:redis_up", NULL, st.redis_up > 0);
+        fam(b, "spillway:redis_errors_total", "counter", "failed or timed-out Redis commands");
+        metrics_sample(b, "spillway:redis_errors_total", NULL, (double)st.redis_errors);
+    }
+    fam(b, "spillway:model_loaded", "gauge", "1 once the model is loaded");
+    metrics_labels(lb, sizeof lb, "model", w->model_name, (const char *)NULL);
+    metrics_sample(b, "spillway:model_loaded", lb, 1);
+}
+
+static int metrics_ready(void *arg, char *why, size_t len)
+{
+    worker_t *w = arg;
+    if (!w->eng) {
+        snprintf(why, len, "model not loaded");
+        return 0;
+    }
+    if (atomic_load(&w->st.assigned) <= 0) {
+        snprintf(why, len, "no partition assigned (yet)");
+        return 0;
+    }
+    return 1;
 }
 
 /* ---- lifecycle ---- */
@@ -1024,6 +1238,7 @@ worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen)
         snprintf(errstr, errlen, "out of memory");
         goto fail;
     }
+    w->log_json = !strcmp(w->cfg.log_format, "json");
     if (*w->cfg.worker_id) {
         snprintf(w->worker_id, sizeof w->worker_id, "%s", w->cfg.worker_id);
     } else {
@@ -1031,6 +1246,7 @@ worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen)
         gethostname(host, sizeof host - 1);
         snprintf(w->worker_id, sizeof w->worker_id, "%s-%d", host, (int)getpid());
     }
+    json_escape(w->worker_id_json, sizeof w->worker_id_json, w->worker_id);
     const char *base = strrchr(w->cfg.model, '/');
     snprintf(w->model_name, sizeof w->model_name, "%s", base ? base + 1 : w->cfg.model);
     char *dot = strrchr(w->model_name, '.');
@@ -1124,10 +1340,18 @@ worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen)
         .commit_offsets = w->cfg.delivery == WORKER_ALO,
     };
     consumer_hooks_t hooks = {.arg = w, .before_revoke = hook_before_revoke, .drop = hook_drop,
-                              .lost = hook_lost,
+                              .lost = hook_lost, .committed = hook_committed,
                               .log = hook_log};
     w->cons = consumer_new(&cc, &hooks, errstr, errlen);
     if (!w->cons) goto fail;
+    if (w->cfg.metrics_port > 0) {
+        metrics_handlers_t mh = {.render = metrics_render, .ready = metrics_ready, .arg = w};
+        w->metrics = metrics_server_new(w->cfg.metrics_bind, w->cfg.metrics_port, &mh, errstr,
+                                        errlen);
+        if (!w->metrics) goto fail;
+        wlog(w, 2, "metrics on http://%s:%d/metrics", w->cfg.metrics_bind,
+             metrics_server_port(w->metrics));
+    }
     return w;
 fail:
     worker_free(w);
@@ -1301,6 +1525,8 @@ int worker_run(worker_t *w, const volatile sig_atomic_t *stop, char *errstr, siz
 void worker_free(worker_t *w)
 {
     if (!w) return;
+    metrics_server_free(w->metrics); /* first: its thread reads everything below */
+    w->metrics = NULL;
     if (w->cons) consumer_close(w->cons);
     w->cons = NULL;
     if (w->prod) producer_free(w->prod, 0);

@@ -86,6 +86,10 @@ typedef struct {
     int default_max_tokens;    /* when a request names none */
     /* logging */
     int log_level;             /* 0 error, 1 warn, 2 info, 3 debug ("error".."debug") */
+    char *log_format;          /* "text" | "json" */
+    /* metrics endpoint */
+    int metrics_port;          /* 0 = off */
+    char *metrics_bind;
 
     worker_kafka_prop_t *kafka; /* [n_kafka] pass-through properties, in the order given */
     int n_kafka;
