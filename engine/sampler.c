@@ -309,7 +309,9 @@ void sampler_accept(sampler_t *s, int32_t id)
 
 #define BLK 16
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+/* Not under ThreadSanitizer: the clones' resolvers run during relocation, before its runtime
+ * is up (gcc defines __SANITIZE_THREAD__ for -fsanitize=thread). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 #define VEC_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define VEC_CLONES

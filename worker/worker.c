@@ -124,6 +124,8 @@ struct worker {
     int n_prop_c, n_prop_p;
 
     pthread_mutex_t mu;          /* guards inbox, outbox, eng_stop, fatal */
+    pthread_mutex_t cons_mu;     /* held by other threads while they use cons (worker_stop, the
+                                    metrics thread), and by the poll thread to close it */
     pthread_cond_t cv;           /* engine thread: inbox or eng_stop changed */
     wreq_t *inbox, *inbox_tail;
     wreq_t *outbox, *outbox_tail;
@@ -1141,7 +1143,9 @@ static void metrics_render(void *arg, metrics_buf_t *b)
     metrics_sample(b, "spillway:messages_consumed_total", NULL, (double)st.consumed);
     consumer_lag_t lag[256];
     char err[256];
-    int n = consumer_lag(w->cons, lag, 256, 500, err, sizeof err);
+    pthread_mutex_lock(&w->cons_mu);
+    int n = w->cons ? consumer_lag(w->cons, lag, 256, 500, err, sizeof err) : 0;
+    pthread_mutex_unlock(&w->cons_mu);
     fam(b, "spillway:consumer_lag", "gauge", "log end offset minus the committed offset");
     for (int i = 0; i < n; i++) {
         char part[16];
@@ -1227,6 +1231,7 @@ worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen)
         return NULL;
     }
     pthread_mutex_init(&w->mu, NULL);
+    pthread_mutex_init(&w->cons_mu, NULL);
     pthread_cond_init(&w->cv, NULL);
     if (worker_config_copy(&w->cfg, cfg)) {
         snprintf(errstr, errlen, "out of memory");
@@ -1257,6 +1262,12 @@ worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen)
     w->limits.max_prompt_bytes = (size_t)w->cfg.max_prompt_bytes;
     w->limits.max_tokens_limit = w->cfg.max_tokens;
     w->limits.default_max_tokens = w->cfg.default_max_tokens;
+    w->limits.max_input_ids = w->cfg.max_input_ids;
+    w->limits.max_messages = w->cfg.max_messages;
+    w->limits.max_stop = w->cfg.max_stop;
+    w->limits.max_stop_bytes = (size_t)w->cfg.max_stop_bytes;
+    w->limits.max_metadata_bytes = (size_t)w->cfg.max_metadata_bytes;
+    w->limits.max_id_bytes = (size_t)w->cfg.max_id_bytes;
 
     engine_config_t ec;
     engine_config_default(&ec);
@@ -1361,7 +1372,9 @@ fail:
 void worker_stop(worker_t *w)
 {
     atomic_store(&w->stop_req, 1);
+    pthread_mutex_lock(&w->cons_mu);
     if (w->cons) consumer_wake(w->cons);
+    pthread_mutex_unlock(&w->cons_mu);
 }
 
 void worker_set_stats_flag(worker_t *w, volatile sig_atomic_t *flag) { w->stats_flag = flag; }
@@ -1502,8 +1515,10 @@ int worker_run(worker_t *w, const volatile sig_atomic_t *stop, char *errstr, siz
     w->held = NULL;
     producer_free(w->prod, 5000); /* delivery reports now free without acking */
     w->prod = NULL;
+    pthread_mutex_lock(&w->cons_mu);
     consumer_close(w->cons);
     w->cons = NULL;
+    pthread_mutex_unlock(&w->cons_mu);
     atomic_store(&w->st.poll_cpu_ns, thread_cpu_ns(CLOCK_THREAD_CPUTIME_ID));
     atomic_store(&w->st.poll_alive, 0);
     worker_log_stats(w);
@@ -1539,6 +1554,7 @@ void worker_free(worker_t *w)
     free(w->prop_p_vals);
     worker_config_free(&w->cfg);
     pthread_mutex_destroy(&w->mu);
+    pthread_mutex_destroy(&w->cons_mu);
     pthread_cond_destroy(&w->cv);
     free(w);
 }
