@@ -28,6 +28,8 @@ static void config_usage(FILE *f, const char *cmd)
             "  -o TOPIC         output.topic       -d TOPIC    dlq.topic\n"
             "  -g GROUP         group.id           -m MODEL    model\n"
             "  --exactly-once   delivery=exactly-once\n"
+            "  --keys           (config) list the keys and their meaning\n"
+            "  --check          (config) also validate the values as the worker would; exit 1 if not\n"
             "Environment: SPILLWAY_<KEY> (upper case, '.' -> '_'), e.g. SPILLWAY_BATCH_MAX_SEQS.\n",
             cmd);
 }
@@ -40,6 +42,7 @@ int cli_worker_config(int argc, char **argv, worker_config_t *cfg, int *list_key
         {"output", required_argument, 0, 'o'}, {"dlq", required_argument, 0, 'd'},
         {"group", required_argument, 0, 'g'}, {"model", required_argument, 0, 'm'},
         {"exactly-once", no_argument, 0, 'E'}, {"keys", no_argument, 0, 'K'},
+        {"check", no_argument, 0, 'C'},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0},
     };
     char err[512];
@@ -67,7 +70,10 @@ int cli_worker_config(int argc, char **argv, worker_config_t *cfg, int *list_key
         case 'm': *p = (pending_t){2, "model", optarg}; n_ops++; break;
         case 'E': *p = (pending_t){2, "delivery", "exactly-once"}; n_ops++; break;
         case 'K':
-            if (list_keys) *list_keys = 1;
+            if (list_keys) *list_keys |= 1;
+            break;
+        case 'C':
+            if (list_keys) *list_keys |= 2;
             break;
         case 'h': config_usage(stdout, argv[0]); rc = 1; goto fail;
         default: config_usage(stderr, argv[0]); goto fail;
@@ -112,12 +118,18 @@ int cli_config(int argc, char **argv)
     int keys = 0;
     int rc = cli_worker_config(argc, argv, &cfg, &keys);
     if (rc) return rc == 1 ? 0 : rc;
-    if (keys) {
+    if (keys & 1) {
         for (int i = 0; i < worker_config_n_keys(); i++)
             printf("%-28s %s\n", worker_config_key_name(i), worker_config_key_help(i));
     } else {
         worker_config_print(&cfg, stdout);
     }
+    rc = 0;
+    char err[512];
+    if ((keys & 2) && worker_config_check(&cfg, err, sizeof err)) {
+        fprintf(stderr, "spillway config: %s\n", err);
+        rc = 1;
+    }
     worker_config_free(&cfg);
-    return 0;
+    return rc;
 }

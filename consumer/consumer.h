@@ -116,10 +116,11 @@ typedef struct {
 } consumer_lag_t;
 
 /* Lag of up to cap assigned partitions (Kafka's consumer-group lag: log end minus committed
- * offset). Any thread: uses only thread-safe librdkafka calls, with network round trips (one
- * for the committed offsets, one per partition for its watermarks), each bounded by timeout_ms.
- * Returns the number written, or -1 (errstr) when the assignment or the committed offsets could
- * not be read; a partition whose watermarks could not be read is left out. */
+ * offset; from the log start when nothing is committed). Any thread: uses only thread-safe
+ * librdkafka calls, with network round trips (the committed offsets, then the end offsets of all
+ * partitions in one request per leader, and their start offsets when some partition has no
+ * commit), each bounded by timeout_ms. Returns the number written, or -1 (errstr) when the
+ * assignment or the offsets could not be read; a partition whose end is unknown is left out. */
 int consumer_lag(consumer_t *c, consumer_lag_t *out, int cap, int timeout_ms, char *errstr,
                  size_t errlen);
 

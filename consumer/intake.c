@@ -613,10 +613,26 @@ rd_kafka_consumer_group_metadata_t *consumer_group_metadata(consumer_t *c)
     return rd_kafka_consumer_group_metadata(c->rk);
 }
 
+/* Offsets of every partition of l at the broker for timestamp ts (-1 latest: the log end, the
+ * last stable offset under read_committed; -2 earliest), in one request per leader, into
+ * out[i] (-1 where unknown). 0 or an error. */
+static rd_kafka_resp_err_t list_offsets(consumer_t *c, const rd_kafka_topic_partition_list_t *l,
+                                        int64_t ts, int64_t *out, int timeout_ms)
+{
+    rd_kafka_topic_partition_list_t *q = rd_kafka_topic_partition_list_copy(l);
+    for (int i = 0; i < q->cnt; i++) q->elems[i].offset = ts;
+    rd_kafka_resp_err_t err = rd_kafka_offsets_for_times(c->rk, q, timeout_ms);
+    for (int i = 0; i < q->cnt; i++)
+        out[i] = !err && !q->elems[i].err && q->elems[i].offset >= 0 ? q->elems[i].offset : -1;
+    rd_kafka_topic_partition_list_destroy(q);
+    return err;
+}
+
 int consumer_lag(consumer_t *c, consumer_lag_t *out, int cap, int timeout_ms, char *errstr,
                  size_t errlen)
 {
     rd_kafka_topic_partition_list_t *l = NULL;
+    int64_t *end = NULL, *begin = NULL;
     rd_kafka_resp_err_t err = rd_kafka_assignment(c->rk, &l);
     int n = 0;
     if (err) {
@@ -625,27 +641,39 @@ int consumer_lag(consumer_t *c, consumer_lag_t *out, int cap, int timeout_ms, ch
         goto out;
     }
     if (!l->cnt) goto out;
-    err = rd_kafka_committed(c->rk, l, timeout_ms);
-    if (err) {
-        snprintf(errstr, errlen, "committed offsets: %s", rd_kafka_err2str(err));
+    end = malloc(sizeof *end * (size_t)l->cnt);
+    begin = malloc(sizeof *begin * (size_t)l->cnt);
+    if (!end || !begin) {
+        snprintf(errstr, errlen, "out of memory");
         n = -1;
         goto out;
     }
+    err = rd_kafka_committed(c->rk, l, timeout_ms);
+    if (!err) err = list_offsets(c, l, -1, end, timeout_ms);
+    if (err) {
+        snprintf(errstr, errlen, "offsets: %s", rd_kafka_err2str(err));
+        n = -1;
+        goto out;
+    }
+    int need_begin = 0;
+    for (int i = 0; i < l->cnt; i++)
+        if (l->elems[i].err || l->elems[i].offset < 0) need_begin = 1;
+    if (need_begin && list_offsets(c, l, -2, begin, timeout_ms))
+        for (int i = 0; i < l->cnt; i++) begin[i] = -1;
     for (int i = 0; i < l->cnt && n < cap; i++) {
         const rd_kafka_topic_partition_t *tp = &l->elems[i];
-        int64_t lo, hi;
-        if (rd_kafka_query_watermark_offsets(c->rk, tp->topic, tp->partition, &lo, &hi,
-                                             timeout_ms))
-            continue;
+        if (end[i] < 0) continue;
         consumer_lag_t *x = &out[n++];
         snprintf(x->topic, sizeof x->topic, "%s", tp->topic);
         x->partition = tp->partition;
-        x->end = hi;
+        x->end = end[i];
         x->committed = !tp->err && tp->offset >= 0 ? tp->offset : -1;
-        int64_t from = x->committed >= 0 ? x->committed : lo;
-        x->lag = hi > from ? hi - from : 0;
+        int64_t from = x->committed >= 0 ? x->committed : need_begin && begin[i] >= 0 ? begin[i] : end[i];
+        x->lag = end[i] > from ? end[i] - from : 0;
     }
 out:
+    free(end);
+    free(begin);
     if (l) rd_kafka_topic_partition_list_destroy(l);
     return n;
 }

@@ -160,6 +160,7 @@ typedef struct {
     metrics_hist_t ttft;        /* observed by the test threads */
     _Atomic uint64_t requests;  /* a counter */
     atomic_int ready;
+    atomic_int sick;
     atomic_int renders;
 } app_t;
 
@@ -186,6 +187,14 @@ static int app_ready(void *arg, char *why, size_t len)
     app_t *a = arg;
     if (atomic_load(&a->ready)) return 1;
     snprintf(why, len, "no partitions assigned");
+    return 0;
+}
+
+static int app_healthy(void *arg, char *why, size_t len)
+{
+    app_t *a = arg;
+    if (!atomic_load(&a->sick)) return 1;
+    snprintf(why, len, "loop stuck");
     return 0;
 }
 
@@ -312,7 +321,8 @@ static void test_server(void)
 {
     app_t *a = calloc(1, sizeof *a);
     metrics_hist_init(&a->ttft);
-    metrics_handlers_t h = {app_render, app_ready, a};
+    metrics_handlers_t h = {.render = app_render, .ready = app_ready, .healthy = app_healthy,
+                            .arg = a};
     char err[256] = "";
     metrics_server_t *s = metrics_server_new("127.0.0.1", 0, &h, err, sizeof err);
     CHECKF(s != NULL, "%s", err);
@@ -358,6 +368,12 @@ static void test_server(void)
     CHECK(http_do(port, "GET", "/healthz", &r) == 0);
     CHECK(r.status == 200 && r.body && !strcmp(r.body, "ok\n"));
     http_resp_free(&r);
+    atomic_store(&a->sick, 1);
+    CHECK(http_do(port, "GET", "/healthz", &r) == 0);
+    CHECKF(r.status == 503 && r.body && !strcmp(r.body, "loop stuck"), "%d %s", r.status,
+           r.body ? r.body : "");
+    http_resp_free(&r);
+    atomic_store(&a->sick, 0);
 
     /* /readyz, both states */
     CHECK(http_do(port, "GET", "/readyz", &r) == 0);

@@ -93,6 +93,15 @@ static const key_t_ KEYS[] = {
     {"limits.max_tokens", K_INT, F(max_tokens), "4096", 1, 1 << 24, "largest max_tokens accepted"},
     {"limits.default_max_tokens", K_INT, F(default_max_tokens), "256", 1, 1 << 24,
      "max_tokens when a request names none"},
+    {"limits.max_input_ids", K_INT, F(max_input_ids), "32768", 1, 1 << 30,
+     "most entries of input_ids"},
+    {"limits.max_messages", K_INT, F(max_messages), "256", 1, 1 << 20, "most chat messages"},
+    {"limits.max_stop", K_INT, F(max_stop), "16", 0, 1024, "most stop strings (0 = none accepted)"},
+    {"limits.max_stop_bytes", K_INT, F(max_stop_bytes), "256", 1, 65536,
+     "longest stop string in bytes"},
+    {"limits.max_metadata_bytes", K_LONG, F(max_metadata_bytes), "16384", 0, LONG_MAX,
+     "largest metadata (compact JSON) echoed into results"},
+    {"limits.max_id_bytes", K_INT, F(max_id_bytes), "256", 1, 65536, "longest id in bytes"},
     {"log.level", K_LOGLEVEL, F(log_level), "info", 0, 0, "error | warn | info | debug"},
     {"log.format", K_STR, F(log_format), "text", 0, 0, "text | json (one JSON object per line)"},
     {"metrics.port", K_INT, F(metrics_port), "0", 0, 65535,
@@ -393,10 +402,33 @@ int worker_config_check(const worker_config_t *c, char *errstr, size_t errlen)
                  c->default_max_tokens, c->max_tokens);
         return -1;
     }
+    if (c->max_metadata_bytes > c->max_message_bytes) {
+        snprintf(errstr, errlen, "limits.max_metadata_bytes exceeds limits.max_message_bytes");
+        return -1;
+    }
     if (c->max_prompt_bytes > c->max_message_bytes) {
         snprintf(errstr, errlen, "limits.max_prompt_bytes exceeds limits.max_message_bytes");
         return -1;
     }
+    return 0;
+}
+
+/* 1 when a key's value is a secret that `spillway config` must not print: a worker key or a
+ * librdkafka property whose name (case-insensitively) contains one of these words, e.g.
+ * cache.redis.password, sasl.password, ssl.key.password, ssl.keystore.password,
+ * sasl.oauthbearer.client.secret, ssl.key.pem (an inline private key), sasl.oauthbearer.config
+ * (may carry a client secret). */
+static int is_secret_key(const char *key)
+{
+    static const char *const WORDS[] = {"password", "secret", "passphrase", "key.pem",
+                                        "private.key", "sasl.oauthbearer.config", "credential",
+                                        "jaas"};
+    char low[256];
+    size_t n = 0;
+    for (; key[n] && n + 1 < sizeof low; n++) low[n] = (char)tolower((unsigned char)key[n]);
+    low[n] = 0;
+    for (size_t i = 0; i < sizeof WORDS / sizeof WORDS[0]; i++)
+        if (strstr(low, WORDS[i])) return 1;
     return 0;
 }
 
@@ -416,10 +448,12 @@ void worker_config_print(const worker_config_t *c, FILE *out)
         case K_LOGLEVEL: v = LOG_LEVELS[*(const int *)p & 3]; break;
         }
         if (k->type == K_BOOL) v = *(const int *)p ? "true" : "false";
-        if (strstr(k->name, "password") && *v) v = "(set)";
+        if (is_secret_key(k->name) && *v) v = "(set)";
         fprintf(out, "%-28s = %-24s # %s\n", k->name, v, c->source[i]);
     }
-    for (int i = 0; i < c->n_kafka; i++)
-        fprintf(out, "kafka.%-22s = %-24s # %s\n", c->kafka[i].key, c->kafka[i].value,
-                c->kafka[i].source);
+    for (int i = 0; i < c->n_kafka; i++) {
+        const char *v = c->kafka[i].value;
+        if (is_secret_key(c->kafka[i].key) && *v) v = "(set)";
+        fprintf(out, "kafka.%-22s = %-24s # %s\n", c->kafka[i].key, v, c->kafka[i].source);
+    }
 }

@@ -386,7 +386,15 @@ static MHD_RESULT on_request(void *cls, struct MHD_Connection *c, const char *ur
         if (!body) return reply(c, MHD_HTTP_OK, content_type_metrics, "", 0, 0);
         return reply(c, MHD_HTTP_OK, content_type_metrics, body, len, 1); /* MHD owns body */
     }
-    if (!strcmp(url, "/healthz")) return reply_text(c, MHD_HTTP_OK, "ok\n");
+    if (!strcmp(url, "/healthz")) {
+        char why[256] = "";
+        if (!s->h.healthy || s->h.healthy(s->h.arg, why, sizeof why))
+            return reply_text(c, MHD_HTTP_OK, "ok\n");
+        why[sizeof why - 1] = '\0';
+        char *body = strdup(why[0] ? why : "unhealthy"); /* MHD sends it after we return */
+        if (!body) return reply_text(c, MHD_HTTP_SERVICE_UNAVAILABLE, "unhealthy\n");
+        return reply(c, MHD_HTTP_SERVICE_UNAVAILABLE, content_type_text, body, strlen(body), 1);
+    }
     if (!strcmp(url, "/readyz")) {
         char why[256] = "";
         if (!s->h.ready || s->h.ready(s->h.arg, why, sizeof why))

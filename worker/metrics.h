@@ -131,6 +131,8 @@ int metrics_label_escape(char *dst, size_t dstlen, const char *value);
 typedef struct {
     void (*render)(void *arg, metrics_buf_t *out);
     int (*ready)(void *arg, char *why, size_t len);
+    /* healthy: like ready, for /healthz (200 "ok", or 503 with the reason). NULL: always. */
+    int (*healthy)(void *arg, char *why, size_t len);
     void *arg;
 } metrics_handlers_t;
 
@@ -141,7 +143,7 @@ typedef struct metrics_server metrics_server_t;
  * metrics_server_port. The handlers struct is copied; h->arg must outlive the server.
  * Endpoints, for GET and HEAD:
  *   /metrics  200, Content-Type "text/plain; version=0.0.4; charset=utf-8", render's text
- *   /healthz  200 "ok" while the server runs
+ *   /healthz  200 "ok" while healthy (see healthy), else 503 with its reason
  *   /readyz   200 "ready" or 503 with ready's reason
  *   other     404; other methods 405 (with an Allow header).
  * Limits: 32 connections at once, 10 s idle timeout per connection.

@@ -98,6 +98,8 @@ typedef struct {
         deferred;
     atomic_int kv_used, kv_total;
     atomic_int eng_running, eng_waiting, paused;
+    atomic_int inbox_n;                       /* requests in the inbox (not yet in the engine) */
+    atomic_int_fast64_t last_poll_ms;         /* monotonic ms of the poll loop's last turn */
     /* metrics (worker/metrics.h): histograms observed by the poll thread */
     metrics_hist_t h_ttft, h_itl, h_e2e, h_queue, h_commit;
     atomic_uint_fast64_t finish_n[4];         /* by FINISH_NAMES */
@@ -542,6 +544,7 @@ static void *engine_main(void *arg)
         if (w->fatal || (w->eng_stop && !w->inbox && w->n_active == 0)) break;
         wreq_t *batch = w->inbox;
         w->inbox = w->inbox_tail = NULL;
+        atomic_store(&w->st.inbox_n, 0);
         int stopping = w->eng_stop;
         pthread_mutex_unlock(&w->mu);
 
@@ -1034,6 +1037,7 @@ static void intake(worker_t *w, rd_kafka_message_t *m)
     if (w->inbox_tail) w->inbox_tail->next = r;
     else w->inbox = r;
     w->inbox_tail = r;
+    atomic_fetch_add(&w->st.inbox_n, 1);
     pthread_cond_signal(&w->cv);
     pthread_mutex_unlock(&w->mu);
 out:
@@ -1080,7 +1084,8 @@ static void metrics_render(void *arg, metrics_buf_t *b)
     fam(b, "spillway:num_requests_running", "gauge", "requests in the engine's running batch");
     metrics_sample(b, "spillway:num_requests_running", NULL, atomic_load(&w->st.eng_running));
     fam(b, "spillway:num_requests_waiting", "gauge", "requests waiting for admission");
-    metrics_sample(b, "spillway:num_requests_waiting", NULL, atomic_load(&w->st.eng_waiting));
+    metrics_sample(b, "spillway:num_requests_waiting", NULL,
+                   atomic_load(&w->st.eng_waiting) + atomic_load(&w->st.inbox_n));
     fam(b, "spillway:kv_cache_usage_perc", "gauge", "fraction of the KV block pool in use");
     metrics_sample(b, "spillway:kv_cache_usage_perc", NULL,
                    st.kv_blocks_total > 0 ? (double)st.kv_blocks_used / st.kv_blocks_total : 0);
@@ -1158,6 +1163,9 @@ static void metrics_render(void *arg, metrics_buf_t *b)
     fam(b, "spillway:partitions_paused", "gauge", "assigned partitions paused by backpressure");
     metrics_sample(b, "spillway:partitions_paused", NULL,
                    atomic_load(&w->st.paused) ? st.assigned : 0);
+    fam(b, "spillway:intake_pauses_total", "counter",
+        "times intake paused its partitions for backpressure (max.inflight*)");
+    metrics_sample(b, "spillway:intake_pauses_total", NULL, (double)st.pauses);
     fam(b, "spillway:dlq_records_total", "counter", "dead letters produced, by reason");
     for (int i = 0; i < 32; i++) {
         const char *c = atomic_load(&w->st.dlq_code[i]);
@@ -1179,6 +1187,27 @@ static void metrics_render(void *arg, metrics_buf_t *b)
     fam(b, "spillway:model_loaded", "gauge", "1 once the model is loaded");
     metrics_labels(lb, sizeof lb, "model", w->model_name, (const char *)NULL);
     metrics_sample(b, "spillway:model_loaded", lb, 1);
+}
+
+/* Alive: no fatal error, and the poll loop turned within the last minute (a transaction commit
+ * or a drain may hold it for tens of seconds; a stuck loop is not alive). */
+static int metrics_healthy(void *arg, char *why, size_t len)
+{
+    worker_t *w = arg;
+    pthread_mutex_lock(&w->mu);
+    int fatal = w->fatal;
+    pthread_mutex_unlock(&w->mu);
+    if (fatal) {
+        snprintf(why, len, "fatal error: the worker is stopping");
+        return 0;
+    }
+    int64_t last = atomic_load(&w->st.last_poll_ms);
+    if (last && mono_ms() - last > 60000) {
+        snprintf(why, len, "the poll loop has not turned for %lld s",
+                 (long long)((mono_ms() - last) / 1000));
+        return 0;
+    }
+    return 1;
 }
 
 static int metrics_ready(void *arg, char *why, size_t len)
@@ -1356,7 +1385,8 @@ worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen)
     w->cons = consumer_new(&cc, &hooks, errstr, errlen);
     if (!w->cons) goto fail;
     if (w->cfg.metrics_port > 0) {
-        metrics_handlers_t mh = {.render = metrics_render, .ready = metrics_ready, .arg = w};
+        metrics_handlers_t mh = {.render = metrics_render, .ready = metrics_ready,
+                                 .healthy = metrics_healthy, .arg = w};
         w->metrics = metrics_server_new(w->cfg.metrics_bind, w->cfg.metrics_port, &mh, errstr,
                                         errlen);
         if (!w->metrics) goto fail;
@@ -1443,6 +1473,7 @@ int worker_run(worker_t *w, const volatile sig_atomic_t *stop, char *errstr, siz
         int have_out = w->outbox != NULL;
         pthread_mutex_unlock(&w->mu);
         int64_t t0 = mono_ns();
+        atomic_store(&w->st.last_poll_ms, mono_ms());
         rd_kafka_message_t *m = consumer_poll(w->cons, have_out ? 0 : w->cfg.poll_ms);
         add_since(&w->st.ns_poll, t0);
         if (m) intake(w, m);

@@ -84,6 +84,12 @@ typedef struct {
     int max_prompt_tokens;     /* 0 = context limit only */
     int max_tokens;            /* largest max_tokens a request may ask */
     int default_max_tokens;    /* when a request names none */
+    int max_input_ids;         /* input_ids entries */
+    int max_messages;          /* chat messages */
+    int max_stop;              /* stop strings */
+    int max_stop_bytes;        /* bytes per stop string */
+    long max_metadata_bytes;   /* metadata, compact JSON */
+    int max_id_bytes;          /* id length */
     /* logging */
     int log_level;             /* 0 error, 1 warn, 2 info, 3 debug ("error".."debug") */
     char *log_format;          /* "text" | "json" */
