@@ -22,7 +22,15 @@
  * it never commits, and a reader of the new owner's block sees a header or checksum mismatch: a
  * miss, never wrong bytes (up to a 64-bit checksum collision). Processes sharing an arena must
  * share a pid namespace for the pid test to mean anything; otherwise only the timeout applies
- * (the same worst case: misses). */
+ * (the same worst case: misses).
+ *
+ * Permissions: the arena holds KV blocks computed from prompts, so it is created 0600 and only
+ * the user that runs the workers may read or write it (a writer could also plant blocks whose
+ * checksum matches: the checksum catches corruption, not forgery). An existing file is refused,
+ * not repaired, when it is not a regular file (a symbolic link included: O_NOFOLLOW), belongs
+ * to another user, or grants any group or other permission: another user may already have it
+ * open or mapped, and a chmod would not revoke that. The error names the fix (chmod 600, or
+ * remove the file so that it is created again). */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -246,9 +254,34 @@ int arena_open(arena_t *a, const char *path, long arena_mb, const cache_geometry
     a->data_offset = ARENA_HDR_BYTES + round_up(n * sizeof(slot_header_t), ARENA_PAGE);
     a->pid = getpid();
 
-    a->fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    a->fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (a->fd < 0) {
-        snprintf(errstr, errlen, "arena %s: open: %s", path, strerror(errno));
+        if (errno == ELOOP)
+            snprintf(errstr, errlen, "arena %s: is a symbolic link (refused: point "
+                     "cache.arena.path at the file itself)", path);
+        else
+            snprintf(errstr, errlen, "arena %s: open: %s", path, strerror(errno));
+        goto fail;
+    }
+    struct stat st;
+    if (fstat(a->fd, &st) < 0) {
+        snprintf(errstr, errlen, "arena %s: fstat: %s", path, strerror(errno));
+        goto fail;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        snprintf(errstr, errlen, "arena %s: not a regular file (refused)", path);
+        goto fail;
+    }
+    if (st.st_uid != geteuid()) {
+        snprintf(errstr, errlen, "arena %s: owned by uid %u, not by this process's uid %u "
+                 "(refused: another user could read or alter the cached blocks)", path,
+                 (unsigned)st.st_uid, (unsigned)geteuid());
+        goto fail;
+    }
+    if (st.st_mode & 077) {
+        snprintf(errstr, errlen, "arena %s: mode %04o gives other users access (refused: "
+                 "chmod 600 it, or remove it to have it created 0600)", path,
+                 (unsigned)(st.st_mode & 07777));
         goto fail;
     }
     /* Exclusive while checking and (re)initialising: of processes attaching at once, one
@@ -258,8 +291,7 @@ int arena_open(arena_t *a, const char *path, long arena_mb, const cache_geometry
         goto fail;
     }
     locked = 1;
-    struct stat st;
-    if (fstat(a->fd, &st) < 0) {
+    if (fstat(a->fd, &st) < 0) { /* again: the size may have changed before the lock */
         snprintf(errstr, errlen, "arena %s: fstat: %s", path, strerror(errno));
         goto fail;
     }

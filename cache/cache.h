@@ -85,8 +85,10 @@ typedef struct {
 } cache_geometry_t;
 
 /* Maps (creating or re-initialising) the arena and connects to Redis (a failed connection is not
- * an error: it is retried with backoff). NULL + errstr when the arena cannot be created or mapped
- * (path, size too small for one slot) or out of memory. Returns NULL with errstr "" never. */
+ * an error: it is retried with backoff). The arena file is created 0600; an existing one that is
+ * not a regular file, is a symlink, belongs to another user or grants group/other access is
+ * refused (the error says how to fix it). NULL + errstr when the arena cannot be created or
+ * mapped (path, permissions, size too small for one slot) or out of memory. */
 cache_t *cache_new(const cache_config_t *cfg, const cache_geometry_t *geo, char *errstr,
                    size_t errlen);
 /* Waits for the writer to finish the queued stores (bounded by cmd timeouts), then frees. */

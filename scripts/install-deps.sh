@@ -28,3 +28,11 @@ if [ "${#missing[@]}" -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
+# libFuzzer's runtime: Debian 12 ships it in libclang-rt-<major>-dev, which clang only recommends
+# (Ubuntu's clang carries it in libclang-common-<major>-dev, a dependency).
+CLANG_MAJOR=$(clang --version 2>/dev/null | sed -n 's/.*clang version \([0-9]*\).*/\1/p' | head -n1)
+if [ -n "$CLANG_MAJOR" ] && ! dpkg-query -W -f='${Status}' "libclang-rt-$CLANG_MAJOR-dev" 2>/dev/null | grep -q "install ok installed" &&
+  apt-cache show "libclang-rt-$CLANG_MAJOR-dev" >/dev/null 2>&1; then
+  echo "installing: libclang-rt-$CLANG_MAJOR-dev"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "libclang-rt-$CLANG_MAJOR-dev"
+fi

@@ -35,6 +35,22 @@
 #   SPILLWAY_KAFKA_STOP_TIMEOUT   seconds stop waits after SIGTERM (default 30)
 #   SPILLWAY_SVC_OWNER            a PID (usually the test script's $$): when it exits, a
 #                                 watchdog stops the broker and removes DIR. Unset/0: none.
+#   SPILLWAY_KAFKA_SASL           plain | scram: start also adds a SASL_PLAINTEXT listener on a
+#                                 third port accepting PLAIN and SCRAM-SHA-256 for one user, and
+#                                 prints SASL_BOOTSTRAP=127.0.0.1:<port> and
+#                                 KAFKA_CLIENT_PROPS='security.protocol=SASL_PLAINTEXT
+#                                 sasl.mechanism=PLAIN|SCRAM-SHA-256 sasl.username=U
+#                                 sasl.password=P' (librdkafka properties, one -X each). The
+#                                 PLAINTEXT listener (BOOTSTRAP) stays for the broker's own
+#                                 traffic and for `topic`.
+#   SPILLWAY_KAFKA_SASL_USER      that user (default spillway)
+#   SPILLWAY_KAFKA_SASL_PASSWORD  its password (default: random, see KAFKA_CLIENT_PROPS)
+#   SPILLWAY_KAFKA_TLS            1 (with SPILLWAY_KAFKA_SASL): also a SASL_SSL listener, with a
+#                                 throwaway CA and a certificate for 127.0.0.1 made with openssl
+#                                 in DIR/tls; prints SSL_BOOTSTRAP=127.0.0.1:<port> and
+#                                 KAFKA_SSL_CLIENT_PROPS (as above, security.protocol=SASL_SSL and
+#                                 ssl.ca.location=DIR/tls/ca.pem). Needs openssl.
+#   The printed values are quoted for eval (printf %q); they are also in DIR/env (mode 0600).
 # Needs java (17+), mvn (fetch only) and kcat.
 set -euo pipefail
 SVC_NAME=kafka-broker
@@ -128,6 +144,7 @@ num.io.threads=4
 num.recovery.threads.per.data.dir=1
 background.threads=4
 EOF
+  if [ -n "$SASL_PORT" ]; then write_sasl_config "$dir" "$port" "$cport"; fi
   if [ -n "${SPILLWAY_KAFKA_PROPS:-}" ]; then
     printf '# From SPILLWAY_KAFKA_PROPS\n%s\n' "$SPILLWAY_KAFKA_PROPS" >>"$dir/server.properties"
   fi
@@ -158,6 +175,98 @@ rootLogger.appenderRef.err.ref = STDERR
 EOF
 }
 
+# SASL (SPILLWAY_KAFKA_SASL) and TLS (SPILLWAY_KAFKA_TLS): set by sasl_init in start, read back
+# from DIR/env by restart. Empty when off.
+SASL_PORT=
+SSL_PORT=
+SASL_USER=
+SASL_PASSWORD=
+SASL_MECH=
+
+# sasl_init PORT CPORT: checks the settings and picks the extra ports (start only).
+sasl_init() {
+  case ${SPILLWAY_KAFKA_SASL:-} in
+    '') [ -n "${SPILLWAY_KAFKA_TLS:-}" ] && svc_die "SPILLWAY_KAFKA_TLS needs SPILLWAY_KAFKA_SASL"
+        return 0 ;;
+    plain) SASL_MECH=PLAIN ;;
+    scram) SASL_MECH=SCRAM-SHA-256 ;;
+    *) svc_die "SPILLWAY_KAFKA_SASL must be plain or scram" ;;
+  esac
+  SASL_USER=${SPILLWAY_KAFKA_SASL_USER:-spillway}
+  [ -n "$SASL_PASSWORD" ] ||
+    SASL_PASSWORD=${SPILLWAY_KAFKA_SASL_PASSWORD:-$(head -c 18 /dev/urandom | base64 | tr -dc 'A-Za-z0-9')}
+  case $SASL_USER$SASL_PASSWORD in
+    *[!A-Za-z0-9._-]*) svc_die "SASL user and password: letters, digits, '.', '_', '-' only" ;;
+  esac
+  SASL_PORT=$(svc_pick_port "$1" "$2")
+  if [ "${SPILLWAY_KAFKA_TLS:-}" = 1 ]; then
+    command -v openssl >/dev/null || svc_die "openssl not found (needed by SPILLWAY_KAFKA_TLS)"
+    SSL_PORT=$(svc_pick_port "$1" "$2" "$SASL_PORT")
+  fi
+}
+
+# make_tls DIR: a throwaway CA and a broker certificate for 127.0.0.1 signed by it, in DIR/tls:
+# ca.pem (the clients' ssl.ca.location) and broker.p12 (the broker's keystore, PKCS12, with the
+# SASL password as its password).
+make_tls() {
+  local t=$1/tls
+  rm -rf "$t"
+  mkdir -p "$t"
+  (
+    umask 077
+    openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=spillway test CA" \
+      -keyout "$t/ca.key" -out "$t/ca.pem"
+    openssl req -newkey rsa:2048 -nodes -subj "/CN=127.0.0.1" \
+      -keyout "$t/broker.key" -out "$t/broker.csr"
+    printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n' >"$t/ext.cnf"
+    openssl x509 -req -in "$t/broker.csr" -CA "$t/ca.pem" -CAkey "$t/ca.key" -CAcreateserial \
+      -days 2 -extfile "$t/ext.cnf" -out "$t/broker.pem"
+    openssl pkcs12 -export -in "$t/broker.pem" -inkey "$t/broker.key" -certfile "$t/ca.pem" \
+      -name broker -passout "pass:$SASL_PASSWORD" -out "$t/broker.p12"
+  ) >"$t/openssl.log" 2>&1 || { cat "$t/openssl.log" >&2; svc_die "making the TLS files in $t failed"; }
+  chmod 644 "$t/ca.pem"
+}
+
+# write_sasl_config DIR PORT CPORT: the SASL (and SASL_SSL) listeners, overriding the listener
+# lines written above (later keys win). server.properties then holds passwords: made 0600.
+write_sasl_config() {
+  local dir=$1 port=$2 cport=$3 l map jaas_plain as
+  local -a names=(sasl_plaintext)
+  l="PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport,SASL_PLAINTEXT://127.0.0.1:$SASL_PORT"
+  map="CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT"
+  if [ -n "$SSL_PORT" ]; then
+    make_tls "$dir"
+    l="$l,SASL_SSL://127.0.0.1:$SSL_PORT"
+    map="$map,SASL_SSL:SASL_SSL"
+    names+=(sasl_ssl)
+  fi
+  chmod 600 "$dir/server.properties"
+  jaas_plain="org.apache.kafka.common.security.plain.PlainLoginModule required user_$SASL_USER=\"$SASL_PASSWORD\";"
+  {
+    echo "# SPILLWAY_KAFKA_SASL: PLAIN and SCRAM-SHA-256 for one user"
+    echo "listeners=$l"
+    echo "advertised.listeners=$l"
+    echo "listener.security.protocol.map=$map"
+    echo "sasl.enabled.mechanisms=PLAIN,SCRAM-SHA-256"
+    for as in "${names[@]}"; do
+      echo "listener.name.$as.plain.sasl.jaas.config=$jaas_plain"
+      echo "listener.name.$as.scram-sha-256.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;"
+    done
+    if [ -n "$SSL_PORT" ]; then
+      echo "listener.name.sasl_ssl.ssl.keystore.type=PKCS12"
+      echo "listener.name.sasl_ssl.ssl.keystore.location=$dir/tls/broker.p12"
+      echo "listener.name.sasl_ssl.ssl.keystore.password=$SASL_PASSWORD"
+      echo "listener.name.sasl_ssl.ssl.key.password=$SASL_PASSWORD"
+    fi
+  } >>"$dir/server.properties"
+}
+
+# client_props PROTOCOL: the SASL user's librdkafka properties, space-separated.
+client_props() {
+  printf 'security.protocol=%s sasl.mechanism=%s sasl.username=%s sasl.password=%s' \
+    "$1" "$SASL_MECH" "$SASL_USER" "$SASL_PASSWORD"
+}
+
 # run_tool DIR LOGFILE CLASS ARGS...: a Kafka command-line tool from the jars.
 run_tool() {
   local dir=$1 log=$2 cls=$3
@@ -179,8 +288,11 @@ format_storage() {
   while [ "${cid#-}" != "$cid" ]; do
     cid=$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n')
   done
+  # SCRAM credentials live in the cluster metadata: written at format time
+  local -a scram=()
+  [ -n "$SASL_PORT" ] && scram=(--add-scram "SCRAM-SHA-256=[name=$SASL_USER,password=$SASL_PASSWORD]")
   run_tool "$dir" "$dir/format.log" kafka.tools.StorageTool format --standalone \
-    -t "$cid" -c "$dir/server.properties" ||
+    -t "$cid" -c "$dir/server.properties" "${scram[@]}" ||
     { cat "$dir/format.log" >&2; svc_die "formatting storage in $dir/data failed"; }
 }
 
@@ -242,11 +354,34 @@ CONTROLLER_PORT=$cport
 STARTUP_MS=$STARTUP_MS
 KAFKA_LIB=$LIB
 EOF
+  local extra=
+  if [ -n "$SASL_PORT" ]; then
+    extra="SASL_BOOTSTRAP=127.0.0.1:$SASL_PORT"$'\n'
+    extra+="KAFKA_CLIENT_PROPS=$(printf %q "$(client_props SASL_PLAINTEXT)")"$'\n'
+    if [ -n "$SSL_PORT" ]; then
+      extra+="SSL_BOOTSTRAP=127.0.0.1:$SSL_PORT"$'\n'
+      extra+="KAFKA_SSL_CLIENT_PROPS=$(printf %q "$(client_props SASL_SSL) ssl.ca.location=$dir/tls/ca.pem")"$'\n'
+    fi
+    chmod 600 "$dir/env.tmp"
+    # restart reads these back
+    printf 'SASL_PORT=%s\nSSL_PORT=%s\nSASL_USER=%s\nSASL_PASSWORD=%s\nSASL_MECH=%s\n%s' \
+      "$SASL_PORT" "$SSL_PORT" "$SASL_USER" "$SASL_PASSWORD" "$SASL_MECH" "$extra" >>"$dir/env.tmp"
+  fi
   mv "$dir/env.tmp" "$dir/env"
   svc_watchdog "${SPILLWAY_SVC_OWNER:-0}" "$PID" "$PID_START" "$dir"
   svc_log "ready at 127.0.0.1:$port (pid $PID) in $STARTUP_MS ms"
   echo "BOOTSTRAP=127.0.0.1:$port"
   echo "PID=$PID"
+  printf '%s' "$extra"
+}
+
+# load_sasl DIR: the SASL settings of DIR's broker (restart).
+load_sasl() {
+  SASL_PORT=$(svc_env_get "$1/env" SASL_PORT)
+  SSL_PORT=$(svc_env_get "$1/env" SSL_PORT)
+  SASL_USER=$(svc_env_get "$1/env" SASL_USER)
+  SASL_PASSWORD=$(svc_env_get "$1/env" SASL_PASSWORD)
+  SASL_MECH=$(svc_env_get "$1/env" SASL_MECH)
 }
 
 # use_lib_of DIR: sets LIB to the jars DIR's broker was started with (fetching when gone).
@@ -276,6 +411,7 @@ cmd_start() {
   for attempt in 1 2 3; do
     port=$(svc_pick_port)
     cport=$(svc_pick_port "$port")
+    sasl_init "$port" "$cport"
     write_config "$dir" "$port" "$cport"
     format_storage "$dir"
     rc=0
@@ -304,6 +440,7 @@ cmd_restart() {
   cport=$(svc_env_get "$dir/env" CONTROLLER_PORT)
   pid=$(svc_env_get "$dir/env" PID)
   start=$(svc_env_get "$dir/env" PID_START)
+  load_sasl "$dir"
   if svc_alive "$pid" "$start"; then
     svc_terminate "$pid" "$start" "${SPILLWAY_KAFKA_STOP_TIMEOUT:-30}" ||
       svc_die "pid $pid would not stop"

@@ -11,6 +11,12 @@
 #
 # Environment:
 #   SPILLWAY_REDIS_ARGS   extra redis-server options, e.g. "--maxmemory 64mb"
+#   SPILLWAY_REDIS_CONF   extra redis.conf lines, written to DIR/redis.conf (mode 0600), so that
+#                         secrets stay off the command line, e.g. for a server requiring AUTH:
+#                           requirepass s3cret
+#                           user alice on >alicepw ~* &* +@all
+#                         A server requiring AUTH counts as up when PING answers NOAUTH (or
+#                         PONG when REDISCLI_AUTH holds the default user's password).
 #   SPILLWAY_SVC_OWNER    a PID (usually the test script's $$): when it exits, a watchdog stops
 #                         the server and removes DIR. Unset/0: none.
 # Needs redis-server and redis-cli (Debian's redis-server package brings both).
@@ -34,7 +40,7 @@ server_dir() {
 }
 
 cmd_start() {
-  local dir port attempt pid start t0 deadline
+  local dir port attempt pid start t0 deadline reply
   dir=$(svc_abs "$1")
   [ -e "$dir/$MARKER" ] && svc_die "$dir already holds a server: stop it first"
   if [ -d "$dir" ] && [ -n "$(ls -A "$dir")" ]; then svc_die "$dir is not empty"; fi
@@ -42,19 +48,27 @@ cmd_start() {
   command -v redis-cli >/dev/null || svc_die "redis-cli not found"
   mkdir -p "$dir"
   : >"$dir/$MARKER"
+  local -a conf=()
+  if [ -n "${SPILLWAY_REDIS_CONF:-}" ]; then
+    (umask 077 && printf '%s\n' "$SPILLWAY_REDIS_CONF" >"$dir/redis.conf")
+    conf=("$dir/redis.conf")
+  fi
   for attempt in 1 2 3; do
     port=$(svc_pick_port)
     t0=$(svc_now_ms)
     deadline=$(( t0 + 10000 ))
     # shellcheck disable=SC2086
-    (exec redis-server --bind 127.0.0.1 --port "$port" --save '' --appendonly no \
+    (exec redis-server "${conf[@]}" --bind 127.0.0.1 --port "$port" --save '' --appendonly no \
         --dir "$dir" --logfile "$dir/redis.log" --daemonize no ${SPILLWAY_REDIS_ARGS:-}) \
       </dev/null >>"$dir/stdout.log" 2>&1 &
     pid=$!
     disown "$pid" 2>/dev/null || true
     start=$(svc_starttime "$pid") || start=
     while svc_alive "$pid" "$start"; do
-      if [ "$(timeout 5 redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null)" = PONG ]; then
+      # Up: PONG, or an authentication error from a server that requires AUTH.
+      reply=$(timeout 5 redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null || true)
+      if [ "$reply" = PONG ] || [ "${reply#NOAUTH}" != "$reply" ] ||
+         [ "${reply#WRONGPASS}" != "$reply" ]; then
         cat >"$dir/env.tmp" <<EOF
 REDIS_PORT=$port
 REDIS_PID=$pid

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test: installs dependencies, builds Release with -Werror and runs ctest, builds the
-# ASan+UBSan configuration and runs ctest again, then runs each libFuzzer target for a bounded
-# time. Exit status 0 only when everything passed.
+# ASan+UBSan configuration and runs ctest again, builds the ThreadSanitizer configuration and runs
+# the threaded parts' tests, then runs each libFuzzer target for a bounded time. Exit status 0
+# only when everything passed.
 #   SPILLWAY_FUZZ_SECONDS  seconds per fuzz target (default 60; 0 skips fuzzing)
 #   SPILLWAY_SHARED_DIR    folder holding models/ (default: ../shared next to the checkout)
 set -euo pipefail
@@ -31,6 +32,16 @@ cmake --build build-asan -j"$JOBS"
 echo "=== tests: ASan+UBSan ==="
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --output-on-failure --repeat until-pass:2 -j"$JOBS")
+
+echo "=== build: ThreadSanitizer ==="
+cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPILLWAY_WERROR=ON -DSPILLWAY_TSAN=ON \
+  -DSPILLWAY_SHARED_DIR="$SHARED" >/dev/null
+cmake --build build-tsan -j"$JOBS"
+echo "=== tests: ThreadSanitizer (the threaded parts: scheduler and thread pool, cache, metrics, worker) ==="
+# tests/tsan/suppressions.txt: uninstrumented libraries, and the arena's seqlock copy (by design)
+(cd build-tsan && TSAN_OPTIONS="suppressions=$ROOT/tests/tsan/suppressions.txt halt_on_error=1 die_after_fork=0" \
+  SPILLWAY_TEST_NO_FORK=1 ctest --output-on-failure --repeat until-pass:2 -j"$JOBS" \
+  -R '^(test_engine|test_kvpool|test_metrics|test_cache|test_cache_tier\.sh|test_worker_mock|test_worker_txn_mock|test_worker_features)$')
 
 if [ "$FUZZ_SECONDS" -gt 0 ]; then
   echo "=== fuzz: ${FUZZ_SECONDS}s per target ==="

@@ -18,6 +18,9 @@
  *     reconnection after backoff
  *  9  AUTH: password and ACL user, right and wrong; SELECT; SCRIPT FLUSH (EVALSHA falls back
  *     to EVAL) and FLUSHALL (the index is initialised again) under a live handle
+ * 10  permissions: a new arena is 0600 whatever the umask; an existing one that grants group or
+ *     other access, or is a symbolic link, is refused (cache_new fails naming the fix), and is
+ *     attached again once chmod 600
  *
  * White-box parts (7, 4) poke the arena file through their own mapping, using the layout that
  * cache.h documents (4096-byte header starting with the magic, 64-byte slot headers: seqlock
@@ -835,7 +838,19 @@ static void test_concurrency(env_t *e)
     memset(sh, 0, sizeof *sh);
     int64_t t0 = now_ms();
     pid_t pids[CC_PROCS];
-    for (int p = 0; p < CC_PROCS; p++) {
+    if (getenv("SPILLWAY_TEST_NO_FORK")) {
+        /* ThreadSanitizer: the same handles as threads of this process (a forked child that
+         * starts threads is beyond it) */
+        pthread_t th[CC_PROCS * CC_THREADS];
+        cc_arg_t args[CC_PROCS * CC_THREADS];
+        for (int t = 0; t < CC_PROCS * CC_THREADS; t++) {
+            args[t] = (cc_arg_t){path, e->redis.port, sh, (unsigned)(t + 1)};
+            pthread_create(&th[t], NULL, cc_thread, &args[t]);
+        }
+        for (int t = 0; t < CC_PROCS * CC_THREADS; t++) pthread_join(th[t], NULL);
+        for (int p = 0; p < CC_PROCS; p++) pids[p] = 0;
+    }
+    for (int p = 0; p < CC_PROCS && !getenv("SPILLWAY_TEST_NO_FORK"); p++) {
         pids[p] = fork();
         if (pids[p] == 0) {
             pthread_t th[CC_THREADS];
@@ -848,7 +863,8 @@ static void test_concurrency(env_t *e)
             _exit(0);
         }
     }
-    for (int p = 0; p < CC_PROCS; p++) CHECK(pids[p] > 0 && child_ok(pids[p]));
+    for (int p = 0; p < CC_PROCS && !getenv("SPILLWAY_TEST_NO_FORK"); p++)
+        CHECK(pids[p] > 0 && child_ok(pids[p]));
     fprintf(stderr, "  %lld ms: %ld offered, %ld dropped, %ld evictions; %ld found, %ld fetched "
                     "right, %ld fetch misses (%ld torn), %ld wrong, %ld redis errors\n",
             (long long)(now_ms() - t0), (long)sh->offered, (long)sh->dropped, (long)sh->evictions,
@@ -1259,6 +1275,72 @@ static void test_auth(env_t *e, const char *workdir)
     redis_script("stop", &r);
 }
 
+/* ---- 10: arena file permissions ---- */
+
+static void test_permissions(env_t *e)
+{
+    fprintf(stderr, "10: the arena is created 0600; looser or symlinked arenas are refused\n");
+    char path[400], link[420], err[256];
+    arena_path(path, sizeof path, e, "t10");
+    snprintf(link, sizeof link, "%s.link", path);
+    logcap_t lc;
+    cap_init(&lc);
+    cache_config_t cfg = cfg_for(path, e->redis.port, "t10", &lc);
+    cache_geometry_t geo = {SEED, 16, BB_SMALL};
+    uint64_t ch[2];
+    make_chain(ch, 2, 10);
+
+    /* created 0600 even under umask 0 (the mode is explicit, not the umask's leftover) */
+    mode_t old_umask = umask(0);
+    cache_t *c = cache_new(&cfg, &geo, err, sizeof err);
+    umask(old_umask);
+    CHECKF(c, "%s", err);
+    if (!c) return;
+    struct stat st;
+    CHECK(stat(path, &st) == 0 && S_ISREG(st.st_mode));
+    CHECKF((st.st_mode & 07777) == 0600, "mode %04o", (unsigned)(st.st_mode & 07777));
+    CHECK(st.st_uid == geteuid());
+    store(c, ch[0], BB_SMALL);
+    store(c, ch[1], BB_SMALL);
+    CHECK(wait_stores(c, 2));
+    cache_free(c);
+
+    /* looser modes: refused with an error naming the mode and the fix; the file is untouched */
+    static const mode_t loose[] = {0644, 0660, 0606, 0640, 0602};
+    for (size_t i = 0; i < sizeof loose / sizeof loose[0]; i++) {
+        CHECK(chmod(path, loose[i]) == 0);
+        err[0] = 0;
+        c = cache_new(&cfg, &geo, err, sizeof err);
+        CHECKF(!c, "mode %04o accepted", (unsigned)loose[i]);
+        if (c) cache_free(c);
+        char want[16];
+        snprintf(want, sizeof want, "mode %04o", (unsigned)loose[i]);
+        CHECKF(strstr(err, want) && strstr(err, "chmod 600") && strstr(err, path), "%s", err);
+        CHECK(stat(path, &st) == 0 && (st.st_mode & 07777) == loose[i]);
+    }
+    /* a symbolic link to a good arena: refused too (O_NOFOLLOW) */
+    CHECK(chmod(path, 0600) == 0);
+    unlink(link);
+    CHECK(symlink(path, link) == 0);
+    cache_config_t lcfg = cfg_for(link, e->redis.port, "t10", &lc);
+    err[0] = 0;
+    c = cache_new(&lcfg, &geo, err, sizeof err);
+    CHECKF(!c && strstr(err, "symbolic link"), "%s", err);
+    if (c) cache_free(c);
+    unlink(link);
+
+    /* chmod 600: attached again, the blocks stored before are still there */
+    cap_clear(&lc);
+    c = cache_new(&cfg, &geo, err, sizeof err);
+    CHECKF(c, "%s", err);
+    if (!c) return;
+    CHECK(cap_has(&lc, "attached"));
+    CHECK(cache_lookup(c, ch, 2) == 2);
+    int wrong = 0;
+    CHECK(fetch_all(c, ch, 2, BB_SMALL, &wrong) == 2 && wrong == 0);
+    cache_free(c);
+}
+
 int main(void)
 {
     setvbuf(stderr, NULL, _IONBF, 0);
@@ -1287,13 +1369,15 @@ int main(void)
             e.redis.pid, e.dir);
 
     test_round_trip(&e);
-    test_processes(&e);
+    /* SPILLWAY_TEST_NO_FORK (the ThreadSanitizer stage): no forked child that starts threads */
+    if (!getenv("SPILLWAY_TEST_NO_FORK")) test_processes(&e);
     test_mismatch(&e);
     test_eviction(&e);
     test_concurrency(&e);
     test_torn(&e);
     test_redis_faults(&e, workdir);
     test_auth(&e, workdir);
+    test_permissions(&e);
 
     redis_script("stop", &e.redis);
     char cmd[800];

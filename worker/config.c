@@ -221,6 +221,25 @@ void worker_config_free(worker_config_t *c)
     memset(c, 0, sizeof *c);
 }
 
+/* 1 when a key's value is a secret that `spillway config` must not print: a worker key or a
+ * librdkafka property whose name (case-insensitively) contains one of these words, e.g.
+ * cache.redis.password, sasl.password, ssl.key.password, ssl.keystore.password,
+ * sasl.oauthbearer.client.secret, ssl.key.pem (an inline private key), sasl.oauthbearer.config
+ * (may carry a client secret). */
+static int is_secret_key(const char *key)
+{
+    static const char *const WORDS[] = {"password", "secret", "passphrase", "key.pem",
+                                        "private.key", "sasl.oauthbearer.config", "credential",
+                                        "jaas"};
+    char low[256];
+    size_t n = 0;
+    for (; key[n] && n + 1 < sizeof low; n++) low[n] = (char)tolower((unsigned char)key[n]);
+    low[n] = 0;
+    for (size_t i = 0; i < sizeof WORDS / sizeof WORDS[0]; i++)
+        if (strstr(low, WORDS[i])) return 1;
+    return 0;
+}
+
 static int add_kafka(worker_config_t *c, const char *key, size_t klen, const char *value,
                      const char *source)
 {
@@ -288,7 +307,10 @@ int worker_config_add_kafka(worker_config_t *c, const char *kv, const char *sour
 {
     const char *eq = strchr(kv, '=');
     if (!eq || eq == kv) {
-        snprintf(errstr, errlen, "-X %s: expected property=value", kv);
+        if (is_secret_key(kv)) /* e.g. "sasl.password:hunter2": do not echo it */
+            snprintf(errstr, errlen, "-X (a secret property): expected property=value");
+        else
+            snprintf(errstr, errlen, "-X %s: expected property=value", kv);
         return -1;
     }
     if (add_kafka(c, kv, (size_t)(eq - kv), eq + 1, source)) {
@@ -410,25 +432,6 @@ int worker_config_check(const worker_config_t *c, char *errstr, size_t errlen)
         snprintf(errstr, errlen, "limits.max_prompt_bytes exceeds limits.max_message_bytes");
         return -1;
     }
-    return 0;
-}
-
-/* 1 when a key's value is a secret that `spillway config` must not print: a worker key or a
- * librdkafka property whose name (case-insensitively) contains one of these words, e.g.
- * cache.redis.password, sasl.password, ssl.key.password, ssl.keystore.password,
- * sasl.oauthbearer.client.secret, ssl.key.pem (an inline private key), sasl.oauthbearer.config
- * (may carry a client secret). */
-static int is_secret_key(const char *key)
-{
-    static const char *const WORDS[] = {"password", "secret", "passphrase", "key.pem",
-                                        "private.key", "sasl.oauthbearer.config", "credential",
-                                        "jaas"};
-    char low[256];
-    size_t n = 0;
-    for (; key[n] && n + 1 < sizeof low; n++) low[n] = (char)tolower((unsigned char)key[n]);
-    low[n] = 0;
-    for (size_t i = 0; i < sizeof WORDS / sizeof WORDS[0]; i++)
-        if (strstr(low, WORDS[i])) return 1;
     return 0;
 }
 
