@@ -760,6 +760,10 @@ static void on_delivery(void *arg, void *opaque, rd_kafka_resp_err_t err)
         return;
     }
     if (atomic_load(&r->cancelled) || !w->cons) {
+        if (err)
+            wlog(w, 2, "record for %s[%d]@%" PRId64 " not delivered: %s; its partition was "
+                 "revoked, its new owner computes it again", rd_kafka_topic_name(r->msg->rkt),
+                 (int)r->msg->partition, (int64_t)r->msg->offset, rd_kafka_err2str(err));
         wreq_free(r);
         return;
     }
@@ -822,6 +826,15 @@ static void drain_outbox(worker_t *w)
     }
 }
 
+/* librdkafka says "fenced by a newer instance" also when the broker aborted a transaction that
+ * outlived transaction.timeout.ms (the worker was stopped or stalled): name both causes. */
+static const char *fenced_hint(const char *err)
+{
+    return strstr(err, "enced") ? " (another worker with this transactional.id, or a transaction "
+                                  "that outlived transaction.timeout.ms while this one stalled)"
+                                : "";
+}
+
 /* Exactly-once: commits the open transaction with the offsets it covers. 0, or -1 when fatal. */
 static int txn_commit(worker_t *w)
 {
@@ -843,7 +856,7 @@ static int txn_commit(worker_t *w)
         char e2[256];
         if (consumer_rewind(w->cons, e2, sizeof e2)) wlog(w, 0, "rewind: %s", e2);
     } else {
-        set_fatal(w, "exactly-once: %s (stopping; restart the worker)", err);
+        set_fatal(w, "exactly-once: %s%s (stopping; restart the worker)", err, fenced_hint(err));
     }
     if (offs) rd_kafka_topic_partition_list_destroy(offs);
     return rc == PRODUCER_TXN_FATAL ? -1 : 0;
@@ -874,7 +887,7 @@ static void hook_lost(void *arg)
     char err[256];
     w->txn_open = 0;
     if (producer_txn_abort(w->prod, 30000, err, sizeof err) != PRODUCER_TXN_OK) {
-        set_fatal(w, "exactly-once: %s (stopping; restart the worker)", err);
+        set_fatal(w, "exactly-once: %s%s (stopping; restart the worker)", err, fenced_hint(err));
         return;
     }
     atomic_fetch_add(&w->st.txn_aborts, 1);

@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# Faults, exactly-once, against a real Apache Kafka 4.x broker (scripts/kafka-broker.sh) with
+# stories260K (max_tokens 1..4, greedy, threads 1). Helpers and the verifier: tests/faults_lib.sh
+# (a read_committed reader of results + DLQ: the ids there must equal the ids produced; it counts
+# duplicates). 6,000 prompts over 4 partitions with 5 invalid messages mixed in; every worker is
+# `-s delivery=exactly-once -s worker.id=eosw` (one transactional.id), max.inflight 64,
+# transactions every 200 ms, -X producer.transaction.timeout.ms=5000 (the broker aborts a
+# transaction open longer; it checks every second here, not every 10 s).
+#   1. kill -9 of the worker three times at random points (random committed-output counts, at
+#      least one more than before, plus a random 0..300 ms), restarted each time; after each
+#      kill every input offset below the group's committed offsets has its output under
+#      read_committed ("covered").
+#   2. 300 longer prompts (1..96 tokens) arrive, so that transactions stay open; kill -STOP for
+#      ~9 s, longer than the transaction timeout (and the 3 s consumer session), caught while a
+#      transaction is open (kafka-transactions.sh describe says Ongoing during the STOP, else
+#      the worker is continued and stopped again a moment later); kill -CONT once the broker has
+#      aborted the transaction (PrepareAbort/CompleteAbort: checked) and bumped the producer's
+#      epoch: the worker must either recover (and commit more results) or exit with status 1
+#      and an "ERROR fatal:" line (then it is restarted) - not hang, crash or commit a duplicate.
+#   3. 300 more longer prompts; kill -STOP again, in an open transaction (as in 2); a replacement
+#      worker with the same worker.id starts during the STOP (its init_transactions fences the
+#      stopped one and aborts its open transaction) and takes over the partitions; 5% more
+#      prompts arrive; kill -CONT: the fenced worker must exit with status 1 and an
+#      "ERROR fatal:" line that says it was fenced (or used an old epoch), within 40 s.
+#   Then the replacement drains everything and stops on SIGTERM with status 0, and: set equality
+#   and zero duplicates under read_committed (records of aborted transactions are only counted,
+#   from read_uncommitted), DLQ ids included, and the group's committed offsets at the log end of
+#   every partition.
+# Prints the figures (messages, faults, duplicates, aborted records, DLQ, durations);
+# tests/RELIABILITY.md has those of one run. SPILLWAY_FAULTS_SCALE multiplies the message counts,
+# SPILLWAY_FAULTS_SEED replays the fault points (tests/faults_lib.sh).
+# Arguments (from ctest): the spillway binary and the models folder.
+set -euo pipefail
+SPILLWAY=$(realpath "$1")
+MODELS=$2
+# shellcheck source=tests/faults_lib.sh
+. "$(dirname "$0")/faults_lib.sh"
+faults_init faults-eos
+say "seed $SEED, scale $SCALE"
+
+broker_start
+for t in pe results; do "$KB" topic "$WORK/broker" "$t" 4 >/dev/null; done
+"$KB" topic "$WORK/broker" dlq 1 >/dev/null
+say "topics created"
+
+N=$(scaled 6000)
+N2=$(( N / 20 ))
+gen s5 E "$N" 5
+# longer requests (1..96 tokens) produced just before each STOP, so that the worker is busy with
+# transactions open when it is stopped, whatever the scale
+gen s6 F 300 0 96
+gen s7 G 300 0 96
+gen s8 H "$N2" 0
+cat "$WORK/s5.ids" "$WORK/s6.ids" "$WORK/s7.ids" "$WORK/s8.ids" >"$WORK/all.ids"
+produce s5 pe
+EOS=(-s delivery=exactly-once -s worker.id=eosw -s max.inflight=64 -s commit.interval.ms=200
+     -X producer.transaction.timeout.ms=5000)
+# committed_out PREFIX: outputs whose key starts with PREFIX, under read_committed
+committed_out() { count_out "$1" read_committed; }
+t=$(now_ms)
+
+# ---- 1. kill -9 x3 ----
+marks=$(for _ in 1 2 3; do rand_ms $(( N / 10 )) $(( N / 2 )); done | sort -n | tr '\n' ' ')
+say "1 kill points (committed outputs): $marks"
+k=0
+for mark in $marks; do
+  k=$((k + 1))
+  run_worker e$k ge pe "${EOS[@]}"
+  W=$WPID
+  # each worker commits something before its kill
+  c=$(committed_out E)
+  [ "$mark" -gt "$c" ] || mark=$(( c + $(rand_ms 1 $(( N / 20 ))) ))
+  c=$(wait_out E "$mark" 120 read_committed)
+  [ "$c" -ge "$mark" ] || fail "e$k: only $c committed outputs after 120 s"
+  sleep "0.$(printf '%03d' "$(rand_ms 0 300)")"
+  kill -0 "$W" 2>/dev/null || fail "e$k exited before its kill"
+  kill -9 "$W"
+  wait "$W" 2>/dev/null || true
+  c=$(committed_out E)
+  [ "$c" -lt $((N + 5)) ] || fail "e$k had committed every output before its kill: not mid-run"
+  cov=$(covered ge pe "$WORK/cov-e$k" read_committed)
+  say "1 kill -9 #$k at $c committed outputs; committed (p off end): $cov- covered"
+done
+
+# stop_in_txn NAME PID: kill -STOP PID while its transaction is open: the coordinator's state of
+# the transactional id is read while the worker is stopped (kafka-transactions.sh describe); not
+# "Ongoing": CONT, a random moment of work, STOP again (8 tries). Sets ST (the state), TS (when
+# stopped, ms) and TRY.
+TXID=spillway-ge-eosw
+stop_in_txn() {
+  ST=
+  for TRY in 1 2 3 4 5 6 7 8; do
+    kill -STOP "$2"
+    TS=$(now_ms)
+    ST=$(txn_state "$TXID")
+    [ "${ST%% *}" = Ongoing ] && return 0
+    kill -CONT "$2"
+    sleep "0.$(printf '%03d' "$(rand_ms 0 400)")"
+  done
+  fail "$1: no open transaction caught by 8 STOPs (last state: $ST)"
+}
+
+# ---- 2. kill -STOP longer than the transaction timeout ----
+run_worker e4 ge pe "${EOS[@]}"
+W=$WPID
+produce s6 pe
+c=$(committed_out "[EF]")
+c=$(wait_out "[EF]" $(( c + $(rand_ms 20 200) )) 120 read_committed)
+stop_in_txn e4 "$W"
+left=$(( 9000 - ($(now_ms) - TS) ))
+[ "$left" -le 0 ] || sleep "$((left / 1000)).$(printf '%03d' $((left % 1000)))"
+st2=$(txn_state "$TXID")
+kill -CONT "$W"
+stop_s=$(secs_since "$TS")
+case ${st2%% *} in PrepareAbort|CompleteAbort) ;; *) fail "e4: the broker did not abort the timed-out transaction: $ST -> $st2" ;; esac
+say "2 e4 stopped for ${stop_s} s (try $TRY) at ~$c committed outputs: transaction (state epoch ms) $ST -> $st2 by the broker; continued"
+outcome=
+end=$(( $(date +%s) + 30 ))
+while [ "$(date +%s)" -lt "$end" ]; do
+  if ! kill -0 "$W" 2>/dev/null; then
+    rc=0
+    wait "$W" || rc=$?
+    [ "$rc" = 1 ] || fail "e4 exit status $rc after the STOP, want 1 (or recovery)"
+    grep -q ' ERROR fatal: ' "$WORK/e4.log" || fail "e4 exited without an 'ERROR fatal:' line"
+    outcome="exited with status 1: $(grep ' ERROR fatal: ' "$WORK/e4.log" | head -1 | sed 's/.* ERROR fatal: //' | cut -c1-160)"
+    run_worker e5 ge pe "${EOS[@]}"
+    W=$WPID
+    break
+  fi
+  c2=$(committed_out "[EF]")
+  if [ "$c2" -ge $(( c + 100 )) ] || [ "$c2" -ge $((N + 305)) ]; then
+    outcome="recovered: $((c2 - c)) more committed outputs ($(grep -c 'transaction aborted\|rewinding' "$WORK/e4.log" || true) abort/rewind log lines)"
+    break
+  fi
+  sleep 0.1
+done
+[ -n "$outcome" ] || fail "e4 neither exited nor committed more outputs within 30 s of the CONT"
+say "2 after kill -CONT: e4 $outcome"
+
+# ---- 3. kill -STOP; a replacement with the same worker.id fences the stopped worker ----
+OLD=$W
+OLDN=$( [ -f "$WORK/e5.log" ] && echo e5 || echo e4 )
+produce s7 pe
+c=$(committed_out "[EFG]")
+c=$(wait_out "[EFG]" $(( c + $(rand_ms 20 200) )) 120 read_committed)
+stop_in_txn "$OLDN" "$OLD"
+run_worker e6 ge pe "${EOS[@]}"
+NEW=$WPID
+for _ in $(seq 1 150); do grep -q ' INFO started: ' "$WORK/e6.log" && break; sleep 0.2; done
+grep -q ' INFO started: ' "$WORK/e6.log" || fail "e6 did not start"
+produce s8 pe
+c=$(committed_out "[EFGH]")
+c2=$(wait_out "[EFGH]" $(( c + 50 )) 120 read_committed)
+[ "$c2" -ge $(( c + 50 )) ] || fail "the replacement e6 committed only $((c2 - c)) outputs in 120 s"
+kill -CONT "$OLD"
+say "3 $OLDN stopped $(secs_since "$TS") s in an open transaction ($ST; try $TRY); e6 (same worker.id) started and committed $((c2 - c)) more; $OLDN continued"
+timeout 40 tail --pid="$OLD" -f /dev/null || fail "the fenced worker $OLDN did not stop within 40 s"
+rc=0
+wait "$OLD" || rc=$?
+[ "$rc" = 1 ] || fail "fenced worker $OLDN exit status $rc, want 1"
+# librdkafka says "fenced by a newer instance" or, when a produce request meets the new epoch
+# first, "Producer attempted an operation with an old epoch"
+grep ' ERROR fatal: ' "$WORK/$OLDN.log" | grep -Eqi 'fenced|old epoch' ||
+  fail "no 'ERROR fatal:' line saying fenced (or old epoch) in $OLDN's log"
+say "3 $OLDN exited with status 1: $(grep ' ERROR fatal: ' "$WORK/$OLDN.log" | head -1 | sed 's/.* ERROR fatal: //' | cut -c1-160)"
+
+wait_all all 300 read_committed
+stop_worker "$NEW" e6
+d=$(( $(now_ms) - t ))
+end=$(at_log_end ge pe 4)
+fig=$(verify all exact)
+unc=$(count_out "[EFGH]" read_uncommitted)
+aborts=$(cat "$WORK"/e*.log | grep -c 'transaction aborted' || true)
+say "exactly-once, 3 kill -9, 2 kill -STOP: $fig read_uncommitted=$unc ($(( unc - $(sed 's/.*records=\([0-9]*\).*/\1/' "$WORK/all.fig") )) from aborted transactions) worker_aborts_logged=$aborts run_ms=$d; $end"
+say "PASS"
