@@ -295,11 +295,19 @@ int arena_open(arena_t *a, const char *path, long arena_mb, const cache_geometry
         snprintf(errstr, errlen, "arena %s: fstat: %s", path, strerror(errno));
         goto fail;
     }
-    /* Grow only: a process attached with a larger size would fault on a shrunk file. */
-    if ((uint64_t)st.st_size < a->map_bytes && ftruncate(a->fd, (off_t)a->map_bytes) < 0) {
-        snprintf(errstr, errlen, "arena %s: ftruncate to %zu bytes: %s", path, a->map_bytes,
-                 strerror(errno));
-        goto fail;
+    /* Grow only: a process attached with a larger size would fault on a shrunk file. The pages
+     * are allocated now (posix_fallocate), so a tmpfs too small for cache.arena.mb is an error
+     * here rather than a SIGBUS at the first write to a slot it cannot back. */
+    if ((uint64_t)st.st_size < a->map_bytes) {
+        int e = posix_fallocate(a->fd, 0, (off_t)a->map_bytes);
+        if (e == EOPNOTSUPP || e == EINVAL) /* a file system without it: size it sparse */
+            e = ftruncate(a->fd, (off_t)a->map_bytes) < 0 ? errno : 0;
+        if (e) {
+            snprintf(errstr, errlen, "arena %s: cannot allocate %zu bytes: %s (a smaller "
+                     "cache.arena.mb, or more room where the file lives)", path, a->map_bytes,
+                     strerror(e));
+            goto fail;
+        }
     }
     void *m = mmap(NULL, a->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, a->fd, 0);
     if (m == MAP_FAILED) {
