@@ -21,7 +21,7 @@ RS=$ROOT/scripts/redis-server.sh
 command -v redis-server >/dev/null 2>&1 || { echo "SKIP: redis-server not installed"; exit 77; }
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/spillway-cache-tier.XXXXXX")
-SHM=$(mktemp -d /dev/shm/spillway-test.XXXXXX 2>/dev/null || mktemp -d)
+SHM=$("$ROOT/scripts/shm-dir.sh" spillway-test)
 export SPILLWAY_SVC_OWNER=$$
 PIDS=()
 cleanup() {

@@ -36,7 +36,7 @@ command -v mvn >/dev/null 2>&1 || { echo "SKIP: no mvn"; exit 77; }
 command -v kcat >/dev/null 2>&1 || { echo "FAIL: kcat not found"; exit 1; }
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/spillway-security.XXXXXX")
-SHM=$(mktemp -d /dev/shm/spillway-security.XXXXXX 2>/dev/null || mktemp -d)
+SHM=$("$ROOT/scripts/shm-dir.sh" spillway-security)
 LOGS=$WORK/logs  # everything spillway printed: searched for secrets at the end
 mkdir -p "$LOGS"
 export SPILLWAY_SVC_OWNER=$$

@@ -40,7 +40,7 @@ command -v kcat >/dev/null 2>&1 || { echo "FAIL: kcat not found"; exit 1; }
 
 T0=$(date +%s)
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/spillway-worker-metrics.XXXXXX")
-SHM=$(mktemp -d /dev/shm/spillway-test.XXXXXX 2>/dev/null || mktemp -d)
+SHM=$("$ROOT/scripts/shm-dir.sh" spillway-test)
 export SPILLWAY_SVC_OWNER=$$
 WPID= SPID=
 cleanup() {
