@@ -190,6 +190,7 @@ int cli_generate(int argc, char **argv)
         {"cache-redis", required_argument, 0, 2009},
         {"cache-arena", required_argument, 0, 2010},
         {"cache-arena-mb", required_argument, 0, 2011},
+        {"cache-timeout-ms", required_argument, 0, 2012},
         {"help", no_argument, 0, 'h'},
         CLI_ENGINE_LONGOPTS,
         {0, 0, 0, 0},
@@ -249,6 +250,7 @@ int cli_generate(int argc, char **argv)
         }
         case 2010: kc.arena_path = optarg; break;
         case 2011: if (cli_parse_int("--cache-arena-mb", optarg, 1, 1L << 30, &v)) return 2; kc.arena_mb = v; break;
+        case 2012: if (cli_parse_int("--cache-timeout-ms", optarg, 1, 600000, &v)) return 2; kc.cmd_timeout_ms = (int)v; break;
         case 'h':
             printf("usage: spillway generate -m MODEL [-p PROMPT | -f PROMPTS.jsonl] [options]\n"
                    "  -m, --model FILE     GGUF model\n"
@@ -269,6 +271,7 @@ int cli_generate(int argc, char **argv)
                    "                       SPILLWAY_CACHE_REDIS_PASSWORD)\n"
                    "  --cache-arena PATH   its host arena file (default /dev/shm/spillway.arena)\n"
                    "  --cache-arena-mb N   its size in MiB (default 1024)\n"
+                   "  --cache-timeout-ms N each Redis command's timeout (default 50)\n"
                    CLI_ENGINE_HELP, MAX_STOP);
             return 0;
         default: return 2;

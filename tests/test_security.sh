@@ -106,7 +106,7 @@ texts() {
 }
 ARENA=$SHM/arena
 GEN=("$SPILLWAY" generate -m "$MODEL" -t 0 --threads 1 --kv-type f32 --kv-mem-mb 32 --stats)
-CACHE=(--cache-redis "127.0.0.1:$REDIS_PORT" --cache-arena "$ARENA" --cache-arena-mb 64)
+CACHE=(--cache-redis "127.0.0.1:$REDIS_PORT" --cache-arena "$ARENA" --cache-arena-mb 64 --cache-timeout-ms 1000)
 "${GEN[@]}" --no-prefix-cache -f "$WORK/in.jsonl" >"$WORK/ref.jsonl" 2>"$LOGS/gen-ref.err"
 texts "$WORK/ref.jsonl" >"$WORK/ref.txt"
 t2_hits() { sed -n 's/.*tier 2 \([0-9]*\) of [0-9]*.*/\1/p' "$1"; }
