@@ -9,6 +9,7 @@ int cli_generate(int argc, char **argv);
 int cli_inspect(int argc, char **argv);
 int cli_mkmodel(int argc, char **argv);
 int cli_logits(int argc, char **argv);
+int cli_eval(int argc, char **argv);
 int cli_config(int argc, char **argv);
 int cli_worker(int argc, char **argv);
 int cli_demo(int argc, char **argv);

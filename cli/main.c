@@ -21,6 +21,7 @@ static void usage(FILE *f)
             "  inspect   MODEL                                  metadata, tensors, KV bytes per token\n"
             "  mkmodel   -o FILE [--preset NAME] [shape options] write a synthetic GGUF model\n"
             "  logits    -m MODEL -i SEQS.txt -o OUT.f32 [--mode M] dump logits (tests)\n"
+            "  eval      -m MODEL -f TEXT [--ctx N] [--stride S] perplexity of a model on a text\n"
             "  worker    [-c FILE] [-X PROP=V] [-s KEY=V] ...  run a worker: Kafka prompts in, results out\n"
             "  config    [-c FILE] [-X PROP=V] [-s KEY=V]     print the worker's effective settings\n"
             "  demo      [-m MODEL] [-n N]                    worker on an in-process mock Kafka cluster\n"
@@ -48,6 +49,7 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "inspect")) return cli_inspect(argc - 1, argv + 1);
     if (!strcmp(cmd, "mkmodel")) return cli_mkmodel(argc - 1, argv + 1);
     if (!strcmp(cmd, "logits")) return cli_logits(argc - 1, argv + 1);
+    if (!strcmp(cmd, "eval")) return cli_eval(argc - 1, argv + 1);
     if (!strcmp(cmd, "config")) return cli_config(argc - 1, argv + 1);
     if (!strcmp(cmd, "worker")) return cli_worker(argc - 1, argv + 1);
     if (!strcmp(cmd, "demo")) return cli_demo(argc - 1, argv + 1);

@@ -1,5 +1,6 @@
 /* cli/mkmodel.c: `spillway mkmodel`: writes a synthetic GGUF model with chosen shapes, dtype and
- * seeded random weights (engine/mkmodel.h), for tests and benchmarks. */
+ * seeded random weights (engine/mkmodel.h), for tests and benchmarks; with --from, converts an
+ * existing model's matrices to another dtype (mkmodel_convert). */
 #include <getopt.h>
 #include <stdio.h>
 #include <string.h>
@@ -28,12 +29,16 @@ int cli_mkmodel(int argc, char **argv)
         {"seed", required_argument, 0, 4013},
         {"rope-theta", required_argument, 0, 4014},
         {"norm-eps", required_argument, 0, 4015},
+        {"from", required_argument, 0, 4016},
+        {"pad", required_argument, 0, 4017},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
     mkmodel_params_t p;
     mkmodel_preset("tiny", &p);
-    const char *out = NULL;
+    const char *out = NULL, *from = NULL;
+    int dtype_given = 0, shape_given = 0;
+    mkmodel_convert_t conv = {.dtype = DT_F16, .pad = 0};
     long v;
     double d;
     int opt;
@@ -65,8 +70,13 @@ int cli_mkmodel(int argc, char **argv)
             else if (!strcmp(optarg, "f16")) p.dtype = DT_F16;
             else if (!strcmp(optarg, "bf16")) p.dtype = DT_BF16;
             else if (!strcmp(optarg, "q8_0")) p.dtype = DT_Q8_0;
-            else { fprintf(stderr, "spillway: --dtype: f32, f16, bf16 or q8_0\n"); return 2; }
+            else if (!strcmp(optarg, "q4_0")) p.dtype = DT_Q4_0;
+            else if (!strcmp(optarg, "q4_k") || !strcmp(optarg, "q4_K")) p.dtype = DT_Q4_K;
+            else { fprintf(stderr, "spillway: --dtype: f32, f16, bf16, q8_0, q4_0 or q4_k\n"); return 2; }
+            dtype_given = 1;
             break;
+        case 4016: from = optarg; break;
+        case 4017: if (cli_parse_int("--pad", optarg, 1, 65536, &v)) return 2; conv.pad = (int)v; break;
         case 4011: p.tied = 1; break;
         case 4012: p.tied = 0; break;
         case 4013: if (cli_parse_int("--seed", optarg, 0, 1L << 62, &v)) return 2; p.seed = (uint64_t)v; break;
@@ -77,12 +87,41 @@ int cli_mkmodel(int argc, char **argv)
                    "  --preset NAME   %s (default tiny); later flags override it\n"
                    "  --arch A        llama | qwen2\n"
                    "  --dim N --layers N --heads N --kv-heads N --ffn N --vocab N --ctx N\n"
-                   "  --dtype T       f32 | f16 | bf16 | q8_0 (matrices; norms stay f32)\n"
+                   "  --dtype T       f32 | f16 | bf16 | q8_0 | q4_0 | q4_k (matrices; norms stay\n"
+                   "                  f32; q4_k matrices whose rows are not a multiple of 256 are\n"
+                   "                  written as q4_0)\n"
                    "  --tied | --untied   share the output matrix with the embedding or not\n"
-                   "  --seed N --rope-theta F --norm-eps F\n", MKMODEL_PRESETS);
+                   "  --seed N --rope-theta F --norm-eps F\n"
+                   "\n"
+                   "usage: spillway mkmodel --from MODEL.gguf --dtype T -o FILE [--pad N]\n"
+                   "  converts an existing model: every 2-D matrix re-rounded to T (block types\n"
+                   "  with ggml's reference quantisers); a matrix whose rows do not fit T's block\n"
+                   "  falls back (q4_k -> q4_0 -> its own type), each one reported on stderr.\n"
+                   "  --pad N         pad embedding and FFN sizes with zeros to multiples of N (an\n"
+                   "                  equivalent model whose matrices fit the blocks, e.g. 256)\n",
+                   MKMODEL_PRESETS);
             return 0;
         default: return 2;
         }
+        if (opt >= 4001 && opt <= 4015 && opt != 4010) shape_given = 1;
+    }
+    if (from) {
+        if (!out || optind != argc || !dtype_given || shape_given) {
+            fprintf(stderr, "usage: spillway mkmodel --from MODEL.gguf --dtype T -o FILE [--pad N] "
+                    "(no shape options)\n");
+            return 2;
+        }
+        conv.dtype = p.dtype;
+        char err[512];
+        if (mkmodel_convert(from, out, &conv, stderr, err, sizeof err) != 0) {
+            fprintf(stderr, "spillway: %s\n", err);
+            return 1;
+        }
+        return 0;
+    }
+    if (conv.pad) {
+        fprintf(stderr, "spillway: --pad applies to --from only\n");
+        return 2;
     }
     if (!out || optind != argc) {
         fprintf(stderr, "usage: spillway mkmodel -o FILE [--preset NAME] [options] (see --help)\n");

@@ -48,6 +48,8 @@ static const dtype_desc_t dtype_table[DT_COUNT_] = {
 };
 
 _Static_assert(sizeof(block_q8_0) == 34, "block_q8_0 must be packed to 34 bytes");
+_Static_assert(sizeof(block_q4_0) == 18, "block_q4_0 must be packed to 18 bytes");
+_Static_assert(sizeof(block_q4_K) == 144, "block_q4_K must be packed to 144 bytes");
 
 static const dtype_desc_t *dtype_desc(int t)
 {
@@ -63,7 +65,69 @@ const char *dtype_name(int t)
 
 int dtype_supported(int t)
 {
-    return t == DT_F32 || t == DT_F16 || t == DT_BF16 || t == DT_Q8_0;
+    return t == DT_F32 || t == DT_F16 || t == DT_BF16 || t == DT_Q8_0 || t == DT_Q4_0 ||
+           t == DT_Q4_K;
+}
+
+void dtype_dequant_row(int t, const void *row, float *out, int64_t n)
+{
+    switch (t) {
+    case DT_F32:
+        memcpy(out, row, (size_t)n * sizeof(float));
+        break;
+    case DT_F16:
+        for (int64_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, (const uint8_t *)row + 2 * i, 2);
+            out[i] = fp16_to_f32(h);
+        }
+        break;
+    case DT_BF16:
+        for (int64_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, (const uint8_t *)row + 2 * i, 2);
+            out[i] = bf16_to_f32(h);
+        }
+        break;
+    case DT_Q8_0:
+        for (int64_t b = 0; b < n / QK8_0; b++) {
+            const block_q8_0 *blk = (const block_q8_0 *)row + b;
+            float d = fp16_to_f32(blk->d);
+            for (int i = 0; i < QK8_0; i++) out[b * QK8_0 + i] = d * (float)blk->qs[i];
+        }
+        break;
+    case DT_Q4_0:
+        for (int64_t b = 0; b < n / QK4_0; b++) {
+            const block_q4_0 *blk = (const block_q4_0 *)row + b;
+            float d = fp16_to_f32(blk->d);
+            float *o = out + b * QK4_0;
+            for (int i = 0; i < QK4_0 / 2; i++) {
+                o[i] = d * (float)((blk->qs[i] & 0x0f) - 8);
+                o[i + QK4_0 / 2] = d * (float)((blk->qs[i] >> 4) - 8);
+            }
+        }
+        break;
+    case DT_Q4_K:
+        for (int64_t b = 0; b < n / QK_K; b++) {
+            const block_q4_K *blk = (const block_q4_K *)row + b;
+            float d = fp16_to_f32(blk->d), dmin = fp16_to_f32(blk->dmin);
+            for (int j = 0; j < QK_K / 32; j++) {
+                int sc, m;
+                q4k_scale_min(j, blk->scales, &sc, &m);
+                float d1 = d * (float)sc, m1 = dmin * (float)m; /* both exact */
+                const uint8_t *q = blk->qs + 32 * (j / 2);
+                float *o = out + b * QK_K + 32 * j;
+                for (int i = 0; i < 32; i++) {
+                    int qi = j % 2 ? q[i] >> 4 : q[i] & 0x0f;
+                    o[i] = d1 * (float)qi - m1; /* d1 * qi exact: one rounding */
+                }
+            }
+        }
+        break;
+    default:
+        memset(out, 0, (size_t)n * sizeof(float));
+        break;
+    }
 }
 
 int dtype_ggml_block_elems(int t)

@@ -34,12 +34,54 @@ typedef struct {
     int8_t qs[QK8_0];
 } block_q8_0;
 
+/* Q4_0 block: 32 weights = fp16 scale d + 16 bytes of 4-bit q in [0, 15]; w[i] = d * (q[i] - 8).
+ * Element i < 16 is the low nibble of qs[i], element i + 16 its high nibble. Exact in F32
+ * (a 4-bit integer times an 11-bit significand). */
+#define QK4_0 32
+typedef struct {
+    uint16_t d;     /* fp16 */
+    uint8_t qs[QK4_0 / 2];
+} block_q4_0;
+
+/* Q4_K super-block: 256 weights in 8 sub-blocks of 32. fp16 d and dmin; per sub-block j a 6-bit
+ * scale sc[j] and 6-bit min m[j] packed in scales[12] (q4k_scale_min); 4-bit q in [0, 15].
+ * w = RN_f32(d*sc[j] * q - dmin*m[j]): d*sc[j] (17 bits), times q (21 bits) and dmin*m[j]
+ * (17 bits) are exact in F32, so the one rounding of the difference is the only one -- the same
+ * F32 value whether computed with an FMA or a multiply then a subtract (ggml's
+ * dequantize_row_q4_K). Layout of qs: 4 chunks of 64 weights, chunk c in qs[32c .. 32c+31]:
+ * weight 64c + l (l < 32) is the low nibble of qs[32c + l] (sub-block 2c), weight 64c + 32 + l
+ * its high nibble (sub-block 2c + 1). */
+#define QK_K 256
+#define Q4K_SCALE_BYTES 12
+typedef struct {
+    uint16_t d;     /* fp16 super-block scale of the sub-block scales */
+    uint16_t dmin;  /* fp16 super-block scale of the sub-block mins */
+    uint8_t scales[Q4K_SCALE_BYTES];
+    uint8_t qs[QK_K / 2];
+} block_q4_K;
+
+/* The 6-bit scale and min of sub-block j (0..7) of a Q4_K super-block: j < 4 in the low 6 bits
+ * of bytes j (scale) and j + 4 (min); j >= 4 in the nibbles of byte j + 4 (scale low, min high)
+ * with their top 2 bits in the top 2 bits of bytes j - 4 (scale) and j (min). */
+static inline void q4k_scale_min(int j, const uint8_t *scales, int *sc, int *m)
+{
+    if (j < 4) {
+        *sc = scales[j] & 63;
+        *m = scales[j + 4] & 63;
+    } else {
+        *sc = (scales[j + 4] & 0x0f) | ((scales[j - 4] >> 6) << 4);
+        *m = (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4);
+    }
+}
+
 /* Elements per block and bytes per block of a type; 0 when unsupported. */
 static inline int dtype_block_elems(int t)
 {
     switch (t) {
     case DT_F32: case DT_F16: case DT_BF16: return 1;
     case DT_Q8_0: return QK8_0;
+    case DT_Q4_0: return QK4_0;
+    case DT_Q4_K: return QK_K;
     default: return 0;
     }
 }
@@ -49,6 +91,8 @@ static inline size_t dtype_block_bytes(int t)
     case DT_F32: return 4;
     case DT_F16: case DT_BF16: return 2;
     case DT_Q8_0: return sizeof(block_q8_0);
+    case DT_Q4_0: return sizeof(block_q4_0);
+    case DT_Q4_K: return sizeof(block_q4_K);
     default: return 0;
     }
 }
@@ -66,8 +110,11 @@ const char *dtype_name(int t);               /* "f32", "q8_0", ... or "unknown" 
  * supported types. */
 int dtype_ggml_block_elems(int t);
 size_t dtype_ggml_block_bytes(int t);
-int dtype_supported(int t);                  /* 1 for F32, F16, BF16, Q8_0 */
-#define DTYPE_SUPPORTED_LIST "F32, F16, BF16, Q8_0"
+int dtype_supported(int t);                  /* 1 for F32, F16, BF16, Q8_0, Q4_0, Q4_K */
+#define DTYPE_SUPPORTED_LIST "F32, F16, BF16, Q8_0, Q4_0, Q4_K"
+/* The reference (portable C) widening of a row of n elements of a supported type to F32, in the
+ * exact values the kernels use (see the block types above). n a multiple of the block size. */
+void dtype_dequant_row(int t, const void *row, float *out, int64_t n);
 
 static inline float fp16_to_f32(uint16_t h)
 {

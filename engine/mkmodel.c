@@ -118,40 +118,191 @@ static void quantize_q8_0(const float *x, block_q8_0 *b, int64_t n)
     }
 }
 
+/* ggml's nearest_int: round half to even (the default rounding mode), |v| < 2^22. */
+static int round_even(float v)
+{
+    return (int)rintf(v);
+}
+
+/* Q4_0: one block of 32. The scale maps the value of largest magnitude m (the first one, if
+ * several) to -8 exactly, so the other side reaches at most +7; q = x / d + 8 rounded half up
+ * (truncation of a positive number + 0.5), capped at 15. */
+static void quantize_q4_0(const float *x, block_q4_0 *b, int64_t n)
+{
+    for (int64_t i = 0; i < n / QK4_0; i++, x += QK4_0) {
+        float amax = 0.0f, m = 0.0f;
+        for (int j = 0; j < QK4_0; j++)
+            if (fabsf(x[j]) > amax) {
+                amax = fabsf(x[j]);
+                m = x[j];
+            }
+        float d = m / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        b[i].d = f32_to_fp16(d);
+        for (int j = 0; j < QK4_0 / 2; j++) {
+            int lo = (int)(int8_t)(x[j] * id + 8.5f), hi = (int)(int8_t)(x[j + 16] * id + 8.5f);
+            lo = lo > 15 ? 15 : lo;
+            hi = hi > 15 ? 15 : hi;
+            b[i].qs[j] = (uint8_t)(lo | hi << 4);
+        }
+    }
+}
+
+/* Q4_K helper: fits x[0..32) ~ scale * L + lo with L in [0, 15] and lo <= 0, minimising the
+ * w-weighted squared error. Start from the plain min/max grid, then try 21 alternative step
+ * counts (15 - 1 + 0.1 s, s = 0..20) whose rounding gives new L, refit scale and lo by weighted
+ * least squares for each, and keep the best. Writes L and *neg_lo = -lo; returns scale. */
+static float q4k_fit(const float *x, const float *w, uint8_t *L, float *neg_lo)
+{
+    enum { N = 32, NMAX = 15, NSTEP = 20 };
+    const float rmin = -1.0f, rdelta = 0.1f;
+    float lo = x[0], hi = x[0], sw = w[0], swx = w[0] * x[0];
+    for (int i = 1; i < N; i++) {
+        if (x[i] < lo) lo = x[i];
+        if (x[i] > hi) hi = x[i];
+        sw += w[i];
+        swx += w[i] * x[i];
+    }
+    if (lo > 0) lo = 0;
+    if (hi == lo) {
+        memset(L, 0, N);
+        *neg_lo = -lo;
+        return 0.0f;
+    }
+    float iscale = NMAX / (hi - lo), scale = 1 / iscale, best = 0;
+    for (int i = 0; i < N; i++) {
+        int l = round_even(iscale * (x[i] - lo));
+        L[i] = (uint8_t)(l < 0 ? 0 : l > NMAX ? NMAX : l);
+        float diff = scale * L[i] + lo - x[i];
+        best += w[i] * (diff * diff);
+    }
+    uint8_t Lt[N];
+    for (int s = 0; s <= NSTEP; s++) {
+        float is = (rmin + rdelta * s + NMAX) / (hi - lo);
+        float sl = 0, sl2 = 0, sxl = 0;
+        for (int i = 0; i < N; i++) {
+            int l = round_even(is * (x[i] - lo));
+            l = l < 0 ? 0 : l > NMAX ? NMAX : l;
+            Lt[i] = (uint8_t)l;
+            sl += w[i] * l;
+            sl2 += w[i] * l * l;
+            sxl += w[i] * l * x[i];
+        }
+        float det = sw * sl2 - sl * sl;
+        if (!(det > 0)) continue;
+        float sc = (sw * sxl - swx * sl) / det, mn = (sl2 * swx - sl * sxl) / det;
+        if (mn > 0) {
+            mn = 0;
+            sc = sxl / sl2;
+        }
+        float err = 0;
+        for (int i = 0; i < N; i++) {
+            float diff = sc * Lt[i] + mn - x[i];
+            err += w[i] * (diff * diff);
+        }
+        if (err < best) {
+            memcpy(L, Lt, N);
+            best = err;
+            scale = sc;
+            lo = mn;
+        }
+    }
+    *neg_lo = -lo;
+    return scale;
+}
+
+static void quantize_q4_k(const float *x, block_q4_K *b, int64_t n)
+{
+    for (int64_t i = 0; i < n / QK_K; i++, x += QK_K) {
+        uint8_t L[QK_K];
+        float scales[QK_K / 32], mins[QK_K / 32], max_scale = 0, max_min = 0;
+        for (int j = 0; j < QK_K / 32; j++) {
+            const float *xs = x + 32 * j;
+            float w[32], s2 = 0;
+            for (int l = 0; l < 32; l++) s2 += xs[l] * xs[l];
+            float rms = sqrtf(s2 / 32);
+            for (int l = 0; l < 32; l++) w[l] = rms + fabsf(xs[l]);
+            scales[j] = q4k_fit(xs, w, L + 32 * j, &mins[j]);
+            if (scales[j] > max_scale) max_scale = scales[j];
+            if (mins[j] > max_min) max_min = mins[j];
+        }
+        float inv_s = max_scale > 0 ? 63.0f / max_scale : 0.0f;
+        float inv_m = max_min > 0 ? 63.0f / max_min : 0.0f;
+        memset(b[i].scales, 0, sizeof b[i].scales);
+        for (int j = 0; j < QK_K / 32; j++) {
+            int ls = (uint8_t)round_even(inv_s * scales[j]), lm = (uint8_t)round_even(inv_m * mins[j]);
+            ls = ls > 63 ? 63 : ls;
+            lm = lm > 63 ? 63 : lm;
+            if (j < 4) { /* the packing q4k_scale_min reads */
+                b[i].scales[j] = (uint8_t)ls;
+                b[i].scales[j + 4] = (uint8_t)lm;
+            } else {
+                b[i].scales[j + 4] = (uint8_t)((ls & 15) | (lm & 15) << 4);
+                b[i].scales[j - 4] |= (uint8_t)((ls >> 4) << 6);
+                b[i].scales[j] |= (uint8_t)((lm >> 4) << 6);
+            }
+        }
+        b[i].d = f32_to_fp16(max_scale / 63.0f);
+        b[i].dmin = f32_to_fp16(max_min / 63.0f);
+        /* the quants again, against the scales as stored */
+        for (int j = 0; j < QK_K / 32; j++) {
+            int sc, mn;
+            q4k_scale_min(j, b[i].scales, &sc, &mn);
+            float d = fp16_to_f32(b[i].d) * sc;
+            if (d == 0.0f) continue;
+            float dm = fp16_to_f32(b[i].dmin) * mn;
+            for (int l = 0; l < 32; l++) {
+                int q = round_even((x[32 * j + l] + dm) / d);
+                L[32 * j + l] = (uint8_t)(q < 0 ? 0 : q > 15 ? 15 : q);
+            }
+        }
+        for (int c = 0; c < QK_K / 64; c++)
+            for (int l = 0; l < 32; l++)
+                b[i].qs[32 * c + l] = (uint8_t)(L[64 * c + l] | L[64 * c + 32 + l] << 4);
+    }
+}
+
+int mkmodel_quantize_row(int t, const float *x, void *dst, int64_t n)
+{
+    int be = dtype_block_elems(t);
+    if (!dtype_supported(t) || be == 0 || n < 0 || n % be) return -1;
+    switch (t) {
+    case DT_F32:
+        memcpy(dst, x, (size_t)n * 4);
+        break;
+    case DT_F16:
+        for (int64_t j = 0; j < n; j++) {
+            uint16_t h = f32_to_fp16(x[j]);
+            memcpy((uint8_t *)dst + 2 * j, &h, 2);
+        }
+        break;
+    case DT_BF16:
+        for (int64_t j = 0; j < n; j++) {
+            uint16_t h = f32_to_bf16(x[j]);
+            memcpy((uint8_t *)dst + 2 * j, &h, 2);
+        }
+        break;
+    case DT_Q8_0: quantize_q8_0(x, dst, n); break;
+    case DT_Q4_0: quantize_q4_0(x, dst, n); break;
+    case DT_Q4_K: quantize_q4_k(x, dst, n); break;
+    default: return -1;
+    }
+    return 0;
+}
+
+int mkmodel_matrix_type(int want, int64_t ne0, int keep)
+{
+    if (dtype_row_bytes(want, ne0)) return want;
+    if (want == DT_Q4_K && dtype_row_bytes(DT_Q4_0, ne0)) return DT_Q4_0;
+    return keep;
+}
+
 static int fill_row(void *user, int64_t row, void *dst, size_t row_bytes)
 {
     const tspec_t *t = user;
     float *x = t->scratch;
     gen_row(t, row, x);
-    int64_t n = t->ne[0];
-    switch (t->type) {
-    case DT_F32:
-        memcpy(dst, x, (size_t)n * 4);
-        break;
-    case DT_F16: {
-        uint16_t h;
-        for (int64_t j = 0; j < n; j++) {
-            h = f32_to_fp16(x[j]);
-            memcpy((uint8_t *)dst + 2 * j, &h, 2);
-        }
-        break;
-    }
-    case DT_BF16: {
-        uint16_t h;
-        for (int64_t j = 0; j < n; j++) {
-            h = f32_to_bf16(x[j]);
-            memcpy((uint8_t *)dst + 2 * j, &h, 2);
-        }
-        break;
-    }
-    case DT_Q8_0:
-        quantize_q8_0(x, dst, n);
-        break;
-    default:
-        return -1;
-    }
     (void)row_bytes;
-    return 0;
+    return mkmodel_quantize_row(t->type, x, dst, t->ne[0]);
 }
 
 /* ---------------------------------------------------------------- vocabulary */
@@ -314,9 +465,10 @@ static int check_params(const mkmodel_params_t *p, char *errstr, size_t errlen)
     if (!dtype_supported(p->dtype))
         return seterr(errstr, errlen, "mkmodel: dtype %s not supported; supported: %s",
                       dtype_name(p->dtype), DTYPE_SUPPORTED_LIST);
-    if (p->dtype == DT_Q8_0 && (p->dim % QK8_0 || p->ffn_dim % QK8_0))
-        return seterr(errstr, errlen, "mkmodel: Q8_0 needs dim (%d) and ffn_dim (%d) to be "
-                      "multiples of %d", p->dim, p->ffn_dim, QK8_0);
+    if ((p->dtype == DT_Q8_0 || p->dtype == DT_Q4_0 || p->dtype == DT_Q4_K) &&
+        (p->dim % 32 || p->ffn_dim % 32))
+        return seterr(errstr, errlen, "mkmodel: %s needs dim (%d) and ffn_dim (%d) to be "
+                      "multiples of 32", dtype_name(p->dtype), p->dim, p->ffn_dim);
     if (!(p->rope_theta > 0) || !(p->norm_eps > 0) || !isfinite(p->rope_theta) ||
         !isfinite(p->norm_eps))
         return seterr(errstr, errlen, "mkmodel: rope_theta and norm_eps must be positive");
@@ -328,6 +480,8 @@ static int file_type_of(int dtype)
     switch (dtype) {
     case DT_F16: return 1;   /* LLAMA_FTYPE_MOSTLY_F16 */
     case DT_Q8_0: return 7;  /* LLAMA_FTYPE_MOSTLY_Q8_0 */
+    case DT_Q4_0: return 2;  /* LLAMA_FTYPE_MOSTLY_Q4_0 */
+    case DT_Q4_K: return 14; /* LLAMA_FTYPE_MOSTLY_Q4_K_S */
     case DT_BF16: return 32; /* LLAMA_FTYPE_MOSTLY_BF16 */
     default: return 0;       /* LLAMA_FTYPE_ALL_F32 */
     }
@@ -375,7 +529,8 @@ int mkmodel_write(const mkmodel_params_t *p, const char *path, char *errstr, siz
              dtype_name(p->dtype));
     e |= gguf_writer_add_str(w, "general.name", name);
     e |= gguf_writer_add_u32(w, "general.file_type", (uint32_t)file_type_of(p->dtype));
-    if (p->dtype == DT_Q8_0) e |= gguf_writer_add_u32(w, "general.quantization_version", 2);
+    if (dtype_block_elems(p->dtype) > 1)
+        e |= gguf_writer_add_u32(w, "general.quantization_version", 2);
     ARCH_U32("context_length", p->ctx_len);
     ARCH_U32("embedding_length", p->dim);
     ARCH_U32("block_count", p->n_layers);
@@ -466,6 +621,7 @@ int mkmodel_write(const mkmodel_params_t *p, const char *path, char *errstr, siz
     seed_mix = splitmix64(&seed_mix);
     for (int i = 0; i < n_t; i++) {
         tspec_t *t = &ts[i];
+        if (t->n_dims == 2) t->type = mkmodel_matrix_type(t->type, t->ne[0], t->type);
         t->seed = seed_mix ^ fnv1a(t->name);
         t->scratch = scratch;
         if (gguf_writer_add_tensor_stream(w, t->name, t->type, t->n_dims, t->ne, fill_row, t)) {
@@ -486,5 +642,333 @@ fail:
     free(types);
     free(scratch);
     free(ts);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- conversion */
+
+typedef struct {
+    const gguf_tensor_t *src;
+    int type;            /* output type */
+    int64_t ne[2];       /* output {ne0, rows} (rows = product of the higher dims) */
+    int64_t src_rows;
+    size_t src_row_bytes;
+    float scale;         /* applied to the values (RMSNorm weights when padding), else 1 */
+    float *scratch;      /* [max output ne0], shared */
+} ctensor_t;
+
+/* Output row `row`: the source row (dequantised, scaled, zero-extended), or zeros past the
+ * source's rows; copied byte for byte when nothing changes. */
+static int convert_row(void *user, int64_t row, void *dst, size_t row_bytes)
+{
+    const ctensor_t *c = user;
+    const gguf_tensor_t *t = c->src;
+    const char *src = (const char *)t->data + (size_t)row * c->src_row_bytes;
+    if (c->type == t->type && c->ne[0] == t->ne[0] && c->scale == 1.0f) {
+        if (row < c->src_rows) memcpy(dst, src, row_bytes);
+        else memset(dst, 0, row_bytes);
+        return 0;
+    }
+    float *x = c->scratch;
+    memset(x, 0, (size_t)c->ne[0] * sizeof *x);
+    if (row < c->src_rows) {
+        dtype_dequant_row(t->type, src, x, t->ne[0]);
+        if (c->scale != 1.0f)
+            for (int64_t j = 0; j < t->ne[0]; j++) x[j] *= c->scale;
+    }
+    return mkmodel_quantize_row(c->type, x, dst, c->ne[0]);
+}
+
+/* Copies kv i of g to w with its type. Values go through the reader's getters: integers through
+ * int64 (a u64 above INT64_MAX is refused), FLOAT64 through float (rounded to F32 precision),
+ * strings up to an embedded NUL; arrays of arrays are refused. 0, or -1 + errstr. */
+static int copy_kv(const gguf_t *g, int64_t i, gguf_writer_t *w, char *errstr, size_t errlen)
+{
+    const char *key = gguf_kv_key(g, i);
+    int type = gguf_kv_type(g, i), rc = 0;
+    switch (type) {
+    case GGUF_STRING: {
+        gguf_str_t s;
+        if (gguf_get_str(g, key, &s)) break;
+        char *c = malloc(s.len + 1);
+        if (!c) return seterr(errstr, errlen, "mkmodel: out of memory");
+        memcpy(c, s.ptr, s.len);
+        c[s.len] = 0;
+        rc = gguf_writer_add_str(w, key, c);
+        free(c);
+        break;
+    }
+    case GGUF_ARRAY: {
+        int et;
+        uint64_t n;
+        if (gguf_get_arr(g, key, &et, &n)) break;
+        if (et == GGUF_STRING) {
+            const char **p = malloc(sizeof *p * (n ? n : 1));
+            uint64_t *l = malloc(sizeof *l * (n ? n : 1));
+            if (!p || !l) {
+                free(p);
+                free(l);
+                return seterr(errstr, errlen, "mkmodel: out of memory");
+            }
+            for (uint64_t j = 0; j < n; j++) {
+                gguf_str_t s = {"", 0};
+                gguf_get_arr_str(g, key, j, &s);
+                p[j] = s.ptr;
+                l[j] = s.len;
+            }
+            rc = gguf_writer_add_arr_str(w, key, p, l, n);
+            free(p);
+            free(l);
+        } else if (et == GGUF_ARRAY) {
+            return seterr(errstr, errlen, "mkmodel: key '%s': arrays of arrays are not copied", key);
+        } else {
+            rc = gguf_writer_add_arr(w, key, et, gguf_get_arr_data(g, key), n);
+        }
+        break;
+    }
+    case GGUF_FLOAT32: case GGUF_FLOAT64: {
+        float f;
+        if (gguf_get_f32(g, key, &f)) break;
+        double d = f;
+        rc = type == GGUF_FLOAT32 ? gguf_writer_add_f32(w, key, f)
+                                  : gguf_writer_add_scalar(w, key, GGUF_FLOAT64, &d);
+        break;
+    }
+    case GGUF_BOOL: {
+        int b;
+        if (gguf_get_bool(g, key, &b)) break;
+        rc = gguf_writer_add_bool(w, key, b);
+        break;
+    }
+    default: { /* integers: through int64, stored back in their own width */
+        int64_t v;
+        if (gguf_get_i64(g, key, &v))
+            return seterr(errstr, errlen, "mkmodel: key '%s': value not copied", key);
+        union { uint8_t u8; int8_t i8; uint16_t u16; int16_t i16; uint32_t u32; int32_t i32;
+                uint64_t u64; int64_t i64; } u;
+        switch (type) {
+        case GGUF_UINT8: u.u8 = (uint8_t)v; break;
+        case GGUF_INT8: u.i8 = (int8_t)v; break;
+        case GGUF_UINT16: u.u16 = (uint16_t)v; break;
+        case GGUF_INT16: u.i16 = (int16_t)v; break;
+        case GGUF_UINT32: u.u32 = (uint32_t)v; break;
+        case GGUF_INT32: u.i32 = (int32_t)v; break;
+        case GGUF_UINT64: u.u64 = (uint64_t)v; break;
+        default: u.i64 = v; break;
+        }
+        rc = gguf_writer_add_scalar(w, key, type, &u);
+        break;
+    }
+    }
+    if (rc) return seterr(errstr, errlen, "mkmodel: %s", gguf_writer_errstr(w));
+    return 0;
+}
+
+static int64_t round_up(int64_t v, int64_t m)
+{
+    return (v + m - 1) / m * m;
+}
+
+/* 1 when name is "blk.N.<suffix>" or "<suffix>" exactly. */
+static int name_is(const char *name, const char *suffix)
+{
+    if (strncmp(name, "blk.", 4) == 0) {
+        const char *p = name + 4;
+        while (*p >= '0' && *p <= '9') p++;
+        if (p > name + 4 && *p == '.') name = p + 1;
+    }
+    return strcmp(name, suffix) == 0;
+}
+
+int mkmodel_convert(const char *src, const char *dst, const mkmodel_convert_t *c, FILE *log,
+                    char *errstr, size_t errlen)
+{
+    if (!src || !dst || !c) return seterr(errstr, errlen, "mkmodel: NULL argument");
+    if (!dtype_supported(c->dtype))
+        return seterr(errstr, errlen, "mkmodel: dtype %s not supported; supported: %s",
+                      dtype_name(c->dtype), DTYPE_SUPPORTED_LIST);
+    if (c->pad < 0 || c->pad > 65536)
+        return seterr(errstr, errlen, "mkmodel: pad %d not in 0..65536", c->pad);
+    int rc = -1;
+    gguf_writer_t *w = NULL;
+    ctensor_t *ct = NULL;
+    float *scratch = NULL;
+    gguf_t *g = gguf_open(src, errstr, errlen);
+    if (!g) return -1;
+    w = gguf_writer_new();
+    int64_t nt = gguf_n_tensors(g);
+    ct = calloc((size_t)(nt ? nt : 1), sizeof *ct);
+    if (!w || !ct) {
+        seterr(errstr, errlen, "mkmodel: out of memory");
+        goto fail;
+    }
+    char arch[64] = "";
+    {
+        gguf_str_t a;
+        if (gguf_get_str(g, "general.architecture", &a) == 0 && a.len < sizeof arch) {
+            memcpy(arch, a.ptr, a.len);
+            arch[a.len] = 0;
+        }
+    }
+    /* Padding: the hyper-parameters it changes. */
+    int64_t dim = 0, ffn = 0, n_heads = 0, head_dim = 0, dim2 = 0, ffn2 = 0;
+    float eps = 1e-5f, nscale = 1.0f;
+    char k_dim[96], k_ffn[96], k_eps[96], k_kl[96], k_vl[96];
+    snprintf(k_dim, sizeof k_dim, "%s.embedding_length", arch);
+    snprintf(k_ffn, sizeof k_ffn, "%s.feed_forward_length", arch);
+    snprintf(k_eps, sizeof k_eps, "%s.attention.layer_norm_rms_epsilon", arch);
+    snprintf(k_kl, sizeof k_kl, "%s.attention.key_length", arch);
+    snprintf(k_vl, sizeof k_vl, "%s.attention.value_length", arch);
+    if (c->pad) {
+        char k_h[96];
+        snprintf(k_h, sizeof k_h, "%s.attention.head_count", arch);
+        if ((strcmp(arch, "llama") && strcmp(arch, "qwen2")) || gguf_get_i64(g, k_dim, &dim) ||
+            gguf_get_i64(g, k_ffn, &ffn) || gguf_get_i64(g, k_h, &n_heads) || dim <= 0 ||
+            ffn <= 0 || n_heads <= 0 || dim % n_heads) {
+            seterr(errstr, errlen, "mkmodel: --pad needs a llama or qwen2 model with its "
+                   "embedding_length, feed_forward_length and head_count");
+            goto fail;
+        }
+        if (gguf_get_i64(g, k_kl, &head_dim)) head_dim = dim / n_heads;
+        if (gguf_find_key(g, k_eps) >= 0 && gguf_get_f32(g, k_eps, &eps)) {
+            seterr(errstr, errlen, "mkmodel: bad %s", k_eps);
+            goto fail;
+        }
+        dim2 = round_up(dim, c->pad);
+        ffn2 = round_up(ffn, c->pad);
+        nscale = (float)sqrt((double)dim / (double)dim2);
+    }
+
+    /* Metadata: everything but what changes, then the changed values. */
+    for (int64_t i = 0; i < gguf_n_kv(g); i++) {
+        const char *key = gguf_kv_key(g, i);
+        if (!strcmp(key, "general.file_type") || !strcmp(key, "general.quantization_version") ||
+            !strcmp(key, "general.name"))
+            continue;
+        if (c->pad && (!strcmp(key, k_dim) || !strcmp(key, k_ffn) || !strcmp(key, k_eps) ||
+                       !strcmp(key, k_kl) || !strcmp(key, k_vl)))
+            continue;
+        if (copy_kv(g, i, w, errstr, errlen)) goto fail;
+    }
+    int e = 0;
+    {
+        char name[160];
+        gguf_str_t on;
+        int have = gguf_get_str(g, "general.name", &on) == 0;
+        snprintf(name, sizeof name, "%.*s-%s%s", have ? (int)(on.len > 100 ? 100 : on.len) : 5,
+                 have ? on.ptr : "model", dtype_name(c->dtype), c->pad ? "-padded" : "");
+        e |= gguf_writer_add_str(w, "general.name", name);
+    }
+    e |= gguf_writer_add_u32(w, "general.file_type", (uint32_t)file_type_of(c->dtype));
+    if (dtype_block_elems(c->dtype) > 1)
+        e |= gguf_writer_add_u32(w, "general.quantization_version", 2);
+    if (c->pad) {
+        e |= gguf_writer_add_u32(w, k_dim, (uint32_t)dim2);
+        e |= gguf_writer_add_u32(w, k_ffn, (uint32_t)ffn2);
+        e |= gguf_writer_add_f32(w, k_eps, (float)((double)eps * (double)dim / (double)dim2));
+        e |= gguf_writer_add_u32(w, k_kl, (uint32_t)head_dim);
+        e |= gguf_writer_add_u32(w, k_vl, (uint32_t)head_dim);
+    }
+    if (e) {
+        seterr(errstr, errlen, "mkmodel: %s", gguf_writer_errstr(w));
+        goto fail;
+    }
+
+    /* Tensors, in the source's order. */
+    int64_t max_ne0 = 1, n_conv = 0, n_fallback = 0;
+    for (int64_t i = 0; i < nt; i++) {
+        const gguf_tensor_t *t = gguf_tensor(g, i);
+        ctensor_t *x = &ct[i];
+        x->src = t;
+        x->type = t->type;
+        x->scale = 1.0f;
+        x->ne[0] = t->ne[0];
+        x->src_rows = t->ne[1] * t->ne[2] * t->ne[3];
+        x->ne[1] = x->src_rows;
+        x->src_row_bytes = dtype_ggml_block_elems(t->type)
+                               ? (size_t)(t->ne[0] / dtype_ggml_block_elems(t->type)) *
+                                     dtype_ggml_block_bytes(t->type)
+                               : 0;
+        int n_dims = t->n_dims;
+        if (c->pad) {
+            const char *nm = t->name;
+            int in_dim = 0, in_ffn = 0, out_dim = 0, out_ffn = 0, norm = 0;
+            if (name_is(nm, "token_embd.weight") || name_is(nm, "output.weight") ||
+                name_is(nm, "attn_q.weight") || name_is(nm, "attn_k.weight") ||
+                name_is(nm, "attn_v.weight"))
+                in_dim = 1;
+            else if (name_is(nm, "attn_output.weight"))
+                out_dim = 1;
+            else if (name_is(nm, "ffn_gate.weight") || name_is(nm, "ffn_up.weight"))
+                in_dim = out_ffn = 1;
+            else if (name_is(nm, "ffn_down.weight"))
+                in_ffn = out_dim = 1;
+            else if (name_is(nm, "attn_norm.weight") || name_is(nm, "ffn_norm.weight") ||
+                     name_is(nm, "output_norm.weight"))
+                norm = 1;
+            int64_t want0 = in_dim || norm ? dim : in_ffn ? ffn : t->ne[0];
+            int64_t want1 = out_dim ? dim : out_ffn ? ffn : x->src_rows;
+            if (t->ne[0] != want0 || x->src_rows != want1 || (norm && n_dims != 1) ||
+                ((in_dim || in_ffn || out_dim) && n_dims != 2)) {
+                seterr(errstr, errlen, "mkmodel: --pad: tensor '%s' has an unexpected shape", nm);
+                goto fail;
+            }
+            if (in_dim || norm) x->ne[0] = dim2;
+            if (in_ffn) x->ne[0] = ffn2;
+            if (out_dim) x->ne[1] = dim2;
+            if (out_ffn) x->ne[1] = ffn2;
+            if (norm) x->scale = nscale;
+            if ((x->ne[0] != t->ne[0] || norm) && !dtype_supported(t->type)) {
+                seterr(errstr, errlen, "mkmodel: --pad: tensor '%s' has type %s", nm,
+                       dtype_name(t->type));
+                goto fail;
+            }
+            if (norm) x->type = DT_F32; /* scaled values: stored exactly */
+        }
+        if (n_dims == 2 && dtype_supported(t->type)) {
+            x->type = mkmodel_matrix_type(c->dtype, x->ne[0], t->type);
+            n_conv++;
+            if (x->type != c->dtype) {
+                n_fallback++;
+                if (log)
+                    fprintf(log, "mkmodel: %s: rows of %lld elements do not fit %s blocks of "
+                            "%d: written as %s\n", t->name, (long long)x->ne[0],
+                            dtype_name(c->dtype), dtype_block_elems(c->dtype),
+                            dtype_name(x->type));
+            }
+        }
+        if (x->ne[0] > max_ne0) max_ne0 = x->ne[0];
+        int64_t ne[GGUF_MAX_DIMS] = {x->ne[0], 1, 1, 1};
+        if (n_dims == 2 && x->ne[1] != x->src_rows) {
+            ne[1] = x->ne[1];
+        } else {
+            for (int d = 1; d < GGUF_MAX_DIMS; d++) ne[d] = t->ne[d];
+        }
+        if (gguf_writer_add_tensor_stream(w, t->name, x->type, n_dims, ne, convert_row, x)) {
+            seterr(errstr, errlen, "mkmodel: %s", gguf_writer_errstr(w));
+            goto fail;
+        }
+    }
+    scratch = malloc(sizeof *scratch * (size_t)max_ne0);
+    if (!scratch) {
+        seterr(errstr, errlen, "mkmodel: out of memory");
+        goto fail;
+    }
+    for (int64_t i = 0; i < nt; i++) ct[i].scratch = scratch;
+    if (gguf_writer_write(w, dst)) {
+        seterr(errstr, errlen, "mkmodel: %s", gguf_writer_errstr(w));
+        goto fail;
+    }
+    if (log)
+        fprintf(log, "mkmodel: %s -> %s: %lld of %lld tensors are matrices re-rounded to %s, %lld "
+                "of them fell back%s\n", src, dst, (long long)n_conv, (long long)nt,
+                dtype_name(c->dtype), (long long)n_fallback,
+                c->pad ? " (dimensions padded)" : "");
+    rc = 0;
+fail:
+    gguf_writer_free(w);
+    free(ct);
+    free(scratch);
+    gguf_close(g);
     return rc;
 }

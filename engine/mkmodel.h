@@ -10,6 +10,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 /* The smallest vocabulary: <unk>, <s>, </s>, 256 byte tokens, "▁". */
 #define MKMODEL_MIN_VOCAB 260
@@ -25,8 +26,10 @@ typedef struct {
     int n_vocab;     /* >= MKMODEL_MIN_VOCAB */
     int ctx_len;     /* trained context length (metadata only) */
     int dtype;       /* enum dtype of every matrix incl. token_embd/output: DT_F32, DT_F16,
-                      * DT_BF16 or DT_Q8_0 (Q8_0: dim and ffn_dim multiples of 32). Norms and
-                      * biases are always F32. */
+                      * DT_BF16, DT_Q8_0, DT_Q4_0 or DT_Q4_K (the block types: dim and ffn_dim
+                      * multiples of 32; Q4_K matrices whose rows are not a multiple of 256 are
+                      * written as Q4_0, see mkmodel_matrix_type). Norms and biases are always
+                      * F32. */
     int tied;        /* 1: no output.weight, the output projection shares token_embd */
     uint64_t seed;   /* weights are a function of (seed, tensor name, row) */
     float rope_theta;
@@ -39,5 +42,54 @@ int mkmodel_preset(const char *name, mkmodel_params_t *p);
 
 /* Validates p and writes the model to path (atomically). 0, or -1 with errstr set. */
 int mkmodel_write(const mkmodel_params_t *p, const char *path, char *errstr, size_t errlen);
+
+/* Rounds n floats x (n a multiple of t's block) to type t into dst (dtype_row_bytes(t, n) bytes):
+ * F32, F16 and BF16 round to nearest even; the block types follow ggml's reference quantisers
+ * (quantize_row_q8_0_ref, _q4_0_ref, _q4_K_ref: same algorithm and float operation order, so
+ * llama-quantize writes the same bytes for the same input):
+ *   Q8_0  d = amax / 127, q = round(x / d)
+ *   Q4_0  d = m / -8 where m is the value of largest magnitude, q = min(15, trunc(x / d + 8.5))
+ *   Q4_K  per 32-element sub-block a scale and min fitted by weighted least squares over a
+ *         small grid of candidate scales (weights |x| + rms of the sub-block), the scales and
+ *         mins then quantised to 6 bits against their super-block maxima (fp16 d, dmin), and
+ *         the quants recomputed from the stored 6-bit values.
+ * 0, or -1 for another type or n not a multiple of the block. Pure; thread-safe. */
+int mkmodel_quantize_row(int t, const float *x, void *dst, int64_t n);
+
+/* The type a matrix with rows of ne0 elements is written in when `want` is asked for: want when
+ * ne0 is a multiple of its block; for Q4_K otherwise Q4_0 when ne0 is a multiple of 32
+ * (llama.cpp falls back to Q5_0, which spillway does not compute); otherwise `keep` (the
+ * synthetic writer refuses such shapes; conversion keeps the source type). */
+int mkmodel_matrix_type(int want, int64_t ne0, int keep);
+
+/* Conversion of an existing GGUF model (spillway mkmodel --from). */
+typedef struct {
+    int dtype;       /* type of the 2-D weight matrices, as mkmodel_params_t.dtype; a matrix whose
+                      * rows do not fit falls back (mkmodel_matrix_type, keep = its source type).
+                      * 1-D tensors (norms, biases, rope factors) are copied as they are. */
+    int pad;         /* 0, or pad embedding_length and feed_forward_length up to a multiple of
+                      * pad with zero rows/columns (see mkmodel_convert) */
+} mkmodel_convert_t;
+
+/* Writes src's metadata and tensors to dst (atomically), every 2-D matrix of a computable type
+ * re-rounded to c->dtype (dequantised to F32 first when it is a block type; a matrix already of
+ * its target type is copied byte for byte). general.file_type and general.name follow the new
+ * type.
+ *
+ * Padding (c->pad > 0; llama and qwen2 files): a model whose dimensions are not multiples of a
+ * block (e.g. stories260K, dim 64, ffn 172, with Q4_K's 256) becomes an equivalent one whose
+ * dimensions are: every matrix gets zero input columns up to dim' (or ffn') and zero output rows
+ * up to dim' (or ffn'), token embeddings zero columns, the RMSNorm weights are scaled by
+ * sqrt(dim / dim') with the epsilon by dim / dim' (so x / rms(x) * w is unchanged when the
+ * residual stream carries zeros in the new lanes), and the head dimension is kept explicitly
+ * (attention.key_length). The padded lanes of the residual stream stay exactly zero, so the
+ * F32 model computes the same logits (bit for bit on this engine when dim' / dim is a power of
+ * 4, as 64 -> 256). attn_output's rows (n_heads * head_dim) are not padded. Rounded to a block
+ * type, padded rows and whole padded 32-blocks stay exactly 0; padded zeros that share a 32-block
+ * with real values may become a fraction of a step under Q4_K (its min offset), which is harmless
+ * in ffn_down (its padded inputs are exactly 0) and matters only for a dim not a multiple of 32.
+ * log (may be NULL): one line per tensor that falls back, and a summary. 0, or -1 + errstr. */
+int mkmodel_convert(const char *src, const char *dst, const mkmodel_convert_t *c, FILE *log,
+                    char *errstr, size_t errlen);
 
 #endif

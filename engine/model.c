@@ -100,21 +100,9 @@ static int bind(const model_t *m, weight_t *w, const char *name, int64_t cols, i
 /* Converts a bound vector weight to F32 into dst (n floats) and repoints w at it. */
 static void to_f32(weight_t *w, float *dst)
 {
-    int64_t n = w->cols * w->rows;
-    const unsigned char *src = w->data;
-    for (int64_t i = 0; i < n; i++) {
-        switch (w->type) {
-        case DT_F32: memcpy(&dst[i], src + 4 * i, 4); break;
-        case DT_F16: { uint16_t h; memcpy(&h, src + 2 * i, 2); dst[i] = fp16_to_f32(h); break; }
-        case DT_BF16: { uint16_t h; memcpy(&h, src + 2 * i, 2); dst[i] = bf16_to_f32(h); break; }
-        case DT_Q8_0: {
-            const block_q8_0 *b = (const block_q8_0 *)src + i / QK8_0;
-            dst[i] = fp16_to_f32(b->d) * b->qs[i % QK8_0];
-            break;
-        }
-        default: dst[i] = 0; break;
-        }
-    }
+    for (int64_t r = 0; r < w->rows; r++)
+        dtype_dequant_row(w->type, (const char *)w->data + (size_t)r * w->row_bytes,
+                          dst + r * w->cols, w->cols);
     w->type = DT_F32;
     w->data = dst;
     w->row_bytes = (size_t)w->cols * 4;

@@ -8,6 +8,10 @@
  * On top, the normalised squared error over a whole output (NMSE) must be < 1e-12 -- a random
  * walk of K roundings gives ~1e-14; an indexing or tail bug gives O(1).
  *
+ * Types: F32, F16, BF16, Q8_0, Q4_0 and Q4_K (random blocks: every bit pattern of the quants
+ * and, for Q4_K, of the packed 6-bit scales and mins). The reference value of a Q4_K weight is
+ * the one F32 rounding of d*sc*q - dmin*m (kernels.h), computed here independently.
+ *
  * Batch invariance (kernels.h): every (t, o) of a batch of T tokens over rows [o0, o1) must be
  * bit-identical to the same token computed alone over a single row, for T = 1..70, ranges
  * starting and ending at odd rows, and neighbouring tokens that differ. */
@@ -24,8 +28,8 @@
 #include "engine/cpu/threadpool.h"
 #include "engine/dtype.h"
 
-static const int WTYPES[] = {DT_F32, DT_F16, DT_BF16, DT_Q8_0};
-#define N_WTYPES 4
+static const int WTYPES[] = {DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0, DT_Q4_K};
+#define N_WTYPES 6
 static const char *const ISAS[] = {"scalar", "avx2", "avx512"};
 #define N_ISAS 3
 
@@ -67,24 +71,77 @@ static void *make_weights(int t, int64_t rows, int64_t K, size_t *row_bytes)
                 for (int i = 0; i < QK8_0; i++) blk->qs[i] = (int8_t)((int)(rng_next() % 255) - 127);
             }
             break;
+        case DT_Q4_0:
+            for (int64_t b = 0; b < K / QK4_0; b++) {
+                block_q4_0 *blk = (block_q4_0 *)row + b;
+                blk->d = f32_to_fp16(0.02f * (1.5f + rng_unif()));
+                for (int i = 0; i < QK4_0 / 2; i++) blk->qs[i] = (uint8_t)rng_next();
+            }
+            break;
+        case DT_Q4_K:
+            /* every bit pattern of scales and quants; d and dmin of either sign and of
+             * exponents far apart (the min term then dominates or vanishes) */
+            for (int64_t b = 0; b < K / QK_K; b++) {
+                block_q4_K *blk = (block_q4_K *)row + b;
+                blk->d = f32_to_fp16(ldexpf(rng_unif(), -6 - (int)(rng_next() % 4)));
+                blk->dmin = f32_to_fp16(ldexpf(rng_unif(), -4 - (int)(rng_next() % 10)));
+                for (int i = 0; i < Q4K_SCALE_BYTES; i++) blk->scales[i] = (uint8_t)rng_next();
+                for (int i = 0; i < QK_K / 2; i++) blk->qs[i] = (uint8_t)rng_next();
+            }
+            break;
         }
     }
     *row_bytes = rb;
     return w;
 }
 
-/* Exact F32 value of element k of a row (independent of the kernels). */
+/* 6-bit field i (0..15: 8 scales then 8 mins) of a Q4_K scales[12], read bit by bit from the
+ * packing as ggml describes it (written independently of engine/dtype.h's q4k_scale_min):
+ * fields 0..3 (scales 0-3) and 8..11 (mins 0-3) are the low 6 bits of bytes 0..3 and 4..7;
+ * scale j >= 4 = low nibble of byte j+4 | (top 2 bits of byte j-4) << 4; min j >= 4 = high
+ * nibble of byte j+4 | (top 2 bits of byte j) << 4. */
+static int q4k_field(const uint8_t *sc, int i)
+{
+    int j = i & 7, is_min = i >= 8;
+    if (j < 4) return sc[j + 4 * is_min] % 64;
+    int lo = is_min ? sc[j + 4] / 16 : sc[j + 4] % 16;
+    int hi = sc[is_min ? j : j - 4] / 64;
+    return lo + 16 * hi;
+}
+
+/* Exact F32 value of element k of a row (independent of the kernels). Q4_K: the single F32
+ * rounding of d*sc*q - dmin*m, computed exactly in double then rounded once to float. */
 static float ref_weight(int t, const void *row, int64_t k)
 {
     switch (t) {
     case DT_F32: return ((const float *)row)[k];
     case DT_F16: return fp16_to_f32(((const uint16_t *)row)[k]);
     case DT_BF16: return bf16_to_f32(((const uint16_t *)row)[k]);
+    case DT_Q4_0: {
+        const block_q4_0 *b = (const block_q4_0 *)row + k / 32;
+        int i = (int)(k % 32), q = i < 16 ? b->qs[i] % 16 : b->qs[i - 16] / 16;
+        return (float)((double)fp16_to_f32(b->d) * (q - 8));
+    }
+    case DT_Q4_K: {
+        const block_q4_K *b = (const block_q4_K *)row + k / 256;
+        int i = (int)(k % 256), sub = i / 32, chunk = i / 64, l = i % 32;
+        uint8_t byte = b->qs[32 * chunk + l];
+        int q = sub % 2 ? byte / 16 : byte % 16;
+        double v = (double)fp16_to_f32(b->d) * q4k_field(b->scales, sub) * q -
+                   (double)fp16_to_f32(b->dmin) * q4k_field(b->scales, 8 + sub);
+        return (float)v;
+    }
     default: {
         const block_q8_0 *b = (const block_q8_0 *)row + k / QK8_0;
         return fp16_to_f32(b->d) * (float)b->qs[k % QK8_0];
     }
     }
+}
+
+/* Elements per block of the types under test (1 for the plain ones). */
+static int64_t blk_of(int t)
+{
+    return t == DT_Q4_K ? 256 : t == DT_Q8_0 || t == DT_Q4_0 ? 32 : 1;
 }
 
 static float *make_vec(int64_t n)
@@ -202,7 +259,7 @@ static void test_elementwise(const kern_table_t *kt)
         /* dequant_row: exact, bitwise against dtype.h */
         for (int wi = 0; wi < N_WTYPES; wi++) {
             int t = WTYPES[wi];
-            int64_t K = t == DT_Q8_0 ? (n + 31) / 32 * 32 : n;
+            int64_t K = (n + blk_of(t) - 1) / blk_of(t) * blk_of(t);
             size_t rb;
             void *W = make_weights(t, 1, K, &rb);
             float *out = malloc((size_t)K * 4);
@@ -329,6 +386,42 @@ static void test_elementwise(const kern_table_t *kt)
     }
 }
 
+/* engine/dtype.c's portable dequantisation gives the same bits as ref_weight, for every type,
+ * including hand-made Q4_K blocks that use the extreme 6-bit scales and mins. */
+static void test_dequant_reference(void)
+{
+    for (int wi = 0; wi < N_WTYPES; wi++) {
+        int t = WTYPES[wi];
+        const int64_t K = 1536;
+        size_t rb;
+        void *W = make_weights(t, 3, K, &rb);
+        if (t == DT_Q4_K) { /* row 2: scale and min fields 0 and 63 in every position */
+            block_q4_K *b = (block_q4_K *)((char *)W + 2 * rb);
+            for (int i = 0; i < Q4K_SCALE_BYTES; i++) b[0].scales[i] = 0xff, b[1].scales[i] = 0;
+            b[2].d = f32_to_fp16(1.0f / 64), b[2].dmin = f32_to_fp16(-0.5f);
+        }
+        float *out = malloc((size_t)K * 4);
+        int bad = 0;
+        for (int r = 0; r < 3; r++) {
+            const void *row = (const char *)W + (size_t)r * rb;
+            dtype_dequant_row(t, row, out, K);
+            for (int64_t k = 0; k < K; k++) {
+                float w = ref_weight(t, row, k);
+                if (memcmp(&w, &out[k], 4) != 0) bad++;
+            }
+        }
+        if (t == DT_Q4_K) { /* all-ones scales: 63 * d * q - 63 * dmin */
+            const block_q4_K *b = (const block_q4_K *)W + 2 * rb / sizeof(block_q4_K);
+            dtype_dequant_row(t, b, out, 256);
+            int q0 = b->qs[0] & 15;
+            CHECK(out[0] == (float)(63.0 * fp16_to_f32(b->d) * q0 - 63.0 * fp16_to_f32(b->dmin)));
+        }
+        CHECKF(bad == 0, "dtype_dequant_row %s: %d elements differ from the reference", dtype_name(t), bad);
+        free(W);
+        free(out);
+    }
+}
+
 /* ---- thread pool ---- */
 
 typedef struct {
@@ -415,35 +508,47 @@ int main(void)
         if (!tabs[i]) fprintf(stderr, "%s: not supported here, skipped\n", ISAS[i]);
     }
     static const int64_t KS[] = {32, 64, 96, 576, 1536};
+    static const int64_t KS_K[] = {256, 512, 768, 1536}; /* Q4_K: multiples of 256 */
     static const int64_t KS_ODD[] = {1, 7, 17, 100, 172, 1100};
     for (int i = 0; i < N_ISAS; i++) {
         const kern_table_t *kt = tabs[i];
         if (!kt) continue;
         for (int wi = 0; wi < N_WTYPES; wi++) {
             int t = WTYPES[wi];
-            for (size_t ki = 0; ki < sizeof KS / sizeof KS[0]; ki++)
-                for (int T = 1; T <= 13; T += 4) test_matmul_accuracy(kt, t, KS[ki], T);
-            if (t != DT_Q8_0)
+            const int64_t bs = blk_of(t);
+            if (t == DT_Q4_K) {
+                for (size_t ki = 0; ki < sizeof KS_K / sizeof KS_K[0]; ki++)
+                    for (int T = 1; T <= 13; T += 4) test_matmul_accuracy(kt, t, KS_K[ki], T);
+            } else {
+                for (size_t ki = 0; ki < sizeof KS / sizeof KS[0]; ki++)
+                    for (int T = 1; T <= 13; T += 4) test_matmul_accuracy(kt, t, KS[ki], T);
+            }
+            if (bs == 1) {
                 for (size_t ki = 0; ki < sizeof KS_ODD / sizeof KS_ODD[0]; ki++)
                     test_matmul_accuracy(kt, t, KS_ODD[ki], 7);
-            else /* K not a multiple of 32: rejected */
+            } else { /* K not a multiple of the block: rejected */
                 CHECK(kt->matmul(t, NULL, 0, 48, NULL, 48, NULL, 1, 1, 0, 1) == -1);
-            test_batch_invariance(kt, t, t == DT_Q8_0 ? 96 : 100, i == 0 ? 24 : 70);
-            test_batch_invariance(kt, t, 576, i == 0 ? 8 : 14);
+                if (bs == 256) CHECK(kt->matmul(t, NULL, 0, 288, NULL, 288, NULL, 1, 1, 0, 1) == -1);
+            }
+            test_batch_invariance(kt, t, bs == 256 ? 256 : bs == 32 ? 96 : 100, i == 0 ? 24 : 70);
+            test_batch_invariance(kt, t, bs == 256 ? 768 : 576, i == 0 ? 8 : 14);
             /* long rows: the avx512 F32 path cuts K into ranges above 1024 */
-            test_batch_invariance(kt, t, t == DT_Q8_0 ? 1536 : 1100, i == 0 ? 3 : 14);
+            test_batch_invariance(kt, t, bs > 1 ? 1536 : 1100, i == 0 ? 3 : 14);
         }
-        CHECK(kt->matmul(DT_Q4_0, NULL, 0, 32, NULL, 32, NULL, 1, 1, 0, 1) == -1);
+        CHECK(kt->matmul(DT_Q4_1, NULL, 0, 32, NULL, 32, NULL, 1, 1, 0, 1) == -1);
+        CHECK(kt->matmul(DT_Q5_K, NULL, 0, 256, NULL, 256, NULL, 1, 1, 0, 1) == -1);
         test_elementwise(kt);
     }
     for (int i = 0; i < N_ISAS; i++)
         for (int j = i + 1; j < N_ISAS; j++) {
             if (!tabs[i] || !tabs[j]) continue;
             for (int wi = 0; wi < N_WTYPES; wi++) {
-                test_isa_cross(tabs[i], tabs[j], WTYPES[wi], 576);
-                if (WTYPES[wi] != DT_Q8_0) test_isa_cross(tabs[i], tabs[j], WTYPES[wi], 100);
+                int t = WTYPES[wi];
+                test_isa_cross(tabs[i], tabs[j], t, t == DT_Q4_K ? 768 : 576);
+                if (blk_of(t) == 1) test_isa_cross(tabs[i], tabs[j], t, 100);
             }
         }
+    test_dequant_reference();
     test_threadpool();
     return check_exit();
 }

@@ -2,8 +2,10 @@
  *
  * Writes tiny models for both architectures, every matrix dtype, tied and untied, and reads
  * them back with gguf_open: metadata keys, tokenizer arrays, tensor names/shapes/types, weight
- * statistics, and the F16/BF16/Q8_0 values against the F32 file of the same seed (Q8_0 error
- * within half a quantisation step per block). Also: determinism, parameter validation,
+ * statistics, and the F16/BF16/Q8_0/Q4_0/Q4_K values against the F32 file of the same seed
+ * (Q8_0 error within half a quantisation step per block, Q4_0 within one, NMSE bounds). The
+ * quantisers against hashes of ggml's reference quantisers' output; conversion of a model
+ * (mkmodel_convert) with and without padding. Also: determinism, parameter validation,
  * presets, and a 128256-token vocabulary with unique pieces. */
 #include <math.h>
 #include <stdio.h>
@@ -50,7 +52,31 @@ static float elem_f32(const gguf_tensor_t *t, int64_t i)
         const block_q8_0 *b = (const block_q8_0 *)d + i / QK8_0;
         return fp16_to_f32(b->d) * (float)b->qs[i % QK8_0];
     }
+    case DT_Q4_0: case DT_Q4_K: { /* the block through dtype_dequant_row (test_kernels checks it) */
+        int be = dtype_block_elems(t->type);
+        float blk[QK_K];
+        dtype_dequant_row(t->type, d + (size_t)(i / be) * dtype_block_bytes(t->type), blk, be);
+        return blk[i % be];
+    }
     default: return NAN;
+    }
+}
+
+/* The type mkmodel writes a matrix with rows of ne0 elements in. */
+static int mat_type(const mkmodel_params_t *p, int64_t ne0)
+{
+    return p->dtype == DT_Q4_K && ne0 % 256 ? DT_Q4_0 : p->dtype;
+}
+
+static uint32_t file_type_want(int dtype)
+{
+    switch (dtype) {
+    case DT_F32: return 0;
+    case DT_F16: return 1;
+    case DT_Q4_0: return 2;
+    case DT_Q8_0: return 7;
+    case DT_Q4_K: return 14;
+    default: return 32;
     }
 }
 
@@ -70,8 +96,8 @@ static void check_model(const gguf_t *g, const mkmodel_params_t *p)
 #define AKEY(suffix) (snprintf(key, sizeof key, "%s.%s", arch, suffix), key)
     CHECK(gguf_get_str(g, "general.architecture", &s) == 0 && str_eq(s, arch));
     CHECK(gguf_get_str(g, "general.name", &s) == 0 && s.len > 0);
-    CHECK(gguf_get_u32(g, "general.file_type", &u) == 0 &&
-          u == (p->dtype == DT_F32 ? 0u : p->dtype == DT_F16 ? 1u : p->dtype == DT_Q8_0 ? 7u : 32u));
+    CHECK(gguf_get_u32(g, "general.file_type", &u) == 0 && u == file_type_want(p->dtype));
+    CHECK((gguf_find_key(g, "general.quantization_version") >= 0) == (dtype_block_elems(p->dtype) > 1));
     CHECK(gguf_kv_type(g, gguf_find_key(g, AKEY("context_length"))) == GGUF_UINT32);
     CHECK(gguf_get_u32(g, AKEY("context_length"), &u) == 0 && u == (uint32_t)p->ctx_len);
     CHECK(gguf_get_u32(g, AKEY("embedding_length"), &u) == 0 && u == (uint32_t)p->dim);
@@ -128,11 +154,12 @@ static void check_model(const gguf_t *g, const mkmodel_params_t *p)
     int qwen = p->arch == ARCH_QWEN2;
     CHECK(gguf_n_tensors(g) == 2 + !p->tied + p->n_layers * (qwen ? 12 : 9));
     const gguf_tensor_t *t = gguf_find_tensor(g, "token_embd.weight");
-    CHECK(t && t->type == p->dtype && t->n_dims == 2 && t->ne[0] == p->dim && t->ne[1] == p->n_vocab);
+    const int dt_dim = mat_type(p, p->dim), dt_ffn = mat_type(p, p->ffn_dim);
+    CHECK(t && t->type == dt_dim && t->n_dims == 2 && t->ne[0] == p->dim && t->ne[1] == p->n_vocab);
     t = gguf_find_tensor(g, "output_norm.weight");
     CHECK(t && t->type == DT_F32 && t->n_dims == 1 && t->ne[0] == p->dim);
     t = gguf_find_tensor(g, "output.weight");
-    CHECK(p->tied ? t == NULL : (t && t->type == p->dtype && t->ne[0] == p->dim && t->ne[1] == p->n_vocab));
+    CHECK(p->tied ? t == NULL : (t && t->type == dt_dim && t->ne[0] == p->dim && t->ne[1] == p->n_vocab));
     for (int l = 0; l < p->n_layers; l++) {
         struct {
             const char *suffix;
@@ -141,17 +168,17 @@ static void check_model(const gguf_t *g, const mkmodel_params_t *p)
             int present;
         } want[] = {
             {"attn_norm.weight", DT_F32, p->dim, 1, 1},
-            {"attn_q.weight", p->dtype, p->dim, p->dim, 1},
-            {"attn_k.weight", p->dtype, p->dim, kv_dim, 1},
-            {"attn_v.weight", p->dtype, p->dim, kv_dim, 1},
-            {"attn_output.weight", p->dtype, p->dim, p->dim, 1},
+            {"attn_q.weight", dt_dim, p->dim, p->dim, 1},
+            {"attn_k.weight", dt_dim, p->dim, kv_dim, 1},
+            {"attn_v.weight", dt_dim, p->dim, kv_dim, 1},
+            {"attn_output.weight", dt_dim, p->dim, p->dim, 1},
             {"attn_q.bias", DT_F32, p->dim, 1, qwen},
             {"attn_k.bias", DT_F32, kv_dim, 1, qwen},
             {"attn_v.bias", DT_F32, kv_dim, 1, qwen},
             {"ffn_norm.weight", DT_F32, p->dim, 1, 1},
-            {"ffn_gate.weight", p->dtype, p->dim, p->ffn_dim, 1},
-            {"ffn_up.weight", p->dtype, p->dim, p->ffn_dim, 1},
-            {"ffn_down.weight", p->dtype, p->ffn_dim, p->dim, 1},
+            {"ffn_gate.weight", dt_dim, p->dim, p->ffn_dim, 1},
+            {"ffn_up.weight", dt_dim, p->dim, p->ffn_dim, 1},
+            {"ffn_down.weight", dt_ffn, p->ffn_dim, p->dim, 1},
         };
         for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
             char nm[64];
@@ -193,8 +220,14 @@ static void check_model(const gguf_t *g, const mkmodel_params_t *p)
     }
 }
 
-/* Compares every matrix of gq (dtype p->dtype) with the same tensor of the F32 file gf. */
-static void check_against_f32(const gguf_t *gq, const gguf_t *gf, int dtype)
+/* Compares every matrix of gq (dtype p->dtype) with the same tensor of the F32 file gf; returns
+ * the NMSE over all matrices. Per element: Q8_0 within half a step (d = amax / 127) plus the
+ * fp16 rounding of d; Q4_0 within one step (d = amax / 8: half a step, but values within half a
+ * step of +amax are capped at +7 d, a whole step) plus d's rounding. Q4_K (weighted least-squares
+ * fits, no simple per-element bound) and all types: NMSE bounds ~1.5-2x over the observed values
+ * (Q8_0 2.6e-5, Q4_0 6.6e-3, Q4_K 5.1e-3 on these approximately normal weights; Q4_K files of
+ * dim 64 are Q4_0 throughout). */
+static double check_against_f32(const gguf_t *gq, const gguf_t *gf, int dtype)
 {
     double worst_rel = 0, err2 = 0, ref2 = 0; /* worst_rel: worst error / bound */
     int bad_blocks = 0;
@@ -212,9 +245,13 @@ static void check_against_f32(const gguf_t *gq, const gguf_t *gf, int dtype)
                 double e = fabs((double)a - q);
                 err2 += e * e;
                 ref2 += (double)a * a;
-                if (dtype == DT_Q8_0) {
+                if (dtype == DT_Q8_0 || tq->type == DT_Q8_0) {
                     /* half a step of d = amax/127, plus the fp16 rounding of d over |q| <= 127 */
                     if (e > 0.5 * amax / 127.0 + 127.0 * amax / 127.0 / 1024.0) bad_blocks++;
+                } else if (tq->type == DT_Q4_0) {
+                    if (e > amax / 8.0 + 8.0 * amax / 8.0 / 1024.0) bad_blocks++;
+                } else if (tq->type == DT_Q4_K) {
+                    /* no per-element bound: NMSE below */
                 } else {
                     /* error over the rounding bound: half an ulp, relative 2^-11 (F16) or
                      * 2^-8 (BF16), floored at half the smallest F16 subnormal */
@@ -228,13 +265,20 @@ static void check_against_f32(const gguf_t *gq, const gguf_t *gf, int dtype)
     double nmse = err2 / ref2;
     if (dtype == DT_Q8_0) {
         CHECKF(bad_blocks == 0, "%d Q8_0 elements off by more than half a step", bad_blocks);
-        CHECKF(nmse < 1e-4, "Q8_0 NMSE %g", nmse);
+        CHECKF(nmse < 5e-5, "Q8_0 NMSE %g", nmse);
+    } else if (dtype == DT_Q4_0) {
+        CHECKF(bad_blocks == 0, "%d Q4_0 elements off by more than a step", bad_blocks);
+        CHECKF(nmse < 1e-2, "Q4_0 NMSE %g", nmse);
+    } else if (dtype == DT_Q4_K) {
+        CHECKF(bad_blocks == 0, "%d Q4_0 (fallback) elements off by more than a step", bad_blocks);
+        CHECKF(nmse < 1e-2, "Q4_K NMSE %g", nmse);
     } else if (dtype == DT_F16) {
         CHECKF(worst_rel <= 1.0 && nmse < 1e-7, "F16 error/bound %g NMSE %g", worst_rel, nmse);
     } else if (dtype == DT_BF16) {
         CHECKF(worst_rel <= 1.0 && nmse < 1e-5, "BF16 error/bound %g NMSE %g", worst_rel, nmse);
     }
     fprintf(stderr, "  %s vs f32: NMSE %.3g\n", dtype_name(dtype), nmse);
+    return nmse;
 }
 
 static uint8_t *slurp(const char *path, size_t *len)
@@ -256,7 +300,7 @@ static uint8_t *slurp(const char *path, size_t *len)
 
 static void test_all_variants(void)
 {
-    const int dtypes[] = {DT_F32, DT_F16, DT_BF16, DT_Q8_0};
+    const int dtypes[] = {DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0, DT_Q4_K};
     const int arches[] = {ARCH_LLAMA, ARCH_QWEN2};
     char err[256], pf[128], pq[128];
     for (int a = 0; a < 2; a++) {
@@ -268,7 +312,7 @@ static void test_all_variants(void)
             CHECKF(gf != NULL, "%s", err);
             if (!gf) continue;
             check_model(gf, &p32);
-            for (int d = 1; d < 4; d++) {
+            for (int d = 1; d < 6; d++) {
                 mkmodel_params_t p = small_params(arches[a], dtypes[d], tied);
                 snprintf(pq, sizeof pq, "%s/%s.gguf", tmpdir, dtype_name(dtypes[d]));
                 CHECKF(mkmodel_write(&p, pq, err, sizeof err) == 0, "%s", err);
@@ -322,7 +366,12 @@ static void test_validation_and_presets(void)
     p = small_params(ARCH_LLAMA, DT_Q8_0, 0);
     p.ffn_dim = 100;
     CHECK(mkmodel_write(&p, path, err, sizeof err) == -1 && strstr(err, "multiples of 32"));
-    p = small_params(ARCH_LLAMA, DT_Q4_0, 0);
+    p = small_params(ARCH_LLAMA, DT_Q4_K, 0);
+    p.dim = 48;
+    p.n_heads = 2;
+    p.n_kv_heads = 1;
+    CHECK(mkmodel_write(&p, path, err, sizeof err) == -1 && strstr(err, "multiples of 32"));
+    p = small_params(ARCH_LLAMA, DT_Q5_K, 0);
     CHECK(mkmodel_write(&p, path, err, sizeof err) == -1 && strstr(err, "not supported"));
     p = small_params(ARCH_LLAMA, DT_F32, 0);
     p.n_vocab = 259;
@@ -404,6 +453,205 @@ static void test_big_vocab(void)
     unlink(path);
 }
 
+/* Q4_K where it fits: dim 256 (matrices with rows of 256 are Q4_K) beside ffn 96 (ffn_down
+ * falls back to Q4_0). The least-squares fit must beat Q4_0's error on the same weights. */
+static void test_q4k_shapes(void)
+{
+    char err[256], pf[128], pq[128];
+    mkmodel_params_t p32 = small_params(ARCH_LLAMA, DT_F32, 0);
+    p32.dim = 256;
+    snprintf(pf, sizeof pf, "%s/f32.gguf", tmpdir);
+    CHECKF(mkmodel_write(&p32, pf, err, sizeof err) == 0, "%s", err);
+    gguf_t *gf = gguf_open(pf, err, sizeof err);
+    CHECKF(gf != NULL, "%s", err);
+    if (!gf) return;
+    double nmse[2] = {0, 0};
+    const int dts[2] = {DT_Q4_0, DT_Q4_K};
+    for (int i = 0; i < 2; i++) {
+        mkmodel_params_t p = p32;
+        p.dtype = dts[i];
+        snprintf(pq, sizeof pq, "%s/q.gguf", tmpdir);
+        CHECKF(mkmodel_write(&p, pq, err, sizeof err) == 0, "%s", err);
+        gguf_t *gq = gguf_open(pq, err, sizeof err);
+        CHECKF(gq != NULL, "%s", err);
+        if (!gq) continue;
+        fprintf(stderr, "llama dim 256 %s:\n", dtype_name(dts[i]));
+        check_model(gq, &p);
+        const gguf_tensor_t *t = gguf_find_tensor(gq, "blk.0.attn_q.weight");
+        CHECK(t && t->type == dts[i]);
+        t = gguf_find_tensor(gq, "blk.0.ffn_down.weight");
+        CHECK(t && t->type == DT_Q4_0);
+        nmse[i] = check_against_f32(gq, gf, dts[i]);
+        gguf_close(gq);
+        unlink(pq);
+    }
+    CHECKF(nmse[1] < 0.9 * nmse[0], "Q4_K NMSE %g not below Q4_0's %g", nmse[1], nmse[0]);
+    gguf_close(gf);
+    unlink(pf);
+}
+
+/* The quantisers against ggml's reference ones: the FNV-1a hashes of their output for a fixed
+ * input (four super-blocks: symmetric values, all positive and narrow, a zero sub-block among
+ * heavy tails, plateaus) were computed with ggml's quantize_row_q8_0_ref, _q4_0_ref and
+ * _q4_K_ref (llama.cpp ggml/src/ggml-quants.c), built separately; mkmodel must write the same
+ * bytes. Also mkmodel_matrix_type's fallbacks and the rejected arguments. */
+static uint64_t fnv64(const void *p, size_t n)
+{
+    const uint8_t *b = p;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
+static void test_quantize_golden(void)
+{
+    float x[1024];
+    uint32_t st = 12345u;
+    for (int i = 0; i < 1024; i++) {
+        st = st * 1664525u + 1013904223u;
+        float u = (float)((int32_t)(st >> 8) - (1 << 23)) / (float)(1 << 23); /* [-1, 1) */
+        int b = i / 256, j = i % 256;
+        if (b == 0) x[i] = u;
+        else if (b == 1) x[i] = 0.5f + 0.001f * u;
+        else if (b == 2) x[i] = j / 32 == 3 ? 0.0f : u * u * u * 4.0f;
+        else x[i] = j < 128 ? 0.25f : -2.0f + 0.125f * (float)(j % 8);
+    }
+    static const struct { int t; uint64_t h; } want[] = {
+        {DT_Q8_0, 0xdb02de59c689c47aull},
+        {DT_Q4_0, 0x4864a3375b070d75ull},
+        {DT_Q4_K, 0x80b8bb2ed6815f51ull},
+    };
+    uint8_t out[2048];
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        memset(out, 0xa5, sizeof out);
+        CHECK(mkmodel_quantize_row(want[i].t, x, out, 1024) == 0);
+        size_t nb = dtype_row_bytes(want[i].t, 1024);
+        uint64_t h = fnv64(out, nb);
+        CHECKF(h == want[i].h, "%s: hash %016llx, ggml's reference gives %016llx", dtype_name(want[i].t),
+               (unsigned long long)h, (unsigned long long)want[i].h);
+        CHECK(out[nb] == 0xa5); /* nothing written past the row */
+        /* round trip: every weight within a 4-bit step of its super-block's largest magnitude */
+        float back[1024];
+        dtype_dequant_row(want[i].t, out, back, 1024);
+        int bad = 0;
+        for (int k = 0; k < 1024; k++) {
+            float amax = 0;
+            for (int j = k / 256 * 256; j < k / 256 * 256 + 256; j++) amax = fmaxf(amax, fabsf(x[j]));
+            bad += !(fabsf(back[k] - x[k]) <= amax / 7.0f);
+        }
+        CHECKF(bad == 0, "%s: %d weights far off after the round trip", dtype_name(want[i].t), bad);
+    }
+    CHECK(mkmodel_quantize_row(DT_Q4_K, x, out, 512 + 32) == -1);
+    CHECK(mkmodel_quantize_row(DT_Q4_0, x, out, 48) == -1);
+    CHECK(mkmodel_quantize_row(DT_Q5_K, x, out, 256) == -1);
+    CHECK(mkmodel_matrix_type(DT_Q4_K, 512, DT_F32) == DT_Q4_K);
+    CHECK(mkmodel_matrix_type(DT_Q4_K, 576, DT_F32) == DT_Q4_0);
+    CHECK(mkmodel_matrix_type(DT_Q4_K, 172, DT_F16) == DT_F16);
+    CHECK(mkmodel_matrix_type(DT_Q8_0, 172, DT_F32) == DT_F32);
+    CHECK(mkmodel_matrix_type(DT_Q4_0, 64, DT_F32) == DT_Q4_0);
+}
+
+/* mkmodel_convert: from an F32 file, each dtype: matrices re-rounded exactly as
+ * mkmodel_quantize_row rounds the source rows (fallbacks where rows do not fit), 1-D tensors and
+ * metadata copied. With pad 256: shapes, hyper-parameters, zero padding, norm scaling. */
+static void test_convert(void)
+{
+    char err[256], pf[128], pc[128];
+    mkmodel_params_t p = small_params(ARCH_QWEN2, DT_F32, 0);
+    p.ffn_dim = 100; /* ffn_down's rows of 100 fit no block: kept in F32 */
+    snprintf(pf, sizeof pf, "%s/src.gguf", tmpdir);
+    snprintf(pc, sizeof pc, "%s/conv.gguf", tmpdir);
+    CHECKF(mkmodel_write(&p, pf, err, sizeof err) == 0, "%s", err);
+    gguf_t *gs = gguf_open(pf, err, sizeof err);
+    CHECKF(gs != NULL, "%s", err);
+    if (!gs) return;
+    const int dts[] = {DT_F16, DT_Q8_0, DT_Q4_0, DT_Q4_K};
+    for (int pad = 0; pad <= 256; pad += 256)
+        for (size_t di = 0; di < sizeof dts / sizeof dts[0]; di++) {
+            int dt = dts[di];
+            mkmodel_convert_t c = {.dtype = dt, .pad = pad};
+            CHECKF(mkmodel_convert(pf, pc, &c, NULL, err, sizeof err) == 0, "%s", err);
+            gguf_t *g = gguf_open(pc, err, sizeof err);
+            CHECKF(g != NULL, "%s", err);
+            if (!g) continue;
+            uint32_t u;
+            float eps_s = 0, eps_d = 0;
+            CHECK(gguf_get_u32(g, "general.file_type", &u) == 0 && u == file_type_want(dt));
+            CHECK(gguf_n_tensors(g) == gguf_n_tensors(gs));
+            uint64_t n1, n2;
+            int et;
+            gguf_str_t s1, s2;
+            CHECK(gguf_get_arr(g, "tokenizer.ggml.tokens", &et, &n1) == 0 &&
+                  gguf_get_arr(gs, "tokenizer.ggml.tokens", &et, &n2) == 0 && n1 == n2);
+            CHECK(gguf_get_arr_str(g, "tokenizer.ggml.tokens", 300, &s1) == 0 &&
+                  gguf_get_arr_str(gs, "tokenizer.ggml.tokens", 300, &s2) == 0 &&
+                  s1.len == s2.len && memcmp(s1.ptr, s2.ptr, s1.len) == 0);
+            CHECK(gguf_get_f32(gs, "qwen2.attention.layer_norm_rms_epsilon", &eps_s) == 0 &&
+                  gguf_get_f32(g, "qwen2.attention.layer_norm_rms_epsilon", &eps_d) == 0);
+            CHECK(gguf_get_u32(g, "qwen2.rope.dimension_count", &u) == 0 && u == 16);
+            int64_t dim2 = pad ? 256 : p.dim, ffn2 = pad ? 256 : p.ffn_dim;
+            CHECK(gguf_get_u32(g, "qwen2.embedding_length", &u) == 0 && u == (uint32_t)dim2);
+            CHECK(gguf_get_u32(g, "qwen2.feed_forward_length", &u) == 0 && u == (uint32_t)ffn2);
+            if (pad) {
+                CHECK(eps_d == eps_s / 4); /* dim / dim' = 1/4: exact */
+                CHECK(gguf_get_u32(g, "qwen2.attention.key_length", &u) == 0 && u == 16);
+            } else {
+                CHECK(eps_d == eps_s && gguf_find_key(g, "qwen2.attention.key_length") < 0);
+            }
+            int bad_type = 0, bad_val = 0, bad_pad = 0;
+            float *row = malloc(sizeof(float) * 256), *got = malloc(sizeof(float) * 256);
+            uint8_t *q = malloc(2048);
+            for (int64_t i = 0; i < gguf_n_tensors(gs); i++) {
+                const gguf_tensor_t *ts = gguf_tensor(gs, i);
+                const gguf_tensor_t *td = gguf_find_tensor(g, ts->name);
+                if (!td) {
+                    bad_type++;
+                    continue;
+                }
+                int64_t rows_s = ts->ne[1], rows_d = td->ne[1];
+                int is_norm = strstr(ts->name, "norm") != NULL;
+                int want_t = ts->n_dims == 2 ? mkmodel_matrix_type(dt, td->ne[0], DT_F32) : DT_F32;
+                if (td->type != want_t || td->n_dims != ts->n_dims) bad_type++;
+                if (!pad && (td->ne[0] != ts->ne[0] || rows_d != rows_s)) bad_type++;
+                size_t rbs = dtype_row_bytes(ts->type, ts->ne[0]), rbd = dtype_row_bytes(td->type, td->ne[0]);
+                for (int64_t r = 0; r < rows_d; r++) {
+                    memset(row, 0, sizeof(float) * 256);
+                    if (r < rows_s) dtype_dequant_row(ts->type, (const char *)ts->data + r * rbs, row, ts->ne[0]);
+                    if (is_norm && pad)
+                        for (int k = 0; k < 256; k++) row[k] *= 0.5f;
+                    /* the destination row is the source row rounded to its type */
+                    if (mkmodel_quantize_row(td->type, row, q, td->ne[0]) != 0 ||
+                        memcmp(q, (const char *)td->data + r * rbd, rbd) != 0)
+                        bad_val++;
+                    dtype_dequant_row(td->type, (const char *)td->data + r * rbd, got, td->ne[0]);
+                    /* padded rows, and padded columns outside the source's last partial block of
+                     * 32, are exactly 0. (Within that block Q4_K may round the zeros to +-a
+                     * fraction of a step; those columns only ever meet padded activations,
+                     * which are exactly 0.) */
+                    for (int64_t k = 0; k < td->ne[0]; k++)
+                        if ((r >= rows_s || k >= (ts->ne[0] + 31) / 32 * 32) && got[k] != 0.0f)
+                            bad_pad++;
+                }
+            }
+            CHECKF(bad_type == 0 && bad_val == 0 && bad_pad == 0,
+                   "convert to %s pad %d: %d types, %d rows, %d padded values wrong", dtype_name(dt),
+                   pad, bad_type, bad_val, bad_pad);
+            free(row);
+            free(got);
+            free(q);
+            gguf_close(g);
+            unlink(pc);
+        }
+    /* padding something that is not a llama/qwen2 model's layout fails cleanly */
+    mkmodel_convert_t c = {.dtype = DT_Q4_K, .pad = 0};
+    CHECK(mkmodel_convert("/nonexistent.gguf", pc, &c, NULL, err, sizeof err) == -1);
+    c.dtype = DT_Q5_K;
+    CHECK(mkmodel_convert(pf, pc, &c, NULL, err, sizeof err) == -1 && strstr(err, "not supported"));
+    CHECK(access(pc, F_OK) != 0);
+    gguf_close(gs);
+    unlink(pf);
+}
+
 int main(void)
 {
     snprintf(tmpdir, sizeof tmpdir, "test_mkmodel.XXXXXX");
@@ -412,6 +660,9 @@ int main(void)
         return 1;
     }
     test_all_variants();
+    test_q4k_shapes();
+    test_quantize_golden();
+    test_convert();
     test_determinism();
     test_validation_and_presets();
     test_big_vocab();

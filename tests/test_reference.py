@@ -4,9 +4,12 @@
 Usage (ctest): test_reference.py <path-to-spillway> <models-dir>
 Exit: 0 pass, 1 fail, 77 skip (numpy missing).
 
-For each model -- stories260K.gguf plus synthetic models made by `spillway mkmodel` covering
-GQA (4 heads / 2 kv) and MQA (1 kv), tied and untied output, qwen2 with Q/K/V biases, and weight
-dtypes F32, F16, BF16, Q8_0 -- five seeded random sequences of different lengths (the last sharing
+For each model -- stories260K.gguf, stories260K converted by `spillway mkmodel --from` to Q4_K with
+its dimensions zero-padded to 256 (real weights in Q4_K, attn_output in the Q4_0 fallback), plus
+synthetic models made by `spillway mkmodel` covering GQA (4 heads / 2 kv) and MQA (1 kv), tied and
+untied output, qwen2 with Q/K/V biases, and weight dtypes F32, F16, BF16, Q8_0, Q4_0 and Q4_K (one
+with every matrix Q4_K, one mixing Q4_K with Q4_0 where ffn_down's rows of 96 do not fit Q4_K's
+256) -- five seeded random sequences of different lengths (the last sharing
 a prefix longer than one KV block with the first) are run through
 `spillway logits` in every mode (alone, batch, decode, chunk) with KV type f32 and f16, and
 compared with the reference:
@@ -54,8 +57,9 @@ THREADS = 2
 
 # NMSE bounds per KV type.
 # The engine computes in f32 with the weights exactly as stored; the reference dequantises the
-# same stored bytes exactly (F16/BF16/Q8_0 -> float64 is exact), so weight quantisation adds no
-# error and the bound does not depend on the weight dtype. What remains:
+# same stored bytes exactly (F16/BF16/Q8_0/Q4_0 -> float64 is exact; Q4_K is by definition the
+# one float32 rounding of d*sc*q - dmin*m, which the reference reproduces exactly: gguf_ref.py), so
+# weight quantisation adds no error and the bound does not depend on the weight dtype. What remains:
 #   f32 KV: f32 rounding in the matmuls, norms, softmax and RoPE (unit roundoff 6e-8, dot
 #     products of 64..128 terms, 2..5 layers) -> relative rms error ~1e-7..1e-6, NMSE ~1e-14..1e-12.
 #     Observed (2026, AVX-512 kernels, 4 seeds of models and sequences): stories260K 1.1e-14,
@@ -85,7 +89,16 @@ SYNTH = [
                                 rope_theta=1000000.0, norm_eps=1e-6)),
     ("qwen2-mqa-q8_0-untied", dict(arch="qwen2", heads=4, kv_heads=1, dtype="q8_0", tied=False, seed=17,
                                    rope_theta=1000000.0, norm_eps=1e-6)),
+    ("llama-gqa-q4_0-tied", dict(arch="llama", heads=4, kv_heads=2, dtype="q4_0", tied=True, seed=18)),
+    # Q4_K's super-blocks of 256: dim 256 (head_dim 64); ffn 512 keeps ffn_down Q4_K too
+    ("llama-gqa-q4_k-untied", dict(arch="llama", heads=4, kv_heads=2, dtype="q4_k", tied=False, seed=19,
+                                   dim=256, ffn=512)),
+    # ffn 96: ffn_down (rows of 96) falls back to Q4_0 beside Q4_K matrices
+    ("qwen2-mqa-q4_k-tied", dict(arch="qwen2", heads=4, kv_heads=1, dtype="q4_k", tied=True, seed=20,
+                                 dim=256, rope_theta=1000000.0, norm_eps=1e-6)),
 ]
+# Converted real weights: stories260K padded to dimensions of 256 and rounded to Q4_K.
+CONVERTED = [("stories260K-pad256-q4_k", ["--dtype", "q4_k", "--pad", "256"])]
 
 
 def run(cmd, timeout=120):
@@ -119,8 +132,18 @@ def mkmodel(spillway, path, opts):
 def check_synth(m, opts):
     """The file really has what the case claims to cover."""
     want_dt = {"f32": gguf_ref.DT_F32, "f16": gguf_ref.DT_F16, "bf16": gguf_ref.DT_BF16,
-               "q8_0": gguf_ref.DT_Q8_0}[opts["dtype"]]
+               "q8_0": gguf_ref.DT_Q8_0, "q4_0": gguf_ref.DT_Q4_0, "q4_k": gguf_ref.DT_Q4_K}[opts["dtype"]]
+    dim = opts.get("dim", BASE["dim"])
+    if want_dt == gguf_ref.DT_Q4_K and dim % 256:
+        want_dt = gguf_ref.DT_Q4_0  # attn_q's rows of dim elements fall back
     problems = []
+    if opts["dtype"] == "q4_k":
+        # every matrix Q4_K where its rows fit 256, Q4_0 elsewhere
+        for name, t in m.g.tensors.items():
+            if len(t.ne) == 2:
+                want = gguf_ref.DT_Q4_K if t.ne[0] % 256 == 0 else gguf_ref.DT_Q4_0
+                if t.dtype != want:
+                    problems.append("%s dtype %d" % (name, t.dtype))
     if m.arch != opts["arch"]:
         problems.append("arch %s" % m.arch)
     if (m.n_heads, m.n_kv_heads) != (opts["heads"], opts["kv_heads"]):
@@ -205,6 +228,16 @@ def main(argv):
                 failures.append("%s: %s" % (name, e))
                 continue
             cases.append((name, path, opts))
+        if os.path.exists(stories):
+            for name, args in CONVERTED:
+                path = os.path.join(tmp, name + ".gguf")
+                cmd = [spillway, "mkmodel", "--from", stories, "-o", path] + args
+                r = run(cmd)
+                if r.returncode != 0:
+                    failures.append("%s: %s failed (%d): %s" % (name, " ".join(cmd), r.returncode,
+                                                               r.stderr.strip()[-300:]))
+                    continue
+                cases.append((name, path, None))
 
         for ci, (name, path, opts) in enumerate(cases):
             m = forward_ref.RefModel(path)
@@ -256,7 +289,7 @@ def main(argv):
                 rows.append(row)
 
     cols = MODES + ["alone/t1"]
-    fmt = "%-22s %-5s %-4s" + " %-9s" * len(cols) + " %-7s %-9s"
+    fmt = "%-24s %-5s %-4s" + " %-9s" * len(cols) + " %-7s %-9s"
     print("max NMSE per mode over the sequences (bound f32 KV %.0e, f16 KV %.0e); argmax = fewest"
           " agreeing positions over modes; invariant = all modes bit-identical" %
           (BOUNDS["f32"], BOUNDS["f16"]))

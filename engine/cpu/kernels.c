@@ -4,7 +4,8 @@
  *   8 lane partial sums s[j] = sum over k = j (mod 8), in increasing k, of (w[k] * x[k]) rounded
  *   (a separate multiply and add, no fused FMA, so the result does not depend on -ffp-contract
  *   or libm), then ((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7)).
- * Weights are widened to F32 exactly (F16, BF16, and Q8_0 as d * q, which is exact in F32). */
+ * Weights are widened to F32 exactly (F16, BF16, Q8_0 as d * q and Q4_0 as d * (q - 8), which
+ * are exact in F32; Q4_K as the single rounding of d*sc*q - dmin*m, see engine/dtype.h). */
 #include "engine/cpu/kernels.h"
 
 #include <math.h>
@@ -17,10 +18,11 @@
 #include "engine/dtype.h"
 
 #define SC_LANES 8
-#define SC_CHUNK 32 /* elements widened at a time; a multiple of SC_LANES and of QK8_0 */
+#define SC_CHUNK 32 /* elements widened at a time; a multiple of SC_LANES, = QK8_0 = QK4_0 = 32 */
 #define SC_TOK 8    /* tokens sharing one widened chunk */
 
-/* Widens elements [k0, k0 + n) of a row to F32; k0 is a multiple of 32 for Q8_0. */
+/* Widens elements [k0, k0 + n) of a row to F32; for the block types k0 is a multiple of 32
+ * (Q4_0 and Q4_K: n = 32, as K is a multiple of 32). */
 static void sc_widen(int wtype, const void *row, int64_t k0, int n, float *out)
 {
     switch (wtype) {
@@ -43,6 +45,28 @@ static void sc_widen(int wtype, const void *row, int64_t k0, int n, float *out)
             float d = fp16_to_f32(b->d);
             int m = n - i < QK8_0 ? n - i : QK8_0;
             for (int j = 0; j < m; j++) out[i + j] = d * (float)b->qs[j];
+        }
+        break;
+    }
+    case DT_Q4_0: { /* n == 32: one block */
+        const block_q4_0 *b = (const block_q4_0 *)row + k0 / QK4_0;
+        float d = fp16_to_f32(b->d);
+        for (int j = 0; j < QK4_0 / 2; j++) {
+            out[j] = d * (float)((b->qs[j] & 0x0f) - 8);
+            out[j + QK4_0 / 2] = d * (float)((b->qs[j] >> 4) - 8);
+        }
+        break;
+    }
+    case DT_Q4_K: { /* n == 32: sub-block j of a super-block */
+        const block_q4_K *b = (const block_q4_K *)row + k0 / QK_K;
+        int j = (int)(k0 % QK_K) / 32, sc, m;
+        q4k_scale_min(j, b->scales, &sc, &m);
+        float d1 = fp16_to_f32(b->d) * (float)sc, m1 = fp16_to_f32(b->dmin) * (float)m;
+        const uint8_t *q = b->qs + 32 * (j / 2);
+        const int shift = j % 2 ? 4 : 0;
+        for (int i = 0; i < 32; i++) {
+            float p = d1 * (float)((q[i] >> shift) & 0x0f); /* exact */
+            out[i] = p - m1;
         }
         break;
     }

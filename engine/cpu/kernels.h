@@ -8,13 +8,17 @@
  * or on the neighbouring tokens. So a sequence gets bit-identical results alone or in a batch.
  *
  * Threads: kernels are pure functions of their arguments; callers split work over threads by
- * output rows or by tokens. matmul is fastest when each thread's row range is a multiple of 8
+ * output rows or by tokens. (matmul of a block type over many tokens widens panels of rows into
+ * a malloc'd F32 scratch buffer first -- the same values and arithmetic -- and takes the direct
+ * path when the allocation fails.) matmul is fastest when each thread's row range is a multiple of 8
  * rows (4 when T > 2); any range is correct.
  *
  * Arithmetic (engine/cpu/kernels*.c give the exact per-ISA order): weights are widened to F32
- * exactly in registers -- F16, BF16, and Q8_0 as float(q) * d, which is exact in F32 -- and
- * multiplied with the F32 activations in F32 with a fixed accumulation order. So Q8_0 adds no
- * error beyond the weights' own quantisation: x is not quantised to int8. (The int8/VNNI route
+ * exactly in registers -- F16, BF16, Q8_0 as float(q) * d and Q4_0 as float(q - 8) * d, which
+ * are exact in F32, and Q4_K as the one F32 rounding of d*sc*q - dmin*m (every partial product
+ * exact; the value ggml's dequantisation gives, identical on every path) -- and multiplied with
+ * the F32 activations in F32 with a fixed accumulation order. So the block types add no error
+ * beyond the weights' own quantisation: x is not quantised to int8. (The int8/VNNI route
  * of llama.cpp has up to 4x the multiply rate at large T, but rounds each 32-element block of x
  * to 8 bits, a relative error of up to 2^-8 per element; at T = 1 both are memory-bound.) A
  * matmul output differs from the exact dot product of the widened weights by at most
@@ -28,8 +32,9 @@
 typedef struct {
     const char *name; /* "avx512", "avx2", "scalar" */
     /* y[t * ldy + o] = sum_{i<K} W[o][i] * x[t * ldx + i], for t in [0, T), o in [o0, o1).
-     * W: rows of K elements of dtype wtype (DT_F32, DT_F16, DT_BF16, DT_Q8_0), row o starting at
-     * (const char *)W + o * w_row_bytes. x: F32. K is a multiple of 32 for Q8_0.
+     * W: rows of K elements of dtype wtype (DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0, DT_Q4_K),
+     * row o starting at (const char *)W + o * w_row_bytes. x: F32. K is a multiple of 32 for
+     * Q8_0 and Q4_0, of 256 for Q4_K.
      * Returns -1 when wtype is unsupported, else 0. */
     int (*matmul)(int wtype, const void *W, size_t w_row_bytes, int64_t K, const float *x,
                   int64_t ldx, float *y, int64_t ldy, int T, int64_t o0, int64_t o1);

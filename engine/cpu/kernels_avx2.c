@@ -4,7 +4,10 @@
  *   one 8-lane F32 accumulator; for each 8-element chunk of K in increasing order
  *   acc = fma(w[k..k+7], x[k..k+7], acc), the last partial chunk zero-padded;
  *   then h[i] = acc[i] + acc[i+4];  p[i] = h[i] + h[i+2];  y = p[0] + p[1].
- * Weights are widened to F32 exactly (see kernels_avx512.c). Tiles are R = 3 rows x C <= 4
+ * Weights are widened to F32 exactly (see kernels_avx512.c); Q4_0 and Q4_K rows are walked a
+ * 32-element block at a time (the block's scale decoded once per row), the same per-element
+ * order. With 8 tokens or more the block types widen a panel of rows to F32 first and run the
+ * F32 tiles over it (mm_widened): the same arithmetic, bit for bit. Tiles are R = 3 rows x C <= 4
  * tokens (12 accumulators of the 16 ymm registers; measured ~90% of the FMA peak in L2), 8 rows
  * x 1 token for decode; other tile shapes do the same per-element arithmetic. */
 /* Every function of this file is compiled for the ISA (no global -m flags). */
@@ -16,6 +19,7 @@
 
 #include <immintrin.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "engine/cpu/kernels_impl.h"
@@ -28,6 +32,45 @@
 #define KERN_PANEL_BYTES (128 * 1024)
 #define PF_STREAM_BYTES 16384 /* decode: prefetch distance for weights streamed from memory */
 
+/* Q4_0 / Q4_K: the F32 scale d (and min m, Q4_K) of the 32-element block holding element kb (a
+ * multiple of 32), and the shift (0 or 4) that selects its nibbles. d * sc and dmin * m are
+ * exact products (see engine/dtype.h). */
+AI void q4_params(const int dt, const char *row, int64_t kb, float *d, float *m, int *shift)
+{
+    if (dt == DT_Q4_0) {
+        const block_q4_0 *b = (const block_q4_0 *)row + (kb >> 5);
+        *d = _cvtsh_ss(b->d);
+        *m = 0.0f;
+        *shift = 0;
+    } else {
+        const block_q4_K *b = (const block_q4_K *)row + (kb >> 8);
+        int j = (int)((kb >> 5) & 7), sc, mn;
+        q4k_scale_min(j, b->scales, &sc, &mn);
+        *d = _cvtsh_ss(b->d) * (float)sc;
+        *m = _cvtsh_ss(b->dmin) * (float)mn;
+        *shift = (j & 1) * 4;
+    }
+}
+
+/* Q4_0 / Q4_K: the 8 weights at kb + h (kb a multiple of 32, h in {0, 8, 16, 24}) from their
+ * block's q4_params. Q4_0: d * (q - 8), exact. Q4_K: d * q - m with one rounding (fmsub; the
+ * product is exact). */
+AI __m256 q4_w8(const int dt, const char *row, int64_t kb, int h, __m256 d, __m256 m, int shift)
+{
+    const uint8_t *q;
+    if (dt == DT_Q4_0) {
+        q = ((const block_q4_0 *)row + (kb >> 5))->qs + (h & 15);
+        shift = h & 16 ? 4 : 0;
+    } else {
+        q = ((const block_q4_K *)row + (kb >> 8))->qs + 32 * ((kb >> 6) & 3) + h;
+    }
+    __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q));
+    v = _mm256_and_si256(_mm256_srl_epi32(v, _mm_cvtsi32_si128(shift)), _mm256_set1_epi32(15));
+    if (dt == DT_Q4_0)
+        return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(v, _mm256_set1_epi32(8))), d);
+    return _mm256_fmsub_ps(d, _mm256_cvtepi32_ps(v), m);
+}
+
 /* 8 elements of a row starting at element k. */
 AI __m256 w_load(const int dt, const char *row, int64_t k)
 {
@@ -39,6 +82,14 @@ AI __m256 w_load(const int dt, const char *row, int64_t k)
     case DT_BF16: {
         __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + k)));
         return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+    }
+    case DT_Q4_0:
+    case DT_Q4_K: { /* k is a multiple of 8 */
+        float d, m;
+        int shift;
+        q4_params(dt, row, k & ~(int64_t)31, &d, &m, &shift);
+        return q4_w8(dt, row, k & ~(int64_t)31, (int)(k & 31), _mm256_set1_ps(d),
+                     _mm256_set1_ps(m), shift);
     }
     default: { /* DT_Q8_0; k is a multiple of 8 */
         const block_q8_0 *b = (const block_q8_0 *)row + (k >> 5);
@@ -82,6 +133,8 @@ AI size_t elem_off(const int dt, int64_t k)
     switch (dt) {
     case DT_F32: return (size_t)k * 4;
     case DT_Q8_0: return (size_t)(k >> 5) * sizeof(block_q8_0) + (size_t)(k & 24);
+    case DT_Q4_0: return (size_t)(k >> 5) * sizeof(block_q4_0);
+    case DT_Q4_K: return (size_t)(k >> 8) * sizeof(block_q4_K) + (size_t)((k & 255) >> 1);
     default: return (size_t)k * 2;
     }
 }
@@ -96,6 +149,35 @@ AI void tile(const int dt, const int R, const int C, const char *W, size_t wrb, 
 #pragma GCC unroll 8
         for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
     int64_t k = 0;
+    if (dt == DT_Q4_0 || dt == DT_Q4_K) {
+        /* a block of 32 at a time: each row's scale (and min) is decoded once per block, then
+         * the same 8-element steps as below */
+        for (; k + 32 <= K; k += 32) {
+            float d[TILE_RMAX], m[TILE_RMAX];
+            int sh[TILE_RMAX];
+            if (pfd && (k & 127) == 0) {
+#pragma GCC unroll 8
+                for (int r = 0; r < R; r++)
+                    _mm_prefetch(W + (size_t)r * wrb + elem_off(dt, k) + pfd, _MM_HINT_T0);
+            }
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) q4_params(dt, W + (size_t)r * wrb, k, &d[r], &m[r], &sh[r]);
+#pragma GCC unroll 4
+            for (int h = 0; h < 32; h += 8) {
+                __m256 w[TILE_RMAX];
+#pragma GCC unroll 8
+                for (int r = 0; r < R; r++)
+                    w[r] = q4_w8(dt, W + (size_t)r * wrb, k, h, _mm256_set1_ps(d[r]),
+                                 _mm256_set1_ps(m[r]), sh[r]);
+#pragma GCC unroll 8
+                for (int c = 0; c < C; c++) {
+                    __m256 xv = _mm256_loadu_ps(x + c * ldx + k + h);
+#pragma GCC unroll 8
+                    for (int r = 0; r < R; r++) acc[r][c] = _mm256_fmadd_ps(w[r], xv, acc[r][c]);
+                }
+            }
+        }
+    }
     for (; k + 8 <= K; k += 8) {
         __m256 w[TILE_RMAX];
         if (pfd && (k & 15) == 0) {
@@ -112,7 +194,7 @@ AI void tile(const int dt, const int R, const int C, const char *W, size_t wrb, 
             for (int r = 0; r < R; r++) acc[r][c] = _mm256_fmadd_ps(w[r], xv, acc[r][c]);
         }
     }
-    if (dt != DT_Q8_0 && k < K) { /* Q8_0: K is a multiple of 32 */
+    if (!kern_wtype_blocked(dt) && k < K) { /* block types: K is a multiple of 32 */
         int n = (int)(K - k);
         __m256 w[TILE_RMAX];
 #pragma GCC unroll 8
@@ -192,16 +274,58 @@ static void mm_q8_0(const char *W, size_t wrb, int64_t K, const float *x, int64_
     matmul_dt(DT_Q8_0, W, wrb, K, x, ldx, y, ldy, T, o0, o1);
 }
 
+static void mm_q4_0(const char *W, size_t wrb, int64_t K, const float *x, int64_t ldx, float *y,
+                    int64_t ldy, int T, int64_t o0, int64_t o1)
+{
+    matmul_dt(DT_Q4_0, W, wrb, K, x, ldx, y, ldy, T, o0, o1);
+}
+static void mm_q4_k(const char *W, size_t wrb, int64_t K, const float *x, int64_t ldx, float *y,
+                    int64_t ldy, int T, int64_t o0, int64_t o1)
+{
+    matmul_dt(DT_Q4_K, W, wrb, K, x, ldx, y, ldy, T, o0, o1);
+}
+
+static void v_dequant_row(int wtype, const void *row, float *out, int64_t K);
+
+/* Block types with many tokens (T >= 2 * TILE_C): each panel's rows are widened to F32 once into
+ * a scratch buffer -- the very values the direct path widens in registers -- and the F32 tiles
+ * run over it: the same per-element arithmetic, so bit-identical results (batch invariance holds
+ * across the switch), with the decoding paid once per panel instead of once per tile of tokens.
+ * 0 when no scratch memory could be had (the caller then takes the direct path). */
+static int mm_widened(int dt, const char *W, size_t wrb, int64_t K, const float *x, int64_t ldx,
+                      float *y, int64_t ldy, int T, int64_t o0, int64_t o1)
+{
+    const size_t frb = (size_t)K * sizeof(float);
+    int64_t panel = frb ? (int64_t)(KERN_PANEL_BYTES / frb) : (o1 - o0);
+    panel = panel < TILE_R ? TILE_R : panel / TILE_R * TILE_R;
+    if (panel > o1 - o0) panel = o1 - o0;
+    float *buf = malloc((size_t)panel * frb);
+    if (!buf) return 0;
+    for (int64_t ob = o0; ob < o1; ob += panel) {
+        int64_t oe = o1 - ob < panel ? o1 : ob + panel;
+        for (int64_t o = ob; o < oe; o++)
+            v_dequant_row(dt, W + (size_t)o * wrb, buf + (size_t)(o - ob) * (size_t)K, K);
+        matmul_dt(DT_F32, (const char *)buf, frb, K, x, ldx, y + ob, ldy, T, 0, oe - ob);
+    }
+    free(buf);
+    return 1;
+}
+
 static int v_matmul(int wtype, const void *W, size_t w_row_bytes, int64_t K, const float *x,
                     int64_t ldx, float *y, int64_t ldy, int T, int64_t o0, int64_t o1)
 {
     if (!kern_wtype_ok(wtype, K)) return -1;
     if (T <= 0 || o1 <= o0) return 0;
     const char *w = W;
+    if (T >= 2 * TILE_C && kern_wtype_blocked(wtype) &&
+        mm_widened(wtype, w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1))
+        return 0;
     switch (wtype) {
     case DT_F32: mm_f32(w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1); break;
     case DT_F16: mm_f16(w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1); break;
     case DT_BF16: mm_bf16(w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1); break;
+    case DT_Q4_0: mm_q4_0(w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1); break;
+    case DT_Q4_K: mm_q4_k(w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1); break;
     default: mm_q8_0(w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1); break;
     }
     return 0;
@@ -227,6 +351,12 @@ static void v_dequant_row(int wtype, const void *row, float *out, int64_t K)
         return;
     case DT_Q8_0:
         for (; k + 8 <= K; k += 8) _mm256_storeu_ps(out + k, w_load(DT_Q8_0, r, k));
+        return;
+    case DT_Q4_0:
+        for (; k + 8 <= K; k += 8) _mm256_storeu_ps(out + k, w_load(DT_Q4_0, r, k));
+        return;
+    case DT_Q4_K:
+        for (; k + 8 <= K; k += 8) _mm256_storeu_ps(out + k, w_load(DT_Q4_K, r, k));
         return;
     default:
         return;

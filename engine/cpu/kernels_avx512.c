@@ -6,9 +6,14 @@
  *   then the fixed tree  h[i] = acc[i] + acc[i+8];  q[i] = h[i] + h[i+4];
  *   p[i] = q[i] + q[i+2];  y = p[0] + p[1].
  * Weights are widened to F32 exactly in registers: F16 by vcvtph2ps, BF16 by a 16-bit shift,
- * Q8_0 as float(q) * d (exact: an 8-bit times an 11-bit significand fits in 24 bits). Q8_0 uses
- * the same F32 path rather than quantising x to int8, so it adds no error beyond the weights'
- * own quantisation.
+ * Q8_0 as float(q) * d (exact: an 8-bit times an 11-bit significand fits in 24 bits), Q4_0 as
+ * (q - 8) * d (exact), Q4_K as d*sc*q - dmin*m rounded once (engine/dtype.h). The block types use
+ * the same F32 path rather than quantising x to int8, so they add no error beyond the weights'
+ * own quantisation. Q4_0 and Q4_K rows are walked a 32-element block at a time (each row's
+ * block scale decoded once, nibbles widened through a 16-entry vpermps table), the same
+ * per-element order. With more than 6 tokens the block types (Q8_0 included) widen a panel of
+ * rows to F32 once and run the F32 tiles over it (mm_widened): the same arithmetic, bit for
+ * bit, with the decoding paid once per panel rather than once per tile of tokens.
  *
  * Blocking: a tile is R = 4 rows x C <= 6 tokens (24 accumulators in zmm registers); each weight
  * vector is widened once per tile and used for C tokens, each x vector is used for R rows. The
@@ -24,6 +29,7 @@
 
 #include <immintrin.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "engine/cpu/kernels_impl.h"
@@ -70,6 +76,50 @@ AI __m512 q8_half(const char *row, int64_t k, __m512 d)
     return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q8)), d);
 }
 
+/* Q4_0 / Q4_K: the F32 scale d (and min m, Q4_K) of the 32-element block holding element kb (a
+ * multiple of 32), and the shift (0 or 4) that selects its nibbles. d * sc and dmin * m are
+ * exact products (see engine/dtype.h). */
+AI void q4_params(const int dt, const char *row, int64_t kb, float *d, float *m, int *shift)
+{
+    if (dt == DT_Q4_0) {
+        const block_q4_0 *b = (const block_q4_0 *)row + (kb >> 5);
+        *d = _cvtsh_ss(b->d);
+        *m = 0.0f;
+        *shift = 0;
+    } else {
+        const block_q4_K *b = (const block_q4_K *)row + (kb >> 8);
+        int j = (int)((kb >> 5) & 7), sc, mn;
+        q4k_scale_min(j, b->scales, &sc, &mn);
+        *d = _cvtsh_ss(b->d) * (float)sc;
+        *m = _cvtsh_ss(b->dmin) * (float)mn;
+        *shift = (j & 1) * 4;
+    }
+}
+
+/* Q4_0 / Q4_K: the 16 weights at kb + h (kb a multiple of 32, h 0 or 16) from their block's
+ * q4_params. The nibbles, zero-extended to 32 bits, index a 16-entry table of their F32 values
+ * (vpermps reads only the low 4 bits of each index, so the high nibble needs a shift and the
+ * low one no mask). Q4_0: table q - 8, times d: exact. Q4_K: table q, d * q - m with one
+ * rounding (fmsub; the product is exact). */
+AI __m512 q4_w16(const int dt, const char *row, int64_t kb, int h, __m512 d, __m512 m, int shift)
+{
+    const uint8_t *q;
+    if (dt == DT_Q4_0) {
+        q = ((const block_q4_0 *)row + (kb >> 5))->qs;
+        shift = h ? 4 : 0;
+    } else {
+        q = ((const block_q4_K *)row + (kb >> 8))->qs + 32 * ((kb >> 6) & 3) + h;
+    }
+    __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)q));
+    v = _mm512_srl_epi32(v, _mm_cvtsi32_si128(shift));
+    if (dt == DT_Q4_0) {
+        const __m512 tbl = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+        return _mm512_mul_ps(_mm512_permutexvar_ps(v, tbl), d);
+    }
+    const __m512 tbl = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    return _mm512_fmsub_ps(d, _mm512_permutexvar_ps(v, tbl), m);
+}
+
 AI __m512 w_load(const int dt, const char *row, int64_t k)
 {
     switch (dt) {
@@ -81,6 +131,14 @@ AI __m512 w_load(const int dt, const char *row, int64_t k)
         __m512i v = _mm512_cvtepu16_epi32(
             _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + k)));
         return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+    }
+    case DT_Q4_0:
+    case DT_Q4_K: { /* k is a multiple of 16 */
+        float d, m;
+        int shift;
+        q4_params(dt, row, k & ~(int64_t)31, &d, &m, &shift);
+        return q4_w16(dt, row, k & ~(int64_t)31, (int)(k & 16), _mm512_set1_ps(d),
+                      _mm512_set1_ps(m), shift);
     }
     default: /* DT_Q8_0; k is a multiple of 16 */
         return q8_half(row, k, q8_scale(row, k));
@@ -136,6 +194,8 @@ AI size_t elem_off(const int dt, int64_t k)
     switch (dt) {
     case DT_F32: return (size_t)k * 4;
     case DT_Q8_0: return (size_t)(k >> 5) * sizeof(block_q8_0) + (size_t)(k & 16);
+    case DT_Q4_0: return (size_t)(k >> 5) * sizeof(block_q4_0);
+    case DT_Q4_K: return (size_t)(k >> 8) * sizeof(block_q4_K) + (size_t)((k & 255) >> 1);
     default: return (size_t)k * 2;
     }
 }
@@ -185,6 +245,35 @@ AI void tile(const int dt, const int R, const int C, const char *W, size_t wrb, 
             }
         }
     }
+    if (dt == DT_Q4_0 || dt == DT_Q4_K) {
+        /* a block of 32 at a time: each row's scale (and min) is decoded once per block, then
+         * the same 16-element steps as below */
+        for (; k + 32 <= k1; k += 32) {
+            float d[TILE_RMAX], m[TILE_RMAX];
+            int sh[TILE_RMAX];
+            if (pfd && (k & 127) == 0) {
+#pragma GCC unroll 8
+                for (int r = 0; r < R; r++)
+                    _mm_prefetch(W + (size_t)r * wrb + elem_off(dt, k) + pfd, _MM_HINT_T0);
+            }
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) q4_params(dt, W + (size_t)r * wrb, k, &d[r], &m[r], &sh[r]);
+#pragma GCC unroll 2
+            for (int h = 0; h < 32; h += 16) {
+                __m512 w[TILE_RMAX];
+#pragma GCC unroll 8
+                for (int r = 0; r < R; r++)
+                    w[r] = q4_w16(dt, W + (size_t)r * wrb, k, h, _mm512_set1_ps(d[r]),
+                                  _mm512_set1_ps(m[r]), sh[r]);
+#pragma GCC unroll 8
+                for (int c = 0; c < C; c++) {
+                    __m512 xv = _mm512_loadu_ps(x + c * ldx + k + h);
+#pragma GCC unroll 8
+                    for (int r = 0; r < R; r++) acc[r][c] = _mm512_fmadd_ps(w[r], xv, acc[r][c]);
+                }
+            }
+        }
+    }
     for (; k + 16 <= k1; k += 16) {
         __m512 w[TILE_RMAX];
         if (pfd) {
@@ -208,7 +297,7 @@ AI void tile(const int dt, const int R, const int C, const char *W, size_t wrb, 
             for (int c = 0; c < C; c++) save[r * C + c] = acc[r][c];
         return;
     }
-    if (dt != DT_Q8_0 && k < K) { /* Q8_0: K is a multiple of 32 */
+    if (!kern_wtype_blocked(dt) && k < K) { /* block types: K is a multiple of 32 */
         __mmask16 m = (__mmask16)((1u << (K - k)) - 1);
         __m512 w[TILE_RMAX];
 #pragma GCC unroll 8
@@ -339,16 +428,61 @@ static void mm_q8_0(const char *W, size_t wrb, int64_t K, const float *x, int64_
     matmul_dt(DT_Q8_0, W, wrb, K, x, ldx, y, ldy, T, o0, o1);
 }
 
+static void mm_q4_0(const char *W, size_t wrb, int64_t K, const float *x, int64_t ldx, float *y,
+                    int64_t ldy, int T, int64_t o0, int64_t o1)
+{
+    matmul_dt(DT_Q4_0, W, wrb, K, x, ldx, y, ldy, T, o0, o1);
+}
+static void mm_q4_k(const char *W, size_t wrb, int64_t K, const float *x, int64_t ldx, float *y,
+                    int64_t ldy, int T, int64_t o0, int64_t o1)
+{
+    matmul_dt(DT_Q4_K, W, wrb, K, x, ldx, y, ldy, T, o0, o1);
+}
+
+static void v_dequant_row(int wtype, const void *row, float *out, int64_t K);
+
+/* Block types with many tokens (T > 6, the panel path): each panel's rows are widened to F32
+ * once into a scratch buffer -- the very values the direct path widens in registers -- and the
+ * F32 tiles run over it. The per-element arithmetic is the F32 path's, which is the direct
+ * path's (same chunks, same FMA order, same reduction), so the results are bit-identical to the
+ * direct path's and batch invariance holds across the switch; the decoding is paid once per
+ * panel instead of once per tile of TILE_C tokens. 0 when no scratch memory could be had (the
+ * caller then takes the direct path). */
+static int mm_widened(int dt, const char *W, size_t wrb, int64_t K, const float *x, int64_t ldx,
+                      float *y, int64_t ldy, int T, int64_t o0, int64_t o1)
+{
+    const size_t frb = (size_t)K * sizeof(float);
+    int64_t panel = frb ? (int64_t)(KERN_PANEL_BYTES / frb) : (o1 - o0);
+    panel = panel < TILE_R ? TILE_R : panel / TILE_R * TILE_R;
+    if (K > KERN_KBLOCK_MIN && panel > KERN_KBLOCK_ROWS) panel = KERN_KBLOCK_ROWS;
+    if (panel > o1 - o0) panel = o1 - o0;
+    float *buf = malloc((size_t)panel * frb);
+    if (!buf) return 0;
+    for (int64_t ob = o0; ob < o1; ob += panel) {
+        int64_t oe = o1 - ob < panel ? o1 : ob + panel;
+        for (int64_t o = ob; o < oe; o++)
+            v_dequant_row(dt, W + (size_t)o * wrb, buf + (size_t)(o - ob) * (size_t)K, K);
+        matmul_dt(DT_F32, (const char *)buf, frb, K, x, ldx, y + ob, ldy, T, 0, oe - ob);
+    }
+    free(buf);
+    return 1;
+}
+
 static int v_matmul(int wtype, const void *W, size_t w_row_bytes, int64_t K, const float *x,
                     int64_t ldx, float *y, int64_t ldy, int T, int64_t o0, int64_t o1)
 {
     if (!kern_wtype_ok(wtype, K)) return -1;
     if (T <= 0 || o1 <= o0) return 0;
     const char *w = W;
+    if (T > 6 && kern_wtype_blocked(wtype) &&
+        mm_widened(wtype, w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1))
+        return 0;
     switch (wtype) {
     case DT_F32: mm_f32(w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1); break;
     case DT_F16: mm_f16(w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1); break;
     case DT_BF16: mm_bf16(w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1); break;
+    case DT_Q4_0: mm_q4_0(w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1); break;
+    case DT_Q4_K: mm_q4_k(w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1); break;
     default: mm_q8_0(w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1); break;
     }
     return 0;
@@ -381,6 +515,12 @@ static void v_dequant_row(int wtype, const void *row, float *out, int64_t K)
         return;
     case DT_Q8_0:
         for (; k + 16 <= K; k += 16) _mm512_storeu_ps(out + k, w_load(DT_Q8_0, r, k));
+        return;
+    case DT_Q4_0:
+        for (; k + 16 <= K; k += 16) _mm512_storeu_ps(out + k, w_load(DT_Q4_0, r, k));
+        return;
+    case DT_Q4_K:
+        for (; k + 16 <= K; k += 16) _mm512_storeu_ps(out + k, w_load(DT_Q4_K, r, k));
         return;
     default:
         return;

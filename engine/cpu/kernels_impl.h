@@ -16,6 +16,8 @@ static inline int kern_wtype_ok(int t, int64_t K)
     switch (t) {
     case DT_F32: case DT_F16: case DT_BF16: return K >= 0;
     case DT_Q8_0: return K >= 0 && K % QK8_0 == 0;
+    case DT_Q4_0: return K >= 0 && K % QK4_0 == 0;
+    case DT_Q4_K: return K >= 0 && K % QK_K == 0;
     default: return 0;
     }
 }
@@ -26,5 +28,11 @@ extern const kern_table_t kern_table_scalar;
 extern const kern_table_t kern_table_avx2;
 extern const kern_table_t kern_table_avx512;
 #endif
+
+/* 1 for the block types whose K is always a multiple of 32 (no partial tail chunk). */
+static inline int kern_wtype_blocked(int t)
+{
+    return t == DT_Q8_0 || t == DT_Q4_0 || t == DT_Q4_K;
+}
 
 #endif

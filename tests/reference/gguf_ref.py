@@ -14,7 +14,13 @@ File layout (all little-endian):
 
 Tensors come back as float64 numpy arrays of shape ne[::-1] (ne[0] is the innermost, contiguous
 dimension), so a matrix of ne = {in, out} is an (out, in) array. Supported dtypes: F32, F16, BF16,
-Q8_0 (blocks of 32: fp16 scale d + 32 int8 q, w = d * q, exact in float64).
+Q8_0 (blocks of 32: fp16 scale d + 32 int8 q, w = d * q, exact in float64),
+Q4_0 (blocks of 32, 18 bytes: fp16 d + 16 bytes; weight i < 16 is the low nibble of byte i, weight
+i + 16 its high nibble; w = d * (q - 8), exact in float64),
+Q4_K (super-blocks of 256, 144 bytes: fp16 d, fp16 dmin, 12 bytes of packed 6-bit sub-block scales
+and mins, 128 bytes of nibbles; 8 sub-blocks of 32; w = d*sc*q - dmin*m. ggml defines the weight as
+that expression evaluated in float32, where every product is exact and only the difference is
+rounded, so it is computed exactly here in float64 and rounded once to float32).
 
 Usage as a script: gguf_ref.py FILE  prints the metadata and tensor list.
 """
@@ -37,10 +43,35 @@ _NP_SCALAR = {
 }
 
 # tensor dtypes (ggml numbering)
-DT_F32, DT_F16, DT_Q8_0, DT_BF16 = 0, 1, 8, 30
-DTYPE_NAMES = {DT_F32: "f32", DT_F16: "f16", DT_Q8_0: "q8_0", DT_BF16: "bf16"}
+DT_F32, DT_F16, DT_Q4_0, DT_Q8_0, DT_Q4_K, DT_BF16 = 0, 1, 2, 8, 12, 30
+DTYPE_NAMES = {DT_F32: "f32", DT_F16: "f16", DT_Q4_0: "q4_0", DT_Q8_0: "q8_0", DT_Q4_K: "q4_K",
+               DT_BF16: "bf16"}
 QK8_0 = 32
 Q8_0_BLOCK_BYTES = 2 + QK8_0
+QK4_0 = 32
+Q4_0_BLOCK_BYTES = 2 + QK4_0 // 2
+QK_K = 256
+Q4_K_BLOCK_BYTES = 2 + 2 + 12 + QK_K // 2
+# block size and bytes of the block types
+_BLOCKS = {DT_Q8_0: (QK8_0, Q8_0_BLOCK_BYTES), DT_Q4_0: (QK4_0, Q4_0_BLOCK_BYTES),
+           DT_Q4_K: (QK_K, Q4_K_BLOCK_BYTES)}
+
+
+def q4k_scales_mins(sc):
+    """sc: (nb, 12) uint8 -> (scales, mins), each (nb, 8) int: the 6-bit fields. Sub-blocks 0..3:
+    low 6 bits of bytes 0..3 (scale) and 4..7 (min). Sub-blocks 4..7: scale = low nibble of byte
+    j+4 plus the top 2 bits of byte j-4 as bits 4-5; min = high nibble of byte j+4 plus the top 2
+    bits of byte j as bits 4-5."""
+    sc = sc.astype(np.int64)
+    scales = np.zeros((sc.shape[0], 8), np.int64)
+    mins = np.zeros((sc.shape[0], 8), np.int64)
+    for j in range(4):
+        scales[:, j] = sc[:, j] & 63
+        mins[:, j] = sc[:, j + 4] & 63
+    for j in range(4, 8):
+        scales[:, j] = (sc[:, j + 4] & 15) | ((sc[:, j - 4] >> 6) << 4)
+        mins[:, j] = (sc[:, j + 4] >> 4) | ((sc[:, j] >> 6) << 4)
+    return scales, mins
 
 
 class GGUFError(Exception):
@@ -79,6 +110,26 @@ class Tensor:
             d = blocks[:, :2].copy().view("<f2").astype(np.float64)          # (nb, 1)
             q = blocks[:, 2:].copy().view(np.int8).astype(np.float64)        # (nb, 32)
             flat = (d * q).reshape(n)
+        elif self.dtype == DT_Q4_0:
+            nb = n // QK4_0
+            blocks = np.frombuffer(self.raw, dtype=np.uint8, count=nb * Q4_0_BLOCK_BYTES)
+            blocks = blocks.reshape(nb, Q4_0_BLOCK_BYTES)
+            d = blocks[:, :2].copy().view("<f2").astype(np.float64)          # (nb, 1)
+            qs = blocks[:, 2:].astype(np.int64)                               # (nb, 16)
+            q = np.concatenate([qs & 15, qs >> 4], axis=1) - 8                # (nb, 32)
+            flat = (d * q).reshape(n)
+        elif self.dtype == DT_Q4_K:
+            nb = n // QK_K
+            blocks = np.frombuffer(self.raw, dtype=np.uint8, count=nb * Q4_K_BLOCK_BYTES)
+            blocks = blocks.reshape(nb, Q4_K_BLOCK_BYTES)
+            d = blocks[:, 0:2].copy().view("<f2").astype(np.float64)         # (nb, 1)
+            dmin = blocks[:, 2:4].copy().view("<f2").astype(np.float64)      # (nb, 1)
+            scales, mins = q4k_scales_mins(blocks[:, 4:16])                   # (nb, 8) each
+            qs = blocks[:, 16:].astype(np.int64).reshape(nb, 4, 32)           # 4 chunks of 32 bytes
+            # sub-block 2c = low nibbles of chunk c, sub-block 2c+1 = its high nibbles
+            q = np.stack([qs & 15, qs >> 4], axis=2).reshape(nb, 8, 32)       # (nb, sub, 32)
+            w = (d[:, :, None] * scales[:, :, None]) * q - (dmin[:, :, None] * mins[:, :, None])
+            flat = w.astype(np.float32).astype(np.float64).reshape(n)
         else:
             raise GGUFError("tensor %s: unsupported dtype %d" % (self.name, self.dtype))
         return flat.reshape(self.shape)
@@ -92,10 +143,12 @@ def _nbytes(dtype, ne, name):
         return 4 * n
     if dtype in (DT_F16, DT_BF16):
         return 2 * n
-    if dtype == DT_Q8_0:
-        if ne[0] % QK8_0:
-            raise GGUFError("tensor %s: q8_0 row of %d not a multiple of 32" % (name, ne[0]))
-        return n // QK8_0 * Q8_0_BLOCK_BYTES
+    if dtype in _BLOCKS:
+        qk, bb = _BLOCKS[dtype]
+        if ne[0] % qk:
+            raise GGUFError("tensor %s: %s row of %d not a multiple of %d" %
+                            (name, DTYPE_NAMES[dtype], ne[0], qk))
+        return n // qk * bb
     return None  # unknown size: listed, but not readable
 
 
