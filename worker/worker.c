@@ -596,15 +596,8 @@ static void *engine_main(void *arg)
     pthread_mutex_unlock(&w->mu);
     atomic_store(&w->st.eng_cpu_ns, thread_cpu_ns(CLOCK_THREAD_CPUTIME_ID));
     atomic_store(&w->st.eng_alive, 0);
-    /* fatal: whatever is left is dropped (its offsets stay uncommitted) */
-    while (w->n_active > 0) {
-        wreq_t *r = w->active[w->n_active - 1];
-        atomic_store(&r->cancelled, 1);
-        if (engine_cancel(w->eng, r->engine_id)) {
-            active_remove(w, r);
-            wreq_free(r);
-        }
-    }
+    /* fatal: requests may be left in the engine; the consumer still tracks them, so they are
+     * freed by worker_run once the consumer has dropped them (see there) */
     return NULL;
 }
 
@@ -1542,6 +1535,17 @@ int worker_run(worker_t *w, const volatile sig_atomic_t *stop, char *errstr, siz
     pthread_cond_broadcast(&w->cv);
     pthread_mutex_unlock(&w->mu);
     pthread_join(th, NULL);
+    /* a fatal error stopped the engine thread with requests still in the engine: consumer_leave
+     * has dropped (cancelled) them, and the engine is this thread's now; their offsets stay
+     * uncommitted */
+    while (w->n_active > 0) {
+        wreq_t *r = w->active[w->n_active - 1];
+        atomic_store(&r->cancelled, 1);
+        if (engine_cancel(w->eng, r->engine_id)) { /* unknown to the engine: free it here */
+            active_remove(w, r);
+            wreq_free(r);
+        }
+    }
     /* anything still queued is dropped */
     pthread_mutex_lock(&w->mu);
     wreq_t *list = w->outbox;
