@@ -7,7 +7,7 @@
  * gguf_open (maps it and validates the header and tensor table; touches no tensor data) and reads
  * the hyper-parameters with the same keys, defaults and checks as model_load (engine/model.c):
  * that part is mirrored here and tests/test_plan.c checks the result against engine_new's real
- * allocations. If model.c changes how it reads hyper-parameters, change read_model() with it.
+ * allocations. Integer keys are read with model_arch_int, as model_load reads them.
  *
  * Formulas (all integers; MiB = 2^20 bytes):
  *   kv bytes/token = n_layers x 2 x n_kv_heads x head_dim x elem (f16 2, f32 4)
@@ -140,35 +140,6 @@ bad:
     return -1;
 }
 
-/* As model.c's get_arch_int: "<arch>.<suffix>" as an integer, def when absent, a per-layer
- * INT32/UINT32 array accepted when all its elements are equal. 0, or -1 when present but
- * unusable. */
-static int get_arch_int(const gguf_t *g, const char *arch, const char *suffix, int64_t def,
-                        int64_t *out)
-{
-    char key[128];
-    snprintf(key, sizeof key, "%s.%s", arch, suffix);
-    if (gguf_find_key(g, key) < 0) {
-        *out = def;
-        return 0;
-    }
-    if (gguf_get_i64(g, key, out) == 0) return 0;
-    int et;
-    uint64_t n;
-    if (gguf_get_arr(g, key, &et, &n) == 0 && n > 0 && (et == GGUF_INT32 || et == GGUF_UINT32)) {
-        const unsigned char *d = gguf_get_arr_data(g, key);
-        int32_t first, v;
-        memcpy(&first, d, 4);
-        for (uint64_t i = 1; i < n; i++) {
-            memcpy(&v, d + 4 * i, 4);
-            if (v != first) return -1;
-        }
-        *out = first;
-        return 0;
-    }
-    return -1;
-}
-
 /* Reads path's hyper-parameters (keys, defaults and limits of model_load) and tensor bytes into
  * m. Maps the file only while reading; touches no tensor data. 0, or -1 + errstr. */
 static int read_model(const char *path, plan_model_t *m, char *errstr, size_t errlen)
@@ -188,35 +159,35 @@ static int read_model(const char *path, plan_model_t *m, char *errstr, size_t er
     m->arch_supported = !strcmp(m->arch, "llama") || !strcmp(m->arch, "qwen2");
     const char *a = m->arch;
     int64_t dim, n_layers, n_heads, n_kv, ffn, ctx, key_len, val_len, rope_dim;
-    if (get_arch_int(g, a, "embedding_length", 0, &dim) || dim <= 0 || dim > 65536 ||
-        get_arch_int(g, a, "block_count", 0, &n_layers) || n_layers <= 0 || n_layers > 1024 ||
-        get_arch_int(g, a, "attention.head_count", 0, &n_heads) || n_heads <= 0 ||
+    if (model_arch_int(g, a, "embedding_length", 0, &dim) || dim <= 0 || dim > 65536 ||
+        model_arch_int(g, a, "block_count", 0, &n_layers) || n_layers <= 0 || n_layers > 1024 ||
+        model_arch_int(g, a, "attention.head_count", 0, &n_heads) || n_heads <= 0 ||
         n_heads > 1024) {
         seterr(errstr, errlen, "%s: %s.embedding_length, .block_count and .attention.head_count "
                "must be present and positive", path, a);
         goto fail;
     }
-    if (get_arch_int(g, a, "attention.head_count_kv", n_heads, &n_kv) || n_kv <= 0 ||
+    if (model_arch_int(g, a, "attention.head_count_kv", n_heads, &n_kv) || n_kv <= 0 ||
         n_heads % n_kv) {
         seterr(errstr, errlen, "%s: %s.attention.head_count_kv must divide head_count (%lld)",
                path, a, (long long)n_heads);
         goto fail;
     }
-    if (get_arch_int(g, a, "feed_forward_length", 0, &ffn) || ffn <= 0 || ffn > 1 << 20) {
+    if (model_arch_int(g, a, "feed_forward_length", 0, &ffn) || ffn <= 0 || ffn > 1 << 20) {
         seterr(errstr, errlen, "%s: %s.feed_forward_length must be present and positive", path, a);
         goto fail;
     }
-    if (get_arch_int(g, a, "context_length", 2048, &ctx) || ctx <= 0) ctx = 2048;
-    if (get_arch_int(g, a, "attention.key_length", dim / n_heads, &key_len) || key_len <= 0 ||
+    if (model_arch_int(g, a, "context_length", 2048, &ctx) || ctx <= 0) ctx = 2048;
+    if (model_arch_int(g, a, "attention.key_length", dim / n_heads, &key_len) || key_len <= 0 ||
         key_len % 2 || key_len > 1024) {
         seterr(errstr, errlen, "%s: bad head dimension (%s.attention.key_length)", path, a);
         goto fail;
     }
-    if (get_arch_int(g, a, "attention.value_length", key_len, &val_len) || val_len != key_len) {
+    if (model_arch_int(g, a, "attention.value_length", key_len, &val_len) || val_len != key_len) {
         seterr(errstr, errlen, "%s: key and value head dimensions differ; not supported", path);
         goto fail;
     }
-    if (get_arch_int(g, a, "rope.dimension_count", key_len, &rope_dim) || rope_dim <= 0 ||
+    if (model_arch_int(g, a, "rope.dimension_count", key_len, &rope_dim) || rope_dim <= 0 ||
         rope_dim > key_len || rope_dim % 2) {
         seterr(errstr, errlen, "%s: bad %s.rope.dimension_count", path, a);
         goto fail;

@@ -19,8 +19,7 @@ static void seterr(char *errstr, size_t errlen, const char *fmt, ...)
     va_end(ap);
 }
 
-/* Reads "<arch>.<suffix>" as an integer; def when absent. -1 on a present but unusable value. */
-static int get_arch_int(const gguf_t *g, const char *arch, const char *suffix, int64_t def,
+int model_arch_int(const gguf_t *g, const char *arch, const char *suffix, int64_t def,
                         int64_t *out)
 {
     char key[128];
@@ -158,37 +157,37 @@ model_t *model_load(const char *path, char *errstr, size_t errlen)
     }
     const char *a = hp->arch_name;
     int64_t dim, n_layers, n_heads, n_kv, ffn, ctx, key_len, rope_dim;
-    if (get_arch_int(g, a, "embedding_length", 0, &dim) || dim <= 0 || dim > 65536 ||
-        get_arch_int(g, a, "block_count", 0, &n_layers) || n_layers <= 0 || n_layers > 1024 ||
-        get_arch_int(g, a, "attention.head_count", 0, &n_heads) || n_heads <= 0 ||
+    if (model_arch_int(g, a, "embedding_length", 0, &dim) || dim <= 0 || dim > 65536 ||
+        model_arch_int(g, a, "block_count", 0, &n_layers) || n_layers <= 0 || n_layers > 1024 ||
+        model_arch_int(g, a, "attention.head_count", 0, &n_heads) || n_heads <= 0 ||
         n_heads > 1024) {
         seterr(errstr, errlen,
                "model: %s.embedding_length, .block_count and .attention.head_count must be "
                "present and positive", a);
         goto fail;
     }
-    if (get_arch_int(g, a, "attention.head_count_kv", n_heads, &n_kv) || n_kv <= 0 ||
+    if (model_arch_int(g, a, "attention.head_count_kv", n_heads, &n_kv) || n_kv <= 0 ||
         n_heads % n_kv) {
         seterr(errstr, errlen, "model: %s.attention.head_count_kv must divide head_count (%lld)",
                a, (long long)n_heads);
         goto fail;
     }
-    if (get_arch_int(g, a, "feed_forward_length", 0, &ffn) || ffn <= 0 || ffn > 1 << 20) {
+    if (model_arch_int(g, a, "feed_forward_length", 0, &ffn) || ffn <= 0 || ffn > 1 << 20) {
         seterr(errstr, errlen, "model: %s.feed_forward_length must be present and positive", a);
         goto fail;
     }
-    if (get_arch_int(g, a, "context_length", 2048, &ctx) || ctx <= 0) ctx = 2048;
-    if (get_arch_int(g, a, "attention.key_length", dim / n_heads, &key_len) || key_len <= 0 ||
+    if (model_arch_int(g, a, "context_length", 2048, &ctx) || ctx <= 0) ctx = 2048;
+    if (model_arch_int(g, a, "attention.key_length", dim / n_heads, &key_len) || key_len <= 0 ||
         key_len % 2 || key_len > 1024) {
         seterr(errstr, errlen, "model: bad head dimension (%s.attention.key_length)", a);
         goto fail;
     }
     int64_t val_len;
-    if (get_arch_int(g, a, "attention.value_length", key_len, &val_len) || val_len != key_len) {
+    if (model_arch_int(g, a, "attention.value_length", key_len, &val_len) || val_len != key_len) {
         seterr(errstr, errlen, "model: key and value head dimensions differ; not supported");
         goto fail;
     }
-    if (get_arch_int(g, a, "rope.dimension_count", key_len, &rope_dim) || rope_dim <= 0 ||
+    if (model_arch_int(g, a, "rope.dimension_count", key_len, &rope_dim) || rope_dim <= 0 ||
         rope_dim > key_len || rope_dim % 2) {
         seterr(errstr, errlen, "model: bad %s.rope.dimension_count", a);
         goto fail;

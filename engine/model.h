@@ -83,4 +83,10 @@ void model_free(model_t *m);
 /* Bytes of K+V per token per layer set, for a KV element size of elem_bytes. */
 size_t model_kv_bytes_per_token(const model_t *m, size_t elem_bytes);
 
+/* Reads "<arch>.<suffix>" of g as an integer into *out, def when absent; a per-layer INT32/UINT32
+ * array is accepted when all its elements are equal. 0, or -1 when present but unusable. Used by
+ * model_load and by `spillway plan`, so both read hyper-parameters the same way. */
+int model_arch_int(const gguf_t *g, const char *arch, const char *suffix, int64_t def,
+                   int64_t *out);
+
 #endif
