@@ -38,6 +38,7 @@ void cache_config_default(cache_config_t *c)
     c->cmd_timeout_ms = 50;
     c->backoff_min_ms = 100;
     c->backoff_max_ms = 5000;
+    c->health_ms = 1000;
     c->write_queue = 64;
     c->log_level = 2;
     c->log_fn = NULL;
@@ -202,9 +203,30 @@ static void *writer_main(void *arg)
     if (setpriority(PRIO_PROCESS, (id_t)gettid(), 10) != 0)
         CACHE_LOG(&c->log, CLOG_DEBUG, "writer thread: setpriority: %s", strerror(errno));
     pthread_mutex_lock(&c->mu);
+    int64_t next_ping = cache_now_ms() + c->ix.health_ms;
     for (;;) {
-        while (!c->fifo_len && !c->stopping) pthread_cond_wait(&c->cv, &c->mu);
+        while (!c->fifo_len && !c->stopping) {
+            if (!c->ix.health_ms) {
+                pthread_cond_wait(&c->cv, &c->mu);
+                continue;
+            }
+            int64_t now = cache_now_ms();
+            if (now >= next_ping) { /* idle: keep redis_up current (and reconnect) */
+                pthread_mutex_unlock(&c->mu);
+                if (cache_tier2_usable(c)) rconn_ping(c, &c->wr);
+                pthread_mutex_lock(&c->mu);
+                next_ping = cache_now_ms() + c->ix.health_ms;
+                continue;
+            }
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            int64_t ns = ts.tv_nsec + (next_ping - now) * 1000000;
+            ts.tv_sec += ns / 1000000000;
+            ts.tv_nsec = ns % 1000000000;
+            pthread_cond_timedwait(&c->cv, &c->mu, &ts);
+        }
         if (!c->fifo_len) break; /* stopping and drained */
+        next_ping = cache_now_ms() + c->ix.health_ms;
         int idx = c->fifo[c->fifo_head];
         c->fifo_head = (c->fifo_head + 1) % c->n_bufs;
         c->fifo_len--;

@@ -68,6 +68,8 @@ typedef struct {
     int cmd_timeout_ms;          /* per command (50) */
     int backoff_min_ms;          /* first reconnect delay (100) */
     int backoff_max_ms;          /* largest reconnect delay (5000) */
+    int health_ms;               /* an idle writer thread pings Redis this often, so that the
+                                  * redis_up stat follows Redis between lookups (1000; 0 = never) */
     int write_queue;             /* blocks waiting for the writer, at most; more are dropped (64) */
     /* logging: level 0 error, 1 warn, 2 info, 3 debug; fn NULL = stderr */
     int log_level;               /* 2 */

@@ -95,7 +95,7 @@ typedef struct {
 typedef struct {
     char *host, *user, *password;
     int port, db;
-    int connect_timeout_ms, cmd_timeout_ms, backoff_min_ms, backoff_max_ms;
+    int connect_timeout_ms, cmd_timeout_ms, backoff_min_ms, backoff_max_ms, health_ms;
     char *keys[N_KEYS];
     char arena_id[17];   /* hex of the arena id, as stored in meta */
     char n_slots[16];    /* decimal */
@@ -161,6 +161,8 @@ void rconn_close(rconn_t *r);
 /* Connects when down and the backoff allows it (bounded by connect_timeout_ms plus one
  * pipelined round trip of cmd_timeout_ms). 0 connected, -1 down. */
 int rconn_ready(cache_t *c, rconn_t *r);
+/* Health check: connects when the backoff allows it, then PING; sets redis_up either way. */
+void rconn_ping(cache_t *c, rconn_t *r);
 /* Runs a script (EVALSHA; EVAL on NOSCRIPT) with the 7 keys and ARGV = arena id, n_slots,
  * args[0..nargs). Handles an index that belongs to another arena (re-initialises it, or marks
  * the handle stale). Returns the reply (caller frees with freeReplyObject), or NULL after an

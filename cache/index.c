@@ -176,6 +176,7 @@ int index_cfg_init(index_cfg_t *ix, const cache_config_t *cfg, const cache_geome
     ix->backoff_min_ms = cfg->backoff_min_ms > 0 ? cfg->backoff_min_ms : 1;
     ix->backoff_max_ms = cfg->backoff_max_ms > ix->backoff_min_ms ? cfg->backoff_max_ms
                                                                    : ix->backoff_min_ms;
+    ix->health_ms = cfg->health_ms > 0 ? cfg->health_ms : 0;
     for (int k = 0; k < N_KEYS; k++) {
         size_t len = strlen(ns) + strlen(host_id) + 16 + strlen(KEY_SUFFIX[k]) + 4;
         ix->keys[k] = malloc(len);
@@ -215,7 +216,7 @@ void rconn_close(rconn_t *r)
 
 static void set_down(cache_t *c, rconn_t *r, int64_t retry_at)
 {
-    if (r == &c->step) atomic_store_explicit(&c->st_redis_up, 0, memory_order_relaxed);
+    atomic_store_explicit(&c->st_redis_up, 0, memory_order_relaxed);
     if (r == &c->wr) atomic_store_explicit(&c->wr_retry_at_ms, retry_at, memory_order_relaxed);
 }
 
@@ -353,7 +354,7 @@ static int rconn_connect(cache_t *c, rconn_t *r)
     r->failures = 0;
     r->backoff_ms = ix->backoff_min_ms;
     r->retry_at_ms = 0;
-    if (r == &c->step) atomic_store_explicit(&c->st_redis_up, 1, memory_order_relaxed);
+    atomic_store_explicit(&c->st_redis_up, 1, memory_order_relaxed);
     if (r == &c->wr) atomic_store_explicit(&c->wr_retry_at_ms, 0, memory_order_relaxed);
     return 0;
 
@@ -367,6 +368,25 @@ int rconn_ready(cache_t *c, rconn_t *r)
     if (r->ctx) return 0;
     if (cache_now_ms() < r->retry_at_ms) return -1;
     return rconn_connect(c, r);
+}
+
+void rconn_ping(cache_t *c, rconn_t *r)
+{
+    if (rconn_ready(c, r)) return; /* down: rconn_fail has set redis_up 0 */
+    char ebuf[160];
+    redisReply *rep = redisCommand(r->ctx, "PING");
+    if (!rep) {
+        rconn_fail(c, r, "PING", ctx_error(c, r->ctx, ebuf, sizeof ebuf));
+        return;
+    }
+    int ok = rep->type == REDIS_REPLY_STATUS;
+    if (!ok) snprintf(ebuf, sizeof ebuf, "%s", rep->type == REDIS_REPLY_ERROR ? rep->str : "bad reply");
+    freeReplyObject(rep);
+    if (!ok) {
+        rconn_fail(c, r, "PING", ebuf);
+        return;
+    }
+    atomic_store_explicit(&c->st_redis_up, 1, memory_order_relaxed);
 }
 
 /* The index does not match our arena. When the arena is still ours, re-run init (resets the

@@ -1150,10 +1150,26 @@ static void test_redis_faults(env_t *e, const char *workdir)
         CHECK(cache_lookup(c, ch, 4) == 4);
         CHECK(fetch_all(c, ch, 4, BB_SMALL, &wrong) == 4 && wrong == 0);
         CHECK(check_ok(c));
+        /* idle (no lookup, no store): the writer's health ping notices the kill, then the
+         * restart (cache_config_t.health_ms, 1000 ms by default) */
+        kill(rp, SIGKILL);
+        waitpid(rp, NULL, 0);
+        until = now_ms() + 4000;
+        while (stats(c).redis_up && now_ms() < until) sleep_ms(20);
+        fprintf(stderr, "  killed while idle: redis_up %d\n", stats(c).redis_up);
+        CHECK(stats(c).redis_up == 0);
+        rp = redis_restart_on(r.port, rdir2);
+        if (rp >= 0) {
+            until = now_ms() + 8000;
+            while (!stats(c).redis_up && now_ms() < until) sleep_ms(20);
+            CHECK(stats(c).redis_up == 1);
+        }
         cache_free(c);
         c = NULL;
-        kill(rp, SIGTERM);
-        waitpid(rp, NULL, 0);
+        if (rp >= 0) {
+            kill(rp, SIGTERM);
+            waitpid(rp, NULL, 0);
+        }
     }
     if (c) cache_free(c);
 out:

@@ -9,8 +9,9 @@
 #   1. Redis absent at the start (nothing listening on the port): the worker serves, redis_up 0,
 #      no tier 2 hit;
 #   2. Redis started: 480 prompts, redis_up 1 while they run, then tier 2 hits rise over 240 more
-#      (redis_up is the state of the worker's last Redis command: an idle worker does not
-#      reconnect, so prompts come first; -s cache.redis.backoff_max_ms=1000 here, default 5000);
+#      (redis_up is the state of the worker's last Redis command, including the idle writer's
+#      health ping every cache.redis.health_ms; -s cache.redis.backoff_max_ms=1000 here, default
+#      5000);
 #   3. Redis killed (kill -9) mid-run: redis_up 0, results go on; Redis started again (empty, same
 #      port): redis_up 1, tier 2 hits rise again (same two batches);
 #   4. Redis stopped (kill -STOP) for SPILLWAY_REDIS_STOP_S seconds (default 8 here; 30 in a

@@ -1341,6 +1341,7 @@ worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen)
         kc.cmd_timeout_ms = w->cfg.cache_cmd_timeout_ms;
         kc.backoff_min_ms = w->cfg.cache_backoff_min_ms;
         kc.backoff_max_ms = w->cfg.cache_backoff_max_ms;
+        kc.health_ms = w->cfg.cache_health_ms;
         kc.write_queue = w->cfg.cache_write_queue;
         kc.log_level = w->cfg.log_level;
         kc.log_fn = hook_log;
@@ -1454,6 +1455,96 @@ void worker_log_stats(worker_t *w)
          st.redis_up, st.redis_errors, st.prefix_deferred);
 }
 
+/* ---- shutdown watchdog ----
+ * Closing librdkafka clients can block without bound (a fenced transactional producer, a group
+ * coordinator that never answers a LeaveGroup, a message whose last reference leaked): a worker
+ * that stopped working must still exit, so that its supervisor restarts it. The watchdog thread
+ * waits until worker_run's shutdown has finished or its deadline passed; past the deadline it logs
+ * the stage that blocked and ends the process with status 1. Nothing uncommitted is lost: offsets
+ * are only committed with their results, so what was in flight is consumed again. */
+typedef struct {
+    worker_t *w;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;       /* signalled when done is set */
+    int done;                /* under mu */
+    int64_t deadline_ms;     /* mono_ms() */
+    _Atomic(const char *) stage; /* static string: the shutdown step now running */
+} watchdog_t;
+
+static void *watchdog_main(void *arg)
+{
+    watchdog_t *d = arg;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    int64_t left = d->deadline_ms - mono_ms();
+    ts.tv_sec += left / 1000;
+    ts.tv_nsec += (left % 1000) * 1000000;
+    if (ts.tv_nsec >= 1000000000) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000;
+    }
+    pthread_mutex_lock(&d->mu);
+    while (!d->done && pthread_cond_timedwait(&d->cv, &d->mu, &ts) != ETIMEDOUT) {
+    }
+    int done = d->done;
+    pthread_mutex_unlock(&d->mu);
+    if (done) return NULL;
+    worker_t *w = d->w;
+    pthread_mutex_lock(&w->mu);
+    int fatal = w->fatal;
+    char msg[sizeof w->fatal_msg];
+    snprintf(msg, sizeof msg, "%s", w->fatal_msg);
+    pthread_mutex_unlock(&w->mu);
+    wlog(w, 0, "shutdown blocked while %s for longer than shutdown.timeout.ms=%d: exiting now "
+               "(uncommitted work will be consumed again)",
+         atomic_load(&d->stage), w->cfg.shutdown_timeout_ms);
+    if (fatal) wlog(w, 0, "fatal: %s", msg);
+    fflush(stderr);
+    _exit(1);
+}
+
+/* Arms the watchdog: the process ends at mono_ms() + after_ms unless watchdog_done is called. */
+static int watchdog_start(watchdog_t *d, pthread_t *th, worker_t *w, int64_t after_ms)
+{
+    d->w = w;
+    d->done = 0;
+    d->deadline_ms = mono_ms() + after_ms;
+    atomic_store(&d->stage, "draining");
+    pthread_condattr_t ca;
+    if (pthread_condattr_init(&ca)) return -1;
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    int rc = pthread_cond_init(&d->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    if (rc) return -1;
+    if (pthread_mutex_init(&d->mu, NULL)) {
+        pthread_cond_destroy(&d->cv);
+        return -1;
+    }
+    if (pthread_create(th, NULL, watchdog_main, d)) {
+        pthread_mutex_destroy(&d->mu);
+        pthread_cond_destroy(&d->cv);
+        return -1;
+    }
+    return 0;
+}
+
+static void watchdog_stage(watchdog_t *d, worker_t *w, const char *stage)
+{
+    atomic_store(&d->stage, stage);
+    wlog(w, 3, "shutdown: %s", stage);
+}
+
+static void watchdog_done(watchdog_t *d, pthread_t th)
+{
+    pthread_mutex_lock(&d->mu);
+    d->done = 1;
+    pthread_cond_signal(&d->cv);
+    pthread_mutex_unlock(&d->mu);
+    pthread_join(th, NULL);
+    pthread_mutex_destroy(&d->mu);
+    pthread_cond_destroy(&d->cv);
+}
+
 int worker_run(worker_t *w, const volatile sig_atomic_t *stop, char *errstr, size_t errlen)
 {
     pthread_t th;
@@ -1497,6 +1588,12 @@ int worker_run(worker_t *w, const volatile sig_atomic_t *stop, char *errstr, siz
 
     /* drain: stop intake, finish what is in flight, commit */
     int fatal = is_fatal(w);
+    watchdog_t wd;
+    pthread_t wd_th;
+    int wd_on = !watchdog_start(&wd, &wd_th, w,
+                                (fatal ? 0 : (int64_t)w->cfg.drain_timeout_ms) +
+                                    w->cfg.shutdown_timeout_ms);
+    if (!wd_on) wlog(w, 1, "cannot start the shutdown watchdog: shutdown is not bounded");
     if (!fatal) {
         int pending = consumer_pending(w->cons);
         wlog(w, 2, "draining %d in-flight request(s) (up to %d ms)", pending, w->cfg.drain_timeout_ms);
@@ -1520,6 +1617,7 @@ int worker_run(worker_t *w, const volatile sig_atomic_t *stop, char *errstr, siz
             wlog(w, 1, "drain timeout: %d request(s) left uncommitted", consumer_pending(w->cons));
         fatal = is_fatal(w);
     }
+    if (wd_on) watchdog_stage(&wd, w, "aborting the open transaction");
     if (w->cfg.delivery == WORKER_EOS && w->txn_open) {
         char e[256];
         producer_txn_abort(w->prod, 5000, e, sizeof e);
@@ -1529,7 +1627,9 @@ int worker_run(worker_t *w, const volatile sig_atomic_t *stop, char *errstr, siz
      * then free every request: each holds a consumed message, and librdkafka's destroy of the
      * consumer waits for all of them to be destroyed (a fatal error or a drain timeout used to
      * leave some in the engine or the retry list, and the worker hung in consumer_close) */
+    if (wd_on) watchdog_stage(&wd, w, "leaving the consumer group");
     consumer_leave(w->cons);
+    if (wd_on) watchdog_stage(&wd, w, "stopping the engine thread");
     pthread_mutex_lock(&w->mu);
     w->eng_stop = 1;
     pthread_cond_broadcast(&w->cv);
@@ -1538,6 +1638,7 @@ int worker_run(worker_t *w, const volatile sig_atomic_t *stop, char *errstr, siz
     /* a fatal error stopped the engine thread with requests still in the engine: consumer_leave
      * has dropped (cancelled) them, and the engine is this thread's now; their offsets stay
      * uncommitted */
+    if (wd_on) watchdog_stage(&wd, w, "cancelling requests left in the engine");
     while (w->n_active > 0) {
         wreq_t *r = w->active[w->n_active - 1];
         atomic_store(&r->cancelled, 1);
@@ -1561,12 +1662,15 @@ int worker_run(worker_t *w, const volatile sig_atomic_t *stop, char *errstr, siz
         }
     w->retry = NULL;
     w->held = NULL;
+    if (wd_on) watchdog_stage(&wd, w, "closing the producer");
     producer_free(w->prod, 5000); /* delivery reports now free without acking */
     w->prod = NULL;
+    if (wd_on) watchdog_stage(&wd, w, "closing the consumer");
     pthread_mutex_lock(&w->cons_mu);
     consumer_close(w->cons);
     w->cons = NULL;
     pthread_mutex_unlock(&w->cons_mu);
+    if (wd_on) watchdog_done(&wd, wd_th);
     atomic_store(&w->st.poll_cpu_ns, thread_cpu_ns(CLOCK_THREAD_CPUTIME_ID));
     atomic_store(&w->st.poll_alive, 0);
     worker_log_stats(w);

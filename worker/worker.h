@@ -43,6 +43,7 @@ typedef struct {
     int delivery;              /* WORKER_ALO / WORKER_EOS ("at-least-once" / "exactly-once") */
     int commit_interval_ms;    /* offset commit / transaction period */
     int drain_timeout_ms;      /* SIGTERM: time to finish in-flight work before closing */
+    int shutdown_timeout_ms;   /* then closing the clients; past it the process exits (status 1) */
     int max_inflight;          /* accepted messages without a durable result, at most */
     long max_inflight_bytes;   /* their message bytes, at most */
     long max_inflight_tokens;  /* prompt tokens + max_tokens of those given to the engine */
@@ -74,6 +75,7 @@ typedef struct {
     int cache_cmd_timeout_ms;
     int cache_backoff_min_ms;
     int cache_backoff_max_ms;
+    int cache_health_ms;
     char *cache_arena_path;
     long cache_arena_mb;
     char *cache_host_id;       /* "" = hostname */
