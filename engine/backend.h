@@ -35,9 +35,19 @@ typedef struct {
 typedef struct {
     int threads;          /* CPU worker threads (>= 1) */
     int block_tokens;     /* B: tokens per KV block */
-    int n_kv_blocks;      /* blocks in the pool */
+    int n_kv_blocks;      /* blocks in the pool; CUDA: 0 = what the memory budget leaves after
+                             weights and activations (the backend then sets params.n_kv_blocks) */
     int kv_type;          /* DT_F32 or DT_F16 */
     int max_batch_tokens; /* largest n_tokens a forward call may get (sizes scratch) */
+    /* CUDA backend only (the CPU backend ignores them) */
+    int weight_type;      /* device dtype of the matrices: DT_BF16, DT_F16 or DT_F32 (every file
+                             type is converted at load; DT_F32 computes like the CPU backend) */
+    float mem_fraction;   /* share (0, 1] of the device's free memory at creation that weights,
+                             activations and the KV pool may take together */
+    uint64_t synthetic_seed; /* 0: weights come from the model. Else the matrices are filled on
+                                the device with seeded uniform values and the norms with 1, and
+                                the model's data pointers are not read (benchmarks of real
+                                shapes without a multi-GB file) */
 } backend_params_t;
 
 typedef struct backend backend_t;
@@ -49,6 +59,12 @@ typedef struct {
      * fills errstr. */
     int (*forward)(backend_t *b, const backend_batch_t *batch, float *logits, char *errstr,
                    size_t errlen);
+    /* Optional (NULL: use forward and pick on the host). As forward, but instead of logits
+     * writes ids[i] = argmax over the vocabulary of the logits of token logits_idx[i] (the
+     * lowest id on ties, as a host argmax scanning upwards picks), i < n_logits: greedy
+     * decoding without moving [n_logits][n_vocab] floats off the device. */
+    int (*forward_argmax)(backend_t *b, const backend_batch_t *batch, int32_t *ids,
+                          char *errstr, size_t errlen);
     /* Block copies: dst/src hold kv_block_bytes. Optional (NULL): the caller falls back. */
     int (*kv_block_read)(backend_t *b, int32_t block, void *dst);
     int (*kv_block_write)(backend_t *b, int32_t block, const void *src);
@@ -68,6 +84,14 @@ struct backend {
 /* CPU backend (engine/cpu). model is borrowed and must outlive the backend. */
 backend_t *backend_cpu_new(const model_t *model, const backend_params_t *params, char *errstr,
                            size_t errlen);
+
+/* CUDA backend (engine/cuda), built when SPILLWAY_HAVE_CUDA is defined. model is borrowed and
+ * must outlive the backend. Uses device 0 (select others with CUDA_VISIBLE_DEVICES). NULL +
+ * errstr when there is no CUDA device, the parameters are bad, or the model does not fit the
+ * memory budget (the message names the sizes). Logits come back to the host F32 as from the CPU
+ * backend; sampling stays on the host. */
+backend_t *backend_cuda_new(const model_t *model, const backend_params_t *params, char *errstr,
+                            size_t errlen);
 
 static inline void backend_free(backend_t *b)
 {

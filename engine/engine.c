@@ -137,6 +137,17 @@ void engine_config_default(engine_config_t *c)
     c->sched_window = 32;
     c->sched_aging_ms = 5000;
     c->sched_urgent_ms = 2000;
+    c->cuda_dtype = "bf16";
+    c->cuda_mem_fraction = 0.9f;
+}
+
+const char *engine_backends(void)
+{
+#ifdef SPILLWAY_HAVE_CUDA
+    return "cpu, cuda";
+#else
+    return "cpu";
+#endif
 }
 
 void engine_request_default(engine_request_t *r)
@@ -327,9 +338,32 @@ engine_t *engine_new(const engine_config_t *cfg, char *errstr, size_t errlen)
         seterr(errstr, errlen, "engine: no model path");
         goto fail;
     }
-    if (c->backend && strcmp(c->backend, "cpu") != 0) {
-        seterr(errstr, errlen, "engine: backend '%s' is not available; available: cpu", c->backend);
+    int use_cuda = 0, cuda_wtype = DT_BF16;
+    if (c->backend && strcmp(c->backend, "cuda") == 0) {
+#ifdef SPILLWAY_HAVE_CUDA
+        use_cuda = 1;
+#else
+        seterr(errstr, errlen, "engine: backend 'cuda' is not built in (configure with "
+               "-DSPILLWAY_CUDA=ON); available: %s", engine_backends());
         goto fail;
+#endif
+    } else if (c->backend && strcmp(c->backend, "cpu") != 0) {
+        seterr(errstr, errlen, "engine: backend '%s' is not available; available: %s", c->backend,
+               engine_backends());
+        goto fail;
+    }
+    if (use_cuda) {
+        if (c->cuda_dtype && strcmp(c->cuda_dtype, "bf16") == 0) cuda_wtype = DT_BF16;
+        else if (c->cuda_dtype && strcmp(c->cuda_dtype, "f16") == 0) cuda_wtype = DT_F16;
+        else if (c->cuda_dtype && strcmp(c->cuda_dtype, "f32") == 0) cuda_wtype = DT_F32;
+        else {
+            seterr(errstr, errlen, "engine: cuda_dtype must be bf16, f16 or f32");
+            goto fail;
+        }
+        if (!(c->cuda_mem_fraction > 0.0f && c->cuda_mem_fraction <= 1.0f)) {
+            seterr(errstr, errlen, "engine: cuda_mem_fraction must be in (0, 1]");
+            goto fail;
+        }
     }
     if (c->kv_type && strcmp(c->kv_type, "f16") == 0) e->kv_type = DT_F16;
     else if (c->kv_type && strcmp(c->kv_type, "f32") == 0) e->kv_type = DT_F32;
@@ -359,25 +393,32 @@ engine_t *engine_new(const engine_config_t *cfg, char *errstr, size_t errlen)
     size_t block_bytes = (size_t)c->block_tokens *
                          model_kv_bytes_per_token(e->model, e->kv_type == DT_F32 ? 4 : 2);
     int n_blocks = c->kv_blocks;
-    if (n_blocks == 0) {
+    if (n_blocks == 0 && !use_cuda) {
         size_t nb = ((size_t)c->kv_mem_mb << 20) / block_bytes;
         n_blocks = nb > (1u << 30) ? (1 << 30) : (int)nb;
     }
-    int per_seq = (e->max_ctx + c->block_tokens - 1) / c->block_tokens;
-    if (n_blocks < 1) {
+    if (n_blocks < 1 && !use_cuda) {
         seterr(errstr, errlen, "engine: the KV pool holds no block of %zu bytes", block_bytes);
         goto fail;
     }
-    if (per_seq > n_blocks) e->max_ctx = n_blocks * c->block_tokens; /* one sequence must fit */
     backend_params_t bp = {
         .threads = c->threads,
         .block_tokens = c->block_tokens,
-        .n_kv_blocks = n_blocks,
+        .n_kv_blocks = n_blocks, /* cuda: 0 = sized by the backend from its memory budget */
         .kv_type = e->kv_type,
         .max_batch_tokens = c->max_batch_tokens,
+        .weight_type = cuda_wtype,
+        .mem_fraction = c->cuda_mem_fraction,
     };
-    e->be = backend_cpu_new(e->model, &bp, errstr, errlen);
+#ifdef SPILLWAY_HAVE_CUDA
+    if (use_cuda) e->be = backend_cuda_new(e->model, &bp, errstr, errlen);
+    else
+#endif
+        e->be = backend_cpu_new(e->model, &bp, errstr, errlen);
     if (!e->be) goto fail;
+    n_blocks = e->be->params.n_kv_blocks;
+    int per_seq = (e->max_ctx + c->block_tokens - 1) / c->block_tokens;
+    if (per_seq > n_blocks) e->max_ctx = n_blocks * c->block_tokens; /* one sequence must fit */
     uint64_t seed_in[4] = {e->model->fingerprint, (uint64_t)c->block_tokens, (uint64_t)e->kv_type,
                            0x73706c6c77617931ull /* "spllway1" */};
     e->pool = kvpool_new(n_blocks, c->block_tokens, XXH3_64bits(seed_in, sizeof seed_in), errstr,

@@ -23,7 +23,7 @@ typedef struct engine engine_t;
 /* Every tunable number of the engine, with its default in engine_config_default(). */
 typedef struct {
     const char *model_path;  /* GGUF file (borrowed during engine_new) */
-    const char *backend;     /* "cpu" */
+    const char *backend;     /* "cpu" or "cuda" (when built: engine_backends()) ("cpu") */
     int threads;             /* compute threads; 0 = one per online CPU */
     int block_tokens;        /* tokens per KV block (16) */
     int kv_blocks;           /* KV pool blocks; 0 = from kv_mem_mb */
@@ -41,9 +41,18 @@ typedef struct {
     int sched_window;        /* 32 */
     int sched_aging_ms;      /* 5000 */
     int sched_urgent_ms;     /* 2000 */
+    /* CUDA backend: kv_blocks 0 there means the pool takes what cuda_mem_fraction leaves after
+     * weights and activations (kv_mem_mb is not used) */
+    const char *cuda_dtype;  /* device weight type "bf16", "f16" or "f32" ("bf16"; "f32" with
+                                kv_type f32 computes like the CPU backend) */
+    float cuda_mem_fraction; /* share of the free device memory for weights, activations and
+                                the KV pool, (0, 1] (0.9) */
 } engine_config_t;
 
 void engine_config_default(engine_config_t *c);
+
+/* The backends this build has, comma-separated ("cpu" or "cpu, cuda"). Static. */
+const char *engine_backends(void);
 
 /* Sampling parameters of one request (mirrors the sampler's; defaults from
  * engine_request_default()). */

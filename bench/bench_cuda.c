@@ -1,0 +1,399 @@
+/* bench/bench_cuda.c: the CUDA backend against the device's own ceilings, printed as a markdown
+ * table.
+ *   copy bandwidth  device-to-device cudaMemcpy of a 2 GiB buffer, bytes read + written per s
+ *   GEMM rate       cuBLAS BF16 GEMM 8192^3 with F32 accumulation (the backend's cuk_gemm), FLOP/s
+ * Then per model shape (mkmodel presets llama-3.2-1b and llama-3.1-8b, BF16 weights, F16 KV):
+ *   decode@B   tokens/s of B sequences (B = 1, 8, 64, 256) each decoding one token per step at a
+ *              context of 128..160, greedy on the device (forward_argmax); ceiling: the larger
+ *              of weight bytes / copy bandwidth and 2 x matrix parameters x B / GEMM rate per step
+ *   prefill    tokens/s of 8 prompts of 512 tokens in one 4096-token step; ceiling
+ *              GEMM rate / (2 x matrix parameters) per token
+ *   128/128    generated tokens/s of 256 requests of 128 prompt tokens and 128 generated tokens
+ *              (prefill in 4096-token steps, then decode at batch 256)
+ * The models are not read from files: the backend fills BF16 weights of the preset's shape on
+ * the device from a seed (backend_params_t.synthetic_seed), so an 8B shape costs no 16 GB file
+ * and no upload. Goals on an H200 are printed beside the numbers.
+ * usage: bench_cuda [--models llama-3.2-1b,llama-3.1-8b] [--steps N]
+ * Exit 0 when it ran (goals missed or not), 1 on an error, 77 without a CUDA device. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#ifndef SPILLWAY_HAVE_CUDA
+int main(void)
+{
+    printf("SKIP: CUDA backend not built (configure with -DSPILLWAY_CUDA=ON)\n");
+    return 77;
+}
+#else
+
+#include "engine/backend.h"
+#include "engine/cuda/cuda_kernels.h"
+#include "engine/dtype.h"
+#include "engine/mkmodel.h"
+#include "engine/model.h"
+
+#define BLOCK_TOKENS 16
+#define MAX_T 4096
+#define CTX0 128        /* context before the timed decode steps */
+#define PREFILL_SEQS 8
+#define PREFILL_LEN 512
+#define TP_SEQS 256     /* 128-in / 128-out run */
+#define TP_IN 128
+#define TP_OUT 128
+/* goals on an H200 */
+#define GOAL_DECODE1 0.75
+#define GOAL_PREFILL 0.60
+#define GOAL_TP_8B 12500.0
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+#define CK(x, what)                                                                            \
+    do {                                                                                       \
+        cudaError_t rc_ = (x);                                                                 \
+        if (rc_ != cudaSuccess) {                                                              \
+            fprintf(stderr, "bench_cuda: %s: %s\n", what, cudaGetErrorString(rc_));            \
+            goto fail;                                                                         \
+        }                                                                                      \
+    } while (0)
+
+/* Device copy bandwidth (read + written bytes per second) and BF16 GEMM FLOP/s. 0 or -1. */
+static int ceilings(double *bw, double *flops)
+{
+    const size_t bytes = (size_t)2 << 30;
+    const int M = 8192, reps = 10;
+    void *a = NULL, *b = NULL, *w = NULL, *x = NULL;
+    float *y = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    cublasHandle_t h = NULL;
+    int rc = -1;
+    float ms = 0;
+    CK(cudaEventCreate(&e0), "event");
+    CK(cudaEventCreate(&e1), "event");
+    CK(cudaMalloc(&a, bytes), "copy buffer");
+    CK(cudaMalloc(&b, bytes), "copy buffer");
+    CK(cudaMemset(a, 1, bytes), "memset");
+    CK(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice), "copy");
+    CK(cudaEventRecord(e0, 0), "event");
+    for (int i = 0; i < reps; i++) CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, 0), "copy");
+    CK(cudaEventRecord(e1, 0), "event");
+    CK(cudaEventSynchronize(e1), "copy");
+    CK(cudaEventElapsedTime(&ms, e0, e1), "event");
+    *bw = 2.0 * (double)bytes * reps / (ms * 1e-3);
+    cudaFree(a);
+    cudaFree(b);
+    a = b = NULL;
+
+    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) {
+        fprintf(stderr, "bench_cuda: cublasCreate failed\n");
+        goto fail;
+    }
+    CK(cudaMalloc(&w, (size_t)M * M * 2), "gemm buffer");
+    CK(cudaMalloc(&x, (size_t)M * M * 2), "gemm buffer");
+    CK(cudaMalloc((void **)&y, (size_t)M * M * 4), "gemm buffer");
+    CK(cuk_fill_random(DT_BF16, w, (size_t)M * M, 1, -1, 1, 0), "fill");
+    CK(cuk_fill_random(DT_BF16, x, (size_t)M * M, 2, -1, 1, 0), "fill");
+    for (int i = 0; i < reps + 2; i++) {
+        if (i == 2) CK(cudaEventRecord(e0, 0), "event");
+        if (cuk_gemm(h, DT_BF16, w, M, M, x, M, y, M, 0.0f) != CUBLAS_STATUS_SUCCESS) {
+            fprintf(stderr, "bench_cuda: gemm failed\n");
+            goto fail;
+        }
+    }
+    CK(cudaEventRecord(e1, 0), "event");
+    CK(cudaEventSynchronize(e1), "gemm");
+    CK(cudaEventElapsedTime(&ms, e0, e1), "event");
+    *flops = 2.0 * M * (double)M * M * reps / (ms * 1e-3);
+    rc = 0;
+fail:
+    if (h) cublasDestroy(h);
+    cudaFree(a);
+    cudaFree(b);
+    cudaFree(w);
+    cudaFree(x);
+    cudaFree(y);
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    return rc;
+}
+
+/* A model_t of a preset's shape whose weights carry no data (the backend fills them). */
+typedef struct {
+    model_t m;
+    layer_weights_t *layers;
+    float *inv_freq;
+} synth_t;
+
+static void wset(weight_t *w, int64_t rows, int64_t cols, int type)
+{
+    w->type = type;
+    w->data = NULL;
+    w->rows = rows;
+    w->cols = cols;
+    w->row_bytes = dtype_row_bytes(type, cols);
+}
+
+static int synth_model(const char *preset, synth_t *s)
+{
+    mkmodel_params_t p;
+    if (mkmodel_preset(preset, &p) != 0) {
+        fprintf(stderr, "bench_cuda: unknown preset '%s' (%s)\n", preset, MKMODEL_PRESETS);
+        return -1;
+    }
+    memset(s, 0, sizeof *s);
+    hparams_t *hp = &s->m.hp;
+    hp->arch = p.arch;
+    snprintf(hp->arch_name, sizeof hp->arch_name, "%s", p.arch == ARCH_QWEN2 ? "qwen2" : "llama");
+    hp->n_vocab = p.n_vocab;
+    hp->dim = p.dim;
+    hp->n_layers = p.n_layers;
+    hp->n_heads = p.n_heads;
+    hp->n_kv_heads = p.n_kv_heads;
+    hp->head_dim = p.dim / p.n_heads;
+    hp->ffn_dim = p.ffn_dim;
+    hp->ctx_len = p.ctx_len;
+    hp->norm_eps = p.norm_eps;
+    hp->rope_kind = p.arch == ARCH_QWEN2 ? ROPE_NEOX : ROPE_NORM;
+    hp->rope_theta = p.rope_theta;
+    hp->rope_dim = hp->head_dim;
+    hp->rope_freq_scale = 1.0f;
+    s->layers = calloc((size_t)hp->n_layers, sizeof *s->layers);
+    s->inv_freq = malloc(sizeof(float) * (size_t)(hp->rope_dim / 2));
+    if (!s->layers || !s->inv_freq) return -1;
+    for (int i = 0; i < hp->rope_dim / 2; i++)
+        s->inv_freq[i] = (float)pow((double)p.rope_theta, -2.0 * i / hp->rope_dim);
+    const int bf = DT_BF16, hd = hp->head_dim, dim = hp->dim, ffn = hp->ffn_dim;
+    wset(&s->m.tok_embd, hp->n_vocab, dim, bf);
+    wset(&s->m.output, hp->n_vocab, dim, bf);
+    wset(&s->m.output_norm, 1, dim, DT_F32);
+    s->m.tied_output = p.tied;
+    for (int l = 0; l < hp->n_layers; l++) {
+        layer_weights_t *L = &s->layers[l];
+        wset(&L->attn_norm, 1, dim, DT_F32);
+        wset(&L->ffn_norm, 1, dim, DT_F32);
+        wset(&L->wq, (int64_t)hp->n_heads * hd, dim, bf);
+        wset(&L->wk, (int64_t)hp->n_kv_heads * hd, dim, bf);
+        wset(&L->wv, (int64_t)hp->n_kv_heads * hd, dim, bf);
+        wset(&L->wo, dim, (int64_t)hp->n_heads * hd, bf);
+        wset(&L->w_gate, ffn, dim, bf);
+        wset(&L->w_up, ffn, dim, bf);
+        wset(&L->w_down, dim, ffn, bf);
+    }
+    s->m.layers = s->layers;
+    s->m.rope_inv_freq = s->inv_freq;
+    s->m.weight_type = bf;
+    return 0;
+}
+
+/* Matrix parameters touched per token: all layer matrices and the output projection. */
+static double matrix_params(const hparams_t *hp)
+{
+    double hd = hp->head_dim, dim = hp->dim;
+    double per = (hp->n_heads + 2.0 * hp->n_kv_heads) * hd * dim + dim * hp->n_heads * hd +
+                 3.0 * hp->ffn_dim * dim;
+    return per * hp->n_layers + (double)hp->n_vocab * dim;
+}
+
+/* Batch of n_seqs sequences, each with len tokens from position start[s]; tables fixed. */
+typedef struct {
+    int32_t *tokens, *pos, *seq_start, *logits_idx, *ids;
+    int32_t **tables;
+    int32_t *blocks;
+} bufs_t;
+
+static int step(backend_t *be, bufs_t *u, int n_seqs, const int *start, int len, int with_ids,
+                char *err, size_t errlen)
+{
+    int t = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        u->seq_start[s] = t;
+        for (int i = 0; i < len; i++, t++) {
+            u->tokens[t] = (int32_t)((s * 7919 + start[s] + i) % 1000 + 1);
+            u->pos[t] = start[s] + i;
+        }
+        u->logits_idx[s] = t - 1;
+    }
+    u->seq_start[n_seqs] = t;
+    backend_batch_t b = {
+        .n_tokens = t, .tokens = u->tokens, .pos = u->pos, .n_seqs = n_seqs,
+        .seq_start = u->seq_start, .block_tables = (const int32_t *const *)u->tables,
+        .n_logits = with_ids ? n_seqs : 0, .logits_idx = u->logits_idx,
+    };
+    if (with_ids) return be->ops->forward_argmax(be, &b, u->ids, err, errlen);
+    return be->ops->forward(be, &b, NULL, err, errlen);
+}
+
+static const char *mark(double v, double goal)
+{
+    return v >= goal ? "met" : "missed";
+}
+
+static int bench_model(const char *preset, double bw, double flops, int steps)
+{
+    synth_t s;
+    backend_t *be = NULL;
+    bufs_t u = {0};
+    char err[512];
+    int rc = -1;
+    if (synth_model(preset, &s)) goto done;
+    const hparams_t *hp = &s.m.hp;
+    const int max_seqs = TP_SEQS;
+    const int per_seq = (TP_IN + TP_OUT + PREFILL_LEN + BLOCK_TOKENS - 1) / BLOCK_TOKENS + 1;
+    backend_params_t bp = {
+        .threads = 1, .block_tokens = BLOCK_TOKENS, .n_kv_blocks = max_seqs * per_seq,
+        .kv_type = DT_F16, .max_batch_tokens = MAX_T, .weight_type = DT_BF16,
+        .mem_fraction = 0.9f, .synthetic_seed = 42,
+    };
+    double t0 = now();
+    be = backend_cuda_new(&s.m, &bp, err, sizeof err);
+    if (!be) {
+        fprintf(stderr, "bench_cuda: %s: %s\n", preset, err);
+        goto done;
+    }
+    double t_load = now() - t0;
+    u.tokens = malloc(MAX_T * 4);
+    u.pos = malloc(MAX_T * 4);
+    u.seq_start = malloc((MAX_T + 1) * 4);
+    u.logits_idx = malloc(MAX_T * 4);
+    u.ids = malloc(MAX_T * 4);
+    u.tables = malloc(sizeof *u.tables * max_seqs);
+    u.blocks = malloc(sizeof *u.blocks * (size_t)max_seqs * per_seq);
+    if (!u.tokens || !u.pos || !u.seq_start || !u.logits_idx || !u.ids || !u.tables || !u.blocks)
+        goto done;
+    for (int i = 0; i < max_seqs * per_seq; i++) u.blocks[i] = i;
+    for (int i = 0; i < max_seqs; i++) u.tables[i] = u.blocks + (size_t)i * per_seq;
+
+    const double wbytes = matrix_params(hp) * 2.0; /* BF16 matrices read once per step */
+    const double params = matrix_params(hp);
+    printf("\n### %s (BF16, synthetic weights; %d layers, dim %d, ffn %d, vocab %d; load %.1f s)\n\n",
+           preset, hp->n_layers, hp->dim, hp->ffn_dim, hp->n_vocab, t_load);
+    printf("| figure | tokens/s | ceiling tokens/s | fraction | goal |\n|---|---|---|---|---|\n");
+
+    int start[TP_SEQS];
+    const int batches[4] = {1, 8, 64, 256};
+    for (int bi = 0; bi < 4; bi++) {
+        int B = batches[bi];
+        /* the context: one prefill step per sequence group */
+        for (int s0 = 0; s0 < B; s0 += MAX_T / CTX0) {
+            int n = B - s0 < MAX_T / CTX0 ? B - s0 : MAX_T / CTX0;
+            int st[MAX_T / CTX0] = {0};
+            int32_t **save = u.tables;
+            u.tables += s0;
+            int e = step(be, &u, n, st, CTX0, 0, err, sizeof err);
+            u.tables = save;
+            if (e) goto fwd_fail;
+        }
+        for (int i = 0; i < B; i++) start[i] = CTX0;
+        for (int w = 0; w < 2; w++) { /* warm-up steps, not timed */
+            if (step(be, &u, B, start, 1, 1, err, sizeof err)) goto fwd_fail;
+            for (int i = 0; i < B; i++) start[i]++;
+        }
+        double ts = now();
+        for (int k = 0; k < steps; k++) {
+            if (step(be, &u, B, start, 1, 1, err, sizeof err)) goto fwd_fail;
+            for (int i = 0; i < B; i++) start[i]++;
+        }
+        double tps = (double)B * steps / (now() - ts);
+        double step_s = fmax(wbytes / bw, 2.0 * params * B / flops);
+        double ceil_tps = B / step_s;
+        char goal[64] = "";
+        if (B == 1)
+            snprintf(goal, sizeof goal, ">= %.0f%% of copy bandwidth: %s", GOAL_DECODE1 * 100,
+                     mark(tps / ceil_tps, GOAL_DECODE1));
+        printf("| decode@%d | %.0f | %.0f | %.2f | %s |\n", B, tps, ceil_tps, tps / ceil_tps, goal);
+    }
+    {
+        int st[PREFILL_SEQS] = {0};
+        if (step(be, &u, PREFILL_SEQS, st, PREFILL_LEN, 1, err, sizeof err)) goto fwd_fail;
+        const int reps = 3;
+        double ts = now();
+        for (int r = 0; r < reps; r++)
+            if (step(be, &u, PREFILL_SEQS, st, PREFILL_LEN, 1, err, sizeof err)) goto fwd_fail;
+        double tps = (double)PREFILL_SEQS * PREFILL_LEN * reps / (now() - ts);
+        double ceil_tps = flops / (2.0 * params);
+        printf("| prefill %dx%d | %.0f | %.0f | %.2f | >= %.0f%% of GEMM rate: %s |\n",
+               PREFILL_SEQS, PREFILL_LEN, tps, ceil_tps, tps / ceil_tps, GOAL_PREFILL * 100,
+               mark(tps / ceil_tps, GOAL_PREFILL));
+    }
+    {
+        double ts = now();
+        const int per_step = MAX_T / TP_IN;
+        for (int s0 = 0; s0 < TP_SEQS; s0 += per_step) {
+            int st[MAX_T / TP_IN] = {0};
+            int32_t **save = u.tables;
+            u.tables += s0;
+            int e = step(be, &u, per_step, st, TP_IN, 1, err, sizeof err);
+            u.tables = save;
+            if (e) goto fwd_fail;
+        }
+        for (int i = 0; i < TP_SEQS; i++) start[i] = TP_IN;
+        for (int k = 1; k < TP_OUT; k++) {
+            if (step(be, &u, TP_SEQS, start, 1, 1, err, sizeof err)) goto fwd_fail;
+            for (int i = 0; i < TP_SEQS; i++) start[i]++;
+        }
+        double tps = (double)TP_SEQS * TP_OUT / (now() - ts);
+        char goal[64] = "";
+        if (strcmp(preset, "llama-3.1-8b") == 0)
+            snprintf(goal, sizeof goal, ">= %.0f tok/s: %s", GOAL_TP_8B, mark(tps, GOAL_TP_8B));
+        printf("| %d x %d-in/%d-out, generated | %.0f | | | %s |\n", TP_SEQS, TP_IN, TP_OUT, tps,
+               goal);
+    }
+    rc = 0;
+    goto done;
+fwd_fail:
+    fprintf(stderr, "bench_cuda: %s: %s\n", preset, err);
+done:
+    backend_free(be);
+    free(u.tokens);
+    free(u.pos);
+    free(u.seq_start);
+    free(u.logits_idx);
+    free(u.ids);
+    free(u.tables);
+    free(u.blocks);
+    free(s.layers);
+    free(s.inv_freq);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    const char *models = "llama-3.2-1b,llama-3.1-8b";
+    int steps = 32;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--models") && i + 1 < argc) models = argv[++i];
+        else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "usage: bench_cuda [--models a,b] [--steps N]\n");
+            return 2;
+        }
+    }
+    if (steps < 1) steps = 1;
+    int n_dev = 0;
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev < 1) {
+        printf("SKIP: no CUDA device\n");
+        return 77;
+    }
+    struct cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return 1;
+    double bw = 0, flops = 0;
+    if (ceilings(&bw, &flops)) return 1;
+    printf("## bench_cuda on %s (%.0f GiB)\n\n", prop.name, (double)prop.totalGlobalMem / (1 << 30));
+    printf("| ceiling | measured |\n|---|---|\n");
+    printf("| device copy bandwidth (read + write) | %.0f GB/s |\n", bw / 1e9);
+    printf("| cuBLAS BF16 GEMM 8192^3, F32 accumulate | %.0f TFLOP/s |\n", flops / 1e12);
+    char list[256];
+    snprintf(list, sizeof list, "%s", models);
+    int rc = 0;
+    for (char *save = NULL, *m = strtok_r(list, ",", &save); m; m = strtok_r(NULL, ",", &save))
+        if (bench_model(m, bw, flops, steps)) rc = 1;
+    return rc;
+}
+#endif

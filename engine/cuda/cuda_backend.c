@@ -1,0 +1,786 @@
+/* engine/cuda/cuda_backend.c: the CUDA backend: Llama-family forward pass on one GPU over a
+ * paged KV pool in device memory (host side; kernels in cuda_kernels.cu).
+ *
+ * Weights are converted at load to params.weight_type (BF16 default, F16, or F32) and kept on
+ * the device: q/k/v fused into one [qd + 2 kvd][dim] matrix, gate/up into one [2 ffn][dim] matrix,
+ * norms and biases F32. A step is: embedding, RoPE angle table, then per layer RMSNorm ->
+ * GEMM(qkv) -> bias + RoPE + KV store -> paged attention (split-K) -> GEMM(wo) added into the
+ * residual (beta 1) -> RMSNorm -> GEMM(gate/up) -> SwiGLU -> GEMM(down) added into the residual;
+ * finally RMSNorm of the rows whose logits are wanted and GEMM(output), copied to the host.
+ * GEMMs run in cuBLAS with F32 accumulation; activations entering a GEMM are in weight_type,
+ * the residual stream and GEMM outputs are F32.
+ *
+ * Streams: `cs` runs forward steps and block-to-block copies; `xs` (copy stream) moves KV blocks
+ * between the pool and the host through pinned staging slots, ordered against cs with events:
+ * a block read or write waits for the compute already queued (ev_compute), and the next step
+ * waits for the block writes queued before it (ev_kv_written), so host transfers overlap the
+ * host's own work and any compute that does not depend on them.
+ *
+ * Memory: weights + activations + KV pool <= mem_fraction x the free device memory at creation,
+ * checked before anything large is allocated; the KV pool takes what is left when n_kv_blocks
+ * is 0. Nothing is allocated per step except when a batch's block tables outgrow the table
+ * buffer (it then doubles).
+ *
+ * Errors: every CUDA and cuBLAS call is checked; failures become errstr text ("cuda: <what>:
+ * <CUDA error string>"), never an abort. After a failed step the backend must not be used for
+ * further steps (the device state is unknown). Threads: one driving thread at a time
+ * (engine/backend.h). */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/backend.h"
+#include "engine/dtype.h"
+#include "engine/cuda/cuda_kernels.h"
+
+/* Host staging slots for KV block transfers (a ring: a slot is reused once its copy is done). */
+#define KV_STAGE_SLOTS 4
+/* Bytes of the pinned staging buffer used to upload and convert weights at load. */
+#define UPLOAD_CHUNK ((size_t)64 << 20)
+/* Attention partials per (token, head) that the split-K scratch holds for a full batch; a
+ * smaller batch uses more splits each (decode of one token: up to max_batch_tokens * 8). */
+#define ATT_SPLIT_SLOTS 8
+/* Fewest keys per split. */
+#define ATT_MIN_CHUNK 64
+/* cuBLAS workspace given to the handle (counted as activations). */
+#define BLAS_WORKSPACE ((size_t)32 << 20)
+
+typedef struct {
+    void *wqkv;            /* [qd + 2 kvd][dim] wtype: rows of wq, then wk, then wv */
+    float *bqkv;           /* [qd + 2 kvd] F32 or NULL (qwen2 biases; absent ones zero) */
+    void *wo;              /* [dim][qd] wtype */
+    void *wgu;             /* [2 ffn][dim] wtype: rows of w_gate, then w_up */
+    void *wdown;           /* [dim][ffn] wtype */
+    float *attn_norm;      /* [dim] F32 */
+    float *ffn_norm;       /* [dim] F32 */
+} cu_layer_t;
+
+typedef struct {
+    backend_t base;
+    int wtype;
+    size_t welem;          /* bytes per weight / GEMM-input activation element */
+    size_t kv_elem;        /* 4 (F32) or 2 (F16) */
+    int max_T;
+    int qd, kvd, qkvd;     /* n_heads hd, n_kv_heads hd, qd + 2 kvd */
+    cudaStream_t cs, xs;
+    cudaEvent_t ev_compute, ev_kv_written, ev_meta;
+    cudaEvent_t ev_stage[KV_STAGE_SLOTS];
+    int stage_next;
+    cublasHandle_t blas;
+    void *blas_ws;         /* [BLAS_WORKSPACE] bytes */
+
+    /* device weights, owned */
+    cu_layer_t *L;         /* [n_layers] (host array of device pointers) */
+    void *tok_embd;        /* [n_vocab][dim] wtype */
+    void *output;          /* [n_vocab][dim] wtype; == tok_embd when tied */
+    float *out_norm;       /* [dim] F32 */
+    float *inv_freq;       /* [rope_dim / 2] F32 */
+
+    /* device KV pool, owned: [n_kv_blocks][kv_block_bytes] */
+    unsigned char *kv;
+
+    /* device activations for max_T tokens, owned */
+    float *x;              /* [T][dim] residual stream */
+    void *xn;              /* [T][dim] wtype: normalised input of a GEMM */
+    float *qkv;            /* [T][qkvd] */
+    void *att;             /* [T][qd] wtype: attention output */
+    float *gu;             /* [T][2 ffn] */
+    void *hbuf;            /* [T][ffn] wtype: SwiGLU output */
+    float *rope_cs;        /* [T][rope_dim / 2][2] */
+    float *part;           /* [T * n_heads * ATT_SPLIT_SLOTS][hd + 2] attention partials */
+    float *logits;         /* [T][n_vocab] */
+    int32_t *d_ids;        /* [T] argmax ids */
+
+    /* batch metadata: tokens[T], pos[T], tok_seq[T], logits_idx[T], bt_off[T], bt[...] */
+    int32_t *d_meta;       /* device, meta_cap int32 */
+    int32_t *h_meta;       /* pinned host, meta_cap int32 (ev_meta: upload done) */
+    size_t meta_cap;
+
+    unsigned char *h_stage; /* pinned [KV_STAGE_SLOTS][kv_block_bytes] */
+} cu_t;
+
+static void seterr(char *errstr, size_t errlen, const char *fmt, ...)
+{
+    if (!errstr || !errlen) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(errstr, errlen, fmt, ap);
+    va_end(ap);
+}
+
+/* Checks a CUDA runtime result: 0, or -1 with "cuda: what: <error>" in errstr. */
+static int ck(cudaError_t rc, const char *what, char *errstr, size_t errlen)
+{
+    if (rc == cudaSuccess) return 0;
+    seterr(errstr, errlen, "cuda: %s: %s (%s)", what, cudaGetErrorString(rc),
+           cudaGetErrorName(rc));
+    return -1;
+}
+
+static int ckb(cublasStatus_t rc, const char *what, char *errstr, size_t errlen)
+{
+    if (rc == CUBLAS_STATUS_SUCCESS) return 0;
+    seterr(errstr, errlen, "cuda: %s: cuBLAS %s", what, cublasGetStatusString(rc));
+    return -1;
+}
+
+static double mib(size_t b)
+{
+    return (double)b / (1024.0 * 1024.0);
+}
+
+/* ---- weights ---- */
+
+typedef struct {
+    cu_t *c;
+    void *h_stage;         /* pinned [UPLOAD_CHUNK] */
+    void *d_stage;         /* device [UPLOAD_CHUNK] */
+    uint64_t seed;         /* synthetic weights: 0 = off */
+    uint64_t n_filled;     /* synthetic: tensors filled so far (each gets its own stream) */
+    char *errstr;
+    size_t errlen;
+} loader_t;
+
+/* Writes weight w (rows x cols of any supported file type) to d_dst (rows x cols of dst_type),
+ * chunk by chunk through the pinned and device staging buffers. Synchronous. */
+static int upload(loader_t *ld, const weight_t *w, int dst_type, void *d_dst, float synth_lo,
+                  float synth_hi)
+{
+    cu_t *c = ld->c;
+    const size_t n = (size_t)w->rows * (size_t)w->cols;
+    const size_t de = cuk_elem_bytes(dst_type);
+    if (ld->seed) {
+        uint64_t s = ld->seed * 0x9e3779b97f4a7c15ull + ++ld->n_filled;
+        if (ck(cuk_fill_random(dst_type, d_dst, n, s, synth_lo, synth_hi, c->cs),
+               "synthetic weights", ld->errstr, ld->errlen))
+            return -1;
+        return ck(cudaStreamSynchronize(c->cs), "synthetic weights", ld->errstr, ld->errlen);
+    }
+    const int st = w->type;
+    const int raw = st == DT_F32 || st == DT_F16 || st == DT_BF16;
+    /* widened on the host to F32 first when the file type is a block type */
+    const size_t row_in = raw ? w->row_bytes : (size_t)w->cols * 4;
+    const int in_type = raw ? st : DT_F32;
+    size_t rows_per = UPLOAD_CHUNK / row_in;
+    if (rows_per < 1) {
+        seterr(ld->errstr, ld->errlen, "cuda: a weight row of %zu bytes exceeds the %zu-byte "
+               "upload buffer", row_in, UPLOAD_CHUNK);
+        return -1;
+    }
+    for (int64_t r0 = 0; r0 < w->rows; r0 += (int64_t)rows_per) {
+        int64_t nr = w->rows - r0 < (int64_t)rows_per ? w->rows - r0 : (int64_t)rows_per;
+        const char *src = (const char *)w->data + (size_t)r0 * w->row_bytes;
+        if (raw) {
+            memcpy(ld->h_stage, src, (size_t)nr * w->row_bytes);
+        } else {
+            for (int64_t r = 0; r < nr; r++)
+                dtype_dequant_row(st, src + (size_t)r * w->row_bytes,
+                                  (float *)ld->h_stage + (size_t)r * w->cols, w->cols);
+        }
+        const size_t cnt = (size_t)nr * (size_t)w->cols;
+        void *dst = (char *)d_dst + (size_t)r0 * (size_t)w->cols * de;
+        if (in_type == dst_type) {
+            if (ck(cudaMemcpyAsync(dst, ld->h_stage, cnt * de, cudaMemcpyHostToDevice, c->cs),
+                   "weight upload", ld->errstr, ld->errlen))
+                return -1;
+        } else {
+            if (ck(cudaMemcpyAsync(ld->d_stage, ld->h_stage, (size_t)nr * row_in,
+                                   cudaMemcpyHostToDevice, c->cs),
+                   "weight upload", ld->errstr, ld->errlen) ||
+                ck(cuk_convert(in_type, ld->d_stage, dst_type, dst, cnt, c->cs),
+                   "weight conversion", ld->errstr, ld->errlen))
+                return -1;
+        }
+        if (ck(cudaStreamSynchronize(c->cs), "weight upload", ld->errstr, ld->errlen)) return -1;
+    }
+    return 0;
+}
+
+/* Allocates *d and uploads w converted to dst_type (rows x cols elements). */
+static int dev_weight(loader_t *ld, const weight_t *w, int dst_type, void **d, float lo, float hi)
+{
+    size_t bytes = (size_t)w->rows * (size_t)w->cols * cuk_elem_bytes(dst_type);
+    if (ck(cudaMalloc(d, bytes), "weight allocation", ld->errstr, ld->errlen)) return -1;
+    return upload(ld, w, dst_type, *d, lo, hi);
+}
+
+/* Uploads the matrices ws[0..n) stacked by rows into one new [sum rows][cols] buffer. */
+static int dev_stack(loader_t *ld, const weight_t *const *ws, int n, void **d)
+{
+    cu_t *c = ld->c;
+    size_t rows = 0;
+    for (int i = 0; i < n; i++) rows += (size_t)ws[i]->rows;
+    if (ck(cudaMalloc(d, rows * (size_t)ws[0]->cols * c->welem), "weight allocation", ld->errstr,
+           ld->errlen))
+        return -1;
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        float a = 1.0f / sqrtf((float)ws[i]->cols);
+        if (upload(ld, ws[i], c->wtype, (char *)*d + off * (size_t)ws[i]->cols * c->welem, -a, a))
+            return -1;
+        off += (size_t)ws[i]->rows;
+    }
+    return 0;
+}
+
+/* A 1-D F32 vector (norm) to the device; synthetic: all ones. */
+static int dev_vec(loader_t *ld, const weight_t *w, float **d)
+{
+    return dev_weight(ld, w, DT_F32, (void **)d, 1.0f, 1.0f);
+}
+
+static size_t weight_bytes(const model_t *m, size_t welem)
+{
+    const hparams_t *hp = &m->hp;
+    const size_t dim = hp->dim, hd = hp->head_dim;
+    const size_t qkvd = (size_t)(hp->n_heads + 2 * hp->n_kv_heads) * hd, qd = hp->n_heads * hd;
+    size_t per_layer = (qkvd * dim + dim * qd + 2 * (size_t)hp->ffn_dim * dim +
+                        dim * (size_t)hp->ffn_dim) * welem + 2 * dim * 4;
+    if (m->layers[0].bq.data || m->layers[0].bk.data || m->layers[0].bv.data) per_layer += qkvd * 4;
+    size_t emb = (size_t)hp->n_vocab * dim * welem;
+    return per_layer * (size_t)hp->n_layers + emb * (m->tied_output ? 1 : 2) + dim * 4 +
+           (size_t)hp->rope_dim / 2 * 4;
+}
+
+static size_t act_bytes(const model_t *m, int T, size_t welem)
+{
+    const hparams_t *hp = &m->hp;
+    const size_t t = (size_t)T, dim = hp->dim, hd = hp->head_dim;
+    const size_t qd = (size_t)hp->n_heads * hd, kvd = (size_t)hp->n_kv_heads * hd;
+    return t * dim * 4 + t * dim * welem + t * (qd + 2 * kvd) * 4 + t * qd * welem +
+           t * 2 * (size_t)hp->ffn_dim * 4 + t * (size_t)hp->ffn_dim * welem +
+           t * (size_t)hp->rope_dim * 4 +
+           t * (size_t)hp->n_heads * ATT_SPLIT_SLOTS * (hd + 2) * 4 + t * (size_t)hp->n_vocab * 4 +
+           t * 6 * 4 + BLAS_WORKSPACE;
+}
+
+static int load_weights(cu_t *c, const backend_params_t *p, char *errstr, size_t errlen)
+{
+    const model_t *m = c->base.model;
+    const hparams_t *hp = &m->hp;
+    loader_t ld = {.c = c, .seed = p->synthetic_seed, .errstr = errstr, .errlen = errlen};
+    int rc = -1;
+    if (!ld.seed) {
+        if (ck(cudaMallocHost(&ld.h_stage, UPLOAD_CHUNK), "pinned upload buffer", errstr, errlen) ||
+            ck(cudaMalloc(&ld.d_stage, UPLOAD_CHUNK), "upload buffer", errstr, errlen))
+            goto done;
+    }
+    c->L = calloc((size_t)hp->n_layers, sizeof *c->L);
+    if (!c->L) {
+        seterr(errstr, errlen, "cuda: out of memory");
+        goto done;
+    }
+    float ea = 1.0f;
+    if (dev_weight(&ld, &m->tok_embd, c->wtype, &c->tok_embd, -ea, ea)) goto done;
+    if (m->tied_output) {
+        c->output = c->tok_embd;
+    } else {
+        float a = 1.0f / sqrtf((float)hp->dim);
+        if (dev_weight(&ld, &m->output, c->wtype, &c->output, -a, a)) goto done;
+    }
+    if (dev_vec(&ld, &m->output_norm, &c->out_norm)) goto done;
+    for (int l = 0; l < hp->n_layers; l++) {
+        const layer_weights_t *W = &m->layers[l];
+        cu_layer_t *D = &c->L[l];
+        const weight_t *qkv[3] = {&W->wq, &W->wk, &W->wv};
+        const weight_t *gu[2] = {&W->w_gate, &W->w_up};
+        float ao = 1.0f / sqrtf((float)W->wo.cols), ad = 1.0f / sqrtf((float)W->w_down.cols);
+        if (dev_stack(&ld, qkv, 3, &D->wqkv) ||
+            dev_weight(&ld, &W->wo, c->wtype, &D->wo, -ao, ao) || dev_stack(&ld, gu, 2, &D->wgu) ||
+            dev_weight(&ld, &W->w_down, c->wtype, &D->wdown, -ad, ad) ||
+            dev_vec(&ld, &W->attn_norm, &D->attn_norm) || dev_vec(&ld, &W->ffn_norm, &D->ffn_norm))
+            goto done;
+        if (!ld.seed && (W->bq.data || W->bk.data || W->bv.data)) {
+            /* F32 on the host, absent parts zero, then one upload */
+            size_t n = (size_t)c->qkvd;
+            float *hb = calloc(n, sizeof *hb);
+            if (!hb) {
+                seterr(errstr, errlen, "cuda: out of memory");
+                goto done;
+            }
+            if (W->bq.data) memcpy(hb, W->bq.data, (size_t)c->qd * 4);
+            if (W->bk.data) memcpy(hb + c->qd, W->bk.data, (size_t)c->kvd * 4);
+            if (W->bv.data) memcpy(hb + c->qd + c->kvd, W->bv.data, (size_t)c->kvd * 4);
+            /* on cs, then waited for: cs does not synchronise with the legacy default stream */
+            int e = ck(cudaMalloc((void **)&D->bqkv, n * 4), "bias allocation", errstr, errlen) ||
+                    ck(cudaMemcpyAsync(D->bqkv, hb, n * 4, cudaMemcpyHostToDevice, c->cs),
+                       "bias upload", errstr, errlen) ||
+                    ck(cudaStreamSynchronize(c->cs), "bias upload", errstr, errlen);
+            free(hb);
+            if (e) goto done;
+        }
+    }
+    size_t nf = (size_t)hp->rope_dim / 2;
+    if (ck(cudaMalloc((void **)&c->inv_freq, nf * 4 + 4), "rope allocation", errstr, errlen) ||
+        ck(cudaMemcpyAsync(c->inv_freq, m->rope_inv_freq, nf * 4, cudaMemcpyHostToDevice, c->cs),
+           "rope upload", errstr, errlen) ||
+        ck(cudaStreamSynchronize(c->cs), "rope upload", errstr, errlen))
+        goto done;
+    rc = 0;
+done:
+    if (ld.h_stage) cudaFreeHost(ld.h_stage);
+    if (ld.d_stage) cudaFree(ld.d_stage);
+    return rc;
+}
+
+/* ---- forward ---- */
+
+/* Makes the metadata buffers hold at least n int32 (host pinned and device). */
+static int meta_reserve(cu_t *c, size_t n, char *errstr, size_t errlen)
+{
+    if (n <= c->meta_cap) return 0;
+    size_t cap = c->meta_cap ? c->meta_cap : 1024;
+    while (cap < n) cap *= 2;
+    if (ck(cudaStreamSynchronize(c->cs), "metadata resize", errstr, errlen)) return -1;
+    cudaFreeHost(c->h_meta);
+    cudaFree(c->d_meta);
+    c->h_meta = NULL;
+    c->d_meta = NULL;
+    c->meta_cap = 0;
+    if (ck(cudaMallocHost((void **)&c->h_meta, cap * 4), "metadata allocation", errstr, errlen) ||
+        ck(cudaMalloc((void **)&c->d_meta, cap * 4), "metadata allocation", errstr, errlen))
+        return -1;
+    c->meta_cap = cap;
+    return 0;
+}
+
+/* One step; then either logits [n_logits][n_vocab] (logits != NULL) or their argmax ids
+ * [n_logits] (ids != NULL) to the host. */
+static int cu_step(backend_t *be, const backend_batch_t *b, float *logits, int32_t *ids,
+                   char *errstr, size_t errlen)
+{
+    cu_t *c = (cu_t *)be;
+    const model_t *m = be->model;
+    const hparams_t *hp = &m->hp;
+    const int B = be->params.block_tokens, T = b->n_tokens;
+    if (T <= 0 || T > c->max_T || b->n_logits < 0 || b->n_logits > T) {
+        seterr(errstr, errlen, "cuda: batch of %d tokens / %d logits (limit %d)", T, b->n_logits,
+               c->max_T);
+        return -1;
+    }
+    if (b->n_seqs <= 0 || b->n_seqs > T || b->seq_start[0] != 0 || b->seq_start[b->n_seqs] != T) {
+        seterr(errstr, errlen, "cuda: bad sequence ranges");
+        return -1;
+    }
+    /* Validation and the size of the concatenated block tables. */
+    size_t n_bt = 0;
+    int max_ctx = 0;
+    for (int s = 0; s < b->n_seqs; s++) {
+        if (b->seq_start[s + 1] <= b->seq_start[s]) {
+            seterr(errstr, errlen, "cuda: sequence %d has no tokens", s);
+            return -1;
+        }
+        for (int t = b->seq_start[s]; t < b->seq_start[s + 1]; t++) {
+            if (b->tokens[t] < 0 || b->tokens[t] >= hp->n_vocab) {
+                seterr(errstr, errlen, "cuda: token id %d out of range [0, %d)", b->tokens[t],
+                       hp->n_vocab);
+                return -1;
+            }
+            if (b->pos[t] < 0 || b->pos[t] >= hp->ctx_len ||
+                (t > b->seq_start[s] && b->pos[t] != b->pos[t - 1] + 1)) {
+                seterr(errstr, errlen, "cuda: bad position %d of sequence %d", b->pos[t], s);
+                return -1;
+            }
+        }
+        int last = b->pos[b->seq_start[s + 1] - 1];
+        if (last + 1 > max_ctx) max_ctx = last + 1;
+        for (int i = 0; i <= last / B; i++) {
+            int32_t blk = b->block_tables[s][i];
+            if (blk < 0 || blk >= be->params.n_kv_blocks) {
+                seterr(errstr, errlen, "cuda: sequence %d block %d = %d out of range", s, i, blk);
+                return -1;
+            }
+        }
+        n_bt += (size_t)(last / B + 1);
+    }
+    for (int i = 0; i < b->n_logits; i++)
+        if (b->logits_idx[i] < 0 || b->logits_idx[i] >= T) {
+            seterr(errstr, errlen, "cuda: logits index %d out of range", b->logits_idx[i]);
+            return -1;
+        }
+
+    /* Metadata to the device: the pinned buffer is free once the previous upload is done. */
+    const size_t mT = (size_t)c->max_T;
+    if (ck(cudaEventSynchronize(c->ev_meta), "metadata", errstr, errlen) ||
+        meta_reserve(c, 5 * mT + n_bt, errstr, errlen))
+        return -1;
+    int32_t *h = c->h_meta;
+    int32_t *h_tok = h, *h_pos = h + mT, *h_seq = h + 2 * mT, *h_lidx = h + 3 * mT;
+    int32_t *h_btoff = h + 4 * mT, *h_bt = h + 5 * mT;
+    memcpy(h_tok, b->tokens, (size_t)T * 4);
+    memcpy(h_pos, b->pos, (size_t)T * 4);
+    if (b->n_logits) memcpy(h_lidx, b->logits_idx, (size_t)b->n_logits * 4);
+    size_t off = 0;
+    for (int s = 0; s < b->n_seqs; s++) {
+        for (int t = b->seq_start[s]; t < b->seq_start[s + 1]; t++) h_seq[t] = s;
+        int nb = b->pos[b->seq_start[s + 1] - 1] / B + 1;
+        h_btoff[s] = (int32_t)off;
+        memcpy(h_bt + off, b->block_tables[s], (size_t)nb * 4);
+        off += (size_t)nb;
+    }
+    int32_t *d = c->d_meta;
+    const int32_t *d_tok = d, *d_pos = d + mT, *d_seq = d + 2 * mT, *d_lidx = d + 3 * mT;
+    const int32_t *d_btoff = d + 4 * mT, *d_bt = d + 5 * mT;
+    if (ck(cudaStreamWaitEvent(c->cs, c->ev_kv_written, 0), "wait for KV writes", errstr, errlen) ||
+        ck(cudaMemcpyAsync(d, h, (5 * mT + n_bt) * 4, cudaMemcpyHostToDevice, c->cs),
+           "metadata upload", errstr, errlen) ||
+        ck(cudaEventRecord(c->ev_meta, c->cs), "metadata event", errstr, errlen))
+        return -1;
+
+    const int dim = hp->dim, hd = hp->head_dim, ffn = hp->ffn_dim;
+    const int wt = c->wtype;
+    /* Split-K: as many splits as the scratch holds for this batch, at least ATT_MIN_CHUNK keys
+     * each. */
+    int n_splits = (int)((mT * ATT_SPLIT_SLOTS) / (size_t)T);
+    int max_splits = (max_ctx + ATT_MIN_CHUNK - 1) / ATT_MIN_CHUNK;
+    if (n_splits > max_splits) n_splits = max_splits;
+    if (n_splits > 65535) n_splits = 65535;
+    if (n_splits < 1) n_splits = 1;
+    int chunk = (max_ctx + n_splits - 1) / n_splits;
+    n_splits = (max_ctx + chunk - 1) / chunk;
+    cuk_paged_t pg = {
+        .pos = d_pos, .tok_seq = d_seq, .bt_off = d_btoff, .bt = d_bt, .kv = c->kv,
+        .kv_type = be->params.kv_type, .block_elems = be->kv_block_bytes / c->kv_elem,
+        .block_tokens = B, .layer = 0,
+    };
+    if (ck(cuk_embed(wt, c->tok_embd, d_tok, T, dim, c->x, c->cs), "embedding", errstr, errlen) ||
+        ck(cuk_rope_table(d_pos, T, c->inv_freq, hp->rope_dim / 2, hp->rope_freq_scale,
+                          c->rope_cs, c->cs), "rope table", errstr, errlen))
+        return -1;
+    for (int l = 0; l < hp->n_layers; l++) {
+        const cu_layer_t *L = &c->L[l];
+        pg.layer = l;
+        cuk_qkv_args_t qa = {
+            .T = T, .n_heads = hp->n_heads, .n_kv_heads = hp->n_kv_heads, .head_dim = hd,
+            .rope_dim = hp->rope_dim, .rope_kind = hp->rope_kind, .qkv = c->qkv, .ld = c->qkvd,
+            .bias = L->bqkv, .cs = c->rope_cs, .kv = pg,
+        };
+        cuk_attn_args_t aa = {
+            .T = T, .n_heads = hp->n_heads, .n_kv_heads = hp->n_kv_heads, .head_dim = hd,
+            .qkv = c->qkv, .ld = c->qkvd, .kv = pg, .scale = 1.0f / sqrtf((float)hd),
+            .n_splits = n_splits, .chunk = chunk, .part = c->part, .out_type = wt, .out = c->att,
+        };
+        if (ck(cuk_rmsnorm(c->x, NULL, T, dim, L->attn_norm, hp->norm_eps, wt, c->xn, c->cs),
+               "attention norm", errstr, errlen) ||
+            ckb(cuk_gemm(c->blas, wt, L->wqkv, c->qkvd, dim, c->xn, T, c->qkv, c->qkvd, 0.0f),
+                "qkv gemm", errstr, errlen) ||
+            ck(cuk_qkv_rope_store(&qa, c->cs), "rope/kv store", errstr, errlen) ||
+            ck(cuk_attention(&aa, c->cs), "attention", errstr, errlen) ||
+            ckb(cuk_gemm(c->blas, wt, L->wo, dim, c->qd, c->att, T, c->x, dim, 1.0f),
+                "wo gemm", errstr, errlen) ||
+            ck(cuk_rmsnorm(c->x, NULL, T, dim, L->ffn_norm, hp->norm_eps, wt, c->xn, c->cs),
+               "ffn norm", errstr, errlen) ||
+            ckb(cuk_gemm(c->blas, wt, L->wgu, 2 * ffn, dim, c->xn, T, c->gu, 2 * ffn, 0.0f),
+                "gate/up gemm", errstr, errlen) ||
+            ck(cuk_swiglu(c->gu, T, ffn, wt, c->hbuf, c->cs), "swiglu", errstr, errlen) ||
+            ckb(cuk_gemm(c->blas, wt, L->wdown, dim, ffn, c->hbuf, T, c->x, dim, 1.0f),
+                "down gemm", errstr, errlen))
+            return -1;
+    }
+    if (b->n_logits > 0) {
+        if (ck(cuk_rmsnorm(c->x, d_lidx, b->n_logits, dim, c->out_norm, hp->norm_eps, wt, c->xn,
+                           c->cs), "output norm", errstr, errlen) ||
+            ckb(cuk_gemm(c->blas, wt, c->output, hp->n_vocab, dim, c->xn, b->n_logits, c->logits,
+                         hp->n_vocab, 0.0f), "output gemm", errstr, errlen))
+            return -1;
+        if (ids) {
+            if (ck(cuk_argmax(c->logits, b->n_logits, hp->n_vocab, c->d_ids, c->cs), "argmax",
+                   errstr, errlen) ||
+                ck(cudaMemcpyAsync(ids, c->d_ids, (size_t)b->n_logits * 4, cudaMemcpyDeviceToHost,
+                                   c->cs), "ids download", errstr, errlen))
+                return -1;
+        } else if (ck(cudaMemcpyAsync(logits, c->logits,
+                                      (size_t)b->n_logits * (size_t)hp->n_vocab * sizeof(float),
+                                      cudaMemcpyDeviceToHost, c->cs), "logits download", errstr,
+                      errlen)) {
+            return -1;
+        }
+    }
+    if (ck(cudaEventRecord(c->ev_compute, c->cs), "compute event", errstr, errlen)) return -1;
+    /* With logits the caller reads them now: wait (and surface kernel errors). Without, the
+     * step stays queued; synchronize() or the next call reports its errors. */
+    if (b->n_logits > 0 && ck(cudaStreamSynchronize(c->cs), "forward", errstr, errlen)) return -1;
+    return 0;
+}
+
+static int cu_forward(backend_t *be, const backend_batch_t *b, float *logits, char *errstr,
+                      size_t errlen)
+{
+    return cu_step(be, b, logits, NULL, errstr, errlen);
+}
+
+static int cu_forward_argmax(backend_t *be, const backend_batch_t *b, int32_t *ids, char *errstr,
+                             size_t errlen)
+{
+    return cu_step(be, b, NULL, ids, errstr, errlen);
+}
+
+/* ---- KV block transfers ---- */
+
+static unsigned char *stage_slot(cu_t *c, int *slot)
+{
+    *slot = c->stage_next;
+    c->stage_next = (c->stage_next + 1) % KV_STAGE_SLOTS;
+    if (cudaEventSynchronize(c->ev_stage[*slot]) != cudaSuccess) return NULL;
+    return c->h_stage + (size_t)*slot * c->base.kv_block_bytes;
+}
+
+static int cu_kv_read(backend_t *be, int32_t block, void *dst)
+{
+    cu_t *c = (cu_t *)be;
+    if (block < 0 || block >= be->params.n_kv_blocks) return -1;
+    int slot;
+    unsigned char *st = stage_slot(c, &slot);
+    if (!st) return -1;
+    const size_t n = be->kv_block_bytes;
+    if (cudaStreamWaitEvent(c->xs, c->ev_compute, 0) != cudaSuccess ||
+        cudaMemcpyAsync(st, c->kv + (size_t)block * n, n, cudaMemcpyDeviceToHost, c->xs) !=
+            cudaSuccess ||
+        cudaEventRecord(c->ev_stage[slot], c->xs) != cudaSuccess ||
+        cudaEventSynchronize(c->ev_stage[slot]) != cudaSuccess)
+        return -1;
+    memcpy(dst, st, n);
+    return 0;
+}
+
+/* Returns once src is copied into a staging slot; the device copy completes asynchronously on
+ * the copy stream, before the next forward step or block copy runs. */
+static int cu_kv_write(backend_t *be, int32_t block, const void *src)
+{
+    cu_t *c = (cu_t *)be;
+    if (block < 0 || block >= be->params.n_kv_blocks) return -1;
+    int slot;
+    unsigned char *st = stage_slot(c, &slot);
+    if (!st) return -1;
+    const size_t n = be->kv_block_bytes;
+    memcpy(st, src, n);
+    if (cudaStreamWaitEvent(c->xs, c->ev_compute, 0) != cudaSuccess ||
+        cudaMemcpyAsync(c->kv + (size_t)block * n, st, n, cudaMemcpyHostToDevice, c->xs) !=
+            cudaSuccess ||
+        cudaEventRecord(c->ev_stage[slot], c->xs) != cudaSuccess ||
+        cudaEventRecord(c->ev_kv_written, c->xs) != cudaSuccess)
+        return -1;
+    return 0;
+}
+
+static int cu_kv_copy(backend_t *be, int32_t dst, int32_t src)
+{
+    cu_t *c = (cu_t *)be;
+    if (dst < 0 || src < 0 || dst >= be->params.n_kv_blocks || src >= be->params.n_kv_blocks)
+        return -1;
+    if (dst == src) return 0;
+    const size_t n = be->kv_block_bytes;
+    if (cudaStreamWaitEvent(c->cs, c->ev_kv_written, 0) != cudaSuccess ||
+        cudaMemcpyAsync(c->kv + (size_t)dst * n, c->kv + (size_t)src * n, n,
+                        cudaMemcpyDeviceToDevice, c->cs) != cudaSuccess ||
+        cudaEventRecord(c->ev_compute, c->cs) != cudaSuccess)
+        return -1;
+    return 0;
+}
+
+static int cu_sync(backend_t *be)
+{
+    cu_t *c = (cu_t *)be;
+    if (cudaStreamSynchronize(c->cs) != cudaSuccess || cudaStreamSynchronize(c->xs) != cudaSuccess)
+        return -1;
+    return 0;
+}
+
+static void cu_free(backend_t *be)
+{
+    cu_t *c = (cu_t *)be;
+    if (!c) return;
+    /* Errors here cannot be reported; everything owned is released regardless. */
+    if (c->cs) cudaStreamSynchronize(c->cs);
+    if (c->xs) cudaStreamSynchronize(c->xs);
+    if (c->L) {
+        for (int l = 0; l < be->model->hp.n_layers; l++) {
+            cudaFree(c->L[l].wqkv);
+            cudaFree(c->L[l].bqkv);
+            cudaFree(c->L[l].wo);
+            cudaFree(c->L[l].wgu);
+            cudaFree(c->L[l].wdown);
+            cudaFree(c->L[l].attn_norm);
+            cudaFree(c->L[l].ffn_norm);
+        }
+        free(c->L);
+    }
+    if (c->output != c->tok_embd) cudaFree(c->output);
+    cudaFree(c->tok_embd);
+    cudaFree(c->out_norm);
+    cudaFree(c->inv_freq);
+    cudaFree(c->kv);
+    cudaFree(c->x);
+    cudaFree(c->xn);
+    cudaFree(c->qkv);
+    cudaFree(c->att);
+    cudaFree(c->gu);
+    cudaFree(c->hbuf);
+    cudaFree(c->rope_cs);
+    cudaFree(c->part);
+    cudaFree(c->logits);
+    cudaFree(c->d_ids);
+    cudaFree(c->d_meta);
+    cudaFree(c->blas_ws);
+    if (c->h_meta) cudaFreeHost(c->h_meta);
+    if (c->h_stage) cudaFreeHost(c->h_stage);
+    if (c->blas) cublasDestroy(c->blas);
+    for (int i = 0; i < KV_STAGE_SLOTS; i++)
+        if (c->ev_stage[i]) cudaEventDestroy(c->ev_stage[i]);
+    if (c->ev_compute) cudaEventDestroy(c->ev_compute);
+    if (c->ev_kv_written) cudaEventDestroy(c->ev_kv_written);
+    if (c->ev_meta) cudaEventDestroy(c->ev_meta);
+    if (c->cs) cudaStreamDestroy(c->cs);
+    if (c->xs) cudaStreamDestroy(c->xs);
+    free(c);
+}
+
+static const backend_ops_t cuda_ops = {
+    .name = "cuda",
+    .free = cu_free,
+    .forward = cu_forward,
+    .forward_argmax = cu_forward_argmax,
+    .kv_block_read = cu_kv_read,
+    .kv_block_write = cu_kv_write,
+    .kv_block_copy = cu_kv_copy,
+    .synchronize = cu_sync,
+};
+
+static int dmalloc(void *pp, size_t bytes, const char *what, char *errstr, size_t errlen)
+{
+    return ck(cudaMalloc((void **)pp, bytes ? bytes : 4), what, errstr, errlen);
+}
+
+backend_t *backend_cuda_new(const model_t *model, const backend_params_t *params, char *errstr,
+                            size_t errlen)
+{
+    const hparams_t *hp = &model->hp;
+    const int wt = params->weight_type;
+    if (params->block_tokens < 1 || params->n_kv_blocks < 0 || params->max_batch_tokens < 1 ||
+        (params->kv_type != DT_F32 && params->kv_type != DT_F16) ||
+        (wt != DT_BF16 && wt != DT_F16 && wt != DT_F32) || !(params->mem_fraction > 0.0f) ||
+        params->mem_fraction > 1.0f) {
+        seterr(errstr, errlen, "cuda: bad parameters (block tokens %d, blocks %d, batch tokens "
+               "%d, kv type %s, weight type %s, mem_fraction %g: (0, 1])", params->block_tokens,
+               params->n_kv_blocks, params->max_batch_tokens, dtype_name(params->kv_type),
+               dtype_name(wt), (double)params->mem_fraction);
+        return NULL;
+    }
+    if (hp->head_dim > CUK_MAX_HEAD_DIM || hp->head_dim % 2 || hp->n_kv_heads < 1 ||
+        hp->n_heads % hp->n_kv_heads || hp->n_heads / hp->n_kv_heads > CUK_MAX_GROUP) {
+        seterr(errstr, errlen, "cuda: unsupported attention shape (head_dim %d <= %d and even, "
+               "%d heads / %d kv heads <= %d)", hp->head_dim, CUK_MAX_HEAD_DIM, hp->n_heads,
+               hp->n_kv_heads, CUK_MAX_GROUP);
+        return NULL;
+    }
+    int n_dev = 0;
+    cudaError_t drc = cudaGetDeviceCount(&n_dev);
+    if (drc != cudaSuccess || n_dev < 1) {
+        seterr(errstr, errlen, "cuda: no CUDA device (%s)",
+               drc != cudaSuccess ? cudaGetErrorString(drc) : "device count 0");
+        cudaGetLastError(); /* the failed query is not an error of later calls */
+        return NULL;
+    }
+    cu_t *c = calloc(1, sizeof *c);
+    if (!c) {
+        seterr(errstr, errlen, "cuda: out of memory");
+        return NULL;
+    }
+    c->base.ops = &cuda_ops;
+    c->base.ctx = c;
+    c->base.model = model;
+    c->base.params = *params;
+    c->wtype = wt;
+    c->welem = cuk_elem_bytes(wt);
+    c->kv_elem = params->kv_type == DT_F32 ? 4 : 2;
+    c->base.kv_block_bytes = (size_t)params->block_tokens * model_kv_bytes_per_token(model, c->kv_elem);
+    c->max_T = params->max_batch_tokens;
+    c->qd = hp->n_heads * hp->head_dim;
+    c->kvd = hp->n_kv_heads * hp->head_dim;
+    c->qkvd = c->qd + 2 * c->kvd;
+
+    if (ck(cudaSetDevice(0), "select device 0", errstr, errlen)) goto fail;
+    size_t free_b = 0, total_b = 0;
+    if (ck(cudaMemGetInfo(&free_b, &total_b), "device memory query", errstr, errlen)) goto fail;
+    {
+        const size_t budget = (size_t)((double)free_b * (double)params->mem_fraction);
+        const size_t wb = weight_bytes(model, c->welem);
+        const size_t ab = act_bytes(model, c->max_T, c->welem);
+        const size_t bb = c->base.kv_block_bytes;
+        size_t kvb = (size_t)params->n_kv_blocks * bb;
+        if (wb + ab > budget || (params->n_kv_blocks > 0 && wb + ab + kvb > budget)) {
+            seterr(errstr, errlen, "cuda: the model does not fit: weights %.1f MiB (%s) + "
+                   "activations %.1f MiB (%d batch tokens) + KV pool %.1f MiB > budget %.1f MiB "
+                   "(cuda mem_fraction %.2f of %.1f MiB free, %.1f MiB total)", mib(wb),
+                   dtype_name(wt), mib(ab), c->max_T, mib(kvb), mib(budget),
+                   (double)params->mem_fraction, mib(free_b), mib(total_b));
+            goto fail;
+        }
+        if (params->n_kv_blocks == 0) {
+            size_t nb = (budget - wb - ab) / bb;
+            if (nb < 1) {
+                seterr(errstr, errlen, "cuda: no room for a KV block of %.2f MiB: weights %.1f "
+                       "MiB + activations %.1f MiB leave %.1f MiB of the %.1f MiB budget "
+                       "(cuda mem_fraction %.2f of %.1f MiB free)", mib(bb), mib(wb), mib(ab),
+                       mib(budget - wb - ab), mib(budget), (double)params->mem_fraction,
+                       mib(free_b));
+                goto fail;
+            }
+            if (nb > (size_t)1 << 30) nb = (size_t)1 << 30;
+            c->base.params.n_kv_blocks = (int)nb;
+        }
+    }
+    if (ck(cudaStreamCreateWithFlags(&c->cs, cudaStreamNonBlocking), "stream", errstr, errlen) ||
+        ck(cudaStreamCreateWithFlags(&c->xs, cudaStreamNonBlocking), "copy stream", errstr,
+           errlen) ||
+        ck(cudaEventCreateWithFlags(&c->ev_compute, cudaEventDisableTiming), "event", errstr,
+           errlen) ||
+        ck(cudaEventCreateWithFlags(&c->ev_kv_written, cudaEventDisableTiming), "event", errstr,
+           errlen) ||
+        ck(cudaEventCreateWithFlags(&c->ev_meta, cudaEventDisableTiming), "event", errstr, errlen))
+        goto fail;
+    for (int i = 0; i < KV_STAGE_SLOTS; i++)
+        if (ck(cudaEventCreateWithFlags(&c->ev_stage[i], cudaEventDisableTiming), "event", errstr,
+               errlen))
+            goto fail;
+    if (ckb(cublasCreate(&c->blas), "cublasCreate", errstr, errlen) ||
+        ckb(cublasSetStream(c->blas, c->cs), "cublasSetStream", errstr, errlen) ||
+        dmalloc(&c->blas_ws, BLAS_WORKSPACE, "cuBLAS workspace", errstr, errlen) ||
+        ckb(cublasSetWorkspace(c->blas, c->blas_ws, BLAS_WORKSPACE), "cublasSetWorkspace", errstr,
+            errlen))
+        goto fail;
+    if (load_weights(c, params, errstr, errlen)) goto fail;
+
+    {
+        const size_t T = (size_t)c->max_T, dim = hp->dim, hd = hp->head_dim, we = c->welem;
+        const size_t ffn = hp->ffn_dim;
+        const size_t kv_total = (size_t)c->base.params.n_kv_blocks * c->base.kv_block_bytes;
+        if (dmalloc(&c->x, T * dim * 4, "activations", errstr, errlen) ||
+            dmalloc(&c->xn, T * dim * we, "activations", errstr, errlen) ||
+            dmalloc(&c->qkv, T * (size_t)c->qkvd * 4, "activations", errstr, errlen) ||
+            dmalloc(&c->att, T * (size_t)c->qd * we, "activations", errstr, errlen) ||
+            dmalloc(&c->gu, T * 2 * ffn * 4, "activations", errstr, errlen) ||
+            dmalloc(&c->hbuf, T * ffn * we, "activations", errstr, errlen) ||
+            dmalloc(&c->rope_cs, T * (size_t)hp->rope_dim * 4, "activations", errstr, errlen) ||
+            dmalloc(&c->part, T * (size_t)hp->n_heads * ATT_SPLIT_SLOTS * (hd + 2) * 4,
+                    "attention scratch", errstr, errlen) ||
+            dmalloc(&c->logits, T * (size_t)hp->n_vocab * 4, "logits", errstr, errlen) ||
+            dmalloc(&c->d_ids, T * 4, "logits", errstr, errlen) ||
+            meta_reserve(c, 5 * T + 1024, errstr, errlen) ||
+            ck(cudaMallocHost((void **)&c->h_stage, KV_STAGE_SLOTS * c->base.kv_block_bytes),
+               "pinned KV staging", errstr, errlen))
+            goto fail;
+        cudaError_t krc = cudaMalloc((void **)&c->kv, kv_total);
+        if (krc != cudaSuccess) {
+            seterr(errstr, errlen, "cuda: KV pool of %d blocks, %.1f MiB: %s",
+                   c->base.params.n_kv_blocks, mib(kv_total), cudaGetErrorString(krc));
+            goto fail;
+        }
+    }
+    return &c->base;
+fail:
+    cu_free(&c->base);
+    return NULL;
+}

@@ -1,0 +1,478 @@
+/* engine/cuda/cuda_kernels.cu: device kernels of the CUDA backend (contracts in
+ * cuda_kernels.h). Compiled by nvcc as CUDA C++; everything outside this file sees the extern "C"
+ * launchers only.
+ *
+ * Arithmetic: no fast-math; the element-wise steps that the CPU backend does as separate F32
+ * operations (RoPE rotations, RMSNorm scaling) use explicitly rounded multiplies and adds so the
+ * compiler cannot contract them into FMAs, which keeps the F32 path as close to the CPU
+ * reference as a different summation order allows. */
+#include "engine/cuda/cuda_kernels.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math.h>
+
+#include "engine/dtype.h"
+#include "engine/model.h"
+
+/* Threads per block of the element-wise and row kernels. */
+#define CUK_THREADS 256
+
+size_t cuk_elem_bytes(int type)
+{
+    switch (type) {
+    case DT_F32: return 4;
+    case DT_F16: case DT_BF16: return 2;
+    default: return 0;
+    }
+}
+
+static __device__ __forceinline__ float ld_elem(int type, const void *p, size_t i)
+{
+    if (type == DT_F32) return ((const float *)p)[i];
+    if (type == DT_F16) return __half2float(((const __half *)p)[i]);
+    return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+}
+
+static __device__ __forceinline__ void st_elem(int type, void *p, size_t i, float v)
+{
+    if (type == DT_F32) ((float *)p)[i] = v;
+    else if (type == DT_F16) ((__half *)p)[i] = __float2half_rn(v);
+    else ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v);
+}
+
+static int grid_for(size_t n)
+{
+    size_t g = (n + CUK_THREADS - 1) / CUK_THREADS;
+    if (g > 65535u * 16u) g = 65535u * 16u; /* grid-stride loops cover the rest */
+    return g ? (int)g : 1;
+}
+
+static int launched(void)
+{
+    return (int)cudaGetLastError();
+}
+
+/* ---- conversions and synthetic fill ---- */
+
+static __global__ void k_convert(int st, const void *src, int dt, void *dst, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        st_elem(dt, dst, i, ld_elem(st, src, i));
+}
+
+extern "C" int cuk_convert(int src_type, const void *d_src, int dst_type, void *d_dst, size_t n,
+                           cudaStream_t stream)
+{
+    if (!cuk_elem_bytes(src_type) || !cuk_elem_bytes(dst_type)) return (int)cudaErrorInvalidValue;
+    if (n == 0) return 0;
+    k_convert<<<grid_for(n), CUK_THREADS, 0, stream>>>(src_type, d_src, dst_type, d_dst, n);
+    return launched();
+}
+
+static __device__ __forceinline__ uint64_t mix64(uint64_t z)
+{
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static __global__ void k_fill_random(int dt, void *dst, size_t n, uint64_t seed, float lo,
+                                     float hi)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float u = (float)(mix64(seed ^ mix64(i)) >> 40) * (1.0f / 16777216.0f);
+        st_elem(dt, dst, i, lo + (hi - lo) * u);
+    }
+}
+
+extern "C" int cuk_fill_random(int dst_type, void *d_dst, size_t n, uint64_t seed, float lo,
+                               float hi, cudaStream_t stream)
+{
+    if (!cuk_elem_bytes(dst_type)) return (int)cudaErrorInvalidValue;
+    if (n == 0) return 0;
+    k_fill_random<<<grid_for(n), CUK_THREADS, 0, stream>>>(dst_type, d_dst, n, seed, lo, hi);
+    return launched();
+}
+
+/* ---- embedding, RoPE table ---- */
+
+static __global__ void k_embed(int wt, const void *table, const int32_t *tokens, int dim,
+                               float *x)
+{
+    const int t = blockIdx.x;
+    const size_t row = (size_t)tokens[t] * dim;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x)
+        x[(size_t)t * dim + i] = ld_elem(wt, table, row + i);
+}
+
+extern "C" int cuk_embed(int wtype, const void *d_table, const int32_t *d_tokens, int T, int dim,
+                         float *d_x, cudaStream_t stream)
+{
+    if (T <= 0) return 0;
+    k_embed<<<T, CUK_THREADS, 0, stream>>>(wtype, d_table, d_tokens, dim, d_x);
+    return launched();
+}
+
+static __global__ void k_rope_table(const int32_t *pos, int T, const float *inv_freq, int half,
+                                    float freq_scale, float *cs)
+{
+    size_t n = (size_t)T * half;
+    for (size_t k = blockIdx.x * (size_t)blockDim.x + threadIdx.x; k < n;
+         k += (size_t)gridDim.x * blockDim.x) {
+        int t = (int)(k / half), i = (int)(k % half);
+        double a = (double)pos[t] * (double)freq_scale * (double)inv_freq[i];
+        cs[2 * k] = (float)cos(a);
+        cs[2 * k + 1] = (float)sin(a);
+    }
+}
+
+extern "C" int cuk_rope_table(const int32_t *d_pos, int T, const float *d_inv_freq, int half,
+                              float freq_scale, float *d_cs, cudaStream_t stream)
+{
+    if (T <= 0 || half <= 0) return 0;
+    k_rope_table<<<grid_for((size_t)T * half), CUK_THREADS, 0, stream>>>(d_pos, T, d_inv_freq,
+                                                                        half, freq_scale, d_cs);
+    return launched();
+}
+
+/* ---- RMSNorm, SwiGLU ---- */
+
+static __device__ __forceinline__ float warp_sum(float v)
+{
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it. */
+static __device__ float block_sum(float v)
+{
+    __shared__ float red[32];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads(); /* red[] may still be read by a previous call */
+    if (lane == 0) red[w] = v;
+    __syncthreads();
+    v = lane < nw ? red[lane] : 0.0f;
+    return warp_sum(v);
+}
+
+static __global__ void k_rmsnorm(const float *x, const int32_t *rows, int dim, const float *w,
+                                 float eps, int ot, void *out)
+{
+    const int t = blockIdx.x;
+    const float *xr = x + (size_t)(rows ? rows[t] : t) * dim;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += __fmul_rn(xr[i], xr[i]);
+    ss = block_sum(ss);
+    const float scale = 1.0f / sqrtf(ss / (float)dim + eps);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x)
+        st_elem(ot, out, (size_t)t * dim + i, __fmul_rn(__fmul_rn(xr[i], scale), w[i]));
+}
+
+extern "C" int cuk_rmsnorm(const float *d_x, const int32_t *d_rows, int T, int dim,
+                           const float *d_w, float eps, int out_type, void *d_out,
+                           cudaStream_t stream)
+{
+    if (!cuk_elem_bytes(out_type)) return (int)cudaErrorInvalidValue;
+    if (T <= 0) return 0;
+    k_rmsnorm<<<T, CUK_THREADS, 0, stream>>>(d_x, d_rows, dim, d_w, eps, out_type, d_out);
+    return launched();
+}
+
+static __global__ void k_swiglu(const float *gu, int T, int ffn, int ot, void *out)
+{
+    const size_t n = (size_t)T * ffn;
+    for (size_t k = blockIdx.x * (size_t)blockDim.x + threadIdx.x; k < n;
+         k += (size_t)gridDim.x * blockDim.x) {
+        size_t t = k / ffn, i = k % ffn;
+        float g = gu[t * 2 * ffn + i], u = gu[t * 2 * ffn + ffn + i];
+        st_elem(ot, out, k, __fmul_rn(g / (1.0f + expf(-g)), u));
+    }
+}
+
+extern "C" int cuk_swiglu(const float *d_gu, int T, int ffn, int out_type, void *d_out,
+                          cudaStream_t stream)
+{
+    if (!cuk_elem_bytes(out_type)) return (int)cudaErrorInvalidValue;
+    if (T <= 0) return 0;
+    k_swiglu<<<grid_for((size_t)T * ffn), CUK_THREADS, 0, stream>>>(d_gu, T, ffn, out_type,
+                                                                    d_out);
+    return launched();
+}
+
+/* ---- bias + RoPE + KV store ---- */
+
+/* Element index of (block, kind 0 K / 1 V, slot, kv head, element) in the KV pool. */
+static __device__ __forceinline__ size_t kv_index(const cuk_paged_t &p, int n_kv, int hd,
+                                                  int32_t blk, int kind, int slot, int g, int e)
+{
+    return (size_t)blk * p.block_elems +
+           ((((size_t)p.layer * 2 + kind) * p.block_tokens + slot) * n_kv + g) * hd + e;
+}
+
+static __global__ void k_qkv_rope_store(cuk_qkv_args_t a)
+{
+    const int t = blockIdx.x;
+    const int hd = a.head_dim, hp = hd / 2, half = a.rope_dim / 2;
+    const int rows = a.n_heads + 2 * a.n_kv_heads;
+    const int pos = a.kv.pos[t];
+    const int B = a.kv.block_tokens;
+    const int32_t blk = a.kv.bt[a.kv.bt_off[a.kv.tok_seq[t]] + pos / B];
+    const int slot = pos % B;
+    float *row0 = a.qkv + (size_t)t * a.ld;
+    const float *cs = a.cs + (size_t)t * half * 2;
+    for (int k = threadIdx.x; k < rows * hp; k += blockDim.x) {
+        const int r = k / hp, j = k % hp;
+        int e0, e1, rot;
+        if (a.rope_kind == ROPE_NEOX) {
+            rot = j < half;
+            e0 = rot ? j : a.rope_dim + 2 * (j - half);
+            e1 = rot ? j + half : e0 + 1;
+        } else {
+            rot = j < half;
+            e0 = 2 * j;
+            e1 = 2 * j + 1;
+        }
+        float *v = row0 + (size_t)r * hd;
+        float x0 = v[e0], x1 = v[e1];
+        if (a.bias) {
+            x0 = __fadd_rn(x0, a.bias[(size_t)r * hd + e0]);
+            x1 = __fadd_rn(x1, a.bias[(size_t)r * hd + e1]);
+        }
+        if (rot && r < a.n_heads + a.n_kv_heads) {
+            const float co = cs[2 * j], si = cs[2 * j + 1];
+            const float y0 = __fsub_rn(__fmul_rn(x0, co), __fmul_rn(x1, si));
+            const float y1 = __fadd_rn(__fmul_rn(x0, si), __fmul_rn(x1, co));
+            x0 = y0;
+            x1 = y1;
+        }
+        if (r < a.n_heads) {
+            v[e0] = x0;
+            v[e1] = x1;
+            continue;
+        }
+        const int kind = r < a.n_heads + a.n_kv_heads ? 0 : 1;
+        const int g = r - a.n_heads - kind * a.n_kv_heads;
+        const size_t i0 = kv_index(a.kv, a.n_kv_heads, hd, blk, kind, slot, g, e0);
+        const size_t i1 = kv_index(a.kv, a.n_kv_heads, hd, blk, kind, slot, g, e1);
+        if (a.kv.kv_type == DT_F32) {
+            ((float *)a.kv.kv)[i0] = x0;
+            ((float *)a.kv.kv)[i1] = x1;
+        } else {
+            ((__half *)a.kv.kv)[i0] = __float2half_rn(x0);
+            ((__half *)a.kv.kv)[i1] = __float2half_rn(x1);
+        }
+    }
+}
+
+extern "C" int cuk_qkv_rope_store(const cuk_qkv_args_t *a, cudaStream_t stream)
+{
+    if (a->head_dim % 2 || a->rope_dim % 2 || a->rope_dim > a->head_dim ||
+        (a->kv.kv_type != DT_F32 && a->kv.kv_type != DT_F16))
+        return (int)cudaErrorInvalidValue;
+    if (a->T <= 0) return 0;
+    k_qkv_rope_store<<<a->T, CUK_THREADS, 0, stream>>>(*a);
+    return launched();
+}
+
+/* ---- paged attention: split-K partials, then the merge ---- */
+
+static __device__ __forceinline__ float kv_f(float v) { return v; }
+static __device__ __forceinline__ float kv_f(__half v) { return __half2float(v); }
+
+/* Block (t, g, split): warp w is query head g * grp + w; lane holds elements lane + 32 i of the
+ * head (i < NE, NE * 32 >= head_dim). Partial = (acc[head_dim], running max m, sum l) of an
+ * online softmax over keys [split * chunk, min(pos[t] + 1, (split + 1) * chunk)). */
+template <typename KT, int NE>
+static __global__ void k_attn_part(cuk_attn_args_t a)
+{
+    const int t = blockIdx.x, g = blockIdx.y, sp = blockIdx.z;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const int grp = a.n_heads / a.n_kv_heads, hd = a.head_dim, nkv = a.n_kv_heads;
+    const int h = g * grp + w;
+    const int n_ctx = a.kv.pos[t] + 1;
+    const int j0 = sp * a.chunk;
+    const int j1 = min(n_ctx, j0 + a.chunk);
+    const int B = a.kv.block_tokens;
+    const int32_t *tab = a.kv.bt + a.kv.bt_off[a.kv.tok_seq[t]];
+    const KT *kv = (const KT *)a.kv.kv;
+    const float *qp = a.qkv + (size_t)t * a.ld + (size_t)h * hd;
+    float q[NE], acc[NE];
+#pragma unroll
+    for (int i = 0; i < NE; i++) {
+        const int e = lane + 32 * i;
+        q[i] = e < hd ? qp[e] : 0.0f;
+        acc[i] = 0.0f;
+    }
+    float m = -INFINITY, l = 0.0f;
+    for (int j = j0; j < j1; j++) {
+        const int32_t blk = tab[j / B];
+        const int slot = j % B;
+        const KT *kr = kv + kv_index(a.kv, nkv, hd, blk, 0, slot, g, 0);
+        const KT *vr = kv + kv_index(a.kv, nkv, hd, blk, 1, slot, g, 0);
+        float s = 0.0f;
+#pragma unroll
+        for (int i = 0; i < NE; i++) {
+            const int e = lane + 32 * i;
+            if (e < hd) s += q[i] * kv_f(kr[e]);
+        }
+        s = warp_sum(s) * a.scale;
+        const float mn = fmaxf(m, s);
+        const float corr = expf(m - mn), p = expf(s - mn);
+        l = l * corr + p;
+#pragma unroll
+        for (int i = 0; i < NE; i++) {
+            const int e = lane + 32 * i;
+            if (e < hd) acc[i] = acc[i] * corr + p * kv_f(vr[e]);
+        }
+        m = mn;
+    }
+    float *out = a.part + (((size_t)t * a.n_heads + h) * a.n_splits + sp) * (hd + 2);
+#pragma unroll
+    for (int i = 0; i < NE; i++) {
+        const int e = lane + 32 * i;
+        if (e < hd) out[e] = acc[i];
+    }
+    if (lane == 0) {
+        out[hd] = m;
+        out[hd + 1] = l;
+    }
+}
+
+/* Block (t, h): merges the splits that hold keys of token t (the first ceil(n_ctx / chunk)). */
+static __global__ void k_attn_merge(cuk_attn_args_t a)
+{
+    const int t = blockIdx.x, h = blockIdx.y, hd = a.head_dim;
+    const int n_ctx = a.kv.pos[t] + 1;
+    int ns = (n_ctx + a.chunk - 1) / a.chunk;
+    if (ns > a.n_splits) ns = a.n_splits;
+    const float *base = a.part + ((size_t)t * a.n_heads + h) * a.n_splits * (hd + 2);
+    float M = -INFINITY;
+    for (int s = 0; s < ns; s++) {
+        const float *p = base + (size_t)s * (hd + 2);
+        if (p[hd + 1] > 0.0f) M = fmaxf(M, p[hd]);
+    }
+    float L = 0.0f;
+    for (int s = 0; s < ns; s++) {
+        const float *p = base + (size_t)s * (hd + 2);
+        if (p[hd + 1] > 0.0f) L += p[hd + 1] * expf(p[hd] - M);
+    }
+    const float inv = 1.0f / L;
+    for (int e = threadIdx.x; e < hd; e += blockDim.x) {
+        float o = 0.0f;
+        for (int s = 0; s < ns; s++) {
+            const float *p = base + (size_t)s * (hd + 2);
+            if (p[hd + 1] > 0.0f) o += p[e] * expf(p[hd] - M);
+        }
+        st_elem(a.out_type, a.out, ((size_t)t * a.n_heads + h) * hd + e, o * inv);
+    }
+}
+
+template <typename KT>
+static void launch_part(const cuk_attn_args_t *a, dim3 grid, int threads, cudaStream_t stream)
+{
+    if (a->head_dim <= 32) k_attn_part<KT, 1><<<grid, threads, 0, stream>>>(*a);
+    else if (a->head_dim <= 64) k_attn_part<KT, 2><<<grid, threads, 0, stream>>>(*a);
+    else if (a->head_dim <= 128) k_attn_part<KT, 4><<<grid, threads, 0, stream>>>(*a);
+    else k_attn_part<KT, 8><<<grid, threads, 0, stream>>>(*a);
+}
+
+extern "C" int cuk_attention(const cuk_attn_args_t *a, cudaStream_t stream)
+{
+    if (a->n_kv_heads <= 0 || a->n_heads % a->n_kv_heads || a->head_dim <= 0 ||
+        a->head_dim > CUK_MAX_HEAD_DIM || a->n_heads / a->n_kv_heads > CUK_MAX_GROUP ||
+        a->n_splits < 1 || a->chunk < 1 || a->n_splits > 65535 ||
+        (a->kv.kv_type != DT_F32 && a->kv.kv_type != DT_F16) || !cuk_elem_bytes(a->out_type))
+        return (int)cudaErrorInvalidValue;
+    if (a->T <= 0) return 0;
+    const dim3 grid((unsigned)a->T, (unsigned)a->n_kv_heads, (unsigned)a->n_splits);
+    const int threads = 32 * (a->n_heads / a->n_kv_heads);
+    if (a->kv.kv_type == DT_F32) launch_part<float>(a, grid, threads, stream);
+    else launch_part<__half>(a, grid, threads, stream);
+    int rc = launched();
+    if (rc) return rc;
+    const int mthreads = a->head_dim < 32 ? 32 : (a->head_dim + 31) / 32 * 32;
+    k_attn_merge<<<dim3((unsigned)a->T, (unsigned)a->n_heads), mthreads, 0, stream>>>(*a);
+    return launched();
+}
+
+/* ---- greedy pick ---- */
+
+static __device__ __forceinline__ void better(float &v, int &i, float v2, int i2)
+{
+    /* v2 wins when larger, or equal with a lower index; NaN never wins (comparisons false) */
+    if (v2 > v || (v2 == v && i2 < i)) {
+        v = v2;
+        i = i2;
+    }
+}
+
+static __global__ void k_argmax(const float *logits, int n_vocab, int32_t *ids)
+{
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    const float *row = logits + (size_t)blockIdx.x * n_vocab;
+    float v = -INFINITY;
+    int idx = n_vocab; /* sentinel: loses every tie */
+    for (int k = threadIdx.x; k < n_vocab; k += blockDim.x) better(v, idx, row[k], k);
+    for (int o = 16; o > 0; o >>= 1) {
+        float v2 = __shfl_xor_sync(0xffffffffu, v, o);
+        int i2 = __shfl_xor_sync(0xffffffffu, idx, o);
+        better(v, idx, v2, i2);
+    }
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    if (lane == 0) {
+        sv[w] = v;
+        si[w] = idx;
+    }
+    __syncthreads();
+    if (w == 0) {
+        v = lane < (int)(blockDim.x >> 5) ? sv[lane] : -INFINITY;
+        idx = lane < (int)(blockDim.x >> 5) ? si[lane] : n_vocab;
+        for (int o = 16; o > 0; o >>= 1) {
+            float v2 = __shfl_xor_sync(0xffffffffu, v, o);
+            int i2 = __shfl_xor_sync(0xffffffffu, idx, o);
+            better(v, idx, v2, i2);
+        }
+        /* every logit NaN or -inf: id 0, as a host scan starting at 0 keeps */
+        if (lane == 0) ids[blockIdx.x] = idx < n_vocab ? idx : 0;
+    }
+}
+
+extern "C" int cuk_argmax(const float *d_logits, int T, int n_vocab, int32_t *d_ids,
+                          cudaStream_t stream)
+{
+    if (n_vocab < 1) return (int)cudaErrorInvalidValue;
+    if (T <= 0) return 0;
+    k_argmax<<<T, 1024, 0, stream>>>(d_logits, n_vocab, d_ids);
+    return launched();
+}
+
+/* ---- GEMM ---- */
+
+extern "C" int cuk_gemm(cublasHandle_t h, int wtype, const void *d_W, int N, int K,
+                        const void *d_X, int T, float *d_Y, int ldy, float beta)
+{
+    const float alpha = 1.0f;
+    cudaDataType_t dt;
+    cublasComputeType_t ct = CUBLAS_COMPUTE_32F;
+    if (wtype == DT_F32) {
+        dt = CUDA_R_32F;
+        ct = CUBLAS_COMPUTE_32F_PEDANTIC; /* no TF32: the F32 mode tracks the CPU backend */
+    } else if (wtype == DT_F16) {
+        dt = CUDA_R_16F;
+    } else if (wtype == DT_BF16) {
+        dt = CUDA_R_16BF;
+    } else {
+        return (int)CUBLAS_STATUS_INVALID_VALUE;
+    }
+    if (T <= 0) return 0;
+    /* Row-major Y [T][N] = X [T][K] W^T is column-major Y^T (N x T) = W^T (N x K) X^T (K x T),
+     * W read as a column-major K x N matrix, transposed. */
+    return (int)cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &alpha, d_W, dt, K, d_X, dt,
+                             K, &beta, d_Y, CUDA_R_32F, ldy, ct, CUBLAS_GEMM_DEFAULT);
+}

@@ -1,0 +1,124 @@
+/* engine/cuda/cuda_kernels.h: the CUDA backend's device kernels and its GEMM, behind a C
+ * interface (implemented in cuda_kernels.cu, compiled by nvcc). Internal to engine/cuda, and
+ * used by tests/test_cuda.c, which checks every one against a CPU reference.
+ *
+ * Conventions: pointers named d_* are device memory, owned by the caller. Every call only
+ * enqueues work on `stream` and returns at once; the cuk_* launchers return the cudaError_t of
+ * cudaGetLastError() after their launch (0 = cudaSuccess; errors of the kernel itself surface at
+ * the next synchronisation), cuk_gemm a cublasStatus_t. Device element types are the engine's
+ * enum dtype values: DT_F32, DT_F16 and DT_BF16 ("wtype"); the residual stream, GEMM outputs
+ * and all reductions are F32. Threads: stateless; callable from any host thread. */
+#ifndef SPILLWAY_ENGINE_CUDA_KERNELS_H
+#define SPILLWAY_ENGINE_CUDA_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Bytes of one element of a device type (4 or 2), 0 for another type. */
+size_t cuk_elem_bytes(int type);
+
+/* d_dst[i] = d_src[i] converted (F32/F16/BF16 -> F32/F16/BF16, round to nearest even), i < n. */
+int cuk_convert(int src_type, const void *d_src, int dst_type, void *d_dst, size_t n,
+                cudaStream_t stream);
+
+/* d_dst[i] = lo + (hi - lo) * u(seed, i), u uniform in [0, 1): synthetic weights. */
+int cuk_fill_random(int dst_type, void *d_dst, size_t n, uint64_t seed, float lo, float hi,
+                    cudaStream_t stream);
+
+/* d_x[t][:] = widen(d_table[d_tokens[t]][:]) for t < T. d_table: [n_vocab][dim] wtype; d_x:
+ * [T][dim] F32. Token ids must be in range (the backend validates them). */
+int cuk_embed(int wtype, const void *d_table, const int32_t *d_tokens, int T, int dim,
+              float *d_x, cudaStream_t stream);
+
+/* RoPE angles: d_cs[t][i] = (cos, sin)(pos[t] * freq_scale * inv_freq[i]) computed in double
+ * and rounded to F32 (as the CPU backend does), i < half. d_cs: [T][half][2] F32. */
+int cuk_rope_table(const int32_t *d_pos, int T, const float *d_inv_freq, int half,
+                   float freq_scale, float *d_cs, cudaStream_t stream);
+
+/* RMSNorm of T rows: out[t] = x[r] * w / sqrt(mean(x[r]^2) + eps), r = d_rows ? d_rows[t] : t.
+ * d_x: rows of dim F32; d_w: [dim] F32; d_out: [T][dim] of out_type (F32, F16 or BF16). */
+int cuk_rmsnorm(const float *d_x, const int32_t *d_rows, int T, int dim, const float *d_w,
+                float eps, int out_type, void *d_out, cudaStream_t stream);
+
+/* d_out[t][i] = silu(gu[t][i]) * gu[t][ffn + i]: d_gu [T][2 * ffn] F32 (gate then up, the
+ * order of the fused gate/up weight), d_out [T][ffn] of out_type. */
+int cuk_swiglu(const float *d_gu, int T, int ffn, int out_type, void *d_out,
+               cudaStream_t stream);
+
+/* The batch's sequences as the kernels see them (all device arrays):
+ *   pos[T]      absolute position of each token
+ *   tok_seq[T]  sequence index of each token
+ *   bt_off[S]   offset of sequence s's block table in bt
+ *   bt[...]     block ids, concatenated tables
+ * KV pool: [n_blocks][block_elems] of kv_type (F32 or F16), one block laid out as
+ * [n_layers][2 (K, V)][block_tokens][n_kv_heads][head_dim] (engine/backend.h). */
+typedef struct {
+    const int32_t *pos, *tok_seq, *bt_off, *bt;
+    void *kv;
+    int kv_type;
+    size_t block_elems;
+    int block_tokens;
+    int layer;
+} cuk_paged_t;
+
+/* Per token t: adds the bias to its q, k, v (when d_bias), applies RoPE to q and k (rope_kind
+ * enum rope_kind, the first rope_dim of each head's head_dim elements rotated, angles from
+ * d_cs of cuk_rope_table) and stores k and v in the KV pool at the token's position through its
+ * sequence's block table. d_qkv: [T][ld] F32 with q [n_heads][head_dim] at column 0, k
+ * [n_kv_heads][head_dim] after it, then v; q is rotated in place (k, v in qkv are left as they
+ * were). d_bias: [(n_heads + 2 n_kv_heads) head_dim] F32 or NULL. */
+typedef struct {
+    int T, n_heads, n_kv_heads, head_dim, rope_dim, rope_kind;
+    float *qkv;
+    int ld;
+    const float *bias;
+    const float *cs;
+    cuk_paged_t kv;
+} cuk_qkv_args_t;
+int cuk_qkv_rope_store(const cuk_qkv_args_t *a, cudaStream_t stream);
+
+/* Causal paged attention for every token of a varlen batch (prefill chunks and decodes alike):
+ * token t's query heads attend to positions [0, pos[t]] of its sequence, read from the KV pool
+ * (its own and earlier tokens of this batch included: run cuk_qkv_rope_store first). Split-K
+ * (flash-decoding): the context is cut into n_splits chunks of `chunk` keys; each (token, kv
+ * head, chunk) block computes an online softmax for the n_heads / n_kv_heads query heads of the
+ * kv head, and a second pass merges the chunks. n_splits * chunk must cover the longest
+ * context of the batch. d_part: scratch of T * n_heads * n_splits * (head_dim + 2) F32.
+ * d_out: [T][n_heads * head_dim] of out_type. head_dim <= 256, n_heads / n_kv_heads <= 32. */
+typedef struct {
+    int T, n_heads, n_kv_heads, head_dim;
+    const float *qkv; /* q of token t, head h at qkv[t * ld + h * head_dim] */
+    int ld;
+    cuk_paged_t kv;
+    float scale;
+    int n_splits, chunk;
+    float *part;
+    int out_type;
+    void *out;
+} cuk_attn_args_t;
+int cuk_attention(const cuk_attn_args_t *a, cudaStream_t stream);
+#define CUK_MAX_HEAD_DIM 256
+#define CUK_MAX_GROUP 32
+
+/* d_ids[t] = the index of the largest of d_logits[t][0..n_vocab) (the lowest on ties; NaN never
+ * wins), t < T. d_logits: [T][n_vocab] F32; d_ids: [T] int32. */
+int cuk_argmax(const float *d_logits, int T, int n_vocab, int32_t *d_ids, cudaStream_t stream);
+
+/* Y[t][o] = sum_k W[o][k] X[t][k] + beta * Y[t][o], t < T, o < N: W [N][K] and X [T][K] of
+ * wtype (row-major, rows contiguous), Y F32 with row stride ldy >= N, accumulation in F32
+ * (cuBLAS, on the handle's stream). beta 1 adds the product into Y (the residual adds). */
+int cuk_gemm(cublasHandle_t h, int wtype, const void *d_W, int N, int K, const void *d_X, int T,
+             float *d_Y, int ldy, float beta);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
