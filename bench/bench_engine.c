@@ -5,7 +5,8 @@
  * Each figure is measured R times (default 3) and reported as min / median / max.
  * usage: bench_engine MODEL [--threads N] [--reps R] [--prompt P] [--gen G] [--batches 4,16,64]
  *                          [--kv-type f16|f32] [--json FILE]
- * --json appends one JSON object per figure to FILE (read by bench/run.py). */
+ * --json appends one JSON object per figure to FILE (read by bench/run.py), after one object with
+ * "workload": "info" (the model's shapes, weight_bytes, kernel set, threads, KV type). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -152,6 +153,12 @@ int main(int argc, char **argv)
            "%d threads, kernels %s, KV %s\n\n",
            model, info.arch, info.dim, info.n_layers, info.n_heads, info.n_kv_heads, info.ffn_dim,
            info.n_vocab, (double)info.weight_bytes / 1048576.0, threads, info.kernels, kv);
+    if (jf)
+        fprintf(jf, "{\"model\": \"%s\", \"workload\": \"info\", \"arch\": \"%s\", \"dim\": %d, "
+                    "\"layers\": %d, \"heads\": %d, \"kv_heads\": %d, \"ffn\": %d, \"vocab\": %d, "
+                    "\"weight_bytes\": %zu, \"kernels\": \"%s\", \"threads\": %d, \"kv_type\": \"%s\"}\n",
+                model, info.arch, info.dim, info.n_layers, info.n_heads, info.n_kv_heads, info.ffn_dim,
+                info.n_vocab, info.weight_bytes, info.kernels, threads, kv);
     printf("| workload | tokens/s min | median | max |\n|---|---:|---:|---:|\n");
     double v[100], tp, td;
     /* prefill */

@@ -1,12 +1,19 @@
 /* bench/bench_kernels.c: CPU kernel benchmark (a program, not a test).
  *
- * Prints a markdown table: memory read bandwidth (1 and n threads), tpool_run overhead,
+ * Prints a markdown table: memory read bandwidth (1 and n threads), copy bandwidth, tpool_run overhead,
  * OpenBLAS sgemm, our matmul per weight type and token count on SmolLM2-135M shapes (rows split
  * over the thread pool in 16-row units), the weight-streaming rate at T = 1 against the measured
  * bandwidth, and the matmul-only token rate of a whole SmolLM2-135M-shaped model (30 layers +
  * tied 49152-row head).
  *
- * Usage: bench_kernels [threads (2)] [rounds (3)] [seconds per cell per round (0.2)]
+ * Usage: bench_kernels [threads (2)] [rounds (3)] [seconds per cell per round (0.2)] [--ceilings]
+ *                      [--json FILE]
+ *   --ceilings   measure only the machine's ceilings: read and copy bandwidth, OpenBLAS sgemm and
+ *                our matmul at T = 512 (no tpool, small-T or whole-model cells)
+ *   --json FILE  also write the ceilings as one JSON object to FILE (read by bench/run.py):
+ *                read_bw_gbs_1t, read_bw_gbs, copy_bw_gbs (GB/s, 1e9 bytes), sgemm_gflops and
+ *                matmul_t512_gflops (per shape "NxK", M = T = 512), sgemm_best_gflops,
+ *                matmul_best_gflops with matmul_best_type / matmul_best_shape
  *
  * Weights come from one pool per type, larger than any last-level cache and filled with random
  * finite values, cycled so that small-T cells stream from memory as decode does. The whole table
@@ -81,6 +88,35 @@ static double bench_bw(tpool_t *pool, const void *buf, size_t bytes)
         if (t < best) best = t;
     }
     return (double)bytes / best / 1e9;
+}
+
+typedef struct {
+    const char *src;
+    char *dst;
+    size_t bytes;
+} copy_job_t;
+
+static void copy_fn(void *arg, int ith, int nth)
+{
+    copy_job_t *j = arg;
+    long lo, hi; /* split in 4 KiB units */
+    tpool_split((long)(j->bytes / 4096), ith, nth, &lo, &hi);
+    memcpy(j->dst + lo * 4096, j->src + lo * 4096, (size_t)(hi - lo) * 4096);
+}
+
+/* GB/s copying `bytes` (a multiple of 4096) from src to dst over the pool, best of 3, counted as
+ * STREAM's copy does: bytes read + bytes written (2 x bytes) per second. */
+static double bench_copy(tpool_t *pool, const void *src, void *dst, size_t bytes)
+{
+    copy_job_t j = {src, dst, bytes};
+    double best = 1e30;
+    for (int r = 0; r < 3; r++) {
+        double t0 = now_s();
+        tpool_run(pool, copy_fn, &j);
+        double t = now_s() - t0;
+        if (t < best) best = t;
+    }
+    return 2.0 * (double)bytes / best / 1e9;
 }
 
 /* ---- weights ---- */
@@ -277,9 +313,27 @@ static const int MT[3] = {1, 16, 512};
 
 int main(int argc, char **argv)
 {
-    int nth = argc > 1 ? atoi(argv[1]) : 2;
-    int rounds = argc > 2 ? atoi(argv[2]) : 3;
-    double budget = argc > 3 ? atof(argv[3]) : 0.2;
+    int nth = 2, rounds = 3, npos = 0, ceilings = 0;
+    double budget = 0.2;
+    const char *json = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--ceilings")) ceilings = 1;
+        else if (!strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
+        else if (argv[i][0] != '-' && npos < 3) { /* threads, rounds, seconds, in this order */
+            if (npos == 0) nth = atoi(argv[i]);
+            else if (npos == 1) rounds = atoi(argv[i]);
+            else budget = atof(argv[i]);
+            npos++;
+        } else {
+            fprintf(stderr, "usage: bench_kernels [threads] [rounds] [seconds per cell] [--ceilings] "
+                            "[--json FILE]\n");
+            return 2;
+        }
+    }
+    if (nth < 1 || rounds < 1 || !(budget > 0)) {
+        fprintf(stderr, "bench_kernels: threads and rounds >= 1, seconds per cell > 0\n");
+        return 2;
+    }
     char err[128];
     tpool_t *pool = tpool_new(nth, err, sizeof err), *pool1 = tpool_new(1, err, sizeof err);
     if (!pool || !pool1) {
@@ -301,10 +355,17 @@ int main(int argc, char **argv)
     }
     float *x = malloc(sizeof(float) * 1536 * 512), *y = malloc(sizeof(float) * MODEL_VOCAB * 16);
     float *bb = malloc(sizeof(float) * 1536 * 576);
+    size_t copy_bytes = pool_bytes[1] / 4096 * 4096; /* the F16 pool, copied to cbuf */
+    char *cbuf = malloc(copy_bytes);
+    if (!x || !y || !bb || !cbuf) {
+        fprintf(stderr, "bench_kernels: out of memory\n");
+        return 1;
+    }
+    memset(cbuf, 1, copy_bytes); /* first touch outside the timing */
     for (int i = 0; i < 1536 * 512; i++) x[i] = frand();
     for (int i = 0; i < 1536 * 576; i++) bb[i] = frand();
 
-    double bw1 = 0, bw = 0, tp_empty = 1e30, tp_busy = 1e30, blas[N_SH], mm[N_WT][N_SH][N_TS],
+    double bw1 = 0, bw = 0, cbw = 0, tp_empty = 1e30, tp_busy = 1e30, blas[N_SH], mm[N_WT][N_SH][N_TS],
            model[N_WT][3];
     for (int s = 0; s < N_SH; s++) blas[s] = 1e30;
     for (int wi = 0; wi < N_WT; wi++) {
@@ -316,16 +377,19 @@ int main(int argc, char **argv)
     for (int r = 0; r < rounds; r++) {
         keep_max(&bw1, bench_bw(pool1, wpool[0], pool_bytes[0] / 64 * 64));
         keep_max(&bw, bench_bw(pool, wpool[0], pool_bytes[0] / 64 * 64));
-        keep_min(&tp_empty, time_tpool(pool, noop_fn, NULL));
-        keep_min(&tp_busy, time_tpool(pool, busy_fn, (void *)&busy));
+        keep_max(&cbw, bench_copy(pool, wpool[1], cbuf, copy_bytes));
+        if (!ceilings) {
+            keep_min(&tp_empty, time_tpool(pool, noop_fn, NULL));
+            keep_min(&tp_busy, time_tpool(pool, busy_fn, (void *)&busy));
+        }
         for (int s = 0; s < N_SH; s++)
             keep_min(&blas[s], time_sgemm(512, SH[s][0], SH[s][1], x, bb, y, budget));
         for (int wi = 0; wi < N_WT; wi++) {
             for (int s = 0; s < N_SH; s++)
-                for (int ti = 0; ti < N_TS; ti++)
+                for (int ti = ceilings ? N_TS - 1 : 0; ti < N_TS; ti++)
                     keep_min(&mm[wi][s][ti], time_matmul(pool, kt, WT[wi], wpool[wi], pool_bytes[wi],
                                                          SH[s][0], SH[s][1], TS[ti], x, y, budget));
-            for (int i = 0; i < 3; i++)
+            for (int i = 0; i < 3 && !ceilings; i++)
                 keep_min(&model[wi][i], time_model(pool, kt, WT[wi], wpool[wi], MT[i], x, y));
         }
     }
@@ -334,8 +398,12 @@ int main(int argc, char **argv)
     printf("| measure | value |\n|---|---|\n");
     printf("| memory read bandwidth, 1 thread | %.1f GB/s |\n", bw1);
     printf("| memory read bandwidth, %d threads | %.1f GB/s |\n", nth, bw);
-    printf("| tpool_run, empty parts (the caller may take them all) | %.2f us |\n", tp_empty * 1e6);
-    printf("| tpool_run, %d parts of 5 us: time above 5 us | %.2f us |\n", nth, (tp_busy - busy) * 1e6);
+    printf("| memory copy bandwidth, %d threads (read + written) | %.1f GB/s |\n", nth, cbw);
+    if (!ceilings) {
+        printf("| tpool_run, empty parts (the caller may take them all) | %.2f us |\n", tp_empty * 1e6);
+        printf("| tpool_run, %d parts of 5 us: time above 5 us | %.2f us |\n", nth,
+               (tp_busy - busy) * 1e6);
+    }
 
     printf("\n| OpenBLAS sgemm, %d threads (M=T, N, K) | GFLOP/s |\n|---|---|\n", nth);
     for (int s = 0; s < N_SH; s++) {
@@ -353,6 +421,10 @@ int main(int argc, char **argv)
             for (int ti = 0; ti < N_TS; ti++) {
                 double t = mm[wi][s][ti];
                 double gf = 2.0 * TS[ti] * (double)N * (double)K / t / 1e9;
+                if (t >= 1e30) { /* not measured (--ceilings) */
+                    printf(TS[ti] == 1 ? "| - | - " : "| - ");
+                    continue;
+                }
                 printf("| %.1f ", gf);
                 if (TS[ti] == 1) {
                     double gbs = (double)(dtype_row_bytes(WT[wi], K) * (size_t)N) / t / 1e9;
@@ -363,9 +435,48 @@ int main(int argc, char **argv)
             printf("| %.0f%% |\n", 100.0 * g512 / blas[s]);
         }
 
-    printf("\n| SmolLM2-135M shapes, matmuls only | weights MB | T=1 tok/s (W GB/s) | T=16 tok/s | "
-           "T=512 tok/s |\n|---|---|---|---|---|\n");
-    for (int wi = 0; wi < N_WT; wi++) {
+    if (json) {
+        FILE *jf = fopen(json, "w");
+        if (!jf) {
+            perror(json);
+            return 1;
+        }
+        double sg_best = 0, mm_best = 0;
+        int best_wi = 0, best_s = 0;
+        fprintf(jf, "{\"kernels\": \"%s\", \"threads\": %d, \"rounds\": %d, \"read_bw_gbs_1t\": %.3f, "
+                    "\"read_bw_gbs\": %.3f, \"copy_bw_gbs\": %.3f, \"sgemm_gflops\": {",
+                kt->name, nth, rounds, bw1, bw, cbw);
+        for (int s = 0; s < N_SH; s++) {
+            fprintf(jf, "%s\"%lldx%lld\": %.3f", s ? ", " : "", (long long)SH[s][0],
+                    (long long)SH[s][1], blas[s]);
+            keep_max(&sg_best, blas[s]);
+        }
+        fprintf(jf, "}, \"matmul_t512_gflops\": {");
+        for (int wi = 0; wi < N_WT; wi++) {
+            fprintf(jf, "%s\"%s\": {", wi ? ", " : "", dtype_name(WT[wi]));
+            for (int s = 0; s < N_SH; s++) {
+                double gf = 2.0 * 512 * (double)SH[s][0] * (double)SH[s][1] / mm[wi][s][N_TS - 1] / 1e9;
+                fprintf(jf, "%s\"%lldx%lld\": %.3f", s ? ", " : "", (long long)SH[s][0],
+                        (long long)SH[s][1], gf);
+                if (gf > mm_best) {
+                    mm_best = gf;
+                    best_wi = wi;
+                    best_s = s;
+                }
+            }
+            fprintf(jf, "}");
+        }
+        fprintf(jf, "}, \"sgemm_best_gflops\": %.3f, \"matmul_best_gflops\": %.3f, "
+                    "\"matmul_best_type\": \"%s\", \"matmul_best_shape\": \"%lldx%lld\"}\n",
+                sg_best, mm_best, dtype_name(WT[best_wi]), (long long)SH[best_s][0],
+                (long long)SH[best_s][1]);
+        fclose(jf);
+    }
+
+    if (!ceilings)
+        printf("\n| SmolLM2-135M shapes, matmuls only | weights MB | T=1 tok/s (W GB/s) | T=16 tok/s | "
+               "T=512 tok/s |\n|---|---|---|---|---|\n");
+    for (int wi = 0; wi < N_WT && !ceilings; wi++) {
         double mb = (double)model_bytes(WT[wi]) / 1e6;
         printf("| %s | %.0f | %.0f (%.1f) | %.0f | %.0f |\n", dtype_name(WT[wi]), mb,
                1.0 / model[wi][0], mb / 1e3 / model[wi][0], 16.0 / model[wi][1],
@@ -375,6 +486,7 @@ int main(int argc, char **argv)
     free(x);
     free(y);
     free(bb);
+    free(cbuf);
     tpool_free(pool);
     tpool_free(pool1);
     return 0;

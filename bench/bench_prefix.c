@@ -8,12 +8,14 @@
  *   unique    N requests with no shared prefix (U-token random prompts, default 256): the cost
  *             of the cache (tier 1, plus tier 2 with --redis) against cache off
  * Each figure is measured R times (default 3; the shared/unique workloads default to 1 with
- * cache off, as they are long) and printed as min / median / max. Prompts are random token ids
- * from a fixed seed, so every run and mode sees the same requests.
+ * cache off, as they are long: --reps-long, 0 skips them) and printed as min / median / max.
+ * Prompts are random token ids from a fixed seed, so every run and mode sees the same requests.
  * usage: bench_prefix MODEL [--threads 2] [--requests 64] [--prefix 1024] [--suffix 32]
  *                           [--gen 32] [--unique 256] [--reps 3] [--kv-type f16]
  *                           [--reps-long 1] [--workloads shared,ttft,unique]
- *                           [--redis HOST:PORT] [--arena PATH] */
+ *                           [--redis HOST:PORT] [--arena PATH] [--json FILE]
+ * --json appends one JSON object per printed figure to FILE (read by bench/run.py): key, figure,
+ * unit, min, median, max, n (samples) and the workload's requests / prefix / suffix / gen. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +29,7 @@
 
 typedef struct {
     const char *model, *kv_type, *redis_host, *arena;
+    FILE *json; /* NULL: no JSON output */
     int redis_port;
     int threads, n_req, prefix, suffix, gen, unique, reps;
     char ns[64];
@@ -172,12 +175,21 @@ static void fig_add(fig_t *f, double x)
     if (f->n < 16) f->v[f->n++] = x;
 }
 
-static void row(const char *name, fig_t *f, const char *unit)
+/* Prints one table row and, with --json, its JSON line (key: a stable identifier for run.py). */
+static void row(const opts_t *o, const char *key, const char *name, fig_t *f, const char *unit)
 {
     qsort(f->v, (size_t)f->n, sizeof f->v[0], cmp_d);
     if (!f->n) return;
     printf("| %-44s | %10.2f | %10.2f | %10.2f | %-8s |\n", name, f->v[0], f->v[f->n / 2],
            f->v[f->n - 1], unit);
+    if (o->json) {
+        fprintf(o->json, "{\"key\": \"%s\", \"figure\": \"%s\", \"unit\": \"%s\", \"min\": %.4f, "
+                         "\"median\": %.4f, \"max\": %.4f, \"n\": %d, \"requests\": %d, \"prefix\": %d, "
+                         "\"suffix\": %d, \"gen\": %d, \"unique\": %d, \"threads\": %d}\n",
+                key, name, unit, f->v[0], f->v[f->n / 2], f->v[f->n - 1], f->n, o->n_req, o->prefix,
+                o->suffix, o->gen, o->unique, o->threads);
+        fflush(o->json);
+    }
 }
 
 static double med(fig_t *f)
@@ -232,6 +244,14 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--kv-type")) o.kv_type = v;
         else if (!strcmp(a, "--workloads")) which = v;
         else if (!strcmp(a, "--arena")) o.arena = v;
+        else if (!strcmp(a, "--json")) {
+            if (o.json) goto usage;
+            o.json = fopen(v, "a");
+            if (!o.json) {
+                perror(v);
+                return 1;
+            }
+        }
         else if (!strcmp(a, "--redis")) {
             snprintf(host, sizeof host, "%s", v);
             char *colon = strrchr(host, ':');
@@ -244,7 +264,7 @@ int main(int argc, char **argv)
         } else goto usage;
     }
     if (o.n_req < 1 || o.prefix < 16 || o.suffix < 1 || o.gen < 1 || o.unique < 2 || o.reps < 1 ||
-        o.reps > 16 || reps_long < 1 || reps_long > 16)
+        o.reps > 16 || reps_long < 0 || reps_long > 16)
         goto usage;
     snprintf(o.ns, sizeof o.ns, "bench-prefix-%d", (int)getpid());
     char arena_buf[256];
@@ -270,12 +290,12 @@ int main(int argc, char **argv)
         if (workload(&o, 0, 0, 1, &off_tps, &off_ttft, NULL)) return 1;
     for (int r = 0; r < o.reps; r++)
         if (workload(&o, 1, 0, 1, &on_tps, &on_ttft, &on_cached)) return 1;
-    row("shared: generated tok/s, cache off", &off_tps, "tok/s");
-    row("shared: generated tok/s, cache on", &on_tps, "tok/s");
-    row("shared: mean TTFT, cache off", &off_ttft, "ms");
-    row("shared: mean TTFT, cache on", &on_ttft, "ms");
-    row("shared: cached prompt tokens per request", &on_cached, "tokens");
-    speedup = med(&on_tps) / med(&off_tps);
+    row(&o, "shared_tps_off", "shared: generated tok/s, cache off", &off_tps, "tok/s");
+    row(&o, "shared_tps_on", "shared: generated tok/s, cache on", &on_tps, "tok/s");
+    row(&o, "shared_ttft_off", "shared: mean TTFT, cache off", &off_ttft, "ms");
+    row(&o, "shared_ttft_on", "shared: mean TTFT, cache on", &on_ttft, "ms");
+    row(&o, "shared_cached_on", "shared: cached prompt tokens per request", &on_cached, "tokens");
+    if (off_tps.n) speedup = med(&on_tps) / med(&off_tps);
     fflush(stdout);
     }
 
@@ -292,8 +312,8 @@ int main(int argc, char **argv)
         fig_add(&cold, a.ttft_sum * 1e3);
         fig_add(&warm, b.ttft_sum * 1e3);
     }
-    row("one request: TTFT cold", &cold, "ms");
-    row("one request: TTFT, prefix in tier 1", &warm, "ms");
+    row(&o, "ttft_cold", "one request: TTFT cold", &cold, "ms");
+    row(&o, "ttft_tier1", "one request: TTFT, prefix in tier 1", &warm, "ms");
     r_warm = med(&warm) / med(&cold);
     if (o.redis_host) {
         for (int r = 0; r < o.reps; r++) {
@@ -329,7 +349,7 @@ int main(int argc, char **argv)
             }
             fig_add(&xproc, b.ttft_sum * 1e3);
         }
-        row("one request: TTFT, prefix in tier 2 (other process)", &xproc, "ms");
+        row(&o, "ttft_tier2", "one request: TTFT, prefix in tier 2 (other process)", &xproc, "ms");
         r_x = med(&xproc) / med(&cold);
     }
     fflush(stdout);
@@ -343,8 +363,8 @@ int main(int argc, char **argv)
         snprintf(o.ns, sizeof o.ns, "bench-prefix-%d-u%d", (int)getpid(), r);
         if (workload(&o, 1, o.redis_host != NULL, 0, &u_on, &u_on_t, NULL)) return 1;
     }
-    row("unique: generated tok/s, cache off", &u_off, "tok/s");
-    row(o.redis_host ? "unique: generated tok/s, cache on (tiers 1+2)"
+    row(&o, "unique_tps_off", "unique: generated tok/s, cache off", &u_off, "tok/s");
+    row(&o, "unique_tps_on", o.redis_host ? "unique: generated tok/s, cache on (tiers 1+2)"
                      : "unique: generated tok/s, cache on (tier 1)", &u_on, "tok/s");
     cost = 1.0 - med(&u_on) / med(&u_off);
     }
@@ -353,14 +373,15 @@ int main(int argc, char **argv)
     if (speedup > 0) printf("shared-prefix throughput with the cache: %.2fx (goal >= 4x)\n", speedup);
     if (r_warm > 0) printf("TTFT with the prefix in tier 1: %.3fx of cold (goal <= 0.2x)\n", r_warm);
     if (r_x > 0) printf("TTFT with the prefix in another process's tier 2: %.3fx of cold (goal <= 0.25x)\n", r_x);
-    if (strstr(which, "unique"))
+    if (strstr(which, "unique") && u_off.n)
         printf("no shared prefix: the cache costs %.1f%% of throughput (goal < 3%%)\n", cost * 100);
     if (o.redis_host) unlink(o.arena);
+    if (o.json) fclose(o.json);
     return 0;
 usage:
     fprintf(stderr, "usage: bench_prefix MODEL [--threads N] [--requests N] [--prefix P] [--suffix S] "
                     "[--gen G] [--unique U] [--reps R] [--reps-long R] [--kv-type f16|f32] "
                     "[--workloads shared,ttft,unique] "
-                    "[--redis HOST:PORT] [--arena PATH]\n");
+                    "[--redis HOST:PORT] [--arena PATH] [--json FILE]\n");
     return 2;
 }

@@ -1,28 +1,112 @@
 #!/usr/bin/env python3
-"""bench/run.py: engine benchmark, side by side with llama.cpp when its binaries are given.
+"""bench/run.py: the engine benchmark of issue 8, side by side with llama.cpp when given its binaries.
 
-Builds Release, makes the synthetic models it needs with `spillway mkmodel`, runs
-bench_engine (prefill of a 512-token prompt, decode of 128 tokens at batch 1, batched decode at
-4/16/64 sequences) and, when --llama-bench / --llama-batched-bench are given, the same workloads
-with llama.cpp in the same invocation (llama-bench pp512 / tg128; llama-batched-bench -npp 16
--ntg 128 -npl 4,16,64, its S_TG figure). Each figure is repeated --reps times and printed as
-min / median / max; the ratio is spillway median / llama.cpp median. The table is appended to
-bench/RESULTS.md with the date, git revision, CPU model and the command line.
+One command: builds Release (spillway, bench_engine, bench_prefix, bench_kernels), makes the
+synthetic models it needs with `spillway mkmodel` (under BUILD/models, reused when present) and
+prints one table of min / median / max figures, with the ratio spillway median / llama.cpp median
+and a goal column. The table and notes are appended to bench/RESULTS.md with the date, git
+revision, CPU model and command line (--no-record: not).
+
+Figures (each measured --reps times unless stated):
+  (e) ceilings, in the same run (first and last): bench_kernels --ceilings --json: memory read
+      bandwidth (2 threads), copy bandwidth (bytes read + written per second, STREAM's convention),
+      the best OpenBLAS sgemm rate and the best rate of our own matmul (over f32/f16/bf16/q8_0),
+      both at M = 512 on SmolLM2-135M matrix shapes. Each is the best of --kernel-rounds rounds of
+      both runs.
+  (a) prefill tokens/s of one --prompt-token prompt (512): bench_engine vs llama-bench -p 512.
+  (b) single-stream decode tokens/s, --gen tokens (128): bench_engine vs llama-bench -n 128.
+  (c) batched decode, generated tokens/s of N sequences (--batches 4,16,64) with 16-token prompts:
+      bench_engine vs llama-batched-bench -npp 16 -ntg 128 -npl 4,16,64 (its S_TG figure).
+  (d) the shared-prefix workload (--prefix-dtypes, default the first dtype): 64 requests, each a
+      1,024-token shared prefix + 32 unique tokens, generating 32 tokens each, all submitted at
+      once (bench_prefix --workloads shared). Figure, the same on both sides: OUTPUT tokens per
+      second over the whole workload = 64 x 32 / wall seconds from the first prompt token to the
+      last generated token. spillway with its prefix cache on (--reps times) and off (--reps-long
+      times, default 1: the long one) against llama-batched-bench:
+        no sharing:  -npp 1056 -ntg 32 -npl 64. Exactly our workload: 64 x 1,056 prompt tokens,
+                     then 32 decode steps of 64 sequences. Compared with spillway cache on (the
+                     goal, >= 3x) and cache off (engine against engine, no goal).
+        -pps (fair): -npp 1024 -ntg 64 -npl 64 -pps. llama-batched-bench cannot give each sequence
+                     unique prompt tokens after a shared prompt: it computes the 1,024 shared
+                     tokens once, copies their KV to the 64 sequences, and decodes. The 32 unique
+                     tokens per sequence are therefore run as 32 extra decode steps of all 64
+                     sequences (same tokens, same KV positions 1024..1087, matmuls of 64 rows
+                     per step): the same 1,024 + 64 x 64 = 5,120 token computations as spillway
+                     with the cache. The output figure still counts 64 x 32 tokens, over the
+                     whole time (t_pp + t_tg). This is the goal row (>= 1.2x). It is fair at 64
+                     sequences, where a decode step is a 64-row matmul running near the GEMM rate
+                     (bench_kernels: T=64 within ~10% of T=512), plus 32 steps' overhead; with few
+                     requests (--quick, --prefix-requests 2) it penalises llama.cpp, whose suffix
+                     steps are then weight-bandwidth-bound.
+        -pps (literal): -npp 1024 -ntg 32 -npl 64 -pps: drops the unique suffixes, 40% fewer token
+                     computations than our workload, so it favours llama.cpp: printed, no goal.
+                     The fair figure lies between the two -pps rows.
+      llama-batched-bench excludes from its times the KV copy (and the dummy token that applies
+      it) that -pps does after the shared prompt; with --llama-kvu it shares the prompt's KV cells
+      instead (-kvu, unified KV cache) and copies nothing.
+  Derived (from the same samples, so min / median / max carry over):
+    decode at batch 1 as achieved GB/s of weights streamed = weight bytes per token x tokens/s,
+    against the measured 2-thread read bandwidth. Weight bytes per token = every tensor of the GGUF
+    (matrices and norms; the embedding counted once when tied, as it is the output head; left
+    out when an untied output head exists, as decode reads one row of it); the KV cache read
+    (16-128 positions) is not counted.
+    prefill GFLOP/s = FLOPs of the P-token prompt / seconds, FLOPs = 2 x P x (parameters of the
+    layers' matrices) + 2 x dim x vocab (the output head, for the last token only) + causal
+    attention 4 x n_heads x head_dim x P(P+1)/2 per layer (QK^T and PV; about 8% of the total at
+    P = 512 on SmolLM2-135M), against the best GEMM rate measured (max of sgemm and our matmul).
+
+Dtypes (--dtypes, default f16,q8_0,q4_k): f32, f16, bf16, q8_0, q4_0 come straight from
+`spillway mkmodel --preset P --dtype T`. q4_k: SmolLM2-135M's dim 576 is not a multiple of Q4_K's
+256-weight super-block, so `--dtype q4_k` alone writes Q4_0 for all but ffn_down; run.py instead
+converts the F32 model with `mkmodel --from F32 --dtype q4_k --pad 256` (--q4k-pad; dim padded to
+768 with zeros, an equivalent model; attn_output stays Q4_0: its rows are n_heads x head_dim =
+576): a true Q4_K model, a bit larger than SmolLM2-135M. --q4k-pad 0 uses the unpadded file.
+Both sides always read the same GGUF file.
+
+Goals (issue 8, SmolLM2-135M-shaped synthetic model, 2 threads; printed whatever the settings):
+F16 prefill >= 1.0x llama.cpp, F16 single-stream decode >= 1.0x, F16 decode at 16 sequences
+>= 1.5x; Q8_0 and Q4_K single-stream decode >= 1.0x; batch-1 decode >= 80% of the measured read
+bandwidth and prefill >= 70% of the best GEMM rate (every dtype); shared prefix >= 3x
+llama-batched-bench without sharing and >= 1.2x with -pps (fair row).
+
+Without --llama-bench / --llama-batched-bench (or --llama-dir) only spillway is measured; a
+llama.cpp run that fails (e.g. a GGUF it refuses) is reported in the notes and its cells left
+empty. --quick shrinks every workload (prompt 128, 32 generated, batches 4,16, shared prefix
+8 x (256 + 16) -> 16, one repetition, kernels 1 round of 0.05 s per cell) to test the harness.
+
+Full run (about 20-25 min on a quiet 2-core machine, estimated from the quick runs and the rates
+in bench/RESULTS.md: ~5 min spillway engine, ~5 min llama-batched-bench decode, ~1 min llama-bench,
+~4 min for the two non-shared 64 x 1,056 workloads, ~2 min shared; plus the build on a fresh
+checkout; --quick takes ~2 min). Run it on a quiet machine: the notes give the load average, and
+llama.cpp's spinning OpenMP threads lose up to 40x when other processes take the cores:
+  bench/run.py --dtypes f16,q8_0,q4_k --reps 3 --llama-dir /work/peer/llama.cpp/build/bin
 """
 import argparse
 import datetime
 import json
+import mmap
 import os
 import platform
+import shlex
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+T0 = time.monotonic()
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def log(msg):
+    print(f"[run.py {time.monotonic() - T0:7.1f}s] {msg}", file=sys.stderr, flush=True)
 
 
 def sh(cmd, **kw):
+    log("$ " + " ".join(shlex.quote(c) for c in cmd))
     return subprocess.run(cmd, check=True, text=True, **kw)
 
 
@@ -42,81 +126,481 @@ def mmm(vals):
     return vals[0], statistics.median(vals), vals[-1]
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--preset", default="smollm2-135m")
-    ap.add_argument("--dtypes", default="f32,f16")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--batches", default="4,16,64")
-    ap.add_argument("--llama-bench", help="path of llama.cpp's llama-bench")
-    ap.add_argument("--llama-batched-bench", help="path of llama.cpp's llama-batched-bench")
-    ap.add_argument("--build-dir", default=os.path.join(ROOT, "build-bench"))
-    ap.add_argument("--no-build", action="store_true")
-    ap.add_argument("--no-record", action="store_true", help="do not append to bench/RESULTS.md")
-    args = ap.parse_args()
+def scale(t, k):
+    return None if t is None else tuple(v * k for v in t)
 
-    bd = args.build_dir
-    if not args.no_build:
-        sh(["cmake", "-S", ROOT, "-B", bd, "-DCMAKE_BUILD_TYPE=Release"], stdout=subprocess.DEVNULL)
-        sh(["cmake", "--build", bd, "-j", str(os.cpu_count() or 2), "--target", "spillway", "bench_engine"],
-           stdout=subprocess.DEVNULL)
-    spillway = os.path.join(bd, "spillway")
-    bench = os.path.join(bd, "bench_engine")
-    os.makedirs(os.path.join(bd, "models"), exist_ok=True)
 
-    rows = []  # (label, ours(min,med,max), peer(min,med,max) or None)
-    for dt in args.dtypes.split(","):
-        model = os.path.join(bd, "models", f"{args.preset}-{dt}.gguf")
-        if not os.path.exists(model):
-            sh([spillway, "mkmodel", "-o", model, "--preset", args.preset, "--dtype", dt])
-        with tempfile.NamedTemporaryFile("r", suffix=".jsonl") as jf:
-            sh([bench, model, "--threads", str(args.threads), "--reps", str(args.reps),
-                "--batches", args.batches, "--json", jf.name], stdout=sys.stderr)
-            ours = [json.loads(l) for l in open(jf.name) if l.strip()]
-        peer = {}
-        if args.llama_bench:
-            out = subprocess.run([args.llama_bench, "-m", model, "-p", "512", "-n", "128", "-t", str(args.threads),
-                                  "-r", str(args.reps), "-o", "json"], check=True, text=True,
-                                 capture_output=True).stdout
-            for r in json.loads(out):
-                key = ("prefill", 512) if r.get("n_prompt") == 512 and r.get("n_gen") == 0 else ("decode", 1)
-                peer[key] = mmm(r["samples_ts"])
-        if args.llama_batched_bench:
-            speeds = {}
-            for _ in range(args.reps):
-                out = subprocess.run([args.llama_batched_bench, "-m", model, "-c", "16384", "-b", "2048", "-ub", "512",
-                                      "-npp", "16", "-ntg", "128", "-npl", args.batches, "-t", str(args.threads),
-                                      "--output-format", "jsonl"], check=True, text=True, capture_output=True)
-                for l in (out.stdout + out.stderr).splitlines():
-                    l = l.strip()
-                    if l.startswith("{") and "speed_tg" in l:
-                        r = json.loads(l)
-                        speeds.setdefault(r["pl"], []).append(r["speed_tg"])
-            for pl, v in speeds.items():
-                peer[("decode", pl)] = mmm(v)
-        for r in ours:
-            if r["workload"] == "prefill":
-                label, key = f"{dt} prefill {r['n']} tokens", ("prefill", r["n"])
-            else:
-                label, key = f"{dt} decode {r['n']} seq x {r['gen']} tokens", ("decode", r["n"])
-            rows.append((label, (r["min"], r["median"], r["max"]), peer.get(key)))
+def ints(s):
+    return [int(x) for x in s.split(",") if x.strip()]
 
-    have_peer = any(p for _, _, p in rows)
-    lines = []
-    hdr = "| workload (tokens/s) | spillway min | median | max |"
+
+# ---------------------------------------------------------------------------- GGUF header
+
+# ggml type id -> (name, elements per block, bytes per block)
+GGML_TYPES = {0: ("f32", 1, 4), 1: ("f16", 1, 2), 2: ("q4_0", 32, 18), 3: ("q4_1", 32, 20),
+              6: ("q5_0", 32, 22), 7: ("q5_1", 32, 24), 8: ("q8_0", 32, 34), 9: ("q8_1", 32, 36),
+              10: ("q2_K", 256, 84), 11: ("q3_K", 256, 110), 12: ("q4_K", 256, 144),
+              13: ("q5_K", 256, 176), 14: ("q6_K", 256, 210), 15: ("q8_K", 256, 292),
+              30: ("bf16", 1, 2)}
+_SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q",
+           12: "<d"}
+
+
+def read_gguf(path):
+    """Metadata (arrays of more than 16 elements skipped) and tensor infos of a GGUF file:
+    {"kv": {key: value}, "tensors": [(name, ne list, type id, nbytes)]}."""
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        if m[:4] != b"GGUF":
+            raise ValueError(f"{path}: not a GGUF file")
+        version, n_t, n_kv = struct.unpack_from("<IQQ", m, 4)
+        off = 24
+
+        def rd(fmt):
+            nonlocal off
+            v = struct.unpack_from(fmt, m, off)[0]
+            off += struct.calcsize(fmt)
+            return v
+
+        def rstr():
+            nonlocal off
+            n = rd("<Q")
+            s = bytes(m[off:off + n]).decode("utf-8", "replace")
+            off += n
+            return s
+
+        def rval(t):
+            if t in _SCALAR:
+                return rd(_SCALAR[t])
+            if t == 8:
+                return rstr()
+            if t == 9:
+                et, n = rd("<I"), rd("<Q")
+                vals = [rval(et) for _ in range(n)]
+                return vals if n <= 16 else f"[{n} values]"
+            raise ValueError(f"{path}: GGUF value type {t} unknown")
+
+        kv = {}
+        for _ in range(n_kv):
+            k = rstr()
+            kv[k] = rval(rd("<I"))
+        tensors = []
+        for _ in range(n_t):
+            name = rstr()
+            nd = rd("<I")
+            ne = [rd("<Q") for _ in range(nd)]
+            t = rd("<I")
+            rd("<Q")
+            n = 1
+            for d in ne:
+                n *= d
+            _, bs, bb = GGML_TYPES.get(t, (str(t), 1, 0))
+            tensors.append((name, ne, t, n // bs * bb))
+        return {"version": version, "kv": kv, "tensors": tensors}
+
+
+def model_figures(path):
+    """Shapes, type census, decode bytes per token and a prefill FLOP function of a GGUF model."""
+    g = read_gguf(path)
+    kv, ts = g["kv"], g["tensors"]
+    arch = kv.get("general.architecture", "llama")
+    by = {name: (ne, t, nb) for name, ne, t, nb in ts}
+    n_layers = int(kv.get(f"{arch}.block_count", 0))
+    n_heads = int(kv.get(f"{arch}.attention.head_count", 1))
+    q = by.get("blk.0.attn_q.weight")
+    head_dim = q[0][1] // n_heads if q else 0
+    emb = by.get("token_embd.weight")
+    dim, vocab = (emb[0][0], emb[0][1]) if emb else (0, 0)
+    untied = "output.weight" in by
+    bytes_tok = sum(nb for name, _, _, nb in ts if not (untied and name == "token_embd.weight"))
+    layer_params = sum(ne[0] * ne[1] for name, ne, _, _ in ts if name.startswith("blk.") and len(ne) == 2)
+    census = {}
+    for name, ne, t, _ in ts:
+        if len(ne) == 2:
+            tn = GGML_TYPES.get(t, (str(t),))[0]
+            census[tn] = census.get(tn, 0) + 1
+
+    def prefill_flops(p):
+        return (2.0 * p * layer_params + 2.0 * dim * vocab
+                + n_layers * 4.0 * n_heads * head_dim * p * (p + 1) / 2)
+
+    return {"arch": arch, "dim": dim, "vocab": vocab, "layers": n_layers, "heads": n_heads,
+            "head_dim": head_dim, "bytes_per_token": bytes_tok,
+            "total_bytes": sum(nb for *_, nb in ts), "census": census,
+            "params": sum(ne[0] * (ne[1] if len(ne) > 1 else 1) for _, ne, _, _ in ts),
+            "prefill_flops": prefill_flops}
+
+
+# ---------------------------------------------------------------------------- llama.cpp
+
+
+def json_lines(text):
+    """Every line of text that parses as a JSON object (llama.cpp mixes them with its logs)."""
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("{") and line.endswith("}"):
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+    return out
+
+
+def run_peer(cmd, notes, what, timeout):
+    """Runs a llama.cpp command; its stdout + stderr, or None (a note says why) when it fails."""
+    log("$ " + " ".join(shlex.quote(c) for c in cmd))
+    try:
+        r = subprocess.run(cmd, text=True, capture_output=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        notes.append(f"llama.cpp {what}: {e}")
+        return None
+    if r.returncode != 0:
+        tail = [l for l in (r.stderr + r.stdout).splitlines() if l.strip()]
+        errs = [l for l in tail if any(w in l.lower() for w in ("error", "failed", "invalid"))]
+        notes.append(f"llama.cpp {what} exited {r.returncode}: " + " / ".join((errs or tail)[-4:]))
+        return None
+    return r.stdout + "\n" + r.stderr
+
+
+def llama_bench(args, model, p, g, notes, info):
+    """{"prefill": (min, med, max), "decode": (...)} tokens/s from llama-bench -o jsonl."""
+    cmd = [args.llama_bench, "-m", model, "-p", str(p), "-n", str(g), "-t", str(args.threads),
+           "-r", str(args.reps), "-o", "jsonl"] + shlex.split(args.llama_args)
+    out = run_peer(cmd, notes, f"llama-bench on {os.path.basename(model)}", args.timeout)
+    res = {}
+    for r in json_lines(out or ""):
+        samples = r.get("samples_ts") or ([r["avg_ts"]] if "avg_ts" in r else [])
+        if not samples:
+            continue
+        if r.get("n_prompt") == p and r.get("n_gen") == 0:
+            res["prefill"] = mmm(samples)
+        elif r.get("n_gen") == g and r.get("n_prompt") == 0:
+            res["decode"] = mmm(samples)
+        for k in ("build_commit", "build_number", "model_size", "model_n_params", "model_type",
+                  "flash_attn", "n_threads", "cpu_info", "backends", "type_k"):
+            if k in r:
+                info[k] = r[k]
+    if out is not None and len(res) < 2:
+        notes.append(f"llama-bench on {os.path.basename(model)}: expected pp{p} and tg{g} results, "
+                     f"parsed {sorted(res)}")
+    return res
+
+
+def batched_bench(args, model, npp, ntg, npl, pps, notes, what):
+    """[jsonl record] of one llama-batched-bench run of -npp npp -ntg ntg -npl npl[,...]."""
+    kvu = pps and args.llama_kvu
+    pls = npl if isinstance(npl, list) else [npl]
+    ctx = max((npp if kvu else pl * npp) + pl * ntg if pps else pl * (npp + ntg) for pl in pls)
+    cmd = [args.llama_batched_bench, "-m", model, "-c", str(ctx + 256), "-b", "2048", "-ub", "512",
+           "-npp", str(npp), "-ntg", str(ntg), "-npl", ",".join(map(str, pls)), "-t", str(args.threads),
+           "--output-format", "jsonl"] + (["-pps"] if pps else []) + (["-kvu"] if kvu else [])
+    cmd += shlex.split(args.llama_args)
+    out = run_peer(cmd, notes, f"llama-batched-bench {what} on {os.path.basename(model)}", args.timeout)
+    recs = [r for r in json_lines(out or "") if "speed_tg" in r and "pl" in r]
+    if out is not None and len(recs) < len(pls):
+        notes.append(f"llama-batched-bench {what}: {len(recs)} results parsed, {len(pls)} expected")
+    return recs
+
+
+# ---------------------------------------------------------------------------- goals
+
+class Row:
+    def __init__(self, label, ours=None, peer=None, goal=None, ceil=None):
+        self.label, self.ours, self.peer = label, ours, peer
+        self.goal = goal    # (kind, threshold): "ratio" against llama.cpp, or "ceil" with ceil
+        self.ceil = ceil    # (dict, name): the ceiling dict[name] of "ceil" goals, read when printed
+
+    def ratio(self):
+        if self.ours and self.peer and self.peer[1] > 0:
+            return self.ours[1] / self.peer[1]
+        return None
+
+    def goal_text(self):
+        if not self.goal:
+            return ""
+        kind, thr = self.goal
+        if kind == "ratio":
+            r = self.ratio()
+            if r is None:
+                return f">= {thr:g}x: n/a" + ("" if self.ours else " (not measured)")
+            return f">= {thr:g}x: {'met' if r >= thr else 'NOT MET'}"
+        c, name = self.ceil or ({}, "")
+        val = c.get(name)
+        if not self.ours or not val:
+            return f">= {thr:.0%} of {name}: n/a"
+        f = self.ours[1] / val
+        s = f"{f:.0%} of {name} {val:.1f} (goal >= {thr:.0%}): {'met' if f >= thr else 'NOT MET'}"
+        if self.peer:
+            s += f"; llama.cpp {self.peer[1] / val:.0%}"
+        return s
+
+
+def fmt(t, i):
+    if t is None or t[i] is None:
+        return ""
+    v = t[i]
+    return f"{v:.1f}" if v >= 10 else f"{v:.2f}"
+
+
+def table(rows, have_peer):
+    hdr = "| figure | spillway min | median | max |"
     sep = "|---|---:|---:|---:|"
     if have_peer:
         hdr += " llama.cpp min | median | max | ratio |"
         sep += "---:|---:|---:|---:|"
-    lines += [hdr, sep]
-    for label, o, p in rows:
-        line = f"| {label} | {o[0]:.1f} | {o[1]:.1f} | {o[2]:.1f} |"
+    hdr += " goal |"
+    sep += "---|"
+    lines = [hdr, sep]
+    for r in rows:
+        line = f"| {r.label} | {fmt(r.ours, 0)} | {fmt(r.ours, 1)} | {fmt(r.ours, 2)} |"
         if have_peer:
-            line += f" {p[0]:.1f} | {p[1]:.1f} | {p[2]:.1f} | {o[1] / p[1]:.2f}x |" if p else " | | | |"
+            rt = r.ratio()
+            line += (f" {fmt(r.peer, 0)} | {fmt(r.peer, 1)} | {fmt(r.peer, 2)} |"
+                     f" {'' if rt is None else f'{rt:.2f}x'} |")
+        line += f" {r.goal_text()} |"
         lines.append(line)
-    table = "\n".join(lines)
-    print(table)
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- main
+
+
+def make_model(spillway, bd, preset, dt, pad):
+    d = os.path.join(bd, "models")
+    os.makedirs(d, exist_ok=True)
+
+    def direct(t):
+        path = os.path.join(d, f"{preset}-{t}.gguf")
+        if not os.path.exists(path):
+            sh([spillway, "mkmodel", "-o", path + ".tmp", "--preset", preset, "--dtype", t])
+            os.replace(path + ".tmp", path)
+        return path
+
+    if dt != "q4_k" or not pad:
+        return direct(dt)
+    path = os.path.join(d, f"{preset}-q4_k-pad{pad}.gguf")
+    if not os.path.exists(path):
+        base = direct("f32")
+        try:  # mkmodel reports every fallback matrix on stderr: shown only on failure
+            sh([spillway, "mkmodel", "--from", base, "--dtype", "q4_k", "--pad", str(pad), "-o", path + ".tmp"],
+               stderr=subprocess.PIPE)
+        except subprocess.CalledProcessError as e:
+            sys.stderr.write(e.stderr or "")
+            raise
+        os.replace(path + ".tmp", path)
+    return path
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", default="smollm2-135m")
+    ap.add_argument("--dtypes", default="f16,q8_0,q4_k")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=3, help="repetitions of each figure (default 3)")
+    ap.add_argument("--reps-long", type=int, default=1,
+                    help="repetitions of the non-shared 64 x 1,056 workloads, both sides (default 1)")
+    ap.add_argument("--prompt", type=int, default=512, help="prefill prompt tokens (512)")
+    ap.add_argument("--gen", type=int, default=128, help="decode tokens (128)")
+    ap.add_argument("--batches", default="4,16,64")
+    ap.add_argument("--prefix-dtypes", help="dtypes of the shared-prefix workload (default: the first)")
+    ap.add_argument("--prefix-requests", type=int, default=64)
+    ap.add_argument("--prefix-len", type=int, default=1024)
+    ap.add_argument("--suffix-len", type=int, default=32)
+    ap.add_argument("--prefix-gen", type=int, default=32)
+    ap.add_argument("--no-prefix", action="store_true", help="skip the shared-prefix workload")
+    ap.add_argument("--no-kernels", action="store_true", help="skip the ceilings (their goals read n/a)")
+    ap.add_argument("--kernel-rounds", type=int, default=3)
+    ap.add_argument("--kernel-seconds", type=float, default=0.2)
+    ap.add_argument("--q4k-pad", type=int, default=256, help="--pad for the q4_k model (0: none)")
+    ap.add_argument("--quick", action="store_true", help="small workloads, 1 repetition: tests the harness")
+    ap.add_argument("--llama-dir", help="directory holding llama-bench and llama-batched-bench")
+    ap.add_argument("--llama-bench", help="path of llama.cpp's llama-bench")
+    ap.add_argument("--llama-batched-bench", help="path of llama.cpp's llama-batched-bench")
+    ap.add_argument("--llama-kvu", action="store_true", help="-pps runs with -kvu (unified KV cache)")
+    ap.add_argument("--llama-args", default="", help="extra arguments for both llama.cpp tools, e.g. '-fa on'")
+    ap.add_argument("--timeout", type=float, default=None, help="seconds allowed to each llama.cpp run")
+    ap.add_argument("--build-dir", default=os.path.join(ROOT, "build-bench"))
+    ap.add_argument("--no-build", action="store_true")
+    ap.add_argument("--no-record", action="store_true", help="do not append to bench/RESULTS.md")
+    if "--quick" in sys.argv[1:]:  # smaller defaults; flags given explicitly still win
+        ap.set_defaults(reps=1, reps_long=1, prompt=128, gen=32, batches="4,16", prefix_requests=8,
+                        prefix_len=256, suffix_len=16, prefix_gen=16, kernel_rounds=1, kernel_seconds=0.05)
+    args = ap.parse_args()
+    if args.llama_dir:
+        args.llama_bench = args.llama_bench or os.path.join(args.llama_dir, "llama-bench")
+        args.llama_batched_bench = args.llama_batched_bench or os.path.join(args.llama_dir, "llama-batched-bench")
+    notes = []
+    for attr in ("llama_bench", "llama_batched_bench"):
+        p = getattr(args, attr)
+        if p and not os.access(p, os.X_OK):
+            notes.append(f"{p}: not an executable: llama.cpp side skipped")
+            setattr(args, attr, None)
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    prefix_dtypes = [] if args.no_prefix else \
+        [d.strip() for d in (args.prefix_dtypes or (dtypes + [""])[0]).split(",") if d.strip()]
+    if not dtypes and not prefix_dtypes:
+        ap.error("nothing to measure: give --dtypes and/or --prefix-dtypes")
+    batches = ints(args.batches)
+
+    load0 = os.getloadavg()[0]
+    bd = args.build_dir
+    if not args.no_build:
+        sh(["cmake", "-S", ROOT, "-B", bd, "-DCMAKE_BUILD_TYPE=Release"], stdout=subprocess.DEVNULL)
+        sh(["cmake", "--build", bd, "-j", str(os.cpu_count() or 2), "--target", "spillway", "bench_engine",
+            "bench_prefix", "bench_kernels"], stdout=subprocess.DEVNULL)
+    spillway = os.path.join(bd, "spillway")
+    rows = []
+    tmp = tempfile.TemporaryDirectory()
+
+    # ---- (e) ceilings
+    ceil = {}  # "read bw", "best GEMM": the ceilings, filled in after the last kernel run
+
+    def kernels(n):
+        kj = os.path.join(tmp.name, f"kernels-{n}.json")
+        sh([os.path.join(bd, "bench_kernels"), str(args.threads), str(args.kernel_rounds),
+            str(args.kernel_seconds), "--ceilings", "--json", kj], stdout=sys.stderr)
+        with open(kj) as f:
+            return json.load(f)
+
+    k_first = None if args.no_kernels else kernels(1)
+    peer_info = {}
+    models = {}
+
+    for dt in dtypes:
+        model = make_model(spillway, bd, args.preset, dt, args.q4k_pad)
+        models[dt] = model
+        mf = model_figures(model)
+        census = ", ".join(f"{n} {t}" for t, n in sorted(mf["census"].items(), key=lambda x: -x[1]))
+        notes.append(f"{dt}: {os.path.relpath(model, ROOT)}: {mf['arch']} dim {mf['dim']}, {mf['layers']} layers, "
+                     f"{mf['heads']} heads x {mf['head_dim']}, vocab {mf['vocab']}, {mf['params'] / 1e6:.1f} M "
+                     f"parameters, {mf['total_bytes'] / 1e6:.1f} MB; matrices: {census}; decode reads "
+                     f"{mf['bytes_per_token'] / 1e6:.1f} MB per token")
+        jf = os.path.join(tmp.name, f"engine-{dt}.jsonl")
+        sh([os.path.join(bd, "bench_engine"), model, "--threads", str(args.threads), "--reps", str(args.reps),
+            "--prompt", str(args.prompt), "--gen", str(args.gen), "--batches", args.batches, "--json", jf],
+           stdout=sys.stderr)
+        with open(jf) as f:
+            ours = [json.loads(l) for l in f if l.strip()]
+        peer = {}
+        if args.llama_bench:
+            pi = {}
+            lb = llama_bench(args, model, args.prompt, args.gen, notes, pi)
+            peer_info.update(pi)
+            if "model_size" in pi and pi["model_size"] != mf["total_bytes"]:
+                notes.append(f"{dt}: llama.cpp's model_size {pi['model_size']} bytes, the GGUF's tensors "
+                             f"{mf['total_bytes']}")
+            if "model_n_params" in pi and pi["model_n_params"] != mf["params"]:
+                notes.append(f"{dt}: llama.cpp counts {pi['model_n_params']} parameters, the GGUF holds {mf['params']}")
+            peer[("prefill", args.prompt)] = lb.get("prefill")
+            peer[("decode", 1)] = lb.get("decode")
+        if args.llama_batched_bench:
+            speeds = {}
+            for _ in range(args.reps):
+                for r in batched_bench(args, model, 16, args.gen, batches, False, notes, "decode"):
+                    speeds.setdefault(r["pl"], []).append(r["speed_tg"])
+            for pl, v in speeds.items():
+                peer[("decode", pl)] = mmm(v)
+        for r in ours:
+            if r["workload"] == "info":
+                if r["weight_bytes"] != mf["total_bytes"]:
+                    notes.append(f"{dt}: engine weight_bytes {r['weight_bytes']} != GGUF tensor bytes {mf['total_bytes']}")
+                continue
+            o = (r["min"], r["median"], r["max"])
+            if r["workload"] == "prefill":
+                key = ("prefill", r["n"])
+                g = ("ratio", 1.0) if dt == "f16" else None
+                rows.append(Row(f"{dt} prefill {r['n']} tokens (tokens/s)", o, peer.get(key), g))
+                fl = mf["prefill_flops"](r["n"]) / r["n"] / 1e9
+                rows.append(Row(f"{dt} prefill {r['n']} tokens (GFLOP/s, matmuls + attention)", scale(o, fl),
+                                scale(peer.get(key), fl), ("ceil", 0.70), (ceil, "best GEMM")))
+            else:
+                n = r["n"]
+                key = ("decode", n)
+                g = None
+                if n == 1 and dt in ("f16", "q8_0", "q4_k"):
+                    g = ("ratio", 1.0)
+                elif n == 16 and dt == "f16":
+                    g = ("ratio", 1.5)
+                lab = "1 sequence" if n == 1 else f"{n} sequences"
+                rows.append(Row(f"{dt} decode {lab} x {r['gen']} tokens (tokens/s)", o, peer.get(key), g))
+                if n == 1:
+                    gb = mf["bytes_per_token"] / 1e9
+                    rows.append(Row(f"{dt} decode 1 sequence (GB/s of weights)", scale(o, gb),
+                                    scale(peer.get(key), gb), ("ceil", 0.80), (ceil, "read bw")))
+
+    # ---- (d) shared prefix
+    for dt in prefix_dtypes:
+        model = models.get(dt) or make_model(spillway, bd, args.preset, dt, args.q4k_pad)
+        N, P, S, G = args.prefix_requests, args.prefix_len, args.suffix_len, args.prefix_gen
+        jf = os.path.join(tmp.name, f"prefix-{dt}.jsonl")
+        sh([os.path.join(bd, "bench_prefix"), model, "--threads", str(args.threads), "--workloads", "shared",
+            "--requests", str(N), "--prefix", str(P), "--suffix", str(S), "--gen", str(G),
+            "--reps", str(args.reps), "--reps-long", str(args.reps_long), "--json", jf], stdout=sys.stderr)
+        with open(jf) as f:
+            pr = {r["key"]: (r["min"], r["median"], r["max"]) for r in map(json.loads, f) if r}
+        out_tok = N * G
+        peer_noshare = peer_pps = peer_lit = None
+        if args.llama_batched_bench:
+            def series(npp, ntg, pps, reps, what):
+                v = [out_tok / r["t"] for _ in range(reps)
+                     for r in batched_bench(args, model, npp, ntg, N, pps, notes, what) if r.get("t")]
+                return mmm(v) if v else None
+            peer_noshare = series(P + S, G, False, args.reps_long, "no sharing")
+            peer_pps = series(P, S + G, True, args.reps, "-pps (suffix as decode)")
+            peer_lit = series(P, G, True, args.reps, "-pps (suffixes dropped)")
+        w = f"{dt} shared prefix {N} x ({P} + {S}) -> {G}, output tok/s"
+        on, off = pr.get("shared_tps_on"), pr.get("shared_tps_off")
+        kvu = " -kvu" if args.llama_kvu else ""
+        if not args.llama_batched_bench:
+            rows += [Row(f"{w}, prefix cache on", on), Row(f"{w}, prefix cache off", off)]
+            continue
+        rows += [
+            Row(f"{w}: spillway cache on / llama.cpp no sharing (-npp {P + S} -ntg {G} -npl {N})", on,
+                peer_noshare, ("ratio", 3.0)),
+            Row(f"{w}: spillway cache on / llama.cpp -pps{kvu} (-npp {P} -ntg {S + G}: suffix as decode)", on,
+                peer_pps, ("ratio", 1.2)),
+            Row(f"{w}: spillway cache on / llama.cpp -pps{kvu} (-npp {P} -ntg {G}: suffixes dropped, less work)",
+                on, peer_lit),
+            Row(f"{w}: spillway cache OFF / llama.cpp no sharing", off, peer_noshare),
+        ]
+
+    if k_first:  # (e) again at the end: a ceiling is the best of both runs (the machine may be shared)
+        k = k_first
+        k2 = kernels(2)
+        for key in ("read_bw_gbs", "copy_bw_gbs", "sgemm_best_gflops"):
+            k[key] = max(k[key], k2[key])
+        if k2["matmul_best_gflops"] > k["matmul_best_gflops"]:
+            for key in ("matmul_best_gflops", "matmul_best_type", "matmul_best_shape"):
+                k[key] = k2[key]
+        ceil["read bw"] = k["read_bw_gbs"]
+        ceil["best GEMM"] = max(k["sgemm_best_gflops"], k["matmul_best_gflops"])
+        one = lambda v: (None, v, None)  # noqa: E731 (the best of the rounds: one value, as the median)
+        rows[:0] = [
+            Row(f"memory read bandwidth, {args.threads} threads (GB/s)", one(k["read_bw_gbs"])),
+            Row(f"memory copy bandwidth, {args.threads} threads, read + written (GB/s)", one(k["copy_bw_gbs"])),
+            Row("OpenBLAS sgemm, best of 3 shapes at M=512 (GFLOP/s)", one(k["sgemm_best_gflops"])),
+            Row(f"spillway matmul, best ({k['matmul_best_type']} {k['matmul_best_shape']}, T=512) (GFLOP/s)",
+                one(k["matmul_best_gflops"]))]
+
+    have_peer = bool(args.llama_bench or args.llama_batched_bench)
+    if peer_info:
+        notes.append("llama.cpp: " + ", ".join(f"{k} {peer_info[k]}" for k in
+                                                ("build_commit", "build_number", "backends", "flash_attn",
+                                                 "type_k", "n_threads") if k in peer_info))
+    if args.preset != "smollm2-135m" or args.threads != 2 or args.quick:
+        notes.append("the goals are set for smollm2-135m, 2 threads and the full workloads: "
+                     "this run differs, so read the goal column as indicative")
+    load1 = os.getloadavg()[0]
+    notes.append(f"load average (1 min) {load0:.1f} at the start, {load1:.1f} at the end (the run's own "
+                 f"{args.threads} threads included), {os.cpu_count()} CPUs"
+                 + (": the machine was busy, the figures are not reliable (llama.cpp's spinning OpenMP "
+                    "threads slow down by up to 40x when the cores are oversubscribed, ours less)"
+                    if load0 > 0.5 or load1 > args.threads + 1 else ""))
+    out = table(rows, have_peer)
+    print(out)
+    if notes:
+        print("\nNotes:\n" + "\n".join(f"- {n}" for n in notes))
+    log("done")
 
     if not args.no_record:
         try:
@@ -131,8 +615,10 @@ def main():
                     f"{args.preset}, {args.threads} threads\n\n")
             f.write(f"- revision: {rev}{' (with uncommitted changes)' if dirty else ''}\n")
             f.write(f"- machine: {cpu_model()}, {os.cpu_count()} CPUs\n")
-            f.write(f"- command: `bench/run.py {' '.join(sys.argv[1:])}`\n\n")
-            f.write(table + "\n")
+            f.write(f"- command: `bench/run.py {' '.join(sys.argv[1:])}` ({time.monotonic() - T0:.0f} s)\n\n")
+            f.write(out + "\n")
+            if notes:
+                f.write("\n" + "\n".join(f"- {n}" for n in notes) + "\n")
 
 
 if __name__ == "__main__":
