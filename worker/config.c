@@ -28,6 +28,9 @@ static const key_t_ KEYS[] = {
     {"input.topics", K_STR, F(input_topics), "prompts", 0, 0, "input topics, comma-separated"},
     {"output.topic", K_STR, F(output_topic), "results", 0, 0, "result topic"},
     {"dlq.topic", K_STR, F(dlq_topic), "prompts.dlq", 0, 0, "dead-letter topic"},
+    {"reply.topics", K_STR, F(reply_topics), "", 0, 0,
+     "topics a request may name in reply_to, comma-separated (\"\" = none: reply_to -> DLQ "
+     "reply_not_allowed)"},
     {"group.id", K_STR, F(group_id), "spillway", 0, 0, "consumer group"},
     {"worker.id", K_STR, F(worker_id), "", 0, 0, "name in results and DLQ headers (\"\" = host-pid)"},
     {"transactional.id", K_STR, F(transactional_id), "", 0, 0,
@@ -409,6 +412,15 @@ int worker_config_check(const worker_config_t *c, char *errstr, size_t errlen)
     }
     if (!*c->model) {
         snprintf(errstr, errlen, "model is not set (-m FILE or model=FILE)");
+        return -1;
+    }
+    for (const char *p = c->reply_topics; *p; p++) {
+        if (*p == ',' || *p == ' ' || *p == '\t' || (*p >= 'a' && *p <= 'z') ||
+            (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '.' || *p == '_' ||
+            *p == '-')
+            continue;
+        snprintf(errstr, errlen, "reply.topics: '%c' cannot be in a topic name (a comma-separated "
+                 "list of topics of a-z A-Z 0-9 . _ -)", *p);
         return -1;
     }
     if (strcmp(c->kv_type, "f16") && strcmp(c->kv_type, "f32")) {

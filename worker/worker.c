@@ -122,6 +122,8 @@ struct worker {
     consumer_t *cons;
     producer_t *prod;
     metrics_server_t *metrics;   /* the endpoint, or NULL (metrics.port 0) */
+    char **reply_allow;          /* [n_reply_allow] reply.topics, split (owned) */
+    int n_reply_allow;
     char **prop_c_keys, **prop_c_vals, **prop_p_keys, **prop_p_vals; /* pass-through split */
     int n_prop_c, n_prop_p;
 
@@ -381,6 +383,8 @@ static int make_result(worker_t *w, wreq_t *r, const engine_result_t *er, const 
     json_t *o = json_object(), *u = json_object(), *t = json_object(), *in = json_object();
     if (!o || !u || !t || !in) goto oom;
     json_object_set_new(o, "id", json_string(r->req.id));
+    if (r->req.correlation_id)
+        json_object_set_new(o, "correlation_id", json_string(r->req.correlation_id));
     json_object_set_new(o, "text", er ? json_stringn(er->text, er->text_len) : json_string(""));
     json_object_set_new(o, "finish_reason", json_string(finish));
     r->n_prompt = er ? er->n_prompt : 0;
@@ -717,6 +721,15 @@ static void send_output(worker_t *w, wreq_t *r)
         key = r->req.id;
         klen = strlen(r->req.id);
     }
+    /* a reply: to the request's reply_to (checked against reply.topics at intake), keyed by its
+     * correlation id, else its id */
+    const char *topic = w->cfg.output_topic;
+    const char *corr = r->parsed ? r->req.correlation_id : NULL;
+    if (r->parsed && r->req.reply_to) {
+        topic = r->req.reply_to;
+        key = corr ? corr : r->req.id;
+        klen = strlen(key);
+    }
     for (;;) {
         int rc;
         if (r->is_dlq) {
@@ -726,7 +739,15 @@ static void send_output(worker_t *w, wreq_t *r)
             rc = producer_send(w->prod, w->cfg.dlq_topic, m->key, m->key_len, m->payload, m->len,
                                h, eos ? NULL : r, err, sizeof err);
         } else {
-            rc = producer_send(w->prod, w->cfg.output_topic, key, klen, r->out, r->out_len, NULL,
+            rd_kafka_headers_t *h = NULL;
+            if (corr) { /* NULL on out of memory: the correlation id is in the JSON too */
+                h = rd_kafka_headers_new(1);
+                if (h && rd_kafka_header_add(h, WORKER_H_CORRELATION_ID, -1, corr, -1)) {
+                    rd_kafka_headers_destroy(h);
+                    h = NULL;
+                }
+            }
+            rc = producer_send(w->prod, topic, key, klen, r->out, r->out_len, h,
                                eos ? NULL : r, err, sizeof err);
         }
         if (rc == 0) break;
@@ -902,6 +923,34 @@ static void periodic_commit(worker_t *w, int force)
 
 /* ---- poll thread: intake ---- */
 
+/* Request fields that came as Kafka headers (REQUEST_HEADER_FIELDS), then the reply_to
+ * allow-list. 0, or -1 with *code and err set (a dead letter), or -2 on out of memory. */
+static int apply_headers(worker_t *w, wreq_t *r, const char **code, char *err, size_t errlen)
+{
+    rd_kafka_headers_t *h = NULL;
+    if (rd_kafka_message_headers(r->msg, &h) == RD_KAFKA_RESP_ERR_NO_ERROR && h) {
+        static const char *const names[REQUEST_N_HEADER_FIELDS] = REQUEST_HEADER_FIELDS;
+        for (int i = 0; i < REQUEST_N_HEADER_FIELDS; i++) {
+            const void *v;
+            size_t n;
+            if (rd_kafka_header_get_last(h, names[i], &v, &n) != RD_KAFKA_RESP_ERR_NO_ERROR)
+                continue;
+            if (request_apply_header(&r->req, names[i], v, n, &w->limits, code, err, errlen))
+                return strcmp(*code, REQ_ERR_NO_MEMORY) ? -1 : -2;
+        }
+    }
+    if (r->req.reply_to) {
+        for (int i = 0; i < w->n_reply_allow; i++)
+            if (!strcmp(w->reply_allow[i], r->req.reply_to)) return 0;
+        snprintf(err, errlen, "reply_to: topic \"%.100s\" is not in reply.topics (%s)",
+                 r->req.reply_to, w->n_reply_allow ? "see the worker's configuration"
+                                                   : "empty: no reply topic is allowed");
+        *code = REQ_ERR_REPLY_NOT_ALLOWED;
+        return -1;
+    }
+    return 0;
+}
+
 /* Encodes text into r->toks. 0, or -1 on out of memory. */
 static int tokenize(worker_t *w, wreq_t *r, const char *text, size_t len, int parse_special)
 {
@@ -1020,6 +1069,18 @@ static void intake(worker_t *w, rd_kafka_message_t *m)
         goto out;
     }
     r->parsed = 1;
+    rc = apply_headers(w, r, &code, err, sizeof err);
+    if (rc == -2) {
+        /* as for prepare_prompt's -2 below: r goes to the inbox, which is not served once
+         * fatal is set, and worker_run frees it */
+        set_fatal(w, "out of memory reading headers");
+        goto enqueue;
+    }
+    if (rc) {
+        make_dlq(r, code, err);
+        send_output(w, r);
+        goto out;
+    }
     if (deadline_passed(r)) {
         make_result(w, r, NULL, "expired");
         send_output(w, r);
@@ -1037,6 +1098,7 @@ static void intake(worker_t *w, rd_kafka_message_t *m)
         send_output(w, r);
         goto out;
     }
+enqueue:
     w->inflight_tokens += r->cost;
     r->next = NULL;
     pthread_mutex_lock(&w->mu);
@@ -1258,6 +1320,29 @@ static int split_props(worker_t *w)
     return 0;
 }
 
+/* reply.topics -> w->reply_allow (entries trimmed; empty ones skipped). 0 or -1 (memory). */
+static int split_reply_topics(worker_t *w)
+{
+    const char *p = w->cfg.reply_topics;
+    while (*p) {
+        const char *e = strchr(p, ',');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        const char *a = p, *b = p + n;
+        while (a < b && (*a == ' ' || *a == '\t')) a++;
+        while (b > a && (b[-1] == ' ' || b[-1] == '\t')) b--;
+        if (b > a) {
+            char **l = realloc(w->reply_allow, sizeof *l * (size_t)(w->n_reply_allow + 1));
+            if (!l) return -1;
+            w->reply_allow = l;
+            if (!(l[w->n_reply_allow] = strndup(a, (size_t)(b - a)))) return -1;
+            w->n_reply_allow++;
+        }
+        if (!e) break;
+        p = e + 1;
+    }
+    return 0;
+}
+
 worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen)
 {
     worker_t *w = calloc(1, sizeof *w);
@@ -1279,6 +1364,10 @@ worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen)
         goto fail;
     }
     w->log_json = !strcmp(w->cfg.log_format, "json");
+    if (split_reply_topics(w)) {
+        snprintf(errstr, errlen, "out of memory");
+        goto fail;
+    }
     if (*w->cfg.worker_id) {
         snprintf(w->worker_id, sizeof w->worker_id, "%s", w->cfg.worker_id);
     } else {
@@ -1371,9 +1460,10 @@ worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen)
     if (!w->prod) goto fail;
     /* learn the output topics' leaders now rather than on the first result */
     const char *outs[2] = {w->cfg.output_topic, w->cfg.dlq_topic};
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 2 + w->n_reply_allow; i++) {
         char e[256];
-        if (producer_prepare_topic(w->prod, outs[i], 5000, e, sizeof e))
+        if (producer_prepare_topic(w->prod, i < 2 ? outs[i] : w->reply_allow[i - 2], 5000, e,
+                                   sizeof e))
             wlog(w, 1, "%s (results wait until it exists)", e);
     }
     consumer_config_t cc = {
@@ -1596,6 +1686,8 @@ void worker_free(worker_t *w)
     if (w->eng) engine_free(w->eng);
     cache_free(w->cache); /* after the engine, which calls it */
     free(w->active);
+    for (int i = 0; i < w->n_reply_allow; i++) free(w->reply_allow[i]);
+    free(w->reply_allow);
     free(w->prop_c_keys);
     free(w->prop_c_vals);
     free(w->prop_p_keys);
