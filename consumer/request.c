@@ -101,7 +101,7 @@ static int oom(pctx_t *c)
 /* ---- fields: names, accepted values ---- */
 
 enum ftype { F_ID, F_TEXT, F_FORM, F_INT, F_FLOAT, F_SEED, F_STOP, F_DEADLINE, F_TTL, F_META, F_TMPL,
-             F_STR };
+             F_STR, F_BOOL };
 
 typedef struct {
     const char *name;
@@ -136,6 +136,7 @@ static const field_t FIELDS[] = {
     /* routing and accounting strings: also accepted from Kafka headers (request_apply_header) */
     {"reply_to", F_STR, 0, 0, 0, OFF(reply_to)},
     {"correlation_id", F_STR, 0, 0, 0, OFF(correlation_id)},
+    {"stream", F_BOOL, 0, 0, 0, OFF(stream)},
 };
 #define N_FIELDS (sizeof FIELDS / sizeof FIELDS[0])
 
@@ -193,6 +194,9 @@ static const char *accepted(const field_t *f, const request_limits_t *l, char *b
         break;
     case F_TMPL:
         snprintf(buf, n, "a template name of 1..%d bytes", MAX_TEMPLATE_NAME_BYTES);
+        break;
+    case F_BOOL:
+        snprintf(buf, n, "true or false");
         break;
     case F_STR:
         if (strcmp(f->name, "reply_to") == 0)
@@ -1046,8 +1050,13 @@ static int read_fields(pctx_t *c, const json_t *root, const char *doc, size_t le
         return -1;
     for (size_t i = 0; i < N_FIELDS; i++) {
         const field_t *f = &FIELDS[i];
-        if (f->type != F_STR || !(v = opt(root, f->name))) continue;
-        if (read_str(c, f, v, r)) return -1;
+        if ((f->type != F_STR && f->type != F_BOOL) || !(v = opt(root, f->name))) continue;
+        if (f->type == F_BOOL) {
+            if (!json_is_boolean(v)) return wrong_type(c, f, v);
+            *(int *)((char *)r + f->off) = json_is_true(v);
+        } else if (read_str(c, f, v, r)) {
+            return -1;
+        }
     }
     return 0;
 }

@@ -92,6 +92,7 @@ typedef struct {
                                    topic name; the worker checks it against reply.topics) */
     char *correlation_id;       /* 1..max_id_bytes bytes, echoed in the result and its
                                    headers; the key of a reply */
+    int stream;                 /* "stream": 1 = publish partial results (best effort) */
 } request_t;
 
 /* Parses value[0..len) of a message whose Kafka timestamp is msg_timestamp_ms (used for

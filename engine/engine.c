@@ -34,6 +34,7 @@ typedef struct seq {
     uint64_t arrival;
     void *user;
     engine_done_fn done;
+    engine_progress_fn progress; /* NULL: none */
     void *cb_arg;
     int priority;
     int64_t deadline_ms;      /* Unix epoch ms, 0 none */
@@ -459,6 +460,7 @@ int engine_submit(engine_t *e, const engine_request_t *req, engine_done_fn done,
     s->deadline_ms = req->deadline_ms;
     s->user = req->user;
     s->done = done;
+    s->progress = req->progress;
     s->cb_arg = cb_arg;
     s->last_name = kvpool_seed(e->pool);
     s->n_logprobs = req->sampling.n_logprobs;
@@ -866,7 +868,14 @@ int engine_step(engine_t *e, char *errstr, size_t errlen)
         seq_publish(e, s);
         if (s->n_computed != s->n_tokens) continue;
         int finish;
-        if (seq_advance(e, s, e->logits + (size_t)li++ * n_vocab, &finish)) {
+        if (!seq_advance(e, s, e->logits + (size_t)li++ * n_vocab, &finish)) {
+            if (s->progress) {
+                engine_progress_t p = {.id = s->id, .user = s->user,
+                                       .text = s->text ? s->text : "",
+                                       .text_len = s->text_final, .n_tokens = s->n_generated};
+                s->progress(s->cb_arg, &p);
+            }
+        } else {
             for (int r = 0; r < e->n_running; r++)
                 if (e->running[r] == s) {
                     queue_remove_at(e->running, &e->n_running, r);

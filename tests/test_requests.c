@@ -207,6 +207,7 @@ static int check_field(const request_t *r, const char *key, const char *val)
         return i >= 0 && i < r->n_stop && !strcmp(r->stop[i], val);
     }
     if (!strcmp(key, "priority")) return r->priority == atoi(val);
+    if (!strcmp(key, "stream")) return r->stream == atoi(val);
     if (!strcmp(key, "deadline_ms")) return r->deadline_ms == strtoll(val, NULL, 10);
     if (!strcmp(key, "metadata"))
         return !strcmp(val, "(null)") ? r->metadata_json == NULL

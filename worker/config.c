@@ -31,6 +31,13 @@ static const key_t_ KEYS[] = {
     {"reply.topics", K_STR, F(reply_topics), "", 0, 0,
      "topics a request may name in reply_to, comma-separated (\"\" = none: reply_to -> DLQ "
      "reply_not_allowed)"},
+    {"stream.topic", K_STR, F(stream_topic), "", 0, 0,
+     "topic of the partial results of requests with \"stream\": true (\"\" = off: final result "
+     "only)"},
+    {"stream.every_tokens", K_INT, F(stream_every_tokens), "8", 0, 1 << 20,
+     "a chunk once this many tokens were generated since the last one (0 = by time only)"},
+    {"stream.every_ms", K_INT, F(stream_every_ms), "250", 0, 3600000,
+     "a chunk once this many ms passed since the last one (0 = by tokens only)"},
     {"group.id", K_STR, F(group_id), "spillway", 0, 0, "consumer group"},
     {"worker.id", K_STR, F(worker_id), "", 0, 0, "name in results and DLQ headers (\"\" = host-pid)"},
     {"transactional.id", K_STR, F(transactional_id), "", 0, 0,
@@ -421,6 +428,10 @@ int worker_config_check(const worker_config_t *c, char *errstr, size_t errlen)
             continue;
         snprintf(errstr, errlen, "reply.topics: '%c' cannot be in a topic name (a comma-separated "
                  "list of topics of a-z A-Z 0-9 . _ -)", *p);
+        return -1;
+    }
+    if (c->stream_every_tokens == 0 && c->stream_every_ms == 0) {
+        snprintf(errstr, errlen, "stream.every_tokens and stream.every_ms are both 0");
         return -1;
     }
     if (strcmp(c->kv_type, "f16") && strcmp(c->kv_type, "f32")) {

@@ -78,6 +78,12 @@ struct wreq {
     double itl_s;                /* mean time between generated tokens; < 0 none */
     int64_t queue_ns;            /* intake to the first scheduled step (or to the result) */
     int64_t retry_at_ms;         /* retry list: next attempt (monotonic ms) */
+    /* streaming ("stream": true with stream.topic set): chunks of the text that is final so
+     * far, by whichever thread holds r (engine thread while it runs) */
+    size_t stream_sent;          /* bytes of the text already in chunks */
+    int stream_seq;              /* seq of the next chunk */
+    int stream_tokens;           /* generated tokens at the last chunk */
+    int64_t stream_ns;           /* monotonic ns of the last chunk (or of the submission) */
 };
 
 typedef struct {
@@ -106,6 +112,8 @@ typedef struct {
     /* dead letters by reason: code pointers (REQ_ERR_*, static) set once by the poll thread */
     _Atomic(const char *) dlq_code[32];
     atomic_uint_fast64_t dlq_n[32];
+    /* side producer (stream chunks): records acknowledged / not queued or not delivered */
+    atomic_uint_fast64_t chunks_ok, chunks_failed;
 } stats_t;
 
 static const char *const FINISH_NAMES[4] = {"stop", "length", "abort", "expired"};
@@ -121,6 +129,8 @@ struct worker {
     cache_t *cache;          /* prefix cache tier 2, or NULL; used by the engine thread */
     consumer_t *cons;
     producer_t *prod;
+    producer_t *aux;             /* side producer, not transactional: stream chunks (best
+                                    effort); NULL when stream.topic is empty */
     metrics_server_t *metrics;   /* the endpoint, or NULL (metrics.port 0) */
     char **reply_allow;          /* [n_reply_allow] reply.topics, split (owned) */
     int n_reply_allow;
@@ -461,6 +471,91 @@ static void active_remove(worker_t *w, wreq_t *r)
     r->active_ix = -1;
 }
 
+/* Opaques of the side producer's records, told apart in its delivery reports. */
+static const char AUX_CHUNK[] = "chunk";
+
+/* Publishes one chunk of r's stream (schemas/chunk.schema.json): delta[0..len) follows the
+ * text of the previous chunks; finish is NULL, or the finish reason for the last chunk. Best
+ * effort and never blocking: when the side producer cannot take it, nothing is sent and the
+ * next chunk carries this delta too (the deltas of the chunks sent always concatenate to a
+ * prefix of the final text). Thread of whoever holds r. */
+static void send_chunk(worker_t *w, wreq_t *r, const char *delta, size_t len, int n_tokens,
+                       const char *finish)
+{
+    char err[256];
+    const char *corr = r->req.correlation_id;
+    json_t *o = json_object(), *in = json_object();
+    if (!o || !in) {
+        json_decref(o);
+        json_decref(in);
+        atomic_fetch_add(&w->st.chunks_failed, 1);
+        return;
+    }
+    json_object_set_new(o, "id", json_string(r->req.id));
+    if (corr) json_object_set_new(o, "correlation_id", json_string(corr));
+    json_object_set_new(o, "seq", json_integer(r->stream_seq));
+    json_object_set_new(o, "text", json_stringn(delta, len));
+    json_object_set_new(o, "n_tokens", json_integer(n_tokens));
+    json_object_set_new(o, "final", json_boolean(finish != NULL));
+    json_object_set_new(o, "best_effort", json_true());
+    if (finish) json_object_set_new(o, "finish_reason", json_string(finish));
+    json_object_set_new(in, "topic", json_string(rd_kafka_topic_name(r->msg->rkt)));
+    json_object_set_new(in, "partition", json_integer(r->msg->partition));
+    json_object_set_new(in, "offset", json_integer(r->msg->offset));
+    json_object_set_new(o, "input", in); /* steals in */
+    char *js = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    if (!js) {
+        atomic_fetch_add(&w->st.chunks_failed, 1);
+        return;
+    }
+    rd_kafka_headers_t *h = NULL;
+    if (corr) {
+        h = rd_kafka_headers_new(1);
+        if (h && rd_kafka_header_add(h, WORKER_H_CORRELATION_ID, -1, corr, -1)) {
+            rd_kafka_headers_destroy(h);
+            h = NULL;
+        }
+    }
+    const char *key = corr ? corr : r->req.id; /* one partition: chunks stay in seq order */
+    int rc = producer_send_nowait(w->aux, w->cfg.stream_topic, key, strlen(key), js, strlen(js),
+                                  h, (void *)AUX_CHUNK, err, sizeof err); /* h consumed */
+    free(js);
+    if (rc) {
+        atomic_fetch_add(&w->st.chunks_failed, 1);
+        wlog(w, 3, "stream chunk %d of %s not sent: %s", r->stream_seq, r->req.id, err);
+        return;
+    }
+    r->stream_sent += len;
+    r->stream_seq++;
+    r->stream_tokens = n_tokens;
+    r->stream_ns = mono_ns();
+}
+
+/* The last chunk of a streamed request: the rest of its final text, final: true. */
+static void stream_finish(worker_t *w, wreq_t *r, const char *text, size_t len, int n_tokens,
+                          const char *finish)
+{
+    if (!w->aux || !r->parsed || !r->req.stream || len < r->stream_sent) return;
+    send_chunk(w, r, text + r->stream_sent, len - r->stream_sent, n_tokens, finish);
+}
+
+/* engine_step callback after each generated token that did not finish r (engine thread):
+ * a chunk when stream.every_tokens tokens or stream.every_ms ms passed since the last one. */
+static void on_engine_progress(void *arg, const engine_progress_t *p)
+{
+    worker_t *w = arg;
+    wreq_t *r = p->user;
+    if (atomic_load(&r->cancelled) || p->text_len <= r->stream_sent) return;
+    int by_tokens = w->cfg.stream_every_tokens > 0 &&
+                    p->n_tokens - r->stream_tokens >= w->cfg.stream_every_tokens;
+    int by_time = w->cfg.stream_every_ms > 0 &&
+                  mono_ns() - r->stream_ns >= (int64_t)w->cfg.stream_every_ms * 1000000;
+    if (by_tokens || by_time)
+        send_chunk(w, r, p->text + r->stream_sent, p->text_len - r->stream_sent, p->n_tokens,
+                   NULL);
+}
+
 /* engine_step / engine_cancel callback, on the engine thread. */
 static void on_engine_done(void *arg, const engine_result_t *res)
 {
@@ -472,6 +567,7 @@ static void on_engine_done(void *arg, const engine_result_t *res)
         return;
     }
     const char *finish = r->expire ? "expired" : engine_finish_name(res->finish);
+    stream_finish(w, r, res->text, res->text_len, res->n_tokens, finish);
     int64_t t0 = mono_ns();
     make_result(w, r, res, finish);
     add_since(&w->st.ns_result, t0);
@@ -489,6 +585,7 @@ static void engine_start(worker_t *w, wreq_t *r)
     atomic_fetch_add_explicit(&w->st.ns_inbox_sum, (uint64_t)(mono_ns() - r->t_intake),
                               memory_order_relaxed);
     if (deadline_passed(r)) {
+        stream_finish(w, r, "", 0, 0, "expired");
         make_result(w, r, NULL, "expired");
         outbox_push(w, r);
         return;
@@ -511,6 +608,10 @@ static void engine_start(worker_t *w, wreq_t *r)
     q.n_stop = r->req.n_stop;
     q.priority = r->req.priority;
     q.user = r;
+    if (r->req.stream && w->aux) {
+        q.progress = on_engine_progress;
+        r->stream_ns = mono_ns();
+    }
     if (w->n_active == w->cap_active) {
         int cap = w->cap_active ? w->cap_active * 2 : 64;
         wreq_t **a = realloc(w->active, sizeof *a * (size_t)cap);
@@ -790,6 +891,15 @@ static void on_delivery(void *arg, void *opaque, rd_kafka_resp_err_t err)
         return;
     }
     output_done(w, r);
+}
+
+/* Delivery report of the side producer (poll thread, inside producer_poll, or wherever
+ * producer_free runs). */
+static void on_aux_delivery(void *arg, void *opaque, rd_kafka_resp_err_t err)
+{
+    worker_t *w = arg;
+    if (opaque == AUX_CHUNK) atomic_fetch_add(err ? &w->st.chunks_failed : &w->st.chunks_ok, 1);
+    if (err) wlog(w, 3, "%s record not delivered: %s", (const char *)opaque, rd_kafka_err2str(err));
 }
 
 static void drain_outbox(worker_t *w)
@@ -1082,6 +1192,7 @@ static void intake(worker_t *w, rd_kafka_message_t *m)
         goto out;
     }
     if (deadline_passed(r)) {
+        stream_finish(w, r, "", 0, 0, "expired");
         make_result(w, r, NULL, "expired");
         send_output(w, r);
         goto out;
@@ -1241,6 +1352,12 @@ static void metrics_render(void *arg, metrics_buf_t *b)
         metrics_labels(lb, sizeof lb, "reason", c, (const char *)NULL);
         metrics_sample(b, "spillway:dlq_records_total", lb, (double)atomic_load(&w->st.dlq_n[i]));
     }
+    fam(b, "spillway:stream_chunks_total", "counter",
+        "stream chunks acknowledged by the broker, or lost (not queued or not delivered)");
+    metrics_sample(b, "spillway:stream_chunks_total", "outcome=\"delivered\"",
+                   (double)atomic_load(&w->st.chunks_ok));
+    metrics_sample(b, "spillway:stream_chunks_total", "outcome=\"failed\"",
+                   (double)atomic_load(&w->st.chunks_failed));
     fam(b, "spillway:transaction_aborts_total", "counter", "exactly-once transactions aborted");
     metrics_sample(b, "spillway:transaction_aborts_total", NULL, (double)st.txn_aborts);
     fam(b, "spillway:produce_retries_total", "counter",
@@ -1466,6 +1583,16 @@ worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen)
                                    sizeof e))
             wlog(w, 1, "%s (results wait until it exists)", e);
     }
+    if (*w->cfg.stream_topic) {
+        producer_config_t ac = pc;
+        ac.transactional_id = NULL; /* chunks are best effort, outside any transaction */
+        ac.dr = on_aux_delivery;
+        w->aux = producer_new(&ac, errstr, errlen);
+        if (!w->aux) goto fail;
+        char e[256];
+        if (producer_prepare_topic(w->aux, w->cfg.stream_topic, 5000, e, sizeof e))
+            wlog(w, 1, "%s (stream chunks fail until it exists)", e);
+    }
     consumer_config_t cc = {
         .brokers = w->cfg.brokers,
         .group_id = w->cfg.group_id,
@@ -1576,6 +1703,7 @@ int worker_run(worker_t *w, const volatile sig_atomic_t *stop, char *errstr, siz
         t0 = mono_ns();
         drain_outbox(w);
         producer_poll(w->prod, 0);
+        if (w->aux) producer_poll(w->aux, 0);
         t0 = add_since(&w->st.ns_produce, t0);
         periodic_commit(w, 0);
         add_since(&w->st.ns_commit, t0);
@@ -1653,6 +1781,8 @@ int worker_run(worker_t *w, const volatile sig_atomic_t *stop, char *errstr, siz
     w->held = NULL;
     producer_free(w->prod, 5000); /* delivery reports now free without acking */
     w->prod = NULL;
+    producer_free(w->aux, 5000);
+    w->aux = NULL;
     pthread_mutex_lock(&w->cons_mu);
     consumer_close(w->cons);
     w->cons = NULL;
@@ -1683,6 +1813,7 @@ void worker_free(worker_t *w)
     if (w->cons) consumer_close(w->cons);
     w->cons = NULL;
     if (w->prod) producer_free(w->prod, 0);
+    producer_free(w->aux, 0);
     if (w->eng) engine_free(w->eng);
     cache_free(w->cache); /* after the engine, which calls it */
     free(w->active);

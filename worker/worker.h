@@ -41,6 +41,9 @@ typedef struct {
     char *output_topic;        /* results */
     char *dlq_topic;           /* dead letters */
     char *reply_topics;        /* comma-separated topics allowed as a request's reply_to */
+    char *stream_topic;        /* partial results of "stream" requests; "" = off */
+    int stream_every_tokens;   /* chunk period in generated tokens (0 = time only) */
+    int stream_every_ms;       /* chunk period in ms (0 = tokens only) */
     char *group_id;            /* consumer group */
     char *worker_id;           /* this worker's name in results and DLQ headers; "" = host-pid */
     char *transactional_id;    /* exactly-once: "" = spillway-<group>-<worker_id> */
