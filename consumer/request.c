@@ -34,6 +34,7 @@
 #define MAX_EPOCH_MS INT64_C(253402300799999) /* 9999-12-31T23:59:59.999Z */
 #define MAX_EXACT_REAL 9007199254740992.0    /* 2^53: integral reals accepted up to this */
 #define MAX_TOPIC_BYTES 249                  /* Kafka's limit on a topic name */
+#define MAX_LABEL_BYTES 64                   /* tenant and class names (metric labels) */
 
 void request_limits_default(request_limits_t *l)
 {
@@ -66,6 +67,8 @@ void request_free(request_t *r)
     free(r->template_name);
     free(r->reply_to);
     free(r->correlation_id);
+    free(r->tenant);
+    free(r->class_name);
     memset(r, 0, sizeof *r);
 }
 
@@ -137,6 +140,8 @@ static const field_t FIELDS[] = {
     {"reply_to", F_STR, 0, 0, 0, OFF(reply_to)},
     {"correlation_id", F_STR, 0, 0, 0, OFF(correlation_id)},
     {"stream", F_BOOL, 0, 0, 0, OFF(stream)},
+    {"tenant", F_STR, 0, 0, 0, OFF(tenant)},
+    {"class", F_STR, 0, 0, 0, OFF(class_name)},
 };
 #define N_FIELDS (sizeof FIELDS / sizeof FIELDS[0])
 
@@ -202,6 +207,9 @@ static const char *accepted(const field_t *f, const request_limits_t *l, char *b
         if (strcmp(f->name, "reply_to") == 0)
             snprintf(buf, n, "a Kafka topic name: 1..%d characters of a-z A-Z 0-9 . _ -",
                      MAX_TOPIC_BYTES);
+        else if (strcmp(f->name, "tenant") == 0 || strcmp(f->name, "class") == 0)
+            snprintf(buf, n, "1..%d characters of a-z A-Z 0-9 . _ : @ / -, not starting with _",
+                     MAX_LABEL_BYTES);
         else
             snprintf(buf, n, "a non-empty string of at most %zu bytes", l->max_id_bytes);
         break;
@@ -938,6 +946,20 @@ static int is_topic_name(const char *s, size_t n)
     return 1;
 }
 
+/* 1 when s[0..n) may name a tenant or class: 1..64 of [a-zA-Z0-9._:@/-], not starting with
+ * '_' (the worker's own labels, _none and _other, start with it). */
+static int is_label_name(const char *s, size_t n)
+{
+    if (n == 0 || n > MAX_LABEL_BYTES || s[0] == '_') return 0;
+    for (size_t i = 0; i < n; i++) {
+        char ch = s[i];
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+              ch == '.' || ch == '_' || ch == ':' || ch == '@' || ch == '/' || ch == '-'))
+            return 0;
+    }
+    return 1;
+}
+
 /* Checks the value s[0..n) of string field f (from the JSON or from a header: `from` names
  * which, for the message) and stores a copy. 0 or -1. */
 static int set_str(pctx_t *c, const field_t *f, const char *s, size_t n, const char *from,
@@ -947,6 +969,8 @@ static int set_str(pctx_t *c, const field_t *f, const char *s, size_t n, const c
     int ok;
     if (strcmp(f->name, "reply_to") == 0)
         ok = is_topic_name(s, n);
+    else if (strcmp(f->name, "tenant") == 0 || strcmp(f->name, "class") == 0)
+        ok = is_label_name(s, n);
     else
         ok = n > 0 && n <= c->lim->max_id_bytes;
     if (!ok || memchr(s, 0, n))

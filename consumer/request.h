@@ -93,6 +93,11 @@ typedef struct {
     char *correlation_id;       /* 1..max_id_bytes bytes, echoed in the result and its
                                    headers; the key of a reply */
     int stream;                 /* "stream": 1 = publish partial results (best effort) */
+    /* Accounting (JSON field, else header of the same name): 1..64 of [a-zA-Z0-9._:@/-], not
+     * starting with '_'. NULL when absent (the worker counts it as tenant _none, class
+     * default). */
+    char *tenant;
+    char *class_name;           /* "class" */
 } request_t;
 
 /* Parses value[0..len) of a message whose Kafka timestamp is msg_timestamp_ms (used for
@@ -108,8 +113,8 @@ int request_parse(const char *value, size_t len, int64_t msg_timestamp_ms,
 void request_free(request_t *r);
 
 /* Fields a Kafka record header may carry instead of the JSON (header name = field name). */
-#define REQUEST_HEADER_FIELDS {"reply_to", "correlation_id"}
-#define REQUEST_N_HEADER_FIELDS 2
+#define REQUEST_HEADER_FIELDS {"reply_to", "correlation_id", "tenant", "class"}
+#define REQUEST_N_HEADER_FIELDS 4
 
 /* Sets field `name` of a parsed request from the value of the Kafka header of that name, with
  * the same checks as the JSON field, unless the JSON already set it (the JSON field wins). A

@@ -73,6 +73,7 @@ typedef struct seq {
 
     int64_t t_submit, t_first_scheduled, t_first_token;
     int step_tokens;          /* tokens given in the current step */
+    int64_t compute_ns;       /* share of forward time: each step's split over its tokens */
 } seq_t;
 
 struct engine {
@@ -273,6 +274,7 @@ static void seq_finish(engine_t *e, seq_t *s, int finish)
         .t_first_scheduled = s->t_first_scheduled,
         .t_first_token = s->t_first_token,
         .t_finish = now_ns(),
+        .compute_ns = s->compute_ns,
         .logprobs = s->n_logprobs ? s->lp : NULL,
         .top_logprobs = s->n_logprobs ? s->top : NULL,
         .n_logprobs = s->n_logprobs,
@@ -857,8 +859,11 @@ int engine_step(engine_t *e, char *errstr, size_t errlen)
     };
     int64_t t0 = now_ns();
     if (e->be->ops->forward(e->be, &batch, e->logits, errstr, errlen) != 0) return -1;
-    e->st.forward_seconds += (double)(now_ns() - t0) * 1e-9;
+    int64_t dt = now_ns() - t0;
+    e->st.forward_seconds += (double)dt * 1e-9;
     e->st.steps++;
+    for (int i = 0; i < n; i++)
+        e->b_seqs[i]->compute_ns += dt * e->b_seqs[i]->step_tokens / T;
 
     const int n_vocab = e->model->hp.n_vocab;
     int li = 0;

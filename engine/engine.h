@@ -127,6 +127,9 @@ typedef struct {
     int n_preempted;                /* times the request was preempted and recomputed */
     /* monotonic ns */
     int64_t t_submit, t_first_scheduled, t_first_token, t_finish;
+    int64_t compute_ns;             /* this request's share of forward-step time: each step's
+                                       time split over the step's tokens (prefill and decode
+                                       tokens alike), summed over its steps */
     /* when sampling.n_logprobs > 0: [n_tokens] chosen and [n_tokens][n_logprobs] top */
     const engine_logprob_t *logprobs;
     const engine_logprob_t *top_logprobs;

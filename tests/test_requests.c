@@ -218,6 +218,8 @@ static int check_field(const request_t *r, const char *key, const char *val)
     static const struct { const char *key; size_t off; } STRS[] = {
         {"reply_to", offsetof(request_t, reply_to)},
         {"correlation_id", offsetof(request_t, correlation_id)},
+        {"tenant", offsetof(request_t, tenant)},
+        {"class", offsetof(request_t, class_name)},
     };
     for (size_t i = 0; i < sizeof STRS / sizeof STRS[0]; i++) {
         if (strcmp(key, STRS[i].key)) continue;

@@ -43,6 +43,7 @@
 #include "engine/engine.h"
 #include "producer/producer.h"
 #include "worker/metrics.h"
+#include "worker/usage.h"
 #include "worker/worker.h"
 
 static const char *const LEVEL_NAME[] = {"ERROR", "WARN", "INFO", "DEBUG"};
@@ -74,6 +75,7 @@ struct wreq {
     int expired;                 /* result is finish_reason "expired" */
     const char *finish;          /* finish_reason (static), NULL for a DLQ record */
     int n_prompt, n_completion, n_cached;
+    int64_t compute_ns;          /* the engine's compute share (engine_result_t.compute_ns) */
     double ttft_ms;              /* < 0 none */
     double itl_s;                /* mean time between generated tokens; < 0 none */
     int64_t queue_ns;            /* intake to the first scheduled step (or to the result) */
@@ -129,8 +131,10 @@ struct worker {
     cache_t *cache;          /* prefix cache tier 2, or NULL; used by the engine thread */
     consumer_t *cons;
     producer_t *prod;
-    producer_t *aux;             /* side producer, not transactional: stream chunks (best
-                                    effort); NULL when stream.topic is empty */
+    producer_t *aux;             /* side producer, not transactional: stream chunks and usage
+                                    records (best effort); NULL when neither topic is set */
+    usage_t *usage;              /* per-tenant accounting (any thread) */
+    int64_t usage_start_ms;      /* poll thread: wall-clock start of the current usage period */
     metrics_server_t *metrics;   /* the endpoint, or NULL (metrics.port 0) */
     char **reply_allow;          /* [n_reply_allow] reply.topics, split (owned) */
     int n_reply_allow;
@@ -395,14 +399,18 @@ static int make_result(worker_t *w, wreq_t *r, const engine_result_t *er, const 
     json_object_set_new(o, "id", json_string(r->req.id));
     if (r->req.correlation_id)
         json_object_set_new(o, "correlation_id", json_string(r->req.correlation_id));
+    if (r->req.tenant) json_object_set_new(o, "tenant", json_string(r->req.tenant));
+    if (r->req.class_name) json_object_set_new(o, "class", json_string(r->req.class_name));
     json_object_set_new(o, "text", er ? json_stringn(er->text, er->text_len) : json_string(""));
     json_object_set_new(o, "finish_reason", json_string(finish));
     r->n_prompt = er ? er->n_prompt : 0;
     r->n_completion = er ? er->n_tokens : 0;
     r->n_cached = er ? er->n_cached : 0;
+    r->compute_ns = er ? er->compute_ns : 0;
     json_object_set_new(u, "prompt_tokens", json_integer(r->n_prompt));
     json_object_set_new(u, "cached_tokens", json_integer(r->n_cached));
     json_object_set_new(u, "completion_tokens", json_integer(r->n_completion));
+    json_object_set_new(u, "compute_ms", json_real((double)r->compute_ns * 1e-6));
     json_object_set_new(o, "usage", u);
     u = NULL;
     r->queue_ns = (er && er->t_first_scheduled ? er->t_first_scheduled : now) - r->t_intake;
@@ -473,6 +481,7 @@ static void active_remove(worker_t *w, wreq_t *r)
 
 /* Opaques of the side producer's records, told apart in its delivery reports. */
 static const char AUX_CHUNK[] = "chunk";
+static const char AUX_USAGE[] = "usage";
 
 /* Publishes one chunk of r's stream (schemas/chunk.schema.json): delta[0..len) follows the
  * text of the previous chunks; finish is NULL, or the finish reason for the last chunk. Best
@@ -752,6 +761,9 @@ static void count_output(worker_t *w, const wreq_t *r)
     atomic_fetch_add(&w->st.prompt_tokens, (uint64_t)r->n_prompt);
     atomic_fetch_add(&w->st.completion_tokens, (uint64_t)r->n_completion);
     atomic_fetch_add(&w->st.cached_tokens, (uint64_t)r->n_cached);
+    usage_add(w->usage, r->parsed ? r->req.tenant : NULL, r->parsed ? r->req.class_name : NULL,
+              (uint64_t)r->n_prompt, (uint64_t)r->n_cached, (uint64_t)r->n_completion,
+              (uint64_t)r->compute_ns);
     if (r->ttft_ms >= 0) {
         atomic_fetch_add(&w->st.ttft_n, 1);
         atomic_fetch_add(&w->st.ttft_us_sum, (uint64_t)(r->ttft_ms * 1e3));
@@ -899,7 +911,9 @@ static void on_aux_delivery(void *arg, void *opaque, rd_kafka_resp_err_t err)
 {
     worker_t *w = arg;
     if (opaque == AUX_CHUNK) atomic_fetch_add(err ? &w->st.chunks_failed : &w->st.chunks_ok, 1);
-    if (err) wlog(w, 3, "%s record not delivered: %s", (const char *)opaque, rd_kafka_err2str(err));
+    if (err)
+        wlog(w, opaque == AUX_USAGE ? 1 : 3, "%s record not delivered: %s", (const char *)opaque,
+             rd_kafka_err2str(err));
 }
 
 static void drain_outbox(worker_t *w)
@@ -1017,6 +1031,32 @@ static void hook_lost(void *arg)
     atomic_fetch_add(&w->st.txn_aborts, 1);
     wlog(w, 1, "partitions lost: transaction aborted; rewinding to the committed offsets");
     if (consumer_rewind(w->cons, err, sizeof err)) wlog(w, 0, "rewind: %s", err);
+}
+
+/* Produces the usage records of the period that ends now, when usage.interval.ms has passed
+ * (or force). Poll thread. Best effort (side producer): a record that cannot be sent is
+ * logged and lost. */
+static void usage_records(worker_t *w, int force)
+{
+    if (!*w->cfg.usage_topic || !w->aux) return;
+    int64_t now = wall_ms();
+    if (!force && now - w->usage_start_ms < w->cfg.usage_interval_ms) return;
+    char **recs;
+    int n = usage_take_records(w->usage, w->worker_id, w->usage_start_ms, now, &recs);
+    if (n < 0) return; /* out of memory: the counts stay for the next period */
+    w->usage_start_ms = now;
+    for (int i = 0; i < n; i++) {
+        char err[256];
+        json_t *o = json_loads(recs[i], 0, NULL);
+        const char *tenant = o ? json_string_value(json_object_get(o, "tenant")) : NULL;
+        if (!tenant) tenant = "";
+        if (producer_send(w->aux, w->cfg.usage_topic, tenant, strlen(tenant), recs[i],
+                          strlen(recs[i]), NULL, (void *)AUX_USAGE, err, sizeof err))
+            wlog(w, 1, "usage record not sent: %s", err);
+        json_decref(o);
+        free(recs[i]);
+    }
+    free(recs);
 }
 
 static void periodic_commit(worker_t *w, int force)
@@ -1352,6 +1392,7 @@ static void metrics_render(void *arg, metrics_buf_t *b)
         metrics_labels(lb, sizeof lb, "reason", c, (const char *)NULL);
         metrics_sample(b, "spillway:dlq_records_total", lb, (double)atomic_load(&w->st.dlq_n[i]));
     }
+    usage_render(w->usage, b);
     fam(b, "spillway:stream_chunks_total", "counter",
         "stream chunks acknowledged by the broker, or lost (not queued or not delivered)");
     metrics_sample(b, "spillway:stream_chunks_total", "outcome=\"delivered\"",
@@ -1510,6 +1551,11 @@ worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen)
     w->limits.max_metadata_bytes = (size_t)w->cfg.max_metadata_bytes;
     w->limits.max_id_bytes = (size_t)w->cfg.max_id_bytes;
 
+    w->usage = usage_new(w->cfg.usage_max_tenants, w->cfg.usage_max_classes);
+    if (!w->usage) {
+        snprintf(errstr, errlen, "out of memory");
+        goto fail;
+    }
     engine_config_t ec;
     engine_config_default(&ec);
     ec.model_path = w->cfg.model;
@@ -1583,15 +1629,19 @@ worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen)
                                    sizeof e))
             wlog(w, 1, "%s (results wait until it exists)", e);
     }
-    if (*w->cfg.stream_topic) {
+    if (*w->cfg.stream_topic || *w->cfg.usage_topic) {
         producer_config_t ac = pc;
         ac.transactional_id = NULL; /* chunks are best effort, outside any transaction */
         ac.dr = on_aux_delivery;
         w->aux = producer_new(&ac, errstr, errlen);
         if (!w->aux) goto fail;
         char e[256];
-        if (producer_prepare_topic(w->aux, w->cfg.stream_topic, 5000, e, sizeof e))
+        if (*w->cfg.stream_topic &&
+            producer_prepare_topic(w->aux, w->cfg.stream_topic, 5000, e, sizeof e))
             wlog(w, 1, "%s (stream chunks fail until it exists)", e);
+        if (*w->cfg.usage_topic &&
+            producer_prepare_topic(w->aux, w->cfg.usage_topic, 5000, e, sizeof e))
+            wlog(w, 1, "%s (usage records fail until it exists)", e);
     }
     consumer_config_t cc = {
         .brokers = w->cfg.brokers,
@@ -1686,6 +1736,7 @@ int worker_run(worker_t *w, const volatile sig_atomic_t *stop, char *errstr, siz
          info.arch, w->cfg.group_id, w->cfg.input_topics, w->cfg.output_topic, w->cfg.dlq_topic,
          w->cfg.delivery == WORKER_EOS ? "exactly-once" : "at-least-once");
     w->last_commit_ms = mono_ms();
+    w->usage_start_ms = wall_ms();
     while (!(stop && *stop) && !atomic_load(&w->stop_req) && !is_fatal(w)) {
         if (w->stats_flag && *w->stats_flag) {
             *w->stats_flag = 0;
@@ -1707,6 +1758,7 @@ int worker_run(worker_t *w, const volatile sig_atomic_t *stop, char *errstr, siz
         t0 = add_since(&w->st.ns_produce, t0);
         periodic_commit(w, 0);
         add_since(&w->st.ns_commit, t0);
+        usage_records(w, 0);
         char e[512];
         if (producer_fatal(w->prod, e, sizeof e)) set_fatal(w, "%s", e);
         atomic_store(&w->st.inflight, consumer_pending(w->cons));
@@ -1747,6 +1799,7 @@ int worker_run(worker_t *w, const volatile sig_atomic_t *stop, char *errstr, siz
      * then free every request: each holds a consumed message, and librdkafka's destroy of the
      * consumer waits for all of them to be destroyed (a fatal error or a drain timeout used to
      * leave some in the engine or the retry list, and the worker hung in consumer_close) */
+    usage_records(w, 1); /* the last period, up to the last output counted */
     consumer_leave(w->cons);
     pthread_mutex_lock(&w->mu);
     w->eng_stop = 1;
@@ -1816,6 +1869,7 @@ void worker_free(worker_t *w)
     producer_free(w->aux, 0);
     if (w->eng) engine_free(w->eng);
     cache_free(w->cache); /* after the engine, which calls it */
+    usage_free(w->usage);
     free(w->active);
     for (int i = 0; i < w->n_reply_allow; i++) free(w->reply_allow[i]);
     free(w->reply_allow);

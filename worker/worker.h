@@ -44,6 +44,10 @@ typedef struct {
     char *stream_topic;        /* partial results of "stream" requests; "" = off */
     int stream_every_tokens;   /* chunk period in generated tokens (0 = time only) */
     int stream_every_ms;       /* chunk period in ms (0 = tokens only) */
+    char *usage_topic;         /* periodic per-tenant usage records; "" = none */
+    int usage_interval_ms;
+    int usage_max_tenants;     /* tenant / class label bounds (worker/usage.h) */
+    int usage_max_classes;
     char *group_id;            /* consumer group */
     char *worker_id;           /* this worker's name in results and DLQ headers; "" = host-pid */
     char *transactional_id;    /* exactly-once: "" = spillway-<group>-<worker_id> */
