@@ -114,6 +114,12 @@ typedef struct {
     /* dead letters by reason: code pointers (REQ_ERR_*, static) set once by the poll thread */
     _Atomic(const char *) dlq_code[32];
     atomic_uint_fast64_t dlq_n[32];
+    /* autoscaling estimates (doubles as bits; written by the poll thread only):
+     * tokens per message: exponential moving average of prompt + completion tokens per
+     * result (NaN before the first result); throughput: of tokens finished per second over the
+     * seconds in which the engine had requests waiting (NaN before the first such second) */
+    atomic_uint_fast64_t tok_per_msg_bits, tput_bits;
+    atomic_uint_fast64_t cost_sum, cost_n;    /* prompt + max_tokens of accepted requests */
     /* side producer (stream chunks): records acknowledged / not queued or not delivered */
     atomic_uint_fast64_t chunks_ok, chunks_failed;
 } stats_t;
@@ -135,6 +141,10 @@ struct worker {
                                     records (best effort); NULL when neither topic is set */
     usage_t *usage;              /* per-tenant accounting (any thread) */
     int64_t usage_start_ms;      /* poll thread: wall-clock start of the current usage period */
+    int64_t tput_t_ms;           /* poll thread: start of the current throughput second ... */
+    uint64_t tput_tokens;        /* ... and the finished tokens at its start */
+    uint64_t tput_idle;          /* ... the engine thread's idle ns at its start ... */
+    int tput_idle_open;          /* ... and whether it had nothing to do then */
     metrics_server_t *metrics;   /* the endpoint, or NULL (metrics.port 0) */
     char **reply_allow;          /* [n_reply_allow] reply.topics, split (owned) */
     int n_reply_allow;
@@ -185,6 +195,26 @@ static int64_t add_since(atomic_uint_fast64_t *c, int64_t t0)
     int64_t now = mono_ns();
     atomic_fetch_add_explicit(c, (uint64_t)(now - t0), memory_order_relaxed);
     return now;
+}
+
+static double bits_double(uint64_t b)
+{
+    double d;
+    memcpy(&d, &b, sizeof d);
+    return d;
+}
+static uint64_t double_bits(double d)
+{
+    uint64_t b;
+    memcpy(&b, &d, sizeof b);
+    return b;
+}
+/* One sample into the exponential moving average stored in *bits (NaN: none yet), over about
+ * n samples (alpha = 2 / (n + 1)). One writer. */
+static void ewma_add(atomic_uint_fast64_t *bits, double x, int n)
+{
+    double m = bits_double(atomic_load(bits)), a = 2.0 / (n + 1.0);
+    atomic_store(bits, double_bits(isnan(m) ? x : m + a * (x - m)));
 }
 
 static int64_t thread_cpu_ns(clockid_t id)
@@ -761,6 +791,8 @@ static void count_output(worker_t *w, const wreq_t *r)
     atomic_fetch_add(&w->st.prompt_tokens, (uint64_t)r->n_prompt);
     atomic_fetch_add(&w->st.completion_tokens, (uint64_t)r->n_completion);
     atomic_fetch_add(&w->st.cached_tokens, (uint64_t)r->n_cached);
+    ewma_add(&w->st.tok_per_msg_bits, (double)(r->n_prompt + r->n_completion),
+             w->cfg.autoscale_avg_results);
     usage_add(w->usage, r->parsed ? r->req.tenant : NULL, r->parsed ? r->req.class_name : NULL,
               (uint64_t)r->n_prompt, (uint64_t)r->n_cached, (uint64_t)r->n_completion,
               (uint64_t)r->compute_ns);
@@ -1059,6 +1091,28 @@ static void usage_records(worker_t *w, int force)
     free(recs);
 }
 
+/* Once a second: a throughput sample (tokens of the results finished in it per second) when
+ * the engine was busy through the second: work at its start and at its end, and the engine
+ * thread idle for less than a tenth of it. Poll thread. */
+static void throughput_tick(worker_t *w)
+{
+    int64_t now = mono_ms();
+    if (now - w->tput_t_ms < 1000) return;
+    uint64_t done = atomic_load(&w->st.prompt_tokens) + atomic_load(&w->st.completion_tokens);
+    uint64_t idle = atomic_load(&w->st.ns_idle);
+    /* busy: the engine thread waited for work less than a tenth of the second (its idle time
+     * is added when a wait ends: a wait still going on shows in the next second) */
+    if (w->tput_t_ms && (idle - w->tput_idle) * 10 < (uint64_t)(now - w->tput_t_ms) * 1000000 &&
+        !w->tput_idle_open && atomic_load(&w->st.inbox_n) + atomic_load(&w->st.eng_running) > 0)
+        ewma_add(&w->st.tput_bits,
+                 (double)(done - w->tput_tokens) * 1000.0 / (double)(now - w->tput_t_ms),
+                 w->cfg.autoscale_avg_seconds);
+    w->tput_t_ms = now;
+    w->tput_tokens = done;
+    w->tput_idle = idle;
+    w->tput_idle_open = atomic_load(&w->st.inbox_n) + atomic_load(&w->st.eng_running) == 0;
+}
+
 static void periodic_commit(worker_t *w, int force)
 {
     int64_t now = mono_ms();
@@ -1251,6 +1305,8 @@ static void intake(worker_t *w, rd_kafka_message_t *m)
     }
 enqueue:
     w->inflight_tokens += r->cost;
+    atomic_fetch_add(&w->st.cost_sum, (uint64_t)r->cost);
+    atomic_fetch_add(&w->st.cost_n, 1);
     r->next = NULL;
     pthread_mutex_lock(&w->mu);
     if (w->inbox_tail) w->inbox_tail->next = r;
@@ -1377,6 +1433,33 @@ static void metrics_render(void *arg, metrics_buf_t *b)
         metrics_labels(lb, sizeof lb, "topic", lag[i].topic, "partition", part, (const char *)NULL);
         metrics_sample(b, "spillway:consumer_lag", lb, (double)lag[i].lag);
     }
+    /* autoscaling (README, Autoscaling): lag in tokens and the time to drain it */
+    double per_msg = bits_double(atomic_load(&w->st.tok_per_msg_bits));
+    if (isnan(per_msg)) { /* no result yet: what accepted requests may cost at most */
+        uint64_t cn = atomic_load(&w->st.cost_n);
+        per_msg = cn ? (double)atomic_load(&w->st.cost_sum) / (double)cn : 0;
+    }
+    double lag_msgs = 0;
+    for (int i = 0; i < n; i++) lag_msgs += (double)lag[i].lag;
+    double lag_tokens = lag_msgs * per_msg;
+    int known = !isnan(bits_double(atomic_load(&w->st.tok_per_msg_bits))) ||
+                atomic_load(&w->st.cost_n) > 0; /* else no estimate: lag_tokens is absent */
+    double tput = bits_double(atomic_load(&w->st.tput_bits));
+    fam(b, "spillway:lag_tokens", "gauge",
+        "consumer lag in tokens: lag messages x moving average of tokens per message");
+    if (n >= 0 && (known || lag_msgs == 0)) /* absent, like consumer_lag, while the broker
+                                               cannot be asked, and before any estimate */
+        metrics_sample(b, "spillway:lag_tokens", NULL, lag_tokens);
+    fam(b, "spillway:token_throughput", "gauge",
+        "tokens per second finished while saturated (moving average)");
+    if (!isnan(tput)) metrics_sample(b, "spillway:token_throughput", NULL, tput);
+    fam(b, "spillway:estimated_drain_seconds", "gauge",
+        "lag_tokens / token_throughput: seconds to drain this worker's lag");
+    if (n < 0 || (!known && lag_msgs > 0)) {
+    } else if (lag_tokens <= 0) {
+        metrics_sample(b, "spillway:estimated_drain_seconds", NULL, 0);
+    } else if (!isnan(tput) && tput > 0)
+        metrics_sample(b, "spillway:estimated_drain_seconds", NULL, lag_tokens / tput);
     fam(b, "spillway:partitions_assigned", "gauge", "partitions assigned to this worker");
     metrics_sample(b, "spillway:partitions_assigned", NULL, st.assigned);
     fam(b, "spillway:partitions_paused", "gauge", "assigned partitions paused by backpressure");
@@ -1551,6 +1634,8 @@ worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen)
     w->limits.max_metadata_bytes = (size_t)w->cfg.max_metadata_bytes;
     w->limits.max_id_bytes = (size_t)w->cfg.max_id_bytes;
 
+    atomic_store(&w->st.tok_per_msg_bits, double_bits(NAN));
+    atomic_store(&w->st.tput_bits, double_bits(NAN));
     w->usage = usage_new(w->cfg.usage_max_tenants, w->cfg.usage_max_classes);
     if (!w->usage) {
         snprintf(errstr, errlen, "out of memory");
@@ -1759,6 +1844,7 @@ int worker_run(worker_t *w, const volatile sig_atomic_t *stop, char *errstr, siz
         periodic_commit(w, 0);
         add_since(&w->st.ns_commit, t0);
         usage_records(w, 0);
+        throughput_tick(w);
         char e[512];
         if (producer_fatal(w->prod, e, sizeof e)) set_fatal(w, "%s", e);
         atomic_store(&w->st.inflight, consumer_pending(w->cons));

@@ -48,6 +48,8 @@ typedef struct {
     int usage_interval_ms;
     int usage_max_tenants;     /* tenant / class label bounds (worker/usage.h) */
     int usage_max_classes;
+    int autoscale_avg_results; /* moving-average windows of the autoscaling estimates */
+    int autoscale_avg_seconds;
     char *group_id;            /* consumer group */
     char *worker_id;           /* this worker's name in results and DLQ headers; "" = host-pid */
     char *transactional_id;    /* exactly-once: "" = spillway-<group>-<worker_id> */
