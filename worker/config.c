@@ -49,7 +49,7 @@ static const key_t_ KEYS[] = {
     {"autoscale.avg_results", K_INT, F(autoscale_avg_results), "100", 1, 1000000,
      "results in the moving average of tokens per message (lag_tokens)"},
     {"autoscale.avg_seconds", K_INT, F(autoscale_avg_seconds), "30", 1, 86400,
-     "saturated seconds in the moving average of token_throughput"},
+     "busy seconds in the moving average of token_throughput"},
     {"group.id", K_STR, F(group_id), "spillway", 0, 0, "consumer group"},
     {"worker.id", K_STR, F(worker_id), "", 0, 0, "name in results and DLQ headers (\"\" = host-pid)"},
     {"transactional.id", K_STR, F(transactional_id), "", 0, 0,
