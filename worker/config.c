@@ -28,6 +28,28 @@ static const key_t_ KEYS[] = {
     {"input.topics", K_STR, F(input_topics), "prompts", 0, 0, "input topics, comma-separated"},
     {"output.topic", K_STR, F(output_topic), "results", 0, 0, "result topic"},
     {"dlq.topic", K_STR, F(dlq_topic), "prompts.dlq", 0, 0, "dead-letter topic"},
+    {"reply.topics", K_STR, F(reply_topics), "", 0, 0,
+     "topics a request may name in reply_to, comma-separated (\"\" = none: reply_to -> DLQ "
+     "reply_not_allowed)"},
+    {"stream.topic", K_STR, F(stream_topic), "", 0, 0,
+     "topic of the partial results of requests with \"stream\": true (\"\" = off: final result "
+     "only)"},
+    {"stream.every_tokens", K_INT, F(stream_every_tokens), "8", 0, 1 << 20,
+     "a chunk once this many tokens were generated since the last one (0 = by time only)"},
+    {"stream.every_ms", K_INT, F(stream_every_ms), "250", 0, 3600000,
+     "a chunk once this many ms passed since the last one (0 = by tokens only)"},
+    {"usage.topic", K_STR, F(usage_topic), "", 0, 0,
+     "topic of the periodic per-tenant usage records (\"\" = none)"},
+    {"usage.interval.ms", K_INT, F(usage_interval_ms), "60000", 100, 86400000,
+     "period of the usage records"},
+    {"usage.max_tenants", K_INT, F(usage_max_tenants), "100", 1, 100000,
+     "distinct tenants counted by name; later ones count as _other"},
+    {"usage.max_classes", K_INT, F(usage_max_classes), "16", 1, 10000,
+     "distinct classes counted by name; later ones count as _other"},
+    {"autoscale.avg_results", K_INT, F(autoscale_avg_results), "100", 1, 1000000,
+     "results in the moving average of tokens per message (lag_tokens)"},
+    {"autoscale.avg_seconds", K_INT, F(autoscale_avg_seconds), "30", 1, 86400,
+     "busy seconds in the moving average of token_throughput"},
     {"group.id", K_STR, F(group_id), "spillway", 0, 0, "consumer group"},
     {"worker.id", K_STR, F(worker_id), "", 0, 0, "name in results and DLQ headers (\"\" = host-pid)"},
     {"transactional.id", K_STR, F(transactional_id), "", 0, 0,
@@ -413,6 +435,19 @@ int worker_config_check(const worker_config_t *c, char *errstr, size_t errlen)
     }
     if (!*c->model) {
         snprintf(errstr, errlen, "model is not set (-m FILE or model=FILE)");
+        return -1;
+    }
+    for (const char *p = c->reply_topics; *p; p++) {
+        if (*p == ',' || *p == ' ' || *p == '\t' || (*p >= 'a' && *p <= 'z') ||
+            (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '.' || *p == '_' ||
+            *p == '-')
+            continue;
+        snprintf(errstr, errlen, "reply.topics: '%c' cannot be in a topic name (a comma-separated "
+                 "list of topics of a-z A-Z 0-9 . _ -)", *p);
+        return -1;
+    }
+    if (c->stream_every_tokens == 0 && c->stream_every_ms == 0) {
+        snprintf(errstr, errlen, "stream.every_tokens and stream.every_ms are both 0");
         return -1;
     }
     if (strcmp(c->kv_type, "f16") && strcmp(c->kv_type, "f32")) {

@@ -43,6 +43,7 @@
 #include "engine/engine.h"
 #include "producer/producer.h"
 #include "worker/metrics.h"
+#include "worker/usage.h"
 #include "worker/worker.h"
 
 static const char *const LEVEL_NAME[] = {"ERROR", "WARN", "INFO", "DEBUG"};
@@ -74,10 +75,17 @@ struct wreq {
     int expired;                 /* result is finish_reason "expired" */
     const char *finish;          /* finish_reason (static), NULL for a DLQ record */
     int n_prompt, n_completion, n_cached;
+    int64_t compute_ns;          /* the engine's compute share (engine_result_t.compute_ns) */
     double ttft_ms;              /* < 0 none */
     double itl_s;                /* mean time between generated tokens; < 0 none */
     int64_t queue_ns;            /* intake to the first scheduled step (or to the result) */
     int64_t retry_at_ms;         /* retry list: next attempt (monotonic ms) */
+    /* streaming ("stream": true with stream.topic set): chunks of the text that is final so
+     * far, by whichever thread holds r (engine thread while it runs) */
+    size_t stream_sent;          /* bytes of the text already in chunks */
+    int stream_seq;              /* seq of the next chunk */
+    int stream_tokens;           /* generated tokens at the last chunk */
+    int64_t stream_ns;           /* monotonic ns of the last chunk (or of the submission) */
 };
 
 typedef struct {
@@ -106,6 +114,14 @@ typedef struct {
     /* dead letters by reason: code pointers (REQ_ERR_*, static) set once by the poll thread */
     _Atomic(const char *) dlq_code[32];
     atomic_uint_fast64_t dlq_n[32];
+    /* autoscaling estimates (doubles as bits; written by the poll thread only):
+     * tokens per message: exponential moving average of prompt + completion tokens per
+     * result (NaN before the first result); throughput: of tokens finished per second over the
+     * seconds in which the engine had requests waiting (NaN before the first such second) */
+    atomic_uint_fast64_t tok_per_msg_bits, tput_bits;
+    atomic_uint_fast64_t cost_sum, cost_n;    /* prompt + max_tokens of accepted requests */
+    /* side producer (stream chunks): records acknowledged / not queued or not delivered */
+    atomic_uint_fast64_t chunks_ok, chunks_failed;
 } stats_t;
 
 static const char *const FINISH_NAMES[4] = {"stop", "length", "abort", "expired"};
@@ -121,7 +137,17 @@ struct worker {
     cache_t *cache;          /* prefix cache tier 2, or NULL; used by the engine thread */
     consumer_t *cons;
     producer_t *prod;
+    producer_t *aux;             /* side producer, not transactional: stream chunks and usage
+                                    records (best effort); NULL when neither topic is set */
+    usage_t *usage;              /* per-tenant accounting (any thread) */
+    int64_t usage_start_ms;      /* poll thread: wall-clock start of the current usage period */
+    int64_t tput_t_ms;           /* poll thread: start of the current throughput second ... */
+    uint64_t tput_tokens;        /* ... and the finished tokens at its start */
+    uint64_t tput_idle;          /* ... the engine thread's idle ns at its start ... */
+    int tput_idle_open;          /* ... and whether it had nothing to do then */
     metrics_server_t *metrics;   /* the endpoint, or NULL (metrics.port 0) */
+    char **reply_allow;          /* [n_reply_allow] reply.topics, split (owned) */
+    int n_reply_allow;
     char **prop_c_keys, **prop_c_vals, **prop_p_keys, **prop_p_vals; /* pass-through split */
     int n_prop_c, n_prop_p;
 
@@ -169,6 +195,26 @@ static int64_t add_since(atomic_uint_fast64_t *c, int64_t t0)
     int64_t now = mono_ns();
     atomic_fetch_add_explicit(c, (uint64_t)(now - t0), memory_order_relaxed);
     return now;
+}
+
+static double bits_double(uint64_t b)
+{
+    double d;
+    memcpy(&d, &b, sizeof d);
+    return d;
+}
+static uint64_t double_bits(double d)
+{
+    uint64_t b;
+    memcpy(&b, &d, sizeof b);
+    return b;
+}
+/* One sample into the exponential moving average stored in *bits (NaN: none yet), over about
+ * n samples (alpha = 2 / (n + 1)). One writer. */
+static void ewma_add(atomic_uint_fast64_t *bits, double x, int n)
+{
+    double m = bits_double(atomic_load(bits)), a = 2.0 / (n + 1.0);
+    atomic_store(bits, double_bits(isnan(m) ? x : m + a * (x - m)));
 }
 
 static int64_t thread_cpu_ns(clockid_t id)
@@ -381,14 +427,20 @@ static int make_result(worker_t *w, wreq_t *r, const engine_result_t *er, const 
     json_t *o = json_object(), *u = json_object(), *t = json_object(), *in = json_object();
     if (!o || !u || !t || !in) goto oom;
     json_object_set_new(o, "id", json_string(r->req.id));
+    if (r->req.correlation_id)
+        json_object_set_new(o, "correlation_id", json_string(r->req.correlation_id));
+    if (r->req.tenant) json_object_set_new(o, "tenant", json_string(r->req.tenant));
+    if (r->req.class_name) json_object_set_new(o, "class", json_string(r->req.class_name));
     json_object_set_new(o, "text", er ? json_stringn(er->text, er->text_len) : json_string(""));
     json_object_set_new(o, "finish_reason", json_string(finish));
     r->n_prompt = er ? er->n_prompt : 0;
     r->n_completion = er ? er->n_tokens : 0;
     r->n_cached = er ? er->n_cached : 0;
+    r->compute_ns = er ? er->compute_ns : 0;
     json_object_set_new(u, "prompt_tokens", json_integer(r->n_prompt));
     json_object_set_new(u, "cached_tokens", json_integer(r->n_cached));
     json_object_set_new(u, "completion_tokens", json_integer(r->n_completion));
+    json_object_set_new(u, "compute_ms", json_real((double)r->compute_ns * 1e-6));
     json_object_set_new(o, "usage", u);
     u = NULL;
     r->queue_ns = (er && er->t_first_scheduled ? er->t_first_scheduled : now) - r->t_intake;
@@ -457,6 +509,92 @@ static void active_remove(worker_t *w, wreq_t *r)
     r->active_ix = -1;
 }
 
+/* Opaques of the side producer's records, told apart in its delivery reports. */
+static const char AUX_CHUNK[] = "chunk";
+static const char AUX_USAGE[] = "usage";
+
+/* Publishes one chunk of r's stream (schemas/chunk.schema.json): delta[0..len) follows the
+ * text of the previous chunks; finish is NULL, or the finish reason for the last chunk. Best
+ * effort and never blocking: when the side producer cannot take it, nothing is sent and the
+ * next chunk carries this delta too (the deltas of the chunks sent always concatenate to a
+ * prefix of the final text). Thread of whoever holds r. */
+static void send_chunk(worker_t *w, wreq_t *r, const char *delta, size_t len, int n_tokens,
+                       const char *finish)
+{
+    char err[256];
+    const char *corr = r->req.correlation_id;
+    json_t *o = json_object(), *in = json_object();
+    if (!o || !in) {
+        json_decref(o);
+        json_decref(in);
+        atomic_fetch_add(&w->st.chunks_failed, 1);
+        return;
+    }
+    json_object_set_new(o, "id", json_string(r->req.id));
+    if (corr) json_object_set_new(o, "correlation_id", json_string(corr));
+    json_object_set_new(o, "seq", json_integer(r->stream_seq));
+    json_object_set_new(o, "text", json_stringn(delta, len));
+    json_object_set_new(o, "n_tokens", json_integer(n_tokens));
+    json_object_set_new(o, "final", json_boolean(finish != NULL));
+    json_object_set_new(o, "best_effort", json_true());
+    if (finish) json_object_set_new(o, "finish_reason", json_string(finish));
+    json_object_set_new(in, "topic", json_string(rd_kafka_topic_name(r->msg->rkt)));
+    json_object_set_new(in, "partition", json_integer(r->msg->partition));
+    json_object_set_new(in, "offset", json_integer(r->msg->offset));
+    json_object_set_new(o, "input", in); /* steals in */
+    char *js = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    if (!js) {
+        atomic_fetch_add(&w->st.chunks_failed, 1);
+        return;
+    }
+    rd_kafka_headers_t *h = NULL;
+    if (corr) {
+        h = rd_kafka_headers_new(1);
+        if (h && rd_kafka_header_add(h, WORKER_H_CORRELATION_ID, -1, corr, -1)) {
+            rd_kafka_headers_destroy(h);
+            h = NULL;
+        }
+    }
+    const char *key = corr ? corr : r->req.id; /* one partition: chunks stay in seq order */
+    int rc = producer_send_nowait(w->aux, w->cfg.stream_topic, key, strlen(key), js, strlen(js),
+                                  h, (void *)AUX_CHUNK, err, sizeof err); /* h consumed */
+    free(js);
+    if (rc) {
+        atomic_fetch_add(&w->st.chunks_failed, 1);
+        wlog(w, 3, "stream chunk %d of %s not sent: %s", r->stream_seq, r->req.id, err);
+        return;
+    }
+    r->stream_sent += len;
+    r->stream_seq++;
+    r->stream_tokens = n_tokens;
+    r->stream_ns = mono_ns();
+}
+
+/* The last chunk of a streamed request: the rest of its final text, final: true. */
+static void stream_finish(worker_t *w, wreq_t *r, const char *text, size_t len, int n_tokens,
+                          const char *finish)
+{
+    if (!w->aux || !r->parsed || !r->req.stream || len < r->stream_sent) return;
+    send_chunk(w, r, text + r->stream_sent, len - r->stream_sent, n_tokens, finish);
+}
+
+/* engine_step callback after each generated token that did not finish r (engine thread):
+ * a chunk when stream.every_tokens tokens or stream.every_ms ms passed since the last one. */
+static void on_engine_progress(void *arg, const engine_progress_t *p)
+{
+    worker_t *w = arg;
+    wreq_t *r = p->user;
+    if (atomic_load(&r->cancelled) || p->text_len <= r->stream_sent) return;
+    int by_tokens = w->cfg.stream_every_tokens > 0 &&
+                    p->n_tokens - r->stream_tokens >= w->cfg.stream_every_tokens;
+    int by_time = w->cfg.stream_every_ms > 0 &&
+                  mono_ns() - r->stream_ns >= (int64_t)w->cfg.stream_every_ms * 1000000;
+    if (by_tokens || by_time)
+        send_chunk(w, r, p->text + r->stream_sent, p->text_len - r->stream_sent, p->n_tokens,
+                   NULL);
+}
+
 /* engine_step / engine_cancel callback, on the engine thread. */
 static void on_engine_done(void *arg, const engine_result_t *res)
 {
@@ -468,6 +606,7 @@ static void on_engine_done(void *arg, const engine_result_t *res)
         return;
     }
     const char *finish = r->expire ? "expired" : engine_finish_name(res->finish);
+    stream_finish(w, r, res->text, res->text_len, res->n_tokens, finish);
     int64_t t0 = mono_ns();
     make_result(w, r, res, finish);
     add_since(&w->st.ns_result, t0);
@@ -485,6 +624,7 @@ static void engine_start(worker_t *w, wreq_t *r)
     atomic_fetch_add_explicit(&w->st.ns_inbox_sum, (uint64_t)(mono_ns() - r->t_intake),
                               memory_order_relaxed);
     if (deadline_passed(r)) {
+        stream_finish(w, r, "", 0, 0, "expired");
         make_result(w, r, NULL, "expired");
         outbox_push(w, r);
         return;
@@ -507,6 +647,10 @@ static void engine_start(worker_t *w, wreq_t *r)
     q.n_stop = r->req.n_stop;
     q.priority = r->req.priority;
     q.user = r;
+    if (r->req.stream && w->aux) {
+        q.progress = on_engine_progress;
+        r->stream_ns = mono_ns();
+    }
     if (w->n_active == w->cap_active) {
         int cap = w->cap_active ? w->cap_active * 2 : 64;
         wreq_t **a = realloc(w->active, sizeof *a * (size_t)cap);
@@ -647,6 +791,11 @@ static void count_output(worker_t *w, const wreq_t *r)
     atomic_fetch_add(&w->st.prompt_tokens, (uint64_t)r->n_prompt);
     atomic_fetch_add(&w->st.completion_tokens, (uint64_t)r->n_completion);
     atomic_fetch_add(&w->st.cached_tokens, (uint64_t)r->n_cached);
+    ewma_add(&w->st.tok_per_msg_bits, (double)(r->n_prompt + r->n_completion),
+             w->cfg.autoscale_avg_results);
+    usage_add(w->usage, r->parsed ? r->req.tenant : NULL, r->parsed ? r->req.class_name : NULL,
+              (uint64_t)r->n_prompt, (uint64_t)r->n_cached, (uint64_t)r->n_completion,
+              (uint64_t)r->compute_ns);
     if (r->ttft_ms >= 0) {
         atomic_fetch_add(&w->st.ttft_n, 1);
         atomic_fetch_add(&w->st.ttft_us_sum, (uint64_t)(r->ttft_ms * 1e3));
@@ -717,6 +866,15 @@ static void send_output(worker_t *w, wreq_t *r)
         key = r->req.id;
         klen = strlen(r->req.id);
     }
+    /* a reply: to the request's reply_to (checked against reply.topics at intake), keyed by its
+     * correlation id, else its id */
+    const char *topic = w->cfg.output_topic;
+    const char *corr = r->parsed ? r->req.correlation_id : NULL;
+    if (r->parsed && r->req.reply_to) {
+        topic = r->req.reply_to;
+        key = corr ? corr : r->req.id;
+        klen = strlen(key);
+    }
     for (;;) {
         int rc;
         if (r->is_dlq) {
@@ -726,7 +884,15 @@ static void send_output(worker_t *w, wreq_t *r)
             rc = producer_send(w->prod, w->cfg.dlq_topic, m->key, m->key_len, m->payload, m->len,
                                h, eos ? NULL : r, err, sizeof err);
         } else {
-            rc = producer_send(w->prod, w->cfg.output_topic, key, klen, r->out, r->out_len, NULL,
+            rd_kafka_headers_t *h = NULL;
+            if (corr) { /* NULL on out of memory: the correlation id is in the JSON too */
+                h = rd_kafka_headers_new(1);
+                if (h && rd_kafka_header_add(h, WORKER_H_CORRELATION_ID, -1, corr, -1)) {
+                    rd_kafka_headers_destroy(h);
+                    h = NULL;
+                }
+            }
+            rc = producer_send(w->prod, topic, key, klen, r->out, r->out_len, h,
                                eos ? NULL : r, err, sizeof err);
         }
         if (rc == 0) break;
@@ -769,6 +935,17 @@ static void on_delivery(void *arg, void *opaque, rd_kafka_resp_err_t err)
         return;
     }
     output_done(w, r);
+}
+
+/* Delivery report of the side producer (poll thread, inside producer_poll, or wherever
+ * producer_free runs). */
+static void on_aux_delivery(void *arg, void *opaque, rd_kafka_resp_err_t err)
+{
+    worker_t *w = arg;
+    if (opaque == AUX_CHUNK) atomic_fetch_add(err ? &w->st.chunks_failed : &w->st.chunks_ok, 1);
+    if (err)
+        wlog(w, opaque == AUX_USAGE ? 1 : 3, "%s record not delivered: %s", (const char *)opaque,
+             rd_kafka_err2str(err));
 }
 
 static void drain_outbox(worker_t *w)
@@ -888,6 +1065,54 @@ static void hook_lost(void *arg)
     if (consumer_rewind(w->cons, err, sizeof err)) wlog(w, 0, "rewind: %s", err);
 }
 
+/* Produces the usage records of the period that ends now, when usage.interval.ms has passed
+ * (or force). Poll thread. Best effort (side producer): a record that cannot be sent is
+ * logged and lost. */
+static void usage_records(worker_t *w, int force)
+{
+    if (!*w->cfg.usage_topic || !w->aux) return;
+    int64_t now = wall_ms();
+    if (!force && now - w->usage_start_ms < w->cfg.usage_interval_ms) return;
+    char **recs;
+    int n = usage_take_records(w->usage, w->worker_id, w->usage_start_ms, now, &recs);
+    if (n < 0) return; /* out of memory: the counts stay for the next period */
+    w->usage_start_ms = now;
+    for (int i = 0; i < n; i++) {
+        char err[256];
+        json_t *o = json_loads(recs[i], 0, NULL);
+        const char *tenant = o ? json_string_value(json_object_get(o, "tenant")) : NULL;
+        if (!tenant) tenant = "";
+        if (producer_send(w->aux, w->cfg.usage_topic, tenant, strlen(tenant), recs[i],
+                          strlen(recs[i]), NULL, (void *)AUX_USAGE, err, sizeof err))
+            wlog(w, 1, "usage record not sent: %s", err);
+        json_decref(o);
+        free(recs[i]);
+    }
+    free(recs);
+}
+
+/* Once a second: a throughput sample (tokens of the results finished in it per second) when
+ * the engine was busy through the second: work at its start and at its end, and the engine
+ * thread idle for less than a tenth of it. Poll thread. */
+static void throughput_tick(worker_t *w)
+{
+    int64_t now = mono_ms();
+    if (now - w->tput_t_ms < 1000) return;
+    uint64_t done = atomic_load(&w->st.prompt_tokens) + atomic_load(&w->st.completion_tokens);
+    uint64_t idle = atomic_load(&w->st.ns_idle);
+    /* busy: the engine thread waited for work less than a tenth of the second (its idle time
+     * is added when a wait ends: a wait still going on shows in the next second) */
+    if (w->tput_t_ms && (idle - w->tput_idle) * 10 < (uint64_t)(now - w->tput_t_ms) * 1000000 &&
+        !w->tput_idle_open && atomic_load(&w->st.inbox_n) + atomic_load(&w->st.eng_running) > 0)
+        ewma_add(&w->st.tput_bits,
+                 (double)(done - w->tput_tokens) * 1000.0 / (double)(now - w->tput_t_ms),
+                 w->cfg.autoscale_avg_seconds);
+    w->tput_t_ms = now;
+    w->tput_tokens = done;
+    w->tput_idle = idle;
+    w->tput_idle_open = atomic_load(&w->st.inbox_n) + atomic_load(&w->st.eng_running) == 0;
+}
+
 static void periodic_commit(worker_t *w, int force)
 {
     int64_t now = mono_ms();
@@ -901,6 +1126,34 @@ static void periodic_commit(worker_t *w, int force)
 }
 
 /* ---- poll thread: intake ---- */
+
+/* Request fields that came as Kafka headers (REQUEST_HEADER_FIELDS), then the reply_to
+ * allow-list. 0, or -1 with *code and err set (a dead letter), or -2 on out of memory. */
+static int apply_headers(worker_t *w, wreq_t *r, const char **code, char *err, size_t errlen)
+{
+    rd_kafka_headers_t *h = NULL;
+    if (rd_kafka_message_headers(r->msg, &h) == RD_KAFKA_RESP_ERR_NO_ERROR && h) {
+        static const char *const names[REQUEST_N_HEADER_FIELDS] = REQUEST_HEADER_FIELDS;
+        for (int i = 0; i < REQUEST_N_HEADER_FIELDS; i++) {
+            const void *v;
+            size_t n;
+            if (rd_kafka_header_get_last(h, names[i], &v, &n) != RD_KAFKA_RESP_ERR_NO_ERROR)
+                continue;
+            if (request_apply_header(&r->req, names[i], v, n, &w->limits, code, err, errlen))
+                return strcmp(*code, REQ_ERR_NO_MEMORY) ? -1 : -2;
+        }
+    }
+    if (r->req.reply_to) {
+        for (int i = 0; i < w->n_reply_allow; i++)
+            if (!strcmp(w->reply_allow[i], r->req.reply_to)) return 0;
+        snprintf(err, errlen, "reply_to: topic \"%.100s\" is not in reply.topics (%s)",
+                 r->req.reply_to, w->n_reply_allow ? "see the worker's configuration"
+                                                   : "empty: no reply topic is allowed");
+        *code = REQ_ERR_REPLY_NOT_ALLOWED;
+        return -1;
+    }
+    return 0;
+}
 
 /* Encodes text into r->toks. 0, or -1 on out of memory. */
 static int tokenize(worker_t *w, wreq_t *r, const char *text, size_t len, int parse_special)
@@ -1020,7 +1273,20 @@ static void intake(worker_t *w, rd_kafka_message_t *m)
         goto out;
     }
     r->parsed = 1;
+    rc = apply_headers(w, r, &code, err, sizeof err);
+    if (rc == -2) {
+        /* as for prepare_prompt's -2 below: r goes to the inbox, which is not served once
+         * fatal is set, and worker_run frees it */
+        set_fatal(w, "out of memory reading headers");
+        goto enqueue;
+    }
+    if (rc) {
+        make_dlq(r, code, err);
+        send_output(w, r);
+        goto out;
+    }
     if (deadline_passed(r)) {
+        stream_finish(w, r, "", 0, 0, "expired");
         make_result(w, r, NULL, "expired");
         send_output(w, r);
         goto out;
@@ -1037,7 +1303,10 @@ static void intake(worker_t *w, rd_kafka_message_t *m)
         send_output(w, r);
         goto out;
     }
+enqueue:
     w->inflight_tokens += r->cost;
+    atomic_fetch_add(&w->st.cost_sum, (uint64_t)r->cost);
+    atomic_fetch_add(&w->st.cost_n, 1);
     r->next = NULL;
     pthread_mutex_lock(&w->mu);
     if (w->inbox_tail) w->inbox_tail->next = r;
@@ -1164,6 +1433,33 @@ static void metrics_render(void *arg, metrics_buf_t *b)
         metrics_labels(lb, sizeof lb, "topic", lag[i].topic, "partition", part, (const char *)NULL);
         metrics_sample(b, "spillway:consumer_lag", lb, (double)lag[i].lag);
     }
+    /* autoscaling (README, Autoscaling): lag in tokens and the time to drain it */
+    double per_msg = bits_double(atomic_load(&w->st.tok_per_msg_bits));
+    if (isnan(per_msg)) { /* no result yet: what accepted requests may cost at most */
+        uint64_t cn = atomic_load(&w->st.cost_n);
+        per_msg = cn ? (double)atomic_load(&w->st.cost_sum) / (double)cn : 0;
+    }
+    double lag_msgs = 0;
+    for (int i = 0; i < n; i++) lag_msgs += (double)lag[i].lag;
+    double lag_tokens = lag_msgs * per_msg;
+    int known = !isnan(bits_double(atomic_load(&w->st.tok_per_msg_bits))) ||
+                atomic_load(&w->st.cost_n) > 0; /* else no estimate: lag_tokens is absent */
+    double tput = bits_double(atomic_load(&w->st.tput_bits));
+    fam(b, "spillway:lag_tokens", "gauge",
+        "consumer lag in tokens: lag messages x moving average of tokens per message");
+    if (n >= 0 && (known || lag_msgs == 0)) /* absent, like consumer_lag, while the broker
+                                               cannot be asked, and before any estimate */
+        metrics_sample(b, "spillway:lag_tokens", NULL, lag_tokens);
+    fam(b, "spillway:token_throughput", "gauge",
+        "tokens per second finished while saturated (moving average)");
+    if (!isnan(tput)) metrics_sample(b, "spillway:token_throughput", NULL, tput);
+    fam(b, "spillway:estimated_drain_seconds", "gauge",
+        "lag_tokens / token_throughput: seconds to drain this worker's lag");
+    if (n < 0 || (!known && lag_msgs > 0)) {
+    } else if (lag_tokens <= 0) {
+        metrics_sample(b, "spillway:estimated_drain_seconds", NULL, 0);
+    } else if (!isnan(tput) && tput > 0)
+        metrics_sample(b, "spillway:estimated_drain_seconds", NULL, lag_tokens / tput);
     fam(b, "spillway:partitions_assigned", "gauge", "partitions assigned to this worker");
     metrics_sample(b, "spillway:partitions_assigned", NULL, st.assigned);
     fam(b, "spillway:partitions_paused", "gauge", "assigned partitions paused by backpressure");
@@ -1179,6 +1475,13 @@ static void metrics_render(void *arg, metrics_buf_t *b)
         metrics_labels(lb, sizeof lb, "reason", c, (const char *)NULL);
         metrics_sample(b, "spillway:dlq_records_total", lb, (double)atomic_load(&w->st.dlq_n[i]));
     }
+    usage_render(w->usage, b);
+    fam(b, "spillway:stream_chunks_total", "counter",
+        "stream chunks acknowledged by the broker, or lost (not queued or not delivered)");
+    metrics_sample(b, "spillway:stream_chunks_total", "outcome=\"delivered\"",
+                   (double)atomic_load(&w->st.chunks_ok));
+    metrics_sample(b, "spillway:stream_chunks_total", "outcome=\"failed\"",
+                   (double)atomic_load(&w->st.chunks_failed));
     fam(b, "spillway:transaction_aborts_total", "counter", "exactly-once transactions aborted");
     metrics_sample(b, "spillway:transaction_aborts_total", NULL, (double)st.txn_aborts);
     fam(b, "spillway:produce_retries_total", "counter",
@@ -1258,6 +1561,29 @@ static int split_props(worker_t *w)
     return 0;
 }
 
+/* reply.topics -> w->reply_allow (entries trimmed; empty ones skipped). 0 or -1 (memory). */
+static int split_reply_topics(worker_t *w)
+{
+    const char *p = w->cfg.reply_topics;
+    while (*p) {
+        const char *e = strchr(p, ',');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        const char *a = p, *b = p + n;
+        while (a < b && (*a == ' ' || *a == '\t')) a++;
+        while (b > a && (b[-1] == ' ' || b[-1] == '\t')) b--;
+        if (b > a) {
+            char **l = realloc(w->reply_allow, sizeof *l * (size_t)(w->n_reply_allow + 1));
+            if (!l) return -1;
+            w->reply_allow = l;
+            if (!(l[w->n_reply_allow] = strndup(a, (size_t)(b - a)))) return -1;
+            w->n_reply_allow++;
+        }
+        if (!e) break;
+        p = e + 1;
+    }
+    return 0;
+}
+
 worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen)
 {
     worker_t *w = calloc(1, sizeof *w);
@@ -1279,6 +1605,10 @@ worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen)
         goto fail;
     }
     w->log_json = !strcmp(w->cfg.log_format, "json");
+    if (split_reply_topics(w)) {
+        snprintf(errstr, errlen, "out of memory");
+        goto fail;
+    }
     if (*w->cfg.worker_id) {
         snprintf(w->worker_id, sizeof w->worker_id, "%s", w->cfg.worker_id);
     } else {
@@ -1304,6 +1634,13 @@ worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen)
     w->limits.max_metadata_bytes = (size_t)w->cfg.max_metadata_bytes;
     w->limits.max_id_bytes = (size_t)w->cfg.max_id_bytes;
 
+    atomic_store(&w->st.tok_per_msg_bits, double_bits(NAN));
+    atomic_store(&w->st.tput_bits, double_bits(NAN));
+    w->usage = usage_new(w->cfg.usage_max_tenants, w->cfg.usage_max_classes);
+    if (!w->usage) {
+        snprintf(errstr, errlen, "out of memory");
+        goto fail;
+    }
     engine_config_t ec;
     engine_config_default(&ec);
     ec.model_path = w->cfg.model;
@@ -1372,10 +1709,25 @@ worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen)
     if (!w->prod) goto fail;
     /* learn the output topics' leaders now rather than on the first result */
     const char *outs[2] = {w->cfg.output_topic, w->cfg.dlq_topic};
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 2 + w->n_reply_allow; i++) {
         char e[256];
-        if (producer_prepare_topic(w->prod, outs[i], 5000, e, sizeof e))
+        if (producer_prepare_topic(w->prod, i < 2 ? outs[i] : w->reply_allow[i - 2], 5000, e,
+                                   sizeof e))
             wlog(w, 1, "%s (results wait until it exists)", e);
+    }
+    if (*w->cfg.stream_topic || *w->cfg.usage_topic) {
+        producer_config_t ac = pc;
+        ac.transactional_id = NULL; /* chunks are best effort, outside any transaction */
+        ac.dr = on_aux_delivery;
+        w->aux = producer_new(&ac, errstr, errlen);
+        if (!w->aux) goto fail;
+        char e[256];
+        if (*w->cfg.stream_topic &&
+            producer_prepare_topic(w->aux, w->cfg.stream_topic, 5000, e, sizeof e))
+            wlog(w, 1, "%s (stream chunks fail until it exists)", e);
+        if (*w->cfg.usage_topic &&
+            producer_prepare_topic(w->aux, w->cfg.usage_topic, 5000, e, sizeof e))
+            wlog(w, 1, "%s (usage records fail until it exists)", e);
     }
     consumer_config_t cc = {
         .brokers = w->cfg.brokers,
@@ -1560,6 +1912,7 @@ int worker_run(worker_t *w, const volatile sig_atomic_t *stop, char *errstr, siz
          info.arch, w->cfg.group_id, w->cfg.input_topics, w->cfg.output_topic, w->cfg.dlq_topic,
          w->cfg.delivery == WORKER_EOS ? "exactly-once" : "at-least-once");
     w->last_commit_ms = mono_ms();
+    w->usage_start_ms = wall_ms();
     while (!(stop && *stop) && !atomic_load(&w->stop_req) && !is_fatal(w)) {
         if (w->stats_flag && *w->stats_flag) {
             *w->stats_flag = 0;
@@ -1577,9 +1930,12 @@ int worker_run(worker_t *w, const volatile sig_atomic_t *stop, char *errstr, siz
         t0 = mono_ns();
         drain_outbox(w);
         producer_poll(w->prod, 0);
+        if (w->aux) producer_poll(w->aux, 0);
         t0 = add_since(&w->st.ns_produce, t0);
         periodic_commit(w, 0);
         add_since(&w->st.ns_commit, t0);
+        usage_records(w, 0);
+        throughput_tick(w);
         char e[512];
         if (producer_fatal(w->prod, e, sizeof e)) set_fatal(w, "%s", e);
         atomic_store(&w->st.inflight, consumer_pending(w->cons));
@@ -1627,6 +1983,7 @@ int worker_run(worker_t *w, const volatile sig_atomic_t *stop, char *errstr, siz
      * then free every request: each holds a consumed message, and librdkafka's destroy of the
      * consumer waits for all of them to be destroyed (a fatal error or a drain timeout used to
      * leave some in the engine or the retry list, and the worker hung in consumer_close) */
+    usage_records(w, 1); /* the last period, up to the last output counted */
     if (wd_on) watchdog_stage(&wd, w, "leaving the consumer group");
     consumer_leave(w->cons);
     if (wd_on) watchdog_stage(&wd, w, "stopping the engine thread");
@@ -1665,6 +2022,8 @@ int worker_run(worker_t *w, const volatile sig_atomic_t *stop, char *errstr, siz
     if (wd_on) watchdog_stage(&wd, w, "closing the producer");
     producer_free(w->prod, 5000); /* delivery reports now free without acking */
     w->prod = NULL;
+    producer_free(w->aux, 5000);
+    w->aux = NULL;
     if (wd_on) watchdog_stage(&wd, w, "closing the consumer");
     pthread_mutex_lock(&w->cons_mu);
     consumer_close(w->cons);
@@ -1697,9 +2056,13 @@ void worker_free(worker_t *w)
     if (w->cons) consumer_close(w->cons);
     w->cons = NULL;
     if (w->prod) producer_free(w->prod, 0);
+    producer_free(w->aux, 0);
     if (w->eng) engine_free(w->eng);
     cache_free(w->cache); /* after the engine, which calls it */
+    usage_free(w->usage);
     free(w->active);
+    for (int i = 0; i < w->n_reply_allow; i++) free(w->reply_allow[i]);
+    free(w->reply_allow);
     free(w->prop_c_keys);
     free(w->prop_c_vals);
     free(w->prop_p_keys);

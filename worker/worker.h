@@ -29,6 +29,9 @@ typedef struct {
 
 enum { WORKER_ALO = 0, WORKER_EOS = 1 }; /* delivery: at-least-once, exactly-once */
 
+/* Record header of a result whose request had a correlation_id (value: that id, UTF-8). */
+#define WORKER_H_CORRELATION_ID "correlation_id"
+
 /* Every setting of the worker. All defaults live in one table in worker/config.c
  * (worker_config_default); `spillway config` prints it. Strings are owned by the struct. */
 typedef struct {
@@ -37,6 +40,16 @@ typedef struct {
     char *input_topics;        /* comma-separated input topic list */
     char *output_topic;        /* results */
     char *dlq_topic;           /* dead letters */
+    char *reply_topics;        /* comma-separated topics allowed as a request's reply_to */
+    char *stream_topic;        /* partial results of "stream" requests; "" = off */
+    int stream_every_tokens;   /* chunk period in generated tokens (0 = time only) */
+    int stream_every_ms;       /* chunk period in ms (0 = tokens only) */
+    char *usage_topic;         /* periodic per-tenant usage records; "" = none */
+    int usage_interval_ms;
+    int usage_max_tenants;     /* tenant / class label bounds (worker/usage.h) */
+    int usage_max_classes;
+    int autoscale_avg_results; /* moving-average windows of the autoscaling estimates */
+    int autoscale_avg_seconds;
     char *group_id;            /* consumer group */
     char *worker_id;           /* this worker's name in results and DLQ headers; "" = host-pid */
     char *transactional_id;    /* exactly-once: "" = spillway-<group>-<worker_id> */
