@@ -30,6 +30,7 @@
 #define MAX_PATCHES 16                     /* unknown-field tokens overwritten, at most */
 #define MAX_ROLE_BYTES 64
 #define MAX_TEMPLATE_NAME_BYTES 64
+#define MAX_CLASS_NAME_BYTES 64
 #define MAX_DEADLINE_TEXT 64
 #define MAX_EPOCH_MS INT64_C(253402300799999) /* 9999-12-31T23:59:59.999Z */
 #define MAX_EXACT_REAL 9007199254740992.0    /* 2^53: integral reals accepted up to this */
@@ -63,6 +64,7 @@ void request_free(request_t *r)
     free(r->stop);
     free(r->metadata_json);
     free(r->template_name);
+    free(r->class_name);
     memset(r, 0, sizeof *r);
 }
 
@@ -97,7 +99,7 @@ static int oom(pctx_t *c)
 
 /* ---- fields: names, accepted values ---- */
 
-enum ftype { F_ID, F_TEXT, F_FORM, F_INT, F_FLOAT, F_SEED, F_STOP, F_DEADLINE, F_TTL, F_META, F_TMPL };
+enum ftype { F_ID, F_TEXT, F_FORM, F_INT, F_FLOAT, F_SEED, F_STOP, F_DEADLINE, F_TTL, F_META, F_TMPL, F_CLASS };
 
 typedef struct {
     const char *name;
@@ -129,6 +131,7 @@ static const field_t FIELDS[] = {
     {"ttl_ms", F_TTL, 0, 0, 0, 0},
     {"metadata", F_META, 0, 0, 0, 0},
     {"chat_template", F_TMPL, 0, 0, 0, 0},
+    {"class", F_CLASS, 0, 0, 0, 0},
 };
 #define N_FIELDS (sizeof FIELDS / sizeof FIELDS[0])
 
@@ -186,6 +189,10 @@ static const char *accepted(const field_t *f, const request_limits_t *l, char *b
         break;
     case F_TMPL:
         snprintf(buf, n, "a template name of 1..%d bytes", MAX_TEMPLATE_NAME_BYTES);
+        break;
+    case F_CLASS:
+        snprintf(buf, n, "a service class name of 1..%d bytes of A-Z a-z 0-9 _ . -",
+                 MAX_CLASS_NAME_BYTES);
         break;
     }
     return buf;
@@ -479,7 +486,7 @@ static int load_document(pctx_t *c, const char *text, size_t len, json_t **root,
                              strcmp(f->name, "input_ids") == 0))
                 return fail(c, REQ_ERR_BAD_PARAM, "%s: number out of range; expected %s",
                             f->name, acc);
-            if (nul && f->type != F_ID && f->type != F_TMPL && f->type != F_FORM &&
+            if (nul && f->type != F_ID && f->type != F_TMPL && f->type != F_CLASS && f->type != F_FORM &&
                 f->type != F_STOP && f->type != F_META)
                 return fail(c, REQ_ERR_WRONG_TYPE, "%s: got a string; expected %s", f->name, acc);
             if (nul)
@@ -906,6 +913,22 @@ static int read_template(pctx_t *c, const field_t *f, const json_t *v, request_t
     return r->template_name ? 0 : oom(c);
 }
 
+static int read_class(pctx_t *c, const field_t *f, const json_t *v, request_t *r)
+{
+    char acc[96];
+    if (!json_is_string(v)) return wrong_type(c, f, v);
+    size_t n = json_string_length(v);
+    const char *s = json_string_value(v);
+    int ok = n > 0 && n <= MAX_CLASS_NAME_BYTES;
+    for (size_t i = 0; ok && i < n; i++)
+        ok = (s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') ||
+             (s[i] >= '0' && s[i] <= '9') || s[i] == '_' || s[i] == '.' || s[i] == '-';
+    if (!ok)
+        return fail(c, REQ_ERR_BAD_PARAM, "class: expected %s", accepted(f, c->lim, acc, sizeof acc));
+    r->class_name = dup_n(s, n);
+    return r->class_name ? 0 : oom(c);
+}
+
 static int64_t wall_ms(void)
 {
     struct timespec ts;
@@ -968,6 +991,7 @@ static int read_fields(pctx_t *c, const json_t *root, const char *doc, size_t le
     r->deadline_ms = deadline;
 
     if (opt(root, "metadata") && read_metadata(c, doc, len, r)) return -1;
+    if ((v = opt(root, "class")) && read_class(c, field_find("class"), v, r)) return -1;
     if ((v = opt(root, "chat_template")) && read_template(c, field_find("chat_template"), v, r))
         return -1;
     return 0;

@@ -35,6 +35,8 @@
                                                       the worker when chat rendering fails */
 #define REQ_ERR_RESULT_TOO_LARGE "result_too_large" /* set by the producer */
 #define REQ_ERR_MESSAGE_BYTES   "message_too_large" /* value over limits.max_message_bytes */
+#define REQ_ERR_UNKNOWN_CLASS   "unknown_class"    /* "class" names no configured class; set by
+                                                      the worker */
 /* Not a dead-letter reason: an allocation failed while parsing. The message itself may be fine;
  * the caller should retry or stop, not dead-letter it. */
 #define REQ_ERR_NO_MEMORY       "out_of_memory"
@@ -84,6 +86,8 @@ typedef struct {
                                    msg_timestamp_ms + ttl_ms */
     char *metadata_json;        /* compact JSON text of "metadata", echoed; NULL when absent */
     char *template_name;        /* optional "chat_template" override by name; NULL = model's */
+    char *class_name;           /* optional "class" (service class, checked by the worker against
+                                   its configured classes); NULL = the worker's class.default */
 } request_t;
 
 /* Parses value[0..len) of a message whose Kafka timestamp is msg_timestamp_ms (used for

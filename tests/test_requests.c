@@ -210,6 +210,9 @@ static int check_field(const request_t *r, const char *key, const char *val)
     if (!strcmp(key, "metadata"))
         return !strcmp(val, "(null)") ? r->metadata_json == NULL
                                       : r->metadata_json && !strcmp(r->metadata_json, val);
+    if (!strcmp(key, "class"))
+        return !strcmp(val, "(null)") ? r->class_name == NULL
+                                      : r->class_name && !strcmp(r->class_name, val);
     if (!strcmp(key, "chat_template"))
         return !strcmp(val, "(null)") ? r->template_name == NULL
                                       : r->template_name && !strcmp(r->template_name, val);
