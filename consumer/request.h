@@ -35,6 +35,8 @@
                                                       the worker when chat rendering fails */
 #define REQ_ERR_RESULT_TOO_LARGE "result_too_large" /* set by the producer */
 #define REQ_ERR_MESSAGE_BYTES   "message_too_large" /* value over limits.max_message_bytes */
+#define REQ_ERR_UNKNOWN_CLASS   "unknown_class"    /* "class" names no configured class; set by
+                                                      the worker */
 #define REQ_ERR_REPLY_NOT_ALLOWED "reply_not_allowed" /* reply_to names a topic outside the
                                                       worker's reply.topics; set by the worker */
 /* Not a dead-letter reason: an allocation failed while parsing. The message itself may be fine;

@@ -62,6 +62,7 @@ PY
 "$SPILLWAY" worker -b "$BOOTSTRAP" -t prompts -o results -d prompts.dlq -g spw-usage -m "$MODEL" \
   -s worker.id=usage-w1 -s usage.topic=usage -s usage.interval.ms=700 -s usage.max_tenants=2 \
   -s usage.max_classes=2 -s threads=1 -s kv.mem_mb=16 -s commit.interval.ms=100 \
+  -s classes=interactive:priority=100,batch,extra,default -s class.default=default \
   -s metrics.port="$PORT" -s metrics.bind=127.0.0.1 -X consumer.session.timeout.ms=6000 \
   >"$WORK/worker.log" 2>&1 &
 WPID=$!

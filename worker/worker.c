@@ -48,6 +48,8 @@
 
 static const char *const LEVEL_NAME[] = {"ERROR", "WARN", "INFO", "DEBUG"};
 
+#define N_FINISH 5
+
 typedef struct wreq wreq_t;
 struct wreq {
     wreq_t *next;                /* link in the inbox, outbox or retry list */
@@ -86,6 +88,11 @@ struct wreq {
     int stream_seq;              /* seq of the next chunk */
     int stream_tokens;           /* generated tokens at the last chunk */
     int64_t stream_ns;           /* monotonic ns of the last chunk (or of the submission) */
+    /* service class (poll thread sets at intake) */
+    int cls;                     /* index in w->classes */
+    int is_shed;                 /* the output is the original message, to the deferral topic */
+    int capped_from;             /* max_tokens before the cap of step 2; 0 = not capped */
+    double wait_ms;              /* Kafka timestamp to intake, >= 0 */
 };
 
 typedef struct {
@@ -110,7 +117,11 @@ typedef struct {
     atomic_int_fast64_t last_poll_ms;         /* monotonic ms of the poll loop's last turn */
     /* metrics (worker/metrics.h): histograms observed by the poll thread */
     metrics_hist_t h_ttft, h_itl, h_e2e, h_queue, h_commit;
-    atomic_uint_fast64_t finish_n[4];         /* by FINISH_NAMES */
+    atomic_uint_fast64_t finish_n[N_FINISH];  /* by FINISH_NAMES */
+    /* overload steps (poll thread writes) */
+    atomic_int ov_level, ov_pressure;        /* step 0..3; pressure in percent */
+    atomic_uint_fast64_t ov_shed, ov_capped, ov_refused, ov_steps_up, ov_steps_down,
+        class_expired;
     /* dead letters by reason: code pointers (REQ_ERR_*, static) set once by the poll thread */
     _Atomic(const char *) dlq_code[32];
     atomic_uint_fast64_t dlq_n[32];
@@ -124,7 +135,8 @@ typedef struct {
     atomic_uint_fast64_t chunks_ok, chunks_failed;
 } stats_t;
 
-static const char *const FINISH_NAMES[4] = {"stop", "length", "abort", "expired"};
+static const char *const FINISH_NAMES[N_FINISH] = {"stop", "length", "abort", "expired",
+                                                    "overloaded"};
 
 struct worker {
     worker_config_t cfg;
@@ -173,6 +185,18 @@ struct worker {
     long inflight_bytes;
     long inflight_tokens;        /* sum of cost over accepted, unacknowledged requests */
     int32_t bos;                 /* the model's BOS id, -1 none */
+    /* service classes (read-only after worker_new) */
+    worker_class_t *classes;
+    int n_classes, top_class, low_class, default_class;
+    /* overload steps (poll thread only) */
+    int ov_level;                /* 0 none, 1 shed, 2 cap, 3 refuse */
+    int64_t ov_below_since_ms;   /* pressure under the current step's threshold since; 0 = not */
+    int64_t ov_next_ms;          /* next evaluation (monotonic ms) */
+    double top_ttft_ewma_ms;     /* top class: wait_ms + ttft_ms, exponentially averaged */
+    int64_t top_ttft_at_ms;      /* when it was last updated (monotonic ms); 0 = never */
+    double wait_ewma_ms;         /* wait_ms of messages from topics other than the deferral one */
+    int64_t wait_at_ms;          /* when it was last updated; 0 = never */
+    int64_t top_seen_ms;         /* a top-class message last arrived (monotonic ms); 0 = never */
     volatile sig_atomic_t *stats_flag;
     int txn_open;
     int64_t txn_start_ms, last_commit_ms;
@@ -430,7 +454,6 @@ static int make_result(worker_t *w, wreq_t *r, const engine_result_t *er, const 
     if (r->req.correlation_id)
         json_object_set_new(o, "correlation_id", json_string(r->req.correlation_id));
     if (r->req.tenant) json_object_set_new(o, "tenant", json_string(r->req.tenant));
-    if (r->req.class_name) json_object_set_new(o, "class", json_string(r->req.class_name));
     json_object_set_new(o, "text", er ? json_stringn(er->text, er->text_len) : json_string(""));
     json_object_set_new(o, "finish_reason", json_string(finish));
     r->n_prompt = er ? er->n_prompt : 0;
@@ -451,8 +474,15 @@ static int make_result(worker_t *w, wreq_t *r, const engine_result_t *er, const 
     json_object_set_new(t, "ttft_ms", json_real(r->ttft_ms >= 0 ? r->ttft_ms : 0));
     json_object_set_new(t, "decode_ms", json_real(decode));
     json_object_set_new(t, "total_ms", json_real(ms_between(r->t_intake, now)));
+    json_object_set_new(t, "wait_ms", json_real(r->wait_ms));
     json_object_set_new(o, "timings", t);
     t = NULL;
+    json_object_set_new(o, "class", json_string(w->classes[r->cls].name));
+    if (r->capped_from) {
+        json_t *d = json_pack("{s:s, s:i, s:i}", "step", "cap", "max_tokens", r->req.max_tokens,
+                              "requested_max_tokens", r->capped_from);
+        if (!d || json_object_set_new(o, "degraded", d)) goto oom;
+    }
     json_object_set_new(o, "model", json_string(w->model_name));
     json_object_set_new(o, "worker", json_string(w->worker_id));
     json_object_set_new(in, "topic", json_string(rd_kafka_topic_name(r->msg->rkt)));
@@ -477,7 +507,7 @@ static int make_result(worker_t *w, wreq_t *r, const engine_result_t *er, const 
     r->is_dlq = 0;
     r->expired = !strcmp(finish, "expired");
     r->finish = NULL;
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < N_FINISH; i++)
         if (!strcmp(finish, FINISH_NAMES[i])) r->finish = FINISH_NAMES[i];
     r->itl_s = er && er->n_tokens > 1 && er->t_first_token
                    ? (double)(er->t_finish - er->t_first_token) * 1e-9 / (er->n_tokens - 1)
@@ -645,7 +675,7 @@ static void engine_start(worker_t *w, wreq_t *r)
     q.sampling.n_logprobs = r->req.n_logprobs;
     q.stop = (const char *const *)r->req.stop;
     q.n_stop = r->req.n_stop;
-    q.priority = r->req.priority;
+    q.priority = w->classes[r->cls].priority * 2001 + r->req.priority;
     q.user = r;
     if (r->req.stream && w->aux) {
         q.progress = on_engine_progress;
@@ -774,12 +804,16 @@ static void count_dlq_reason(worker_t *w, const char *code)
 
 static void count_output(worker_t *w, const wreq_t *r)
 {
+    if (r->is_shed) {
+        atomic_fetch_add(&w->st.ov_shed, 1);
+        return;
+    }
     if (r->is_dlq) {
         atomic_fetch_add(&w->st.dlq, 1);
         count_dlq_reason(w, r->dlq_code ? r->dlq_code : "unknown");
         return;
     }
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < N_FINISH; i++)
         if (r->finish == FINISH_NAMES[i]) atomic_fetch_add(&w->st.finish_n[i], 1);
     metrics_hist_observe(&w->st.h_e2e, (double)(mono_ns() - r->t_intake) * 1e-9);
     metrics_hist_observe(&w->st.h_queue, (double)r->queue_ns * 1e-9);
@@ -793,12 +827,19 @@ static void count_output(worker_t *w, const wreq_t *r)
     atomic_fetch_add(&w->st.cached_tokens, (uint64_t)r->n_cached);
     ewma_add(&w->st.tok_per_msg_bits, (double)(r->n_prompt + r->n_completion),
              w->cfg.autoscale_avg_results);
-    usage_add(w->usage, r->parsed ? r->req.tenant : NULL, r->parsed ? r->req.class_name : NULL,
+    usage_add(w->usage, r->parsed ? r->req.tenant : NULL, r->parsed ? w->classes[r->cls].name : NULL,
               (uint64_t)r->n_prompt, (uint64_t)r->n_cached, (uint64_t)r->n_completion,
               (uint64_t)r->compute_ns);
     if (r->ttft_ms >= 0) {
         atomic_fetch_add(&w->st.ttft_n, 1);
         atomic_fetch_add(&w->st.ttft_us_sum, (uint64_t)(r->ttft_ms * 1e3));
+    }
+    if (r->finish && !strcmp(r->finish, "overloaded")) atomic_fetch_add(&w->st.ov_refused, 1);
+    if (r->capped_from) atomic_fetch_add(&w->st.ov_capped, 1);
+    if (r->cls == w->top_class && r->ttft_ms >= 0) { /* the overload steps' latency signal */
+        double s = r->wait_ms + r->ttft_ms;
+        w->top_ttft_ewma_ms = w->top_ttft_at_ms ? 0.8 * w->top_ttft_ewma_ms + 0.2 * s : s;
+        w->top_ttft_at_ms = mono_ms();
     }
 }
 
@@ -830,6 +871,29 @@ static void hold(worker_t *w, wreq_t *r)
         pp = &(*pp)->next;
     r->next = *pp;
     *pp = r;
+}
+
+/* Headers of a shed message: the original ones (a copy), plus where it came from. NULL on out of
+ * memory; the caller owns the result (producer_send takes it). */
+static rd_kafka_headers_t *deferral_headers(worker_t *w, const rd_kafka_message_t *m)
+{
+    rd_kafka_headers_t *orig = NULL, *h;
+    if (rd_kafka_message_headers(m, &orig) == RD_KAFKA_RESP_ERR_NO_ERROR && orig)
+        h = rd_kafka_headers_copy(orig);
+    else
+        h = rd_kafka_headers_new(2);
+    if (!h) return NULL;
+    char from[320], lvl[8];
+    snprintf(from, sizeof from, "%s[%d]@%" PRId64, rd_kafka_topic_name(m->rkt), (int)m->partition,
+             (int64_t)m->offset);
+    snprintf(lvl, sizeof lvl, "%d", w->ov_level);
+    if (rd_kafka_header_add(h, "__spillway.deferred.from", -1, from, -1) ||
+        rd_kafka_header_add(h, "__spillway.deferred.worker", -1, w->worker_id, -1) ||
+        rd_kafka_header_add(h, "__spillway.deferred.step", -1, lvl, -1)) {
+        rd_kafka_headers_destroy(h);
+        return NULL;
+    }
+    return h;
 }
 
 /* Produces r's output. At-least-once: librdkafka holds r until the delivery report.
@@ -877,7 +941,12 @@ static void send_output(worker_t *w, wreq_t *r)
     }
     for (;;) {
         int rc;
-        if (r->is_dlq) {
+        if (r->is_shed) {
+            rd_kafka_headers_t *h = deferral_headers(w, m);
+            rc = h ? producer_send(w->prod, w->cfg.deferral_topic, m->key, m->key_len, m->payload,
+                                   m->len, h, eos ? NULL : r, err, sizeof err)
+                   : (snprintf(err, sizeof err, "out of memory"), -1);
+        } else if (r->is_dlq) {
             rd_kafka_headers_t *h =
                 producer_dlq_headers(r->dlq_code, r->dlq_msg, rd_kafka_topic_name(m->rkt),
                                      m->partition, m->offset, w->worker_id, wall_ms());
@@ -896,7 +965,7 @@ static void send_output(worker_t *w, wreq_t *r)
                                eos ? NULL : r, err, sizeof err);
         }
         if (rc == 0) break;
-        if (rc == -2 && !r->is_dlq) {
+        if (rc == -2 && !r->is_dlq && !r->is_shed) {
             make_dlq(r, REQ_ERR_RESULT_TOO_LARGE, err);
             continue;
         }
@@ -1285,11 +1354,51 @@ static void intake(worker_t *w, rd_kafka_message_t *m)
         send_output(w, r);
         goto out;
     }
-    if (deadline_passed(r)) {
+    r->wait_ms = ts > 0 && wall_ms() > ts ? (double)(wall_ms() - ts) : 0;
+    r->cls = w->default_class;
+    if (r->req.class_name) {
+        r->cls = -1;
+        for (int i = 0; i < w->n_classes; i++)
+            if (!strcmp(w->classes[i].name, r->req.class_name)) r->cls = i;
+        if (r->cls < 0) {
+            snprintf(err, sizeof err, "class: \"%s\" is not a class of this worker", r->req.class_name);
+            r->cls = w->default_class;
+            make_dlq(r, REQ_ERR_UNKNOWN_CLASS, err);
+            send_output(w, r);
+            goto out;
+        }
+    }
+    const worker_class_t *cl = &w->classes[r->cls];
+    int from_deferral = *w->cfg.deferral_topic && !strcmp(rd_kafka_topic_name(m->rkt), w->cfg.deferral_topic);
+    if (!from_deferral) {
+        int64_t now_ms = mono_ms();
+        w->wait_ewma_ms = w->wait_at_ms ? 0.9 * w->wait_ewma_ms + 0.1 * r->wait_ms : r->wait_ms;
+        w->wait_at_ms = now_ms;
+        if (r->cls == w->top_class) w->top_seen_ms = now_ms;
+    }
+    if (deadline_passed(r) || (cl->max_queue_ms > 0 && r->wait_ms > cl->max_queue_ms)) {
+        if (!deadline_passed(r)) atomic_fetch_add(&w->st.class_expired, 1);
         stream_finish(w, r, "", 0, 0, "expired");
         make_result(w, r, NULL, "expired");
         send_output(w, r);
         goto out;
+    }
+    if (r->cls != w->top_class && w->ov_level > 0) {
+        if (r->cls == w->low_class && *w->cfg.deferral_topic && !from_deferral) {
+            r->is_shed = 1; /* step 1: to the deferral topic, unprocessed */
+            send_output(w, r);
+            goto out;
+        }
+        if (w->ov_level >= 3 && !from_deferral) { /* deferred once: served, never refused */
+            stream_finish(w, r, "", 0, 0, "overloaded");
+            make_result(w, r, NULL, "overloaded");
+            send_output(w, r);
+            goto out;
+        }
+        if (w->ov_level >= 2 && r->req.max_tokens > w->cfg.overload_cap_tokens) {
+            r->capped_from = r->req.max_tokens;
+            r->req.max_tokens = w->cfg.overload_cap_tokens;
+        }
     }
     rc = prepare_prompt(w, r, &code, err, sizeof err);
     add_since(&w->st.ns_tokenize, t1);
@@ -1319,9 +1428,87 @@ out:
     add_since(&w->st.ns_intake, t0);
 }
 
+/* Overload pressure, percent: the largest of (a) the top class's recent time to first token as
+ * its producers see it (wait in Kafka + time to first token, averaged; counts for
+ * overload.cooldown_ms after its last result) and (b) how long messages of any class wait in
+ * Kafka before this worker takes them (averaged over the input topics other than the deferral
+ * topic; counts for a second after the last one: a backlog ahead of the top class's next
+ * message), both as percent of the top class's ttft_ms, and (c) the fullest in-flight limit
+ * (messages, tokens) in percent: intake pauses at 100%, which would hold the top class's next
+ * message in Kafka. 0 while no top-class message arrived within overload.window_ms: without
+ * such traffic a backlog is just bulk work draining at full speed. */
+static int overload_pressure(worker_t *w, int64_t now, int pending)
+{
+    const worker_class_t *top = &w->classes[w->top_class];
+    if (top->ttft_ms <= 0 || !w->top_seen_ms || now - w->top_seen_ms > w->cfg.overload_window_ms)
+        return 0;
+    double p = 0;
+    if (w->top_ttft_at_ms && now - w->top_ttft_at_ms <= (int64_t)w->cfg.overload_cooldown_ms)
+        p = w->top_ttft_ewma_ms;
+    if (w->wait_at_ms && now - w->wait_at_ms <= 1000 && w->wait_ewma_ms > p) p = w->wait_ewma_ms;
+    p = 100.0 * p / top->ttft_ms;
+    double f = 100.0 * pending / w->cfg.max_inflight;
+    double ft = 100.0 * (double)w->inflight_tokens / (double)w->cfg.max_inflight_tokens;
+    if (f > p) p = f;
+    if (ft > p) p = ft;
+    return p > 1e6 ? 1000000 : (int)p;
+}
+
+static const char *const OV_STEP[4] = {"none", "shed", "cap", "refuse"};
+
+/* Moves the overload step: up at once to the highest step whose threshold the pressure reaches,
+ * down one step after the pressure stayed under the current step's threshold for
+ * overload.cooldown_ms. Holds the deferral topic while any step is on. Poll thread, every
+ * 10 ms (it runs at every turn of the poll loop, so a burst is seen within a few messages). */
+static void overload_eval(worker_t *w, int pending)
+{
+    int64_t now = mono_ms();
+    if (now < w->ov_next_ms) return;
+    w->ov_next_ms = now + 10;
+    if (w->n_classes < 2) return; /* one class: nothing to put below another */
+    /* the deferral topic also waits while in-flight work is over step 1's share of the limits,
+     * so that what it holds never pauses intake of the other topics */
+    if (*w->cfg.deferral_topic) {
+        int full = pending * 100 >= w->cfg.max_inflight * w->cfg.overload_shed_at ||
+                   w->inflight_tokens * 100 >= w->cfg.max_inflight_tokens * w->cfg.overload_shed_at;
+        int hold = w->ov_level > 0 || full;
+        if (hold != consumer_topic_held(w->cons) &&
+            consumer_hold_topic(w->cons, w->cfg.deferral_topic, hold))
+            wlog(w, 1, "cannot %s the deferral topic %s", hold ? "hold" : "release",
+                 w->cfg.deferral_topic);
+    }
+    int p = overload_pressure(w, now, pending);
+    atomic_store(&w->st.ov_pressure, p);
+    const int at[4] = {0, w->cfg.overload_shed_at, w->cfg.overload_cap_at, w->cfg.overload_refuse_at};
+    int want = 0;
+    while (want < 3 && p >= at[want + 1]) want++;
+    int lvl = w->ov_level;
+    if (want > lvl) {
+        lvl = want;
+        w->ov_below_since_ms = 0;
+    } else if (want < lvl) {
+        if (!w->ov_below_since_ms) w->ov_below_since_ms = now;
+        if (now - w->ov_below_since_ms >= w->cfg.overload_cooldown_ms) {
+            lvl--;
+            w->ov_below_since_ms = lvl > want ? now : 0;
+        }
+    } else {
+        w->ov_below_since_ms = 0;
+    }
+    if (lvl == w->ov_level) return;
+    wlog(w, 2, "overload: step %s -> %s (pressure %d%% of class %s's ttft_ms %d: its time to "
+               "first token %.0f ms, wait in Kafka %.0f ms; %d in flight)",
+         OV_STEP[w->ov_level], OV_STEP[lvl], p, w->classes[w->top_class].name,
+         w->classes[w->top_class].ttft_ms, w->top_ttft_ewma_ms, w->wait_ewma_ms, pending);
+    atomic_fetch_add(lvl > w->ov_level ? &w->st.ov_steps_up : &w->st.ov_steps_down, 1);
+    w->ov_level = lvl;
+    atomic_store(&w->st.ov_level, lvl);
+}
+
 static void flow_control(worker_t *w)
 {
     int pending = consumer_pending(w->cons);
+    overload_eval(w, pending);
     int hi = w->cfg.max_inflight, lo = hi - (hi / 4 > 1 ? hi / 4 : 1);
     long bhi = w->cfg.max_inflight_bytes, blo = bhi - bhi / 4;
     long thi = w->cfg.max_inflight_tokens, tlo = thi - thi / 4;
@@ -1394,11 +1581,34 @@ static void metrics_render(void *arg, metrics_buf_t *b)
         "prompt tokens served from the prefix cache");
     metrics_sample(b, "spillway:prompt_tokens_cached_total", NULL, (double)st.cached_tokens);
     fam(b, "spillway:request_success_total", "counter", "results produced, by finish reason");
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < N_FINISH; i++) {
         metrics_labels(lb, sizeof lb, "finished_reason", FINISH_NAMES[i], (const char *)NULL);
         metrics_sample(b, "spillway:request_success_total", lb,
                        (double)atomic_load(&w->st.finish_n[i]));
     }
+    fam(b, "spillway:overload_step", "gauge",
+        "overload step: 0 none, 1 shed lowest class, 2 cap max_tokens, 3 refuse below the top class");
+    metrics_sample(b, "spillway:overload_step", NULL, atomic_load(&w->st.ov_level));
+    fam(b, "spillway:overload_pressure_percent", "gauge",
+        "fullest in-flight limit, or top-class time to first token against its target");
+    metrics_sample(b, "spillway:overload_pressure_percent", NULL, atomic_load(&w->st.ov_pressure));
+    fam(b, "spillway:overload_actions_total", "counter",
+        "requests changed by an overload step, by action");
+    const struct {
+        const char *a;
+        atomic_uint_fast64_t *n;
+    } ov[] = {{"shed", &w->st.ov_shed}, {"cap", &w->st.ov_capped}, {"refuse", &w->st.ov_refused},
+              {"expired_in_queue", &w->st.class_expired}};
+    for (size_t i = 0; i < sizeof ov / sizeof ov[0]; i++) {
+        metrics_labels(lb, sizeof lb, "action", ov[i].a, (const char *)NULL);
+        metrics_sample(b, "spillway:overload_actions_total", lb, (double)atomic_load(ov[i].n));
+    }
+    fam(b, "spillway:overload_step_changes_total", "counter", "overload step changes, by direction");
+    metrics_labels(lb, sizeof lb, "direction", "up", (const char *)NULL);
+    metrics_sample(b, "spillway:overload_step_changes_total", lb, (double)atomic_load(&w->st.ov_steps_up));
+    metrics_labels(lb, sizeof lb, "direction", "down", (const char *)NULL);
+    metrics_sample(b, "spillway:overload_step_changes_total", lb,
+                   (double)atomic_load(&w->st.ov_steps_down));
     static const struct {
         const char *name, *help;
         size_t off;
@@ -1600,6 +1810,12 @@ worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen)
         return NULL;
     }
     if (worker_config_check(&w->cfg, errstr, errlen)) goto fail;
+    if (worker_classes_parse(w->cfg.classes, &w->classes, &w->n_classes, errstr, errlen)) goto fail;
+    for (int i = 0; i < w->n_classes; i++) {
+        if (w->classes[i].priority > w->classes[w->top_class].priority) w->top_class = i;
+        if (w->classes[i].priority < w->classes[w->low_class].priority) w->low_class = i;
+        if (!strcmp(w->classes[i].name, w->cfg.class_default)) w->default_class = i;
+    }
     if (split_props(w)) {
         snprintf(errstr, errlen, "out of memory");
         goto fail;
@@ -1708,11 +1924,12 @@ worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen)
     w->prod = producer_new(&pc, errstr, errlen);
     if (!w->prod) goto fail;
     /* learn the output topics' leaders now rather than on the first result */
-    const char *outs[2] = {w->cfg.output_topic, w->cfg.dlq_topic};
-    for (int i = 0; i < 2 + w->n_reply_allow; i++) {
+    const char *outs[3] = {w->cfg.output_topic, w->cfg.dlq_topic, w->cfg.deferral_topic};
+    int n_outs = *w->cfg.deferral_topic && w->n_classes > 1 ? 3 : 2;
+    for (int i = 0; i < n_outs + w->n_reply_allow; i++) {
         char e[256];
-        if (producer_prepare_topic(w->prod, i < 2 ? outs[i] : w->reply_allow[i - 2], 5000, e,
-                                   sizeof e))
+        if (producer_prepare_topic(w->prod, i < n_outs ? outs[i] : w->reply_allow[i - n_outs],
+                                   5000, e, sizeof e))
             wlog(w, 1, "%s (results wait until it exists)", e);
     }
     if (*w->cfg.stream_topic || *w->cfg.usage_topic) {
@@ -1729,10 +1946,30 @@ worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen)
             producer_prepare_topic(w->aux, w->cfg.usage_topic, 5000, e, sizeof e))
             wlog(w, 1, "%s (usage records fail until it exists)", e);
     }
+    /* the deferral topic is an input too: what step 1 moved there is consumed when no step is on */
+    char *topics = NULL;
+    int listed = 0;
+    if (*w->cfg.deferral_topic && w->n_classes > 1) {
+        size_t dl = strlen(w->cfg.deferral_topic);
+        for (const char *t = w->cfg.input_topics; t && *t;) {
+            const char *e = strchr(t, ',');
+            size_t l = e ? (size_t)(e - t) : strlen(t);
+            listed |= l == dl && !memcmp(t, w->cfg.deferral_topic, dl);
+            t = e ? e + 1 : NULL;
+        }
+        if (!listed) {
+            size_t n = strlen(w->cfg.input_topics) + dl + 2;
+            if (!(topics = malloc(n))) {
+                snprintf(errstr, errlen, "out of memory");
+                goto fail;
+            }
+            snprintf(topics, n, "%s,%s", w->cfg.input_topics, w->cfg.deferral_topic);
+        }
+    }
     consumer_config_t cc = {
         .brokers = w->cfg.brokers,
         .group_id = w->cfg.group_id,
-        .topics = w->cfg.input_topics,
+        .topics = topics ? topics : w->cfg.input_topics,
         .prop_keys = (const char *const *)w->prop_c_keys,
         .prop_values = (const char *const *)w->prop_c_vals,
         .n_props = w->n_prop_c,
@@ -1742,6 +1979,7 @@ worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen)
                               .lost = hook_lost, .committed = hook_committed,
                               .log = hook_log};
     w->cons = consumer_new(&cc, &hooks, errstr, errlen);
+    free(topics);
     if (!w->cons) goto fail;
     if (w->cfg.metrics_port > 0) {
         metrics_handlers_t mh = {.render = metrics_render, .ready = metrics_ready,
@@ -2063,6 +2301,7 @@ void worker_free(worker_t *w)
     free(w->active);
     for (int i = 0; i < w->n_reply_allow; i++) free(w->reply_allow[i]);
     free(w->reply_allow);
+    free(w->classes);
     free(w->prop_c_keys);
     free(w->prop_c_vals);
     free(w->prop_p_keys);

@@ -61,6 +61,16 @@ typedef struct {
     long max_inflight_bytes;   /* their message bytes, at most */
     long max_inflight_tokens;  /* prompt tokens + max_tokens of those given to the engine */
     int poll_ms;               /* longest consumer poll wait */
+    /* service classes and overload steps (README "Service classes") */
+    char *classes;             /* "name:priority=P:ttft_ms=T:max_queue_ms=Q,..." */
+    char *class_default;       /* class of a request without "class" */
+    char *deferral_topic;      /* step shed: lowest-class messages go there ("" = no shedding) */
+    int overload_shed_at;      /* pressure (percent) of step 1, shed */
+    int overload_cap_at;       /* of step 2, cap max_tokens of classes below the top */
+    int overload_refuse_at;    /* of step 3, refuse them (result "overloaded") */
+    int overload_cap_tokens;   /* the cap of step 2 */
+    int overload_cooldown_ms;  /* pressure below a step's threshold this long: one step down */
+    int overload_window_ms;    /* steps only while a top-class message arrived within this */
     /* engine */
     char *model;               /* GGUF path */
     char *backend;             /* "cpu" */
@@ -139,6 +149,20 @@ int worker_config_load_file(worker_config_t *c, const char *path, char *errstr, 
 int worker_config_load_env(worker_config_t *c, char *errstr, size_t errlen);
 /* Cross-key checks (topics set, limits consistent). 0 or -1. */
 int worker_config_check(const worker_config_t *c, char *errstr, size_t errlen);
+/* A service class (the `classes` key). */
+typedef struct {
+    char name[65];
+    int priority;              /* admission: higher first (engine priority = this x 2001 +
+                                  the request's own priority in -1000..1000) */
+    int ttft_ms;               /* latency target the overload steps protect (0 = none) */
+    int max_queue_ms;          /* longest wait in Kafka before an "expired" result (0 = none) */
+} worker_class_t;
+
+/* Parses a `classes` spec: "name[:priority=P][:ttft_ms=T][:max_queue_ms=Q],..." (1..32
+ * classes, names unique, 1..64 bytes of A-Z a-z 0-9 _ . -; P in -1000..1000, T and Q >= 0,
+ * default 0). On success *out is malloc'd (caller frees) and *n set; -1 + errstr otherwise. */
+int worker_classes_parse(const char *spec, worker_class_t **out, int *n, char *errstr,
+                         size_t errlen);
 /* Prints "key = value  # source" for every key, then the pass-through properties. */
 void worker_config_print(const worker_config_t *c, FILE *out);
 
