@@ -4,8 +4,8 @@
 #   classes interactive (priority 100, ttft_ms $TTFT_MS) and batch (priority 0, class.default),
 #   overload.deferral.topic prompts.deferred.
 #   1. an interactive stream starts ($RATE requests/s for $SECS s, max_tokens 8, on the same input
-#      topic as the bulk work); 2 s later a bulk backlog of $NB batch requests (max_tokens 24..64)
-#      lands at once;
+#      topic as the bulk work); once its first results are back, a bulk backlog of $NB batch
+#      requests (max_tokens 24..64) lands at once;
 #   2. the worker sheds batch messages to the deferral topic while the backlog would delay the
 #      interactive ones (step 1; spillway:overload_actions_total{action="shed"} > 0 and at least
 #      one step up), consumes the deferral topic again once the pressure is gone, and every
@@ -121,7 +121,12 @@ with open(out, "w") as ids:
         ids.flush()
 PY
 PPID_=$!
-sleep 2
+# the bulk lands once interactive traffic flows (3 results back): the steps protect a class the
+# worker has seen (overload.window_ms)
+for _ in $(seq 1 300); do
+  [ "$(kcat -b "$BOOTSTRAP" -C -t results -e -q -o beginning -f '%k\n' 2>/dev/null | grep -c '^i')" -ge 3 ] && break
+  sleep 0.1
+done
 kcat -P -b "$BOOTSTRAP" -t prompts -K '\t' -l "$WORK/bulk.txt"
 say "interactive stream running ($RATE/s for $SECS s); $NB batch requests produced at once"
 wait "$PPID_" || fail "the interactive producer failed"

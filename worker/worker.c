@@ -158,6 +158,7 @@ struct worker {
     uint64_t tput_idle;          /* ... the engine thread's idle ns at its start ... */
     int tput_idle_open;          /* ... and whether it had nothing to do then */
     metrics_server_t *metrics;   /* the endpoint, or NULL (metrics.port 0) */
+    atomic_int started;          /* worker_new has finished: the metrics thread may read w */
     char **reply_allow;          /* [n_reply_allow] reply.topics, split (owned) */
     int n_reply_allow;
     char **prop_c_keys, **prop_c_vals, **prop_p_keys, **prop_p_vals; /* pass-through split */
@@ -191,7 +192,6 @@ struct worker {
     /* overload steps (poll thread only) */
     int ov_level;                /* 0 none, 1 shed, 2 cap, 3 refuse */
     int64_t ov_below_since_ms;   /* pressure under the current step's threshold since; 0 = not */
-    int64_t ov_next_ms;          /* next evaluation (monotonic ms) */
     double top_ttft_ewma_ms;     /* top class: wait_ms + ttft_ms, exponentially averaged */
     int64_t top_ttft_at_ms;      /* when it was last updated (monotonic ms); 0 = never */
     double wait_ewma_ms;         /* wait_ms of messages from topics other than the deferral one */
@@ -1458,13 +1458,11 @@ static const char *const OV_STEP[4] = {"none", "shed", "cap", "refuse"};
 
 /* Moves the overload step: up at once to the highest step whose threshold the pressure reaches,
  * down one step after the pressure stayed under the current step's threshold for
- * overload.cooldown_ms. Holds the deferral topic while any step is on. Poll thread, every
- * 10 ms (it runs at every turn of the poll loop, so a burst is seen within a few messages). */
+ * overload.cooldown_ms. Holds the deferral topic while any step is on. Poll thread, at every
+ * turn of the poll loop (after each message: a burst is seen at once). */
 static void overload_eval(worker_t *w, int pending)
 {
     int64_t now = mono_ms();
-    if (now < w->ov_next_ms) return;
-    w->ov_next_ms = now + 10;
     if (w->n_classes < 2) return; /* one class: nothing to put below another */
     /* the deferral topic also waits while in-flight work is over step 1's share of the limits,
      * so that what it holds never pauses intake of the other topics */
@@ -1540,6 +1538,7 @@ static void fam(metrics_buf_t *b, const char *name, const char *type, const char
 static void metrics_render(void *arg, metrics_buf_t *b)
 {
     worker_t *w = arg;
+    if (!atomic_load(&w->started)) return; /* worker_new is still filling w */
     worker_stats_t st;
     worker_stats(w, &st);
     char lb[512];
@@ -1732,8 +1731,8 @@ static int metrics_healthy(void *arg, char *why, size_t len)
 static int metrics_ready(void *arg, char *why, size_t len)
 {
     worker_t *w = arg;
-    if (!w->eng) {
-        snprintf(why, len, "model not loaded");
+    if (!atomic_load(&w->started)) {
+        snprintf(why, len, "starting: loading the model, connecting to Kafka");
         return 0;
     }
     if (atomic_load(&w->st.assigned) <= 0) {
@@ -1833,6 +1832,17 @@ worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen)
         snprintf(w->worker_id, sizeof w->worker_id, "%s-%d", host, (int)getpid());
     }
     json_escape(w->worker_id_json, sizeof w->worker_id_json, w->worker_id);
+    /* the endpoint first: /healthz answers while the model loads and the clients connect, and
+     * /readyz says "starting" until worker_new returns (a probe sees every stage) */
+    if (w->cfg.metrics_port > 0) {
+        metrics_handlers_t mh = {.render = metrics_render, .ready = metrics_ready,
+                                 .healthy = metrics_healthy, .arg = w};
+        w->metrics = metrics_server_new(w->cfg.metrics_bind, w->cfg.metrics_port, &mh, errstr,
+                                        errlen);
+        if (!w->metrics) goto fail;
+        wlog(w, 2, "metrics on http://%s:%d/metrics", w->cfg.metrics_bind,
+             metrics_server_port(w->metrics));
+    }
     const char *base = strrchr(w->cfg.model, '/');
     snprintf(w->model_name, sizeof w->model_name, "%s", base ? base + 1 : w->cfg.model);
     char *dot = strrchr(w->model_name, '.');
@@ -1981,15 +1991,7 @@ worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen)
     w->cons = consumer_new(&cc, &hooks, errstr, errlen);
     free(topics);
     if (!w->cons) goto fail;
-    if (w->cfg.metrics_port > 0) {
-        metrics_handlers_t mh = {.render = metrics_render, .ready = metrics_ready,
-                                 .healthy = metrics_healthy, .arg = w};
-        w->metrics = metrics_server_new(w->cfg.metrics_bind, w->cfg.metrics_port, &mh, errstr,
-                                        errlen);
-        if (!w->metrics) goto fail;
-        wlog(w, 2, "metrics on http://%s:%d/metrics", w->cfg.metrics_bind,
-             metrics_server_port(w->metrics));
-    }
+    atomic_store(&w->started, 1); /* the metrics thread may read everything above from now */
     return w;
 fail:
     worker_free(w);
