@@ -104,6 +104,11 @@ int consumer_n_assigned(const consumer_t *c);
 int consumer_pause(consumer_t *c);
 int consumer_resume(consumer_t *c);
 int consumer_paused(const consumer_t *c);
+/* Holds (hold 1) or releases the partitions of one topic: held partitions stay paused through
+ * consumer_resume and reassignment until released (the overload deferral topic). One topic at
+ * a time; topic is copied. 0 or -1. Poll thread. */
+int consumer_hold_topic(consumer_t *c, const char *topic, int hold);
+int consumer_topic_held(const consumer_t *c);
 
 /* Lag of one assigned partition. */
 typedef struct {

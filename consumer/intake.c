@@ -33,6 +33,8 @@ struct consumer {
     int n_parts, cap_parts;
     uint64_t next_gen;
     int paused;
+    char *held_topic;        /* partitions of this topic stay paused while held (owned), or NULL */
+    int held;
     int pending;             /* unacked entries over all partitions */
     int left;                /* consumer_leave done */
     /* Background commits are held from a (cooperative) revocation until the rebalance that
@@ -49,6 +51,11 @@ struct consumer {
     int commit_head, commit_n;
     int in_sync_commit;      /* 1 inside a synchronous rd_kafka_commit: timed around the call */
 };
+
+static int is_held(const consumer_t *c, const char *topic)
+{
+    return c->held && c->held_topic && !strcmp(c->held_topic, topic);
+}
 
 static int64_t mono_ms(void)
 {
@@ -206,8 +213,19 @@ static void on_rebalance(rd_kafka_t *rk, rd_kafka_resp_err_t err,
         }
         /* librdkafka keeps a partition's application pause flag across unassign/assign: one
          * revoked or lost while intake was paused would come back paused for ever */
-        if (c->paused) rd_kafka_pause_partitions(rk, parts);
-        else rd_kafka_resume_partitions(rk, parts);
+        rd_kafka_topic_partition_list_t *hp = rd_kafka_topic_partition_list_new(parts->cnt);
+        rd_kafka_topic_partition_list_t *rp = rd_kafka_topic_partition_list_new(parts->cnt);
+        if (hp && rp) {
+            for (int i = 0; i < parts->cnt; i++)
+                rd_kafka_topic_partition_list_add(c->paused || is_held(c, parts->elems[i].topic) ? hp : rp,
+                                                  parts->elems[i].topic, parts->elems[i].partition);
+            if (hp->cnt) rd_kafka_pause_partitions(rk, hp);
+            if (rp->cnt) rd_kafka_resume_partitions(rk, rp);
+        } else {
+            logf_(c, 0, "out of memory pausing/resuming assigned partitions");
+        }
+        if (hp) rd_kafka_topic_partition_list_destroy(hp);
+        if (rp) rd_kafka_topic_partition_list_destroy(rp);
         logf_(c, 2, "assigned %d partition(s), %d now", parts->cnt, c->n_parts);
         return;
     }
@@ -386,6 +404,7 @@ void consumer_close(consumer_t *c)
     consumer_leave(c);
     rd_kafka_queue_destroy(c->q);
     free(c->parts);
+    free(c->held_topic);
     rd_kafka_destroy(c->rk);
     free(c);
 }
@@ -496,22 +515,73 @@ static void wake_fetcher(consumer_t *c)
     rd_kafka_topic_partition_list_destroy(l);
 }
 
-static int pause_resume(consumer_t *c, int pause)
+/* Pauses (pause 1) or resumes the assigned partitions that `want` selects. 0 or -1. */
+static int pause_some(consumer_t *c, int pause, int (*want)(const consumer_t *, const char *))
 {
-    if (c->paused == pause) return 0;
-    rd_kafka_topic_partition_list_t *l = NULL;
+    rd_kafka_topic_partition_list_t *l = NULL, *sel = NULL;
     rd_kafka_resp_err_t err = rd_kafka_assignment(c->rk, &l);
-    if (!err && l->cnt)
-        err = pause ? rd_kafka_pause_partitions(c->rk, l) : rd_kafka_resume_partitions(c->rk, l);
+    if (!err && !(sel = rd_kafka_topic_partition_list_new(l->cnt ? l->cnt : 1)))
+        err = RD_KAFKA_RESP_ERR__FAIL; /* out of memory: reported below */
+    if (!err) {
+        for (int i = 0; i < l->cnt; i++)
+            if (want(c, l->elems[i].topic))
+                rd_kafka_topic_partition_list_add(sel, l->elems[i].topic, l->elems[i].partition);
+        if (sel->cnt)
+            err = pause ? rd_kafka_pause_partitions(c->rk, sel) : rd_kafka_resume_partitions(c->rk, sel);
+    }
+    if (sel) rd_kafka_topic_partition_list_destroy(sel);
     if (l) rd_kafka_topic_partition_list_destroy(l);
     if (err) {
         logf_(c, 1, "%s: %s", pause ? "pause" : "resume", rd_kafka_err2str(err));
         return -1;
     }
+    return 0;
+}
+
+static int any_topic(const consumer_t *c, const char *topic)
+{
+    (void)c;
+    (void)topic;
+    return 1;
+}
+static int not_held(const consumer_t *c, const char *topic) { return !is_held(c, topic); }
+/* The partitions of held_topic, whether it is held now or not. */
+static int held_only(const consumer_t *c, const char *topic)
+{
+    return c->held_topic && !strcmp(c->held_topic, topic);
+}
+
+static int pause_resume(consumer_t *c, int pause)
+{
+    if (c->paused == pause) return 0;
+    if (pause_some(c, pause, pause ? any_topic : not_held)) return -1;
     c->paused = pause;
     if (!pause) wake_fetcher(c);
     return 0;
 }
+
+int consumer_hold_topic(consumer_t *c, const char *topic, int hold)
+{
+    if (!c->held_topic || strcmp(c->held_topic, topic)) {
+        if (c->held && pause_some(c, 0, held_only)) return -1; /* release the old one */
+        char *t = strdup(topic);
+        if (!t) return -1;
+        free(c->held_topic);
+        c->held_topic = t;
+        c->held = 0;
+    }
+    if (c->held == hold) return 0;
+    c->held = hold;
+    if (c->paused) return 0; /* everything is paused; pause_resume keeps held partitions paused */
+    if (pause_some(c, hold, held_only)) {
+        c->held = !hold;
+        return -1;
+    }
+    if (!hold) wake_fetcher(c);
+    return 0;
+}
+
+int consumer_topic_held(const consumer_t *c) { return c->held; }
 
 int consumer_pause(consumer_t *c) { return pause_resume(c, 1); }
 int consumer_resume(consumer_t *c) { return pause_resume(c, 0); }

@@ -33,6 +33,8 @@
 #define MAX_DEADLINE_TEXT 64
 #define MAX_EPOCH_MS INT64_C(253402300799999) /* 9999-12-31T23:59:59.999Z */
 #define MAX_EXACT_REAL 9007199254740992.0    /* 2^53: integral reals accepted up to this */
+#define MAX_TOPIC_BYTES 249                  /* Kafka's limit on a topic name */
+#define MAX_LABEL_BYTES 64                   /* tenant and class names (metric labels) */
 
 void request_limits_default(request_limits_t *l)
 {
@@ -63,6 +65,10 @@ void request_free(request_t *r)
     free(r->stop);
     free(r->metadata_json);
     free(r->template_name);
+    free(r->reply_to);
+    free(r->correlation_id);
+    free(r->tenant);
+    free(r->class_name);
     memset(r, 0, sizeof *r);
 }
 
@@ -97,7 +103,8 @@ static int oom(pctx_t *c)
 
 /* ---- fields: names, accepted values ---- */
 
-enum ftype { F_ID, F_TEXT, F_FORM, F_INT, F_FLOAT, F_SEED, F_STOP, F_DEADLINE, F_TTL, F_META, F_TMPL };
+enum ftype { F_ID, F_TEXT, F_FORM, F_INT, F_FLOAT, F_SEED, F_STOP, F_DEADLINE, F_TTL, F_META, F_TMPL,
+             F_STR, F_BOOL };
 
 typedef struct {
     const char *name;
@@ -129,6 +136,12 @@ static const field_t FIELDS[] = {
     {"ttl_ms", F_TTL, 0, 0, 0, 0},
     {"metadata", F_META, 0, 0, 0, 0},
     {"chat_template", F_TMPL, 0, 0, 0, 0},
+    /* routing and accounting strings: also accepted from Kafka headers (request_apply_header) */
+    {"reply_to", F_STR, 0, 0, 0, OFF(reply_to)},
+    {"correlation_id", F_STR, 0, 0, 0, OFF(correlation_id)},
+    {"stream", F_BOOL, 0, 0, 0, OFF(stream)},
+    {"tenant", F_STR, 0, 0, 0, OFF(tenant)},
+    {"class", F_STR, 0, 0, 0, OFF(class_name)},
 };
 #define N_FIELDS (sizeof FIELDS / sizeof FIELDS[0])
 
@@ -186,6 +199,19 @@ static const char *accepted(const field_t *f, const request_limits_t *l, char *b
         break;
     case F_TMPL:
         snprintf(buf, n, "a template name of 1..%d bytes", MAX_TEMPLATE_NAME_BYTES);
+        break;
+    case F_BOOL:
+        snprintf(buf, n, "true or false");
+        break;
+    case F_STR:
+        if (strcmp(f->name, "reply_to") == 0)
+            snprintf(buf, n, "a Kafka topic name: 1..%d characters of a-z A-Z 0-9 . _ -",
+                     MAX_TOPIC_BYTES);
+        else if (strcmp(f->name, "tenant") == 0 || strcmp(f->name, "class") == 0)
+            snprintf(buf, n, "1..%d characters of a-z A-Z 0-9 . _ : @ / -, not starting with _",
+                     MAX_LABEL_BYTES);
+        else
+            snprintf(buf, n, "a non-empty string of at most %zu bytes", l->max_id_bytes);
         break;
     }
     return buf;
@@ -480,7 +506,7 @@ static int load_document(pctx_t *c, const char *text, size_t len, json_t **root,
                 return fail(c, REQ_ERR_BAD_PARAM, "%s: number out of range; expected %s",
                             f->name, acc);
             if (nul && f->type != F_ID && f->type != F_TMPL && f->type != F_FORM &&
-                f->type != F_STOP && f->type != F_META)
+                f->type != F_STOP && f->type != F_META && f->type != F_STR)
                 return fail(c, REQ_ERR_WRONG_TYPE, "%s: got a string; expected %s", f->name, acc);
             if (nul)
                 return fail(c, f->type == F_ID ? REQ_ERR_BAD_ID : REQ_ERR_BAD_PARAM,
@@ -906,6 +932,82 @@ static int read_template(pctx_t *c, const field_t *f, const json_t *v, request_t
     return r->template_name ? 0 : oom(c);
 }
 
+/* 1 when s[0..n) is a legal Kafka topic name (1..249 of [a-zA-Z0-9._-], not "." or ".."). */
+static int is_topic_name(const char *s, size_t n)
+{
+    if (n == 0 || n > MAX_TOPIC_BYTES) return 0;
+    if ((n == 1 && s[0] == '.') || (n == 2 && s[0] == '.' && s[1] == '.')) return 0;
+    for (size_t i = 0; i < n; i++) {
+        char ch = s[i];
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+              ch == '.' || ch == '_' || ch == '-'))
+            return 0;
+    }
+    return 1;
+}
+
+/* 1 when s[0..n) may name a tenant or class: 1..64 of [a-zA-Z0-9._:@/-], not starting with
+ * '_' (the worker's own labels, _none and _other, start with it). */
+static int is_label_name(const char *s, size_t n)
+{
+    if (n == 0 || n > MAX_LABEL_BYTES || s[0] == '_') return 0;
+    for (size_t i = 0; i < n; i++) {
+        char ch = s[i];
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+              ch == '.' || ch == '_' || ch == ':' || ch == '@' || ch == '/' || ch == '-'))
+            return 0;
+    }
+    return 1;
+}
+
+/* Checks the value s[0..n) of string field f (from the JSON or from a header: `from` names
+ * which, for the message) and stores a copy. 0 or -1. */
+static int set_str(pctx_t *c, const field_t *f, const char *s, size_t n, const char *from,
+                   request_t *r)
+{
+    char acc[128];
+    int ok;
+    if (strcmp(f->name, "reply_to") == 0)
+        ok = is_topic_name(s, n);
+    else if (strcmp(f->name, "tenant") == 0 || strcmp(f->name, "class") == 0)
+        ok = is_label_name(s, n);
+    else
+        ok = n > 0 && n <= c->lim->max_id_bytes;
+    if (!ok || memchr(s, 0, n))
+        return fail(c, REQ_ERR_BAD_PARAM, "%s%s: %zu bytes, not accepted; expected %s", from,
+                    f->name, n, accepted(f, c->lim, acc, sizeof acc));
+    char **dst = (char **)((char *)r + f->off);
+    free(*dst);
+    *dst = dup_n(s, n);
+    return *dst ? 0 : oom(c);
+}
+
+static int read_str(pctx_t *c, const field_t *f, const json_t *v, request_t *r)
+{
+    if (!json_is_string(v)) return wrong_type(c, f, v);
+    return set_str(c, f, json_string_value(v), json_string_length(v), "", r);
+}
+
+int request_apply_header(request_t *r, const char *name, const void *value, size_t len,
+                         const request_limits_t *limits, const char **code, char *errstr,
+                         size_t errlen)
+{
+    request_limits_t deflim;
+    if (!limits) {
+        request_limits_default(&deflim);
+        limits = &deflim;
+    }
+    const char *code_dummy;
+    pctx_t c = {limits, code ? code : &code_dummy, errstr, errlen};
+    const field_t *f = field_find(name);
+    if (!f || f->type != F_STR) return 0;
+    if (*(char **)((char *)r + f->off)) return 0; /* the JSON field wins */
+    if (!value) len = 0;
+    if (utf8_invalid_at((const unsigned char *)value, len) < len)
+        return fail(&c, REQ_ERR_INVALID_UTF8, "header %s: invalid UTF-8", f->name);
+    return set_str(&c, f, value ? value : "", len, "header ", r);
+}
+
 static int64_t wall_ms(void)
 {
     struct timespec ts;
@@ -970,6 +1072,16 @@ static int read_fields(pctx_t *c, const json_t *root, const char *doc, size_t le
     if (opt(root, "metadata") && read_metadata(c, doc, len, r)) return -1;
     if ((v = opt(root, "chat_template")) && read_template(c, field_find("chat_template"), v, r))
         return -1;
+    for (size_t i = 0; i < N_FIELDS; i++) {
+        const field_t *f = &FIELDS[i];
+        if ((f->type != F_STR && f->type != F_BOOL) || !(v = opt(root, f->name))) continue;
+        if (f->type == F_BOOL) {
+            if (!json_is_boolean(v)) return wrong_type(c, f, v);
+            *(int *)((char *)r + f->off) = json_is_true(v);
+        } else if (read_str(c, f, v, r)) {
+            return -1;
+        }
+    }
     return 0;
 }
 

@@ -35,6 +35,10 @@
                                                       the worker when chat rendering fails */
 #define REQ_ERR_RESULT_TOO_LARGE "result_too_large" /* set by the producer */
 #define REQ_ERR_MESSAGE_BYTES   "message_too_large" /* value over limits.max_message_bytes */
+#define REQ_ERR_UNKNOWN_CLASS   "unknown_class"    /* "class" names no configured class; set by
+                                                      the worker */
+#define REQ_ERR_REPLY_NOT_ALLOWED "reply_not_allowed" /* reply_to names a topic outside the
+                                                      worker's reply.topics; set by the worker */
 /* Not a dead-letter reason: an allocation failed while parsing. The message itself may be fine;
  * the caller should retry or stop, not dead-letter it. */
 #define REQ_ERR_NO_MEMORY       "out_of_memory"
@@ -84,6 +88,18 @@ typedef struct {
                                    msg_timestamp_ms + ttl_ms */
     char *metadata_json;        /* compact JSON text of "metadata", echoed; NULL when absent */
     char *template_name;        /* optional "chat_template" override by name; NULL = model's */
+    /* Request-reply: from the JSON field, else from the Kafka header of the same name
+     * (request_apply_header). NULL when absent. */
+    char *reply_to;             /* topic for the result instead of the output topic (a legal
+                                   topic name; the worker checks it against reply.topics) */
+    char *correlation_id;       /* 1..max_id_bytes bytes, echoed in the result and its
+                                   headers; the key of a reply */
+    int stream;                 /* "stream": 1 = publish partial results (best effort) */
+    /* Accounting (JSON field, else header of the same name): 1..64 of [a-zA-Z0-9._:@/-], not
+     * starting with '_'. NULL when absent (the worker counts it as tenant _none, class
+     * default). */
+    char *tenant;
+    char *class_name;           /* "class" */
 } request_t;
 
 /* Parses value[0..len) of a message whose Kafka timestamp is msg_timestamp_ms (used for
@@ -97,5 +113,17 @@ int request_parse(const char *value, size_t len, int64_t msg_timestamp_ms,
                   char *errstr, size_t errlen);
 
 void request_free(request_t *r);
+
+/* Fields a Kafka record header may carry instead of the JSON (header name = field name). */
+#define REQUEST_HEADER_FIELDS {"reply_to", "correlation_id", "tenant", "class"}
+#define REQUEST_N_HEADER_FIELDS 4
+
+/* Sets field `name` of a parsed request from the value of the Kafka header of that name, with
+ * the same checks as the JSON field, unless the JSON already set it (the JSON field wins). A
+ * name that is not one of REQUEST_HEADER_FIELDS is ignored. 0, or -1 with *code and errstr as
+ * request_parse (r then stays valid and owned by the caller). */
+int request_apply_header(request_t *r, const char *name, const void *value, size_t len,
+                         const request_limits_t *limits, const char **code, char *errstr,
+                         size_t errlen);
 
 #endif

@@ -34,6 +34,7 @@ typedef struct seq {
     uint64_t arrival;
     void *user;
     engine_done_fn done;
+    engine_progress_fn progress; /* NULL: none */
     void *cb_arg;
     int priority;
     int64_t deadline_ms;      /* Unix epoch ms, 0 none */
@@ -72,6 +73,7 @@ typedef struct seq {
 
     int64_t t_submit, t_first_scheduled, t_first_token;
     int step_tokens;          /* tokens given in the current step */
+    int64_t compute_ns;       /* share of forward time: each step's split over its tokens */
 } seq_t;
 
 struct engine {
@@ -283,6 +285,7 @@ static void seq_finish(engine_t *e, seq_t *s, int finish)
         .t_first_scheduled = s->t_first_scheduled,
         .t_first_token = s->t_first_token,
         .t_finish = now_ns(),
+        .compute_ns = s->compute_ns,
         .logprobs = s->n_logprobs ? s->lp : NULL,
         .top_logprobs = s->n_logprobs ? s->top : NULL,
         .n_logprobs = s->n_logprobs,
@@ -500,6 +503,7 @@ int engine_submit(engine_t *e, const engine_request_t *req, engine_done_fn done,
     s->deadline_ms = req->deadline_ms;
     s->user = req->user;
     s->done = done;
+    s->progress = req->progress;
     s->cb_arg = cb_arg;
     s->last_name = kvpool_seed(e->pool);
     s->n_logprobs = req->sampling.n_logprobs;
@@ -896,8 +900,11 @@ int engine_step(engine_t *e, char *errstr, size_t errlen)
     };
     int64_t t0 = now_ns();
     if (e->be->ops->forward(e->be, &batch, e->logits, errstr, errlen) != 0) return -1;
-    e->st.forward_seconds += (double)(now_ns() - t0) * 1e-9;
+    int64_t dt = now_ns() - t0;
+    e->st.forward_seconds += (double)dt * 1e-9;
     e->st.steps++;
+    for (int i = 0; i < n; i++)
+        e->b_seqs[i]->compute_ns += dt * e->b_seqs[i]->step_tokens / T;
 
     const int n_vocab = e->model->hp.n_vocab;
     int li = 0;
@@ -907,7 +914,14 @@ int engine_step(engine_t *e, char *errstr, size_t errlen)
         seq_publish(e, s);
         if (s->n_computed != s->n_tokens) continue;
         int finish;
-        if (seq_advance(e, s, e->logits + (size_t)li++ * n_vocab, &finish)) {
+        if (!seq_advance(e, s, e->logits + (size_t)li++ * n_vocab, &finish)) {
+            if (s->progress) {
+                engine_progress_t p = {.id = s->id, .user = s->user,
+                                       .text = s->text ? s->text : "",
+                                       .text_len = s->text_final, .n_tokens = s->n_generated};
+                s->progress(s->cb_arg, &p);
+            }
+        } else {
             for (int r = 0; r < e->n_running; r++)
                 if (e->running[r] == s) {
                     queue_remove_at(e->running, &e->n_running, r);

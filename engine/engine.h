@@ -76,6 +76,24 @@ enum engine_finish {
 };
 const char *engine_finish_name(int finish); /* "stop", "length", "abort" */
 
+/* A running request's progress: its text that is final so far. text[0..text_len) never changes
+ * afterwards and only grows from one call to the next: it is a prefix of the finished
+ * request's text (engine_result_t.text), ends on a UTF-8 character boundary (the streaming
+ * decoder holds back partial characters) and holds nothing that a stop string could still
+ * remove (the stop matcher holds back a possible partial match). Valid only during the call. */
+typedef struct {
+    uint64_t id;
+    void *user;
+    const char *text;
+    size_t text_len;
+    int n_tokens;                   /* tokens generated so far */
+} engine_progress_t;
+
+/* Called on the step thread (inside engine_step) after each generated token that does not
+ * finish the request; the last token is reported by the done callback only. Must not call
+ * engine_submit, engine_step or engine_cancel. */
+typedef void (*engine_progress_fn)(void *cb_arg, const engine_progress_t *p);
+
 typedef struct {
     const int32_t *prompt;          /* [n_prompt] token ids, copied by engine_submit */
     int n_prompt;
@@ -93,6 +111,8 @@ typedef struct {
                                        Only orders admission (sched_urgent_ms): the caller
                                        cancels what expires */
     void *user;                     /* passed back in the result */
+    engine_progress_fn progress;    /* optional (NULL): see engine_progress_t; gets the cb_arg
+                                       of engine_submit */
 } engine_request_t;
 
 void engine_request_default(engine_request_t *r);
@@ -116,6 +136,9 @@ typedef struct {
     int n_preempted;                /* times the request was preempted and recomputed */
     /* monotonic ns */
     int64_t t_submit, t_first_scheduled, t_first_token, t_finish;
+    int64_t compute_ns;             /* this request's share of forward-step time: each step's
+                                       time split over the step's tokens (prefill and decode
+                                       tokens alike), summed over its steps */
     /* when sampling.n_logprobs > 0: [n_tokens] chosen and [n_tokens][n_logprobs] top */
     const engine_logprob_t *logprobs;
     const engine_logprob_t *top_logprobs;

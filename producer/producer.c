@@ -125,6 +125,21 @@ int producer_send(producer_t *p, const char *topic, const void *key, size_t klen
     }
 }
 
+int producer_send_nowait(producer_t *p, const char *topic, const void *key, size_t klen,
+                         const void *value, size_t vlen, rd_kafka_headers_t *hdrs, void *opaque,
+                         char *errstr, size_t errlen)
+{
+    rd_kafka_resp_err_t err = rd_kafka_producev(
+        p->rk, RD_KAFKA_V_TOPIC(topic), RD_KAFKA_V_KEY(key, klen),
+        RD_KAFKA_V_VALUE((void *)value, vlen), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+        RD_KAFKA_V_HEADERS(hdrs), RD_KAFKA_V_OPAQUE(opaque), RD_KAFKA_V_END);
+    if (!err) return 0; /* hdrs now owned by librdkafka */
+    if (hdrs) rd_kafka_headers_destroy(hdrs);
+    snprintf(errstr, errlen, "produce to %s: %s", topic, rd_kafka_err2str(err));
+    if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL) return 1;
+    return err == RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE ? -2 : -1;
+}
+
 int producer_prepare_topic(producer_t *p, const char *topic, int timeout_ms, char *errstr,
                            size_t errlen)
 {

@@ -53,6 +53,11 @@ void producer_free(producer_t *p, int timeout_ms);
 int producer_send(producer_t *p, const char *topic, const void *key, size_t klen,
                   const void *value, size_t vlen, rd_kafka_headers_t *hdrs, void *opaque,
                   char *errstr, size_t errlen);
+/* As producer_send, but never waits: 1 when the local queue is full (nothing sent; hdrs
+ * consumed). For best-effort records sent from a thread that must not block. */
+int producer_send_nowait(producer_t *p, const char *topic, const void *key, size_t klen,
+                         const void *value, size_t vlen, rd_kafka_headers_t *hdrs, void *opaque,
+                         char *errstr, size_t errlen);
 /* Fetches topic's metadata (partitions and leaders) now, so that the first records sent to it
  * do not wait for a metadata refresh (about a second in librdkafka 2.0). 0, or -1 with errstr
  * (e.g. the topic does not exist, or no broker answered within timeout_ms); sending to it

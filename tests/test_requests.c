@@ -10,6 +10,7 @@
 #include <inttypes.h>
 #include <math.h>
 #include <stdint.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -206,6 +207,7 @@ static int check_field(const request_t *r, const char *key, const char *val)
         return i >= 0 && i < r->n_stop && !strcmp(r->stop[i], val);
     }
     if (!strcmp(key, "priority")) return r->priority == atoi(val);
+    if (!strcmp(key, "stream")) return r->stream == atoi(val);
     if (!strcmp(key, "deadline_ms")) return r->deadline_ms == strtoll(val, NULL, 10);
     if (!strcmp(key, "metadata"))
         return !strcmp(val, "(null)") ? r->metadata_json == NULL
@@ -213,6 +215,17 @@ static int check_field(const request_t *r, const char *key, const char *val)
     if (!strcmp(key, "chat_template"))
         return !strcmp(val, "(null)") ? r->template_name == NULL
                                       : r->template_name && !strcmp(r->template_name, val);
+    static const struct { const char *key; size_t off; } STRS[] = {
+        {"reply_to", offsetof(request_t, reply_to)},
+        {"correlation_id", offsetof(request_t, correlation_id)},
+        {"tenant", offsetof(request_t, tenant)},
+        {"class", offsetof(request_t, class_name)},
+    };
+    for (size_t i = 0; i < sizeof STRS / sizeof STRS[0]; i++) {
+        if (strcmp(key, STRS[i].key)) continue;
+        const char *v = *(char *const *)((const char *)r + STRS[i].off);
+        return !strcmp(val, "(null)") ? v == NULL : v && !strcmp(v, val);
+    }
     return -1;
 }
 

@@ -86,6 +86,27 @@ int main(void)
     fclose(m);
     CHECK(strstr(buf, "kafka.producer.acks") && strstr(buf, "# cli") && strstr(buf, "max.inflight"));
     free(buf);
+
+    /* service classes */
+    worker_class_t *cl = NULL;
+    int ncl = 0;
+    CHECK(worker_classes_parse("rt:priority=100:ttft_ms=500:max_queue_ms=9000,bulk", &cl, &ncl,
+                               err, sizeof err) == 0);
+    CHECK(ncl == 2 && !strcmp(cl[0].name, "rt") && cl[0].priority == 100 && cl[0].ttft_ms == 500 &&
+          cl[0].max_queue_ms == 9000 && !strcmp(cl[1].name, "bulk") && cl[1].priority == 0 &&
+          cl[1].ttft_ms == 0);
+    free(cl);
+    const char *bad[] = {"", "a,a", "a:prio=1", "a:priority=2000", "a:ttft_ms=-1", "a b",
+                         "a:priority", "a:priority=1x"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        CHECK(worker_classes_parse(bad[i], &cl, &ncl, err, sizeof err) == -1 && strstr(err, "classes"));
+    CHECK(worker_config_set(&c, "limits.default_max_tokens", "256", "cli", err, sizeof err) == 0);
+    CHECK(worker_config_check(&c, err, sizeof err) == 0);
+    CHECK(worker_config_set(&c, "class.default", "gold", "cli", err, sizeof err) == 0);
+    CHECK(worker_config_check(&c, err, sizeof err) == -1 && strstr(err, "class.default"));
+    CHECK(worker_config_set(&c, "class.default", "interactive", "cli", err, sizeof err) == 0);
+    CHECK(worker_config_set(&c, "overload.cap_at", "20", "cli", err, sizeof err) == 0);
+    CHECK(worker_config_check(&c, err, sizeof err) == -1 && strstr(err, "overload"));
     worker_config_free(&c);
     return check_exit();
 }

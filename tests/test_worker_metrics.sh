@@ -147,6 +147,8 @@ def get(path):
     except Exception as e:
         return 0, type(e).__name__
 deadline, health, seen = time.time() + 90, None, []
+open(out + ".up", "w").close()  # the test starts the worker only now: a loaded machine can take
+                                # longer to start python than the worker takes to be assigned
 with open(out, "w") as f:
     while time.time() < deadline:
         if health is None:
@@ -169,6 +171,8 @@ with open(out, "w") as f:
         time.sleep(0.02)
 PY
 PROBE=$!
+for _ in $(seq 1 300); do [ -f "$WORK/probe.txt.up" ] && break; sleep 0.05; done
+[ -f "$WORK/probe.txt.up" ] || fail "the /readyz probe did not start"
 phase start
 "$SPILLWAY" worker -b "$BOOTSTRAP" -t prompts -o results -d prompts.dlq -g spm -m "$MODEL" \
   -s threads=1 -s commit.interval.ms=200 -s max.inflight=64 -s kv.mem_mb=4 -s log.level=info \

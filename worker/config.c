@@ -28,6 +28,28 @@ static const key_t_ KEYS[] = {
     {"input.topics", K_STR, F(input_topics), "prompts", 0, 0, "input topics, comma-separated"},
     {"output.topic", K_STR, F(output_topic), "results", 0, 0, "result topic"},
     {"dlq.topic", K_STR, F(dlq_topic), "prompts.dlq", 0, 0, "dead-letter topic"},
+    {"reply.topics", K_STR, F(reply_topics), "", 0, 0,
+     "topics a request may name in reply_to, comma-separated (\"\" = none: reply_to -> DLQ "
+     "reply_not_allowed)"},
+    {"stream.topic", K_STR, F(stream_topic), "", 0, 0,
+     "topic of the partial results of requests with \"stream\": true (\"\" = off: final result "
+     "only)"},
+    {"stream.every_tokens", K_INT, F(stream_every_tokens), "8", 0, 1 << 20,
+     "a chunk once this many tokens were generated since the last one (0 = by time only)"},
+    {"stream.every_ms", K_INT, F(stream_every_ms), "250", 0, 3600000,
+     "a chunk once this many ms passed since the last one (0 = by tokens only)"},
+    {"usage.topic", K_STR, F(usage_topic), "", 0, 0,
+     "topic of the periodic per-tenant usage records (\"\" = none)"},
+    {"usage.interval.ms", K_INT, F(usage_interval_ms), "60000", 100, 86400000,
+     "period of the usage records"},
+    {"usage.max_tenants", K_INT, F(usage_max_tenants), "100", 1, 100000,
+     "distinct tenants counted by name; later ones count as _other"},
+    {"usage.max_classes", K_INT, F(usage_max_classes), "16", 1, 10000,
+     "distinct classes counted by name; later ones count as _other"},
+    {"autoscale.avg_results", K_INT, F(autoscale_avg_results), "100", 1, 1000000,
+     "results in the moving average of tokens per message (lag_tokens)"},
+    {"autoscale.avg_seconds", K_INT, F(autoscale_avg_seconds), "30", 1, 86400,
+     "busy seconds in the moving average of token_throughput"},
     {"group.id", K_STR, F(group_id), "spillway", 0, 0, "consumer group"},
     {"worker.id", K_STR, F(worker_id), "", 0, 0, "name in results and DLQ headers (\"\" = host-pid)"},
     {"transactional.id", K_STR, F(transactional_id), "", 0, 0,
@@ -63,6 +85,22 @@ static const key_t_ KEYS[] = {
      "a waiting request gains one priority level per this many ms (0 = no aging)"},
     {"sched.urgent_ms", K_INT, F(sched_urgent_ms), "2000", 0, 86400000,
      "one more priority level when the deadline is closer than this"},
+    {"classes", K_STR, F(classes), "interactive:priority=100:ttft_ms=1000:max_queue_ms=30000,batch:priority=0", 0, 0,
+     "service classes: name:priority=P:ttft_ms=T:max_queue_ms=Q, comma-separated"},
+    {"class.default", K_STR, F(class_default), "batch", 0, 0, "class of a request without \"class\""},
+    {"overload.deferral.topic", K_STR, F(deferral_topic), "", 0, 0,
+     "overload step 1 moves lowest-class messages here, consumed again later (\"\" = no shedding)"},
+    {"overload.shed_at", K_INT, F(overload_shed_at), "50", 1, 100000,
+     "pressure (percent of the top class's ttft_ms) of step 1: shed the lowest class"},
+    {"overload.cap_at", K_INT, F(overload_cap_at), "75", 1, 100000,
+     "pressure of step 2: cap max_tokens of classes below the top one"},
+    {"overload.refuse_at", K_INT, F(overload_refuse_at), "100", 1, 100000,
+     "pressure of step 3: refuse them with an \"overloaded\" result"},
+    {"overload.cap_tokens", K_INT, F(overload_cap_tokens), "64", 1, 1 << 20, "max_tokens cap of step 2"},
+    {"overload.cooldown_ms", K_INT, F(overload_cooldown_ms), "2000", 0, 3600000,
+     "pressure below a step's threshold this long before stepping down"},
+    {"overload.window_ms", K_INT, F(overload_window_ms), "60000", 1, 86400000,
+     "steps only while a top-class message arrived within this"},
     {"cache.redis.host", K_STR, F(cache_redis_host), "", 0, 0,
      "Redis of the prefix-cache index (\"\" = tier 2 off)"},
     {"cache.redis.port", K_INT, F(cache_redis_port), "6379", 1, 65535, "its port"},
@@ -415,6 +453,19 @@ int worker_config_check(const worker_config_t *c, char *errstr, size_t errlen)
         snprintf(errstr, errlen, "model is not set (-m FILE or model=FILE)");
         return -1;
     }
+    for (const char *p = c->reply_topics; *p; p++) {
+        if (*p == ',' || *p == ' ' || *p == '\t' || (*p >= 'a' && *p <= 'z') ||
+            (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '.' || *p == '_' ||
+            *p == '-')
+            continue;
+        snprintf(errstr, errlen, "reply.topics: '%c' cannot be in a topic name (a comma-separated "
+                 "list of topics of a-z A-Z 0-9 . _ -)", *p);
+        return -1;
+    }
+    if (c->stream_every_tokens == 0 && c->stream_every_ms == 0) {
+        snprintf(errstr, errlen, "stream.every_tokens and stream.every_ms are both 0");
+        return -1;
+    }
     if (strcmp(c->kv_type, "f16") && strcmp(c->kv_type, "f32")) {
         snprintf(errstr, errlen, "kv.type must be f16 or f32");
         return -1;
@@ -436,7 +487,119 @@ int worker_config_check(const worker_config_t *c, char *errstr, size_t errlen)
         snprintf(errstr, errlen, "limits.max_prompt_bytes exceeds limits.max_message_bytes");
         return -1;
     }
+    worker_class_t *cl;
+    int n;
+    if (worker_classes_parse(c->classes, &cl, &n, errstr, errlen)) return -1;
+    int found = 0;
+    for (int i = 0; i < n; i++) found |= !strcmp(cl[i].name, c->class_default);
+    free(cl);
+    if (!found) {
+        snprintf(errstr, errlen, "class.default %s is not one of the classes", c->class_default);
+        return -1;
+    }
+    if (!(c->overload_shed_at <= c->overload_cap_at && c->overload_cap_at <= c->overload_refuse_at)) {
+        snprintf(errstr, errlen, "overload.shed_at <= overload.cap_at <= overload.refuse_at must hold");
+        return -1;
+    }
+    if (*c->deferral_topic && (!strcmp(c->deferral_topic, c->output_topic) ||
+                               !strcmp(c->deferral_topic, c->dlq_topic))) {
+        snprintf(errstr, errlen, "overload.deferral.topic must differ from output.topic and dlq.topic");
+        return -1;
+    }
     return 0;
+}
+
+static int class_name_ok(const char *s, size_t n)
+{
+    if (n == 0 || n > 64) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!isalnum((unsigned char)s[i]) && s[i] != '_' && s[i] != '.' && s[i] != '-') return 0;
+    return 1;
+}
+
+int worker_classes_parse(const char *spec, worker_class_t **out, int *n, char *errstr,
+                         size_t errlen)
+{
+    worker_class_t *cl = calloc(32, sizeof *cl);
+    int k = 0;
+    if (!cl) {
+        snprintf(errstr, errlen, "out of memory");
+        return -1;
+    }
+    const char *p = spec;
+    while (*p) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (k == 32) {
+            snprintf(errstr, errlen, "classes: more than 32 classes");
+            goto fail;
+        }
+        worker_class_t *c = &cl[k];
+        const char *q = p, *stop = p + len;
+        const char *colon = memchr(q, ':', len);
+        size_t nl = colon ? (size_t)(colon - q) : len;
+        if (!class_name_ok(q, nl)) {
+            snprintf(errstr, errlen, "classes: bad class name \"%.*s\" (1..64 bytes of A-Z a-z 0-9 _ . -)",
+                     (int)(nl > 64 ? 64 : nl), q);
+            goto fail;
+        }
+        memcpy(c->name, q, nl);
+        c->name[nl] = 0;
+        for (int i = 0; i < k; i++)
+            if (!strcmp(cl[i].name, c->name)) {
+                snprintf(errstr, errlen, "classes: class %s given twice", c->name);
+                goto fail;
+            }
+        q += nl;
+        while (q < stop) { /* ":key=value" */
+            q++;
+            const char *ce = memchr(q, ':', (size_t)(stop - q));
+            if (!ce) ce = stop;
+            const char *eq = memchr(q, '=', (size_t)(ce - q));
+            char val[32];
+            size_t vl = eq ? (size_t)(ce - eq - 1) : 0;
+            if (!eq || vl == 0 || vl >= sizeof val) {
+                snprintf(errstr, errlen, "classes: class %s: expected key=value, got \"%.*s\"",
+                         c->name, (int)(ce - q), q);
+                goto fail;
+            }
+            memcpy(val, eq + 1, vl);
+            val[vl] = 0;
+            char *e;
+            errno = 0;
+            long v = strtol(val, &e, 10);
+            size_t kl = (size_t)(eq - q);
+            int *dst = kl == 8 && !memcmp(q, "priority", 8)       ? &c->priority
+                       : kl == 7 && !memcmp(q, "ttft_ms", 7)       ? &c->ttft_ms
+                       : kl == 12 && !memcmp(q, "max_queue_ms", 12) ? &c->max_queue_ms
+                                                                    : NULL;
+            if (!dst) {
+                snprintf(errstr, errlen, "classes: class %s: unknown setting \"%.*s\" "
+                         "(priority, ttft_ms, max_queue_ms)", c->name, (int)kl, q);
+                goto fail;
+            }
+            long lo = dst == &c->priority ? -1000 : 0, hi = dst == &c->priority ? 1000 : 86400000;
+            if (*e || errno || v < lo || v > hi) {
+                snprintf(errstr, errlen, "classes: class %s: %.*s=%s: expected an integer in %ld..%ld",
+                         c->name, (int)kl, q, val, lo, hi);
+                goto fail;
+            }
+            *dst = (int)v;
+            q = ce;
+        }
+        k++;
+        p = end ? end + 1 : p + len;
+    }
+    if (k == 0) {
+        snprintf(errstr, errlen, "classes: no class given");
+        goto fail;
+    }
+    *out = cl;
+    *n = k;
+    return 0;
+fail:
+    free(cl);
+    return -1;
 }
 
 void worker_config_print(const worker_config_t *c, FILE *out)

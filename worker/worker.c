@@ -43,9 +43,12 @@
 #include "engine/engine.h"
 #include "producer/producer.h"
 #include "worker/metrics.h"
+#include "worker/usage.h"
 #include "worker/worker.h"
 
 static const char *const LEVEL_NAME[] = {"ERROR", "WARN", "INFO", "DEBUG"};
+
+#define N_FINISH 5
 
 typedef struct wreq wreq_t;
 struct wreq {
@@ -74,10 +77,22 @@ struct wreq {
     int expired;                 /* result is finish_reason "expired" */
     const char *finish;          /* finish_reason (static), NULL for a DLQ record */
     int n_prompt, n_completion, n_cached;
+    int64_t compute_ns;          /* the engine's compute share (engine_result_t.compute_ns) */
     double ttft_ms;              /* < 0 none */
     double itl_s;                /* mean time between generated tokens; < 0 none */
     int64_t queue_ns;            /* intake to the first scheduled step (or to the result) */
     int64_t retry_at_ms;         /* retry list: next attempt (monotonic ms) */
+    /* streaming ("stream": true with stream.topic set): chunks of the text that is final so
+     * far, by whichever thread holds r (engine thread while it runs) */
+    size_t stream_sent;          /* bytes of the text already in chunks */
+    int stream_seq;              /* seq of the next chunk */
+    int stream_tokens;           /* generated tokens at the last chunk */
+    int64_t stream_ns;           /* monotonic ns of the last chunk (or of the submission) */
+    /* service class (poll thread sets at intake) */
+    int cls;                     /* index in w->classes */
+    int is_shed;                 /* the output is the original message, to the deferral topic */
+    int capped_from;             /* max_tokens before the cap of step 2; 0 = not capped */
+    double wait_ms;              /* Kafka timestamp to intake, >= 0 */
 };
 
 typedef struct {
@@ -102,13 +117,26 @@ typedef struct {
     atomic_int_fast64_t last_poll_ms;         /* monotonic ms of the poll loop's last turn */
     /* metrics (worker/metrics.h): histograms observed by the poll thread */
     metrics_hist_t h_ttft, h_itl, h_e2e, h_queue, h_commit;
-    atomic_uint_fast64_t finish_n[4];         /* by FINISH_NAMES */
+    atomic_uint_fast64_t finish_n[N_FINISH];  /* by FINISH_NAMES */
+    /* overload steps (poll thread writes) */
+    atomic_int ov_level, ov_pressure;        /* step 0..3; pressure in percent */
+    atomic_uint_fast64_t ov_shed, ov_capped, ov_refused, ov_steps_up, ov_steps_down,
+        class_expired;
     /* dead letters by reason: code pointers (REQ_ERR_*, static) set once by the poll thread */
     _Atomic(const char *) dlq_code[32];
     atomic_uint_fast64_t dlq_n[32];
+    /* autoscaling estimates (doubles as bits; written by the poll thread only):
+     * tokens per message: exponential moving average of prompt + completion tokens per
+     * result (NaN before the first result); throughput: of tokens finished per second over the
+     * seconds in which the engine had requests waiting (NaN before the first such second) */
+    atomic_uint_fast64_t tok_per_msg_bits, tput_bits;
+    atomic_uint_fast64_t cost_sum, cost_n;    /* prompt + max_tokens of accepted requests */
+    /* side producer (stream chunks): records acknowledged / not queued or not delivered */
+    atomic_uint_fast64_t chunks_ok, chunks_failed;
 } stats_t;
 
-static const char *const FINISH_NAMES[4] = {"stop", "length", "abort", "expired"};
+static const char *const FINISH_NAMES[N_FINISH] = {"stop", "length", "abort", "expired",
+                                                    "overloaded"};
 
 struct worker {
     worker_config_t cfg;
@@ -121,7 +149,18 @@ struct worker {
     cache_t *cache;          /* prefix cache tier 2, or NULL; used by the engine thread */
     consumer_t *cons;
     producer_t *prod;
+    producer_t *aux;             /* side producer, not transactional: stream chunks and usage
+                                    records (best effort); NULL when neither topic is set */
+    usage_t *usage;              /* per-tenant accounting (any thread) */
+    int64_t usage_start_ms;      /* poll thread: wall-clock start of the current usage period */
+    int64_t tput_t_ms;           /* poll thread: start of the current throughput second ... */
+    uint64_t tput_tokens;        /* ... and the finished tokens at its start */
+    uint64_t tput_idle;          /* ... the engine thread's idle ns at its start ... */
+    int tput_idle_open;          /* ... and whether it had nothing to do then */
     metrics_server_t *metrics;   /* the endpoint, or NULL (metrics.port 0) */
+    atomic_int started;          /* worker_new has finished: the metrics thread may read w */
+    char **reply_allow;          /* [n_reply_allow] reply.topics, split (owned) */
+    int n_reply_allow;
     char **prop_c_keys, **prop_c_vals, **prop_p_keys, **prop_p_vals; /* pass-through split */
     int n_prop_c, n_prop_p;
 
@@ -147,6 +186,17 @@ struct worker {
     long inflight_bytes;
     long inflight_tokens;        /* sum of cost over accepted, unacknowledged requests */
     int32_t bos;                 /* the model's BOS id, -1 none */
+    /* service classes (read-only after worker_new) */
+    worker_class_t *classes;
+    int n_classes, top_class, low_class, default_class;
+    /* overload steps (poll thread only) */
+    int ov_level;                /* 0 none, 1 shed, 2 cap, 3 refuse */
+    int64_t ov_below_since_ms;   /* pressure under the current step's threshold since; 0 = not */
+    double top_ttft_ewma_ms;     /* top class: wait_ms + ttft_ms, exponentially averaged */
+    int64_t top_ttft_at_ms;      /* when it was last updated (monotonic ms); 0 = never */
+    double wait_ewma_ms;         /* wait_ms of messages from topics other than the deferral one */
+    int64_t wait_at_ms;          /* when it was last updated; 0 = never */
+    int64_t top_seen_ms;         /* a top-class message last arrived (monotonic ms); 0 = never */
     volatile sig_atomic_t *stats_flag;
     int txn_open;
     int64_t txn_start_ms, last_commit_ms;
@@ -169,6 +219,26 @@ static int64_t add_since(atomic_uint_fast64_t *c, int64_t t0)
     int64_t now = mono_ns();
     atomic_fetch_add_explicit(c, (uint64_t)(now - t0), memory_order_relaxed);
     return now;
+}
+
+static double bits_double(uint64_t b)
+{
+    double d;
+    memcpy(&d, &b, sizeof d);
+    return d;
+}
+static uint64_t double_bits(double d)
+{
+    uint64_t b;
+    memcpy(&b, &d, sizeof b);
+    return b;
+}
+/* One sample into the exponential moving average stored in *bits (NaN: none yet), over about
+ * n samples (alpha = 2 / (n + 1)). One writer. */
+static void ewma_add(atomic_uint_fast64_t *bits, double x, int n)
+{
+    double m = bits_double(atomic_load(bits)), a = 2.0 / (n + 1.0);
+    atomic_store(bits, double_bits(isnan(m) ? x : m + a * (x - m)));
 }
 
 static int64_t thread_cpu_ns(clockid_t id)
@@ -381,14 +451,19 @@ static int make_result(worker_t *w, wreq_t *r, const engine_result_t *er, const 
     json_t *o = json_object(), *u = json_object(), *t = json_object(), *in = json_object();
     if (!o || !u || !t || !in) goto oom;
     json_object_set_new(o, "id", json_string(r->req.id));
+    if (r->req.correlation_id)
+        json_object_set_new(o, "correlation_id", json_string(r->req.correlation_id));
+    if (r->req.tenant) json_object_set_new(o, "tenant", json_string(r->req.tenant));
     json_object_set_new(o, "text", er ? json_stringn(er->text, er->text_len) : json_string(""));
     json_object_set_new(o, "finish_reason", json_string(finish));
     r->n_prompt = er ? er->n_prompt : 0;
     r->n_completion = er ? er->n_tokens : 0;
     r->n_cached = er ? er->n_cached : 0;
+    r->compute_ns = er ? er->compute_ns : 0;
     json_object_set_new(u, "prompt_tokens", json_integer(r->n_prompt));
     json_object_set_new(u, "cached_tokens", json_integer(r->n_cached));
     json_object_set_new(u, "completion_tokens", json_integer(r->n_completion));
+    json_object_set_new(u, "compute_ms", json_real((double)r->compute_ns * 1e-6));
     json_object_set_new(o, "usage", u);
     u = NULL;
     r->queue_ns = (er && er->t_first_scheduled ? er->t_first_scheduled : now) - r->t_intake;
@@ -399,8 +474,15 @@ static int make_result(worker_t *w, wreq_t *r, const engine_result_t *er, const 
     json_object_set_new(t, "ttft_ms", json_real(r->ttft_ms >= 0 ? r->ttft_ms : 0));
     json_object_set_new(t, "decode_ms", json_real(decode));
     json_object_set_new(t, "total_ms", json_real(ms_between(r->t_intake, now)));
+    json_object_set_new(t, "wait_ms", json_real(r->wait_ms));
     json_object_set_new(o, "timings", t);
     t = NULL;
+    json_object_set_new(o, "class", json_string(w->classes[r->cls].name));
+    if (r->capped_from) {
+        json_t *d = json_pack("{s:s, s:i, s:i}", "step", "cap", "max_tokens", r->req.max_tokens,
+                              "requested_max_tokens", r->capped_from);
+        if (!d || json_object_set_new(o, "degraded", d)) goto oom;
+    }
     json_object_set_new(o, "model", json_string(w->model_name));
     json_object_set_new(o, "worker", json_string(w->worker_id));
     json_object_set_new(in, "topic", json_string(rd_kafka_topic_name(r->msg->rkt)));
@@ -425,7 +507,7 @@ static int make_result(worker_t *w, wreq_t *r, const engine_result_t *er, const 
     r->is_dlq = 0;
     r->expired = !strcmp(finish, "expired");
     r->finish = NULL;
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < N_FINISH; i++)
         if (!strcmp(finish, FINISH_NAMES[i])) r->finish = FINISH_NAMES[i];
     r->itl_s = er && er->n_tokens > 1 && er->t_first_token
                    ? (double)(er->t_finish - er->t_first_token) * 1e-9 / (er->n_tokens - 1)
@@ -457,6 +539,92 @@ static void active_remove(worker_t *w, wreq_t *r)
     r->active_ix = -1;
 }
 
+/* Opaques of the side producer's records, told apart in its delivery reports. */
+static const char AUX_CHUNK[] = "chunk";
+static const char AUX_USAGE[] = "usage";
+
+/* Publishes one chunk of r's stream (schemas/chunk.schema.json): delta[0..len) follows the
+ * text of the previous chunks; finish is NULL, or the finish reason for the last chunk. Best
+ * effort and never blocking: when the side producer cannot take it, nothing is sent and the
+ * next chunk carries this delta too (the deltas of the chunks sent always concatenate to a
+ * prefix of the final text). Thread of whoever holds r. */
+static void send_chunk(worker_t *w, wreq_t *r, const char *delta, size_t len, int n_tokens,
+                       const char *finish)
+{
+    char err[256];
+    const char *corr = r->req.correlation_id;
+    json_t *o = json_object(), *in = json_object();
+    if (!o || !in) {
+        json_decref(o);
+        json_decref(in);
+        atomic_fetch_add(&w->st.chunks_failed, 1);
+        return;
+    }
+    json_object_set_new(o, "id", json_string(r->req.id));
+    if (corr) json_object_set_new(o, "correlation_id", json_string(corr));
+    json_object_set_new(o, "seq", json_integer(r->stream_seq));
+    json_object_set_new(o, "text", json_stringn(delta, len));
+    json_object_set_new(o, "n_tokens", json_integer(n_tokens));
+    json_object_set_new(o, "final", json_boolean(finish != NULL));
+    json_object_set_new(o, "best_effort", json_true());
+    if (finish) json_object_set_new(o, "finish_reason", json_string(finish));
+    json_object_set_new(in, "topic", json_string(rd_kafka_topic_name(r->msg->rkt)));
+    json_object_set_new(in, "partition", json_integer(r->msg->partition));
+    json_object_set_new(in, "offset", json_integer(r->msg->offset));
+    json_object_set_new(o, "input", in); /* steals in */
+    char *js = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    if (!js) {
+        atomic_fetch_add(&w->st.chunks_failed, 1);
+        return;
+    }
+    rd_kafka_headers_t *h = NULL;
+    if (corr) {
+        h = rd_kafka_headers_new(1);
+        if (h && rd_kafka_header_add(h, WORKER_H_CORRELATION_ID, -1, corr, -1)) {
+            rd_kafka_headers_destroy(h);
+            h = NULL;
+        }
+    }
+    const char *key = corr ? corr : r->req.id; /* one partition: chunks stay in seq order */
+    int rc = producer_send_nowait(w->aux, w->cfg.stream_topic, key, strlen(key), js, strlen(js),
+                                  h, (void *)AUX_CHUNK, err, sizeof err); /* h consumed */
+    free(js);
+    if (rc) {
+        atomic_fetch_add(&w->st.chunks_failed, 1);
+        wlog(w, 3, "stream chunk %d of %s not sent: %s", r->stream_seq, r->req.id, err);
+        return;
+    }
+    r->stream_sent += len;
+    r->stream_seq++;
+    r->stream_tokens = n_tokens;
+    r->stream_ns = mono_ns();
+}
+
+/* The last chunk of a streamed request: the rest of its final text, final: true. */
+static void stream_finish(worker_t *w, wreq_t *r, const char *text, size_t len, int n_tokens,
+                          const char *finish)
+{
+    if (!w->aux || !r->parsed || !r->req.stream || len < r->stream_sent) return;
+    send_chunk(w, r, text + r->stream_sent, len - r->stream_sent, n_tokens, finish);
+}
+
+/* engine_step callback after each generated token that did not finish r (engine thread):
+ * a chunk when stream.every_tokens tokens or stream.every_ms ms passed since the last one. */
+static void on_engine_progress(void *arg, const engine_progress_t *p)
+{
+    worker_t *w = arg;
+    wreq_t *r = p->user;
+    if (atomic_load(&r->cancelled) || p->text_len <= r->stream_sent) return;
+    int by_tokens = w->cfg.stream_every_tokens > 0 &&
+                    p->n_tokens - r->stream_tokens >= w->cfg.stream_every_tokens;
+    int by_time = w->cfg.stream_every_ms > 0 &&
+                  mono_ns() - r->stream_ns >= (int64_t)w->cfg.stream_every_ms * 1000000;
+    if (by_tokens || by_time)
+        send_chunk(w, r, p->text + r->stream_sent, p->text_len - r->stream_sent, p->n_tokens,
+                   NULL);
+}
+
 /* engine_step / engine_cancel callback, on the engine thread. */
 static void on_engine_done(void *arg, const engine_result_t *res)
 {
@@ -468,6 +636,7 @@ static void on_engine_done(void *arg, const engine_result_t *res)
         return;
     }
     const char *finish = r->expire ? "expired" : engine_finish_name(res->finish);
+    stream_finish(w, r, res->text, res->text_len, res->n_tokens, finish);
     int64_t t0 = mono_ns();
     make_result(w, r, res, finish);
     add_since(&w->st.ns_result, t0);
@@ -485,6 +654,7 @@ static void engine_start(worker_t *w, wreq_t *r)
     atomic_fetch_add_explicit(&w->st.ns_inbox_sum, (uint64_t)(mono_ns() - r->t_intake),
                               memory_order_relaxed);
     if (deadline_passed(r)) {
+        stream_finish(w, r, "", 0, 0, "expired");
         make_result(w, r, NULL, "expired");
         outbox_push(w, r);
         return;
@@ -505,8 +675,12 @@ static void engine_start(worker_t *w, wreq_t *r)
     q.sampling.n_logprobs = r->req.n_logprobs;
     q.stop = (const char *const *)r->req.stop;
     q.n_stop = r->req.n_stop;
-    q.priority = r->req.priority;
+    q.priority = w->classes[r->cls].priority * 2001 + r->req.priority;
     q.user = r;
+    if (r->req.stream && w->aux) {
+        q.progress = on_engine_progress;
+        r->stream_ns = mono_ns();
+    }
     if (w->n_active == w->cap_active) {
         int cap = w->cap_active ? w->cap_active * 2 : 64;
         wreq_t **a = realloc(w->active, sizeof *a * (size_t)cap);
@@ -630,12 +804,16 @@ static void count_dlq_reason(worker_t *w, const char *code)
 
 static void count_output(worker_t *w, const wreq_t *r)
 {
+    if (r->is_shed) {
+        atomic_fetch_add(&w->st.ov_shed, 1);
+        return;
+    }
     if (r->is_dlq) {
         atomic_fetch_add(&w->st.dlq, 1);
         count_dlq_reason(w, r->dlq_code ? r->dlq_code : "unknown");
         return;
     }
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < N_FINISH; i++)
         if (r->finish == FINISH_NAMES[i]) atomic_fetch_add(&w->st.finish_n[i], 1);
     metrics_hist_observe(&w->st.h_e2e, (double)(mono_ns() - r->t_intake) * 1e-9);
     metrics_hist_observe(&w->st.h_queue, (double)r->queue_ns * 1e-9);
@@ -647,9 +825,21 @@ static void count_output(worker_t *w, const wreq_t *r)
     atomic_fetch_add(&w->st.prompt_tokens, (uint64_t)r->n_prompt);
     atomic_fetch_add(&w->st.completion_tokens, (uint64_t)r->n_completion);
     atomic_fetch_add(&w->st.cached_tokens, (uint64_t)r->n_cached);
+    ewma_add(&w->st.tok_per_msg_bits, (double)(r->n_prompt + r->n_completion),
+             w->cfg.autoscale_avg_results);
+    usage_add(w->usage, r->parsed ? r->req.tenant : NULL, r->parsed ? w->classes[r->cls].name : NULL,
+              (uint64_t)r->n_prompt, (uint64_t)r->n_cached, (uint64_t)r->n_completion,
+              (uint64_t)r->compute_ns);
     if (r->ttft_ms >= 0) {
         atomic_fetch_add(&w->st.ttft_n, 1);
         atomic_fetch_add(&w->st.ttft_us_sum, (uint64_t)(r->ttft_ms * 1e3));
+    }
+    if (r->finish && !strcmp(r->finish, "overloaded")) atomic_fetch_add(&w->st.ov_refused, 1);
+    if (r->capped_from) atomic_fetch_add(&w->st.ov_capped, 1);
+    if (r->cls == w->top_class && r->ttft_ms >= 0) { /* the overload steps' latency signal */
+        double s = r->wait_ms + r->ttft_ms;
+        w->top_ttft_ewma_ms = w->top_ttft_at_ms ? 0.8 * w->top_ttft_ewma_ms + 0.2 * s : s;
+        w->top_ttft_at_ms = mono_ms();
     }
 }
 
@@ -681,6 +871,29 @@ static void hold(worker_t *w, wreq_t *r)
         pp = &(*pp)->next;
     r->next = *pp;
     *pp = r;
+}
+
+/* Headers of a shed message: the original ones (a copy), plus where it came from. NULL on out of
+ * memory; the caller owns the result (producer_send takes it). */
+static rd_kafka_headers_t *deferral_headers(worker_t *w, const rd_kafka_message_t *m)
+{
+    rd_kafka_headers_t *orig = NULL, *h;
+    if (rd_kafka_message_headers(m, &orig) == RD_KAFKA_RESP_ERR_NO_ERROR && orig)
+        h = rd_kafka_headers_copy(orig);
+    else
+        h = rd_kafka_headers_new(2);
+    if (!h) return NULL;
+    char from[320], lvl[8];
+    snprintf(from, sizeof from, "%s[%d]@%" PRId64, rd_kafka_topic_name(m->rkt), (int)m->partition,
+             (int64_t)m->offset);
+    snprintf(lvl, sizeof lvl, "%d", w->ov_level);
+    if (rd_kafka_header_add(h, "__spillway.deferred.from", -1, from, -1) ||
+        rd_kafka_header_add(h, "__spillway.deferred.worker", -1, w->worker_id, -1) ||
+        rd_kafka_header_add(h, "__spillway.deferred.step", -1, lvl, -1)) {
+        rd_kafka_headers_destroy(h);
+        return NULL;
+    }
+    return h;
 }
 
 /* Produces r's output. At-least-once: librdkafka holds r until the delivery report.
@@ -717,20 +930,42 @@ static void send_output(worker_t *w, wreq_t *r)
         key = r->req.id;
         klen = strlen(r->req.id);
     }
+    /* a reply: to the request's reply_to (checked against reply.topics at intake), keyed by its
+     * correlation id, else its id */
+    const char *topic = w->cfg.output_topic;
+    const char *corr = r->parsed ? r->req.correlation_id : NULL;
+    if (r->parsed && r->req.reply_to) {
+        topic = r->req.reply_to;
+        key = corr ? corr : r->req.id;
+        klen = strlen(key);
+    }
     for (;;) {
         int rc;
-        if (r->is_dlq) {
+        if (r->is_shed) {
+            rd_kafka_headers_t *h = deferral_headers(w, m);
+            rc = h ? producer_send(w->prod, w->cfg.deferral_topic, m->key, m->key_len, m->payload,
+                                   m->len, h, eos ? NULL : r, err, sizeof err)
+                   : (snprintf(err, sizeof err, "out of memory"), -1);
+        } else if (r->is_dlq) {
             rd_kafka_headers_t *h =
                 producer_dlq_headers(r->dlq_code, r->dlq_msg, rd_kafka_topic_name(m->rkt),
                                      m->partition, m->offset, w->worker_id, wall_ms());
             rc = producer_send(w->prod, w->cfg.dlq_topic, m->key, m->key_len, m->payload, m->len,
                                h, eos ? NULL : r, err, sizeof err);
         } else {
-            rc = producer_send(w->prod, w->cfg.output_topic, key, klen, r->out, r->out_len, NULL,
+            rd_kafka_headers_t *h = NULL;
+            if (corr) { /* NULL on out of memory: the correlation id is in the JSON too */
+                h = rd_kafka_headers_new(1);
+                if (h && rd_kafka_header_add(h, WORKER_H_CORRELATION_ID, -1, corr, -1)) {
+                    rd_kafka_headers_destroy(h);
+                    h = NULL;
+                }
+            }
+            rc = producer_send(w->prod, topic, key, klen, r->out, r->out_len, h,
                                eos ? NULL : r, err, sizeof err);
         }
         if (rc == 0) break;
-        if (rc == -2 && !r->is_dlq) {
+        if (rc == -2 && !r->is_dlq && !r->is_shed) {
             make_dlq(r, REQ_ERR_RESULT_TOO_LARGE, err);
             continue;
         }
@@ -769,6 +1004,17 @@ static void on_delivery(void *arg, void *opaque, rd_kafka_resp_err_t err)
         return;
     }
     output_done(w, r);
+}
+
+/* Delivery report of the side producer (poll thread, inside producer_poll, or wherever
+ * producer_free runs). */
+static void on_aux_delivery(void *arg, void *opaque, rd_kafka_resp_err_t err)
+{
+    worker_t *w = arg;
+    if (opaque == AUX_CHUNK) atomic_fetch_add(err ? &w->st.chunks_failed : &w->st.chunks_ok, 1);
+    if (err)
+        wlog(w, opaque == AUX_USAGE ? 1 : 3, "%s record not delivered: %s", (const char *)opaque,
+             rd_kafka_err2str(err));
 }
 
 static void drain_outbox(worker_t *w)
@@ -888,6 +1134,54 @@ static void hook_lost(void *arg)
     if (consumer_rewind(w->cons, err, sizeof err)) wlog(w, 0, "rewind: %s", err);
 }
 
+/* Produces the usage records of the period that ends now, when usage.interval.ms has passed
+ * (or force). Poll thread. Best effort (side producer): a record that cannot be sent is
+ * logged and lost. */
+static void usage_records(worker_t *w, int force)
+{
+    if (!*w->cfg.usage_topic || !w->aux) return;
+    int64_t now = wall_ms();
+    if (!force && now - w->usage_start_ms < w->cfg.usage_interval_ms) return;
+    char **recs;
+    int n = usage_take_records(w->usage, w->worker_id, w->usage_start_ms, now, &recs);
+    if (n < 0) return; /* out of memory: the counts stay for the next period */
+    w->usage_start_ms = now;
+    for (int i = 0; i < n; i++) {
+        char err[256];
+        json_t *o = json_loads(recs[i], 0, NULL);
+        const char *tenant = o ? json_string_value(json_object_get(o, "tenant")) : NULL;
+        if (!tenant) tenant = "";
+        if (producer_send(w->aux, w->cfg.usage_topic, tenant, strlen(tenant), recs[i],
+                          strlen(recs[i]), NULL, (void *)AUX_USAGE, err, sizeof err))
+            wlog(w, 1, "usage record not sent: %s", err);
+        json_decref(o);
+        free(recs[i]);
+    }
+    free(recs);
+}
+
+/* Once a second: a throughput sample (tokens of the results finished in it per second) when
+ * the engine was busy through the second: work at its start and at its end, and the engine
+ * thread idle for less than a tenth of it. Poll thread. */
+static void throughput_tick(worker_t *w)
+{
+    int64_t now = mono_ms();
+    if (now - w->tput_t_ms < 1000) return;
+    uint64_t done = atomic_load(&w->st.prompt_tokens) + atomic_load(&w->st.completion_tokens);
+    uint64_t idle = atomic_load(&w->st.ns_idle);
+    /* busy: the engine thread waited for work less than a tenth of the second (its idle time
+     * is added when a wait ends: a wait still going on shows in the next second) */
+    if (w->tput_t_ms && (idle - w->tput_idle) * 10 < (uint64_t)(now - w->tput_t_ms) * 1000000 &&
+        !w->tput_idle_open && atomic_load(&w->st.inbox_n) + atomic_load(&w->st.eng_running) > 0)
+        ewma_add(&w->st.tput_bits,
+                 (double)(done - w->tput_tokens) * 1000.0 / (double)(now - w->tput_t_ms),
+                 w->cfg.autoscale_avg_seconds);
+    w->tput_t_ms = now;
+    w->tput_tokens = done;
+    w->tput_idle = idle;
+    w->tput_idle_open = atomic_load(&w->st.inbox_n) + atomic_load(&w->st.eng_running) == 0;
+}
+
 static void periodic_commit(worker_t *w, int force)
 {
     int64_t now = mono_ms();
@@ -901,6 +1195,34 @@ static void periodic_commit(worker_t *w, int force)
 }
 
 /* ---- poll thread: intake ---- */
+
+/* Request fields that came as Kafka headers (REQUEST_HEADER_FIELDS), then the reply_to
+ * allow-list. 0, or -1 with *code and err set (a dead letter), or -2 on out of memory. */
+static int apply_headers(worker_t *w, wreq_t *r, const char **code, char *err, size_t errlen)
+{
+    rd_kafka_headers_t *h = NULL;
+    if (rd_kafka_message_headers(r->msg, &h) == RD_KAFKA_RESP_ERR_NO_ERROR && h) {
+        static const char *const names[REQUEST_N_HEADER_FIELDS] = REQUEST_HEADER_FIELDS;
+        for (int i = 0; i < REQUEST_N_HEADER_FIELDS; i++) {
+            const void *v;
+            size_t n;
+            if (rd_kafka_header_get_last(h, names[i], &v, &n) != RD_KAFKA_RESP_ERR_NO_ERROR)
+                continue;
+            if (request_apply_header(&r->req, names[i], v, n, &w->limits, code, err, errlen))
+                return strcmp(*code, REQ_ERR_NO_MEMORY) ? -1 : -2;
+        }
+    }
+    if (r->req.reply_to) {
+        for (int i = 0; i < w->n_reply_allow; i++)
+            if (!strcmp(w->reply_allow[i], r->req.reply_to)) return 0;
+        snprintf(err, errlen, "reply_to: topic \"%.100s\" is not in reply.topics (%s)",
+                 r->req.reply_to, w->n_reply_allow ? "see the worker's configuration"
+                                                   : "empty: no reply topic is allowed");
+        *code = REQ_ERR_REPLY_NOT_ALLOWED;
+        return -1;
+    }
+    return 0;
+}
 
 /* Encodes text into r->toks. 0, or -1 on out of memory. */
 static int tokenize(worker_t *w, wreq_t *r, const char *text, size_t len, int parse_special)
@@ -1020,10 +1342,63 @@ static void intake(worker_t *w, rd_kafka_message_t *m)
         goto out;
     }
     r->parsed = 1;
-    if (deadline_passed(r)) {
+    rc = apply_headers(w, r, &code, err, sizeof err);
+    if (rc == -2) {
+        /* as for prepare_prompt's -2 below: r goes to the inbox, which is not served once
+         * fatal is set, and worker_run frees it */
+        set_fatal(w, "out of memory reading headers");
+        goto enqueue;
+    }
+    if (rc) {
+        make_dlq(r, code, err);
+        send_output(w, r);
+        goto out;
+    }
+    r->wait_ms = ts > 0 && wall_ms() > ts ? (double)(wall_ms() - ts) : 0;
+    r->cls = w->default_class;
+    if (r->req.class_name) {
+        r->cls = -1;
+        for (int i = 0; i < w->n_classes; i++)
+            if (!strcmp(w->classes[i].name, r->req.class_name)) r->cls = i;
+        if (r->cls < 0) {
+            snprintf(err, sizeof err, "class: \"%s\" is not a class of this worker", r->req.class_name);
+            r->cls = w->default_class;
+            make_dlq(r, REQ_ERR_UNKNOWN_CLASS, err);
+            send_output(w, r);
+            goto out;
+        }
+    }
+    const worker_class_t *cl = &w->classes[r->cls];
+    int from_deferral = *w->cfg.deferral_topic && !strcmp(rd_kafka_topic_name(m->rkt), w->cfg.deferral_topic);
+    if (!from_deferral) {
+        int64_t now_ms = mono_ms();
+        w->wait_ewma_ms = w->wait_at_ms ? 0.9 * w->wait_ewma_ms + 0.1 * r->wait_ms : r->wait_ms;
+        w->wait_at_ms = now_ms;
+        if (r->cls == w->top_class) w->top_seen_ms = now_ms;
+    }
+    if (deadline_passed(r) || (cl->max_queue_ms > 0 && r->wait_ms > cl->max_queue_ms)) {
+        if (!deadline_passed(r)) atomic_fetch_add(&w->st.class_expired, 1);
+        stream_finish(w, r, "", 0, 0, "expired");
         make_result(w, r, NULL, "expired");
         send_output(w, r);
         goto out;
+    }
+    if (r->cls != w->top_class && w->ov_level > 0) {
+        if (r->cls == w->low_class && *w->cfg.deferral_topic && !from_deferral) {
+            r->is_shed = 1; /* step 1: to the deferral topic, unprocessed */
+            send_output(w, r);
+            goto out;
+        }
+        if (w->ov_level >= 3 && !from_deferral) { /* deferred once: served, never refused */
+            stream_finish(w, r, "", 0, 0, "overloaded");
+            make_result(w, r, NULL, "overloaded");
+            send_output(w, r);
+            goto out;
+        }
+        if (w->ov_level >= 2 && r->req.max_tokens > w->cfg.overload_cap_tokens) {
+            r->capped_from = r->req.max_tokens;
+            r->req.max_tokens = w->cfg.overload_cap_tokens;
+        }
     }
     rc = prepare_prompt(w, r, &code, err, sizeof err);
     add_since(&w->st.ns_tokenize, t1);
@@ -1037,7 +1412,10 @@ static void intake(worker_t *w, rd_kafka_message_t *m)
         send_output(w, r);
         goto out;
     }
+enqueue:
     w->inflight_tokens += r->cost;
+    atomic_fetch_add(&w->st.cost_sum, (uint64_t)r->cost);
+    atomic_fetch_add(&w->st.cost_n, 1);
     r->next = NULL;
     pthread_mutex_lock(&w->mu);
     if (w->inbox_tail) w->inbox_tail->next = r;
@@ -1050,9 +1428,85 @@ out:
     add_since(&w->st.ns_intake, t0);
 }
 
+/* Overload pressure, percent: the largest of (a) the top class's recent time to first token as
+ * its producers see it (wait in Kafka + time to first token, averaged; counts for
+ * overload.cooldown_ms after its last result) and (b) how long messages of any class wait in
+ * Kafka before this worker takes them (averaged over the input topics other than the deferral
+ * topic; counts for a second after the last one: a backlog ahead of the top class's next
+ * message), both as percent of the top class's ttft_ms, and (c) the fullest in-flight limit
+ * (messages, tokens) in percent: intake pauses at 100%, which would hold the top class's next
+ * message in Kafka. 0 while no top-class message arrived within overload.window_ms: without
+ * such traffic a backlog is just bulk work draining at full speed. */
+static int overload_pressure(worker_t *w, int64_t now, int pending)
+{
+    const worker_class_t *top = &w->classes[w->top_class];
+    if (top->ttft_ms <= 0 || !w->top_seen_ms || now - w->top_seen_ms > w->cfg.overload_window_ms)
+        return 0;
+    double p = 0;
+    if (w->top_ttft_at_ms && now - w->top_ttft_at_ms <= (int64_t)w->cfg.overload_cooldown_ms)
+        p = w->top_ttft_ewma_ms;
+    if (w->wait_at_ms && now - w->wait_at_ms <= 1000 && w->wait_ewma_ms > p) p = w->wait_ewma_ms;
+    p = 100.0 * p / top->ttft_ms;
+    double f = 100.0 * pending / w->cfg.max_inflight;
+    double ft = 100.0 * (double)w->inflight_tokens / (double)w->cfg.max_inflight_tokens;
+    if (f > p) p = f;
+    if (ft > p) p = ft;
+    return p > 1e6 ? 1000000 : (int)p;
+}
+
+static const char *const OV_STEP[4] = {"none", "shed", "cap", "refuse"};
+
+/* Moves the overload step: up at once to the highest step whose threshold the pressure reaches,
+ * down one step after the pressure stayed under the current step's threshold for
+ * overload.cooldown_ms. Holds the deferral topic while any step is on. Poll thread, at every
+ * turn of the poll loop (after each message: a burst is seen at once). */
+static void overload_eval(worker_t *w, int pending)
+{
+    int64_t now = mono_ms();
+    if (w->n_classes < 2) return; /* one class: nothing to put below another */
+    /* the deferral topic also waits while in-flight work is over step 1's share of the limits,
+     * so that what it holds never pauses intake of the other topics */
+    if (*w->cfg.deferral_topic) {
+        int full = pending * 100 >= w->cfg.max_inflight * w->cfg.overload_shed_at ||
+                   w->inflight_tokens * 100 >= w->cfg.max_inflight_tokens * w->cfg.overload_shed_at;
+        int hold = w->ov_level > 0 || full;
+        if (hold != consumer_topic_held(w->cons) &&
+            consumer_hold_topic(w->cons, w->cfg.deferral_topic, hold))
+            wlog(w, 1, "cannot %s the deferral topic %s", hold ? "hold" : "release",
+                 w->cfg.deferral_topic);
+    }
+    int p = overload_pressure(w, now, pending);
+    atomic_store(&w->st.ov_pressure, p);
+    const int at[4] = {0, w->cfg.overload_shed_at, w->cfg.overload_cap_at, w->cfg.overload_refuse_at};
+    int want = 0;
+    while (want < 3 && p >= at[want + 1]) want++;
+    int lvl = w->ov_level;
+    if (want > lvl) {
+        lvl = want;
+        w->ov_below_since_ms = 0;
+    } else if (want < lvl) {
+        if (!w->ov_below_since_ms) w->ov_below_since_ms = now;
+        if (now - w->ov_below_since_ms >= w->cfg.overload_cooldown_ms) {
+            lvl--;
+            w->ov_below_since_ms = lvl > want ? now : 0;
+        }
+    } else {
+        w->ov_below_since_ms = 0;
+    }
+    if (lvl == w->ov_level) return;
+    wlog(w, 2, "overload: step %s -> %s (pressure %d%% of class %s's ttft_ms %d: its time to "
+               "first token %.0f ms, wait in Kafka %.0f ms; %d in flight)",
+         OV_STEP[w->ov_level], OV_STEP[lvl], p, w->classes[w->top_class].name,
+         w->classes[w->top_class].ttft_ms, w->top_ttft_ewma_ms, w->wait_ewma_ms, pending);
+    atomic_fetch_add(lvl > w->ov_level ? &w->st.ov_steps_up : &w->st.ov_steps_down, 1);
+    w->ov_level = lvl;
+    atomic_store(&w->st.ov_level, lvl);
+}
+
 static void flow_control(worker_t *w)
 {
     int pending = consumer_pending(w->cons);
+    overload_eval(w, pending);
     int hi = w->cfg.max_inflight, lo = hi - (hi / 4 > 1 ? hi / 4 : 1);
     long bhi = w->cfg.max_inflight_bytes, blo = bhi - bhi / 4;
     long thi = w->cfg.max_inflight_tokens, tlo = thi - thi / 4;
@@ -1084,6 +1538,7 @@ static void fam(metrics_buf_t *b, const char *name, const char *type, const char
 static void metrics_render(void *arg, metrics_buf_t *b)
 {
     worker_t *w = arg;
+    if (!atomic_load(&w->started)) return; /* worker_new is still filling w */
     worker_stats_t st;
     worker_stats(w, &st);
     char lb[512];
@@ -1125,11 +1580,34 @@ static void metrics_render(void *arg, metrics_buf_t *b)
         "prompt tokens served from the prefix cache");
     metrics_sample(b, "spillway:prompt_tokens_cached_total", NULL, (double)st.cached_tokens);
     fam(b, "spillway:request_success_total", "counter", "results produced, by finish reason");
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < N_FINISH; i++) {
         metrics_labels(lb, sizeof lb, "finished_reason", FINISH_NAMES[i], (const char *)NULL);
         metrics_sample(b, "spillway:request_success_total", lb,
                        (double)atomic_load(&w->st.finish_n[i]));
     }
+    fam(b, "spillway:overload_step", "gauge",
+        "overload step: 0 none, 1 shed lowest class, 2 cap max_tokens, 3 refuse below the top class");
+    metrics_sample(b, "spillway:overload_step", NULL, atomic_load(&w->st.ov_level));
+    fam(b, "spillway:overload_pressure_percent", "gauge",
+        "fullest in-flight limit, or top-class time to first token against its target");
+    metrics_sample(b, "spillway:overload_pressure_percent", NULL, atomic_load(&w->st.ov_pressure));
+    fam(b, "spillway:overload_actions_total", "counter",
+        "requests changed by an overload step, by action");
+    const struct {
+        const char *a;
+        atomic_uint_fast64_t *n;
+    } ov[] = {{"shed", &w->st.ov_shed}, {"cap", &w->st.ov_capped}, {"refuse", &w->st.ov_refused},
+              {"expired_in_queue", &w->st.class_expired}};
+    for (size_t i = 0; i < sizeof ov / sizeof ov[0]; i++) {
+        metrics_labels(lb, sizeof lb, "action", ov[i].a, (const char *)NULL);
+        metrics_sample(b, "spillway:overload_actions_total", lb, (double)atomic_load(ov[i].n));
+    }
+    fam(b, "spillway:overload_step_changes_total", "counter", "overload step changes, by direction");
+    metrics_labels(lb, sizeof lb, "direction", "up", (const char *)NULL);
+    metrics_sample(b, "spillway:overload_step_changes_total", lb, (double)atomic_load(&w->st.ov_steps_up));
+    metrics_labels(lb, sizeof lb, "direction", "down", (const char *)NULL);
+    metrics_sample(b, "spillway:overload_step_changes_total", lb,
+                   (double)atomic_load(&w->st.ov_steps_down));
     static const struct {
         const char *name, *help;
         size_t off;
@@ -1164,6 +1642,33 @@ static void metrics_render(void *arg, metrics_buf_t *b)
         metrics_labels(lb, sizeof lb, "topic", lag[i].topic, "partition", part, (const char *)NULL);
         metrics_sample(b, "spillway:consumer_lag", lb, (double)lag[i].lag);
     }
+    /* autoscaling (README, Autoscaling): lag in tokens and the time to drain it */
+    double per_msg = bits_double(atomic_load(&w->st.tok_per_msg_bits));
+    if (isnan(per_msg)) { /* no result yet: what accepted requests may cost at most */
+        uint64_t cn = atomic_load(&w->st.cost_n);
+        per_msg = cn ? (double)atomic_load(&w->st.cost_sum) / (double)cn : 0;
+    }
+    double lag_msgs = 0;
+    for (int i = 0; i < n; i++) lag_msgs += (double)lag[i].lag;
+    double lag_tokens = lag_msgs * per_msg;
+    int known = !isnan(bits_double(atomic_load(&w->st.tok_per_msg_bits))) ||
+                atomic_load(&w->st.cost_n) > 0; /* else no estimate: lag_tokens is absent */
+    double tput = bits_double(atomic_load(&w->st.tput_bits));
+    fam(b, "spillway:lag_tokens", "gauge",
+        "consumer lag in tokens: lag messages x moving average of tokens per message");
+    if (n >= 0 && (known || lag_msgs == 0)) /* absent, like consumer_lag, while the broker
+                                               cannot be asked, and before any estimate */
+        metrics_sample(b, "spillway:lag_tokens", NULL, lag_tokens);
+    fam(b, "spillway:token_throughput", "gauge",
+        "tokens per second finished while saturated (moving average)");
+    if (!isnan(tput)) metrics_sample(b, "spillway:token_throughput", NULL, tput);
+    fam(b, "spillway:estimated_drain_seconds", "gauge",
+        "lag_tokens / token_throughput: seconds to drain this worker's lag");
+    if (n < 0 || (!known && lag_msgs > 0)) {
+    } else if (lag_tokens <= 0) {
+        metrics_sample(b, "spillway:estimated_drain_seconds", NULL, 0);
+    } else if (!isnan(tput) && tput > 0)
+        metrics_sample(b, "spillway:estimated_drain_seconds", NULL, lag_tokens / tput);
     fam(b, "spillway:partitions_assigned", "gauge", "partitions assigned to this worker");
     metrics_sample(b, "spillway:partitions_assigned", NULL, st.assigned);
     fam(b, "spillway:partitions_paused", "gauge", "assigned partitions paused by backpressure");
@@ -1179,6 +1684,13 @@ static void metrics_render(void *arg, metrics_buf_t *b)
         metrics_labels(lb, sizeof lb, "reason", c, (const char *)NULL);
         metrics_sample(b, "spillway:dlq_records_total", lb, (double)atomic_load(&w->st.dlq_n[i]));
     }
+    usage_render(w->usage, b);
+    fam(b, "spillway:stream_chunks_total", "counter",
+        "stream chunks acknowledged by the broker, or lost (not queued or not delivered)");
+    metrics_sample(b, "spillway:stream_chunks_total", "outcome=\"delivered\"",
+                   (double)atomic_load(&w->st.chunks_ok));
+    metrics_sample(b, "spillway:stream_chunks_total", "outcome=\"failed\"",
+                   (double)atomic_load(&w->st.chunks_failed));
     fam(b, "spillway:transaction_aborts_total", "counter", "exactly-once transactions aborted");
     metrics_sample(b, "spillway:transaction_aborts_total", NULL, (double)st.txn_aborts);
     fam(b, "spillway:produce_retries_total", "counter",
@@ -1219,8 +1731,8 @@ static int metrics_healthy(void *arg, char *why, size_t len)
 static int metrics_ready(void *arg, char *why, size_t len)
 {
     worker_t *w = arg;
-    if (!w->eng) {
-        snprintf(why, len, "model not loaded");
+    if (!atomic_load(&w->started)) {
+        snprintf(why, len, "starting: loading the model, connecting to Kafka");
         return 0;
     }
     if (atomic_load(&w->st.assigned) <= 0) {
@@ -1258,6 +1770,29 @@ static int split_props(worker_t *w)
     return 0;
 }
 
+/* reply.topics -> w->reply_allow (entries trimmed; empty ones skipped). 0 or -1 (memory). */
+static int split_reply_topics(worker_t *w)
+{
+    const char *p = w->cfg.reply_topics;
+    while (*p) {
+        const char *e = strchr(p, ',');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        const char *a = p, *b = p + n;
+        while (a < b && (*a == ' ' || *a == '\t')) a++;
+        while (b > a && (b[-1] == ' ' || b[-1] == '\t')) b--;
+        if (b > a) {
+            char **l = realloc(w->reply_allow, sizeof *l * (size_t)(w->n_reply_allow + 1));
+            if (!l) return -1;
+            w->reply_allow = l;
+            if (!(l[w->n_reply_allow] = strndup(a, (size_t)(b - a)))) return -1;
+            w->n_reply_allow++;
+        }
+        if (!e) break;
+        p = e + 1;
+    }
+    return 0;
+}
+
 worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen)
 {
     worker_t *w = calloc(1, sizeof *w);
@@ -1274,11 +1809,21 @@ worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen)
         return NULL;
     }
     if (worker_config_check(&w->cfg, errstr, errlen)) goto fail;
+    if (worker_classes_parse(w->cfg.classes, &w->classes, &w->n_classes, errstr, errlen)) goto fail;
+    for (int i = 0; i < w->n_classes; i++) {
+        if (w->classes[i].priority > w->classes[w->top_class].priority) w->top_class = i;
+        if (w->classes[i].priority < w->classes[w->low_class].priority) w->low_class = i;
+        if (!strcmp(w->classes[i].name, w->cfg.class_default)) w->default_class = i;
+    }
     if (split_props(w)) {
         snprintf(errstr, errlen, "out of memory");
         goto fail;
     }
     w->log_json = !strcmp(w->cfg.log_format, "json");
+    if (split_reply_topics(w)) {
+        snprintf(errstr, errlen, "out of memory");
+        goto fail;
+    }
     if (*w->cfg.worker_id) {
         snprintf(w->worker_id, sizeof w->worker_id, "%s", w->cfg.worker_id);
     } else {
@@ -1287,6 +1832,17 @@ worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen)
         snprintf(w->worker_id, sizeof w->worker_id, "%s-%d", host, (int)getpid());
     }
     json_escape(w->worker_id_json, sizeof w->worker_id_json, w->worker_id);
+    /* the endpoint first: /healthz answers while the model loads and the clients connect, and
+     * /readyz says "starting" until worker_new returns (a probe sees every stage) */
+    if (w->cfg.metrics_port > 0) {
+        metrics_handlers_t mh = {.render = metrics_render, .ready = metrics_ready,
+                                 .healthy = metrics_healthy, .arg = w};
+        w->metrics = metrics_server_new(w->cfg.metrics_bind, w->cfg.metrics_port, &mh, errstr,
+                                        errlen);
+        if (!w->metrics) goto fail;
+        wlog(w, 2, "metrics on http://%s:%d/metrics", w->cfg.metrics_bind,
+             metrics_server_port(w->metrics));
+    }
     const char *base = strrchr(w->cfg.model, '/');
     snprintf(w->model_name, sizeof w->model_name, "%s", base ? base + 1 : w->cfg.model);
     char *dot = strrchr(w->model_name, '.');
@@ -1304,6 +1860,13 @@ worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen)
     w->limits.max_metadata_bytes = (size_t)w->cfg.max_metadata_bytes;
     w->limits.max_id_bytes = (size_t)w->cfg.max_id_bytes;
 
+    atomic_store(&w->st.tok_per_msg_bits, double_bits(NAN));
+    atomic_store(&w->st.tput_bits, double_bits(NAN));
+    w->usage = usage_new(w->cfg.usage_max_tenants, w->cfg.usage_max_classes);
+    if (!w->usage) {
+        snprintf(errstr, errlen, "out of memory");
+        goto fail;
+    }
     engine_config_t ec;
     engine_config_default(&ec);
     ec.model_path = w->cfg.model;
@@ -1371,16 +1934,52 @@ worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen)
     w->prod = producer_new(&pc, errstr, errlen);
     if (!w->prod) goto fail;
     /* learn the output topics' leaders now rather than on the first result */
-    const char *outs[2] = {w->cfg.output_topic, w->cfg.dlq_topic};
-    for (int i = 0; i < 2; i++) {
+    const char *outs[3] = {w->cfg.output_topic, w->cfg.dlq_topic, w->cfg.deferral_topic};
+    int n_outs = *w->cfg.deferral_topic && w->n_classes > 1 ? 3 : 2;
+    for (int i = 0; i < n_outs + w->n_reply_allow; i++) {
         char e[256];
-        if (producer_prepare_topic(w->prod, outs[i], 5000, e, sizeof e))
+        if (producer_prepare_topic(w->prod, i < n_outs ? outs[i] : w->reply_allow[i - n_outs],
+                                   5000, e, sizeof e))
             wlog(w, 1, "%s (results wait until it exists)", e);
+    }
+    if (*w->cfg.stream_topic || *w->cfg.usage_topic) {
+        producer_config_t ac = pc;
+        ac.transactional_id = NULL; /* chunks are best effort, outside any transaction */
+        ac.dr = on_aux_delivery;
+        w->aux = producer_new(&ac, errstr, errlen);
+        if (!w->aux) goto fail;
+        char e[256];
+        if (*w->cfg.stream_topic &&
+            producer_prepare_topic(w->aux, w->cfg.stream_topic, 5000, e, sizeof e))
+            wlog(w, 1, "%s (stream chunks fail until it exists)", e);
+        if (*w->cfg.usage_topic &&
+            producer_prepare_topic(w->aux, w->cfg.usage_topic, 5000, e, sizeof e))
+            wlog(w, 1, "%s (usage records fail until it exists)", e);
+    }
+    /* the deferral topic is an input too: what step 1 moved there is consumed when no step is on */
+    char *topics = NULL;
+    int listed = 0;
+    if (*w->cfg.deferral_topic && w->n_classes > 1) {
+        size_t dl = strlen(w->cfg.deferral_topic);
+        for (const char *t = w->cfg.input_topics; t && *t;) {
+            const char *e = strchr(t, ',');
+            size_t l = e ? (size_t)(e - t) : strlen(t);
+            listed |= l == dl && !memcmp(t, w->cfg.deferral_topic, dl);
+            t = e ? e + 1 : NULL;
+        }
+        if (!listed) {
+            size_t n = strlen(w->cfg.input_topics) + dl + 2;
+            if (!(topics = malloc(n))) {
+                snprintf(errstr, errlen, "out of memory");
+                goto fail;
+            }
+            snprintf(topics, n, "%s,%s", w->cfg.input_topics, w->cfg.deferral_topic);
+        }
     }
     consumer_config_t cc = {
         .brokers = w->cfg.brokers,
         .group_id = w->cfg.group_id,
-        .topics = w->cfg.input_topics,
+        .topics = topics ? topics : w->cfg.input_topics,
         .prop_keys = (const char *const *)w->prop_c_keys,
         .prop_values = (const char *const *)w->prop_c_vals,
         .n_props = w->n_prop_c,
@@ -1390,16 +1989,9 @@ worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen)
                               .lost = hook_lost, .committed = hook_committed,
                               .log = hook_log};
     w->cons = consumer_new(&cc, &hooks, errstr, errlen);
+    free(topics);
     if (!w->cons) goto fail;
-    if (w->cfg.metrics_port > 0) {
-        metrics_handlers_t mh = {.render = metrics_render, .ready = metrics_ready,
-                                 .healthy = metrics_healthy, .arg = w};
-        w->metrics = metrics_server_new(w->cfg.metrics_bind, w->cfg.metrics_port, &mh, errstr,
-                                        errlen);
-        if (!w->metrics) goto fail;
-        wlog(w, 2, "metrics on http://%s:%d/metrics", w->cfg.metrics_bind,
-             metrics_server_port(w->metrics));
-    }
+    atomic_store(&w->started, 1); /* the metrics thread may read everything above from now */
     return w;
 fail:
     worker_free(w);
@@ -1560,6 +2152,7 @@ int worker_run(worker_t *w, const volatile sig_atomic_t *stop, char *errstr, siz
          info.arch, w->cfg.group_id, w->cfg.input_topics, w->cfg.output_topic, w->cfg.dlq_topic,
          w->cfg.delivery == WORKER_EOS ? "exactly-once" : "at-least-once");
     w->last_commit_ms = mono_ms();
+    w->usage_start_ms = wall_ms();
     while (!(stop && *stop) && !atomic_load(&w->stop_req) && !is_fatal(w)) {
         if (w->stats_flag && *w->stats_flag) {
             *w->stats_flag = 0;
@@ -1577,9 +2170,12 @@ int worker_run(worker_t *w, const volatile sig_atomic_t *stop, char *errstr, siz
         t0 = mono_ns();
         drain_outbox(w);
         producer_poll(w->prod, 0);
+        if (w->aux) producer_poll(w->aux, 0);
         t0 = add_since(&w->st.ns_produce, t0);
         periodic_commit(w, 0);
         add_since(&w->st.ns_commit, t0);
+        usage_records(w, 0);
+        throughput_tick(w);
         char e[512];
         if (producer_fatal(w->prod, e, sizeof e)) set_fatal(w, "%s", e);
         atomic_store(&w->st.inflight, consumer_pending(w->cons));
@@ -1627,6 +2223,7 @@ int worker_run(worker_t *w, const volatile sig_atomic_t *stop, char *errstr, siz
      * then free every request: each holds a consumed message, and librdkafka's destroy of the
      * consumer waits for all of them to be destroyed (a fatal error or a drain timeout used to
      * leave some in the engine or the retry list, and the worker hung in consumer_close) */
+    usage_records(w, 1); /* the last period, up to the last output counted */
     if (wd_on) watchdog_stage(&wd, w, "leaving the consumer group");
     consumer_leave(w->cons);
     if (wd_on) watchdog_stage(&wd, w, "stopping the engine thread");
@@ -1665,6 +2262,8 @@ int worker_run(worker_t *w, const volatile sig_atomic_t *stop, char *errstr, siz
     if (wd_on) watchdog_stage(&wd, w, "closing the producer");
     producer_free(w->prod, 5000); /* delivery reports now free without acking */
     w->prod = NULL;
+    producer_free(w->aux, 5000);
+    w->aux = NULL;
     if (wd_on) watchdog_stage(&wd, w, "closing the consumer");
     pthread_mutex_lock(&w->cons_mu);
     consumer_close(w->cons);
@@ -1697,9 +2296,14 @@ void worker_free(worker_t *w)
     if (w->cons) consumer_close(w->cons);
     w->cons = NULL;
     if (w->prod) producer_free(w->prod, 0);
+    producer_free(w->aux, 0);
     if (w->eng) engine_free(w->eng);
     cache_free(w->cache); /* after the engine, which calls it */
+    usage_free(w->usage);
     free(w->active);
+    for (int i = 0; i < w->n_reply_allow; i++) free(w->reply_allow[i]);
+    free(w->reply_allow);
+    free(w->classes);
     free(w->prop_c_keys);
     free(w->prop_c_vals);
     free(w->prop_p_keys);

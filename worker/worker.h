@@ -29,6 +29,9 @@ typedef struct {
 
 enum { WORKER_ALO = 0, WORKER_EOS = 1 }; /* delivery: at-least-once, exactly-once */
 
+/* Record header of a result whose request had a correlation_id (value: that id, UTF-8). */
+#define WORKER_H_CORRELATION_ID "correlation_id"
+
 /* Every setting of the worker. All defaults live in one table in worker/config.c
  * (worker_config_default); `spillway config` prints it. Strings are owned by the struct. */
 typedef struct {
@@ -37,6 +40,16 @@ typedef struct {
     char *input_topics;        /* comma-separated input topic list */
     char *output_topic;        /* results */
     char *dlq_topic;           /* dead letters */
+    char *reply_topics;        /* comma-separated topics allowed as a request's reply_to */
+    char *stream_topic;        /* partial results of "stream" requests; "" = off */
+    int stream_every_tokens;   /* chunk period in generated tokens (0 = time only) */
+    int stream_every_ms;       /* chunk period in ms (0 = tokens only) */
+    char *usage_topic;         /* periodic per-tenant usage records; "" = none */
+    int usage_interval_ms;
+    int usage_max_tenants;     /* tenant / class label bounds (worker/usage.h) */
+    int usage_max_classes;
+    int autoscale_avg_results; /* moving-average windows of the autoscaling estimates */
+    int autoscale_avg_seconds;
     char *group_id;            /* consumer group */
     char *worker_id;           /* this worker's name in results and DLQ headers; "" = host-pid */
     char *transactional_id;    /* exactly-once: "" = spillway-<group>-<worker_id> */
@@ -48,6 +61,16 @@ typedef struct {
     long max_inflight_bytes;   /* their message bytes, at most */
     long max_inflight_tokens;  /* prompt tokens + max_tokens of those given to the engine */
     int poll_ms;               /* longest consumer poll wait */
+    /* service classes and overload steps (README "Service classes") */
+    char *classes;             /* "name:priority=P:ttft_ms=T:max_queue_ms=Q,..." */
+    char *class_default;       /* class of a request without "class" */
+    char *deferral_topic;      /* step shed: lowest-class messages go there ("" = no shedding) */
+    int overload_shed_at;      /* pressure (percent) of step 1, shed */
+    int overload_cap_at;       /* of step 2, cap max_tokens of classes below the top */
+    int overload_refuse_at;    /* of step 3, refuse them (result "overloaded") */
+    int overload_cap_tokens;   /* the cap of step 2 */
+    int overload_cooldown_ms;  /* pressure below a step's threshold this long: one step down */
+    int overload_window_ms;    /* steps only while a top-class message arrived within this */
     /* engine */
     char *model;               /* GGUF path */
     char *backend;             /* "cpu" */
@@ -126,6 +149,20 @@ int worker_config_load_file(worker_config_t *c, const char *path, char *errstr, 
 int worker_config_load_env(worker_config_t *c, char *errstr, size_t errlen);
 /* Cross-key checks (topics set, limits consistent). 0 or -1. */
 int worker_config_check(const worker_config_t *c, char *errstr, size_t errlen);
+/* A service class (the `classes` key). */
+typedef struct {
+    char name[65];
+    int priority;              /* admission: higher first (engine priority = this x 2001 +
+                                  the request's own priority in -1000..1000) */
+    int ttft_ms;               /* latency target the overload steps protect (0 = none) */
+    int max_queue_ms;          /* longest wait in Kafka before an "expired" result (0 = none) */
+} worker_class_t;
+
+/* Parses a `classes` spec: "name[:priority=P][:ttft_ms=T][:max_queue_ms=Q],..." (1..32
+ * classes, names unique, 1..64 bytes of A-Z a-z 0-9 _ . -; P in -1000..1000, T and Q >= 0,
+ * default 0). On success *out is malloc'd (caller frees) and *n set; -1 + errstr otherwise. */
+int worker_classes_parse(const char *spec, worker_class_t **out, int *n, char *errstr,
+                         size_t errlen);
 /* Prints "key = value  # source" for every key, then the pass-through properties. */
 void worker_config_print(const worker_config_t *c, FILE *out);
 
