@@ -184,5 +184,5 @@ assert step == 0, "the overload step did not return to 0"
 p99 = pct(by["interactive"], .99)
 assert p99 <= target, f"interactive p99 time to first token {p99:.0f} ms over the class target {target:.0f} ms"
 PY
-grep -E 'overload: step' "$WORK/worker.log" | head -4 | cut -c1-220
+grep -m4 -E 'overload: step' "$WORK/worker.log" | cut -c1-220 || true
 say "PASS"
