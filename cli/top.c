@@ -724,7 +724,9 @@ static void print_table(FILE *f, const top_opts_t *o, const top_snap_t *prev,
     for (int i = 0; i < cur->n; i++) { /* spillway:model_loaded{model="..."} */
         const char *m = label_get(&cur->s[i], "model");
         if (strcmp(cur->s[i].name, "spillway:model_loaded") || !m) continue;
-        fprintf(f, "%-20s %s%s\n", "model", m, cur->s[i].v == 1 ? "" : " (not loaded)");
+        const char *fp = label_get(&cur->s[i], "fingerprint");
+        fprintf(f, "%-20s %s%s%s%s\n", "model", m, fp ? " " : "", fp ? fp : "",
+                cur->s[i].v == 1 ? "" : " (replaced: draining)");
     }
     print_rate_by(f, "results/s", prev, cur, "spillway:request_success_total", "finished_reason");
     static const struct { const char *title, *name; int prec; } rates[] = {

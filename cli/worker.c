@@ -1,6 +1,7 @@
 /* cli/worker.c: `spillway worker`: runs one worker of the consumer group until SIGTERM/SIGINT,
  * then drains (see worker/worker.h); SIGUSR1 logs the stats line (counters and where the time
- * went) without stopping. Exit status 0 after a clean drain, 1 on a fatal error (a
+ * went) without stopping; SIGHUP reloads the models (the command line, -c file and environment
+ * are read again for `models`, `model` and `model.default`; worker_set_reload). Exit status 0 after a clean drain, 1 on a fatal error (a
  * supervisor restarts the process), 2 on a usage or configuration error. */
 #include <signal.h>
 #include <stdio.h>
@@ -10,12 +11,29 @@
 #include "worker/worker.h"
 
 /* Set by the signal handlers; the flags the worker loop polls (owned by this command). */
-static volatile sig_atomic_t stop_flag, stats_flag;
+static volatile sig_atomic_t stop_flag, stats_flag, reload_flag;
 
 static void on_signal(int sig)
 {
     if (sig == SIGUSR1) stats_flag = 1;
+    else if (sig == SIGHUP) reload_flag = 1;
     else stop_flag = 1;
+}
+
+typedef struct {
+    int argc;
+    char **argv;
+} cli_args_t;
+
+/* worker_reload_fn: the configuration as at start, read again. */
+static int reload_config(void *arg, worker_config_t *out, char *errstr, size_t errlen)
+{
+    const cli_args_t *a = arg;
+    if (cli_worker_config(a->argc, a->argv, out, NULL)) {
+        snprintf(errstr, errlen, "the configuration does not parse (see the line above)");
+        return -1;
+    }
+    return 0;
 }
 
 int cli_worker(int argc, char **argv)
@@ -36,6 +54,7 @@ int cli_worker(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGUSR1, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
     worker_t *w = worker_new(&cfg, err, sizeof err);
     worker_config_free(&cfg);
@@ -44,6 +63,8 @@ int cli_worker(int argc, char **argv)
         return 1;
     }
     worker_set_stats_flag(w, &stats_flag);
+    cli_args_t args = {argc, argv};
+    worker_set_reload(w, &reload_flag, reload_config, &args);
     rc = worker_run(w, &stop_flag, err, sizeof err) ? 1 : 0;
     if (rc) fprintf(stderr, "spillway worker: fatal: %s\n", err);
     worker_free(w);

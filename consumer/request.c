@@ -69,6 +69,7 @@ void request_free(request_t *r)
     free(r->correlation_id);
     free(r->tenant);
     free(r->class_name);
+    free(r->model);
     memset(r, 0, sizeof *r);
 }
 
@@ -142,6 +143,7 @@ static const field_t FIELDS[] = {
     {"stream", F_BOOL, 0, 0, 0, OFF(stream)},
     {"tenant", F_STR, 0, 0, 0, OFF(tenant)},
     {"class", F_STR, 0, 0, 0, OFF(class_name)},
+    {"model", F_STR, 0, 0, 0, OFF(model)},
 };
 #define N_FIELDS (sizeof FIELDS / sizeof FIELDS[0])
 
@@ -207,7 +209,8 @@ static const char *accepted(const field_t *f, const request_limits_t *l, char *b
         if (strcmp(f->name, "reply_to") == 0)
             snprintf(buf, n, "a Kafka topic name: 1..%d characters of a-z A-Z 0-9 . _ -",
                      MAX_TOPIC_BYTES);
-        else if (strcmp(f->name, "tenant") == 0 || strcmp(f->name, "class") == 0)
+        else if (strcmp(f->name, "tenant") == 0 || strcmp(f->name, "class") == 0 ||
+                 strcmp(f->name, "model") == 0)
             snprintf(buf, n, "1..%d characters of a-z A-Z 0-9 . _ : @ / -, not starting with _",
                      MAX_LABEL_BYTES);
         else
@@ -969,7 +972,8 @@ static int set_str(pctx_t *c, const field_t *f, const char *s, size_t n, const c
     int ok;
     if (strcmp(f->name, "reply_to") == 0)
         ok = is_topic_name(s, n);
-    else if (strcmp(f->name, "tenant") == 0 || strcmp(f->name, "class") == 0)
+    else if (strcmp(f->name, "tenant") == 0 || strcmp(f->name, "class") == 0 ||
+                 strcmp(f->name, "model") == 0)
         ok = is_label_name(s, n);
     else
         ok = n > 0 && n <= c->lim->max_id_bytes;

@@ -37,6 +37,8 @@
 #define REQ_ERR_MESSAGE_BYTES   "message_too_large" /* value over limits.max_message_bytes */
 #define REQ_ERR_UNKNOWN_CLASS   "unknown_class"    /* "class" names no configured class; set by
                                                       the worker */
+#define REQ_ERR_UNKNOWN_MODEL   "unknown_model"    /* "model" names no model the worker serves;
+                                                      set by the worker */
 #define REQ_ERR_REPLY_NOT_ALLOWED "reply_not_allowed" /* reply_to names a topic outside the
                                                       worker's reply.topics; set by the worker */
 /* Not a dead-letter reason: an allocation failed while parsing. The message itself may be fine;
@@ -100,6 +102,8 @@ typedef struct {
      * default). */
     char *tenant;
     char *class_name;           /* "class" */
+    char *model;                /* "model": a model name of the worker (same charset as class;
+                                   JSON field, else header); NULL = the worker's model.default */
 } request_t;
 
 /* Parses value[0..len) of a message whose Kafka timestamp is msg_timestamp_ms (used for
@@ -115,8 +119,8 @@ int request_parse(const char *value, size_t len, int64_t msg_timestamp_ms,
 void request_free(request_t *r);
 
 /* Fields a Kafka record header may carry instead of the JSON (header name = field name). */
-#define REQUEST_HEADER_FIELDS {"reply_to", "correlation_id", "tenant", "class"}
-#define REQUEST_N_HEADER_FIELDS 4
+#define REQUEST_HEADER_FIELDS {"reply_to", "correlation_id", "tenant", "class", "model"}
+#define REQUEST_N_HEADER_FIELDS 5
 
 /* Sets field `name` of a parsed request from the value of the Kafka header of that name, with
  * the same checks as the JSON field, unless the JSON already set it (the JSON field wins). A

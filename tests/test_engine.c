@@ -1,14 +1,16 @@
 /* tests/test_engine.c: end-to-end engine behaviour on the real stories260K model:
  * golden greedy outputs, batch invariance, prefix-block sharing, preemption, seeds, stop
- * strings, limits and request validation. */
+ * strings, limits and request validation; model versions get distinct KV block names. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "engine/engine.h"
+#include "engine/mkmodel.h"
 
 #define MODEL SPILLWAY_MODELS "/stories260K.gguf"
 #define MAXR 64
@@ -548,6 +550,61 @@ static void test_validation(void)
     CHECK(engine_new(&c, err, sizeof err) == NULL);
 }
 
+/* Model versions never share KV: the pool seed that names prefix-cache blocks (kv_seed, also
+ * tier 2's arena and Redis index key) is derived from the fingerprint, which hashes every weight
+ * byte. Two synthetic models with the same shapes and tokenizer but other weights (seed) differ
+ * in both; the same file loaded twice agrees; another block size changes only kv_seed. */
+static void test_version_fingerprints(void)
+{
+    char err[512], a[] = "/tmp/spillway-test-fpXXXXXX", b[64];
+    int fd = mkstemp(a);
+    CHECK(fd >= 0);
+    if (fd < 0) return;
+    close(fd);
+    snprintf(b, sizeof b, "%s.b", a);
+    mkmodel_params_t p;
+    CHECK(mkmodel_preset("tiny", &p) == 0);
+    CHECK(mkmodel_write(&p, a, err, sizeof err) == 0);
+    p.seed = 2; /* a new version: same shapes, other weights */
+    CHECK(mkmodel_write(&p, b, err, sizeof err) == 0);
+    engine_info_t ia, ia2, ib, ic;
+    engine_config_t c;
+    base_cfg(&c);
+    c.model_path = a;
+    engine_t *e = mk(&c);
+    CHECK(e != NULL);
+    if (e) {
+        engine_info(e, &ia);
+        engine_free(e);
+    }
+    e = mk(&c);
+    CHECK(e != NULL);
+    if (e) {
+        engine_info(e, &ia2);
+        engine_free(e);
+    }
+    c.model_path = b;
+    e = mk(&c);
+    CHECK(e != NULL);
+    if (e) {
+        engine_info(e, &ib);
+        engine_free(e);
+    }
+    c.model_path = a;
+    c.block_tokens = 32;
+    e = mk(&c);
+    CHECK(e != NULL);
+    if (e) {
+        engine_info(e, &ic);
+        engine_free(e);
+    }
+    CHECK(ia.fingerprint == ia2.fingerprint && ia.kv_seed == ia2.kv_seed);
+    CHECK(ia.fingerprint != ib.fingerprint && ia.kv_seed != ib.kv_seed);
+    CHECK(ic.fingerprint == ia.fingerprint && ic.kv_seed != ia.kv_seed);
+    unlink(a);
+    unlink(b);
+}
+
 int main(void)
 {
     FILE *f = fopen(MODEL, "rb");
@@ -565,5 +622,6 @@ int main(void)
     test_seeds();
     test_stop_strings();
     test_validation();
+    test_version_fingerprints();
     return check_exit();
 }

@@ -107,6 +107,42 @@ int main(void)
     CHECK(worker_config_set(&c, "class.default", "interactive", "cli", err, sizeof err) == 0);
     CHECK(worker_config_set(&c, "overload.cap_at", "20", "cli", err, sizeof err) == 0);
     CHECK(worker_config_check(&c, err, sizeof err) == -1 && strstr(err, "overload"));
+    CHECK(worker_config_set(&c, "overload.cap_at", "75", "cli", err, sizeof err) == 0);
+
+    /* models: `models` entries in order, then `model` under its file stem; model.default */
+    worker_model_spec_t *ms = NULL;
+    int nms = 0, def = -1;
+    CHECK(worker_models_parse(&c, &ms, &nms, &def, err, sizeof err) == 0);
+    CHECK(nms == 1 && def == 0 && !strcmp(ms[0].name, "x") && !strcmp(ms[0].path, "/x.gguf"));
+    free(ms);
+    CHECK(worker_config_set(&c, "models", " small = /m/s.gguf , big=/m/b-v2.gguf,, ", "cli", err,
+                            sizeof err) == 0);
+    CHECK(worker_models_parse(&c, &ms, &nms, &def, err, sizeof err) == 0);
+    CHECK(nms == 3 && def == 0 && !strcmp(ms[0].name, "small") && !strcmp(ms[0].path, "/m/s.gguf") &&
+          !strcmp(ms[1].name, "big") && !strcmp(ms[1].path, "/m/b-v2.gguf") &&
+          !strcmp(ms[2].name, "x") && !strcmp(ms[2].path, "/x.gguf"));
+    free(ms);
+    CHECK(worker_config_set(&c, "model.default", "big", "cli", err, sizeof err) == 0);
+    CHECK(worker_models_parse(&c, &ms, &nms, &def, err, sizeof err) == 0 && def == 1);
+    free(ms);
+    CHECK(worker_config_check(&c, err, sizeof err) == 0);
+    CHECK(worker_config_set(&c, "model.default", "huge", "cli", err, sizeof err) == 0);
+    CHECK(worker_config_check(&c, err, sizeof err) == -1 && strstr(err, "model.default"));
+    CHECK(worker_config_set(&c, "model.default", "", "cli", err, sizeof err) == 0);
+    const char *bad_models[] = {"a=/p,a=/q", "=/p", "a=", "a b=/p", "a/p", "x=/other.gguf"};
+    for (size_t i = 0; i < sizeof bad_models / sizeof bad_models[0]; i++) {
+        CHECK(worker_config_set(&c, "models", bad_models[i], "cli", err, sizeof err) == 0);
+        CHECK(worker_models_parse(&c, &ms, &nms, &def, err, sizeof err) == -1);
+        CHECK(worker_config_check(&c, err, sizeof err) == -1);
+    }
+    /* `model` named by `models` with the same path: one model, not two */
+    CHECK(worker_config_set(&c, "models", "x=/x.gguf", "cli", err, sizeof err) == 0);
+    CHECK(worker_models_parse(&c, &ms, &nms, &def, err, sizeof err) == 0 && nms == 1);
+    free(ms);
+    /* no model at all */
+    CHECK(worker_config_set(&c, "models", "", "cli", err, sizeof err) == 0);
+    CHECK(worker_config_set(&c, "model", "", "cli", err, sizeof err) == 0);
+    CHECK(worker_models_parse(&c, &ms, &nms, &def, err, sizeof err) == -1 && strstr(err, "model"));
     worker_config_free(&c);
     return check_exit();
 }

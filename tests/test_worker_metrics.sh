@@ -426,7 +426,9 @@ check(S.get("spillway:num_requests_running") == 0 and S.get("spillway:num_reques
 kv = [s["samples"].get("spillway:kv_cache_usage_perc", -1) for s in scrapes]
 check(all(0 <= x <= 1 for x in kv), f"kv_cache_usage_perc outside 0..1: {sorted(kv)[-1]}")
 check(max(kv) > 0, "kv_cache_usage_perc stayed 0")
-check(S.get('spillway:model_loaded{model="stories260K"}') == 1, "model_loaded{model=\"stories260K\"} 1")
+check([v for k, v in S.items() if k.startswith('spillway:model_loaded{model="stories260K",fingerprint="ad3823f10a4bf63d"')] == [1],
+      "model_loaded{model=\"stories260K\",fingerprint=...} 1")
+check(S.get("spillway:model_swaps_total") == 0, "model_swaps_total without a reload")
 tot, used = S.get('spillway:host_arena_slots{state="total"}'), S.get('spillway:host_arena_slots{state="used"}')
 check(tot and tot > 0 and used is not None and 0 < used <= tot, f"host_arena_slots used {used} total {tot}")
 up_before = [s["samples"].get("spillway:redis_up") for s in by_phase["start"] + by_phase["burst"]]

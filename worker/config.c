@@ -68,7 +68,13 @@ static const key_t_ KEYS[] = {
     {"max.inflight.tokens", K_LONG, F(max_inflight_tokens), "262144", 1, LONG_MAX,
      "prompt tokens + max_tokens of the requests given to the engine, at most"},
     {"poll.ms", K_INT, F(poll_ms), "20", 0, 10000, "longest consumer poll wait"},
-    {"model", K_STR, F(model), "", 0, 0, "GGUF model path"},
+    {"model", K_STR, F(model), "", 0, 0,
+     "GGUF model path, served under its file name without .gguf (see models)"},
+    {"models", K_STR, F(models), "", 0, 0,
+     "models served: name=path, comma-separated (a request picks one with \"model\"; SIGHUP "
+     "reloads)"},
+    {"model.default", K_STR, F(model_default), "", 0, 0,
+     "model of a request without \"model\" (\"\" = the first of models, else model's)"},
     {"backend", K_STR, F(backend), "cpu", 0, 0, "compute backend"},
     {"threads", K_INT, F(threads), "0", 0, 1024, "compute threads (0 = one per CPU)"},
     {"batch.max_seqs", K_INT, F(max_seqs), "64", 1, 1 << 16, "sequences per batch"},
@@ -449,10 +455,10 @@ int worker_config_check(const worker_config_t *c, char *errstr, size_t errlen)
         snprintf(errstr, errlen, "group.id is empty");
         return -1;
     }
-    if (!*c->model) {
-        snprintf(errstr, errlen, "model is not set (-m FILE or model=FILE)");
-        return -1;
-    }
+    worker_model_spec_t *ms;
+    int n_ms, def_ms;
+    if (worker_models_parse(c, &ms, &n_ms, &def_ms, errstr, errlen)) return -1;
+    free(ms);
     for (const char *p = c->reply_topics; *p; p++) {
         if (*p == ',' || *p == ' ' || *p == '\t' || (*p >= 'a' && *p <= 'z') ||
             (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '.' || *p == '_' ||
@@ -599,6 +605,101 @@ int worker_classes_parse(const char *spec, worker_class_t **out, int *n, char *e
     return 0;
 fail:
     free(cl);
+    return -1;
+}
+
+/* The served name of a bare model path: its file name without directories and ".gguf". */
+static void model_stem(const char *path, char *name, size_t cap)
+{
+    const char *base = strrchr(path, '/');
+    snprintf(name, cap, "%s", base ? base + 1 : path);
+    char *dot = strrchr(name, '.');
+    if (dot && !strcmp(dot, ".gguf")) *dot = 0;
+}
+
+int worker_models_parse(const worker_config_t *c, worker_model_spec_t **out, int *n, int *def,
+                        char *errstr, size_t errlen)
+{
+    worker_model_spec_t *ms = calloc(WORKER_MAX_MODELS, sizeof *ms);
+    int k = 0;
+    if (!ms) {
+        snprintf(errstr, errlen, "out of memory");
+        return -1;
+    }
+    for (const char *p = c->models; *p;) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        const char *a = p, *b = p + len;
+        p = end ? end + 1 : b;
+        while (a < b && isspace((unsigned char)*a)) a++;
+        while (b > a && isspace((unsigned char)b[-1])) b--;
+        if (a == b) continue;
+        const char *eq = memchr(a, '=', (size_t)(b - a));
+        size_t nl = eq ? (size_t)(eq - a) : 0, pl = eq ? (size_t)(b - eq - 1) : 0;
+        while (nl > 0 && isspace((unsigned char)a[nl - 1])) nl--;
+        const char *path = eq ? eq + 1 : NULL;
+        while (pl > 0 && isspace((unsigned char)*path)) path++, pl--;
+        if (!eq || !class_name_ok(a, nl) || pl == 0 || pl >= sizeof ms->path) {
+            snprintf(errstr, errlen, "models: expected name=path (name 1..64 bytes of A-Z a-z 0-9 "
+                     "_ . -, a path under %zu bytes), got \"%.*s\"", sizeof ms->path,
+                     (int)(b - a > 200 ? 200 : b - a), a);
+            goto fail;
+        }
+        if (k == WORKER_MAX_MODELS) {
+            snprintf(errstr, errlen, "models: more than %d models", WORKER_MAX_MODELS);
+            goto fail;
+        }
+        memcpy(ms[k].name, a, nl);
+        ms[k].name[nl] = 0;
+        memcpy(ms[k].path, path, pl);
+        ms[k].path[pl] = 0;
+        for (int i = 0; i < k; i++)
+            if (!strcmp(ms[i].name, ms[k].name)) {
+                snprintf(errstr, errlen, "models: model %s given twice", ms[k].name);
+                goto fail;
+            }
+        k++;
+    }
+    if (*c->model) {
+        char name[sizeof ms->name];
+        model_stem(c->model, name, sizeof name);
+        int dup = -1;
+        for (int i = 0; i < k; i++)
+            if (!strcmp(ms[i].name, name)) dup = i;
+        if (dup >= 0 && strcmp(ms[dup].path, c->model)) {
+            snprintf(errstr, errlen, "model %s is served as %s, a name models gives to %s",
+                     c->model, name, ms[dup].path);
+            goto fail;
+        }
+        if (dup < 0) {
+            if (k == WORKER_MAX_MODELS || strlen(c->model) >= sizeof ms->path) {
+                snprintf(errstr, errlen, "model: too many models or too long a path");
+                goto fail;
+            }
+            snprintf(ms[k].name, sizeof ms[k].name, "%s", name);
+            snprintf(ms[k].path, sizeof ms[k].path, "%s", c->model);
+            k++;
+        }
+    }
+    if (k == 0) {
+        snprintf(errstr, errlen, "model is not set (-m FILE, model=FILE or models=name=FILE,...)");
+        goto fail;
+    }
+    *def = 0;
+    if (*c->model_default) {
+        *def = -1;
+        for (int i = 0; i < k; i++)
+            if (!strcmp(ms[i].name, c->model_default)) *def = i;
+        if (*def < 0) {
+            snprintf(errstr, errlen, "model.default %s is not one of the models served", c->model_default);
+            goto fail;
+        }
+    }
+    *out = ms;
+    *n = k;
+    return 0;
+fail:
+    free(ms);
     return -1;
 }
 

@@ -34,6 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
@@ -50,6 +51,32 @@ static const char *const LEVEL_NAME[] = {"ERROR", "WARN", "INFO", "DEBUG"};
 
 #define N_FINISH 5
 
+/* One loaded version of a model (README "Models"). Created by worker_new or by the reload
+ * thread (model_load), put in w->models by the poll thread (model_install). Its engine's
+ * scheduler belongs to the engine thread; the poll thread only tokenises with it (immutable
+ * tokenizer) for requests that hold a reference. A version replaced by a reload (or no longer
+ * configured) is retired: intake no longer routes to it, the requests it already holds finish on
+ * it, and once it holds none the engine thread unlinks and frees it (model_gc). */
+typedef struct wmodel wmodel_t;
+struct wmodel {
+    wmodel_t *next;              /* w->models, under w->models_mu */
+    char name[65];
+    char path[1024];
+    engine_t *eng;               /* owned */
+    cache_t *cache;              /* owned: tier 2, or NULL; freed after eng, which calls it */
+    uint64_t fingerprint;        /* engine_info: hash of the weights; names its KV blocks */
+    char fp_hex[17];
+    char arch[32];
+    int32_t bos;                 /* -1 none */
+    dev_t dev;                   /* the file when loaded: a reload of an unchanged file keeps */
+    ino_t ino;                   /* this version */
+    off_t size;
+    time_t mtime;
+    atomic_int refs;             /* requests routed here and not yet released (model_release) */
+    atomic_int retired;          /* set once, by the poll thread under w->models_mu */
+    int n_active;                /* engine thread: requests submitted to eng */
+};
+
 typedef struct wreq wreq_t;
 struct wreq {
     wreq_t *next;                /* link in the inbox, outbox or retry list */
@@ -61,6 +88,7 @@ struct wreq {
     size_t bytes;                /* counted against max.inflight.bytes */
     int32_t *toks;               /* owned: the prompt's token ids (NULL: req.input_ids) */
     int n_toks;
+    wmodel_t *model;             /* holds a reference (model_release) while non-NULL */
     long cost;                   /* prompt tokens + max_tokens, counted against
                                     max.inflight.tokens (0 when never given to the engine) */
     atomic_int cancelled;        /* set by the poll thread only */
@@ -113,6 +141,9 @@ typedef struct {
         deferred;
     atomic_int kv_used, kv_total;
     atomic_int eng_running, eng_waiting, paused;
+    /* models: versions loaded now (retired ones draining included); reloads */
+    atomic_int models_loaded;
+    atomic_uint_fast64_t model_swaps, reloads_ok, reloads_failed;
     atomic_int inbox_n;                       /* requests in the inbox (not yet in the engine) */
     atomic_int_fast64_t last_poll_ms;         /* monotonic ms of the poll loop's last turn */
     /* metrics (worker/metrics.h): histograms observed by the poll thread */
@@ -144,9 +175,20 @@ struct worker {
     char worker_id[128];
     char worker_id_json[256];    /* worker_id escaped for JSON logs */
     int log_json;                /* log.format = json */
-    char model_name[256];
-    engine_t *eng;
-    cache_t *cache;          /* prefix cache tier 2, or NULL; used by the engine thread */
+    int tier2;                   /* prefix cache tier 2 configured (cache.redis.host) */
+    pthread_mutex_t models_mu;   /* guards the models list and each retired flag */
+    wmodel_t *models;            /* loaded versions, current and retired (draining) */
+    char default_model[65];      /* poll thread: name of a request without "model" */
+    int models_gc;               /* under mu: a retired version may be freeable */
+    /* engine thread: counters of freed versions, added to the live engines' (stats) */
+    engine_stats_t gone;
+    wmodel_t **snap;             /* engine thread: the list, copied each turn */
+    int cap_snap;
+    /* reload (SIGHUP): the poll thread starts a loader thread and installs what it loaded */
+    volatile sig_atomic_t *reload_flag;
+    worker_reload_fn reload_fn;
+    void *reload_arg;
+    struct reload_job *job;      /* poll thread: the load in progress, or NULL */
     consumer_t *cons;
     producer_t *prod;
     producer_t *aux;             /* side producer, not transactional: stream chunks and usage
@@ -335,14 +377,141 @@ static int is_fatal(worker_t *w)
     return f;
 }
 
-static void wreq_free(wreq_t *r)
+static void model_release(worker_t *w, wreq_t *r);
+
+static void wreq_free(worker_t *w, wreq_t *r)
 {
     if (!r) return;
+    model_release(w, r);
     if (r->parsed) request_free(&r->req);
     if (r->msg) rd_kafka_message_destroy(r->msg);
     free(r->toks);
     free(r->out);
     free(r);
+}
+
+/* ---- models ---- */
+
+/* Drops r's reference to its model (any thread); the last one of a retired version asks the
+ * engine thread to free it. */
+static void model_release(worker_t *w, wreq_t *r)
+{
+    wmodel_t *m = r->model;
+    if (!m) return;
+    r->model = NULL;
+    if (atomic_fetch_sub(&m->refs, 1) == 1 && atomic_load(&m->retired)) {
+        pthread_mutex_lock(&w->mu);
+        w->models_gc = 1;
+        pthread_cond_broadcast(&w->cv);
+        pthread_mutex_unlock(&w->mu);
+    }
+}
+
+/* The current (not retired) version named name, with a reference taken for a request; NULL
+ * when none. Poll thread. */
+static wmodel_t *model_acquire(worker_t *w, const char *name)
+{
+    pthread_mutex_lock(&w->models_mu);
+    wmodel_t *m = w->models;
+    while (m && (atomic_load(&m->retired) || strcmp(m->name, name))) m = m->next;
+    if (m) atomic_fetch_add(&m->refs, 1);
+    pthread_mutex_unlock(&w->models_mu);
+    return m;
+}
+
+/* The engine configuration of every model (all but the path), from w->cfg. */
+static void model_engine_config(const worker_t *w, engine_config_t *ec)
+{
+    engine_config_default(ec);
+    ec->backend = w->cfg.backend;
+    ec->threads = w->cfg.threads;
+    ec->max_seqs = w->cfg.max_seqs;
+    ec->max_batch_tokens = w->cfg.max_batch_tokens;
+    ec->kv_blocks = w->cfg.kv_blocks;
+    ec->kv_mem_mb = w->cfg.kv_mem_mb;
+    ec->kv_type = w->cfg.kv_type;
+    ec->block_tokens = w->cfg.block_tokens;
+    ec->max_ctx = w->cfg.max_ctx;
+    ec->prefix_cache = w->cfg.prefix_cache;
+    ec->sched_window = w->cfg.sched_window;
+    ec->sched_aging_ms = w->cfg.sched_aging_ms;
+    ec->sched_urgent_ms = w->cfg.sched_urgent_ms;
+}
+
+static void model_free(wmodel_t *m)
+{
+    if (!m) return;
+    if (m->eng) engine_free(m->eng);
+    cache_free(m->cache); /* after the engine, which calls it */
+    free(m);
+}
+
+static void hook_log(void *arg, int level, const char *msg);
+
+/* Loads spec's model: its engine, and tier 2 of the prefix cache when with_tier2 (the cache is
+ * named by the engine's kv_seed, which hashes the model fingerprint: versions never share KV).
+ * Any thread (reads w->cfg only). NULL + errstr on failure. */
+static wmodel_t *model_load(worker_t *w, const worker_model_spec_t *spec, int with_tier2,
+                            char *errstr, size_t errlen)
+{
+    wmodel_t *m = calloc(1, sizeof *m);
+    if (!m) {
+        snprintf(errstr, errlen, "out of memory");
+        return NULL;
+    }
+    snprintf(m->name, sizeof m->name, "%s", spec->name);
+    snprintf(m->path, sizeof m->path, "%s", spec->path);
+    struct stat sb;
+    if (stat(spec->path, &sb) == 0) {
+        m->dev = sb.st_dev;
+        m->ino = sb.st_ino;
+        m->size = sb.st_size;
+        m->mtime = sb.st_mtime;
+    }
+    engine_config_t ec;
+    model_engine_config(w, &ec);
+    ec.model_path = m->path;
+    m->eng = engine_new(&ec, errstr, errlen);
+    if (!m->eng) goto fail;
+    engine_info_t info;
+    engine_info(m->eng, &info);
+    m->fingerprint = info.fingerprint;
+    snprintf(m->fp_hex, sizeof m->fp_hex, "%016" PRIx64, info.fingerprint);
+    snprintf(m->arch, sizeof m->arch, "%s", info.arch ? info.arch : "?");
+    m->bos = info.bos;
+    if (with_tier2) {
+        cache_config_t kc;
+        cache_config_default(&kc);
+        kc.arena_path = w->cfg.cache_arena_path;
+        kc.arena_mb = w->cfg.cache_arena_mb;
+        kc.redis_host = w->cfg.cache_redis_host;
+        kc.redis_port = w->cfg.cache_redis_port;
+        kc.redis_user = w->cfg.cache_redis_user;
+        kc.redis_password = w->cfg.cache_redis_password;
+        kc.redis_db = w->cfg.cache_redis_db;
+        kc.namespace_ = w->cfg.cache_namespace;
+        kc.host_id = w->cfg.cache_host_id;
+        kc.connect_timeout_ms = w->cfg.cache_connect_timeout_ms;
+        kc.cmd_timeout_ms = w->cfg.cache_cmd_timeout_ms;
+        kc.backoff_min_ms = w->cfg.cache_backoff_min_ms;
+        kc.backoff_max_ms = w->cfg.cache_backoff_max_ms;
+        kc.health_ms = w->cfg.cache_health_ms;
+        kc.write_queue = w->cfg.cache_write_queue;
+        kc.log_level = w->cfg.log_level;
+        kc.log_fn = hook_log;
+        kc.log_arg = w;
+        cache_geometry_t geo = {.seed = info.kv_seed, .block_tokens = info.block_tokens,
+                                .block_bytes = info.kv_block_bytes};
+        m->cache = cache_new(&kc, &geo, errstr, errlen);
+        if (!m->cache) goto fail;
+        engine_kv_tier_t tier;
+        cache_engine_tier(m->cache, &tier);
+        if (engine_set_kv_tier(m->eng, &tier, errstr, errlen)) goto fail;
+    }
+    return m;
+fail:
+    model_free(m);
+    return NULL;
 }
 
 /* Any thread: hands a finished output to the poll thread. */
@@ -404,10 +573,10 @@ static size_t utf8_sanitize(const unsigned char *src, size_t len, char *dst)
 /* {"id", "text", "logprob"} of one token (top-level entries get "top_logprobs" added by the
  * caller). A logprob of -inf (a token the model gives no chance) is written as -9999, as
  * OpenAI's API does. NULL on out of memory. */
-static json_t *logprob_entry(worker_t *w, const engine_logprob_t *lp)
+static json_t *logprob_entry(engine_t *eng, const engine_logprob_t *lp)
 {
     char piece[256], text[3 * sizeof piece + 1];
-    int n = engine_token_to_piece(w->eng, lp->id, piece, sizeof piece);
+    int n = engine_token_to_piece(eng, lp->id, piece, sizeof piece);
     if (n < 0) n = 0;
     if ((size_t)n > sizeof piece) n = (int)sizeof piece;
     utf8_sanitize((const unsigned char *)piece, (size_t)n, text);
@@ -417,12 +586,12 @@ static json_t *logprob_entry(worker_t *w, const engine_logprob_t *lp)
 
 /* The result's "logprobs" array (schemas/result.schema.json): one entry per generated token.
  * NULL on out of memory. */
-static json_t *logprobs_json(worker_t *w, const engine_result_t *er)
+static json_t *logprobs_json(engine_t *eng, const engine_result_t *er)
 {
     json_t *arr = json_array();
     if (!arr) return NULL;
     for (int i = 0; i < er->n_tokens; i++) {
-        json_t *e = logprob_entry(w, &er->logprobs[i]), *top = json_array();
+        json_t *e = logprob_entry(eng, &er->logprobs[i]), *top = json_array();
         if (!e || !top || json_object_set_new(e, "top_logprobs", top)) {
             json_decref(e);
             goto oom;
@@ -430,7 +599,7 @@ static json_t *logprobs_json(worker_t *w, const engine_result_t *er)
         for (int j = 0; j < er->n_logprobs; j++) {
             const engine_logprob_t *t = &er->top_logprobs[(size_t)i * (size_t)er->n_logprobs + (size_t)j];
             if (t->id < 0) continue; /* fewer candidates than asked (tiny vocabulary) */
-            if (json_array_append_new(top, logprob_entry(w, t))) {
+            if (json_array_append_new(top, logprob_entry(eng, t))) {
                 json_decref(e);
                 goto oom;
             }
@@ -483,7 +652,8 @@ static int make_result(worker_t *w, wreq_t *r, const engine_result_t *er, const 
                               "requested_max_tokens", r->capped_from);
         if (!d || json_object_set_new(o, "degraded", d)) goto oom;
     }
-    json_object_set_new(o, "model", json_string(w->model_name));
+    json_object_set_new(o, "model", json_string(r->model ? r->model->name : ""));
+    if (r->model) json_object_set_new(o, "model_fingerprint", json_string(r->model->fp_hex));
     json_object_set_new(o, "worker", json_string(w->worker_id));
     json_object_set_new(in, "topic", json_string(rd_kafka_topic_name(r->msg->rkt)));
     json_object_set_new(in, "partition", json_integer(r->msg->partition));
@@ -494,8 +664,8 @@ static int make_result(worker_t *w, wreq_t *r, const engine_result_t *er, const 
         json_t *md = json_loads(r->req.metadata_json, JSON_DECODE_ANY, NULL);
         if (md) json_object_set_new(o, "metadata", md); /* steals md */
     }
-    if (er && r->req.n_logprobs > 0 && er->logprobs) {
-        json_t *lp = logprobs_json(w, er);
+    if (er && r->model && r->req.n_logprobs > 0 && er->logprobs) {
+        json_t *lp = logprobs_json(r->model->eng, er);
         if (!lp || json_object_set_new(o, "logprobs", lp)) goto oom;
     }
     char *s = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(6));
@@ -537,6 +707,7 @@ static void active_remove(worker_t *w, wreq_t *r)
     w->active[i] = w->active[--w->n_active];
     w->active[i]->active_ix = i;
     r->active_ix = -1;
+    r->model->n_active--;
 }
 
 /* Opaques of the side producer's records, told apart in its delivery reports. */
@@ -632,7 +803,7 @@ static void on_engine_done(void *arg, const engine_result_t *res)
     wreq_t *r = res->user;
     active_remove(w, r);
     if (atomic_load(&r->cancelled)) {
-        wreq_free(r);
+        wreq_free(w, r);
         return;
     }
     const char *finish = r->expire ? "expired" : engine_finish_name(res->finish);
@@ -640,6 +811,7 @@ static void on_engine_done(void *arg, const engine_result_t *res)
     int64_t t0 = mono_ns();
     make_result(w, r, res, finish);
     add_since(&w->st.ns_result, t0);
+    model_release(w, r); /* done with the engine */
     outbox_push(w, r);
 }
 
@@ -648,7 +820,7 @@ static void engine_start(worker_t *w, wreq_t *r)
 {
     char err[256];
     if (atomic_load(&r->cancelled)) {
-        wreq_free(r);
+        wreq_free(w, r);
         return;
     }
     atomic_fetch_add_explicit(&w->st.ns_inbox_sum, (uint64_t)(mono_ns() - r->t_intake),
@@ -656,6 +828,7 @@ static void engine_start(worker_t *w, wreq_t *r)
     if (deadline_passed(r)) {
         stream_finish(w, r, "", 0, 0, "expired");
         make_result(w, r, NULL, "expired");
+        model_release(w, r);
         outbox_push(w, r);
         return;
     }
@@ -686,6 +859,7 @@ static void engine_start(worker_t *w, wreq_t *r)
         wreq_t **a = realloc(w->active, sizeof *a * (size_t)cap);
         if (!a) {
             make_dlq(r, REQ_ERR_BAD_PARAM, "out of memory");
+            model_release(w, r);
             outbox_push(w, r);
             return;
         }
@@ -694,15 +868,103 @@ static void engine_start(worker_t *w, wreq_t *r)
     }
     r->active_ix = w->n_active;
     w->active[w->n_active++] = r;
-    if (engine_submit(w->eng, &q, on_engine_done, w, &r->engine_id, err, sizeof err)) {
+    r->model->n_active++;
+    if (engine_submit(r->model->eng, &q, on_engine_done, w, &r->engine_id, err, sizeof err)) {
         active_remove(w, r);
         make_dlq(r, strstr(err, "context") ? REQ_ERR_PROMPT_TOKENS : REQ_ERR_BAD_PARAM, err);
+        model_release(w, r);
         outbox_push(w, r);
         return;
     }
     /* the engine copied the prompt */
     free(r->toks);
     r->toks = NULL;
+}
+
+/* Copies the models list into w->snap (engine thread). Returns the count, -1 on out of memory. */
+static int model_snapshot(worker_t *w)
+{
+    pthread_mutex_lock(&w->models_mu);
+    int n = 0;
+    for (wmodel_t *m = w->models; m; m = m->next) n++;
+    if (n > w->cap_snap) {
+        wmodel_t **a = realloc(w->snap, sizeof *a * (size_t)n);
+        if (!a) {
+            pthread_mutex_unlock(&w->models_mu);
+            return -1;
+        }
+        w->snap = a;
+        w->cap_snap = n;
+    }
+    n = 0;
+    for (wmodel_t *m = w->models; m; m = m->next) w->snap[n++] = m;
+    pthread_mutex_unlock(&w->models_mu);
+    return n;
+}
+
+static void stats_add(engine_stats_t *a, const engine_stats_t *b)
+{
+    a->prefix_lookups += b->prefix_lookups;
+    a->prefix_hits += b->prefix_hits;
+    a->evictions += b->evictions;
+    a->tier2_lookups += b->tier2_lookups;
+    a->tier2_hits += b->tier2_hits;
+    a->tier2_stores += b->tier2_stores;
+    a->deferred += b->deferred;
+}
+
+/* Frees the retired versions that no request holds any more (engine thread: it owns the
+ * engines). A retired version's refs only go down (intake never routes to it), so 0 is final. */
+static void model_gc(worker_t *w)
+{
+    for (;;) {
+        wmodel_t *dead = NULL;
+        pthread_mutex_lock(&w->models_mu);
+        for (wmodel_t **pp = &w->models; *pp; pp = &(*pp)->next) {
+            wmodel_t *m = *pp;
+            if (atomic_load(&m->retired) && atomic_load(&m->refs) == 0 && m->n_active == 0) {
+                *pp = m->next;
+                dead = m;
+                break;
+            }
+        }
+        pthread_mutex_unlock(&w->models_mu);
+        if (!dead) return;
+        engine_stats_t es;
+        engine_stats(dead->eng, &es);
+        stats_add(&w->gone, &es);
+        wlog(w, 2, "model %s: version %s (%s) drained and unloaded", dead->name, dead->fp_hex,
+             dead->path);
+        model_free(dead);
+        atomic_fetch_sub(&w->st.models_loaded, 1);
+    }
+}
+
+/* After the steps of a turn: the engines' counters, summed (engine thread). */
+static void engine_counters(worker_t *w, int n)
+{
+    engine_stats_t sum = w->gone;
+    int used = 0, total = 0, running = 0, waiting = 0;
+    for (int i = 0; i < n; i++) {
+        engine_stats_t es;
+        engine_stats(w->snap[i]->eng, &es);
+        stats_add(&sum, &es);
+        used += es.kv_blocks_used;
+        total += es.kv_blocks_total;
+        running += engine_n_running(w->snap[i]->eng);
+        waiting += engine_n_waiting(w->snap[i]->eng);
+    }
+    atomic_store(&w->st.t1_lookups, sum.prefix_lookups);
+    atomic_store(&w->st.t1_hits, sum.prefix_hits);
+    atomic_store(&w->st.t1_evictions, sum.evictions);
+    atomic_store(&w->st.t2_lookups, sum.tier2_lookups);
+    atomic_store(&w->st.t2_hits, sum.tier2_hits);
+    atomic_store(&w->st.t2_stores, sum.tier2_stores);
+    atomic_store(&w->st.deferred, sum.deferred);
+    atomic_store(&w->st.kv_used, used);
+    atomic_store(&w->st.kv_total, total);
+    atomic_store(&w->st.eng_running, running);
+    atomic_store(&w->st.eng_waiting, waiting);
 }
 
 static void *engine_main(void *arg)
@@ -712,7 +974,7 @@ static void *engine_main(void *arg)
     pthread_mutex_lock(&w->mu);
     for (;;) {
         int64_t t_wait = mono_ns();
-        while (!w->eng_stop && !w->fatal && !w->inbox && w->n_active == 0)
+        while (!w->eng_stop && !w->fatal && !w->inbox && w->n_active == 0 && !w->models_gc)
             pthread_cond_wait(&w->cv, &w->mu);
         add_since(&w->st.ns_idle, t_wait);
         if (w->fatal || (w->eng_stop && !w->inbox && w->n_active == 0)) break;
@@ -720,6 +982,7 @@ static void *engine_main(void *arg)
         w->inbox = w->inbox_tail = NULL;
         atomic_store(&w->st.inbox_n, 0);
         int stopping = w->eng_stop;
+        w->models_gc = 0;
         pthread_mutex_unlock(&w->mu);
 
         int64_t t0 = mono_ns();
@@ -736,36 +999,32 @@ static void *engine_main(void *arg)
             wreq_t *r = w->active[i];
             if (stopping) atomic_store(&r->cancelled, 1);
             if (atomic_load(&r->cancelled)) {
-                engine_cancel(w->eng, r->engine_id);
+                engine_cancel(r->model->eng, r->engine_id);
             } else if (deadline_passed(r)) {
                 r->expire = 1;
-                engine_cancel(w->eng, r->engine_id);
+                engine_cancel(r->model->eng, r->engine_id);
             }
         }
         t0 = add_since(&w->st.ns_submit, t0);
-        if (w->n_active > 0) {
-            int rc = engine_step(w->eng, err, sizeof err);
-            add_since(&w->st.ns_step, t0);
-            engine_stats_t es;
-            engine_stats(w->eng, &es);
-            atomic_store(&w->st.t1_lookups, es.prefix_lookups);
-            atomic_store(&w->st.t1_hits, es.prefix_hits);
-            atomic_store(&w->st.t1_evictions, es.evictions);
-            atomic_store(&w->st.t2_lookups, es.tier2_lookups);
-            atomic_store(&w->st.t2_hits, es.tier2_hits);
-            atomic_store(&w->st.t2_stores, es.tier2_stores);
-            atomic_store(&w->st.deferred, es.deferred);
-            atomic_store(&w->st.kv_used, es.kv_blocks_used);
-            atomic_store(&w->st.kv_total, es.kv_blocks_total);
-            atomic_store(&w->st.eng_running, engine_n_running(w->eng));
-            atomic_store(&w->st.eng_waiting, engine_n_waiting(w->eng));
-            if (rc < 0) {
-                set_fatal(w, "engine step: %s", err);
-                pthread_mutex_lock(&w->mu);
-                break;
-            }
+        int n = model_snapshot(w), rc = 0;
+        if (n < 0) {
+            set_fatal(w, "out of memory");
+            pthread_mutex_lock(&w->mu);
+            break;
         }
+        if (w->n_active > 0) {
+            /* one step of every engine with work, in turn (each has its own KV pool) */
+            for (int i = 0; i < n && rc >= 0; i++)
+                if (w->snap[i]->n_active > 0) {
+                    rc = engine_step(w->snap[i]->eng, err, sizeof err);
+                    if (rc < 0) set_fatal(w, "engine step (model %s): %s", w->snap[i]->name, err);
+                }
+            add_since(&w->st.ns_step, t0);
+            engine_counters(w, n);
+        }
+        model_gc(w);
         pthread_mutex_lock(&w->mu);
+        if (rc < 0) break;
     }
     pthread_mutex_unlock(&w->mu);
     atomic_store(&w->st.eng_cpu_ns, thread_cpu_ns(CLOCK_THREAD_CPUTIME_ID));
@@ -852,7 +1111,7 @@ static void output_done(worker_t *w, wreq_t *r)
         count_output(w, r);
         atomic_store(&w->st.t_last, mono_ns());
     }
-    wreq_free(r);
+    wreq_free(w, r);
 }
 
 static void retry_later(worker_t *w, wreq_t *r, int delay_ms)
@@ -907,7 +1166,7 @@ static void send_output(worker_t *w, wreq_t *r)
     char err[256];
     int eos = w->cfg.delivery == WORKER_EOS;
     if (atomic_load(&r->cancelled)) {
-        wreq_free(r);
+        wreq_free(w, r);
         return;
     }
     if (eos && !consumer_is_next(w->cons, &r->ticket)) {
@@ -992,7 +1251,7 @@ static void on_delivery(void *arg, void *opaque, rd_kafka_resp_err_t err)
             wlog(w, 2, "record for %s[%d]@%" PRId64 " not delivered: %s; its partition was "
                  "revoked, its new owner computes it again", rd_kafka_topic_name(r->msg->rkt),
                  (int)r->msg->partition, (int64_t)r->msg->offset, rd_kafka_err2str(err));
-        wreq_free(r);
+        wreq_free(w, r);
         return;
     }
     if (err) {
@@ -1225,7 +1484,7 @@ static int apply_headers(worker_t *w, wreq_t *r, const char **code, char *err, s
 }
 
 /* Encodes text into r->toks. 0, or -1 on out of memory. */
-static int tokenize(worker_t *w, wreq_t *r, const char *text, size_t len, int parse_special)
+static int tokenize(wreq_t *r, const char *text, size_t len, int parse_special)
 {
     /* one pass in the common case: no tokenizer makes more than a token per byte, plus BOS/EOS */
     int cap = len < (size_t)(1 << 30) ? (int)len + 4 : 1 << 30;
@@ -1233,7 +1492,7 @@ static int tokenize(worker_t *w, wreq_t *r, const char *text, size_t len, int pa
         int32_t *t = realloc(r->toks, sizeof *t * (size_t)cap);
         if (!t) return -1;
         r->toks = t;
-        int n = engine_tokenize(w->eng, text, len, 1, parse_special, t, cap);
+        int n = engine_tokenize(r->model->eng, text, len, 1, parse_special, t, cap);
         if (n < 0) return -1;
         if (n <= cap) {
             r->n_toks = n;
@@ -1259,7 +1518,7 @@ static int prepare_prompt(worker_t *w, wreq_t *r, const char **code, char *err, 
         }
         const char *name = q->template_name ? q->template_name
                            : *w->cfg.chat_template ? w->cfg.chat_template : NULL;
-        char *text = engine_chat_render(w->eng, name, msgs, q->n_messages, 1, err, errlen);
+        char *text = engine_chat_render(r->model->eng, name, msgs, q->n_messages, 1, err, errlen);
         free(msgs);
         if (!text) {
             if (strstr(err, "out of memory")) return -2;
@@ -1275,16 +1534,17 @@ static int prepare_prompt(worker_t *w, wreq_t *r, const char **code, char *err, 
             return -1;
         }
         /* the template's own special tokens (<|im_start|>, ...) are tokens, not text */
-        int rc = tokenize(w, r, text, len, 1);
+        int rc = tokenize(r, text, len, 1);
         free(text);
         if (rc) return -2;
         /* a template that writes the BOS text itself, plus the tokenizer's BOS: keep one */
-        if (r->n_toks >= 2 && w->bos >= 0 && r->toks[0] == w->bos && r->toks[1] == w->bos) {
+        int32_t bos = r->model->bos;
+        if (r->n_toks >= 2 && bos >= 0 && r->toks[0] == bos && r->toks[1] == bos) {
             memmove(r->toks, r->toks + 1, sizeof *r->toks * (size_t)(r->n_toks - 1));
             r->n_toks--;
         }
     } else if (q->prompt) {
-        if (tokenize(w, r, q->prompt, q->prompt_len, 0)) return -2;
+        if (tokenize(r, q->prompt, q->prompt_len, 0)) return -2;
     }
     int n = r->toks ? r->n_toks : q->n_input_ids;
     if (w->cfg.max_prompt_tokens > 0 && n > w->cfg.max_prompt_tokens) {
@@ -1321,7 +1581,7 @@ static void intake(worker_t *w, rd_kafka_message_t *m)
     int rc = consumer_track(w->cons, m, r, &r->ticket);
     if (rc) {
         if (rc < 0) set_fatal(w, "out of memory");
-        wreq_free(r);
+        wreq_free(w, r);
         return;
     }
     int64_t zero = 0;
@@ -1367,6 +1627,14 @@ static void intake(worker_t *w, rd_kafka_message_t *m)
             send_output(w, r);
             goto out;
         }
+    }
+    /* the model: a current version (a retired one keeps only what it already holds) */
+    const char *mname = r->req.model ? r->req.model : w->default_model;
+    if (!(r->model = model_acquire(w, mname))) {
+        snprintf(err, sizeof err, "model: \"%s\" is not a model this worker serves", mname);
+        make_dlq(r, REQ_ERR_UNKNOWN_MODEL, err);
+        send_output(w, r);
+        goto out;
     }
     const worker_class_t *cl = &w->classes[r->cls];
     int from_deferral = *w->cfg.deferral_topic && !strcmp(rd_kafka_topic_name(m->rkt), w->cfg.deferral_topic);
@@ -1528,6 +1796,183 @@ static void flow_control(worker_t *w)
     }
 }
 
+/* ---- poll thread: model reload (worker_set_reload) ---- */
+
+/* A reload in progress: the specs asked for, and the versions the loader thread loads. */
+struct reload_job {
+    worker_model_spec_t *specs;  /* [n] owned */
+    int n, def;
+    wmodel_t **loaded;           /* [n] owned: a new version, or NULL where the current stays */
+    int *want;                   /* [n] spec i is to be loaded (new name or changed file) */
+    worker_t *w;
+    pthread_t th;
+    int started;                 /* th runs (join it) */
+    atomic_int done;             /* the loader finished: loaded / failed are final */
+    int failed;
+    char err[768];
+};
+
+static void job_free(struct reload_job *j)
+{
+    if (!j) return;
+    if (j->loaded)
+        for (int i = 0; i < j->n; i++)
+            model_free(j->loaded[i]);
+    free(j->loaded);
+    free(j->want);
+    free(j->specs);
+    free(j);
+}
+
+/* The loader thread: loads what the job marks (all or nothing). */
+static void *reload_main(void *arg)
+{
+    struct reload_job *j = arg;
+    for (int i = 0; i < j->n && !j->failed; i++) {
+        if (!j->want[i]) continue;
+        char e[384];
+        j->loaded[i] = model_load(j->w, &j->specs[i], j->w->tier2 && i == j->def, e, sizeof e);
+        if (!j->loaded[i]) {
+            j->failed = 1;
+            snprintf(j->err, sizeof j->err, "model %s (%.200s): %.250s", j->specs[i].name,
+                     j->specs[i].path, e);
+        }
+    }
+    if (j->failed)
+        for (int i = 0; i < j->n; i++) {
+            model_free(j->loaded[i]);
+            j->loaded[i] = NULL;
+        }
+    atomic_store(&j->done, 1);
+    worker_t *w = j->w;
+    pthread_mutex_lock(&w->cons_mu);
+    if (w->cons) consumer_wake(w->cons);
+    pthread_mutex_unlock(&w->cons_mu);
+    return NULL;
+}
+
+/* The current version named name. Caller holds w->models_mu. */
+static wmodel_t *model_current(worker_t *w, const char *name)
+{
+    for (wmodel_t *m = w->models; m; m = m->next)
+        if (!atomic_load(&m->retired) && !strcmp(m->name, name)) return m;
+    return NULL;
+}
+
+/* The reload flag was raised: reads the new model keys and starts loading. */
+static void reload_start(worker_t *w)
+{
+    char err[512];
+    worker_config_t nc;
+    worker_model_spec_t *specs = NULL;
+    int n, def;
+    struct reload_job *j = NULL;
+    if (w->reload_fn(w->reload_arg, &nc, err, sizeof err)) goto failed;
+    int rc = worker_models_parse(&nc, &specs, &n, &def, err, sizeof err);
+    worker_config_free(&nc);
+    if (rc) goto failed;
+    j = calloc(1, sizeof *j);
+    if (!j || !(j->loaded = calloc((size_t)n, sizeof *j->loaded)) ||
+        !(j->want = calloc((size_t)n, sizeof *j->want))) {
+        snprintf(err, sizeof err, "out of memory");
+        goto failed;
+    }
+    j->specs = specs;
+    specs = NULL;
+    j->n = n;
+    j->def = def;
+    j->w = w;
+    int to_load = 0;
+    pthread_mutex_lock(&w->models_mu);
+    for (int i = 0; i < n; i++) {
+        const wmodel_t *cur = model_current(w, j->specs[i].name);
+        struct stat sb;
+        int same = cur && !strcmp(cur->path, j->specs[i].path) && !stat(cur->path, &sb) &&
+                   sb.st_dev == cur->dev && sb.st_ino == cur->ino && sb.st_size == cur->size &&
+                   sb.st_mtime == cur->mtime;
+        if (!same) {
+            j->want[i] = 1;
+            to_load++;
+        }
+    }
+    pthread_mutex_unlock(&w->models_mu);
+    wlog(w, 2, "reload: %d model(s) configured, %d to load", n, to_load);
+    if (to_load == 0) {
+        atomic_store(&j->done, 1); /* installed at once: names dropped, default changed */
+    } else if (pthread_create(&j->th, NULL, reload_main, j)) {
+        snprintf(err, sizeof err, "cannot start the loader thread");
+        goto failed;
+    } else {
+        j->started = 1;
+    }
+    w->job = j;
+    return;
+failed:
+    free(specs);
+    job_free(j);
+    atomic_fetch_add(&w->st.reloads_failed, 1);
+    wlog(w, 0, "reload failed, serving on unchanged: %s", err);
+}
+
+/* Installs a finished load: each new version takes over its name; what it replaces, and names
+ * no longer configured, are retired (the engine thread frees them once drained). */
+static void reload_finish(worker_t *w)
+{
+    struct reload_job *j = w->job;
+    if (!j || !atomic_load(&j->done)) return;
+    w->job = NULL;
+    if (j->started) pthread_join(j->th, NULL);
+    if (j->failed) {
+        atomic_fetch_add(&w->st.reloads_failed, 1);
+        wlog(w, 0, "reload failed, serving on unchanged: %s", j->err);
+        job_free(j);
+        return;
+    }
+    int swaps = 0;
+    pthread_mutex_lock(&w->models_mu);
+    for (wmodel_t *m = w->models; m; m = m->next) {
+        if (atomic_load(&m->retired)) continue;
+        int keep = 0;
+        for (int i = 0; i < j->n; i++)
+            keep |= !strcmp(j->specs[i].name, m->name) && !j->loaded[i];
+        if (keep) continue;
+        const wmodel_t *nv = NULL;
+        for (int i = 0; i < j->n; i++)
+            if (!strcmp(j->specs[i].name, m->name)) nv = j->loaded[i];
+        atomic_store(&m->retired, 1);
+        if (nv) {
+            swaps++;
+            wlog(w, 2, "model swap: %s: version %s (%s) -> %s (%s); the old one finishes the %d "
+                       "request(s) it holds",
+                 m->name, m->fp_hex, m->path, nv->fp_hex, nv->path, atomic_load(&m->refs));
+        } else {
+            wlog(w, 2, "model %s: no longer served; finishing the %d request(s) it holds",
+                 m->name, atomic_load(&m->refs));
+        }
+    }
+    for (int i = 0; i < j->n; i++) {
+        wmodel_t *nv = j->loaded[i];
+        if (!nv) continue;
+        j->loaded[i] = NULL;
+        wmodel_t **pp = &w->models; /* appended: the newest last */
+        while (*pp) pp = &(*pp)->next;
+        *pp = nv;
+        atomic_fetch_add(&w->st.models_loaded, 1);
+        wlog(w, 2, "model %s: %s (%s), fingerprint %s loaded", nv->name, nv->path, nv->arch,
+             nv->fp_hex);
+    }
+    snprintf(w->default_model, sizeof w->default_model, "%s", j->specs[j->def].name);
+    pthread_mutex_unlock(&w->models_mu);
+    atomic_fetch_add(&w->st.model_swaps, (uint64_t)swaps);
+    atomic_fetch_add(&w->st.reloads_ok, 1);
+    wlog(w, 2, "reload done: %d swap(s), default model %s", swaps, w->default_model);
+    job_free(j);
+    pthread_mutex_lock(&w->mu);
+    w->models_gc = 1;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
 /* ---- metrics endpoint (worker/metrics.h): runs on the server's thread ---- */
 
 static void fam(metrics_buf_t *b, const char *name, const char *type, const char *help)
@@ -1552,21 +1997,21 @@ static void metrics_render(void *arg, metrics_buf_t *b)
                    st.kv_blocks_total > 0 ? (double)st.kv_blocks_used / st.kv_blocks_total : 0);
     fam(b, "spillway:prefix_cache_queries_total", "counter", "KV blocks looked up, per tier");
     metrics_sample(b, "spillway:prefix_cache_queries_total", "tier=\"1\"", (double)st.tier1_lookups);
-    if (w->cache)
+    if (w->tier2)
         metrics_sample(b, "spillway:prefix_cache_queries_total", "tier=\"2\"",
                        (double)st.tier2_lookups);
     fam(b, "spillway:prefix_cache_hits_total", "counter", "KV blocks found, per tier");
     metrics_sample(b, "spillway:prefix_cache_hits_total", "tier=\"1\"", (double)st.tier1_hits);
-    if (w->cache)
+    if (w->tier2)
         metrics_sample(b, "spillway:prefix_cache_hits_total", "tier=\"2\"", (double)st.tier2_hits);
     fam(b, "spillway:prefix_cache_evictions_total", "counter",
         "cached KV blocks evicted to make room, per tier (tier 2: by this process)");
     metrics_sample(b, "spillway:prefix_cache_evictions_total", "tier=\"1\"",
                    (double)st.tier1_evictions);
-    if (w->cache)
+    if (w->tier2)
         metrics_sample(b, "spillway:prefix_cache_evictions_total", "tier=\"2\"",
                        (double)st.tier2_evictions);
-    if (w->cache) {
+    if (w->tier2) {
         fam(b, "spillway:host_arena_slots", "gauge", "host arena slots (tier 2)");
         if (st.arena_used >= 0)
             metrics_sample(b, "spillway:host_arena_slots", "state=\"used\"", st.arena_used);
@@ -1696,15 +2141,29 @@ static void metrics_render(void *arg, metrics_buf_t *b)
     fam(b, "spillway:produce_retries_total", "counter",
         "outputs produced again after a failed delivery");
     metrics_sample(b, "spillway:produce_retries_total", NULL, (double)st.produce_retries);
-    if (w->cache) {
+    if (w->tier2) {
         fam(b, "spillway:redis_up", "gauge", "1 when the prefix-cache index is reachable");
         metrics_sample(b, "spillway:redis_up", NULL, st.redis_up > 0);
         fam(b, "spillway:redis_errors_total", "counter", "failed or timed-out Redis commands");
         metrics_sample(b, "spillway:redis_errors_total", NULL, (double)st.redis_errors);
     }
-    fam(b, "spillway:model_loaded", "gauge", "1 once the model is loaded");
-    metrics_labels(lb, sizeof lb, "model", w->model_name, (const char *)NULL);
-    metrics_sample(b, "spillway:model_loaded", lb, 1);
+    fam(b, "spillway:model_loaded", "gauge",
+        "per loaded model version: 1 serving, 0 replaced and draining what it holds");
+    pthread_mutex_lock(&w->models_mu);
+    for (const wmodel_t *m = w->models; m; m = m->next) {
+        metrics_labels(lb, sizeof lb, "model", m->name, "fingerprint", m->fp_hex,
+                       (const char *)NULL);
+        metrics_sample(b, "spillway:model_loaded", lb, atomic_load(&m->retired) ? 0 : 1);
+    }
+    pthread_mutex_unlock(&w->models_mu);
+    fam(b, "spillway:model_swaps_total", "counter",
+        "model versions replaced by a newer one on reload (SIGHUP)");
+    metrics_sample(b, "spillway:model_swaps_total", NULL, (double)atomic_load(&w->st.model_swaps));
+    fam(b, "spillway:model_reloads_total", "counter", "model reloads (SIGHUP), by outcome");
+    metrics_sample(b, "spillway:model_reloads_total", "outcome=\"ok\"",
+                   (double)atomic_load(&w->st.reloads_ok));
+    metrics_sample(b, "spillway:model_reloads_total", "outcome=\"failed\"",
+                   (double)atomic_load(&w->st.reloads_failed));
 }
 
 /* Alive: no fatal error, and the poll loop turned within the last minute (a transaction commit
@@ -1802,6 +2261,7 @@ worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen)
     }
     pthread_mutex_init(&w->mu, NULL);
     pthread_mutex_init(&w->cons_mu, NULL);
+    pthread_mutex_init(&w->models_mu, NULL);
     pthread_cond_init(&w->cv, NULL);
     if (worker_config_copy(&w->cfg, cfg)) {
         snprintf(errstr, errlen, "out of memory");
@@ -1843,10 +2303,6 @@ worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen)
         wlog(w, 2, "metrics on http://%s:%d/metrics", w->cfg.metrics_bind,
              metrics_server_port(w->metrics));
     }
-    const char *base = strrchr(w->cfg.model, '/');
-    snprintf(w->model_name, sizeof w->model_name, "%s", base ? base + 1 : w->cfg.model);
-    char *dot = strrchr(w->model_name, '.');
-    if (dot && !strcmp(dot, ".gguf")) *dot = 0;
 
     request_limits_default(&w->limits);
     w->limits.max_message_bytes = (size_t)w->cfg.max_message_bytes;
@@ -1867,56 +2323,24 @@ worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen)
         snprintf(errstr, errlen, "out of memory");
         goto fail;
     }
-    engine_config_t ec;
-    engine_config_default(&ec);
-    ec.model_path = w->cfg.model;
-    ec.backend = w->cfg.backend;
-    ec.threads = w->cfg.threads;
-    ec.max_seqs = w->cfg.max_seqs;
-    ec.max_batch_tokens = w->cfg.max_batch_tokens;
-    ec.kv_blocks = w->cfg.kv_blocks;
-    ec.kv_mem_mb = w->cfg.kv_mem_mb;
-    ec.kv_type = w->cfg.kv_type;
-    ec.block_tokens = w->cfg.block_tokens;
-    ec.max_ctx = w->cfg.max_ctx;
-    ec.prefix_cache = w->cfg.prefix_cache;
-    ec.sched_window = w->cfg.sched_window;
-    ec.sched_aging_ms = w->cfg.sched_aging_ms;
-    ec.sched_urgent_ms = w->cfg.sched_urgent_ms;
-    w->eng = engine_new(&ec, errstr, errlen);
-    if (!w->eng) goto fail;
-    engine_info_t info;
-    engine_info(w->eng, &info);
-    w->bos = info.bos;
-    if (w->cfg.prefix_cache && *w->cfg.cache_redis_host) {
-        cache_config_t kc;
-        cache_config_default(&kc);
-        kc.arena_path = w->cfg.cache_arena_path;
-        kc.arena_mb = w->cfg.cache_arena_mb;
-        kc.redis_host = w->cfg.cache_redis_host;
-        kc.redis_port = w->cfg.cache_redis_port;
-        kc.redis_user = w->cfg.cache_redis_user;
-        kc.redis_password = w->cfg.cache_redis_password;
-        kc.redis_db = w->cfg.cache_redis_db;
-        kc.namespace_ = w->cfg.cache_namespace;
-        kc.host_id = w->cfg.cache_host_id;
-        kc.connect_timeout_ms = w->cfg.cache_connect_timeout_ms;
-        kc.cmd_timeout_ms = w->cfg.cache_cmd_timeout_ms;
-        kc.backoff_min_ms = w->cfg.cache_backoff_min_ms;
-        kc.backoff_max_ms = w->cfg.cache_backoff_max_ms;
-        kc.health_ms = w->cfg.cache_health_ms;
-        kc.write_queue = w->cfg.cache_write_queue;
-        kc.log_level = w->cfg.log_level;
-        kc.log_fn = hook_log;
-        kc.log_arg = w;
-        cache_geometry_t geo = {.seed = info.kv_seed, .block_tokens = info.block_tokens,
-                                .block_bytes = info.kv_block_bytes};
-        w->cache = cache_new(&kc, &geo, errstr, errlen);
-        if (!w->cache) goto fail;
-        engine_kv_tier_t tier;
-        cache_engine_tier(w->cache, &tier);
-        if (engine_set_kv_tier(w->eng, &tier, errstr, errlen)) goto fail;
+    worker_model_spec_t *specs;
+    int n_specs, def;
+    if (worker_models_parse(&w->cfg, &specs, &n_specs, &def, errstr, errlen)) goto fail;
+    w->tier2 = w->cfg.prefix_cache && *w->cfg.cache_redis_host;
+    snprintf(w->default_model, sizeof w->default_model, "%s", specs[def].name);
+    for (int i = 0; i < n_specs; i++) {
+        /* tier 2 serves the default model (one arena per host holds one model's blocks) */
+        wmodel_t *m = model_load(w, &specs[i], w->tier2 && i == def, errstr, errlen);
+        if (!m) {
+            free(specs);
+            goto fail;
+        }
+        wmodel_t **pp = &w->models; /* in the order given */
+        while (*pp) pp = &(*pp)->next;
+        *pp = m;
+        atomic_fetch_add(&w->st.models_loaded, 1);
     }
+    free(specs);
 
     char txid[512];
     if (*w->cfg.transactional_id) snprintf(txid, sizeof txid, "%s", w->cfg.transactional_id);
@@ -2007,6 +2431,13 @@ void worker_stop(worker_t *w)
 }
 
 void worker_set_stats_flag(worker_t *w, volatile sig_atomic_t *flag) { w->stats_flag = flag; }
+
+void worker_set_reload(worker_t *w, volatile sig_atomic_t *flag, worker_reload_fn fn, void *arg)
+{
+    w->reload_flag = fn ? flag : NULL;
+    w->reload_fn = fn;
+    w->reload_arg = arg;
+}
 
 void worker_log_stats(worker_t *w)
 {
@@ -2146,10 +2577,12 @@ int worker_run(worker_t *w, const volatile sig_atomic_t *stop, char *errstr, siz
     }
     if (!pthread_getcpuclockid(th, &w->st.eng_clock)) atomic_store(&w->st.eng_alive, 1);
     if (!pthread_getcpuclockid(pthread_self(), &w->st.poll_clock)) atomic_store(&w->st.poll_alive, 1);
-    engine_info_t info;
-    engine_info(w->eng, &info);
-    wlog(w, 2, "started: model %s (%s), group %s, input %s -> %s (DLQ %s), %s", w->model_name,
-         info.arch, w->cfg.group_id, w->cfg.input_topics, w->cfg.output_topic, w->cfg.dlq_topic,
+    for (wmodel_t *m = w->models; m; m = m->next)
+        wlog(w, 2, "model %s: %s (%s), fingerprint %s%s%s", m->name, m->path, m->arch, m->fp_hex,
+             strcmp(m->name, w->default_model) ? "" : ", the default",
+             m->cache ? ", prefix cache tier 2" : "");
+    wlog(w, 2, "started: model %s, group %s, input %s -> %s (DLQ %s), %s", w->default_model,
+         w->cfg.group_id, w->cfg.input_topics, w->cfg.output_topic, w->cfg.dlq_topic,
          w->cfg.delivery == WORKER_EOS ? "exactly-once" : "at-least-once");
     w->last_commit_ms = mono_ms();
     w->usage_start_ms = wall_ms();
@@ -2158,6 +2591,11 @@ int worker_run(worker_t *w, const volatile sig_atomic_t *stop, char *errstr, siz
             *w->stats_flag = 0;
             worker_log_stats(w);
         }
+        if (w->reload_flag && *w->reload_flag && !w->job) {
+            *w->reload_flag = 0;
+            reload_start(w);
+        }
+        reload_finish(w);
         flow_control(w);
         pthread_mutex_lock(&w->mu);
         int have_out = w->outbox != NULL;
@@ -2182,7 +2620,12 @@ int worker_run(worker_t *w, const volatile sig_atomic_t *stop, char *errstr, siz
         atomic_store(&w->st.assigned, consumer_n_assigned(w->cons));
     }
 
-    /* drain: stop intake, finish what is in flight, commit */
+    /* drain: stop intake, finish what is in flight, commit; a load in progress is abandoned */
+    if (w->job) {
+        if (w->job->started) pthread_join(w->job->th, NULL);
+        job_free(w->job);
+        w->job = NULL;
+    }
     int fatal = is_fatal(w);
     watchdog_t wd;
     pthread_t wd_th;
@@ -2239,9 +2682,9 @@ int worker_run(worker_t *w, const volatile sig_atomic_t *stop, char *errstr, siz
     while (w->n_active > 0) {
         wreq_t *r = w->active[w->n_active - 1];
         atomic_store(&r->cancelled, 1);
-        if (engine_cancel(w->eng, r->engine_id)) { /* unknown to the engine: free it here */
+        if (engine_cancel(r->model->eng, r->engine_id)) { /* unknown to the engine: free it */
             active_remove(w, r);
-            wreq_free(r);
+            wreq_free(w, r);
         }
     }
     /* anything still queued is dropped */
@@ -2255,7 +2698,7 @@ int worker_run(worker_t *w, const volatile sig_atomic_t *stop, char *errstr, siz
         while (*l) {
             wreq_t *r = *l;
             *l = r->next;
-            wreq_free(r);
+            wreq_free(w, r);
         }
     w->retry = NULL;
     w->held = NULL;
@@ -2297,8 +2740,12 @@ void worker_free(worker_t *w)
     w->cons = NULL;
     if (w->prod) producer_free(w->prod, 0);
     producer_free(w->aux, 0);
-    if (w->eng) engine_free(w->eng);
-    cache_free(w->cache); /* after the engine, which calls it */
+    while (w->models) {
+        wmodel_t *m = w->models;
+        w->models = m->next;
+        model_free(m);
+    }
+    free(w->snap);
     usage_free(w->usage);
     free(w->active);
     for (int i = 0; i < w->n_reply_allow; i++) free(w->reply_allow[i]);
@@ -2311,6 +2758,7 @@ void worker_free(worker_t *w)
     worker_config_free(&w->cfg);
     pthread_mutex_destroy(&w->mu);
     pthread_mutex_destroy(&w->cons_mu);
+    pthread_mutex_destroy(&w->models_mu);
     pthread_cond_destroy(&w->cv);
     free(w);
 }
@@ -2370,9 +2818,12 @@ void worker_stats(const worker_t *w, worker_stats_t *st)
     st->prefix_deferred = atomic_load(&m->st.deferred);
     st->arena_slots = st->arena_used = -1;
     st->redis_up = -1;
-    if (m->cache) {
+    /* tier 2: the cache of the newest version that has one (the default model's) */
+    pthread_mutex_lock(&m->models_mu);
+    for (const wmodel_t *v = m->models; v; v = v->next) {
+        if (!v->cache) continue;
         cache_stats_t cs;
-        cache_stats(m->cache, &cs);
+        cache_stats(v->cache, &cs);
         st->arena_slots = cs.arena_slots;
         st->arena_used = cs.arena_used;
         st->redis_up = cs.redis_up;
@@ -2380,4 +2831,5 @@ void worker_stats(const worker_t *w, worker_stats_t *st)
         st->tier2_torn = cs.misses_torn;
         st->redis_errors = cs.redis_errors;
     }
+    pthread_mutex_unlock(&m->models_mu);
 }

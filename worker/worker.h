@@ -72,7 +72,9 @@ typedef struct {
     int overload_cooldown_ms;  /* pressure below a step's threshold this long: one step down */
     int overload_window_ms;    /* steps only while a top-class message arrived within this */
     /* engine */
-    char *model;               /* GGUF path */
+    char *model;               /* GGUF path, served under its file stem */
+    char *models;              /* "name=path,..." (worker_models_parse) */
+    char *model_default;       /* name of the model of a request without "model"; "" = first */
     char *backend;             /* "cpu" */
     int threads;               /* 0 = one per CPU */
     int max_seqs;              /* sequences per batch */
@@ -163,6 +165,20 @@ typedef struct {
  * default 0). On success *out is malloc'd (caller frees) and *n set; -1 + errstr otherwise. */
 int worker_classes_parse(const char *spec, worker_class_t **out, int *n, char *errstr,
                          size_t errlen);
+/* A model the worker serves (the `models` and `model` keys). */
+#define WORKER_MAX_MODELS 16
+typedef struct {
+    char name[65];             /* what a request's "model" names; results carry it */
+    char path[1024];           /* GGUF file */
+} worker_model_spec_t;
+
+/* The models c asks for: the entries of `models` ("name=path,...": names 1..64 bytes of A-Z a-z
+ * 0-9 _ . -, unique; blank entries skipped) in order, then `model` (if set) under its file name
+ * without directories and ".gguf" unless an entry of that name has the same path (another path:
+ * an error). At least one, at most WORKER_MAX_MODELS. *def: index of model.default ("" = 0).
+ * On success *out is malloc'd (caller frees); -1 + errstr otherwise. */
+int worker_models_parse(const worker_config_t *c, worker_model_spec_t **out, int *n, int *def,
+                        char *errstr, size_t errlen);
 /* Prints "key = value  # source" for every key, then the pass-through properties. */
 void worker_config_print(const worker_config_t *c, FILE *out);
 
@@ -189,6 +205,21 @@ void worker_stop(worker_t *w);
  * when it is non-zero worker_run logs the stats line (worker_log_stats) and sets it back to 0.
  * Call before worker_run; flag must outlive it. */
 void worker_set_stats_flag(worker_t *w, volatile sig_atomic_t *flag);
+/* Builds a fresh configuration for a model reload (e.g. by parsing the command line and config
+ * file again); the worker takes its `models`, `model` and `model.default` from it (the other
+ * keys keep their values from worker_new). 0 with *out filled (the worker frees it with
+ * worker_config_free), or -1 + errstr. Called on worker_run's thread. */
+typedef int (*worker_reload_fn)(void *arg, worker_config_t *out, char *errstr, size_t errlen);
+/* Optional: a flag (e.g. set by a SIGHUP handler) that worker_run checks on every loop turn;
+ * when it is non-zero worker_run sets it back to 0 and reloads the models: fn gives the new
+ * model keys; versions whose file changed (path, inode, size, mtime) and new names are loaded
+ * on a thread of their own while serving goes on; if any fails to load nothing changes (logged,
+ * spillway:model_reloads_total{outcome="failed"}). Otherwise each new version takes over its
+ * name for new messages, the version it replaces finishes the requests it already holds and is
+ * then freed; names no longer configured stop taking messages (unknown_model). No message is
+ * dropped or served twice: offsets are committed with results as always. Call before
+ * worker_run; flag and arg must outlive it. */
+void worker_set_reload(worker_t *w, volatile sig_atomic_t *flag, worker_reload_fn fn, void *arg);
 /* Logs one info line of counters and per-phase times ("stats: key=value ..."), the line
  * worker_run also logs when it returns. Any thread. */
 void worker_log_stats(worker_t *w);
