@@ -140,6 +140,8 @@ int main(int argc, char **argv)
     for (int i = 0; i < nb; i++) maxb = batches[i] > maxb ? batches[i] : maxb;
     cfg.max_seqs = maxb;
     cfg.max_batch_tokens = P > maxb * 16 ? P : maxb * 16;
+    cfg.sched_window = maxb; /* admit every batched prompt in the first step (it compares at most
+                                sched_window + 1 candidates per step) */
     cfg.kv_mem_mb = 2048;
     char err[512];
     engine_t *e = engine_new(&cfg, err, sizeof err);
