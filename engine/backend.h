@@ -93,6 +93,13 @@ backend_t *backend_cpu_new(const model_t *model, const backend_params_t *params,
 backend_t *backend_cuda_new(const model_t *model, const backend_params_t *params, char *errstr,
                             size_t errlen);
 
+/* Checks a batch against be's model and pool (engine/backend.c): 1..max_tokens tokens in
+ * contiguous non-empty sequences, token ids and consecutive positions in range, every block of
+ * every sequence's table in the pool, logits indices in the batch. 0, or -1 and errstr (prefixed
+ * with the backend's name). Backends call it at the top of forward. */
+int backend_check_batch(const backend_t *be, const backend_batch_t *b, int max_tokens,
+                        char *errstr, size_t errlen);
+
 static inline void backend_free(backend_t *b)
 {
     if (b) b->ops->free(b);

@@ -380,50 +380,9 @@ static int cpu_forward(backend_t *be, const backend_batch_t *b, float *logits, c
 {
     cpu_t *c = (cpu_t *)be;
     const hparams_t *hp = &be->model->hp;
-    const int B = be->params.block_tokens;
-    if (b->n_tokens <= 0 || b->n_tokens > c->max_T || b->n_logits < 0 ||
-        b->n_logits > b->n_tokens) {
-        seterr(errstr, errlen, "cpu: batch of %d tokens / %d logits (limit %d)", b->n_tokens,
-               b->n_logits, c->max_T);
-        return -1;
-    }
-    /* Validate the batch: contiguous sequences, ids, positions and blocks in range. */
-    if (b->n_seqs <= 0 || b->seq_start[0] != 0 || b->seq_start[b->n_seqs] != b->n_tokens) {
-        seterr(errstr, errlen, "cpu: bad sequence ranges");
-        return -1;
-    }
-    for (int s = 0; s < b->n_seqs; s++) {
-        if (b->seq_start[s + 1] <= b->seq_start[s]) {
-            seterr(errstr, errlen, "cpu: sequence %d has no tokens", s);
-            return -1;
-        }
-        for (int t = b->seq_start[s]; t < b->seq_start[s + 1]; t++) {
-            c->tok_seq[t] = s;
-            if (b->tokens[t] < 0 || b->tokens[t] >= hp->n_vocab) {
-                seterr(errstr, errlen, "cpu: token id %d out of range [0, %d)", b->tokens[t],
-                       hp->n_vocab);
-                return -1;
-            }
-            if (b->pos[t] < 0 || b->pos[t] >= hp->ctx_len ||
-                (t > b->seq_start[s] && b->pos[t] != b->pos[t - 1] + 1)) {
-                seterr(errstr, errlen, "cpu: bad position %d of sequence %d", b->pos[t], s);
-                return -1;
-            }
-        }
-        int last = b->pos[b->seq_start[s + 1] - 1];
-        for (int i = 0; i <= last / B; i++) {
-            int32_t blk = b->block_tables[s][i];
-            if (blk < 0 || blk >= be->params.n_kv_blocks) {
-                seterr(errstr, errlen, "cpu: sequence %d block %d = %d out of range", s, i, blk);
-                return -1;
-            }
-        }
-    }
-    for (int i = 0; i < b->n_logits; i++)
-        if (b->logits_idx[i] < 0 || b->logits_idx[i] >= b->n_tokens) {
-            seterr(errstr, errlen, "cpu: logits index %d out of range", b->logits_idx[i]);
-            return -1;
-        }
+    if (backend_check_batch(be, b, c->max_T, errstr, errlen)) return -1;
+    for (int s = 0; s < b->n_seqs; s++)
+        for (int t = b->seq_start[s]; t < b->seq_start[s + 1]; t++) c->tok_seq[t] = s;
 
     job_t j = {.c = c, .b = b, .T = b->n_tokens, .logits = logits};
     j.fuse_norm = j.T <= FUSE_T;

@@ -355,51 +355,15 @@ static int cu_step(backend_t *be, const backend_batch_t *b, float *logits, int32
     const model_t *m = be->model;
     const hparams_t *hp = &m->hp;
     const int B = be->params.block_tokens, T = b->n_tokens;
-    if (T <= 0 || T > c->max_T || b->n_logits < 0 || b->n_logits > T) {
-        seterr(errstr, errlen, "cuda: batch of %d tokens / %d logits (limit %d)", T, b->n_logits,
-               c->max_T);
-        return -1;
-    }
-    if (b->n_seqs <= 0 || b->n_seqs > T || b->seq_start[0] != 0 || b->seq_start[b->n_seqs] != T) {
-        seterr(errstr, errlen, "cuda: bad sequence ranges");
-        return -1;
-    }
-    /* Validation and the size of the concatenated block tables. */
+    if (backend_check_batch(be, b, c->max_T, errstr, errlen)) return -1;
+    /* the size of the concatenated block tables, and the longest context */
     size_t n_bt = 0;
     int max_ctx = 0;
     for (int s = 0; s < b->n_seqs; s++) {
-        if (b->seq_start[s + 1] <= b->seq_start[s]) {
-            seterr(errstr, errlen, "cuda: sequence %d has no tokens", s);
-            return -1;
-        }
-        for (int t = b->seq_start[s]; t < b->seq_start[s + 1]; t++) {
-            if (b->tokens[t] < 0 || b->tokens[t] >= hp->n_vocab) {
-                seterr(errstr, errlen, "cuda: token id %d out of range [0, %d)", b->tokens[t],
-                       hp->n_vocab);
-                return -1;
-            }
-            if (b->pos[t] < 0 || b->pos[t] >= hp->ctx_len ||
-                (t > b->seq_start[s] && b->pos[t] != b->pos[t - 1] + 1)) {
-                seterr(errstr, errlen, "cuda: bad position %d of sequence %d", b->pos[t], s);
-                return -1;
-            }
-        }
         int last = b->pos[b->seq_start[s + 1] - 1];
         if (last + 1 > max_ctx) max_ctx = last + 1;
-        for (int i = 0; i <= last / B; i++) {
-            int32_t blk = b->block_tables[s][i];
-            if (blk < 0 || blk >= be->params.n_kv_blocks) {
-                seterr(errstr, errlen, "cuda: sequence %d block %d = %d out of range", s, i, blk);
-                return -1;
-            }
-        }
         n_bt += (size_t)(last / B + 1);
     }
-    for (int i = 0; i < b->n_logits; i++)
-        if (b->logits_idx[i] < 0 || b->logits_idx[i] >= T) {
-            seterr(errstr, errlen, "cuda: logits index %d out of range", b->logits_idx[i]);
-            return -1;
-        }
 
     /* Metadata to the device: the pinned buffer is free once the previous upload is done. */
     const size_t mT = (size_t)c->max_T;
