@@ -10,7 +10,10 @@
  *
  * Types: F32, F16, BF16, Q8_0, Q4_0 and Q4_K (random blocks: every bit pattern of the quants
  * and, for Q4_K, of the packed 6-bit scales and mins). The reference value of a Q4_K weight is
- * the one F32 rounding of d*sc*q - dmin*m (kernels.h), computed here independently.
+ * the one F32 rounding of d*sc*q - dmin*m (kernels.h), computed here independently. Q4_K takes
+ * int8 activations (kernels.h): its reference is that route's formula in double over x as
+ * kern_q8k_quantize rounds it, with the bound (K/256 + 8) u sum of the formula's terms' |.|; and
+ * that reference must lie within x's 8-bit rounding of the exact product (ref_q4k_i8).
  *
  * Batch invariance (kernels.h): every (t, o) of a batch of T tokens over rows [o0, o1) must be
  * bit-identical to the same token computed alone over a single row, for T = 1..70, ranges
@@ -144,6 +147,42 @@ static int64_t blk_of(int t)
     return t == DT_Q4_K ? 256 : t == DT_Q8_0 || t == DT_Q4_0 ? 32 : 1;
 }
 
+/* Q4_K's int8 route (kernels.h): the exact value (in double) of its formula for a row and a
+ * token x quantised by kern_q8k_quantize; *mag = the sum its F32 rounding bound scales with;
+ * *qerr = a bound on its distance from the exact dot product of the widened weights with x
+ * (x rounded to 8 bits, at most dx / 2 per element plus a few ulps, and the weights' one
+ * F32 rounding, which this formula does not make). */
+static double ref_q4k_i8(const void *row, const float *x, int64_t K, double *mag, double *qerr)
+{
+    const int64_t nsb = K / 256;
+    kern_q8k_t *xq = malloc((size_t)nsb * sizeof *xq);
+    kern_q8k_quantize(x, K, xq);
+    double ref = 0, m = 0, qe = 0;
+    for (int64_t s = 0; s < nsb; s++) {
+        const block_q4_K *b = (const block_q4_K *)row + s;
+        const double dx = xq[s].d, d = fp16_to_f32(b->d), dmin = fp16_to_f32(b->dmin);
+        for (int j = 0; j < 8; j++) {
+            const int sc = q4k_field(b->scales, j), mn = q4k_field(b->scales, 8 + j);
+            double p = 0, ap = 0;
+            for (int l = 0; l < 32; l++) {
+                const int64_t k = 256 * s + 32 * j + l;
+                uint8_t byte = b->qs[32 * (j / 2) + l];
+                int q = j % 2 ? byte / 16 : byte % 16;
+                p += (double)q * xq[s].q[32 * j + l];
+                ap += (double)q * abs(xq[s].q[32 * j + l]);
+                double w = ref_weight(DT_Q4_K, row, k);
+                qe += fabs(w) * (0.5001 * dx) + ldexp(1.0, -23) * fabs(w * dx * xq[s].q[32 * j + l]);
+            }
+            ref += d * dx * sc * p - dmin * dx * mn * xq[s].bsum[j];
+            m += fabs(d * dx) * sc * ap + fabs(dmin * dx) * mn * abs(xq[s].bsum[j]);
+        }
+    }
+    free(xq);
+    *mag = m;
+    if (qerr) *qerr = qe;
+    return ref;
+}
+
 static float *make_vec(int64_t n)
 {
     float *v = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
@@ -172,8 +211,15 @@ static void test_matmul_accuracy(const kern_table_t *kt, int t, int64_t K, int T
                 ref += p;
                 mag += fabs(p);
             }
+            double kbound = (double)(K + 4);
+            if (t == DT_Q4_K) { /* the int8 formula, and its distance from the exact product */
+                double qerr, ri8 = ref_q4k_i8(row, x + tk * ldx, K, &mag, &qerr);
+                if (!(fabs(ri8 - ref) <= qerr)) bad++;
+                ref = ri8;
+                kbound = (double)(K / 256 + 8);
+            }
             double got = y[tk * ldy + o];
-            double bound = (double)(K + 4) * ldexp(1.0, -24) * mag;
+            double bound = kbound * ldexp(1.0, -24) * mag;
             if (!(fabs(got - ref) <= bound)) bad++;
             se += (got - ref) * (got - ref);
             sr += ref * ref;
@@ -236,9 +282,15 @@ static void test_isa_cross(const kern_table_t *a, const kern_table_t *b, int t, 
     for (int tk = 0; tk < T; tk++)
         for (int64_t o = 0; o < N; o++) {
             const void *row = (const char *)W + (size_t)o * rb;
-            double mag = 0;
-            for (int64_t k = 0; k < K; k++) mag += fabs((double)ref_weight(t, row, k) * x[tk * K + k]);
-            double bound = 2.0 * (double)(K + 4) * ldexp(1.0, -24) * mag;
+            double mag = 0, kb = (double)(K + 4);
+            if (t == DT_Q4_K) {
+                ref_q4k_i8(row, x + tk * K, K, &mag, NULL);
+                kb = (double)(K / 256 + 8);
+            } else {
+                for (int64_t k = 0; k < K; k++)
+                    mag += fabs((double)ref_weight(t, row, k) * x[tk * K + k]);
+            }
+            double bound = 2.0 * kb * ldexp(1.0, -24) * mag;
             if (!(fabs((double)ya[tk * N + o] - yb[tk * N + o]) <= bound)) bad++;
         }
     CHECKF(bad == 0, "%s vs %s %s K=%lld: %d differ beyond bound", a->name, b->name,
@@ -388,6 +440,46 @@ static void test_elementwise(const kern_table_t *kt)
 
 /* engine/dtype.c's portable dequantisation gives the same bits as ref_weight, for every type,
  * including hand-made Q4_K blocks that use the extreme 6-bit scales and mins. */
+/* kern_q8k_quantize: |x - d q| <= d/2 (+ ulps), q in [-127, 127], the block's max|x| maps to
+ * +-127, bsum = sums of q; zero blocks give d = 0; Inf or NaN give d = NaN. */
+static void test_q8k_quantize(void)
+{
+    const int64_t K = 1024;
+    float *x = make_vec(K);
+    for (int64_t k = 0; k < 256; k++) x[k] *= 1e-30f;     /* tiny */
+    for (int64_t k = 512; k < 768; k++) x[k] = 0.0f;      /* zeros */
+    x[900] = -37.5f;                                       /* a block with one large element */
+    kern_q8k_t b[4];
+    kern_q8k_quantize(x, K, b);
+    int bad = 0;
+    for (int s = 0; s < 4; s++) {
+        float amax = 0;
+        for (int i = 0; i < 256; i++) amax = fmaxf(amax, fabsf(x[256 * s + i]));
+        if (b[s].d != amax / 127.0f) bad++;
+        int hit = 0;
+        for (int j = 0; j < 8; j++) {
+            int sum = 0;
+            for (int i = 32 * j; i < 32 * j + 32; i++) {
+                int q = b[s].q[i];
+                sum += q;
+                if (q < -127 || q > 127) bad++;
+                if (abs(q) == 127) hit = 1;
+                double e = fabs((double)x[256 * s + i] - (double)b[s].d * q);
+                if (!(e <= 0.5001 * b[s].d)) bad++;
+            }
+            if (b[s].bsum[j] != sum) bad++;
+        }
+        if (s != 2 && !hit) bad++;
+    }
+    CHECKF(bad == 0, "kern_q8k_quantize: %d bad", bad);
+    CHECK(b[2].d == 0.0f);
+    x[3] = INFINITY;
+    x[300] = NAN;
+    kern_q8k_quantize(x, 512, b);
+    CHECK(isnan(b[0].d) && isnan(b[1].d));
+    free(x);
+}
+
 static void test_dequant_reference(void)
 {
     for (int wi = 0; wi < N_WTYPES; wi++) {
@@ -549,6 +641,7 @@ int main(void)
             }
         }
     test_dequant_reference();
+    test_q8k_quantize();
     test_threadpool();
     return check_exit();
 }

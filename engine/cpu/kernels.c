@@ -8,7 +8,9 @@
  * are exact in F32; Q4_K as the single rounding of d*sc*q - dmin*m, see engine/dtype.h). */
 #include "engine/cpu/kernels.h"
 
+#include <float.h>
 #include <math.h>
+#include <stdlib.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
@@ -80,9 +82,111 @@ static float sc_lanes_sum(const float *s)
     return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
 }
 
+/* ---- Q4_K's int8 route (kernels.h) ---- */
+
+void kern_q8k_quantize(const float *x, int64_t K, kern_q8k_t *out)
+{
+    const float magic = 12582912.0f; /* 1.5 * 2^23: v + magic - magic rounds |v| < 2^22 to even */
+    for (int64_t b = 0; b < K / KERN_Q8K; b++, x += KERN_Q8K, out++) {
+        float amax = 0.0f;
+        int finite = 1;
+        for (int i = 0; i < KERN_Q8K; i++) {
+            float a = fabsf(x[i]);
+            if (!(a <= FLT_MAX)) finite = 0;
+            else if (a > amax) amax = a;
+        }
+        memset(out, 0, sizeof *out);
+        if (!finite) {
+            out->d = NAN; /* every output of the block's rows becomes NaN, as in F32 */
+            continue;
+        }
+        if (amax == 0.0f) continue;
+        out->d = amax / 127.0f;
+        const float is = 127.0f / amax;
+        for (int j = 0; j < 8; j++) {
+            int sum = 0;
+            for (int i = 32 * j; i < 32 * j + 32; i++) {
+                float v = x[i] * is;
+                float r = v + magic; /* separate statements: never contracted into an FMA */
+                r = r - magic;
+                int q = (int)r;
+                q = q > 127 ? 127 : q < -127 ? -127 : q;
+                out->q[i] = (int8_t)q;
+                sum += q;
+            }
+            out->bsum[j] = (int16_t)sum;
+        }
+    }
+}
+
+int kern_q4k_matmul(kern_q4k_fn fn, kern_q8k_fn quant, const void *W, size_t wrb, int64_t K, const float *x,
+                    int64_t ldx, float *y, int64_t ldy, int T, int64_t o0, int64_t o1)
+{
+    if (!kern_wtype_ok(DT_Q4_K, K)) return -1;
+    if (T <= 0 || o1 <= o0) return 0;
+    const int64_t nsb = K / QK_K;
+    _Alignas(64) kern_q8k_t stack[KERN_Q8K_STACK];
+    kern_q8k_t *xq = (int64_t)T * nsb <= KERN_Q8K_STACK ? stack : NULL;
+    if (!xq) {
+        size_t bytes = (size_t)T * (size_t)nsb * sizeof(kern_q8k_t);
+        xq = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    }
+    if (xq) {
+        for (int t = 0; t < T; t++) quant(x + (int64_t)t * ldx, K, xq + t * nsb);
+        fn(W, wrb, nsb, xq, T, y, ldy, o0, o1);
+        if (xq != stack) free(xq);
+        return 0;
+    }
+    /* no memory: chunks of tokens through the stack buffer (the same values per token) */
+    const int chunk = (int)(KERN_Q8K_STACK / nsb);
+    for (int t0 = 0; t0 < T; t0 += chunk) {
+        int n = T - t0 < chunk ? T - t0 : chunk;
+        for (int t = 0; t < n; t++)
+            quant(x + (int64_t)(t0 + t) * ldx, K, stack + t * nsb);
+        fn(W, wrb, nsb, stack, n, y + (int64_t)t0 * ldy, ldy, o0, o1);
+    }
+    return 0;
+}
+
+/* Scalar Q4_K x int8: per (t, o) the super-blocks in order, acc and accm as in kernels.h. */
+static void sc_q4k(const char *W, size_t wrb, int64_t nsb, const kern_q8k_t *xq, int T, float *y,
+                   int64_t ldy, int64_t o0, int64_t o1)
+{
+    for (int64_t o = o0; o < o1; o++) {
+        const block_q4_K *row = (const block_q4_K *)(W + (size_t)o * wrb);
+        for (int t = 0; t < T; t++) {
+            const kern_q8k_t *xb = xq + (int64_t)t * nsb;
+            float acc = 0.0f, accm = 0.0f;
+            for (int64_t s = 0; s < nsb; s++) {
+                const block_q4_K *b = row + s;
+                uint8_t sc[8], mn[8];
+                q4k_unpack(b->scales, sc, mn);
+                int32_t isum = 0, msum = 0;
+                for (int j = 0; j < 8; j++) {
+                    const uint8_t *q = b->qs + 32 * (j / 2);
+                    const int8_t *xs = xb[s].q + 32 * j;
+                    const int shift = j % 2 ? 4 : 0;
+                    int32_t p = 0;
+                    for (int i = 0; i < 32; i++) p += ((q[i] >> shift) & 0x0f) * xs[i];
+                    isum += sc[j] * p;
+                    msum += mn[j] * xb[s].bsum[j];
+                }
+                float dd = fp16_to_f32(b->d) * xb[s].d;
+                float dm = fp16_to_f32(b->dmin) * xb[s].d;
+                float a = dd * (float)isum, m = dm * (float)msum;
+                acc += a;
+                accm += m;
+            }
+            y[(int64_t)t * ldy + o] = acc - accm;
+        }
+    }
+}
+
 static int sc_matmul(int wtype, const void *W, size_t w_row_bytes, int64_t K, const float *x,
                      int64_t ldx, float *y, int64_t ldy, int T, int64_t o0, int64_t o1)
 {
+    if (wtype == DT_Q4_K)
+        return kern_q4k_matmul(sc_q4k, kern_q8k_quantize, W, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
     if (!kern_wtype_ok(wtype, K)) return -1;
     float w[SC_CHUNK];
     float s[SC_TOK][SC_LANES];

@@ -13,16 +13,24 @@
  * path when the allocation fails.) matmul is fastest when each thread's row range is a multiple of 8
  * rows (4 when T > 2); any range is correct.
  *
- * Arithmetic (engine/cpu/kernels*.c give the exact per-ISA order): weights are widened to F32
- * exactly in registers -- F16, BF16, Q8_0 as float(q) * d and Q4_0 as float(q - 8) * d, which
- * are exact in F32, and Q4_K as the one F32 rounding of d*sc*q - dmin*m (every partial product
- * exact; the value ggml's dequantisation gives, identical on every path) -- and multiplied with
- * the F32 activations in F32 with a fixed accumulation order. So the block types add no error
- * beyond the weights' own quantisation: x is not quantised to int8. (The int8/VNNI route
- * of llama.cpp has up to 4x the multiply rate at large T, but rounds each 32-element block of x
- * to 8 bits, a relative error of up to 2^-8 per element; at T = 1 both are memory-bound.) A
- * matmul output differs from the exact dot product of the widened weights by at most
- * (K + 4) * 2^-24 * sum_k |w_k x_k| (tests/test_kernels.c checks this bound). */
+ * Arithmetic (engine/cpu/kernels*.c give the exact per-ISA order). F32, F16, BF16, Q8_0, Q4_0:
+ * weights are widened to F32 exactly in registers -- F16, BF16, Q8_0 as float(q) * d and Q4_0 as
+ * float(q - 8) * d, which are exact in F32 -- and multiplied with the F32 activations in F32 with
+ * a fixed accumulation order, so these types add no error beyond the weights' own quantisation.
+ * Such a matmul output differs from the exact dot product of the widened weights by at most
+ * (K + 4) * 2^-24 * sum_k |w_k x_k| (tests/test_kernels.c checks this bound).
+ *
+ * Q4_K takes int8 activations (the Q4_K x Q8_K route of llama.cpp), because its F32 widening is
+ * compute-bound at decode (nibbles, 6-bit scales and mins: 12 GB/s of weights on 2 Zen 4 cores,
+ * where integer dot products stream them at the memory's rate): each token's x is quantised by
+ * kern_q8k_quantize (one portable function, so every ISA sees the same xq), then per super-block
+ * s of 256 and per token, exactly in integers,
+ *     isum_s = sum_j sc_j * sum_{k in sub-block j} q_k * xq_k,   msum_s = sum_j m_j * bsum_j,
+ * and in F32 y = sum_s (d_s * dx_s) * isum_s - (dmin_s * dx_s) * msum_s, in an ISA-specific but
+ * fixed order. Batch invariance holds (xq depends on x[t] only). The F32 part is within
+ * (K/256 + 8) * 2^-24 * sum_s (|d_s dx_s| sum_j sc_j sum_k q_k |xq_k| + |dmin_s dx_s| sum_j m_j |bsum_j|)
+ * of the exact value of that formula; against the exact dot product of the widened weights it
+ * adds x's rounding to 8 bits, at most dx_s / 2 = max|x over the 256| / 254 per element. */
 #ifndef SPILLWAY_ENGINE_CPU_KERNELS_H
 #define SPILLWAY_ENGINE_CPU_KERNELS_H
 
@@ -54,6 +62,18 @@ typedef struct {
     void (*f32_to_f16)(const float *x, uint16_t *y, int64_t n);
     void (*f16_to_f32)(const uint16_t *x, float *y, int64_t n);
 } kern_table_t;
+
+/* One 256-element block of a token's activations quantised for Q4_K's int8 route. */
+#define KERN_Q8K 256
+typedef struct {
+    int8_t q[KERN_Q8K]; /* round-to-nearest-even of x[k] / d, in [-127, 127] */
+    float d;            /* max|x| / 127; 0 for a block of zeros, NaN when x holds Inf or NaN */
+    int16_t bsum[8];    /* sum of q over each 32-element sub-block */
+    int32_t pad[2];     /* size 288: q stays 32-byte aligned in an aligned array */
+} kern_q8k_t;
+
+/* x[0..K) (K a multiple of 256) -> out[K / 256]. Portable C, the same bits on every ISA. */
+void kern_q8k_quantize(const float *x, int64_t K, kern_q8k_t *out);
 
 /* Best table for this CPU. force: NULL for automatic, or "avx512" / "avx2" / "scalar" to pick
  * one (tests compare them); returns NULL when the forced one is not supported here. Thread-safe,

@@ -17,6 +17,7 @@
 #pragma GCC target("avx2,fma,f16c")
 #endif
 
+#include <float.h>
 #include <immintrin.h>
 #include <math.h>
 #include <stdlib.h>
@@ -279,10 +280,143 @@ static void mm_q4_0(const char *W, size_t wrb, int64_t K, const float *x, int64_
 {
     matmul_dt(DT_Q4_0, W, wrb, K, x, ldx, y, ldy, T, o0, o1);
 }
-static void mm_q4_k(const char *W, size_t wrb, int64_t K, const float *x, int64_t ldx, float *y,
-                    int64_t ldy, int T, int64_t o0, int64_t o1)
+
+/* ---- Q4_K x int8 (kernels.h) ----
+ * Per 32 bytes qs[32c .. 32c+31] of a super-block: low nibbles (sub-block 2c, x[64c ..]) and
+ * high nibbles (sub-block 2c+1, x[64c+32 ..]); vpmaddubsw (never saturates: |pair| <= 3810),
+ * vpmaddwd with the sub-block's scale broadcast, added: 8 exact int32 lanes per super-block.
+ * Per super-block and token: acc = fma(float(lanes), d * dx, acc) in 8 lanes, accm =
+ * fma(float(m . bsum pairs), dmin * dx, accm) in 4 lanes; y = hsum(acc) - hsum(accm). */
+
+#define Q4K_TOK 4
+
+AI float q4k_hsum8(__m256 v)
 {
-    matmul_dt(DT_Q4_K, W, wrb, K, x, ldx, y, ldy, T, o0, o1);
+    __m128 q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    __m128 p = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    return _mm_cvtss_f32(_mm_add_ss(p, _mm_movehdup_ps(p)));
+}
+
+AI void q4k_tile(const int C, const block_q4_K *row, int64_t nsb, const kern_q8k_t *xq,
+                 float *y, int64_t ldy, size_t pfd)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    __m256 acc[Q4K_TOK];
+    __m128 accm[Q4K_TOK];
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++) {
+        acc[c] = _mm256_setzero_ps();
+        accm[c] = _mm_setzero_ps();
+    }
+    for (int64_t s = 0; s < nsb; s++) {
+        const block_q4_K *b = row + s;
+        if (pfd) {
+            _mm_prefetch((const char *)b + pfd, _MM_HINT_T0);
+            _mm_prefetch((const char *)b + pfd + 64, _MM_HINT_T0);
+            _mm_prefetch((const char *)b + pfd + 128, _MM_HINT_T0);
+        }
+        uint8_t sc8[8], mn8[8];
+        q4k_unpack(b->scales, sc8, mn8);
+        const __m128i mn = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn8));
+        __m256i S[8], Q[8];
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * j));
+            Q[2 * j] = _mm256_and_si256(v, m4);
+            Q[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            S[2 * j] = _mm256_set1_epi16((short)sc8[2 * j]);
+            S[2 * j + 1] = _mm256_set1_epi16((short)sc8[2 * j + 1]);
+        }
+        const float dw = _cvtsh_ss(b->d), dmw = _cvtsh_ss(b->dmin);
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) {
+            const kern_q8k_t *xb = xq + c * nsb + s;
+            __m256i isum = _mm256_setzero_si256();
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++) {
+                __m256i p = _mm256_maddubs_epi16(
+                    Q[j], _mm256_loadu_si256((const __m256i *)(xb->q + 32 * j)));
+                isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, S[j]));
+            }
+            __m128i ms = _mm_madd_epi16(mn, _mm_loadu_si128((const __m128i *)xb->bsum));
+            const float dd = dw * xb->d, dm = dmw * xb->d;
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(dd), acc[c]);
+            accm[c] = _mm_fmadd_ps(_mm_cvtepi32_ps(ms), _mm_set1_ps(dm), accm[c]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++) {
+        __m128 h = _mm_add_ps(accm[c], _mm_movehl_ps(accm[c], accm[c]));
+        float m = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+        y[c * ldy] = q4k_hsum8(acc[c]) - m;
+    }
+}
+
+/* kern_q8k_quantize, the same bits (see kernels_avx512.c's q8k_quantize). */
+static void q8k_quantize(const float *x, int64_t K, kern_q8k_t *out)
+{
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    for (int64_t b = 0; b < K / KERN_Q8K; b++, x += KERN_Q8K, out++) {
+        __m256 mx = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+        for (int i = 0; i < KERN_Q8K; i += 8) {
+            __m256 a = _mm256_and_ps(_mm256_loadu_ps(x + i), absmask);
+            bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, _mm256_set1_ps(FLT_MAX), _CMP_NLE_UQ));
+            mx = _mm256_max_ps(mx, a);
+        }
+        memset(out, 0, sizeof *out);
+        if (_mm256_movemask_ps(bad)) {
+            out->d = NAN;
+            continue;
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+        if (amax == 0.0f) continue;
+        out->d = amax / 127.0f;
+        const __m256 is = _mm256_set1_ps(127.0f / amax);
+        const __m256i lim = _mm256_set1_epi32(127), nlim = _mm256_set1_epi32(-127);
+        for (int j = 0; j < 8; j++) {
+            __m256i q[4];
+            for (int h = 0; h < 4; h++) {
+                q[h] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 32 * j + 8 * h), is));
+                q[h] = _mm256_max_epi32(_mm256_min_epi32(q[h], lim), nlim);
+            }
+            /* packs interleave 128-bit lanes: fix the order with a permute */
+            __m256i w01 = _mm256_packs_epi32(q[0], q[1]), w23 = _mm256_packs_epi32(q[2], q[3]);
+            __m256i b8 = _mm256_packs_epi16(w01, w23);
+            b8 = _mm256_permutevar8x32_epi32(b8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256((__m256i *)(out->q + 32 * j), b8);
+            __m256i s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+            __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+            out->bsum[j] = (int16_t)_mm_cvtsi128_si32(s4);
+        }
+    }
+}
+
+static void q4k_rows(const char *W, size_t wrb, int64_t nsb, const kern_q8k_t *xq, int T,
+                     float *y, int64_t ldy, int64_t o0, int64_t o1)
+{
+    int64_t panel = T <= Q4K_TOK ? o1 - o0 : (int64_t)(KERN_PANEL_BYTES / wrb);
+    if (panel < 1) panel = 1;
+    for (int64_t ob = o0; ob < o1; ob += panel) {
+        int64_t oe = o1 - ob < panel ? o1 : ob + panel;
+        for (int t = 0; t < T; t += Q4K_TOK) {
+            const kern_q8k_t *xt = xq + (int64_t)t * nsb;
+            float *yt = y + (int64_t)t * ldy;
+            const size_t pfd = t == 0 ? PF_STREAM_BYTES : 0;
+            for (int64_t o = ob; o < oe; o++) {
+                const block_q4_K *row = (const block_q4_K *)(W + (size_t)o * wrb);
+                switch (T - t) {
+                case 1: q4k_tile(1, row, nsb, xt, yt + o, ldy, pfd); break;
+                case 2: q4k_tile(2, row, nsb, xt, yt + o, ldy, pfd); break;
+                case 3: q4k_tile(3, row, nsb, xt, yt + o, ldy, pfd); break;
+                default: q4k_tile(4, row, nsb, xt, yt + o, ldy, pfd); break;
+                }
+            }
+        }
+    }
 }
 
 static void v_dequant_row(int wtype, const void *row, float *out, int64_t K);
@@ -314,6 +448,8 @@ static int mm_widened(int dt, const char *W, size_t wrb, int64_t K, const float 
 static int v_matmul(int wtype, const void *W, size_t w_row_bytes, int64_t K, const float *x,
                     int64_t ldx, float *y, int64_t ldy, int T, int64_t o0, int64_t o1)
 {
+    if (wtype == DT_Q4_K)
+        return kern_q4k_matmul(q4k_rows, q8k_quantize, W, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
     if (!kern_wtype_ok(wtype, K)) return -1;
     if (T <= 0 || o1 <= o0) return 0;
     const char *w = W;
@@ -325,7 +461,6 @@ static int v_matmul(int wtype, const void *W, size_t w_row_bytes, int64_t K, con
     case DT_F16: mm_f16(w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1); break;
     case DT_BF16: mm_bf16(w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1); break;
     case DT_Q4_0: mm_q4_0(w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1); break;
-    case DT_Q4_K: mm_q4_k(w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1); break;
     default: mm_q8_0(w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1); break;
     }
     return 0;

@@ -27,6 +27,7 @@
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
 #endif
 
+#include <float.h>
 #include <immintrin.h>
 #include <math.h>
 #include <stdlib.h>
@@ -433,10 +434,138 @@ static void mm_q4_0(const char *W, size_t wrb, int64_t K, const float *x, int64_
 {
     matmul_dt(DT_Q4_0, W, wrb, K, x, ldx, y, ldy, T, o0, o1);
 }
-static void mm_q4_k(const char *W, size_t wrb, int64_t K, const float *x, int64_t ldx, float *y,
-                    int64_t ldy, int T, int64_t o0, int64_t o1)
+
+/* ---- Q4_K x int8 (kernels.h) ----
+ * Per 64-weight chunk c of a super-block (qs[32c .. 32c+31]): the 32 bytes broadcast to both
+ * halves of a zmm, the upper half shifted right by 4, masked: bytes 0..31 are sub-block 2c's
+ * nibbles, bytes 32..63 sub-block 2c+1's -- the order of x[64c .. 64c+63]. vpmaddubsw (u4 x s8,
+ * pairs: |sum| <= 3810, never saturates), then vpmaddwd with the sub-block's scale in every
+ * 16-bit lane (int32 lanes: sc * sum of 4 products), added over the 4 chunks: 16 exact int32
+ * lanes (|lane| < 2^21, so their conversion to F32 is exact). Per super-block and token:
+ * acc = fma(float(lanes), d * dx, acc) in 16 lanes, accm = fma(float(m . bsum pairs), dmin * dx,
+ * accm) in 4 lanes; y = hsum1(acc) - (accm reduced ((0 + 2) + (1 + 3))). */
+
+#define Q4K_TOK 4 /* tokens per tile */
+
+/* Row `row` (nsb super-blocks) against C tokens of xq (token stride nsb); y[c * ldy]. */
+AI void q4k_tile(const int C, const block_q4_K *row, int64_t nsb, const kern_q8k_t *xq,
+                 float *y, int64_t ldy, size_t pfd)
 {
-    matmul_dt(DT_Q4_K, W, wrb, K, x, ldx, y, ldy, T, o0, o1);
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    const __m512i shv = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+    __m512 acc[Q4K_TOK];
+    __m128 accm[Q4K_TOK];
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++) {
+        acc[c] = _mm512_setzero_ps();
+        accm[c] = _mm_setzero_ps();
+    }
+    for (int64_t s = 0; s < nsb; s++) {
+        const block_q4_K *b = row + s;
+        if (pfd) {
+            _mm_prefetch((const char *)b + pfd, _MM_HINT_T0);
+            _mm_prefetch((const char *)b + pfd + 64, _MM_HINT_T0);
+            _mm_prefetch((const char *)b + pfd + 128, _MM_HINT_T0);
+        }
+        uint8_t sc8[8], mn8[8];
+        q4k_unpack(b->scales, sc8, mn8);
+        const __m512i scz = _mm512_maskz_mov_epi64(
+            0x03, _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc8))));
+        const __m128i mn = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn8));
+        __m512i S[4], Q[4];
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            const __m512i idx = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_set1_epi16((short)(2 * j))),
+                _mm256_set1_epi16((short)(2 * j + 1)), 1);
+            S[j] = _mm512_permutexvar_epi16(idx, scz);
+            __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b->qs + 32 * j)));
+            Q[j] = _mm512_and_si512(_mm512_srlv_epi16(v, shv), m4);
+        }
+        const float dw = _cvtsh_ss(b->d), dmw = _cvtsh_ss(b->dmin);
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) {
+            const kern_q8k_t *xb = xq + c * nsb + s;
+            __m512i isum = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) {
+                __m512i p = _mm512_maddubs_epi16(Q[j], _mm512_loadu_si512(xb->q + 64 * j));
+                isum = _mm512_add_epi32(isum, _mm512_madd_epi16(p, S[j]));
+            }
+            __m128i ms = _mm_madd_epi16(mn, _mm_loadu_si128((const __m128i *)xb->bsum));
+            const float dd = dw * xb->d, dm = dmw * xb->d;
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(dd), acc[c]);
+            accm[c] = _mm_fmadd_ps(_mm_cvtepi32_ps(ms), _mm_set1_ps(dm), accm[c]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < C; c++) {
+        __m128 h = _mm_add_ps(accm[c], _mm_movehl_ps(accm[c], accm[c])); /* (0+2), (1+3) */
+        float m = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+        y[c * ldy] = hsum1(acc[c]) - m;
+    }
+}
+
+/* kern_q8k_quantize, the same bits: max|x| is exact in any order, d and 1/d are the same
+ * divisions, v = x * is the same product, vcvtps2dq rounds to nearest even as the portable
+ * code's magic-number addition does for |v| <= 127.x, and the sums are integers. */
+static void q8k_quantize(const float *x, int64_t K, kern_q8k_t *out)
+{
+    const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+    for (int64_t b = 0; b < K / KERN_Q8K; b++, x += KERN_Q8K, out++) {
+        __m512 mx = _mm512_setzero_ps();
+        __mmask16 bad = 0;
+        for (int i = 0; i < KERN_Q8K; i += 16) {
+            __m512 a = _mm512_and_ps(_mm512_loadu_ps(x + i), absmask);
+            bad |= _mm512_cmp_ps_mask(a, _mm512_set1_ps(FLT_MAX), _CMP_NLE_UQ);
+            mx = _mm512_max_ps(mx, a);
+        }
+        memset(out, 0, sizeof *out);
+        if (bad) {
+            out->d = NAN;
+            continue;
+        }
+        const float amax = _mm512_reduce_max_ps(mx);
+        if (amax == 0.0f) continue;
+        out->d = amax / 127.0f;
+        const __m512 is = _mm512_set1_ps(127.0f / amax);
+        const __m512i lim = _mm512_set1_epi32(127);
+        for (int j = 0; j < 8; j++) {
+            __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + 32 * j), is));
+            __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + 32 * j + 16), is));
+            q0 = _mm512_max_epi32(_mm512_min_epi32(q0, lim), _mm512_sub_epi32(_mm512_setzero_si512(), lim));
+            q1 = _mm512_max_epi32(_mm512_min_epi32(q1, lim), _mm512_sub_epi32(_mm512_setzero_si512(), lim));
+            _mm_storeu_si128((__m128i *)(out->q + 32 * j), _mm512_cvtepi32_epi8(q0));
+            _mm_storeu_si128((__m128i *)(out->q + 32 * j + 16), _mm512_cvtepi32_epi8(q1));
+            out->bsum[j] = (int16_t)_mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+        }
+    }
+}
+
+static void q4k_rows(const char *W, size_t wrb, int64_t nsb, const kern_q8k_t *xq, int T,
+                     float *y, int64_t ldy, int64_t o0, int64_t o1)
+{
+    /* rows in panels kept in L2 while every tile of tokens passes over them; with few tokens,
+     * one streamed pass prefetching ahead */
+    int64_t panel = T <= Q4K_TOK ? o1 - o0 : (int64_t)(KERN_PANEL_BYTES / wrb);
+    if (panel < 1) panel = 1;
+    for (int64_t ob = o0; ob < o1; ob += panel) {
+        int64_t oe = o1 - ob < panel ? o1 : ob + panel;
+        for (int t = 0; t < T; t += Q4K_TOK) {
+            const kern_q8k_t *xt = xq + (int64_t)t * nsb;
+            float *yt = y + (int64_t)t * ldy;
+            const size_t pfd = t == 0 ? PF_STREAM_BYTES : 0;
+            for (int64_t o = ob; o < oe; o++) {
+                const block_q4_K *row = (const block_q4_K *)(W + (size_t)o * wrb);
+                switch (T - t) {
+                case 1: q4k_tile(1, row, nsb, xt, yt + o, ldy, pfd); break;
+                case 2: q4k_tile(2, row, nsb, xt, yt + o, ldy, pfd); break;
+                case 3: q4k_tile(3, row, nsb, xt, yt + o, ldy, pfd); break;
+                default: q4k_tile(4, row, nsb, xt, yt + o, ldy, pfd); break;
+                }
+            }
+        }
+    }
 }
 
 static void v_dequant_row(int wtype, const void *row, float *out, int64_t K);
@@ -471,6 +600,8 @@ static int mm_widened(int dt, const char *W, size_t wrb, int64_t K, const float 
 static int v_matmul(int wtype, const void *W, size_t w_row_bytes, int64_t K, const float *x,
                     int64_t ldx, float *y, int64_t ldy, int T, int64_t o0, int64_t o1)
 {
+    if (wtype == DT_Q4_K)
+        return kern_q4k_matmul(q4k_rows, q8k_quantize, W, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
     if (!kern_wtype_ok(wtype, K)) return -1;
     if (T <= 0 || o1 <= o0) return 0;
     const char *w = W;
@@ -482,7 +613,6 @@ static int v_matmul(int wtype, const void *W, size_t w_row_bytes, int64_t K, con
     case DT_F16: mm_f16(w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1); break;
     case DT_BF16: mm_bf16(w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1); break;
     case DT_Q4_0: mm_q4_0(w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1); break;
-    case DT_Q4_K: mm_q4_k(w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1); break;
     default: mm_q8_0(w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1); break;
     }
     return 0;

@@ -10,6 +10,12 @@
 #include "engine/cpu/kernels.h"
 #include "engine/dtype.h"
 
+#include <string.h>
+
+/* Quantised super-blocks of x kept on the stack (kern_q4k_matmul): Q4_K rows up to this many
+ * super-blocks (57,344 elements). */
+#define KERN_Q8K_STACK 224
+
 /* 1 when matmul supports weight type t with row length K. */
 static inline int kern_wtype_ok(int t, int64_t K)
 {
@@ -17,9 +23,39 @@ static inline int kern_wtype_ok(int t, int64_t K)
     case DT_F32: case DT_F16: case DT_BF16: return K >= 0;
     case DT_Q8_0: return K >= 0 && K % QK8_0 == 0;
     case DT_Q4_0: return K >= 0 && K % QK4_0 == 0;
-    case DT_Q4_K: return K >= 0 && K % QK_K == 0;
+    case DT_Q4_K: return K >= 0 && K % QK_K == 0 && K <= (int64_t)KERN_Q8K_STACK * QK_K;
     default: return 0;
     }
+}
+
+/* ---- Q4_K's int8 route (kernels.h), shared by every ISA ---- */
+
+/* The ISA's part: y[t * ldy + o] for t < T, o in [o0, o1), from rows of nsb Q4_K super-blocks
+ * and the quantised tokens xq[t * nsb + s]. */
+typedef void (*kern_q4k_fn)(const char *W, size_t wrb, int64_t nsb, const kern_q8k_t *xq, int T,
+                            float *y, int64_t ldy, int64_t o0, int64_t o1);
+
+/* matmul for DT_Q4_K: quantises x with quant (kern_q8k_quantize or an ISA's version of it,
+ * which must give the same bits) (all T tokens into one heap buffer, or on the stack in chunks
+ * of tokens when that allocation fails) and runs fn. Returns 0, or -1 when K is not supported
+ * (kern_wtype_ok). */
+typedef void (*kern_q8k_fn)(const float *x, int64_t K, kern_q8k_t *out);
+int kern_q4k_matmul(kern_q4k_fn fn, kern_q8k_fn quant, const void *W, size_t wrb, int64_t K, const float *x,
+                    int64_t ldx, float *y, int64_t ldy, int T, int64_t o0, int64_t o1);
+
+/* The 8 scales and 8 mins of a Q4_K super-block (engine/dtype.h's q4k_scale_min, all at once). */
+static inline void q4k_unpack(const uint8_t *scales, uint8_t sc[8], uint8_t mn[8])
+{
+    uint32_t a, b, c, v[4];
+    memcpy(&a, scales, 4);
+    memcpy(&b, scales + 4, 4);
+    memcpy(&c, scales + 8, 4);
+    v[0] = a & 0x3f3f3f3fu;                                      /* sc 0..3 */
+    v[1] = (c & 0x0f0f0f0fu) | ((a >> 6) & 0x03030303u) << 4;    /* sc 4..7 */
+    v[2] = b & 0x3f3f3f3fu;                                      /* m 0..3 */
+    v[3] = ((c >> 4) & 0x0f0f0f0fu) | ((b >> 6) & 0x03030303u) << 4; /* m 4..7 */
+    memcpy(sc, v, 8);
+    memcpy(mn, v + 2, 8);
 }
 
 extern const kern_table_t kern_table_scalar;

@@ -21,6 +21,11 @@ Per sequence of n tokens at positions 0..n-1:
 
 Weights of GGUF shape ne = {in, out} are (out, in) arrays here, so y = x @ W.T.
 
+Q4_K matrices are multiplied as the engine's int8 route defines it (engine/cpu/kernels.h): x,
+rounded to float32, is quantised per 256 elements to int8 (d = max|x| / 127, q = round-half-even
+of x * (127 / max|x|), in float32) and multiplied by the weights' exact values d*sc*q - dmin*m.
+Token embeddings are looked up as float32-rounded weights either way.
+
 Usage as a script:
     forward_ref.py MODEL.gguf --greedy N [--prompt "1 403 ..."]   prints prompt + N greedy ids
     forward_ref.py MODEL.gguf --logits SEQS.txt -o OUT.f64          writes float64 logits
@@ -37,6 +42,32 @@ import gguf_ref  # noqa: E402
 
 ROPE_NORM, ROPE_NEOX = 0, 1
 ARCH_ROPE = {"llama": ROPE_NORM, "qwen2": ROPE_NEOX}
+
+
+class Q4KLinear:
+    """A Q4_K matrix used by a matmul: its exact weight values, (out, in) float64."""
+
+    def __init__(self, w):
+        self.w = w
+
+
+def quant_q8k(x):
+    """x (n, K), K a multiple of 256 -> the dequantised int8 activations of the int8 route."""
+    n, k = x.shape
+    x32 = x.astype(np.float32).reshape(n, k // 256, 256)
+    amax = np.abs(x32).max(axis=-1, keepdims=True)
+    d = (amax / np.float32(127)).astype(np.float32)
+    safe = np.where(amax > 0, amax, np.float32(1))
+    iscale = np.where(amax > 0, np.float32(127) / safe, np.float32(0)).astype(np.float32)
+    q = np.clip(np.rint((x32 * iscale).astype(np.float32)), -127, 127)
+    return (d.astype(np.float64) * q).reshape(n, k)
+
+
+def lin(x, w):
+    """x (n, in) @ w^T for a plain (out, in) array or a Q4KLinear."""
+    if isinstance(w, Q4KLinear):
+        return quant_q8k(x) @ w.w.T
+    return x @ w.T
 
 
 class RefModel:
@@ -77,11 +108,17 @@ class RefModel:
             raise gguf_ref.GGUFError("bad rope dimension %d" % self.rope_dim)
 
         T = g.tensor
+
+        def M(name):  # a matrix used by a matmul
+            if g.tensor_dtype(name) == gguf_ref.DT_Q4_K:
+                return Q4KLinear(g.tensor(name, exact_q4k=True))
+            return g.tensor(name)
+
         self.tok_embd = T("token_embd.weight")                       # (vocab, dim)
         self.n_vocab = self.tok_embd.shape[0]
         self.output_norm = T("output_norm.weight")                   # (dim,)
         self.tied = not g.has_tensor("output.weight")
-        self.output = self.tok_embd if self.tied else T("output.weight")  # (vocab, dim)
+        self.output = M("token_embd.weight" if self.tied else "output.weight")  # (vocab, dim)
         half = self.rope_dim // 2
         inv_freq = self.rope_base ** (-2.0 * np.arange(half, dtype=np.float64) / self.rope_dim)
         if g.has_tensor("rope_freqs.weight"):
@@ -99,17 +136,17 @@ class RefModel:
             p = "blk.%d." % i
             L = {
                 "attn_norm": T(p + "attn_norm.weight"),
-                "wq": T(p + "attn_q.weight"),      # (n_heads*hd, dim)
-                "wk": T(p + "attn_k.weight"),      # (n_kv*hd, dim)
-                "wv": T(p + "attn_v.weight"),      # (n_kv*hd, dim)
-                "wo": T(p + "attn_output.weight"),  # (dim, n_heads*hd)
+                "wq": M(p + "attn_q.weight"),      # (n_heads*hd, dim)
+                "wk": M(p + "attn_k.weight"),      # (n_kv*hd, dim)
+                "wv": M(p + "attn_v.weight"),      # (n_kv*hd, dim)
+                "wo": M(p + "attn_output.weight"),  # (dim, n_heads*hd)
                 "bq": opt(p + "attn_q.bias"),
                 "bk": opt(p + "attn_k.bias"),
                 "bv": opt(p + "attn_v.bias"),
                 "ffn_norm": T(p + "ffn_norm.weight"),
-                "w_gate": T(p + "ffn_gate.weight"),  # (ffn, dim)
-                "w_up": T(p + "ffn_up.weight"),      # (ffn, dim)
-                "w_down": T(p + "ffn_down.weight"),  # (dim, ffn)
+                "w_gate": M(p + "ffn_gate.weight"),  # (ffn, dim)
+                "w_up": M(p + "ffn_up.weight"),      # (ffn, dim)
+                "w_down": M(p + "ffn_down.weight"),  # (dim, ffn)
             }
             self.layers.append(L)
 
@@ -160,9 +197,9 @@ class RefModel:
         x = self.tok_embd[tokens].copy()                             # (n, dim)
         for li, L in enumerate(self.layers):
             h = self.rmsnorm(x, L["attn_norm"])
-            q = h @ L["wq"].T
-            k = h @ L["wk"].T
-            v = h @ L["wv"].T
+            q = lin(h, L["wq"])
+            k = lin(h, L["wk"])
+            v = lin(h, L["wv"])
             if L["bq"] is not None:
                 q = q + L["bq"]
             if L["bk"] is not None:
@@ -182,13 +219,13 @@ class RefModel:
             p = np.exp(sc)
             p = p / p.sum(axis=-1, keepdims=True)
             att = np.einsum("hqk,khd->qhd", p, vh).reshape(n, H * hd)
-            x = x + att @ L["wo"].T
+            x = x + lin(att, L["wo"])
             h = self.rmsnorm(x, L["ffn_norm"])
-            gt = h @ L["w_gate"].T
-            up = h @ L["w_up"].T
-            x = x + (gt / (1.0 + np.exp(-gt)) * up) @ L["w_down"].T
+            gt = lin(h, L["w_gate"])
+            up = lin(h, L["w_up"])
+            x = x + lin(gt / (1.0 + np.exp(-gt)) * up, L["w_down"])
         h = self.rmsnorm(x, self.output_norm)
-        return h @ self.output.T                                     # (n, vocab)
+        return lin(h, self.output)                                    # (n, vocab)
 
     def new_cache(self):
         """Per layer (K, V), each (0, n_kv_heads, head_dim): an empty sequence."""

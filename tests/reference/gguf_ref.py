@@ -92,7 +92,9 @@ class Tensor:
     def shape(self):
         return tuple(reversed(self.ne))
 
-    def array(self):
+    def array(self, exact_q4k=False):
+        """exact_q4k: Q4_K weights as their exact values d*sc*q - dmin*m, not rounded to float32
+        (the values the engine's int8 route multiplies with: engine/cpu/kernels.h)."""
         n = 1
         for d in self.ne:
             n *= d
@@ -129,7 +131,7 @@ class Tensor:
             # sub-block 2c = low nibbles of chunk c, sub-block 2c+1 = its high nibbles
             q = np.stack([qs & 15, qs >> 4], axis=2).reshape(nb, 8, 32)       # (nb, sub, 32)
             w = (d[:, :, None] * scales[:, :, None]) * q - (dmin[:, :, None] * mins[:, :, None])
-            flat = w.astype(np.float32).astype(np.float64).reshape(n)
+            flat = (w if exact_q4k else w.astype(np.float32).astype(np.float64)).reshape(n)
         else:
             raise GGUFError("tensor %s: unsupported dtype %d" % (self.name, self.dtype))
         return flat.reshape(self.shape)
@@ -232,11 +234,14 @@ class GGUF:
     def has_tensor(self, name):
         return name in self.tensors
 
-    def tensor(self, name):
+    def tensor(self, name, exact_q4k=False):
         t = self.tensors.get(name)
         if t is None:
             raise GGUFError("%s: tensor %s missing" % (self.path, name))
-        return t.array()
+        return t.array(exact_q4k)
+
+    def tensor_dtype(self, name):
+        return self.tensors[name].dtype
 
 
 def main(argv):
