@@ -1,7 +1,9 @@
 /* engine/cpu/attention_avx512.c: AVX-512 attention tile (see attention.h). Called only when
  * the CPU has AVX-512F (dispatch in attention.c). Scores take any head dimension; the V sum is
  * register-blocked for head dimensions that are multiples of 16 up to 128, a plain loop
- * otherwise. */
+ * otherwise. K blocks are transposed 16 x 16 in registers (head dimensions that are multiples
+ * of 16) and F16 V rows are widened inside the register-blocked sum rather than staged: the
+ * values are exact either way, so neither changes a result. */
 #if defined(__x86_64__)
 #ifndef __clang__
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
@@ -57,11 +59,57 @@ static inline __m512 exp_neg(__m512 x)
     return _mm512_maskz_mov_ps((__mmask16)~under, e);
 }
 
-/* K rows [0, cnt) of a block transposed into kt[e][16 * ceil(cnt/16)] (zero padded). */
+/* r[0..15] (rows) transposed in place: afterwards r[c] holds element c of every input row. */
+static inline __attribute__((always_inline)) void transpose16(__m512 r[16])
+{
+    __m512 t[16], u[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);     /* per 128-bit lane: a0 b0 a1 b1 */
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]); /* a2 b2 a3 b3 */
+    }
+    for (int i = 0; i < 16; i += 4) {
+        u[i] = _mm512_shuffle_ps(t[i], t[i + 2], 0x44);     /* a0 b0 c0 d0 */
+        u[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], 0xee); /* a1 b1 c1 d1 */
+        u[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        u[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+    }
+    /* u[4g + k], lane L: element 4L + k of rows 4g .. 4g+3 */
+    for (int k = 0; k < 4; k++) {
+        __m512 a = _mm512_shuffle_f32x4(u[k], u[4 + k], 0x88);      /* lanes: 0 of g0, 2 of g0, 0 of g1, 2 of g1 */
+        __m512 b = _mm512_shuffle_f32x4(u[k], u[4 + k], 0xdd);      /* 1, 3 of g0; 1, 3 of g1 */
+        __m512 c = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0x88);
+        __m512 d = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0xdd);
+        r[k] = _mm512_shuffle_f32x4(a, c, 0x88);      /* lane 0 of g0..g3: element k */
+        r[8 + k] = _mm512_shuffle_f32x4(a, c, 0xdd);  /* lane 2: element 8 + k */
+        r[4 + k] = _mm512_shuffle_f32x4(b, d, 0x88);  /* lane 1: element 4 + k */
+        r[12 + k] = _mm512_shuffle_f32x4(b, d, 0xdd); /* lane 3: element 12 + k */
+    }
+}
+
+/* K rows [0, cnt) of a block transposed into kt[e][ldk] (ldk a multiple of 16, zero padded).
+ * Values are exact copies (F16 widened exactly), so any method gives the same bits. */
 static void stage_kt(const attn_args_t *a, int blk, int cnt, float *kt, int ldk)
 {
     const unsigned char *p = a->kv + (size_t)blk * a->block_bytes + a->k_off;
     const int hd = a->hd;
+    if (hd % 16 == 0) {
+        for (int i0 = 0; i0 < ldk; i0 += 16)
+            for (int e0 = 0; e0 < hd; e0 += 16) {
+                __m512 r[16];
+                for (int i = 0; i < 16; i++) {
+                    const unsigned char *row = p + (size_t)(i0 + i) * a->row_stride;
+                    if (i0 + i >= cnt) r[i] = _mm512_setzero_ps();
+                    else if (a->kv_f16)
+                        r[i] = _mm512_cvtph_ps(
+                            _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + e0)));
+                    else
+                        r[i] = _mm512_loadu_ps((const float *)row + e0);
+                }
+                transpose16(r);
+                for (int c = 0; c < 16; c++) _mm512_storeu_ps(kt + (size_t)(e0 + c) * ldk + i0, r[c]);
+            }
+        return;
+    }
     for (int i = 0; i < ldk; i++) {
         if (i >= cnt) {
             for (int e = 0; e < hd; e++) kt[(size_t)e * ldk + i] = 0;
@@ -105,7 +153,8 @@ static inline __attribute__((always_inline)) void score_group(const attn_args_t 
 /* out[q] += sum_i p[q][i] * V[i] for G queries (same position), NV vectors per row, rows in
  * ascending order: per query the same FMA sequence whatever G. */
 static inline __attribute__((always_inline)) void vacc_group(const attn_args_t *a, int qi, int G, int NV,
-                                                             const float *V, size_t st, int j0, int lim)
+                                                             const float *V, size_t st, int j0, int lim,
+                                                             const uint16_t *Vh, size_t sth)
 {
     __m512 acc[4][8];
     const float *p[4];
@@ -116,10 +165,11 @@ static inline __attribute__((always_inline)) void vacc_group(const attn_args_t *
         for (int v = 0; v < NV; v++) acc[g][v] = _mm512_loadu_ps(a->out[qi + g] + 16 * v);
     }
     for (int i = 0; i < lim; i++) {
-        const float *vr = V + (size_t)i * st;
         #pragma GCC unroll 8
         for (int v = 0; v < NV; v++) {
-            __m512 x = _mm512_loadu_ps(vr + 16 * v);
+            /* F16 V (Vh != NULL) widened here: the same exact values block_rows would stage */
+            __m512 x = Vh ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(Vh + (size_t)i * sth + 16 * v)))
+                          : _mm512_loadu_ps(V + (size_t)i * st + 16 * v);
             #pragma GCC unroll 8
             for (int g = 0; g < G; g++) acc[g][v] = _mm512_fmadd_ps(_mm512_set1_ps(p[g][i]), x, acc[g][v]);
         }
@@ -143,7 +193,7 @@ void attn_tile_avx512(const attn_args_t *a)
     const int B = a->block_tokens, hd = a->hd, nv = hd / 16;
     const int fast = hd % 16 == 0 && nv <= MAXV;
     const int ldk = (B + 15) / 16 * 16;
-    size_t st;
+    size_t st = 0;
     /* Scores: 16 keys at a time, sum over e in order (no horizontal reductions). The stage
      * buffer holds the transposed K block: [hd][ldk]. */
     for (int j0 = 0; j0 < a->n_ctx; j0 += B) {
@@ -192,7 +242,16 @@ void attn_tile_avx512(const attn_args_t *a)
     }
     for (int j0 = 0; j0 < a->n_ctx; j0 += B) {
         int cnt = a->n_ctx - j0 < B ? a->n_ctx - j0 : B;
-        const float *V = block_rows(a, a->blocks[j0 / B], a->v_off, cnt, &st);
+        /* F16 V with the register-blocked sum: read in place; otherwise staged as F32 */
+        const uint16_t *Vh = NULL;
+        size_t sth = 0;
+        const float *V = NULL;
+        if (fast && a->kv_f16 && (nv == 1 || nv == 2 || nv == 4 || nv == 8)) {
+            Vh = (const uint16_t *)(a->kv + (size_t)a->blocks[j0 / B] * a->block_bytes + a->v_off);
+            sth = a->row_stride / sizeof(uint16_t);
+        } else {
+            V = block_rows(a, a->blocks[j0 / B], a->v_off, cnt, &st);
+        }
         for (int qi = 0; qi < a->nq;) {
             int G = same_pos_run(a, qi, nv > 4 ? 2 : 4);
             int lim = a->qpos[qi] + 1 - j0;
@@ -208,10 +267,10 @@ void attn_tile_avx512(const attn_args_t *a)
                 } else {
 #define VACC(NV)                                                                   \
     switch (G) {                                                                   \
-    case 4: vacc_group(a, qi, 4, NV, V, st, j0, lim); break;                       \
-    case 3: vacc_group(a, qi, 3, NV, V, st, j0, lim); break;                       \
-    case 2: vacc_group(a, qi, 2, NV, V, st, j0, lim); break;                       \
-    default: vacc_group(a, qi, 1, NV, V, st, j0, lim); break;                      \
+    case 4: vacc_group(a, qi, 4, NV, V, st, j0, lim, Vh, sth); break;              \
+    case 3: vacc_group(a, qi, 3, NV, V, st, j0, lim, Vh, sth); break;              \
+    case 2: vacc_group(a, qi, 2, NV, V, st, j0, lim, Vh, sth); break;              \
+    default: vacc_group(a, qi, 1, NV, V, st, j0, lim, Vh, sth); break;             \
     }
                     switch (nv) {
                     case 1: VACC(1) break;
