@@ -4,11 +4,15 @@
 # the threaded parts' tests, then runs each libFuzzer target for a bounded time. Exit status 0
 # only when everything passed.
 #   SPILLWAY_FUZZ_SECONDS  seconds per fuzz target (default 60; 0 skips fuzzing)
+#   SPILLWAY_TEST_JOBS     tests run at once (default: CPUs + 1)
 #   SPILLWAY_SHARED_DIR    folder holding models/ (default: ../shared next to the checkout)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 JOBS=$(nproc)
+# Tests at one more than the cores: the real-broker tests spend much of their time waiting (on
+# the JVM, on timeouts), a Release run keeps the CPUs about half busy at -j$(nproc).
+TEST_JOBS=${SPILLWAY_TEST_JOBS:-$((JOBS + 1))}
 SHARED=${SPILLWAY_SHARED_DIR:-$ROOT/../shared}
 FUZZ_SECONDS=${SPILLWAY_FUZZ_SECONDS:-60}
 
@@ -16,39 +20,42 @@ scripts/install-deps.sh
 # Kafka broker jars for the integration tests, fetched once from Maven Central (cached).
 scripts/kafka-broker.sh fetch
 
-echo "=== build: Release, -Werror ==="
+echo "=== build: Release, -Werror === [${SECONDS}s]"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DSPILLWAY_WERROR=ON -DSPILLWAY_SHARED_DIR="$SHARED" >/dev/null
 cmake --build build -j"$JOBS"
-echo "=== tests: Release ==="
+echo "=== tests: Release === [${SECONDS}s]"
 # A failing test is run once more (--repeat until-pass:2) and fails the stage only if it fails
 # again: the real-broker tests depend on timing (rebalances, sessions); a test that needed its
 # second run still shows its first failure in the output.
-(cd build && ctest --output-on-failure --repeat until-pass:2 -j"$JOBS")
+(cd build && ctest --output-on-failure --repeat until-pass:2 -j"$TEST_JOBS")
 
-echo "=== build: ASan+UBSan ==="
+echo "=== build: ASan+UBSan === [${SECONDS}s]"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPILLWAY_WERROR=ON -DSPILLWAY_SANITIZE=ON \
   -DSPILLWAY_SHARED_DIR="$SHARED" >/dev/null
 cmake --build build-asan -j"$JOBS"
-echo "=== tests: ASan+UBSan ==="
+echo "=== tests: ASan+UBSan === [${SECONDS}s]"
 # The sanitized run takes the same paths with fewer messages in the overload test (a 2,000-request
 # backlog; SPILLWAY_CLASSES_BULK overrides). The fault tests keep their full counts: at half
 # (SPILLWAY_FAULTS_SCALE=0.5) test_faults_group had no work left when its third worker left.
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
   SPILLWAY_CLASSES_BULK=${SPILLWAY_CLASSES_BULK:-2000} \
-  ctest --output-on-failure --repeat until-pass:2 -j"$JOBS")
+  ctest --output-on-failure --repeat until-pass:2 -j"$TEST_JOBS")
 
-echo "=== build: ThreadSanitizer ==="
+echo "=== build: ThreadSanitizer === [${SECONDS}s]"
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPILLWAY_WERROR=ON -DSPILLWAY_TSAN=ON \
   -DSPILLWAY_SHARED_DIR="$SHARED" >/dev/null
-cmake --build build-tsan -j"$JOBS"
-echo "=== tests: ThreadSanitizer (the threaded parts: scheduler and thread pool, cache, metrics, worker) ==="
+# only what the stage runs: the threaded parts' tests and the spillway command (test_cache_tier.sh)
+TSAN_TESTS='test_engine|test_kvpool|test_metrics|test_cache|test_cache_tier\.sh|test_worker_mock|test_worker_txn_mock|test_worker_features'
+cmake --build build-tsan -j"$JOBS" --target spillway test_engine test_kvpool test_metrics test_cache \
+  test_worker_mock test_worker_txn_mock test_worker_features
+echo "=== tests: ThreadSanitizer (the threaded parts: scheduler and thread pool, cache, metrics, worker) === [${SECONDS}s]"
 # tests/tsan/suppressions.txt: uninstrumented libraries, and the arena's seqlock copy (by design)
 (cd build-tsan && TSAN_OPTIONS="suppressions=$ROOT/tests/tsan/suppressions.txt halt_on_error=1 die_after_fork=0" \
   SPILLWAY_TEST_NO_FORK=1 ctest --output-on-failure --repeat until-pass:2 -j"$JOBS" \
-  -R '^(test_engine|test_kvpool|test_metrics|test_cache|test_cache_tier\.sh|test_worker_mock|test_worker_txn_mock|test_worker_features)$')
+  -R "^($TSAN_TESTS)\$")
 
 if [ "$FUZZ_SECONDS" -gt 0 ]; then
-  echo "=== fuzz: ${FUZZ_SECONDS}s per target ==="
+  echo "=== fuzz: ${FUZZ_SECONDS}s per target === [${SECONDS}s]"
   CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPILLWAY_FUZZ=ON \
     -DSPILLWAY_SHARED_DIR="$SHARED" >/dev/null
   for src in tests/fuzz/fuzz_*.c; do
@@ -62,4 +69,4 @@ if [ "$FUZZ_SECONDS" -gt 0 ]; then
     rm -rf "$work"
   done
 fi
-echo "all test stages passed"
+echo "all test stages passed [${SECONDS}s]"
