@@ -501,6 +501,29 @@ backend_t *backend_cpu_new(const model_t *model, const backend_params_t *params,
     c->kv_elem = params->kv_type == DT_F32 ? 4 : 2;
     c->base.kv_block_bytes = (size_t)params->block_tokens * model_kv_bytes_per_token(model, c->kv_elem);
     c->k = kern_get(NULL);
+    /* every matrix must be one the kernels multiply (type, row length); a probe over an empty
+     * row range checks that without touching data */
+    for (int l = -1; l < hp->n_layers; l++) {
+        const weight_t *ws[7] = {&model->output};
+        int nw = 1;
+        if (l >= 0) {
+            const layer_weights_t *L = &model->layers[l];
+            const weight_t *lw[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+            memcpy(ws, lw, sizeof lw);
+            nw = 7;
+        }
+        for (int i = 0; i < nw; i++)
+            if (c->k->matmul(ws[i]->type, ws[i]->data, ws[i]->row_bytes, ws[i]->cols, NULL,
+                             ws[i]->cols, NULL, 1, 1, 0, 0) != 0) {
+                char where[32];
+                if (l < 0) snprintf(where, sizeof where, "output");
+                else snprintf(where, sizeof where, "layer %d", l);
+                seterr(errstr, errlen, "cpu: %s: a %s matrix with rows of %lld elements is not "
+                       "supported by the CPU kernels", where, dtype_name(ws[i]->type),
+                       (long long)ws[i]->cols);
+                goto fail;
+            }
+    }
     c->n_threads = params->threads;
     c->max_T = params->max_batch_tokens;
     c->pool = tpool_new(params->threads, errstr, errlen);
