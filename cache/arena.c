@@ -387,6 +387,15 @@ int arena_write(arena_t *a, uint32_t slot, uint64_t name, uint64_t gen, const vo
     if (!atomic_compare_exchange_strong_explicit(&h->seq, &s, locked, memory_order_acquire,
                                                  memory_order_relaxed))
         return ARENA_BUSY;
+    /* A writer that allocated the slot before another one did (an older generation) and got
+     * here after it must not overwrite the newer block: give the lock back, the slot as it
+     * was (an abandoned lock's torn bytes: readers reject them by checksum). */
+    if (atomic_load_explicit(&h->gen, memory_order_relaxed) > gen) {
+        uint64_t back = (s & 1) ? ((locked >> 32) + 1) << 32 : s;
+        atomic_compare_exchange_strong_explicit(&h->seq, &locked, back, memory_order_release,
+                                                memory_order_relaxed);
+        return ARENA_LOST;
+    }
     /* orders the odd word before the stores below, for readers that fence before re-reading */
     atomic_thread_fence(memory_order_release);
     atomic_store_explicit(&h->name, name, memory_order_relaxed);

@@ -159,7 +159,8 @@ static void write_one(cache_t *c, uint64_t name, const void *buf)
     int w = arena_write(&c->arena, (uint32_t)slot, name, gen, buf);
     if (w != ARENA_OK) {
         CACHE_LOG(&c->log, CLOG_DEBUG, "store %s: slot %lld %s", nm, slot,
-                  w == ARENA_BUSY ? "busy (another writer)" : "taken over during the copy");
+                  w == ARENA_BUSY ? "busy (another writer)"
+                                    : "taken over, or written by a later allocation");
         if (w == ARENA_BUSY) { /* nothing written: give the slot back */
             r = rconn_script(c, &c->wr, SCRIPT_RELEASE, 2, args + 1, NULL);
             if (r) freeReplyObject(r);

@@ -62,7 +62,8 @@ enum { ARENA_OK = 0, ARENA_BUSY = -1, ARENA_LOST = -2 };
 /* Writer (one thread per process per slot at a time, enforced by the seqlock). Writes block
  * `name` of generation `gen` (from the alloc script) into `slot`. ARENA_OK; ARENA_BUSY when a
  * live writer holds the slot (nothing written); ARENA_LOST when a takeover happened during the
- * copy (the slot is the other writer's now: do not commit). */
+ * copy, or when the slot already holds a newer generation (a writer that allocated it later
+ * wrote first: nothing written); either way the slot is another writer's: do not commit. */
 int arena_write(arena_t *a, uint32_t slot, uint64_t name, uint64_t gen, const void *src);
 /* Any thread. Copies slot into dst (block_bytes) when its header holds name and gen, the seqlock
  * is even and unchanged around the copy, and the copy's XXH3 equals the header's checksum: 0.
