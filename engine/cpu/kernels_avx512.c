@@ -275,6 +275,28 @@ AI void tile(const int dt, const int R, const int C, const char *W, size_t wrb, 
             }
         }
     }
+    if (dt == DT_F16 || dt == DT_BF16) {
+        /* 2-byte weights: 32 per step, so that each row gets one prefetch per cache line */
+        for (; k + 32 <= k1; k += 32) {
+            if (pfd) {
+#pragma GCC unroll 8
+                for (int r = 0; r < R; r++)
+                    _mm_prefetch(W + (size_t)r * wrb + elem_off(dt, k) + pfd, _MM_HINT_T0);
+            }
+#pragma GCC unroll 2
+            for (int h = 0; h < 32; h += 16) {
+                __m512 w[TILE_RMAX];
+#pragma GCC unroll 8
+                for (int r = 0; r < R; r++) w[r] = w_load(dt, W + (size_t)r * wrb, k + h);
+#pragma GCC unroll 8
+                for (int c = 0; c < C; c++) {
+                    __m512 xv = _mm512_loadu_ps(x + c * ldx + k + h);
+#pragma GCC unroll 8
+                    for (int r = 0; r < R; r++) acc[r][c] = _mm512_fmadd_ps(w[r], xv, acc[r][c]);
+                }
+            }
+        }
+    }
     for (; k + 16 <= k1; k += 16) {
         __m512 w[TILE_RMAX];
         if (pfd) {
