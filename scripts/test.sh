@@ -61,9 +61,10 @@ if [ "$FUZZ_SECONDS" -gt 0 ]; then
   echo "=== fuzz: ${FUZZ_SECONDS}s per target === [${SECONDS}s]"
   CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPILLWAY_FUZZ=ON \
     -DSPILLWAY_SHARED_DIR="$SHARED" >/dev/null
-  for src in tests/fuzz/fuzz_*.c; do
-    name=$(basename "$src" .c)
-    cmake --build build-fuzz -j"$JOBS" --target "$name"
+  targets=$(for src in tests/fuzz/fuzz_*.c; do basename "$src" .c; done)
+  # shellcheck disable=SC2086 # one word per target
+  cmake --build build-fuzz -j"$JOBS" --target $targets
+  for name in $targets; do
     corpus=tests/fuzz/corpus/${name#fuzz_}
     work=$(mktemp -d)
     cp -r "$corpus"/. "$work"/
