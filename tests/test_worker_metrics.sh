@@ -175,7 +175,7 @@ for _ in $(seq 1 300); do [ -f "$WORK/probe.txt.up" ] && break; sleep 0.05; done
 [ -f "$WORK/probe.txt.up" ] || fail "the /readyz probe did not start"
 phase start
 "$SPILLWAY" worker -b "$BOOTSTRAP" -t prompts -o results -d prompts.dlq -g spm -m "$MODEL" \
-  -s threads=1 -s commit.interval.ms=200 -s max.inflight=64 -s kv.mem_mb=4 -s log.level=info \
+  -s threads=1 -s commit.interval.ms=200 -s max.inflight=256 -s kv.mem_mb=4 -s log.level=info \
   -s log.format=json -s metrics.port="$MPORT" -s metrics.bind=127.0.0.1 \
   -s cache.redis.host=127.0.0.1 -s cache.redis.port="$REDIS_PORT" -s cache.arena.path="$SHM/arena" -s cache.redis.timeout_ms=1000 \
   -s cache.arena.mb=64 -s cache.redis.timeout_ms=1000 -s cache.redis.backoff_max_ms=500 \
@@ -413,7 +413,7 @@ check(S.get("spillway:partitions_assigned") == 4, f"partitions_assigned {S.get('
 busy = by_phase["burst"] + by_phase["redis-down"]
 # pauses are brief (resumed at 3/4 of max.inflight): a scrape may miss every one, the counter not
 n_paused = sum(1 for s in busy if s["samples"].get("spillway:partitions_paused", 0) > 0)
-check(S.get("spillway:intake_pauses_total", 0) > 0, "intake never paused through both bursts (max.inflight 64)")
+check(S.get("spillway:intake_pauses_total", 0) > 0, "intake never paused through both bursts (max.inflight 256)")
 check(all(0 <= s["samples"].get("spillway:partitions_paused", 0) <= s["samples"].get("spillway:partitions_assigned", 0)
           for s in scrapes), "partitions_paused outside 0..partitions_assigned")
 check(S.get("spillway:partitions_paused") == 0, "partitions still paused at the end")
