@@ -74,11 +74,10 @@ llama.cpp run that fails (e.g. a GGUF it refuses) is reported in the notes and i
 empty. --quick shrinks every workload (prompt 128, 32 generated, batches 4,16, shared prefix
 8 x (256 + 16) -> 16, one repetition, kernels 1 round of 0.05 s per cell) to test the harness.
 
-Full run (about 20-25 min on a quiet 2-core machine, estimated from the quick runs and the rates
-in bench/RESULTS.md: ~5 min spillway engine, ~5 min llama-batched-bench decode, ~1 min llama-bench,
-~4 min for the two non-shared 64 x 1,056 workloads, ~2 min shared; plus the build on a fresh
-checkout; --quick takes ~2 min). Run it on a quiet machine: the notes give the load average, and
-llama.cpp's spinning OpenMP threads lose up to 40x when other processes take the cores:
+Full run: 10-15 min on a quiet 2-core machine (579 s at caf93f0, 836 s at 1af0fb2), plus the
+build on a fresh checkout; --quick takes ~2 min. Run it on a quiet machine: the notes give the
+load average, and llama.cpp's spinning OpenMP threads lose up to 40x when other processes take
+the cores:
   bench/run.py --dtypes f16,q8_0,q4_k --reps 3 --llama-dir /work/peer/llama.cpp/build/bin
 """
 import argparse
