@@ -129,8 +129,9 @@ typedef struct {
 int consumer_lag(consumer_t *c, consumer_lag_t *out, int cap, int timeout_ms, char *errstr,
                  size_t errlen);
 
-/* At-least-once: commits the committable position of every partition that moved. async: 1 for
- * a background commit (its result arrives in a later consumer_poll). 0 or -1. */
+/* At-least-once: commits the committable position of every partition that moved (async: 1, a
+ * background commit whose result arrives in a later consumer_poll), or synchronously of every
+ * partition that has one (async: 0). A failed commit is resent by the next call. 0 or -1. */
 int consumer_commit(consumer_t *c, int async);
 /* Exactly-once: the committable positions that moved since the last mark (NULL when none;
  * caller destroys the list), for rd_kafka_send_offsets_to_transaction ... */

@@ -182,7 +182,7 @@ static void commit_parts(consumer_t *c, const rd_kafka_topic_partition_list_t *p
         part_t *p = find_part(c, parts->elems[i].topic, parts->elems[i].partition);
         if (!p) continue;
         int64_t pos = committable(p);
-        if (pos < 0 || pos == p->committed) continue;
+        if (pos < 0) continue; /* sent even when unmoved: see consumer_commit */
         rd_kafka_topic_partition_list_add(l, p->topic, p->partition)->offset = pos;
         p->committed = pos;
     }
@@ -294,9 +294,25 @@ static void on_commit(rd_kafka_t *rk, rd_kafka_resp_err_t err,
         if (c->hooks.committed && err != RD_KAFKA_RESP_ERR__NO_OFFSET)
             c->hooks.committed(c->hooks.arg, err == RD_KAFKA_RESP_ERR_NO_ERROR, mono_ns_() - t0);
     }
-    if (err == RD_KAFKA_RESP_ERR_NO_ERROR || err == RD_KAFKA_RESP_ERR__NO_OFFSET) return;
+    if (err == RD_KAFKA_RESP_ERR__NO_OFFSET) return;
+    if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {
+        /* the request succeeded; a partition may still have failed on its own */
+        for (int i = 0; offsets && i < offsets->cnt; i++) {
+            rd_kafka_resp_err_t pe = offsets->elems[i].err;
+            if (!pe) continue;
+            logf_(c, 1, "offset commit of %s[%d] failed: %s (will retry)", offsets->elems[i].topic,
+                  (int)offsets->elems[i].partition, rd_kafka_err2str(pe));
+            part_t *p = find_part(c, offsets->elems[i].topic, offsets->elems[i].partition);
+            if (p) p->committed = -1;
+        }
+        return;
+    }
     logf_(c, 1, "offset commit failed: %s (will retry)", rd_kafka_err2str(err));
-    for (int i = 0; offsets && i < offsets->cnt; i++) {
+    if (!offsets || offsets->cnt == 0) { /* which partitions is unknown: resend them all */
+        for (int i = 0; i < c->n_parts; i++) c->parts[i]->committed = -1;
+        return;
+    }
+    for (int i = 0; i < offsets->cnt; i++) {
         part_t *p = find_part(c, offsets->elems[i].topic, offsets->elems[i].partition);
         if (p) p->committed = -1; /* resend at the next commit */
     }
@@ -586,14 +602,15 @@ int consumer_topic_held(const consumer_t *c) { return c->held; }
 int consumer_pause(consumer_t *c) { return pause_resume(c, 1); }
 int consumer_resume(consumer_t *c) { return pause_resume(c, 0); }
 
-/* Partitions whose committable position moved since the last commit. */
-static rd_kafka_topic_partition_list_t *moved(consumer_t *c)
+/* Partitions whose committable position moved since the last commit; all: every partition
+ * with a committable position. */
+static rd_kafka_topic_partition_list_t *moved(consumer_t *c, int all)
 {
     rd_kafka_topic_partition_list_t *l = NULL;
     for (int i = 0; i < c->n_parts; i++) {
         part_t *p = c->parts[i];
         int64_t pos = committable(p);
-        if (pos < 0 || pos == p->committed) continue;
+        if (pos < 0 || (!all && pos == p->committed)) continue;
         if (!l) l = rd_kafka_topic_partition_list_new(c->n_parts);
         rd_kafka_topic_partition_list_add(l, p->topic, p->partition)->offset = pos;
     }
@@ -603,7 +620,10 @@ static rd_kafka_topic_partition_list_t *moved(consumer_t *c)
 int consumer_commit(consumer_t *c, int async)
 {
     if (async && c->hold_commits > 0 && mono_ms() < c->hold_until_ms) return 0; /* see struct */
-    rd_kafka_topic_partition_list_t *l = moved(c);
+    /* A synchronous commit (a forced one: stop, leave) sends every partition, not only those
+     * that moved: a commit lost without a report (none was seen, but a partition once stayed
+     * behind after a clean stop) is repaired there at the latest. */
+    rd_kafka_topic_partition_list_t *l = moved(c, !async);
     if (!l) return 0;
     for (int i = 0; i < l->cnt; i++) {
         part_t *p = find_part(c, l->elems[i].topic, l->elems[i].partition);
@@ -617,8 +637,8 @@ int consumer_commit(consumer_t *c, int async)
     } else {
         err = sync_commit(c, l);
     }
-    if (err && !async) {
-        /* a failed synchronous commit: resend next time */
+    if (err) {
+        /* failed (synchronous) or refused at once (asynchronous): resend next time */
         for (int i = 0; i < l->cnt; i++) {
             part_t *p = find_part(c, l->elems[i].topic, l->elems[i].partition);
             if (p) p->committed = -1;
@@ -629,7 +649,7 @@ int consumer_commit(consumer_t *c, int async)
     return err ? -1 : 0;
 }
 
-rd_kafka_topic_partition_list_t *consumer_txn_offsets(consumer_t *c) { return moved(c); }
+rd_kafka_topic_partition_list_t *consumer_txn_offsets(consumer_t *c) { return moved(c, 0); }
 
 void consumer_txn_committed(consumer_t *c, const rd_kafka_topic_partition_list_t *offsets)
 {

@@ -3,7 +3,8 @@
  * reason and original bytes, a past deadline -> finish_reason "expired", backpressure (pauses)
  * without loss, committed offsets at the log end after a clean stop; and fault injection:
  * while the results' partition leader is down nothing is committed, and once it is back every
- * result arrives and the offsets reach the end. Exactly-once mode: results read with
+ * result arrives and the offsets reach the end; offset commits failing for a while are resent.
+ * Exactly-once mode: results read with
  * read_committed, offsets committed by the transaction. */
 #include <librdkafka/rdkafka.h>
 #include <librdkafka/rdkafka_mock.h>
@@ -403,6 +404,60 @@ static void test_broker_down(rd_kafka_mock_cluster_t *mc, const char *brokers)
     for (int i = 0; i < N; i++) free(vals[i]);
 }
 
+/* Offset commits that fail (per-partition errors from the coordinator, injected): the worker
+ * resends them, and after a clean stop the committed offsets are at the log end. */
+static void test_commit_errors(rd_kafka_mock_cluster_t *mc, const char *brokers)
+{
+    const char *in = "cin", *out = "cout", *dlq = "cdlq", *group = "gc";
+    rd_kafka_mock_topic_create(mc, in, 2, 1);
+    rd_kafka_mock_topic_create(mc, out, 1, 1);
+    rd_kafka_mock_topic_create(mc, dlq, 1, 1);
+    enum { N = 40 };
+    char *vals[N];
+    size_t lens[N];
+    for (int i = 0; i < N; i++) {
+        char buf[128];
+        snprintf(buf, sizeof buf, "{\"id\":\"c%d\",\"prompt\":\"Tom and his dog %d\",\"max_tokens\":2}", i, i);
+        vals[i] = strdup(buf);
+        lens[i] = strlen(buf);
+    }
+    produce_all(brokers, in, N, vals, lens, 2);
+    /* OffsetCommit (API key 8): the next 8 requests fail for every partition they carry */
+    rd_kafka_mock_push_request_errors(mc, 8, 8, RD_KAFKA_RESP_ERR_OFFSET_METADATA_TOO_LARGE,
+                                      RD_KAFKA_RESP_ERR_OFFSET_METADATA_TOO_LARGE,
+                                      RD_KAFKA_RESP_ERR_OFFSET_METADATA_TOO_LARGE,
+                                      RD_KAFKA_RESP_ERR_OFFSET_METADATA_TOO_LARGE,
+                                      RD_KAFKA_RESP_ERR_OFFSET_METADATA_TOO_LARGE,
+                                      RD_KAFKA_RESP_ERR_OFFSET_METADATA_TOO_LARGE,
+                                      RD_KAFKA_RESP_ERR_OFFSET_METADATA_TOO_LARGE,
+                                      RD_KAFKA_RESP_ERR_OFFSET_METADATA_TOO_LARGE);
+    worker_t *w = make_worker(brokers, group, in, out, dlq, 0, 64);
+    if (!w) return;
+    run_t run = {.w = w};
+    pthread_t th;
+    pthread_create(&th, NULL, run_worker, &run);
+    worker_stats_t st;
+    int64_t end = now_ms() + 20000;
+    do {
+        usleep(50000);
+        worker_stats(w, &st);
+    } while (st.results < N && now_ms() < end);
+    /* the periodic commits (every 100 ms) use up the injected errors and get through */
+    int64_t sum;
+    end = now_ms() + 10000;
+    while ((sum = committed_sum(brokers, group, in, 2)) != N && now_ms() < end) usleep(100000);
+    CHECKF(sum == N, "committed offsets sum %lld while running, after failed commits, want %d",
+           (long long)sum, N);
+    worker_stop(w);
+    pthread_join(th, NULL);
+    CHECKF(run.rc == 0, "%s", run.err);
+    CHECKF(st.results == N, "%llu results", (unsigned long long)st.results);
+    sum = committed_sum(brokers, group, in, 2);
+    CHECKF(sum == N, "committed offsets sum %lld after a clean stop, want %d", (long long)sum, N);
+    worker_free(w);
+    for (int i = 0; i < N; i++) free(vals[i]);
+}
+
 int main(void)
 {
     if (access(MODEL, R_OK)) {
@@ -421,6 +476,7 @@ int main(void)
     test_end_to_end(mc, brokers, 1);
     test_result_too_large(mc, brokers);
     test_broker_down(mc, brokers);
+    test_commit_errors(mc, brokers);
     free(brokers);
     rd_kafka_mock_cluster_destroy(mc);
     rd_kafka_destroy(mk);
