@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Exactly-once delivery against a real Apache Kafka 4.x broker (scripts/kafka-broker.sh) with
 # stories260K:
-#   600 prompts over 4 partitions (every 4th asks 160 tokens, the others 1..8, so requests
-#   finish out of offset order) plus 2 bad messages -> `spillway worker -s delivery=exactly-once`
+#   600 prompts over 4 partitions (every 4th asks 400 tokens, the others 1..8, so requests
+#   finish out of offset order; at 160 a fast machine once finished all 600 before the SIGKILL
+#   below) plus 2 bad messages -> `spillway worker -s delivery=exactly-once`
 #   (a fixed worker.id, hence a fixed transactional.id) is killed with SIGKILL mid-batch and
 #   restarted -> while the restarted worker runs, a third one starts with the same worker.id and
 #   200 more prompts arrive: the third fences the second (a zombie), which must stop with a
@@ -56,12 +57,12 @@ import json, sys
 work, n, n2 = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 prefixes = ["Once upon a time, there was a little girl named Lily. She",
             "Tom and his dog went to the park.", "The sun was shining and", "Sue had a red ball."]
-# every 4th request is long (160 tokens), the rest 1..8: requests finish out of offset order
+# every 4th request is long (400 tokens), the rest 1..8: requests finish out of offset order
 def batch(path, lo, hi):
     with open(path, "w") as f:
         for i in range(lo, hi):
             f.write(json.dumps({"id": f"e{i:05d}", "prompt": f"{prefixes[i % 4]} {i}",
-                                "max_tokens": 160 if i % 4 == 0 else 1 + (i * 5) % 8,
+                                "max_tokens": 400 if i % 4 == 0 else 1 + (i * 5) % 8,
                                 "temperature": 0}) + "\n")
 batch(f"{work}/in1.jsonl", 0, n)
 batch(f"{work}/in2.jsonl", n, n + n2)
