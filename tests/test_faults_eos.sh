@@ -114,17 +114,22 @@ kill -CONT "$W"
 stop_s=$(secs_since "$TS")
 case ${st2%% *} in PrepareAbort|CompleteAbort) ;; *) fail "e4: the broker did not abort the timed-out transaction: $ST -> $st2" ;; esac
 say "2 e4 stopped for ${stop_s} s (try $TRY) at ~$c committed outputs: transaction (state epoch ms) $ST -> $st2 by the broker; continued"
+# e4_exited: e4 ($W) has exited: it must have said why ('ERROR fatal:', status 1); e5 replaces
+# it (W). Sets outcome.
+e4_exited() {
+  rc=0
+  wait "$W" || rc=$?
+  [ "$rc" = 1 ] || fail "e4 exit status $rc after the STOP, want 1 (or recovery)"
+  grep -q ' ERROR fatal: ' "$WORK/e4.log" || fail "e4 exited without an 'ERROR fatal:' line"
+  outcome="exited with status 1: $(grep ' ERROR fatal: ' "$WORK/e4.log" | head -1 | sed 's/.* ERROR fatal: //' | cut -c1-160)"
+  run_worker e5 ge pe "${EOS[@]}"
+  W=$WPID
+}
 outcome=
 end=$(( $(date +%s) + 30 ))
 while [ "$(date +%s)" -lt "$end" ]; do
   if ! kill -0 "$W" 2>/dev/null; then
-    rc=0
-    wait "$W" || rc=$?
-    [ "$rc" = 1 ] || fail "e4 exit status $rc after the STOP, want 1 (or recovery)"
-    grep -q ' ERROR fatal: ' "$WORK/e4.log" || fail "e4 exited without an 'ERROR fatal:' line"
-    outcome="exited with status 1: $(grep ' ERROR fatal: ' "$WORK/e4.log" | head -1 | sed 's/.* ERROR fatal: //' | cut -c1-160)"
-    run_worker e5 ge pe "${EOS[@]}"
-    W=$WPID
+    e4_exited
     break
   fi
   c2=$(committed_out "[EF]")
@@ -138,6 +143,12 @@ done
 say "2 after kill -CONT: e4 $outcome"
 
 # ---- 3. kill -STOP; a replacement with the same worker.id fences the stopped worker ----
+# e4 may still exit after committing more (its producer learns of the aborted, epoch-bumped
+# transaction at its next transactional request; seen once in .ci/run)
+if [ ! -f "$WORK/e5.log" ] && ! kill -0 "$W" 2>/dev/null; then
+  e4_exited
+  say "2 e4 then $outcome"
+fi
 OLD=$W
 OLDN=$( [ -f "$WORK/e5.log" ] && echo e5 || echo e4 )
 produce s7 pe
