@@ -338,6 +338,21 @@ out:
     free(vals[1]);
 }
 
+/* n prompts {"id": "<tag><i>", "prompt": "Tom and his dog <i>", "max_tokens": max_tokens} into
+ * vals/lens (strdup'ed: the caller frees vals[i]), produced to topic over nparts partitions. */
+static void produce_prompts(const char *brokers, const char *topic, int nparts, const char *tag,
+                            int max_tokens, int n, char **vals, size_t *lens)
+{
+    for (int i = 0; i < n; i++) {
+        char buf[128];
+        snprintf(buf, sizeof buf, "{\"id\":\"%s%d\",\"prompt\":\"Tom and his dog %d\",\"max_tokens\":%d}",
+                 tag, i, i, max_tokens);
+        vals[i] = strdup(buf);
+        lens[i] = strlen(buf);
+    }
+    produce_all(brokers, topic, n, vals, lens, nparts);
+}
+
 static void test_broker_down(rd_kafka_mock_cluster_t *mc, const char *brokers)
 {
     const char *in = "fin", *out = "fout", *dlq = "fdlq", *group = "gf";
@@ -352,13 +367,7 @@ static void test_broker_down(rd_kafka_mock_cluster_t *mc, const char *brokers)
     enum { N = 8 };
     char *vals[N];
     size_t lens[N];
-    for (int i = 0; i < N; i++) {
-        char buf[128];
-        snprintf(buf, sizeof buf, "{\"id\":\"f%d\",\"prompt\":\"Tom and his dog %d\",\"max_tokens\":3}", i, i);
-        vals[i] = strdup(buf);
-        lens[i] = strlen(buf);
-    }
-    produce_all(brokers, in, N, vals, lens, 2);
+    produce_prompts(brokers, in, 2, "f", 3, N, vals, lens);
     rd_kafka_mock_broker_set_down(mc, 3);
     /* retriable produce errors on top, once the broker is back */
     rd_kafka_mock_push_request_errors(mc, 0 /* Produce */, 2, RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS,
@@ -415,13 +424,7 @@ static void test_commit_errors(rd_kafka_mock_cluster_t *mc, const char *brokers)
     enum { N = 40 };
     char *vals[N];
     size_t lens[N];
-    for (int i = 0; i < N; i++) {
-        char buf[128];
-        snprintf(buf, sizeof buf, "{\"id\":\"c%d\",\"prompt\":\"Tom and his dog %d\",\"max_tokens\":2}", i, i);
-        vals[i] = strdup(buf);
-        lens[i] = strlen(buf);
-    }
-    produce_all(brokers, in, N, vals, lens, 2);
+    produce_prompts(brokers, in, 2, "c", 2, N, vals, lens);
     /* OffsetCommit (API key 8): the next 8 requests fail for every partition they carry */
     rd_kafka_mock_push_request_errors(mc, 8, 8, RD_KAFKA_RESP_ERR_OFFSET_METADATA_TOO_LARGE,
                                       RD_KAFKA_RESP_ERR_OFFSET_METADATA_TOO_LARGE,
