@@ -31,6 +31,7 @@ int cli_mkmodel(int argc, char **argv)
         {"norm-eps", required_argument, 0, 4015},
         {"from", required_argument, 0, 4016},
         {"pad", required_argument, 0, 4017},
+        {"quantiser", required_argument, 0, 4018},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -38,7 +39,8 @@ int cli_mkmodel(int argc, char **argv)
     mkmodel_preset("tiny", &p);
     const char *out = NULL, *from = NULL;
     int dtype_given = 0, shape_given = 0;
-    mkmodel_convert_t conv = {.dtype = DT_F16, .pad = 0};
+    mkmodel_convert_t conv = {.dtype = DT_F16, .pad = 0, .quant = MKMODEL_QUANT_IMPORTANCE};
+    int quant_given = 0;
     long v;
     double d;
     int opt;
@@ -77,6 +79,12 @@ int cli_mkmodel(int argc, char **argv)
             break;
         case 4016: from = optarg; break;
         case 4017: if (cli_parse_int("--pad", optarg, 1, 65536, &v)) return 2; conv.pad = (int)v; break;
+        case 4018:
+            if (!strcmp(optarg, "importance")) conv.quant = MKMODEL_QUANT_IMPORTANCE;
+            else if (!strcmp(optarg, "ggml")) conv.quant = MKMODEL_QUANT_GGML;
+            else { fprintf(stderr, "spillway: --quantiser: importance or ggml\n"); return 2; }
+            quant_given = 1;
+            break;
         case 4011: p.tied = 1; break;
         case 4012: p.tied = 0; break;
         case 4013: if (cli_parse_int("--seed", optarg, 0, 1L << 62, &v)) return 2; p.seed = (uint64_t)v; break;
@@ -94,11 +102,16 @@ int cli_mkmodel(int argc, char **argv)
                    "  --seed N --rope-theta F --norm-eps F\n"
                    "\n"
                    "usage: spillway mkmodel --from MODEL.gguf --dtype T -o FILE [--pad N]\n"
-                   "  converts an existing model: every 2-D matrix re-rounded to T (block types\n"
-                   "  with ggml's reference quantisers); a matrix whose rows do not fit T's block\n"
-                   "  falls back (q4_k -> q4_0 -> its own type), each one reported on stderr.\n"
+                   "                [--quantiser Q]\n"
+                   "  converts an existing model: every 2-D matrix re-rounded to T; a matrix whose\n"
+                   "  rows do not fit T's block falls back (q4_k -> q4_0 -> its own type), each\n"
+                   "  one reported on stderr.\n"
                    "  --pad N         pad embedding and FFN sizes with zeros to multiples of N (an\n"
-                   "                  equivalent model whose matrices fit the blocks, e.g. 256)\n",
+                   "                  equivalent model whose matrices fit the blocks, e.g. 256)\n"
+                   "  --quantiser Q   importance (default): q4_0 / q4_k rounding weighted by each\n"
+                   "                  input lane's expected square, estimated from the model's\n"
+                   "                  own norms and matrices; ggml: ggml's reference quantisers\n"
+                   "                  (llama-quantize's bytes without an importance matrix)\n",
                    MKMODEL_PRESETS);
             return 0;
         default: return 2;
@@ -108,7 +121,7 @@ int cli_mkmodel(int argc, char **argv)
     if (from) {
         if (!out || optind != argc || !dtype_given || shape_given) {
             fprintf(stderr, "usage: spillway mkmodel --from MODEL.gguf --dtype T -o FILE [--pad N] "
-                    "(no shape options)\n");
+                    "[--quantiser Q] (no shape options)\n");
             return 2;
         }
         conv.dtype = p.dtype;
@@ -119,8 +132,9 @@ int cli_mkmodel(int argc, char **argv)
         }
         return 0;
     }
-    if (conv.pad) {
-        fprintf(stderr, "spillway: --pad applies to --from only\n");
+    if (conv.pad || quant_given) {
+        fprintf(stderr, "spillway: --pad and --quantiser apply to --from only (synthetic models are "
+                "rounded with ggml's reference quantisers)\n");
         return 2;
     }
     if (!out || optind != argc) {

@@ -261,6 +261,203 @@ static void quantize_q4_k(const float *x, block_q4_K *b, int64_t n)
     }
 }
 
+/* ---------------------------------------------------------------- weighted quantisers */
+
+/* Q4_0 against weights w >= 0: for each block of 32, candidate scales d = m / s (m the value of
+ * largest magnitude, s = -8 + 0.1 k for k in [-10, 10]), the quants q = round(x / d) clamped
+ * to [-8, 7], d refitted to them by weighted least squares and rounded to fp16; the candidate
+ * of least w-weighted squared error is kept (an all-zero block when none beats zero). */
+static void quantize_q4_0_w(const float *x, const float *w, block_q4_0 *b, int64_t n)
+{
+    for (int64_t i = 0; i < n / QK4_0; i++, x += QK4_0, w += QK4_0) {
+        float amax = 0.0f, m = 0.0f, bd = 0.0f, best = 0.0f;
+        int q[QK4_0], bq[QK4_0];
+        for (int j = 0; j < QK4_0; j++) {
+            if (fabsf(x[j]) > amax) {
+                amax = fabsf(x[j]);
+                m = x[j];
+            }
+            bq[j] = 0;
+            best += w[j] * x[j] * x[j];
+        }
+        for (int k = -10; k <= 10 && amax > 0.0f; k++) {
+            float id = (-8.0f + 0.1f * (float)k) / m;
+            double sxq = 0, sqq = 0;
+            for (int j = 0; j < QK4_0; j++) {
+                int v = round_even(x[j] * id);
+                q[j] = v < -8 ? -8 : v > 7 ? 7 : v;
+                sxq += (double)w[j] * x[j] * q[j];
+                sqq += (double)w[j] * q[j] * q[j];
+            }
+            if (!(sqq > 0)) continue;
+            float d = fp16_to_f32(f32_to_fp16((float)(sxq / sqq))), err = 0.0f;
+            for (int j = 0; j < QK4_0; j++) {
+                float diff = d * (float)q[j] - x[j];
+                err += w[j] * diff * diff;
+            }
+            if (err < best) {
+                best = err;
+                bd = d;
+                memcpy(bq, q, sizeof q);
+            }
+        }
+        b[i].d = f32_to_fp16(bd);
+        for (int j = 0; j < QK4_0 / 2; j++)
+            b[i].qs[j] = (uint8_t)((bq[j] + 8) | (bq[j + 16] + 8) << 4);
+    }
+}
+
+/* Q4_K sub-block of 32 at sub-block scale d1 and min m1 (x ~ d1 L - m1): writes the quants
+ * L (nearest, ties up, clamped to [0, 15]; 0 when d1 is 0) and returns their w-weighted squared
+ * error. In GCC/clang vector extensions, 4 lanes (SSE2 on any x86-64; the search spends most of
+ * its time here). */
+typedef float v4f __attribute__((vector_size(16)));
+typedef int32_t v4i __attribute__((vector_size(16)));
+
+static float q4k_sub_err(const float *x, const float *w, float d1, float m1, uint8_t *L)
+{
+    const float id = d1 != 0.0f ? 1.0f / d1 : 0.0f;
+    const v4f zero = {0, 0, 0, 0}, top = {15, 15, 15, 15};
+    v4f acc = zero;
+    for (int l = 0; l < 32; l += 4) {
+        v4f xv, wv;
+        memcpy(&xv, x + l, sizeof xv);
+        memcpy(&wv, w + l, sizeof wv);
+        v4f v = (xv + m1) * id + 0.5f;
+        v4i neg = v < zero, over = v > top;
+        v = (v4f)(((v4i)v & ~neg & ~over) | ((v4i)top & over));
+        v4i q = __builtin_convertvector(v, v4i);
+        v4f diff = d1 * __builtin_convertvector(q, v4f) - m1 - xv;
+        acc += wv * diff * diff;
+        for (int k = 0; k < 4; k++) L[l + k] = (uint8_t)q[k];
+    }
+    return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+}
+
+/* Q4_K against weights w >= 0, one super-block of 256: the reference fit (q4k_fit per sub-block
+ * with w, 6-bit scales and mins against their maxima), then up to 8 rounds of (a) each
+ * sub-block's 6-bit scale and min moved within +-3 to the pair whose re-rounded quants give
+ * the least weighted error at the current fp16 d and dmin, and (b) d and dmin refitted by
+ * weighted least squares to the integer scales, mins and quants (rounded to fp16; dmin >= 0),
+ * stopping when a round no longer lowers the super-block's error. The best block seen is
+ * written. */
+static void quantize_q4_k_block_w(const float *x, const float *w, block_q4_K *b)
+{
+    enum { NSUB = QK_K / 32, R = 3, ROUNDS = 8 };
+    int ls[NSUB], lm[NSUB], bls[NSUB], blm[NSUB];
+    uint8_t L[QK_K], bL[QK_K], Lt[32];
+    float scales[NSUB], mins[NSUB], max_scale = 0.0f, max_min = 0.0f;
+    for (int j = 0; j < NSUB; j++) {
+        scales[j] = q4k_fit(x + 32 * j, w + 32 * j, L + 32 * j, &mins[j]);
+        if (scales[j] > max_scale) max_scale = scales[j];
+        if (mins[j] > max_min) max_min = mins[j];
+    }
+    float d = fp16_to_f32(f32_to_fp16(max_scale / 63.0f));
+    float dmin = fp16_to_f32(f32_to_fp16(max_min / 63.0f));
+    float inv_s = max_scale > 0 ? 63.0f / max_scale : 0.0f, inv_m = max_min > 0 ? 63.0f / max_min : 0.0f;
+    float best = 0.0f;
+    for (int j = 0; j < NSUB; j++) {
+        ls[j] = round_even(inv_s * scales[j]);
+        lm[j] = round_even(inv_m * mins[j]);
+        ls[j] = ls[j] > 63 ? 63 : ls[j];
+        lm[j] = lm[j] > 63 ? 63 : lm[j];
+        best += q4k_sub_err(x + 32 * j, w + 32 * j, d * (float)ls[j], dmin * (float)lm[j], L + 32 * j);
+    }
+    float bd = d, bdmin = dmin;
+    memcpy(bls, ls, sizeof ls);
+    memcpy(blm, lm, sizeof lm);
+    memcpy(bL, L, sizeof L);
+    for (int round = 0; round < ROUNDS; round++) {
+        float total = 0.0f;
+        for (int j = 0; j < NSUB; j++) { /* (a) */
+            const float *xs = x + 32 * j, *ws = w + 32 * j;
+            int s0 = ls[j], m0 = lm[j];
+            float e0 = q4k_sub_err(xs, ws, d * (float)s0, dmin * (float)m0, L + 32 * j);
+            for (int sc = s0 - R; sc <= s0 + R; sc++)
+                for (int mn = m0 - R; mn <= m0 + R; mn++) {
+                    if (sc < 0 || sc > 63 || mn < 0 || mn > 63 || (sc == s0 && mn == m0)) continue;
+                    float e = q4k_sub_err(xs, ws, d * (float)sc, dmin * (float)mn, Lt);
+                    if (e < e0) {
+                        e0 = e;
+                        ls[j] = sc;
+                        lm[j] = mn;
+                        memcpy(L + 32 * j, Lt, 32);
+                    }
+                }
+            total += e0;
+        }
+        if (round > 0 && !(total < best)) break;
+        if (total < best) {
+            best = total;
+            bd = d;
+            bdmin = dmin;
+            memcpy(bls, ls, sizeof ls);
+            memcpy(blm, lm, sizeof lm);
+            memcpy(bL, L, sizeof L);
+        }
+        /* (b) minimise sum w (d a - dmin c - x)^2 with a = ls L, c = lm */
+        double saa = 0, sac = 0, scc = 0, sax = 0, scx = 0;
+        for (int j = 0; j < NSUB; j++)
+            for (int l = 0; l < 32; l++) {
+                double wi = w[32 * j + l], a = (double)ls[j] * L[32 * j + l], c = lm[j];
+                double xi = x[32 * j + l];
+                saa += wi * a * a;
+                sac += wi * a * c;
+                scc += wi * c * c;
+                sax += wi * a * xi;
+                scx += wi * c * xi;
+            }
+        double det = saa * scc - sac * sac, nd, ndmin;
+        if (det > 1e-12 * saa * scc) {
+            nd = (sax * scc - scx * sac) / det;
+            ndmin = (sax * sac - saa * scx) / det;
+        } else {
+            nd = saa > 0 ? sax / saa : 0; /* no usable mins: scale alone */
+            ndmin = dmin;
+        }
+        if (ndmin < 0) { /* mins are offsets below zero: refit the scale alone at dmin 0 */
+            ndmin = 0;
+            nd = saa > 0 ? sax / saa : 0;
+        }
+        if (!(nd > 0)) break;
+        d = fp16_to_f32(f32_to_fp16((float)nd));
+        dmin = fp16_to_f32(f32_to_fp16((float)ndmin));
+    }
+    b->d = f32_to_fp16(bd);
+    b->dmin = f32_to_fp16(bdmin);
+    memset(b->scales, 0, sizeof b->scales);
+    for (int j = 0; j < NSUB; j++) {
+        if (j < 4) { /* the packing q4k_scale_min reads */
+            b->scales[j] = (uint8_t)bls[j];
+            b->scales[j + 4] = (uint8_t)blm[j];
+        } else {
+            b->scales[j + 4] = (uint8_t)((bls[j] & 15) | (blm[j] & 15) << 4);
+            b->scales[j - 4] |= (uint8_t)((bls[j] >> 4) << 6);
+            b->scales[j] |= (uint8_t)((blm[j] >> 4) << 6);
+        }
+    }
+    for (int c = 0; c < QK_K / 64; c++)
+        for (int l = 0; l < 32; l++)
+            b->qs[32 * c + l] = (uint8_t)(bL[64 * c + l] | bL[64 * c + 32 + l] << 4);
+}
+
+int mkmodel_quantize_row_weighted(int t, const float *x, const float *w, void *dst, int64_t n)
+{
+    int be = dtype_block_elems(t);
+    if (!dtype_supported(t) || be == 0 || n < 0 || n % be || !w) return -1;
+    for (int64_t j = 0; j < n; j++)
+        if (!(w[j] >= 0.0f) || isinf(w[j])) return -1;
+    if (t == DT_Q4_0) {
+        quantize_q4_0_w(x, w, dst, n);
+    } else if (t == DT_Q4_K) {
+        for (int64_t i = 0; i < n / QK_K; i++)
+            quantize_q4_k_block_w(x + i * QK_K, w + i * QK_K, (block_q4_K *)dst + i);
+    } else {
+        return mkmodel_quantize_row(t, x, dst, n);
+    }
+    return 0;
+}
+
 int mkmodel_quantize_row(int t, const float *x, void *dst, int64_t n)
 {
     int be = dtype_block_elems(t);
@@ -655,6 +852,8 @@ typedef struct {
     size_t src_row_bytes;
     float scale;         /* applied to the values (RMSNorm weights when padding), else 1 */
     float *scratch;      /* [max output ne0], shared */
+    float *imp;          /* [output ne0] quantisation weights (column importance), owned; NULL:
+                          * the reference quantiser */
 } ctensor_t;
 
 /* Output row `row`: the source row (dequantised, scaled, zero-extended), or zeros past the
@@ -676,6 +875,7 @@ static int convert_row(void *user, int64_t row, void *dst, size_t row_bytes)
         if (c->scale != 1.0f)
             for (int64_t j = 0; j < t->ne[0]; j++) x[j] *= c->scale;
     }
+    if (c->imp) return mkmodel_quantize_row_weighted(c->type, x, c->imp, dst, c->ne[0]);
     return mkmodel_quantize_row(c->type, x, dst, c->ne[0]);
 }
 
@@ -780,6 +980,146 @@ static int name_is(const char *name, const char *suffix)
     return strcmp(name, suffix) == 0;
 }
 
+/* ---------------------------------------------------------------- column importance */
+
+/* E[silu(a)^2] for a ~ N(0, v): trapezoid rule over +-8 standard deviations. */
+static double silu_sq_moment(double v)
+{
+    enum { STEPS = 512 };
+    if (!(v > 0)) return 0;
+    double sd = sqrt(v), h = 16.0 * sd / STEPS, sum = 0;
+    for (int k = 0; k <= STEPS; k++) {
+        double a = -8.0 * sd + h * k, si = a / (1.0 + exp(-a));
+        sum += (k == 0 || k == STEPS ? 0.5 : 1.0) * si * si * exp(-a * a / (2.0 * v));
+    }
+    return sum * h / sqrt(2.0 * M_PI * v);
+}
+
+/* Tensor "blk.<layer>.<suffix>" (layer < 0: "<suffix>"), or NULL. */
+static const gguf_tensor_t *find_layer_tensor(const gguf_t *g, int layer, const char *suffix)
+{
+    char name[160];
+    if (layer >= 0) snprintf(name, sizeof name, "blk.%d.%s", layer, suffix);
+    else snprintf(name, sizeof name, "%s", suffix);
+    return gguf_find_tensor(g, name);
+}
+
+/* The F32 values of 1-D tensor "blk.<layer>.<suffix>" of n elements, or NULL when absent or of
+ * another shape or type. Borrowed from g. */
+static const float *find_vec(const gguf_t *g, int layer, const char *suffix, int64_t n)
+{
+    const gguf_tensor_t *t = find_layer_tensor(g, layer, suffix);
+    return t && t->n_dims == 1 && t->ne[0] == n && t->type == DT_F32 ? t->data : NULL;
+}
+
+/* out[r] = sum_c W[r][c]^2 v[c] (+ bias[r]^2 when the tensor has one) for the rows of matrix
+ * "blk.<layer>.<suffix>.weight" with ne0 columns; *rows gets its row count. NULL when absent,
+ * of another width or type, or out of memory; the caller frees the result. */
+static double *rows_sq(const gguf_t *g, int layer, const char *suffix, const float *v, int64_t ne0,
+                       int64_t *rows)
+{
+    char name[160];
+    snprintf(name, sizeof name, "blk.%d.%s.weight", layer, suffix);
+    const gguf_tensor_t *t = gguf_find_tensor(g, name);
+    if (!t || t->n_dims != 2 || t->ne[0] != ne0 || !dtype_supported(t->type)) return NULL;
+    size_t rb = dtype_row_bytes(t->type, ne0);
+    double *out = calloc((size_t)t->ne[1], sizeof *out);
+    float *row = malloc(sizeof *row * (size_t)ne0);
+    if (!out || !row || !rb) goto fail;
+    snprintf(name, sizeof name, "%s.bias", suffix);
+    const float *bias = find_vec(g, layer, name, t->ne[1]);
+    for (int64_t r = 0; r < t->ne[1]; r++) {
+        dtype_dequant_row(t->type, (const char *)t->data + (size_t)r * rb, row, ne0);
+        double acc = bias ? (double)bias[r] * bias[r] : 0.0;
+        for (int64_t c = 0; c < ne0; c++) acc += (double)row[c] * row[c] * v[c];
+        out[r] = acc;
+    }
+    free(row);
+    *rows = t->ne[1];
+    return out;
+fail:
+    free(out);
+    free(row);
+    return NULL;
+}
+
+/* Column importance of matrix t (llama/qwen2 names): the expected square of each input lane,
+ * estimated from the model's own weights for a normalised residual stream of independent unit
+ * lanes: g[c]^2 for the matrices reading an RMSNorm (attn_q/k/v: attn_norm, ffn_gate/up:
+ * ffn_norm, output: output_norm); for ffn_down E[silu(a)^2] E[b^2] with E[a^2] and E[b^2] the
+ * squared norms of ffn_gate's and ffn_up's rows against ffn_norm^2; for attn_output the value
+ * lane's E[v^2] (attn_v's rows against attn_norm^2, plus its bias; an attention-weighted mean
+ * of values is taken to keep that scale), head h reading kv head h / (n_heads / n_kv_heads).
+ * Minimising sum_c imp[c] (dW[r][c])^2 minimises the expected squared error of each output.
+ * Returns a new array [out_ne0] (floored at 1e-4 of the mean, also past t's columns (padding):
+ * no value is free, zeros stay exactly zero), or NULL when t is not such a matrix or a tensor it needs is missing (the
+ * caller then uses the reference quantiser). n_heads: the model's head count (0: unknown). */
+static float *column_importance(const gguf_t *g, const gguf_tensor_t *t, int64_t n_heads,
+                                int64_t out_ne0)
+{
+    const char *nm = t->name;
+    int layer = -1;
+    if (strncmp(nm, "blk.", 4) == 0) layer = atoi(nm + 4);
+    int64_t ne0 = t->ne[0], na = 0, nb = 0;
+    double *va = NULL, *vb = NULL;
+    float *g2 = NULL, *imp = NULL;
+    const char *norm = NULL;
+    if (name_is(nm, "attn_q.weight") || name_is(nm, "attn_k.weight") ||
+        name_is(nm, "attn_v.weight") || name_is(nm, "attn_output.weight"))
+        norm = "attn_norm.weight";
+    else if (name_is(nm, "ffn_gate.weight") || name_is(nm, "ffn_up.weight") ||
+             name_is(nm, "ffn_down.weight"))
+        norm = "ffn_norm.weight";
+    else if (!strcmp(nm, "output.weight"))
+        norm = "output_norm.weight";
+    if (!norm || (norm[0] != 'o' && layer < 0) || out_ne0 < ne0) return NULL;
+    const float *gn = NULL;
+    int64_t dim = 0;
+    const gguf_tensor_t *nt = find_layer_tensor(g, layer, norm);
+    if (!nt || nt->n_dims != 1) return NULL;
+    dim = nt->ne[0];
+    gn = find_vec(g, layer, norm, dim);
+    if (!gn || !(g2 = malloc(sizeof *g2 * (size_t)dim)) ||
+        !(imp = calloc((size_t)out_ne0, sizeof *imp)))
+        goto fail;
+    for (int64_t c = 0; c < dim; c++) g2[c] = gn[c] * gn[c];
+    if (name_is(nm, "ffn_down.weight")) {
+        va = rows_sq(g, layer, "ffn_gate", g2, dim, &na);
+        vb = rows_sq(g, layer, "ffn_up", g2, dim, &nb);
+        if (!va || !vb || na != ne0 || nb != ne0) goto fail;
+        for (int64_t f = 0; f < ne0; f++) imp[f] = (float)(silu_sq_moment(va[f]) * vb[f]);
+    } else if (name_is(nm, "attn_output.weight")) {
+        va = rows_sq(g, layer, "attn_v", g2, dim, &na);
+        if (!va || n_heads <= 0 || ne0 % n_heads) goto fail;
+        int64_t hd = ne0 / n_heads;
+        if (na % hd || na / hd <= 0 || n_heads % (na / hd)) goto fail;
+        int64_t group = n_heads / (na / hd);
+        for (int64_t c = 0; c < ne0; c++) imp[c] = (float)va[(c / hd / group) * hd + c % hd];
+    } else {
+        if (dim != ne0) goto fail;
+        for (int64_t c = 0; c < ne0; c++) imp[c] = g2[c];
+    }
+    double mean = 0;
+    for (int64_t c = 0; c < ne0; c++) {
+        if (!(imp[c] >= 0.0f) || isinf(imp[c])) goto fail;
+        mean += imp[c];
+    }
+    mean /= (double)ne0;
+    if (!(mean > 0)) goto fail;
+    for (int64_t c = 0; c < out_ne0; c++)
+        if (!(imp[c] >= 1e-4 * mean)) imp[c] = (float)(1e-4 * mean);
+    free(va);
+    free(vb);
+    free(g2);
+    return imp;
+fail:
+    free(va);
+    free(vb);
+    free(g2);
+    free(imp);
+    return NULL;
+}
+
 int mkmodel_convert(const char *src, const char *dst, const mkmodel_convert_t *c, FILE *log,
                     char *errstr, size_t errlen)
 {
@@ -789,6 +1129,8 @@ int mkmodel_convert(const char *src, const char *dst, const mkmodel_convert_t *c
                       dtype_name(c->dtype), DTYPE_SUPPORTED_LIST);
     if (c->pad < 0 || c->pad > 65536)
         return seterr(errstr, errlen, "mkmodel: pad %d not in 0..65536", c->pad);
+    if (c->quant != MKMODEL_QUANT_IMPORTANCE && c->quant != MKMODEL_QUANT_GGML)
+        return seterr(errstr, errlen, "mkmodel: unknown quantiser %d", c->quant);
     int rc = -1;
     gguf_writer_t *w = NULL;
     ctensor_t *ct = NULL;
@@ -809,6 +1151,12 @@ int mkmodel_convert(const char *src, const char *dst, const mkmodel_convert_t *c
             memcpy(arch, a.ptr, a.len);
             arch[a.len] = 0;
         }
+    }
+    int64_t n_heads_any = 0;
+    {
+        char k_h[96];
+        snprintf(k_h, sizeof k_h, "%s.attention.head_count", arch);
+        if (gguf_get_i64(g, k_h, &n_heads_any)) n_heads_any = 0;
     }
     /* Padding: the hyper-parameters it changes. */
     int64_t dim = 0, ffn = 0, n_heads = 0, head_dim = 0, dim2 = 0, ffn2 = 0;
@@ -875,7 +1223,7 @@ int mkmodel_convert(const char *src, const char *dst, const mkmodel_convert_t *c
     }
 
     /* Tensors, in the source's order. */
-    int64_t max_ne0 = 1, n_conv = 0, n_fallback = 0;
+    int64_t max_ne0 = 1, n_conv = 0, n_fallback = 0, n_imp = 0;
     for (int64_t i = 0; i < nt; i++) {
         const gguf_tensor_t *t = gguf_tensor(g, i);
         ctensor_t *x = &ct[i];
@@ -937,6 +1285,20 @@ int mkmodel_convert(const char *src, const char *dst, const mkmodel_convert_t *c
                             dtype_name(x->type));
             }
         }
+        if (n_dims == 2 && c->quant == MKMODEL_QUANT_IMPORTANCE && x->type != t->type &&
+            (x->type == DT_Q4_0 || x->type == DT_Q4_K)) {
+            x->imp = column_importance(g, t, n_heads_any, x->ne[0]);
+            if (!x->imp) { /* no estimate for this matrix: every column alike */
+                x->imp = malloc(sizeof *x->imp * (size_t)x->ne[0]);
+                if (!x->imp) {
+                    seterr(errstr, errlen, "mkmodel: out of memory");
+                    goto fail;
+                }
+                for (int64_t j = 0; j < x->ne[0]; j++) x->imp[j] = 1.0f;
+            } else {
+                n_imp++;
+            }
+        }
         if (x->ne[0] > max_ne0) max_ne0 = x->ne[0];
         int64_t ne[GGUF_MAX_DIMS] = {x->ne[0], 1, 1, 1};
         if (n_dims == 2 && x->ne[1] != x->src_rows) {
@@ -961,12 +1323,14 @@ int mkmodel_convert(const char *src, const char *dst, const mkmodel_convert_t *c
     }
     if (log)
         fprintf(log, "mkmodel: %s -> %s: %lld of %lld tensors are matrices re-rounded to %s, %lld "
-                "of them fell back%s\n", src, dst, (long long)n_conv, (long long)nt,
-                dtype_name(c->dtype), (long long)n_fallback,
-                c->pad ? " (dimensions padded)" : "");
+                "of them fell back%s; quantiser %s (%lld matrices with estimated input lanes)\n",
+                src, dst, (long long)n_conv, (long long)nt, dtype_name(c->dtype),
+                (long long)n_fallback, c->pad ? " (dimensions padded)" : "",
+                c->quant == MKMODEL_QUANT_IMPORTANCE ? "importance" : "ggml", (long long)n_imp);
     rc = 0;
 fail:
     gguf_writer_free(w);
+    for (int64_t i = 0; ct && i < nt; i++) free(ct[i].imp);
     free(ct);
     free(scratch);
     gguf_close(g);
