@@ -208,6 +208,16 @@ int producer_txn_commit(producer_t *p, const rd_kafka_topic_partition_list_t *of
 {
     int64_t end = now_ms() + timeout_ms;
     int sent = offsets == NULL || offsets->cnt == 0;
+    /* Flush before sending the offsets, so no ProduceRequest is in flight while they go out.
+     * librdkafka (2.0.2, and still upstream) leaks the request of send_offsets_to_transaction (an
+     * op with its copies of offsets and cgmd) when the producer is destroyed while its
+     * TxnOffsetCommit is in flight: the response handler returns on ERR__DESTROY without freeing
+     * it. A fatal produce error arriving meanwhile (INVALID_PRODUCER_EPOCH) made the call return
+     * at once with that request still in flight, and the worker, stopping on the error, then
+     * destroyed the producer (LeakSanitizer, test_worker_txn_mock eos_fatal_produce). After a
+     * flush such an error surfaces before the request exists, and the call returns only once its
+     * request is done. commit_transaction flushes anyway; a timeout here is reported by it. */
+    if (!sent) rd_kafka_flush(p->rk, timeout_ms);
     for (;;) {
         int left = (int)(end - now_ms());
         if (left < 1) left = 1;
