@@ -75,7 +75,8 @@ void consumer_close(consumer_t *c);
  * and destroys it with rd_kafka_message_destroy. Messages with m->err set are returned too
  * (the caller logs them; they are not tracked). */
 rd_kafka_message_t *consumer_poll(consumer_t *c, int timeout_ms);
-/* Makes a blocked consumer_poll return early. Any thread. */
+/* Makes a blocked consumer_poll return early. Any thread. A no-op once consumer_leave has begun
+ * (a wake-up then would cut librdkafka's close short, and rd_kafka_destroy would hang). */
 void consumer_wake(consumer_t *c);
 
 /* A tracked message: enough to find it again after its partition state may have been dropped. */

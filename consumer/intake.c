@@ -2,6 +2,7 @@
  * per-partition offset tracker (see consumer.h for the contract).
  *
  * Threads: everything here runs on the polling thread except consumer_wake. */
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,6 +38,11 @@ struct consumer {
     int held;
     int pending;             /* unacked entries over all partitions */
     int left;                /* consumer_leave done */
+    /* consumer_wake against consumer_leave: leave sets closing under it before librdkafka's
+     * close starts, wake yields under it only while closing is 0 (see consumer_wake) */
+    pthread_mutex_t wake_mu;
+    int closing;             /* under wake_mu */
+    int wake_mu_ok;          /* wake_mu initialised (consumer_new's cleanup) */
     /* Background commits are held from a (cooperative) revocation until the rebalance that
      * follows it ends: librdkafka 2.0 declares the whole assignment lost when an offset commit
      * is answered ILLEGAL_GENERATION because the re-join that follows a revocation bumped the
@@ -337,6 +343,11 @@ consumer_t *consumer_new(const consumer_config_t *cfg, const consumer_hooks_t *h
         snprintf(errstr, errlen, "out of memory");
         goto fail;
     }
+    if (pthread_mutex_init(&c->wake_mu, NULL)) {
+        snprintf(errstr, errlen, "cannot create a mutex");
+        goto fail;
+    }
+    c->wake_mu_ok = 1;
     c->hooks = *hooks;
     c->commit_offsets = cfg->commit_offsets;
     static const char *const defaults[][2] = {
@@ -399,6 +410,7 @@ fail:
     if (c) {
         if (c->q) rd_kafka_queue_destroy(c->q);
         if (c->rk) rd_kafka_destroy(c->rk);
+        if (c->wake_mu_ok) pthread_mutex_destroy(&c->wake_mu);
         free(c);
     }
     return NULL;
@@ -408,6 +420,9 @@ void consumer_leave(consumer_t *c)
 {
     if (c->left) return;
     c->left = 1;
+    pthread_mutex_lock(&c->wake_mu);
+    c->closing = 1; /* from here on consumer_wake does nothing */
+    pthread_mutex_unlock(&c->wake_mu);
     if (c->commit_offsets) consumer_commit(c, 0);
     rd_kafka_resp_err_t err = rd_kafka_consumer_close(c->rk); /* revokes: drops what is left */
     if (err) logf_(c, 1, "consumer close: %s", rd_kafka_err2str(err));
@@ -422,6 +437,7 @@ void consumer_close(consumer_t *c)
     free(c->parts);
     free(c->held_topic);
     rd_kafka_destroy(c->rk);
+    pthread_mutex_destroy(&c->wake_mu);
     free(c);
 }
 
@@ -430,7 +446,17 @@ rd_kafka_message_t *consumer_poll(consumer_t *c, int timeout_ms)
     return rd_kafka_consumer_poll(c->rk, timeout_ms);
 }
 
-void consumer_wake(consumer_t *c) { rd_kafka_queue_yield(c->q); }
+/* Not once consumer_leave has begun: rd_kafka_consumer_close forwards the consumer queue to a
+ * queue of its own and waits on it for the close to finish; a yield reaches that queue and ends
+ * the wait early (close returns ERR__TIMED_OUT), the revocation posted there is never served,
+ * and rd_kafka_destroy then waits for the group to terminate forever. The engine thread wakes
+ * the poll thread for every output, also while a fatal error makes it leave the group. */
+void consumer_wake(consumer_t *c)
+{
+    pthread_mutex_lock(&c->wake_mu);
+    if (!c->closing) rd_kafka_queue_yield(c->q);
+    pthread_mutex_unlock(&c->wake_mu);
+}
 
 /* ---- tracking ---- */
 
