@@ -7,6 +7,7 @@
 #include "engine/dtype.h"
 
 void attn_tile_avx512(const attn_args_t *a);
+void attn_tile_avx2(const attn_args_t *a);
 
 static const float *row(const attn_args_t *a, int blk, size_t off, int i, float *stage)
 {
@@ -67,6 +68,7 @@ attn_fn attn_get(const char *kernels_name)
 {
 #if defined(__x86_64__)
     if (kernels_name && strcmp(kernels_name, "avx512") == 0) return attn_tile_avx512;
+    if (kernels_name && strcmp(kernels_name, "avx2") == 0) return attn_tile_avx2;
 #endif
     return attn_tile_c;
 }

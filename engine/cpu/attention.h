@@ -32,7 +32,8 @@ typedef struct {
 
 typedef void (*attn_fn)(const attn_args_t *a);
 
-/* Best implementation for this CPU ("avx512" when the kernels are, else portable C). */
+/* Best implementation for the kernels chosen: "avx512", "avx2" (AVX2 + FMA + F16C), else
+ * portable C. */
 attn_fn attn_get(const char *kernels_name);
 
 #endif
