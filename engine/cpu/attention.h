@@ -32,6 +32,15 @@ typedef struct {
 
 typedef void (*attn_fn)(const attn_args_t *a);
 
+/* Queries qi.. with the same position as qi, at most max (the ISA tiles share one pass over a
+ * key block among them). */
+static inline int attn_same_pos_run(const attn_args_t *a, int qi, int max)
+{
+    int g = 1;
+    while (g < max && qi + g < a->nq && a->qpos[qi + g] == a->qpos[qi]) g++;
+    return g;
+}
+
 /* Best implementation for the kernels chosen: "avx512", "avx2" (AVX2 + FMA + F16C), else
  * portable C. */
 attn_fn attn_get(const char *kernels_name);

@@ -189,14 +189,6 @@ AI void vacc_group(const attn_args_t *a, int qi, int G, int NV, int e0, const fl
         for (int v = 0; v < NV; v++) _mm256_storeu_ps(a->out[qi + g] + e0 + 8 * v, acc[g][v]);
 }
 
-/* Queries qi.. with the same position as qi, at most max. */
-static inline int same_pos_run(const attn_args_t *a, int qi, int max)
-{
-    int g = 1;
-    while (g < max && qi + g < a->nq && a->qpos[qi + g] == a->qpos[qi]) g++;
-    return g;
-}
-
 /* V sum of queries [qi, qi + G) over rows [0, lim) of one block, 64 output elements (NV 8) at a
  * time, G capped so that accumulators fit the 16 registers. */
 static void vacc_rows(const attn_args_t *a, int qi, int G, const float *V, size_t st,
@@ -241,7 +233,7 @@ void attn_tile_avx2(const attn_args_t *a)
         int cnt = a->n_ctx - j0 < B ? a->n_ctx - j0 : B;
         stage_kt(a, a->blocks[j0 / B], cnt, a->stage, ldk);
         for (int qi = 0; qi < a->nq;) {
-            int G = same_pos_run(a, qi, 4);
+            int G = attn_same_pos_run(a, qi, 4);
             int lim = a->qpos[qi] + 1 - j0;
             if (lim > cnt) lim = cnt;
             for (int i0 = 0; i0 < lim; i0 += 8) {
@@ -296,7 +288,7 @@ void attn_tile_avx2(const attn_args_t *a)
             V = block_rows(a, a->blocks[j0 / B], a->v_off, cnt, &st);
         }
         for (int qi = 0; qi < a->nq;) {
-            int G = same_pos_run(a, qi, 4);
+            int G = attn_same_pos_run(a, qi, 4);
             int lim = a->qpos[qi] + 1 - j0;
             if (lim > cnt) lim = cnt;
             if (lim > 0) {

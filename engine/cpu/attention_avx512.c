@@ -180,14 +180,6 @@ static inline __attribute__((always_inline)) void vacc_group(const attn_args_t *
         for (int v = 0; v < NV; v++) _mm512_storeu_ps(a->out[qi + g] + 16 * v, acc[g][v]);
 }
 
-/* Queries qi.. with the same position as qi, at most max. */
-static inline int same_pos_run(const attn_args_t *a, int qi, int max)
-{
-    int g = 1;
-    while (g < max && qi + g < a->nq && a->qpos[qi + g] == a->qpos[qi]) g++;
-    return g;
-}
-
 void attn_tile_avx512(const attn_args_t *a)
 {
     const int B = a->block_tokens, hd = a->hd, nv = hd / 16;
@@ -200,7 +192,7 @@ void attn_tile_avx512(const attn_args_t *a)
         int cnt = a->n_ctx - j0 < B ? a->n_ctx - j0 : B;
         stage_kt(a, a->blocks[j0 / B], cnt, a->stage, ldk);
         for (int qi = 0; qi < a->nq;) {
-            int G = same_pos_run(a, qi, 4);
+            int G = attn_same_pos_run(a, qi, 4);
             int lim = a->qpos[qi] + 1 - j0;
             if (lim > cnt) lim = cnt;
             for (int i0 = 0; i0 < lim; i0 += 16) {
@@ -253,7 +245,7 @@ void attn_tile_avx512(const attn_args_t *a)
             V = block_rows(a, a->blocks[j0 / B], a->v_off, cnt, &st);
         }
         for (int qi = 0; qi < a->nq;) {
-            int G = same_pos_run(a, qi, nv > 4 ? 2 : 4);
+            int G = attn_same_pos_run(a, qi, nv > 4 ? 2 : 4);
             int lim = a->qpos[qi] + 1 - j0;
             if (lim > cnt) lim = cnt;
             if (lim > 0) {

@@ -140,6 +140,18 @@ AI size_t elem_off(const int dt, int64_t k)
     }
 }
 
+/* acc[r][c] += w[r] * x[c * ldx .. + 8) for r < R, c < C (x at the step's first element). */
+AI void fma_step(const int R, const int C, const __m256 *w, const float *x, int64_t ldx,
+                 __m256 acc[][TILE_C])
+{
+#pragma GCC unroll 8
+    for (int c = 0; c < C; c++) {
+        __m256 xv = _mm256_loadu_ps(x + c * ldx);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) acc[r][c] = _mm256_fmadd_ps(w[r], xv, acc[r][c]);
+    }
+}
+
 /* y[c * ldy + r] for r < R, c < C over all of K; pfd: prefetch distance in bytes (0: none). */
 AI void tile(const int dt, const int R, const int C, const char *W, size_t wrb, int64_t K,
              const float *x, int64_t ldx, float *y, int64_t ldy, size_t pfd)
@@ -170,12 +182,7 @@ AI void tile(const int dt, const int R, const int C, const char *W, size_t wrb, 
                 for (int r = 0; r < R; r++)
                     w[r] = q4_w8(dt, W + (size_t)r * wrb, k, h, _mm256_set1_ps(d[r]),
                                  _mm256_set1_ps(m[r]), sh[r]);
-#pragma GCC unroll 8
-                for (int c = 0; c < C; c++) {
-                    __m256 xv = _mm256_loadu_ps(x + c * ldx + k + h);
-#pragma GCC unroll 8
-                    for (int r = 0; r < R; r++) acc[r][c] = _mm256_fmadd_ps(w[r], xv, acc[r][c]);
-                }
+                fma_step(R, C, w, x + k + h, ldx, acc);
             }
         }
     }
@@ -201,12 +208,7 @@ AI void tile(const int dt, const int R, const int C, const char *W, size_t wrb, 
                     __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q));
                     w[r] = _mm256_mul_ps(_mm256_cvtepi32_ps(v), _mm256_set1_ps(d[r]));
                 }
-#pragma GCC unroll 8
-                for (int c = 0; c < C; c++) {
-                    __m256 xv = _mm256_loadu_ps(x + c * ldx + k + h);
-#pragma GCC unroll 8
-                    for (int r = 0; r < R; r++) acc[r][c] = _mm256_fmadd_ps(w[r], xv, acc[r][c]);
-                }
+                fma_step(R, C, w, x + k + h, ldx, acc);
             }
         }
     }
@@ -219,12 +221,7 @@ AI void tile(const int dt, const int R, const int C, const char *W, size_t wrb, 
         }
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) w[r] = w_load(dt, W + (size_t)r * wrb, k);
-#pragma GCC unroll 8
-        for (int c = 0; c < C; c++) {
-            __m256 xv = _mm256_loadu_ps(x + c * ldx + k);
-#pragma GCC unroll 8
-            for (int r = 0; r < R; r++) acc[r][c] = _mm256_fmadd_ps(w[r], xv, acc[r][c]);
-        }
+        fma_step(R, C, w, x + k, ldx, acc);
     }
     if (!kern_wtype_blocked(dt) && k < K) { /* block types: K is a multiple of 32 */
         int n = (int)(K - k);
