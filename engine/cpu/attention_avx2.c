@@ -1,7 +1,8 @@
 /* engine/cpu/attention_avx2.c: AVX2 + FMA + F16C attention tile (see attention.h). Called only
  * when the AVX2 kernels are chosen (dispatch in attention.c). The same structure as the AVX-512
  * tile, 8 lanes wide: K blocks transposed 8 x 8 in registers (head dimensions that are multiples
- * of 8) so that scores are summed over e in order without horizontal reductions; the softmax in
+ * of 8) so that scores are summed over e in order without horizontal reductions, up to 4 chunks
+ * of 8 keys per pass (one query's chain of FMAs alone would wait on their latency); the softmax in
  * 8-wide chunks; the V sum register-blocked over up to 64 output elements at a time, F16 V rows
  * widened in registers. Every output element gets the same sequence of operations whatever the
  * other queries of the tile (batch invariance). */
@@ -137,28 +138,39 @@ static const float *block_rows(const attn_args_t *a, int blk, size_t off, int cn
     return a->stage;
 }
 
-/* Scores of G queries (same position) against 8 transposed keys at column i0 (m of them
- * valid): one accumulator per query, summed over e in order (the same sequence for G = 1..4). */
-AI void score_group(const attn_args_t *a, int qi, int G, int ldk, int i0, int j0, int m)
+/* Scores of G queries (same position) against NI chunks of 8 transposed keys from column i0
+ * (lim - i0 of them valid): one accumulator per query and chunk, each summed over e in order
+ * (the same sequence for any G and NI; several chunks at once only hide the FMA latency). */
+AI void score_group(const attn_args_t *a, int qi, int G, int NI, int ldk, int i0, int j0, int lim)
 {
-    __m256 acc[4];
+    __m256 acc[4][4];
     const float *q[4];
 #pragma GCC unroll 4
     for (int g = 0; g < G; g++) {
-        acc[g] = _mm256_setzero_ps();
         q[g] = a->q[qi + g];
+#pragma GCC unroll 4
+        for (int n = 0; n < NI; n++) acc[g][n] = _mm256_setzero_ps();
     }
     const float *kt = a->stage + i0;
     for (int e = 0; e < a->hd; e++) {
-        __m256 k = _mm256_loadu_ps(kt + (size_t)e * ldk);
+        __m256 k[4];
 #pragma GCC unroll 4
-        for (int g = 0; g < G; g++) acc[g] = _mm256_fmadd_ps(_mm256_set1_ps(q[g][e]), k, acc[g]);
+        for (int n = 0; n < NI; n++) k[n] = _mm256_loadu_ps(kt + (size_t)e * ldk + 8 * n);
+#pragma GCC unroll 4
+        for (int g = 0; g < G; g++) {
+            __m256 qe = _mm256_set1_ps(q[g][e]);
+#pragma GCC unroll 4
+            for (int n = 0; n < NI; n++) acc[g][n] = _mm256_fmadd_ps(qe, k[n], acc[g][n]);
+        }
     }
-    const __m256i mask = tail_mask(m);
 #pragma GCC unroll 4
-    for (int g = 0; g < G; g++)
-        _mm256_maskstore_ps(a->scores + (size_t)(qi + g) * a->n_ctx + j0 + i0, mask,
-                            _mm256_mul_ps(acc[g], _mm256_set1_ps(a->scale)));
+    for (int n = 0; n < NI; n++) {
+        const __m256i mask = tail_mask(lim - i0 - 8 * n);
+#pragma GCC unroll 4
+        for (int g = 0; g < G; g++)
+            _mm256_maskstore_ps(a->scores + (size_t)(qi + g) * a->n_ctx + j0 + i0 + 8 * n, mask,
+                                _mm256_mul_ps(acc[g][n], _mm256_set1_ps(a->scale)));
+    }
 }
 
 /* out[q][e0 .. e0 + 8 NV) += sum_i p[q][i] * V[i][e0 ..] for G queries (same position), rows in
@@ -236,14 +248,24 @@ void attn_tile_avx2(const attn_args_t *a)
             int G = attn_same_pos_run(a, qi, 4);
             int lim = a->qpos[qi] + 1 - j0;
             if (lim > cnt) lim = cnt;
-            for (int i0 = 0; i0 < lim; i0 += 8) {
-                int m = lim - i0 < 8 ? lim - i0 : 8;
-                switch (G) {
-                case 4: score_group(a, qi, 4, ldk, i0, j0, m); break;
-                case 3: score_group(a, qi, 3, ldk, i0, j0, m); break;
-                case 2: score_group(a, qi, 2, ldk, i0, j0, m); break;
-                default: score_group(a, qi, 1, ldk, i0, j0, m); break;
+            /* up to 4 chunks of 8 keys at once for 1-2 queries, 2 for 3-4 (<= 8 accumulators) */
+            for (int i0 = 0; i0 < lim;) {
+                int left = (lim - i0 + 7) / 8, ni = G <= 2 ? (left < 4 ? left : 4) : (left < 2 ? left : 2);
+                switch (G * 8 + ni) {
+                case 4 * 8 + 2: score_group(a, qi, 4, 2, ldk, i0, j0, lim); break;
+                case 4 * 8 + 1: score_group(a, qi, 4, 1, ldk, i0, j0, lim); break;
+                case 3 * 8 + 2: score_group(a, qi, 3, 2, ldk, i0, j0, lim); break;
+                case 3 * 8 + 1: score_group(a, qi, 3, 1, ldk, i0, j0, lim); break;
+                case 2 * 8 + 4: score_group(a, qi, 2, 4, ldk, i0, j0, lim); break;
+                case 2 * 8 + 3: score_group(a, qi, 2, 3, ldk, i0, j0, lim); break;
+                case 2 * 8 + 2: score_group(a, qi, 2, 2, ldk, i0, j0, lim); break;
+                case 2 * 8 + 1: score_group(a, qi, 2, 1, ldk, i0, j0, lim); break;
+                case 1 * 8 + 4: score_group(a, qi, 1, 4, ldk, i0, j0, lim); break;
+                case 1 * 8 + 3: score_group(a, qi, 1, 3, ldk, i0, j0, lim); break;
+                case 1 * 8 + 2: score_group(a, qi, 1, 2, ldk, i0, j0, lim); break;
+                default: score_group(a, qi, 1, 1, ldk, i0, j0, lim); break;
                 }
+                i0 += 8 * ni;
             }
             qi += G;
         }
