@@ -467,7 +467,7 @@ static void mm_q4_0(const char *W, size_t wrb, int64_t K, const float *x, int64_
  * acc = fma(float(lanes), d * dx, acc) in 16 lanes, accm = fma(float(m . bsum pairs), dmin * dx,
  * accm) in 4 lanes; y = hsum1(acc) - (accm reduced ((0 + 2) + (1 + 3))). */
 
-#define Q4K_TOK 4 /* tokens per tile */
+#define Q4K_TOK 8 /* tokens per tile */
 
 /* Row `row` (nsb super-blocks) against C tokens of xq (token stride nsb); y[c * ldy]. */
 AI void q4k_tile(const int C, const block_q4_K *row, int64_t nsb, const kern_q8k_t *xq,
@@ -477,7 +477,7 @@ AI void q4k_tile(const int C, const block_q4_K *row, int64_t nsb, const kern_q8k
     const __m512i shv = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
     __m512 acc[Q4K_TOK];
     __m128 accm[Q4K_TOK];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int c = 0; c < C; c++) {
         acc[c] = _mm512_setzero_ps();
         accm[c] = _mm_setzero_ps();
@@ -505,7 +505,7 @@ AI void q4k_tile(const int C, const block_q4_K *row, int64_t nsb, const kern_q8k
             Q[j] = _mm512_and_si512(_mm512_srlv_epi16(v, shv), m4);
         }
         const float dw = _cvtsh_ss(b->d), dmw = _cvtsh_ss(b->dmin);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int c = 0; c < C; c++) {
             const kern_q8k_t *xb = xq + c * nsb + s;
             __m512i isum = _mm512_setzero_si512();
@@ -520,7 +520,7 @@ AI void q4k_tile(const int C, const block_q4_K *row, int64_t nsb, const kern_q8k
             accm[c] = _mm_fmadd_ps(_mm_cvtepi32_ps(ms), _mm_set1_ps(dm), accm[c]);
         }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int c = 0; c < C; c++) {
         __m128 h = _mm_add_ps(accm[c], _mm_movehl_ps(accm[c], accm[c])); /* (0+2), (1+3) */
         float m = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
@@ -583,7 +583,11 @@ static void q4k_rows(const char *W, size_t wrb, int64_t nsb, const kern_q8k_t *x
                 case 1: q4k_tile(1, row, nsb, xt, yt + o, ldy, pfd); break;
                 case 2: q4k_tile(2, row, nsb, xt, yt + o, ldy, pfd); break;
                 case 3: q4k_tile(3, row, nsb, xt, yt + o, ldy, pfd); break;
-                default: q4k_tile(4, row, nsb, xt, yt + o, ldy, pfd); break;
+                case 4: q4k_tile(4, row, nsb, xt, yt + o, ldy, pfd); break;
+                case 5: q4k_tile(5, row, nsb, xt, yt + o, ldy, pfd); break;
+                case 6: q4k_tile(6, row, nsb, xt, yt + o, ldy, pfd); break;
+                case 7: q4k_tile(7, row, nsb, xt, yt + o, ldy, pfd); break;
+                default: q4k_tile(8, row, nsb, xt, yt + o, ldy, pfd); break;
                 }
             }
         }
