@@ -33,8 +33,8 @@
 
 static const int WTYPES[] = {DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0, DT_Q4_K};
 #define N_WTYPES 6
-static const char *const ISAS[] = {"scalar", "avx2", "avx512"};
-#define N_ISAS 3
+static const char *const ISAS[] = {"scalar", "avx2", "avx512", "avx512-vnni"};
+#define N_ISAS 4
 
 /* xorshift64*: deterministic test data */
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
@@ -265,6 +265,29 @@ static void test_batch_invariance(const kern_table_t *kt, int t, int64_t K, int 
     free(x);
     free(alone);
     free(y);
+}
+
+/* Two tables give bit-identical matmuls, for every tile shape up to T = 20. */
+static void test_same_bits(const kern_table_t *a, const kern_table_t *b, int t)
+{
+    const int64_t N = 19, K = t == DT_Q4_K ? 768 : 576;
+    const int maxT = 20;
+    size_t rb;
+    void *W = make_weights(t, N, K, &rb);
+    float *x = make_vec(K * maxT);
+    float *ya = malloc((size_t)(N * maxT) * sizeof(float));
+    float *yb = malloc((size_t)(N * maxT) * sizeof(float));
+    int bad = 0;
+    for (int T = 1; T <= maxT; T++) {
+        CHECK(a->matmul(t, W, rb, K, x, K, ya, N, T, 0, N) == 0);
+        CHECK(b->matmul(t, W, rb, K, x, K, yb, N, T, 0, N) == 0);
+        if (memcmp(ya, yb, (size_t)(N * T) * sizeof(float)) != 0) bad++;
+    }
+    CHECKF(bad == 0, "%s vs %s %s: %d batch sizes differ", a->name, b->name, dtype_name(t), bad);
+    free(W);
+    free(x);
+    free(ya);
+    free(yb);
 }
 
 /* Two ISAs agree within the sum of their bounds. */
@@ -640,6 +663,8 @@ int main(void)
                 if (blk_of(t) == 1) test_isa_cross(tabs[i], tabs[j], t, 100);
             }
         }
+    if (tabs[2] && tabs[3]) /* VNNI changes instructions, not values */
+        for (int wi = 0; wi < N_WTYPES; wi++) test_same_bits(tabs[2], tabs[3], WTYPES[wi]);
     test_dequant_reference();
     test_q8k_quantize();
     test_threadpool();

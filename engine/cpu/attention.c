@@ -67,7 +67,7 @@ static void attn_tile_c(const attn_args_t *a)
 attn_fn attn_get(const char *kernels_name)
 {
 #if defined(__x86_64__)
-    if (kernels_name && strcmp(kernels_name, "avx512") == 0) return attn_tile_avx512;
+    if (kernels_name && strncmp(kernels_name, "avx512", 6) == 0) return attn_tile_avx512;
     if (kernels_name && strcmp(kernels_name, "avx2") == 0) return attn_tile_avx2;
 #endif
     return attn_tile_c;

@@ -307,11 +307,16 @@ const kern_table_t *kern_get(const char *force)
 {
 #ifdef KERN_HAVE_X86
     if (!force) {
-        if (cpu_has_avx512()) return &kern_table_avx512;
+        if (cpu_has_avx512())
+            return __builtin_cpu_supports("avx512vnni") ? &kern_table_avx512_vnni
+                                                         : &kern_table_avx512;
         if (cpu_has_avx2()) return &kern_table_avx2;
         return &kern_table_scalar;
     }
     if (strcmp(force, "avx512") == 0) return cpu_has_avx512() ? &kern_table_avx512 : NULL;
+    if (strcmp(force, "avx512-vnni") == 0)
+        return cpu_has_avx512() && __builtin_cpu_supports("avx512vnni") ? &kern_table_avx512_vnni
+                                                                        : NULL;
     if (strcmp(force, "avx2") == 0) return cpu_has_avx2() ? &kern_table_avx2 : NULL;
 #else
     if (!force) return &kern_table_scalar;

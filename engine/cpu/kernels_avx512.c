@@ -469,8 +469,20 @@ static void mm_q4_0(const char *W, size_t wrb, int64_t K, const float *x, int64_
 
 #define Q4K_TOK 8 /* tokens per tile */
 
+/* acc + the pairwise products of the int16 lanes of p and s, summed in pairs into int32 lanes:
+ * vpmaddwd + vpaddd, or with vnni the one AVX512-VNNI vpdpwssd (the same exact integers; inline
+ * assembly, so this file needs no VNNI target; called with vnni only where the CPU has it). */
+AI __m512i madd_acc(const int vnni, __m512i acc, __m512i p, __m512i s)
+{
+    if (vnni) {
+        __asm__("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(p), "v"(s));
+        return acc;
+    }
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(p, s));
+}
+
 /* Row `row` (nsb super-blocks) against C tokens of xq (token stride nsb); y[c * ldy]. */
-AI void q4k_tile(const int C, const block_q4_K *row, int64_t nsb, const kern_q8k_t *xq,
+AI void q4k_tile(const int vnni, const int C, const block_q4_K *row, int64_t nsb, const kern_q8k_t *xq,
                  float *y, int64_t ldy, size_t pfd)
 {
     const __m512i m4 = _mm512_set1_epi8(0x0f);
@@ -512,7 +524,7 @@ AI void q4k_tile(const int C, const block_q4_K *row, int64_t nsb, const kern_q8k
 #pragma GCC unroll 4
             for (int j = 0; j < 4; j++) {
                 __m512i p = _mm512_maddubs_epi16(Q[j], _mm512_loadu_si512(xb->q + 64 * j));
-                isum = _mm512_add_epi32(isum, _mm512_madd_epi16(p, S[j]));
+                isum = madd_acc(vnni, isum, p, S[j]);
             }
             __m128i ms = _mm_madd_epi16(mn, _mm_loadu_si128((const __m128i *)xb->bsum));
             const float dd = dw * xb->d, dm = dmw * xb->d;
@@ -564,8 +576,8 @@ static void q8k_quantize(const float *x, int64_t K, kern_q8k_t *out)
     }
 }
 
-static void q4k_rows(const char *W, size_t wrb, int64_t nsb, const kern_q8k_t *xq, int T,
-                     float *y, int64_t ldy, int64_t o0, int64_t o1)
+AI void q4k_rows_isa(const int vnni, const char *W, size_t wrb, int64_t nsb,
+                    const kern_q8k_t *xq, int T, float *y, int64_t ldy, int64_t o0, int64_t o1)
 {
     /* rows in panels kept in L2 while every tile of tokens passes over them; with few tokens,
      * one streamed pass prefetching ahead */
@@ -580,18 +592,30 @@ static void q4k_rows(const char *W, size_t wrb, int64_t nsb, const kern_q8k_t *x
             for (int64_t o = ob; o < oe; o++) {
                 const block_q4_K *row = (const block_q4_K *)(W + (size_t)o * wrb);
                 switch (T - t) {
-                case 1: q4k_tile(1, row, nsb, xt, yt + o, ldy, pfd); break;
-                case 2: q4k_tile(2, row, nsb, xt, yt + o, ldy, pfd); break;
-                case 3: q4k_tile(3, row, nsb, xt, yt + o, ldy, pfd); break;
-                case 4: q4k_tile(4, row, nsb, xt, yt + o, ldy, pfd); break;
-                case 5: q4k_tile(5, row, nsb, xt, yt + o, ldy, pfd); break;
-                case 6: q4k_tile(6, row, nsb, xt, yt + o, ldy, pfd); break;
-                case 7: q4k_tile(7, row, nsb, xt, yt + o, ldy, pfd); break;
-                default: q4k_tile(8, row, nsb, xt, yt + o, ldy, pfd); break;
+                case 1: q4k_tile(vnni, 1, row, nsb, xt, yt + o, ldy, pfd); break;
+                case 2: q4k_tile(vnni, 2, row, nsb, xt, yt + o, ldy, pfd); break;
+                case 3: q4k_tile(vnni, 3, row, nsb, xt, yt + o, ldy, pfd); break;
+                case 4: q4k_tile(vnni, 4, row, nsb, xt, yt + o, ldy, pfd); break;
+                case 5: q4k_tile(vnni, 5, row, nsb, xt, yt + o, ldy, pfd); break;
+                case 6: q4k_tile(vnni, 6, row, nsb, xt, yt + o, ldy, pfd); break;
+                case 7: q4k_tile(vnni, 7, row, nsb, xt, yt + o, ldy, pfd); break;
+                default: q4k_tile(vnni, 8, row, nsb, xt, yt + o, ldy, pfd); break;
                 }
             }
         }
     }
+}
+
+static void q4k_rows(const char *W, size_t wrb, int64_t nsb, const kern_q8k_t *xq, int T,
+                     float *y, int64_t ldy, int64_t o0, int64_t o1)
+{
+    q4k_rows_isa(0, W, wrb, nsb, xq, T, y, ldy, o0, o1);
+}
+
+static void q4k_rows_vnni(const char *W, size_t wrb, int64_t nsb, const kern_q8k_t *xq, int T,
+                          float *y, int64_t ldy, int64_t o0, int64_t o1)
+{
+    q4k_rows_isa(1, W, wrb, nsb, xq, T, y, ldy, o0, o1);
 }
 
 static void v_dequant_row(int wtype, const void *row, float *out, int64_t K);
@@ -623,11 +647,13 @@ static int mm_widened(int dt, const char *W, size_t wrb, int64_t K, const float 
     return 1;
 }
 
-static int v_matmul(int wtype, const void *W, size_t w_row_bytes, int64_t K, const float *x,
-                    int64_t ldx, float *y, int64_t ldy, int T, int64_t o0, int64_t o1)
+AI int matmul_isa(const int vnni, int wtype, const void *W, size_t w_row_bytes, int64_t K,
+                  const float *x, int64_t ldx, float *y, int64_t ldy, int T, int64_t o0,
+                  int64_t o1)
 {
     if (wtype == DT_Q4_K)
-        return kern_q4k_matmul(q4k_rows, q8k_quantize, W, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
+        return kern_q4k_matmul(vnni ? q4k_rows_vnni : q4k_rows, q8k_quantize, W, w_row_bytes, K,
+                               x, ldx, y, ldy, T, o0, o1);
     if (!kern_wtype_ok(wtype, K)) return -1;
     if (T <= 0 || o1 <= o0) return 0;
     const char *w = W;
@@ -642,6 +668,18 @@ static int v_matmul(int wtype, const void *W, size_t w_row_bytes, int64_t K, con
     default: mm_q8_0(w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1); break;
     }
     return 0;
+}
+
+static int v_matmul(int wtype, const void *W, size_t w_row_bytes, int64_t K, const float *x,
+                    int64_t ldx, float *y, int64_t ldy, int T, int64_t o0, int64_t o1)
+{
+    return matmul_isa(0, wtype, W, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
+}
+
+static int v_matmul_vnni(int wtype, const void *W, size_t w_row_bytes, int64_t K, const float *x,
+                         int64_t ldx, float *y, int64_t ldy, int T, int64_t o0, int64_t o1)
+{
+    return matmul_isa(1, wtype, W, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
 }
 
 /* ---- element-wise kernels ---- */
@@ -822,6 +860,20 @@ static void v_f16_to_f32(const uint16_t *x, float *y, int64_t n)
 const kern_table_t kern_table_avx512 = {
     .name = "avx512",
     .matmul = v_matmul,
+    .dequant_row = v_dequant_row,
+    .dot_f32 = v_dot,
+    .axpy_f32 = v_axpy,
+    .rmsnorm = v_rmsnorm,
+    .silu_mul = v_silu_mul,
+    .add = v_add,
+    .f32_to_f16 = v_f32_to_f16,
+    .f16_to_f32 = v_f16_to_f32,
+};
+
+/* The same kernels, Q4_K's integer sums through AVX512-VNNI (madd_acc): the same values. */
+const kern_table_t kern_table_avx512_vnni = {
+    .name = "avx512-vnni",
+    .matmul = v_matmul_vnni,
     .dequant_row = v_dequant_row,
     .dot_f32 = v_dot,
     .axpy_f32 = v_axpy,

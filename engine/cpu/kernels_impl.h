@@ -63,6 +63,7 @@ extern const kern_table_t kern_table_scalar;
 #define KERN_HAVE_X86 1
 extern const kern_table_t kern_table_avx2;
 extern const kern_table_t kern_table_avx512;
+extern const kern_table_t kern_table_avx512_vnni;
 #endif
 
 /* 1 for the block types whose K is always a multiple of 32 (no partial tail chunk). */
