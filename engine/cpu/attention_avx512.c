@@ -126,13 +126,14 @@ static void stage_kt(const attn_args_t *a, int blk, int cnt, float *kt, int ldk)
     }
 }
 
-/* Scores of G queries (same position) against 16 transposed keys at column i0: one
- * accumulator per query, summed over e in order (the same sequence for G = 1..4). */
+/* Scores of G queries (G <= 8, any positions, m keys valid for each) against 16 transposed
+ * keys at column i0: one accumulator per query, summed over e in order (the same sequence for
+ * G = 1..8; several queries at once only give independent FMA chains). */
 static inline __attribute__((always_inline)) void score_group(const attn_args_t *a, int qi, int G,
                                                               int ldk, int i0, int j0, int m)
 {
-    __m512 acc[4];
-    const float *q[4];
+    __m512 acc[8];
+    const float *q[8];
     #pragma GCC unroll 8
     for (int g = 0; g < G; g++) {
         acc[g] = _mm512_setzero_ps();
@@ -186,18 +187,28 @@ void attn_tile_avx512(const attn_args_t *a)
     const int fast = hd % 16 == 0 && nv <= MAXV;
     const int ldk = (B + 15) / 16 * 16;
     size_t st = 0;
-    /* Scores: 16 keys at a time, sum over e in order (no horizontal reductions). The stage
+    /* Scores: 16 keys at a time for up to 8 queries, sum over e in order (no horizontal
+     * reductions). The stage
      * buffer holds the transposed K block: [hd][ldk]. */
     for (int j0 = 0; j0 < a->n_ctx; j0 += B) {
         int cnt = a->n_ctx - j0 < B ? a->n_ctx - j0 : B;
         stage_kt(a, a->blocks[j0 / B], cnt, a->stage, ldk);
         for (int qi = 0; qi < a->nq;) {
-            int G = attn_same_pos_run(a, qi, 4);
+            /* up to 8 queries that see the same keys of this block (all of it, for the
+             * queries of a prefill past it), whatever their positions */
             int lim = a->qpos[qi] + 1 - j0;
             if (lim > cnt) lim = cnt;
+            int G = 1;
+            while (G < 8 && qi + G < a->nq &&
+                   (a->qpos[qi + G] + 1 - j0 < cnt ? a->qpos[qi + G] + 1 - j0 : cnt) == lim)
+                G++;
             for (int i0 = 0; i0 < lim; i0 += 16) {
                 int m = lim - i0 < 16 ? lim - i0 : 16;
                 switch (G) {
+                case 8: score_group(a, qi, 8, ldk, i0, j0, m); break;
+                case 7: score_group(a, qi, 7, ldk, i0, j0, m); break;
+                case 6: score_group(a, qi, 6, ldk, i0, j0, m); break;
+                case 5: score_group(a, qi, 5, ldk, i0, j0, m); break;
                 case 4: score_group(a, qi, 4, ldk, i0, j0, m); break;
                 case 3: score_group(a, qi, 3, ldk, i0, j0, m); break;
                 case 2: score_group(a, qi, 2, ldk, i0, j0, m); break;
