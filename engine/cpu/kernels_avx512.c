@@ -857,32 +857,16 @@ static void v_f16_to_f32(const uint16_t *x, float *y, int64_t n)
     }
 }
 
-const kern_table_t kern_table_avx512 = {
-    .name = "avx512",
-    .matmul = v_matmul,
-    .dequant_row = v_dequant_row,
-    .dot_f32 = v_dot,
-    .axpy_f32 = v_axpy,
-    .rmsnorm = v_rmsnorm,
-    .silu_mul = v_silu_mul,
-    .add = v_add,
-    .f32_to_f16 = v_f32_to_f16,
-    .f16_to_f32 = v_f16_to_f32,
-};
-
-/* The same kernels, Q4_K's integer sums through AVX512-VNNI (madd_acc): the same values. */
-const kern_table_t kern_table_avx512_vnni = {
-    .name = "avx512-vnni",
-    .matmul = v_matmul_vnni,
-    .dequant_row = v_dequant_row,
-    .dot_f32 = v_dot,
-    .axpy_f32 = v_axpy,
-    .rmsnorm = v_rmsnorm,
-    .silu_mul = v_silu_mul,
-    .add = v_add,
-    .f32_to_f16 = v_f32_to_f16,
-    .f16_to_f32 = v_f16_to_f32,
-};
+/* The two tables differ only in their matmul (madd_acc: VNNI or not): the same values. */
+#define V_TABLE(NAME, MATMUL)                                                                      \
+    {                                                                                              \
+        .name = NAME, .matmul = MATMUL, .dequant_row = v_dequant_row, .dot_f32 = v_dot,            \
+        .axpy_f32 = v_axpy, .rmsnorm = v_rmsnorm, .silu_mul = v_silu_mul, .add = v_add,            \
+        .f32_to_f16 = v_f32_to_f16, .f16_to_f32 = v_f16_to_f32,                                    \
+    }
+const kern_table_t kern_table_avx512 = V_TABLE("avx512", v_matmul);
+const kern_table_t kern_table_avx512_vnni = V_TABLE("avx512-vnni", v_matmul_vnni);
+#undef V_TABLE
 
 #if defined(__clang__)
 #pragma clang attribute pop
