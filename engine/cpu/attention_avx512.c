@@ -188,8 +188,7 @@ void attn_tile_avx512(const attn_args_t *a)
     const int ldk = (B + 15) / 16 * 16;
     size_t st = 0;
     /* Scores: 16 keys at a time for up to 8 queries, sum over e in order (no horizontal
-     * reductions). The stage
-     * buffer holds the transposed K block: [hd][ldk]. */
+     * reductions). The stage buffer holds the transposed K block: [hd][ldk]. */
     for (int j0 = 0; j0 < a->n_ctx; j0 += B) {
         int cnt = a->n_ctx - j0 < B ? a->n_ctx - j0 : B;
         stage_kt(a, a->blocks[j0 / B], cnt, a->stage, ldk);

@@ -77,8 +77,8 @@ void kern_q8k_quantize(const float *x, int64_t K, kern_q8k_t *out);
 
 /* Best table for this CPU. force: NULL for automatic, or "avx512-vnni" (AVX-512 with Q4_K's
  * integer sums through AVX512-VNNI: the same values as "avx512"), "avx512", "avx2" or
- * "scalar" to pick one (tests compare them); returns NULL when the forced one is not supported here. Thread-safe,
- * returns a pointer to a static const table. */
+ * "scalar" to pick one (tests compare them); returns NULL when the forced one is not supported
+ * here. Thread-safe, returns a pointer to a static const table. */
 const kern_table_t *kern_get(const char *force);
 
 #endif
