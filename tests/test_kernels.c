@@ -10,10 +10,11 @@
  *
  * Types: F32, F16, BF16, Q8_0, Q4_0 and Q4_K (random blocks: every bit pattern of the quants
  * and, for Q4_K, of the packed 6-bit scales and mins). The reference value of a Q4_K weight is
- * the one F32 rounding of d*sc*q - dmin*m (kernels.h), computed here independently. Q4_K takes
- * int8 activations (kernels.h): its reference is that route's formula in double over x as
- * kern_q8k_quantize rounds it, with the bound (K/256 + 8) u sum of the formula's terms' |.|; and
- * that reference must lie within x's 8-bit rounding of the exact product (ref_q4k_i8).
+ * the one F32 rounding of d*sc*q - dmin*m (kernels.h), computed here independently. Q4_K and
+ * Q8_0 take int8 activations (kernels.h): their reference is the route's formula in double over
+ * x as kern_q8k_quantize / kern_q8_quantize round it, with the bound (K/256 + 8) u (Q4_K) or
+ * (K/32 + 8) u (Q8_0) times the sum of the formula's terms' |.|; and that reference must lie
+ * within x's 8-bit rounding of the exact product (ref_q4k_i8, ref_q80_i8).
  *
  * Batch invariance (kernels.h): every (t, o) of a batch of T tokens over rows [o0, o1) must be
  * bit-identical to the same token computed alone over a single row, for T = 1..70, ranges
@@ -71,7 +72,7 @@ static void *make_weights(int t, int64_t rows, int64_t K, size_t *row_bytes)
             for (int64_t b = 0; b < K / QK8_0; b++) {
                 block_q8_0 *blk = (block_q8_0 *)row + b;
                 blk->d = f32_to_fp16(0.01f * (1.5f + rng_unif()));
-                for (int i = 0; i < QK8_0; i++) blk->qs[i] = (int8_t)((int)(rng_next() % 255) - 127);
+                for (int i = 0; i < QK8_0; i++) blk->qs[i] = (int8_t)((int)(rng_next() % 256) - 128);
             }
             break;
         case DT_Q4_0:
@@ -183,6 +184,52 @@ static double ref_q4k_i8(const void *row, const float *x, int64_t K, double *mag
     return ref;
 }
 
+/* Q8_0's int8 route (kernels.h), as ref_q4k_i8: sum over blocks b of dw_b * dx_b * P_b. */
+static double ref_q80_i8(const void *row, const float *x, int64_t K, double *mag, double *qerr)
+{
+    const int64_t nb = K / 32;
+    int8_t *xq = malloc((size_t)(K > 0 ? K : 1));
+    float *xd = malloc((size_t)(nb > 0 ? nb : 1) * sizeof(float));
+    kern_q8_quantize(x, K, xq, xd);
+    double ref = 0, m = 0, qe = 0;
+    for (int64_t b = 0; b < nb; b++) {
+        const block_q8_0 *bl = (const block_q8_0 *)row + b;
+        const double s = (double)fp16_to_f32(bl->d) * xd[b];
+        double p = 0, ap = 0;
+        for (int l = 0; l < 32; l++) {
+            const int64_t k = 32 * b + l;
+            p += (double)bl->qs[l] * xq[k];
+            ap += fabs((double)bl->qs[l] * xq[k]);
+            double w = ref_weight(DT_Q8_0, row, k);
+            qe += fabs(w) * (0.5001 * xd[b]) + ldexp(1.0, -23) * fabs(w * xd[b] * xq[k]);
+        }
+        ref += s * p;
+        m += fabs(s) * ap;
+    }
+    free(xq);
+    free(xd);
+    *mag = m;
+    if (qerr) *qerr = qe;
+    return ref;
+}
+
+/* The int8 routes' reference (Q4_K, Q8_0) and its bound's K factor; 0 for the other types. */
+static int ref_i8(int t, const void *row, const float *x, int64_t K, double *ref, double *mag,
+                  double *qerr, double *kbound)
+{
+    if (t == DT_Q4_K) {
+        *ref = ref_q4k_i8(row, x, K, mag, qerr);
+        *kbound = (double)(K / 256 + 8);
+        return 1;
+    }
+    if (t == DT_Q8_0) {
+        *ref = ref_q80_i8(row, x, K, mag, qerr);
+        *kbound = (double)(K / 32 + 8);
+        return 1;
+    }
+    return 0;
+}
+
 static float *make_vec(int64_t n)
 {
     float *v = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
@@ -211,12 +258,11 @@ static void test_matmul_accuracy(const kern_table_t *kt, int t, int64_t K, int T
                 ref += p;
                 mag += fabs(p);
             }
-            double kbound = (double)(K + 4);
-            if (t == DT_Q4_K) { /* the int8 formula, and its distance from the exact product */
-                double qerr, ri8 = ref_q4k_i8(row, x + tk * ldx, K, &mag, &qerr);
+            double kbound = (double)(K + 4), qerr, ri8;
+            if (ref_i8(t, row, x + tk * ldx, K, &ri8, &mag, &qerr, &kbound)) {
+                /* the int8 formula, and its distance from the exact product */
                 if (!(fabs(ri8 - ref) <= qerr)) bad++;
                 ref = ri8;
-                kbound = (double)(K / 256 + 8);
             }
             double got = y[tk * ldy + o];
             double bound = kbound * ldexp(1.0, -24) * mag;
@@ -305,11 +351,8 @@ static void test_isa_cross(const kern_table_t *a, const kern_table_t *b, int t, 
     for (int tk = 0; tk < T; tk++)
         for (int64_t o = 0; o < N; o++) {
             const void *row = (const char *)W + (size_t)o * rb;
-            double mag = 0, kb = (double)(K + 4);
-            if (t == DT_Q4_K) {
-                ref_q4k_i8(row, x + tk * K, K, &mag, NULL);
-                kb = (double)(K / 256 + 8);
-            } else {
+            double mag = 0, kb = (double)(K + 4), ref;
+            if (!ref_i8(t, row, x + tk * K, K, &ref, &mag, NULL, &kb)) {
                 for (int64_t k = 0; k < K; k++)
                     mag += fabs((double)ref_weight(t, row, k) * x[tk * K + k]);
             }
@@ -503,6 +546,39 @@ static void test_q8k_quantize(void)
     free(x);
 }
 
+/* kern_q8_quantize: the same properties per block of 32 (no sums). */
+static void test_q8_quantize(void)
+{
+    const int64_t K = 128;
+    float *x = make_vec(K);
+    for (int64_t k = 0; k < 32; k++) x[k] *= 1e-30f; /* tiny */
+    for (int64_t k = 64; k < 96; k++) x[k] = 0.0f;   /* zeros */
+    x[100] = -37.5f;                                 /* a block with one large element */
+    int8_t q[128];
+    float d[4];
+    kern_q8_quantize(x, K, q, d);
+    int bad = 0;
+    for (int b = 0; b < 4; b++) {
+        float amax = 0;
+        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[32 * b + i]));
+        if (d[b] != amax / 127.0f) bad++;
+        int hit = 0;
+        for (int i = 32 * b; i < 32 * b + 32; i++) {
+            if (q[i] == -128) bad++;
+            if (abs(q[i]) == 127) hit = 1;
+            if (!(fabs((double)x[i] - (double)d[b] * q[i]) <= 0.5001 * d[b])) bad++;
+        }
+        if (b != 2 && !hit) bad++;
+        if (b == 2 && (d[b] != 0.0f || hit)) bad++;
+    }
+    CHECKF(bad == 0, "kern_q8_quantize: %d bad", bad);
+    x[3] = INFINITY;
+    x[40] = NAN;
+    kern_q8_quantize(x, 64, q, d);
+    CHECK(isnan(d[0]) && isnan(d[1]));
+    free(x);
+}
+
 static void test_dequant_reference(void)
 {
     for (int wi = 0; wi < N_WTYPES; wi++) {
@@ -667,6 +743,7 @@ int main(void)
         for (int wi = 0; wi < N_WTYPES; wi++) test_same_bits(tabs[2], tabs[3], WTYPES[wi]);
     test_dequant_reference();
     test_q8k_quantize();
+    test_q8_quantize();
     test_threadpool();
     return check_exit();
 }

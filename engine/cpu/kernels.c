@@ -4,8 +4,8 @@
  *   8 lane partial sums s[j] = sum over k = j (mod 8), in increasing k, of (w[k] * x[k]) rounded
  *   (a separate multiply and add, no fused FMA, so the result does not depend on -ffp-contract
  *   or libm), then ((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7)).
- * Weights are widened to F32 exactly (F16, BF16, Q8_0 as d * q and Q4_0 as d * (q - 8), which
- * are exact in F32; Q4_K as the single rounding of d*sc*q - dmin*m, see engine/dtype.h). */
+ * Weights are widened to F32 exactly (F16, BF16 and Q4_0 as d * (q - 8), which are exact in F32).
+ * Q4_K and Q8_0 take int8 activations (kernels.h): sc_q4k, sc_q80. */
 #include "engine/cpu/kernels.h"
 
 #include <float.h>
@@ -82,41 +82,91 @@ static float sc_lanes_sum(const float *s)
     return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
 }
 
-/* ---- Q4_K's int8 route (kernels.h) ---- */
+/* ---- the int8 routes of Q4_K and Q8_0 (kernels.h) ---- */
+
+/* The scale of x[0..n): max|x| / 127, 0 when all are zero, NaN when one is Inf or NaN; *is =
+ * 127 / max|x| when the scale is finite and nonzero. */
+static float q8_scale_of(const float *x, int n, float *is)
+{
+    float amax = 0.0f;
+    for (int i = 0; i < n; i++) {
+        float a = fabsf(x[i]);
+        if (!(a <= FLT_MAX)) return NAN;
+        if (a > amax) amax = a;
+    }
+    if (amax == 0.0f) return 0.0f;
+    *is = 127.0f / amax;
+    return amax / 127.0f;
+}
+
+/* q[i] = round-to-nearest-even(x[i] * is) clamped to [-127, 127], i < n; returns the sum of q. */
+static int q8_round(const float *x, int n, float is, int8_t *q)
+{
+    const float magic = 12582912.0f; /* 1.5 * 2^23: v + magic - magic rounds |v| < 2^22 to even */
+    int sum = 0;
+    for (int i = 0; i < n; i++) {
+        float v = x[i] * is;
+        float r = v + magic; /* separate statements: never contracted into an FMA */
+        r = r - magic;
+        int v8 = (int)r;
+        v8 = v8 > 127 ? 127 : v8 < -127 ? -127 : v8;
+        q[i] = (int8_t)v8;
+        sum += v8;
+    }
+    return sum;
+}
 
 void kern_q8k_quantize(const float *x, int64_t K, kern_q8k_t *out)
 {
-    const float magic = 12582912.0f; /* 1.5 * 2^23: v + magic - magic rounds |v| < 2^22 to even */
     for (int64_t b = 0; b < K / KERN_Q8K; b++, x += KERN_Q8K, out++) {
-        float amax = 0.0f;
-        int finite = 1;
-        for (int i = 0; i < KERN_Q8K; i++) {
-            float a = fabsf(x[i]);
-            if (!(a <= FLT_MAX)) finite = 0;
-            else if (a > amax) amax = a;
-        }
+        float is = 0.0f;
         memset(out, 0, sizeof *out);
-        if (!finite) {
-            out->d = NAN; /* every output of the block's rows becomes NaN, as in F32 */
-            continue;
-        }
-        if (amax == 0.0f) continue;
-        out->d = amax / 127.0f;
-        const float is = 127.0f / amax;
-        for (int j = 0; j < 8; j++) {
-            int sum = 0;
-            for (int i = 32 * j; i < 32 * j + 32; i++) {
-                float v = x[i] * is;
-                float r = v + magic; /* separate statements: never contracted into an FMA */
-                r = r - magic;
-                int q = (int)r;
-                q = q > 127 ? 127 : q < -127 ? -127 : q;
-                out->q[i] = (int8_t)q;
-                sum += q;
-            }
-            out->bsum[j] = (int16_t)sum;
-        }
+        out->d = q8_scale_of(x, KERN_Q8K, &is); /* NaN: every output of the block's rows NaN */
+        if (!(out->d > 0.0f)) continue;
+        for (int j = 0; j < 8; j++) out->bsum[j] = (int16_t)q8_round(x + 32 * j, 32, is, out->q + 32 * j);
     }
+}
+
+void kern_q8_quantize(const float *x, int64_t K, int8_t *q, float *d)
+{
+    for (int64_t b = 0; b < K / 32; b++, x += 32, q += 32) {
+        float is = 0.0f;
+        d[b] = q8_scale_of(x, 32, &is);
+        if (d[b] > 0.0f) q8_round(x, 32, is, q);
+        else memset(q, 0, 32);
+    }
+}
+
+int kern_q80_matmul(kern_q80_fn fn, kern_q8_fn quant, const void *W, size_t wrb, int64_t K,
+                    const float *x, int64_t ldx, float *y, int64_t ldy, int T, int64_t o0,
+                    int64_t o1)
+{
+    if (!kern_wtype_ok(DT_Q8_0, K)) return -1;
+    if (T <= 0 || o1 <= o0) return 0;
+    const int64_t nb = K / 32;
+    _Alignas(64) int8_t sq[KERN_Q8_STACK];
+    float sd[KERN_Q8_STACK / 32];
+    int8_t *xq = NULL;
+    if ((int64_t)T * K > KERN_Q8_STACK) {
+        size_t qb = ((size_t)T * (size_t)K + 63) / 64 * 64;
+        xq = aligned_alloc(64, qb + (size_t)T * (size_t)nb * sizeof(float));
+    }
+    if (xq || (int64_t)T * K <= KERN_Q8_STACK) {
+        float *xd = xq ? (float *)(xq + ((size_t)T * (size_t)K + 63) / 64 * 64) : sd;
+        int8_t *q = xq ? xq : sq;
+        for (int t = 0; t < T; t++) quant(x + (int64_t)t * ldx, K, q + t * K, xd + t * nb);
+        fn(W, wrb, nb, q, xd, T, y, ldy, o0, o1);
+        free(xq);
+        return 0;
+    }
+    /* no memory: chunks of tokens through the stack buffers (the same values per token) */
+    const int chunk = (int)(KERN_Q8_STACK / K);
+    for (int t0 = 0; t0 < T; t0 += chunk) {
+        int n = T - t0 < chunk ? T - t0 : chunk;
+        for (int t = 0; t < n; t++) quant(x + (int64_t)(t0 + t) * ldx, K, sq + t * K, sd + t * nb);
+        fn(W, wrb, nb, sq, sd, n, y + (int64_t)t0 * ldy, ldy, o0, o1);
+    }
+    return 0;
 }
 
 int kern_q4k_matmul(kern_q4k_fn fn, kern_q8k_fn quant, const void *W, size_t wrb, int64_t K, const float *x,
@@ -182,11 +232,36 @@ static void sc_q4k(const char *W, size_t wrb, int64_t nsb, const kern_q8k_t *xq,
     }
 }
 
+/* Scalar Q8_0 x int8: per (t, o) y = sum over blocks b in order of (dw_b * dx_b) * P_b, P_b the
+ * exact integer sum of the block's products. */
+static void sc_q80(const char *W, size_t wrb, int64_t nb, const int8_t *xq, const float *xd, int T,
+                   float *y, int64_t ldy, int64_t o0, int64_t o1)
+{
+    for (int64_t o = o0; o < o1; o++) {
+        const block_q8_0 *row = (const block_q8_0 *)(W + (size_t)o * wrb);
+        for (int t = 0; t < T; t++) {
+            const int8_t *q = xq + (int64_t)t * nb * 32;
+            const float *d = xd + (int64_t)t * nb;
+            float acc = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                int32_t p = 0;
+                for (int i = 0; i < 32; i++) p += row[b].qs[i] * q[32 * b + i];
+                float s = fp16_to_f32(row[b].d) * d[b];
+                float a = s * (float)p;
+                acc += a;
+            }
+            y[(int64_t)t * ldy + o] = acc;
+        }
+    }
+}
+
 static int sc_matmul(int wtype, const void *W, size_t w_row_bytes, int64_t K, const float *x,
                      int64_t ldx, float *y, int64_t ldy, int T, int64_t o0, int64_t o1)
 {
     if (wtype == DT_Q4_K)
         return kern_q4k_matmul(sc_q4k, kern_q8k_quantize, W, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
+    if (wtype == DT_Q8_0)
+        return kern_q80_matmul(sc_q80, kern_q8_quantize, W, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
     if (!kern_wtype_ok(wtype, K)) return -1;
     float w[SC_CHUNK];
     float s[SC_TOK][SC_LANES];

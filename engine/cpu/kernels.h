@@ -13,8 +13,8 @@
  * path when the allocation fails.) matmul is fastest when each thread's row range is a multiple of 8
  * rows (4 when T > 2); any range is correct.
  *
- * Arithmetic (engine/cpu/kernels*.c give the exact per-ISA order). F32, F16, BF16, Q8_0, Q4_0:
- * weights are widened to F32 exactly in registers -- F16, BF16, Q8_0 as float(q) * d and Q4_0 as
+ * Arithmetic (engine/cpu/kernels*.c give the exact per-ISA order). F32, F16, BF16, Q4_0:
+ * weights are widened to F32 exactly in registers -- F16, BF16 as they are and Q4_0 as
  * float(q - 8) * d, which are exact in F32 -- and multiplied with the F32 activations in F32 with
  * a fixed accumulation order, so these types add no error beyond the weights' own quantisation.
  * Such a matmul output differs from the exact dot product of the widened weights by at most
@@ -30,7 +30,17 @@
  * fixed order. Batch invariance holds (xq depends on x[t] only). The F32 part is within
  * (K/256 + 8) * 2^-24 * sum_s (|d_s dx_s| sum_j sc_j sum_k q_k |xq_k| + |dmin_s dx_s| sum_j m_j |bsum_j|)
  * of the exact value of that formula; against the exact dot product of the widened weights it
- * adds x's rounding to 8 bits, at most dx_s / 2 = max|x over the 256| / 254 per element. */
+ * adds x's rounding to 8 bits, at most dx_s / 2 = max|x over the 256| / 254 per element.
+ *
+ * Q8_0 takes int8 activations too (llama.cpp's Q8_0 x Q8_0), because one integer dot product
+ * replaces widening, scaling and an F32 multiply per weight (measured on the Zen 5 build machine,
+ * matmul of 576 x 576 .. 1536: 16 tokens 1.6-1.8x, 512 tokens 1.2x; one token streams at the
+ * same rate, memory-bound either way): each token's x is quantised in blocks of 32 by
+ * kern_q8_quantize (portable, the same bits on every ISA), then per block b and token, exactly in
+ * integers, P_b = sum_{k in b} q_k * xq_k, and in F32 y = sum_b fl(d_b * dx_b) * P_b in an
+ * ISA-specific but fixed order, within (K/32 + 8) * 2^-24 * sum_b |d_b dx_b| sum_k |q_k xq_k| of
+ * the exact value of that formula; x's rounding adds at most dx_b / 2 = max|x over the 32| / 254
+ * per element. Batch invariance holds (xq depends on x[t] only). */
 #ifndef SPILLWAY_ENGINE_CPU_KERNELS_H
 #define SPILLWAY_ENGINE_CPU_KERNELS_H
 
@@ -74,6 +84,12 @@ typedef struct {
 
 /* x[0..K) (K a multiple of 256) -> out[K / 256]. Portable C, the same bits on every ISA. */
 void kern_q8k_quantize(const float *x, int64_t K, kern_q8k_t *out);
+
+/* Q8_0's int8 route: x[0..K) (K a multiple of 32) quantised in blocks of 32, block b to
+ * q[32b .. 32b+31] (round-to-nearest-even of x[k] / d[b], in [-127, 127]) and d[b] = max|x| / 127
+ * over the block (0 for a block of zeros, NaN when it holds Inf or NaN; q then all 0). Portable C,
+ * the same bits on every ISA. */
+void kern_q8_quantize(const float *x, int64_t K, int8_t *q, float *d);
 
 /* Best table for this CPU. force: NULL for automatic, or "avx512-vnni" (AVX-512 with Q4_K's
  * integer sums through AVX512-VNNI: the same values as "avx512"), "avx512", "avx2" or

@@ -4,10 +4,11 @@
  *   one 8-lane F32 accumulator; for each 8-element chunk of K in increasing order
  *   acc = fma(w[k..k+7], x[k..k+7], acc), the last partial chunk zero-padded;
  *   then h[i] = acc[i] + acc[i+4];  p[i] = h[i] + h[i+2];  y = p[0] + p[1].
- * Weights are widened to F32 exactly (see kernels_avx512.c); Q4_0 and Q4_K rows are walked a
- * 32-element block at a time (the block's scale decoded once per row), the same per-element
- * order. With 8 tokens or more the block types widen a panel of rows to F32 first and run the
- * F32 tiles over it (mm_widened): the same arithmetic, bit for bit. Tiles are R = 3 rows x C <= 4
+ * Weights are widened to F32 exactly (see kernels_avx512.c); Q4_0 rows are walked a 32-element
+ * block at a time (the block's scale decoded once per row), the same per-element order. With 8
+ * tokens or more Q4_0 widens a panel of rows to F32 first and runs the F32 tiles over it
+ * (mm_widened): the same arithmetic, bit for bit. Q4_K and Q8_0 take int8 activations
+ * (kernels.h; their own sections below). Tiles are R = 3 rows x C <= 4
  * tokens (12 accumulators of the 16 ymm registers; measured ~90% of the FMA peak in L2), 8 rows
  * x 1 token for decode; other tile shapes do the same per-element arithmetic. */
 /* Every function of this file is compiled for the ISA (no global -m flags). */
@@ -186,32 +187,6 @@ AI void tile(const int dt, const int R, const int C, const char *W, size_t wrb, 
             }
         }
     }
-    if (dt == DT_Q8_0) {
-        /* a block of 32 at a time: each row's scale widened once per block (w_load's values:
-         * d * q, exact in F32), then the same 8-element steps as below */
-        for (; k + 32 <= K; k += 32) {
-            float d[TILE_RMAX];
-            if (pfd && (k & 63) == 0) {
-#pragma GCC unroll 8
-                for (int r = 0; r < R; r++)
-                    _mm_prefetch(W + (size_t)r * wrb + elem_off(dt, k) + pfd, _MM_HINT_T0);
-            }
-#pragma GCC unroll 8
-            for (int r = 0; r < R; r++)
-                d[r] = _cvtsh_ss(((const block_q8_0 *)(W + (size_t)r * wrb) + (k >> 5))->d);
-#pragma GCC unroll 4
-            for (int h = 0; h < 32; h += 8) {
-                __m256 w[TILE_RMAX];
-#pragma GCC unroll 8
-                for (int r = 0; r < R; r++) {
-                    const int8_t *q = ((const block_q8_0 *)(W + (size_t)r * wrb) + (k >> 5))->qs + h;
-                    __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q));
-                    w[r] = _mm256_mul_ps(_mm256_cvtepi32_ps(v), _mm256_set1_ps(d[r]));
-                }
-                fma_step(R, C, w, x + k + h, ldx, acc);
-            }
-        }
-    }
     for (; k + 8 <= K; k += 8) {
         __m256 w[TILE_RMAX];
         if (pfd && (k & 15) == 0) {
@@ -257,9 +232,9 @@ AI void matmul_dt(const int dt, const char *W, size_t wrb, int64_t K, const floa
     /* Few tokens: one pass over the weights, streamed from memory; prefetch far ahead. */
     if (T == 1) {
         /* 8 rows per tile keep 8 accumulators and 8 widened weight vectors live, more than the
-         * 16 registers: the F16 / BF16 / Q8_0 tiles spilled (measured on a Zen 3: 4 rows stream
+         * 16 registers: the F16 / BF16 tiles spilled (measured on a Zen 3: 4 rows stream
          * 10-30% faster). F32 weights are FMA memory operands, and Q4_0 is unmeasured: 8. */
-        const int rows = dt == DT_F16 || dt == DT_BF16 || dt == DT_Q8_0 ? 4 : 8;
+        const int rows = dt == DT_F16 || dt == DT_BF16 ? 4 : 8;
         if (rows == 4) rows_pass(dt, 4, 1, W, wrb, K, x, ldx, y, ldy, o0, o1, PF_STREAM_BYTES);
         else rows_pass(dt, 8, 1, W, wrb, K, x, ldx, y, ldy, o0, o1, PF_STREAM_BYTES);
         return;
@@ -302,12 +277,6 @@ static void mm_bf16(const char *W, size_t wrb, int64_t K, const float *x, int64_
 {
     matmul_dt(DT_BF16, W, wrb, K, x, ldx, y, ldy, T, o0, o1);
 }
-static void mm_q8_0(const char *W, size_t wrb, int64_t K, const float *x, int64_t ldx, float *y,
-                    int64_t ldy, int T, int64_t o0, int64_t o1)
-{
-    matmul_dt(DT_Q8_0, W, wrb, K, x, ldx, y, ldy, T, o0, o1);
-}
-
 static void mm_q4_0(const char *W, size_t wrb, int64_t K, const float *x, int64_t ldx, float *y,
                     int64_t ldy, int T, int64_t o0, int64_t o1)
 {
@@ -452,6 +421,115 @@ static void q4k_rows(const char *W, size_t wrb, int64_t nsb, const kern_q8k_t *x
     }
 }
 
+/* ---- Q8_0 x int8 (kernels.h) ----
+ * Per block and token: vpmaddubsw of |w| and xq with w's sign (vpsignb; pairs: |sum| <= 2 * 128 *
+ * 127, never saturates), vpmaddwd with ones: 8 exact int32 lanes (lane l the sum of the products
+ * 4l .. 4l+3); acc = fma(float(lanes), dw * dx, acc) for the blocks in order; y = hsum1(acc). */
+
+AI void q80_tile(const int R, const int C, const char *W, size_t wrb, int64_t nb,
+                 const int8_t *xq, const float *xd, float *y, int64_t ldy, size_t pfd)
+{
+    const int64_t K = nb * 32;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[TILE_RMAX][TILE_C];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i xv[TILE_C];
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) xv[c] = _mm256_loadu_si256((const __m256i *)(xq + c * K + 32 * b));
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            const block_q8_0 *bl = (const block_q8_0 *)(W + (size_t)r * wrb) + b;
+            if (pfd) _mm_prefetch((const char *)bl + pfd, _MM_HINT_T0);
+            const __m256i w = _mm256_loadu_si256((const __m256i *)bl->qs);
+            const __m256i aw = _mm256_abs_epi8(w);
+            const float dw = _cvtsh_ss(bl->d);
+#pragma GCC unroll 4
+            for (int c = 0; c < C; c++) {
+                __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv[c], w));
+                p = _mm256_madd_epi16(p, ones);
+                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * xd[c * nb + b]),
+                                            acc[r][c]);
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int c = 0; c < C; c++) y[c * ldy + r] = hsum1(acc[r][c]);
+}
+
+/* Rows [ob, oe): tiles of R rows, then single rows. */
+AI void q80_pass(const int R, const int C, const char *W, size_t wrb, int64_t nb,
+                 const int8_t *xq, const float *xd, float *y, int64_t ldy, int64_t ob,
+                 int64_t oe, size_t pfd)
+{
+    int64_t o = ob;
+    for (; o + R <= oe; o += R) q80_tile(R, C, W + (size_t)o * wrb, wrb, nb, xq, xd, y + o, ldy, pfd);
+    for (; o < oe; o++) q80_tile(1, C, W + (size_t)o * wrb, wrb, nb, xq, xd, y + o, ldy, pfd);
+}
+
+static void q80_rows(const char *W, size_t wrb, int64_t nb, const int8_t *xq, const float *xd,
+                     int T, float *y, int64_t ldy, int64_t o0, int64_t o1)
+{
+    if (T <= 2) { /* one pass streaming the rows from memory */
+        if (T == 1) q80_pass(4, 1, W, wrb, nb, xq, xd, y, ldy, o0, o1, PF_STREAM_BYTES);
+        else q80_pass(4, 2, W, wrb, nb, xq, xd, y, ldy, o0, o1, PF_STREAM_BYTES);
+        return;
+    }
+    /* panels of rows kept in L2 while every tile of tokens passes over them */
+    const int64_t K = nb * 32;
+    int64_t panel = (int64_t)(KERN_PANEL_BYTES / wrb);
+    panel = panel < TILE_R ? TILE_R : panel / TILE_R * TILE_R;
+    for (int64_t ob = o0; ob < o1; ob += panel) {
+        int64_t oe = o1 - ob < panel ? o1 : ob + panel;
+        int t = 0;
+        for (; t + 3 <= T; t += 3)
+            q80_pass(TILE_R, 3, W, wrb, nb, xq + t * K, xd + t * nb, y + t * ldy, ldy, ob, oe,
+                     t == 0 ? PF_STREAM_BYTES : 0);
+        if (T - t == 1) q80_pass(TILE_R, 1, W, wrb, nb, xq + t * K, xd + t * nb, y + t * ldy, ldy, ob, oe, 0);
+        if (T - t == 2) q80_pass(TILE_R, 2, W, wrb, nb, xq + t * K, xd + t * nb, y + t * ldy, ldy, ob, oe, 0);
+    }
+}
+
+/* kern_q8_quantize, the same bits (as q8k_quantize). */
+static void q8_quantize(const float *x, int64_t K, int8_t *q, float *d)
+{
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256i lim = _mm256_set1_epi32(127), nlim = _mm256_set1_epi32(-127);
+    for (int64_t b = 0; b < K / 32; b++, x += 32, q += 32) {
+        __m256 mx = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+        for (int i = 0; i < 32; i += 8) {
+            __m256 a = _mm256_and_ps(_mm256_loadu_ps(x + i), absmask);
+            bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, _mm256_set1_ps(FLT_MAX), _CMP_NLE_UQ));
+            mx = _mm256_max_ps(mx, a);
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+        const int nonfinite = _mm256_movemask_ps(bad) != 0;
+        if (nonfinite || amax == 0.0f) {
+            d[b] = nonfinite ? NAN : 0.0f;
+            _mm256_storeu_si256((__m256i *)q, _mm256_setzero_si256());
+            continue;
+        }
+        d[b] = amax / 127.0f;
+        const __m256 is = _mm256_set1_ps(127.0f / amax);
+        __m256i v[4];
+        for (int h = 0; h < 4; h++) {
+            v[h] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * h), is));
+            v[h] = _mm256_max_epi32(_mm256_min_epi32(v[h], lim), nlim);
+        }
+        /* packs interleave 128-bit lanes: fix the order with a permute */
+        __m256i b8 = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+        b8 = _mm256_permutevar8x32_epi32(b8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)q, b8);
+    }
+}
+
 static void v_dequant_row(int wtype, const void *row, float *out, int64_t K);
 
 /* Block types with many tokens (T >= 2 * TILE_C): each panel's rows are widened to F32 once into
@@ -483,6 +561,8 @@ static int v_matmul(int wtype, const void *W, size_t w_row_bytes, int64_t K, con
 {
     if (wtype == DT_Q4_K)
         return kern_q4k_matmul(q4k_rows, q8k_quantize, W, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
+    if (wtype == DT_Q8_0)
+        return kern_q80_matmul(q80_rows, q8_quantize, W, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
     if (!kern_wtype_ok(wtype, K)) return -1;
     if (T <= 0 || o1 <= o0) return 0;
     const char *w = W;
@@ -493,8 +573,7 @@ static int v_matmul(int wtype, const void *W, size_t w_row_bytes, int64_t K, con
     case DT_F32: mm_f32(w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1); break;
     case DT_F16: mm_f16(w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1); break;
     case DT_BF16: mm_bf16(w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1); break;
-    case DT_Q4_0: mm_q4_0(w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1); break;
-    default: mm_q8_0(w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1); break;
+    default: mm_q4_0(w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1); break;
     }
     return 0;
 }

@@ -6,14 +6,12 @@
  *   then the fixed tree  h[i] = acc[i] + acc[i+8];  q[i] = h[i] + h[i+4];
  *   p[i] = q[i] + q[i+2];  y = p[0] + p[1].
  * Weights are widened to F32 exactly in registers: F16 by vcvtph2ps, BF16 by a 16-bit shift,
- * Q8_0 as float(q) * d (exact: an 8-bit times an 11-bit significand fits in 24 bits), Q4_0 as
- * (q - 8) * d (exact), Q4_K as d*sc*q - dmin*m rounded once (engine/dtype.h). The block types use
- * the same F32 path rather than quantising x to int8, so they add no error beyond the weights'
- * own quantisation. Q4_0 and Q4_K rows are walked a 32-element block at a time (each row's
- * block scale decoded once, nibbles widened through a 16-entry vpermps table), the same
- * per-element order. With more than 6 tokens the block types (Q8_0 included) widen a panel of
- * rows to F32 once and run the F32 tiles over it (mm_widened): the same arithmetic, bit for
- * bit, with the decoding paid once per panel rather than once per tile of tokens.
+ * Q4_0 as (q - 8) * d (exact; dequant_row also widens Q8_0 as float(q) * d, exact). Q4_0 rows are
+ * walked a 32-element block at a time (each row's block scale decoded once, nibbles widened
+ * through a 16-entry vpermps table), the same per-element order. With more than 6 tokens Q4_0
+ * widens a panel of rows to F32 once and runs the F32 tiles over it (mm_widened): the same
+ * arithmetic, bit for bit, with the decoding paid once per panel rather than once per tile of
+ * tokens. Q4_K and Q8_0 take int8 activations (kernels.h; their own sections below).
  *
  * Blocking: a tile is R = 4 rows x C <= 6 tokens (24 accumulators in zmm registers); each weight
  * vector is widened once per tile and used for C tokens, each x vector is used for R rows. The
@@ -225,27 +223,6 @@ AI void tile(const int dt, const int R, const int C, const char *W, size_t wrb, 
     }
 
     int64_t k = k0;
-    if (dt == DT_Q8_0 && C == 1) {
-        /* both halves of a block in one step, so the block scale is widened once per row */
-        for (; k + 32 <= k1; k += 32) {
-            __m512 d[TILE_RMAX];
-            if (pfd) {
-#pragma GCC unroll 8
-                for (int r = 0; r < R; r++)
-                    _mm_prefetch(W + (size_t)r * wrb + elem_off(dt, k) + pfd, _MM_HINT_T0);
-            }
-#pragma GCC unroll 8
-            for (int r = 0; r < R; r++) d[r] = q8_scale(W + (size_t)r * wrb, k);
-#pragma GCC unroll 2
-            for (int h = 0; h < 32; h += 16) {
-                __m512 xv = _mm512_loadu_ps(x + k + h);
-#pragma GCC unroll 8
-                for (int r = 0; r < R; r++)
-                    acc[r][0] = _mm512_fmadd_ps(q8_half(W + (size_t)r * wrb, k + h, d[r]), xv,
-                                                acc[r][0]);
-            }
-        }
-    }
     if (dt == DT_Q4_0 || dt == DT_Q4_K) {
         /* a block of 32 at a time: each row's scale (and min) is decoded once per block, then
          * the same 16-element steps as below */
@@ -445,12 +422,6 @@ static void mm_bf16(const char *W, size_t wrb, int64_t K, const float *x, int64_
 {
     matmul_dt(DT_BF16, W, wrb, K, x, ldx, y, ldy, T, o0, o1);
 }
-static void mm_q8_0(const char *W, size_t wrb, int64_t K, const float *x, int64_t ldx, float *y,
-                    int64_t ldy, int T, int64_t o0, int64_t o1)
-{
-    matmul_dt(DT_Q8_0, W, wrb, K, x, ldx, y, ldy, T, o0, o1);
-}
-
 static void mm_q4_0(const char *W, size_t wrb, int64_t K, const float *x, int64_t ldx, float *y,
                     int64_t ldy, int T, int64_t o0, int64_t o1)
 {
@@ -618,6 +589,187 @@ static void q4k_rows_vnni(const char *W, size_t wrb, int64_t nsb, const kern_q8k
     q4k_rows_isa(1, W, wrb, nsb, xq, T, y, ldy, o0, o1);
 }
 
+/* ---- Q8_0 x int8 (kernels.h) ----
+ * Per pair of blocks (64 weights, the order of x[64p .. 64p+63]) and token: 16 exact int32 lanes,
+ * lane l the sum of the 4 products w_k * xq_k, k = 64p + 4l .. 4l+3 (|lane| <= 4 * 128 * 127):
+ * with VNNI, vpdpbusd of the weights offset to unsigned (w + 128, the byte's top bit flipped)
+ * and xq, started from -128 * (the sums of xq's groups of 4); without, vpmaddubsw of |w| and xq
+ * with w's sign (pairs: |sum| <= 2 * 128 * 127, never saturates), then vpmaddwd with ones. Then
+ * acc = fma(float(lanes), dw * dx, acc), dw * dx one F32 product per block in its 8 lanes, for
+ * the pairs in order (an odd last block alone, the other 8 lanes 0); y = hsum1(acc). */
+
+#define Q80_R 4 /* rows x tokens of a tile with many tokens */
+#define Q80_C 3
+
+/* Blocks b, b + 1 of a row (b + 1 < nb) or block b alone (the upper half 0). */
+AI __m512i q80_w64(const block_q8_0 *b, const int two)
+{
+    __m256i lo = _mm256_loadu_si256((const __m256i *)b[0].qs);
+    if (!two) return _mm512_zextsi256_si512(lo);
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo),
+                              _mm256_loadu_si256((const __m256i *)b[1].qs), 1);
+}
+
+/* The two blocks' scales, each in its 8 lanes (or the first alone, the rest 0). */
+AI __m512 q80_d16(const block_q8_0 *b, const int two)
+{
+    __m128i lo = _mm_set1_epi16((short)b[0].d);
+    __m128i hi = two ? _mm_set1_epi16((short)b[1].d) : _mm_setzero_si128();
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1));
+}
+
+/* A token's x scales of blocks b, b + 1 (or b alone), each in its 8 lanes. */
+AI __m512 q80_x16(const float *d, const int two)
+{
+    const __m512i idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    __m128 v = two ? _mm_castpd_ps(_mm_load_sd((const double *)d)) : _mm_load_ss(d);
+    return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(v));
+}
+
+/* Rows [0, R) at W (stride wrb) against tokens [0, C) of xq/xd (strides nb * 32, nb); y[c * ldy
+ * + r]. */
+AI void q80_tile(const int vnni, const int R, const int C, const char *W, size_t wrb, int64_t nb,
+                 const int8_t *xq, const float *xd, float *y, int64_t ldy, size_t pfd)
+{
+    const int64_t K = nb * 32;
+    __m512 acc[TILE_RMAX][TILE_CMAX];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+        for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b += 2) {
+        const int two = b + 1 < nb;
+        __m512i xv[TILE_CMAX], nc[TILE_CMAX];
+        __m512 dx[TILE_CMAX];
+#pragma GCC unroll 8
+        for (int c = 0; c < C; c++) {
+            const int8_t *q = xq + c * K + 32 * b;
+            xv[c] = two ? _mm512_loadu_si512(q) : _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)q));
+            dx[c] = q80_x16(xd + c * nb + b, two);
+            if (vnni) /* -128 * the sums of xq's groups of 4 */
+                nc[c] = _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_set1_epi8(1), xv[c]),
+                                          _mm512_set1_epi16(-128));
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            const block_q8_0 *bl = (const block_q8_0 *)(W + (size_t)r * wrb) + b;
+            if (pfd) _mm_prefetch((const char *)bl + pfd, _MM_HINT_T0);
+            const __m512i w = two ? q80_w64(bl, 1) : q80_w64(bl, 0);
+            const __m512 dw = two ? q80_d16(bl, 1) : q80_d16(bl, 0);
+            __m512i wu = w, aw = w;
+            __mmask64 neg = 0;
+            if (vnni) {
+                wu = _mm512_xor_si512(w, _mm512_set1_epi8(-128));
+            } else {
+                aw = _mm512_abs_epi8(w);
+                neg = _mm512_movepi8_mask(w);
+            }
+#pragma GCC unroll 8
+            for (int c = 0; c < C; c++) {
+                __m512i p;
+                if (vnni) {
+                    p = nc[c];
+                    __asm__("vpdpbusd %2, %1, %0" : "+v"(p) : "v"(wu), "v"(xv[c]));
+                } else {
+                    __m512i xs = _mm512_mask_sub_epi8(xv[c], neg, _mm512_setzero_si512(), xv[c]);
+                    p = _mm512_madd_epi16(_mm512_maddubs_epi16(aw, xs), _mm512_set1_epi16(1));
+                }
+                acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw, dx[c]),
+                                            acc[r][c]);
+            }
+        }
+    }
+    int r0 = 0;
+#pragma GCC unroll 8
+    for (; r0 + 4 <= R; r0 += 4)
+#pragma GCC unroll 8
+        for (int c = 0; c < C; c++)
+            _mm_storeu_ps(y + c * ldy + r0,
+                          hsum4(acc[r0][c], acc[r0 + 1][c], acc[r0 + 2][c], acc[r0 + 3][c]));
+#pragma GCC unroll 8
+    for (int r = r0; r < R; r++)
+#pragma GCC unroll 8
+        for (int c = 0; c < C; c++) y[c * ldy + r] = hsum1(acc[r][c]);
+}
+
+/* Rows [ob, oe): tiles of R rows, then single rows. */
+AI void q80_pass(const int vnni, const int R, const int C, const char *W, size_t wrb, int64_t nb,
+                 const int8_t *xq, const float *xd, float *y, int64_t ldy, int64_t ob,
+                 int64_t oe, size_t pfd)
+{
+    int64_t o = ob;
+    for (; o + R <= oe; o += R)
+        q80_tile(vnni, R, C, W + (size_t)o * wrb, wrb, nb, xq, xd, y + o, ldy, pfd);
+    for (; o < oe; o++)
+        q80_tile(vnni, 1, C, W + (size_t)o * wrb, wrb, nb, xq, xd, y + o, ldy, pfd);
+}
+
+AI void q80_rows_isa(const int vnni, const char *W, size_t wrb, int64_t nb, const int8_t *xq,
+                     const float *xd, int T, float *y, int64_t ldy, int64_t o0, int64_t o1)
+{
+    switch (T) { /* few tokens: one pass streaming the rows from memory */
+    case 1: q80_pass(vnni, 8, 1, W, wrb, nb, xq, xd, y, ldy, o0, o1, PF_STREAM_BYTES); return;
+    case 2: q80_pass(vnni, 8, 2, W, wrb, nb, xq, xd, y, ldy, o0, o1, PF_STREAM_BYTES); return;
+    case 3: q80_pass(vnni, 4, 3, W, wrb, nb, xq, xd, y, ldy, o0, o1, PF_STREAM_BYTES); return;
+    default: break;
+    }
+    /* panels of rows kept in L2 while every tile of tokens passes over them */
+    const int64_t K = nb * 32;
+    int64_t panel = (int64_t)(KERN_PANEL_BYTES / wrb);
+    panel = panel < Q80_R ? Q80_R : panel / Q80_R * Q80_R;
+    for (int64_t ob = o0; ob < o1; ob += panel) {
+        int64_t oe = o1 - ob < panel ? o1 : ob + panel;
+        int t = 0;
+        for (; t + Q80_C <= T; t += Q80_C)
+            q80_pass(vnni, Q80_R, Q80_C, W, wrb, nb, xq + t * K, xd + t * nb, y + t * ldy, ldy,
+                     ob, oe, t == 0 ? PF_STREAM_BYTES : 0);
+        switch (T - t) {
+        case 1: q80_pass(vnni, Q80_R, 1, W, wrb, nb, xq + t * K, xd + t * nb, y + t * ldy, ldy, ob, oe, 0); break;
+        case 2: q80_pass(vnni, Q80_R, 2, W, wrb, nb, xq + t * K, xd + t * nb, y + t * ldy, ldy, ob, oe, 0); break;
+        default: break;
+        }
+    }
+}
+
+static void q80_rows(const char *W, size_t wrb, int64_t nb, const int8_t *xq, const float *xd,
+                     int T, float *y, int64_t ldy, int64_t o0, int64_t o1)
+{
+    q80_rows_isa(0, W, wrb, nb, xq, xd, T, y, ldy, o0, o1);
+}
+
+static void q80_rows_vnni(const char *W, size_t wrb, int64_t nb, const int8_t *xq,
+                          const float *xd, int T, float *y, int64_t ldy, int64_t o0, int64_t o1)
+{
+    q80_rows_isa(1, W, wrb, nb, xq, xd, T, y, ldy, o0, o1);
+}
+
+/* kern_q8_quantize, the same bits (as q8k_quantize). */
+static void q8_quantize(const float *x, int64_t K, int8_t *q, float *d)
+{
+    const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+    const __m512i lim = _mm512_set1_epi32(127), nlim = _mm512_set1_epi32(-127);
+    for (int64_t b = 0; b < K / 32; b++, x += 32, q += 32) {
+        __m512 a0 = _mm512_and_ps(_mm512_loadu_ps(x), absmask);
+        __m512 a1 = _mm512_and_ps(_mm512_loadu_ps(x + 16), absmask);
+        __mmask16 bad = _mm512_cmp_ps_mask(a0, _mm512_set1_ps(FLT_MAX), _CMP_NLE_UQ) |
+                        _mm512_cmp_ps_mask(a1, _mm512_set1_ps(FLT_MAX), _CMP_NLE_UQ);
+        const float amax = bad ? 0.0f : _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
+        if (bad || amax == 0.0f) {
+            d[b] = bad ? NAN : 0.0f;
+            _mm256_storeu_si256((__m256i *)q, _mm256_setzero_si256());
+            continue;
+        }
+        d[b] = amax / 127.0f;
+        const __m512 is = _mm512_set1_ps(127.0f / amax);
+        __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x), is));
+        __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + 16), is));
+        q0 = _mm512_max_epi32(_mm512_min_epi32(q0, lim), nlim);
+        q1 = _mm512_max_epi32(_mm512_min_epi32(q1, lim), nlim);
+        _mm_storeu_si128((__m128i *)q, _mm512_cvtepi32_epi8(q0));
+        _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtepi32_epi8(q1));
+    }
+}
+
 static void v_dequant_row(int wtype, const void *row, float *out, int64_t K);
 
 /* Block types with many tokens (T > 6, the panel path): each panel's rows are widened to F32
@@ -654,6 +806,9 @@ AI int matmul_isa(const int vnni, int wtype, const void *W, size_t w_row_bytes, 
     if (wtype == DT_Q4_K)
         return kern_q4k_matmul(vnni ? q4k_rows_vnni : q4k_rows, q8k_quantize, W, w_row_bytes, K,
                                x, ldx, y, ldy, T, o0, o1);
+    if (wtype == DT_Q8_0)
+        return kern_q80_matmul(vnni ? q80_rows_vnni : q80_rows, q8_quantize, W, w_row_bytes, K,
+                               x, ldx, y, ldy, T, o0, o1);
     if (!kern_wtype_ok(wtype, K)) return -1;
     if (T <= 0 || o1 <= o0) return 0;
     const char *w = W;
@@ -664,8 +819,7 @@ AI int matmul_isa(const int vnni, int wtype, const void *W, size_t w_row_bytes, 
     case DT_F32: mm_f32(w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1); break;
     case DT_F16: mm_f16(w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1); break;
     case DT_BF16: mm_bf16(w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1); break;
-    case DT_Q4_0: mm_q4_0(w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1); break;
-    default: mm_q8_0(w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1); break;
+    default: mm_q4_0(w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1); break;
     }
     return 0;
 }

@@ -44,17 +44,19 @@ ROPE_NORM, ROPE_NEOX = 0, 1
 ARCH_ROPE = {"llama": ROPE_NORM, "qwen2": ROPE_NEOX}
 
 
-class Q4KLinear:
-    """A Q4_K matrix used by a matmul: its exact weight values, (out, in) float64."""
+class I8Linear:
+    """A matrix whose matmul takes int8 activations (engine/cpu/kernels.h: Q4_K with x in blocks
+    of 256, Q8_0 with x in blocks of 32): its exact weight values, (out, in) float64."""
 
-    def __init__(self, w):
+    def __init__(self, w, block):
         self.w = w
+        self.block = block
 
 
-def quant_q8k(x):
-    """x (n, K), K a multiple of 256 -> the dequantised int8 activations of the int8 route."""
+def quant_i8(x, block):
+    """x (n, K), K a multiple of block -> the dequantised int8 activations of the int8 route."""
     n, k = x.shape
-    x32 = x.astype(np.float32).reshape(n, k // 256, 256)
+    x32 = x.astype(np.float32).reshape(n, k // block, block)
     amax = np.abs(x32).max(axis=-1, keepdims=True)
     d = (amax / np.float32(127)).astype(np.float32)
     safe = np.where(amax > 0, amax, np.float32(1))
@@ -64,9 +66,9 @@ def quant_q8k(x):
 
 
 def lin(x, w):
-    """x (n, in) @ w^T for a plain (out, in) array or a Q4KLinear."""
-    if isinstance(w, Q4KLinear):
-        return quant_q8k(x) @ w.w.T
+    """x (n, in) @ w^T for a plain (out, in) array or an I8Linear."""
+    if isinstance(w, I8Linear):
+        return quant_i8(x, w.block) @ w.w.T
     return x @ w.T
 
 
@@ -111,7 +113,9 @@ class RefModel:
 
         def M(name):  # a matrix used by a matmul
             if g.tensor_dtype(name) == gguf_ref.DT_Q4_K:
-                return Q4KLinear(g.tensor(name, exact_q4k=True))
+                return I8Linear(g.tensor(name, exact_q4k=True), 256)
+            if g.tensor_dtype(name) == gguf_ref.DT_Q8_0:
+                return I8Linear(g.tensor(name), 32)
             return g.tensor(name)
 
         self.tok_embd = T("token_embd.weight")                       # (vocab, dim)
