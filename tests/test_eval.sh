@@ -10,12 +10,12 @@
 #    to 256 (an equivalent model: the perplexity must be identical), and to Q8_0, Q4_0 and Q4_K
 #    (padded, so that its matrices fit Q4_K's super-blocks of 256; attn_output, whose rows are
 #    n_heads * head_dim = 64, falls back to Q4_0), the 4-bit ones with the default importance-
-#    weighted quantiser and Q4_K also with ggml's (--quantiser ggml). Measured (2026, this
-#    text): F32 3.4559, Q8_0 3.4543 (-0.05%) unpadded / 3.4558 padded, Q4_0 3.7193 (+7.6%,
-#    ffn_down kept F32 as its rows of 172 fit no block) / 3.7632 padded (+8.9%), Q4_K padded
-#    3.5923 (+3.9%; ggml's quantiser 3.8050, +10.1%).
+#    weighted quantiser and Q4_K also with ggml's (--quantiser ggml). Measured (2026-12-01, this
+#    text; Q8_0 and Q4_0 with int8 activations): F32 3.4558, Q8_0 3.4516 (-0.12%) unpadded /
+#    3.4592 padded (+0.10%), Q4_0 3.7157 (+7.5%, ffn_down kept F32 as its rows of 172 fit no
+#    block) / 3.7583 padded (+8.8%), Q4_K padded 3.5903 (+3.9%; ggml's quantiser 3.8100, +10.2%).
 #    Bounds: Q8_0 within 1% of F32 and Q4_K (importance) within 5% (the goals; observed
-#    0.05% and 3.9%), Q4_K (importance) below Q4_K (ggml); every 4-bit one within 0.15 nats of
+#    0.12% and 3.9%), Q4_K (importance) below Q4_K (ggml); every 4-bit one within 0.15 nats of
 #    mean NLL (+16% perplexity; observed at most 0.10) and strictly worse than F32 (noise on
 #    trained weights costs likelihood; observed +4..11%).
 # 3. A synthetic model (random weights, dim 256 so that Q4_K applies, 2 layers, ffn 512) in F16,

@@ -10,11 +10,11 @@
  *
  * Types: F32, F16, BF16, Q8_0, Q4_0 and Q4_K (random blocks: every bit pattern of the quants
  * and, for Q4_K, of the packed 6-bit scales and mins). The reference value of a Q4_K weight is
- * the one F32 rounding of d*sc*q - dmin*m (kernels.h), computed here independently. Q4_K and
- * Q8_0 take int8 activations (kernels.h): their reference is the route's formula in double over
- * x as kern_q8k_quantize / kern_q8_quantize round it, with the bound (K/256 + 8) u (Q4_K) or
- * (K/32 + 8) u (Q8_0) times the sum of the formula's terms' |.|; and that reference must lie
- * within x's 8-bit rounding of the exact product (ref_q4k_i8, ref_q80_i8).
+ * the one F32 rounding of d*sc*q - dmin*m (kernels.h), computed here independently. Q4_K, Q8_0
+ * and Q4_0 take int8 activations (kernels.h): their reference is the route's formula in double
+ * over x as kern_q8k_quantize / kern_q8_quantize round it, with the bound (K/256 + 8) u (Q4_K)
+ * or (K/32 + 8) u (Q8_0, Q4_0) times the sum of the formula's terms' |.|; and that reference
+ * must lie within x's 8-bit rounding of the exact product (ref_q4k_i8, ref_b32_i8).
  *
  * Batch invariance (kernels.h): every (t, o) of a batch of T tokens over rows [o0, o1) must be
  * bit-identical to the same token computed alone over a single row, for T = 1..70, ranges
@@ -184,8 +184,10 @@ static double ref_q4k_i8(const void *row, const float *x, int64_t K, double *mag
     return ref;
 }
 
-/* Q8_0's int8 route (kernels.h), as ref_q4k_i8: sum over blocks b of dw_b * dx_b * P_b. */
-static double ref_q80_i8(const void *row, const float *x, int64_t K, double *mag, double *qerr)
+/* The int8 route of Q8_0 and Q4_0 (kernels.h), as ref_q4k_i8: sum over blocks b of
+ * dw_b * dx_b * P_b, with the integer weights Q8_0's quants or Q4_0's nibbles - 8. */
+static double ref_b32_i8(int t, const void *row, const float *x, int64_t K, double *mag,
+                         double *qerr)
 {
     const int64_t nb = K / 32;
     int8_t *xq = malloc((size_t)(K > 0 ? K : 1));
@@ -193,14 +195,24 @@ static double ref_q80_i8(const void *row, const float *x, int64_t K, double *mag
     kern_q8_quantize(x, K, xq, xd);
     double ref = 0, m = 0, qe = 0;
     for (int64_t b = 0; b < nb; b++) {
-        const block_q8_0 *bl = (const block_q8_0 *)row + b;
-        const double s = (double)fp16_to_f32(bl->d) * xd[b];
+        uint16_t dh;
+        int wi[32];
+        if (t == DT_Q8_0) {
+            const block_q8_0 *bl = (const block_q8_0 *)row + b;
+            dh = bl->d;
+            for (int l = 0; l < 32; l++) wi[l] = bl->qs[l];
+        } else {
+            const block_q4_0 *bl = (const block_q4_0 *)row + b;
+            dh = bl->d;
+            for (int l = 0; l < 16; l++) wi[l] = (bl->qs[l] & 15) - 8, wi[l + 16] = (bl->qs[l] >> 4) - 8;
+        }
+        const double s = (double)fp16_to_f32(dh) * xd[b];
         double p = 0, ap = 0;
         for (int l = 0; l < 32; l++) {
             const int64_t k = 32 * b + l;
-            p += (double)bl->qs[l] * xq[k];
-            ap += fabs((double)bl->qs[l] * xq[k]);
-            double w = ref_weight(DT_Q8_0, row, k);
+            p += (double)wi[l] * xq[k];
+            ap += fabs((double)wi[l] * xq[k]);
+            double w = ref_weight(t, row, k);
             qe += fabs(w) * (0.5001 * xd[b]) + ldexp(1.0, -23) * fabs(w * xd[b] * xq[k]);
         }
         ref += s * p;
@@ -213,7 +225,7 @@ static double ref_q80_i8(const void *row, const float *x, int64_t K, double *mag
     return ref;
 }
 
-/* The int8 routes' reference (Q4_K, Q8_0) and its bound's K factor; 0 for the other types. */
+/* The int8 routes' reference (Q4_K, Q8_0, Q4_0) and its bound's K factor; 0 for the other types. */
 static int ref_i8(int t, const void *row, const float *x, int64_t K, double *ref, double *mag,
                   double *qerr, double *kbound)
 {
@@ -222,8 +234,8 @@ static int ref_i8(int t, const void *row, const float *x, int64_t K, double *ref
         *kbound = (double)(K / 256 + 8);
         return 1;
     }
-    if (t == DT_Q8_0) {
-        *ref = ref_q80_i8(row, x, K, mag, qerr);
+    if (t == DT_Q8_0 || t == DT_Q4_0) {
+        *ref = ref_b32_i8(t, row, x, K, mag, qerr);
         *kbound = (double)(K / 32 + 8);
         return 1;
     }

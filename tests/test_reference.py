@@ -15,7 +15,8 @@ a prefix longer than one KV block with the first) are run through
 compared with the reference:
   * NMSE = sum((engine - ref)^2) / sum(ref^2) per sequence; the max over sequences must stay under
     the bound for the KV type (see BOUNDS for the justification and the values observed;
-    BOUNDS_I8 for models with Q4_K or Q8_0 matrices, whose matmuls take int8 activations);
+    BOUNDS_I8 for models with Q4_K, Q8_0 or Q4_0 matrices, whose matmuls take int8
+    activations);
   * the argmax must agree at every position where the reference's top-1 / top-2 margin is clear
     (> ARGMAX_MARGIN * max|ref|); overall agreement is reported;
   * batch invariance: for one KV type every mode (and alone with 1 thread vs 2) must give
@@ -61,7 +62,7 @@ THREADS = 2
 # same stored bytes exactly (F16/BF16/Q8_0/Q4_0 -> float64 is exact; Q4_K is by definition the
 # one float32 rounding of d*sc*q - dmin*m, which the reference reproduces exactly: gguf_ref.py), so
 # weight quantisation adds no error and the bound does not depend on the weight dtype (the int8
-# activations of Q4_K and Q8_0 aside: BOUNDS_I8). What remains:
+# activations of Q4_K, Q8_0 and Q4_0 aside: BOUNDS_I8). What remains:
 #   f32 KV: f32 rounding in the matmuls, norms, softmax and RoPE (unit roundoff 6e-8, dot
 #     products of 64..128 terms, 2..5 layers) -> relative rms error ~1e-7..1e-6, NMSE ~1e-14..1e-12.
 #     Observed (2026, AVX-512 kernels, 4 seeds of models and sequences): stories260K 1.1e-14,
@@ -75,15 +76,16 @@ THREADS = 2
 # its K bias -> 4e-5; RoPE base 10000 instead of 1e6 -> 0.2; NORM instead of NEOX pairing -> 0.5.
 BOUNDS = {"f32": 2e-12, "f16": 5e-6}
 ARGMAX_MARGIN = 1e-3
-# Models with Q4_K or Q8_0 matrices: these take int8 activations (engine/cpu/kernels.h), which the
-# reference reproduces (forward_ref.quant_i8), but x differs from the reference's by f32
+# Models with Q4_K, Q8_0 or Q4_0 matrices: these take int8 activations (engine/cpu/kernels.h),
+# which the reference reproduces (forward_ref.quant_i8), but x differs from the reference's by f32
 # rounding (~1e-7 relative), so now and then an element of x rounds to the neighbouring int8
 # step in one and not the other: that changes a matmul output by ~dx * |w| (a relative 1e-3), and
 # the random synthetic models amplify it layer by layer. Observed (AVX-512): with no such flip
 # 8.6e-14 (f32 KV); stories260K 4.3e-6 (f32) and 1.1e-4 (f16); the synthetic models up to 1.7e-4
 # (f32) and 5.8e-4 (f16). Without the reference reproducing the 8-bit rounding the same models
-# are at 1.3e-4 .. 9e-4. Q8_0 (x in blocks of 32), observed 2026-12-01: 2.2e-14 (f32 KV), 2.4e-4 ..
-# 2.8e-4 (f16 KV). Bounds ~10x over the worst observed; the kernels' own arithmetic is
+# are at 1.3e-4 .. 9e-4. Q8_0 and Q4_0 (x in blocks of 32), observed 2026-12-01: Q8_0 2.2e-14 (f32
+# KV), 2.4e-4 .. 2.8e-4 (f16 KV); Q4_0 1.8e-14 (f32 KV), 2.5e-4 (f16 KV); the Q4_K models with
+# Q4_0 matrices up to 5.8e-4. Bounds ~10x over the worst observed; the kernels' own arithmetic is
 # checked to its rounding bound by test_kernels, and every mode must still be bit-identical.
 BOUNDS_I8 = {"f32": 2e-3, "f16": 6e-3}
 ARGMAX_MARGIN_I8 = 5e-2
@@ -196,8 +198,9 @@ def engine_logits(spillway, model, seqs_path, out_path, mode, kv, n_vocab, n_pos
 
 
 def has_i8(m):
-    """1 when a matmul of m takes int8 activations (Q4_K and Q8_0 matrices: kernels.h)."""
-    return any(t.dtype in (gguf_ref.DT_Q4_K, gguf_ref.DT_Q8_0) for n, t in m.g.tensors.items()
+    """1 when a matmul of m takes int8 activations (Q4_K, Q8_0, Q4_0 matrices: kernels.h)."""
+    return any(t.dtype in (gguf_ref.DT_Q4_K, gguf_ref.DT_Q8_0, gguf_ref.DT_Q4_0)
+               for n, t in m.g.tensors.items()
                if n != "token_embd.weight" or m.tied)
 
 

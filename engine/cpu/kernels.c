@@ -137,11 +137,11 @@ void kern_q8_quantize(const float *x, int64_t K, int8_t *q, float *d)
     }
 }
 
-int kern_q80_matmul(kern_q80_fn fn, kern_q8_fn quant, const void *W, size_t wrb, int64_t K,
-                    const float *x, int64_t ldx, float *y, int64_t ldy, int T, int64_t o0,
-                    int64_t o1)
+int kern_b32_matmul(int wtype, kern_b32_fn fn, kern_q8_fn quant, const void *W, size_t wrb,
+                    int64_t K, const float *x, int64_t ldx, float *y, int64_t ldy, int T,
+                    int64_t o0, int64_t o1)
 {
-    if (!kern_wtype_ok(DT_Q8_0, K)) return -1;
+    if ((wtype != DT_Q8_0 && wtype != DT_Q4_0) || !kern_wtype_ok(wtype, K)) return -1;
     if (T <= 0 || o1 <= o0) return 0;
     const int64_t nb = K / 32;
     _Alignas(64) int8_t sq[KERN_Q8_STACK];
@@ -232,21 +232,33 @@ static void sc_q4k(const char *W, size_t wrb, int64_t nsb, const kern_q8k_t *xq,
     }
 }
 
-/* Scalar Q8_0 x int8: per (t, o) y = sum over blocks b in order of (dw_b * dx_b) * P_b, P_b the
- * exact integer sum of the block's products. */
-static void sc_q80(const char *W, size_t wrb, int64_t nb, const int8_t *xq, const float *xd, int T,
-                   float *y, int64_t ldy, int64_t o0, int64_t o1)
+/* Weight k (< 32) of a Q8_0 / Q4_0 block: its quant, or its nibble - 8. */
+static inline int b32_weight(int wtype, const char *blk, int k)
 {
+    if (wtype == DT_Q8_0) return ((const block_q8_0 *)blk)->qs[k];
+    const uint8_t q = ((const block_q4_0 *)blk)->qs[k % 16];
+    return (k < 16 ? q & 0x0f : q >> 4) - 8;
+}
+
+/* Scalar Q8_0 / Q4_0 x int8: per (t, o) y = sum over blocks b in order of (dw_b * dx_b) * P_b,
+ * P_b the exact integer sum of the block's products. */
+static void sc_b32(int wtype, const char *W, size_t wrb, int64_t nb, const int8_t *xq,
+                   const float *xd, int T, float *y, int64_t ldy, int64_t o0, int64_t o1)
+{
+    const size_t bs = wtype == DT_Q8_0 ? sizeof(block_q8_0) : sizeof(block_q4_0);
     for (int64_t o = o0; o < o1; o++) {
-        const block_q8_0 *row = (const block_q8_0 *)(W + (size_t)o * wrb);
+        const char *row = W + (size_t)o * wrb;
         for (int t = 0; t < T; t++) {
             const int8_t *q = xq + (int64_t)t * nb * 32;
             const float *d = xd + (int64_t)t * nb;
             float acc = 0.0f;
             for (int64_t b = 0; b < nb; b++) {
+                const char *blk = row + (size_t)b * bs;
+                uint16_t dw;
+                memcpy(&dw, blk, 2); /* the scale d is each block's first member */
                 int32_t p = 0;
-                for (int i = 0; i < 32; i++) p += row[b].qs[i] * q[32 * b + i];
-                float s = fp16_to_f32(row[b].d) * d[b];
+                for (int i = 0; i < 32; i++) p += b32_weight(wtype, blk, i) * q[32 * b + i];
+                float s = fp16_to_f32(dw) * d[b];
                 float a = s * (float)p;
                 acc += a;
             }
@@ -255,13 +267,26 @@ static void sc_q80(const char *W, size_t wrb, int64_t nb, const int8_t *xq, cons
     }
 }
 
+static void sc_q80(const char *W, size_t wrb, int64_t nb, const int8_t *xq, const float *xd, int T,
+                   float *y, int64_t ldy, int64_t o0, int64_t o1)
+{
+    sc_b32(DT_Q8_0, W, wrb, nb, xq, xd, T, y, ldy, o0, o1);
+}
+
+static void sc_q40(const char *W, size_t wrb, int64_t nb, const int8_t *xq, const float *xd, int T,
+                   float *y, int64_t ldy, int64_t o0, int64_t o1)
+{
+    sc_b32(DT_Q4_0, W, wrb, nb, xq, xd, T, y, ldy, o0, o1);
+}
+
 static int sc_matmul(int wtype, const void *W, size_t w_row_bytes, int64_t K, const float *x,
                      int64_t ldx, float *y, int64_t ldy, int T, int64_t o0, int64_t o1)
 {
     if (wtype == DT_Q4_K)
         return kern_q4k_matmul(sc_q4k, kern_q8k_quantize, W, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
-    if (wtype == DT_Q8_0)
-        return kern_q80_matmul(sc_q80, kern_q8_quantize, W, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
+    if (wtype == DT_Q8_0 || wtype == DT_Q4_0)
+        return kern_b32_matmul(wtype, wtype == DT_Q8_0 ? sc_q80 : sc_q40, kern_q8_quantize, W,
+                               w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
     if (!kern_wtype_ok(wtype, K)) return -1;
     float w[SC_CHUNK];
     float s[SC_TOK][SC_LANES];

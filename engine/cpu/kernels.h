@@ -8,15 +8,14 @@
  * or on the neighbouring tokens. So a sequence gets bit-identical results alone or in a batch.
  *
  * Threads: kernels are pure functions of their arguments; callers split work over threads by
- * output rows or by tokens. (matmul of a block type over many tokens widens panels of rows into
- * a malloc'd F32 scratch buffer first -- the same values and arithmetic -- and takes the direct
- * path when the allocation fails.) matmul is fastest when each thread's row range is a multiple of 8
- * rows (4 when T > 2); any range is correct.
+ * output rows or by tokens. (matmul of a block type quantises its T tokens of x into a malloc'd
+ * buffer first -- or, when that fails, chunks of them on the stack: the same values.) matmul is
+ * fastest when each thread's row range is a multiple of 8 rows (4 when T > 2); any range is
+ * correct.
  *
- * Arithmetic (engine/cpu/kernels*.c give the exact per-ISA order). F32, F16, BF16, Q4_0:
- * weights are widened to F32 exactly in registers -- F16, BF16 as they are and Q4_0 as
- * float(q - 8) * d, which are exact in F32 -- and multiplied with the F32 activations in F32 with
- * a fixed accumulation order, so these types add no error beyond the weights' own quantisation.
+ * Arithmetic (engine/cpu/kernels*.c give the exact per-ISA order). F32, F16, BF16: weights are
+ * widened to F32 exactly in registers and multiplied with the F32 activations in F32 with a
+ * fixed accumulation order, so these types add no error beyond the weights' own rounding.
  * Such a matmul output differs from the exact dot product of the widened weights by at most
  * (K + 4) * 2^-24 * sum_k |w_k x_k| (tests/test_kernels.c checks this bound).
  *
@@ -32,12 +31,13 @@
  * of the exact value of that formula; against the exact dot product of the widened weights it
  * adds x's rounding to 8 bits, at most dx_s / 2 = max|x over the 256| / 254 per element.
  *
- * Q8_0 takes int8 activations too (llama.cpp's Q8_0 x Q8_0), because one integer dot product
- * replaces widening, scaling and an F32 multiply per weight (measured on the Zen 5 build machine,
- * matmul of 576 x 576 .. 1536: 16 tokens 1.6-1.8x, 512 tokens 1.2x; one token streams at the
- * same rate, memory-bound either way): each token's x is quantised in blocks of 32 by
- * kern_q8_quantize (portable, the same bits on every ISA), then per block b and token, exactly in
- * integers, P_b = sum_{k in b} q_k * xq_k, and in F32 y = sum_b fl(d_b * dx_b) * P_b in an
+ * Q8_0 and Q4_0 take int8 activations too (llama.cpp's Q8_0 x Q8_0 and Q4_0 x Q8_0), because
+ * one integer dot product replaces widening, scaling and an F32 multiply per weight (measured on
+ * the Zen 5 build machine, Q8_0 matmul of 576 x 576 .. 1536: 16 tokens 1.6-1.8x, 512 tokens
+ * 1.2x; one token streams at the same rate, memory-bound either way): each token's x is
+ * quantised in blocks of 32 by kern_q8_quantize (portable, the same bits on every ISA), then per
+ * block b and token, exactly in integers, P_b = sum_{k in b} q_k * xq_k with q_k Q8_0's quants
+ * or Q4_0's nibbles - 8, and in F32 y = sum_b fl(d_b * dx_b) * P_b in an
  * ISA-specific but fixed order, within (K/32 + 8) * 2^-24 * sum_b |d_b dx_b| sum_k |q_k xq_k| of
  * the exact value of that formula; x's rounding adds at most dx_b / 2 = max|x over the 32| / 254
  * per element. Batch invariance holds (xq depends on x[t] only). */
@@ -85,14 +85,14 @@ typedef struct {
 /* x[0..K) (K a multiple of 256) -> out[K / 256]. Portable C, the same bits on every ISA. */
 void kern_q8k_quantize(const float *x, int64_t K, kern_q8k_t *out);
 
-/* Q8_0's int8 route: x[0..K) (K a multiple of 32) quantised in blocks of 32, block b to
- * q[32b .. 32b+31] (round-to-nearest-even of x[k] / d[b], in [-127, 127]) and d[b] = max|x| / 127
- * over the block (0 for a block of zeros, NaN when it holds Inf or NaN; q then all 0). Portable C,
- * the same bits on every ISA. */
+/* The int8 route of Q8_0 and Q4_0: x[0..K) (K a multiple of 32) quantised in blocks of 32, block
+ * b to q[32b .. 32b+31] (round-to-nearest-even of x[k] / d[b], in [-127, 127]) and d[b] =
+ * max|x| / 127 over the block (0 for a block of zeros, NaN when it holds Inf or NaN; q then all
+ * 0). Portable C, the same bits on every ISA. */
 void kern_q8_quantize(const float *x, int64_t K, int8_t *q, float *d);
 
-/* Best table for this CPU. force: NULL for automatic, or "avx512-vnni" (AVX-512 with Q4_K's
- * integer sums through AVX512-VNNI: the same values as "avx512"), "avx512", "avx2" or
+/* Best table for this CPU. force: NULL for automatic, or "avx512-vnni" (AVX-512 with the int8
+ * routes' integer sums through AVX512-VNNI: the same values as "avx512"), "avx512", "avx2" or
  * "scalar" to pick one (tests compare them); returns NULL when the forced one is not supported
  * here. Thread-safe, returns a pointer to a static const table. */
 const kern_table_t *kern_get(const char *force);

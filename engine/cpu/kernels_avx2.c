@@ -4,11 +4,8 @@
  *   one 8-lane F32 accumulator; for each 8-element chunk of K in increasing order
  *   acc = fma(w[k..k+7], x[k..k+7], acc), the last partial chunk zero-padded;
  *   then h[i] = acc[i] + acc[i+4];  p[i] = h[i] + h[i+2];  y = p[0] + p[1].
- * Weights are widened to F32 exactly (see kernels_avx512.c); Q4_0 rows are walked a 32-element
- * block at a time (the block's scale decoded once per row), the same per-element order. With 8
- * tokens or more Q4_0 widens a panel of rows to F32 first and runs the F32 tiles over it
- * (mm_widened): the same arithmetic, bit for bit. Q4_K and Q8_0 take int8 activations
- * (kernels.h; their own sections below). Tiles are R = 3 rows x C <= 4
+ * F16 and BF16 weights are widened to F32 exactly (see kernels_avx512.c). Q4_K, Q8_0 and Q4_0
+ * take int8 activations (kernels.h; their own sections below). Tiles are R = 3 rows x C <= 4
  * tokens (12 accumulators of the 16 ymm registers; measured ~90% of the FMA peak in L2), 8 rows
  * x 1 token for decode; other tile shapes do the same per-element arithmetic. */
 /* Every function of this file is compiled for the ISA (no global -m flags). */
@@ -129,16 +126,10 @@ AI float hsum1(__m256 v)
     return _mm_cvtss_f32(_mm_add_ss(p, _mm_movehdup_ps(p)));
 }
 
-/* Byte offset of element k (a multiple of 8) within a row. */
+/* Byte offset of element k within a row of F32, F16 or BF16 (the types the F32 tiles take). */
 AI size_t elem_off(const int dt, int64_t k)
 {
-    switch (dt) {
-    case DT_F32: return (size_t)k * 4;
-    case DT_Q8_0: return (size_t)(k >> 5) * sizeof(block_q8_0) + (size_t)(k & 24);
-    case DT_Q4_0: return (size_t)(k >> 5) * sizeof(block_q4_0);
-    case DT_Q4_K: return (size_t)(k >> 8) * sizeof(block_q4_K) + (size_t)((k & 255) >> 1);
-    default: return (size_t)k * 2;
-    }
+    return (size_t)k * (dt == DT_F32 ? 4 : 2);
 }
 
 /* acc[r][c] += w[r] * x[c * ldx .. + 8) for r < R, c < C (x at the step's first element). */
@@ -163,30 +154,6 @@ AI void tile(const int dt, const int R, const int C, const char *W, size_t wrb, 
 #pragma GCC unroll 8
         for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
     int64_t k = 0;
-    if (dt == DT_Q4_0 || dt == DT_Q4_K) {
-        /* a block of 32 at a time: each row's scale (and min) is decoded once per block, then
-         * the same 8-element steps as below */
-        for (; k + 32 <= K; k += 32) {
-            float d[TILE_RMAX], m[TILE_RMAX];
-            int sh[TILE_RMAX];
-            if (pfd && (k & 127) == 0) {
-#pragma GCC unroll 8
-                for (int r = 0; r < R; r++)
-                    _mm_prefetch(W + (size_t)r * wrb + elem_off(dt, k) + pfd, _MM_HINT_T0);
-            }
-#pragma GCC unroll 8
-            for (int r = 0; r < R; r++) q4_params(dt, W + (size_t)r * wrb, k, &d[r], &m[r], &sh[r]);
-#pragma GCC unroll 4
-            for (int h = 0; h < 32; h += 8) {
-                __m256 w[TILE_RMAX];
-#pragma GCC unroll 8
-                for (int r = 0; r < R; r++)
-                    w[r] = q4_w8(dt, W + (size_t)r * wrb, k, h, _mm256_set1_ps(d[r]),
-                                 _mm256_set1_ps(m[r]), sh[r]);
-                fma_step(R, C, w, x + k + h, ldx, acc);
-            }
-        }
-    }
     for (; k + 8 <= K; k += 8) {
         __m256 w[TILE_RMAX];
         if (pfd && (k & 15) == 0) {
@@ -198,7 +165,7 @@ AI void tile(const int dt, const int R, const int C, const char *W, size_t wrb, 
         for (int r = 0; r < R; r++) w[r] = w_load(dt, W + (size_t)r * wrb, k);
         fma_step(R, C, w, x + k, ldx, acc);
     }
-    if (!kern_wtype_blocked(dt) && k < K) { /* block types: K is a multiple of 32 */
+    if (k < K) {
         int n = (int)(K - k);
         __m256 w[TILE_RMAX];
 #pragma GCC unroll 8
@@ -277,12 +244,6 @@ static void mm_bf16(const char *W, size_t wrb, int64_t K, const float *x, int64_
 {
     matmul_dt(DT_BF16, W, wrb, K, x, ldx, y, ldy, T, o0, o1);
 }
-static void mm_q4_0(const char *W, size_t wrb, int64_t K, const float *x, int64_t ldx, float *y,
-                    int64_t ldy, int T, int64_t o0, int64_t o1)
-{
-    matmul_dt(DT_Q4_0, W, wrb, K, x, ldx, y, ldy, T, o0, o1);
-}
-
 /* ---- Q4_K x int8 (kernels.h) ----
  * Per 32 bytes qs[32c .. 32c+31] of a super-block: low nibbles (sub-block 2c, x[64c ..]) and
  * high nibbles (sub-block 2c+1, x[64c+32 ..]); vpmaddubsw (never saturates: |pair| <= 3810),
@@ -421,15 +382,31 @@ static void q4k_rows(const char *W, size_t wrb, int64_t nsb, const kern_q8k_t *x
     }
 }
 
-/* ---- Q8_0 x int8 (kernels.h) ----
- * Per block and token: vpmaddubsw of |w| and xq with w's sign (vpsignb; pairs: |sum| <= 2 * 128 *
+/* ---- Q8_0 and Q4_0 x int8 (kernels.h) ----
+ * Per block (weights w: Q8_0 its quants, Q4_0 its nibbles - 8) and token: vpmaddubsw of |w| and xq with w's sign (vpsignb; pairs: |sum| <= 2 * 128 *
  * 127, never saturates), vpmaddwd with ones: 8 exact int32 lanes (lane l the sum of the products
  * 4l .. 4l+3); acc = fma(float(lanes), dw * dx, acc) for the blocks in order; y = hsum1(acc). */
 
-AI void q80_tile(const int R, const int C, const char *W, size_t wrb, int64_t nb,
+/* The 32 signed weights of block bl in x's order (Q8_0 quants, Q4_0 nibbles - 8) and its scale. */
+AI __m256i b32_w32(const int dt, const char *bl, float *d)
+{
+    if (dt == DT_Q8_0) {
+        const block_q8_0 *b = (const block_q8_0 *)bl;
+        *d = _cvtsh_ss(b->d);
+        return _mm256_loadu_si256((const __m256i *)b->qs);
+    }
+    const block_q4_0 *b = (const block_q4_0 *)bl;
+    *d = _cvtsh_ss(b->d);
+    __m128i q = _mm_loadu_si128((const __m128i *)b->qs);
+    __m256i v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0f));
+    return _mm256_sub_epi8(v, _mm256_set1_epi8(8));
+}
+
+AI void b32_tile(const int dt, const int R, const int C, const char *W, size_t wrb, int64_t nb,
                  const int8_t *xq, const float *xd, float *y, int64_t ldy, size_t pfd)
 {
     const int64_t K = nb * 32;
+    const size_t bs = dt == DT_Q8_0 ? sizeof(block_q8_0) : sizeof(block_q4_0);
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[TILE_RMAX][TILE_C];
 #pragma GCC unroll 8
@@ -442,11 +419,11 @@ AI void q80_tile(const int R, const int C, const char *W, size_t wrb, int64_t nb
         for (int c = 0; c < C; c++) xv[c] = _mm256_loadu_si256((const __m256i *)(xq + c * K + 32 * b));
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
-            const block_q8_0 *bl = (const block_q8_0 *)(W + (size_t)r * wrb) + b;
-            if (pfd) _mm_prefetch((const char *)bl + pfd, _MM_HINT_T0);
-            const __m256i w = _mm256_loadu_si256((const __m256i *)bl->qs);
+            const char *bl = W + (size_t)r * wrb + (size_t)b * bs;
+            if (pfd) _mm_prefetch(bl + pfd, _MM_HINT_T0);
+            float dw;
+            const __m256i w = b32_w32(dt, bl, &dw);
             const __m256i aw = _mm256_abs_epi8(w);
-            const float dw = _cvtsh_ss(bl->d);
 #pragma GCC unroll 4
             for (int c = 0; c < C; c++) {
                 __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv[c], w));
@@ -463,21 +440,22 @@ AI void q80_tile(const int R, const int C, const char *W, size_t wrb, int64_t nb
 }
 
 /* Rows [ob, oe): tiles of R rows, then single rows. */
-AI void q80_pass(const int R, const int C, const char *W, size_t wrb, int64_t nb,
+AI void b32_pass(const int dt, const int R, const int C, const char *W, size_t wrb, int64_t nb,
                  const int8_t *xq, const float *xd, float *y, int64_t ldy, int64_t ob,
                  int64_t oe, size_t pfd)
 {
     int64_t o = ob;
-    for (; o + R <= oe; o += R) q80_tile(R, C, W + (size_t)o * wrb, wrb, nb, xq, xd, y + o, ldy, pfd);
-    for (; o < oe; o++) q80_tile(1, C, W + (size_t)o * wrb, wrb, nb, xq, xd, y + o, ldy, pfd);
+    for (; o + R <= oe; o += R)
+        b32_tile(dt, R, C, W + (size_t)o * wrb, wrb, nb, xq, xd, y + o, ldy, pfd);
+    for (; o < oe; o++) b32_tile(dt, 1, C, W + (size_t)o * wrb, wrb, nb, xq, xd, y + o, ldy, pfd);
 }
 
-static void q80_rows(const char *W, size_t wrb, int64_t nb, const int8_t *xq, const float *xd,
-                     int T, float *y, int64_t ldy, int64_t o0, int64_t o1)
+AI void b32_rows(const int dt, const char *W, size_t wrb, int64_t nb, const int8_t *xq,
+                 const float *xd, int T, float *y, int64_t ldy, int64_t o0, int64_t o1)
 {
     if (T <= 2) { /* one pass streaming the rows from memory */
-        if (T == 1) q80_pass(4, 1, W, wrb, nb, xq, xd, y, ldy, o0, o1, PF_STREAM_BYTES);
-        else q80_pass(4, 2, W, wrb, nb, xq, xd, y, ldy, o0, o1, PF_STREAM_BYTES);
+        if (T == 1) b32_pass(dt, 4, 1, W, wrb, nb, xq, xd, y, ldy, o0, o1, PF_STREAM_BYTES);
+        else b32_pass(dt, 4, 2, W, wrb, nb, xq, xd, y, ldy, o0, o1, PF_STREAM_BYTES);
         return;
     }
     /* panels of rows kept in L2 while every tile of tokens passes over them */
@@ -488,11 +466,23 @@ static void q80_rows(const char *W, size_t wrb, int64_t nb, const int8_t *xq, co
         int64_t oe = o1 - ob < panel ? o1 : ob + panel;
         int t = 0;
         for (; t + 3 <= T; t += 3)
-            q80_pass(TILE_R, 3, W, wrb, nb, xq + t * K, xd + t * nb, y + t * ldy, ldy, ob, oe,
+            b32_pass(dt, TILE_R, 3, W, wrb, nb, xq + t * K, xd + t * nb, y + t * ldy, ldy, ob, oe,
                      t == 0 ? PF_STREAM_BYTES : 0);
-        if (T - t == 1) q80_pass(TILE_R, 1, W, wrb, nb, xq + t * K, xd + t * nb, y + t * ldy, ldy, ob, oe, 0);
-        if (T - t == 2) q80_pass(TILE_R, 2, W, wrb, nb, xq + t * K, xd + t * nb, y + t * ldy, ldy, ob, oe, 0);
+        if (T - t == 1) b32_pass(dt, TILE_R, 1, W, wrb, nb, xq + t * K, xd + t * nb, y + t * ldy, ldy, ob, oe, 0);
+        if (T - t == 2) b32_pass(dt, TILE_R, 2, W, wrb, nb, xq + t * K, xd + t * nb, y + t * ldy, ldy, ob, oe, 0);
     }
+}
+
+static void q80_rows(const char *W, size_t wrb, int64_t nb, const int8_t *xq, const float *xd,
+                     int T, float *y, int64_t ldy, int64_t o0, int64_t o1)
+{
+    b32_rows(DT_Q8_0, W, wrb, nb, xq, xd, T, y, ldy, o0, o1);
+}
+
+static void q40_rows(const char *W, size_t wrb, int64_t nb, const int8_t *xq, const float *xd,
+                     int T, float *y, int64_t ldy, int64_t o0, int64_t o1)
+{
+    b32_rows(DT_Q4_0, W, wrb, nb, xq, xd, T, y, ldy, o0, o1);
 }
 
 /* kern_q8_quantize, the same bits (as q8k_quantize). */
@@ -532,48 +522,21 @@ static void q8_quantize(const float *x, int64_t K, int8_t *q, float *d)
 
 static void v_dequant_row(int wtype, const void *row, float *out, int64_t K);
 
-/* Block types with many tokens (T >= 2 * TILE_C): each panel's rows are widened to F32 once into
- * a scratch buffer -- the very values the direct path widens in registers -- and the F32 tiles
- * run over it: the same per-element arithmetic, so bit-identical results (batch invariance holds
- * across the switch), with the decoding paid once per panel instead of once per tile of tokens.
- * 0 when no scratch memory could be had (the caller then takes the direct path). */
-static int mm_widened(int dt, const char *W, size_t wrb, int64_t K, const float *x, int64_t ldx,
-                      float *y, int64_t ldy, int T, int64_t o0, int64_t o1)
-{
-    const size_t frb = (size_t)K * sizeof(float);
-    int64_t panel = frb ? (int64_t)(KERN_PANEL_BYTES / frb) : (o1 - o0);
-    panel = panel < TILE_R ? TILE_R : panel / TILE_R * TILE_R;
-    if (panel > o1 - o0) panel = o1 - o0;
-    float *buf = malloc((size_t)panel * frb);
-    if (!buf) return 0;
-    for (int64_t ob = o0; ob < o1; ob += panel) {
-        int64_t oe = o1 - ob < panel ? o1 : ob + panel;
-        for (int64_t o = ob; o < oe; o++)
-            v_dequant_row(dt, W + (size_t)o * wrb, buf + (size_t)(o - ob) * (size_t)K, K);
-        matmul_dt(DT_F32, (const char *)buf, frb, K, x, ldx, y + ob, ldy, T, 0, oe - ob);
-    }
-    free(buf);
-    return 1;
-}
-
 static int v_matmul(int wtype, const void *W, size_t w_row_bytes, int64_t K, const float *x,
                     int64_t ldx, float *y, int64_t ldy, int T, int64_t o0, int64_t o1)
 {
     if (wtype == DT_Q4_K)
         return kern_q4k_matmul(q4k_rows, q8k_quantize, W, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
-    if (wtype == DT_Q8_0)
-        return kern_q80_matmul(q80_rows, q8_quantize, W, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
+    if (wtype == DT_Q8_0 || wtype == DT_Q4_0)
+        return kern_b32_matmul(wtype, wtype == DT_Q8_0 ? q80_rows : q40_rows, q8_quantize, W,
+                               w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
     if (!kern_wtype_ok(wtype, K)) return -1;
     if (T <= 0 || o1 <= o0) return 0;
     const char *w = W;
-    if (T >= 2 * TILE_C && kern_wtype_blocked(wtype) &&
-        mm_widened(wtype, w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1))
-        return 0;
     switch (wtype) {
     case DT_F32: mm_f32(w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1); break;
     case DT_F16: mm_f16(w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1); break;
-    case DT_BF16: mm_bf16(w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1); break;
-    default: mm_q4_0(w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1); break;
+    default: mm_bf16(w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1); break;
     }
     return 0;
 }

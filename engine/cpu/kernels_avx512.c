@@ -5,13 +5,9 @@
  *   acc = fma(w[k..k+15], x[k..k+15], acc), the last partial chunk zero-padded (masked loads);
  *   then the fixed tree  h[i] = acc[i] + acc[i+8];  q[i] = h[i] + h[i+4];
  *   p[i] = q[i] + q[i+2];  y = p[0] + p[1].
- * Weights are widened to F32 exactly in registers: F16 by vcvtph2ps, BF16 by a 16-bit shift,
- * Q4_0 as (q - 8) * d (exact; dequant_row also widens Q8_0 as float(q) * d, exact). Q4_0 rows are
- * walked a 32-element block at a time (each row's block scale decoded once, nibbles widened
- * through a 16-entry vpermps table), the same per-element order. With more than 6 tokens Q4_0
- * widens a panel of rows to F32 once and runs the F32 tiles over it (mm_widened): the same
- * arithmetic, bit for bit, with the decoding paid once per panel rather than once per tile of
- * tokens. Q4_K and Q8_0 take int8 activations (kernels.h; their own sections below).
+ * Weights are widened to F32 exactly in registers: F16 by vcvtph2ps, BF16 by a 16-bit shift
+ * (dequant_row also widens Q8_0, Q4_0 and Q4_K, as engine/dtype.h defines them). Q4_K, Q8_0 and
+ * Q4_0 take int8 activations (kernels.h; their own sections below).
  *
  * Blocking: a tile is R = 4 rows x C <= 6 tokens (24 accumulators in zmm registers); each weight
  * vector is widened once per tile and used for C tokens, each x vector is used for R rows. The
@@ -187,16 +183,10 @@ AI __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d)
 
 /* ---- register tile: R rows x C tokens over the whole of K ---- */
 
-/* Byte offset of element k (a multiple of 16) within a row. */
+/* Byte offset of element k within a row of F32, F16 or BF16 (the types the F32 tiles take). */
 AI size_t elem_off(const int dt, int64_t k)
 {
-    switch (dt) {
-    case DT_F32: return (size_t)k * 4;
-    case DT_Q8_0: return (size_t)(k >> 5) * sizeof(block_q8_0) + (size_t)(k & 16);
-    case DT_Q4_0: return (size_t)(k >> 5) * sizeof(block_q4_0);
-    case DT_Q4_K: return (size_t)(k >> 8) * sizeof(block_q4_K) + (size_t)((k & 255) >> 1);
-    default: return (size_t)k * 2;
-    }
+    return (size_t)k * (dt == DT_F32 ? 4 : 2);
 }
 
 /* The part [k0, k1) of a tile's sums: y[c * ldy + r] for r < R, c < C, with W at the tile's
@@ -223,35 +213,6 @@ AI void tile(const int dt, const int R, const int C, const char *W, size_t wrb, 
     }
 
     int64_t k = k0;
-    if (dt == DT_Q4_0 || dt == DT_Q4_K) {
-        /* a block of 32 at a time: each row's scale (and min) is decoded once per block, then
-         * the same 16-element steps as below */
-        for (; k + 32 <= k1; k += 32) {
-            float d[TILE_RMAX], m[TILE_RMAX];
-            int sh[TILE_RMAX];
-            if (pfd && (k & 127) == 0) {
-#pragma GCC unroll 8
-                for (int r = 0; r < R; r++)
-                    _mm_prefetch(W + (size_t)r * wrb + elem_off(dt, k) + pfd, _MM_HINT_T0);
-            }
-#pragma GCC unroll 8
-            for (int r = 0; r < R; r++) q4_params(dt, W + (size_t)r * wrb, k, &d[r], &m[r], &sh[r]);
-#pragma GCC unroll 2
-            for (int h = 0; h < 32; h += 16) {
-                __m512 w[TILE_RMAX];
-#pragma GCC unroll 8
-                for (int r = 0; r < R; r++)
-                    w[r] = q4_w16(dt, W + (size_t)r * wrb, k, h, _mm512_set1_ps(d[r]),
-                                  _mm512_set1_ps(m[r]), sh[r]);
-#pragma GCC unroll 8
-                for (int c = 0; c < C; c++) {
-                    __m512 xv = _mm512_loadu_ps(x + c * ldx + k + h);
-#pragma GCC unroll 8
-                    for (int r = 0; r < R; r++) acc[r][c] = _mm512_fmadd_ps(w[r], xv, acc[r][c]);
-                }
-            }
-        }
-    }
     if (dt == DT_F16 || dt == DT_BF16) {
         /* 2-byte weights: 32 per step, so that each row gets one prefetch per cache line */
         for (; k + 32 <= k1; k += 32) {
@@ -297,7 +258,7 @@ AI void tile(const int dt, const int R, const int C, const char *W, size_t wrb, 
             for (int c = 0; c < C; c++) save[r * C + c] = acc[r][c];
         return;
     }
-    if (!kern_wtype_blocked(dt) && k < K) { /* block types: K is a multiple of 32 */
+    if (k < K) {
         __mmask16 m = (__mmask16)((1u << (K - k)) - 1);
         __m512 w[TILE_RMAX];
 #pragma GCC unroll 8
@@ -422,12 +383,6 @@ static void mm_bf16(const char *W, size_t wrb, int64_t K, const float *x, int64_
 {
     matmul_dt(DT_BF16, W, wrb, K, x, ldx, y, ldy, T, o0, o1);
 }
-static void mm_q4_0(const char *W, size_t wrb, int64_t K, const float *x, int64_t ldx, float *y,
-                    int64_t ldy, int T, int64_t o0, int64_t o1)
-{
-    matmul_dt(DT_Q4_0, W, wrb, K, x, ldx, y, ldy, T, o0, o1);
-}
-
 /* ---- Q4_K x int8 (kernels.h) ----
  * Per 64-weight chunk c of a super-block (qs[32c .. 32c+31]): the 32 bytes broadcast to both
  * halves of a zmm, the upper half shifted right by 4, masked: bytes 0..31 are sub-block 2c's
@@ -589,37 +544,53 @@ static void q4k_rows_vnni(const char *W, size_t wrb, int64_t nsb, const kern_q8k
     q4k_rows_isa(1, W, wrb, nsb, xq, T, y, ldy, o0, o1);
 }
 
-/* ---- Q8_0 x int8 (kernels.h) ----
- * Per pair of blocks (64 weights, the order of x[64p .. 64p+63]) and token: 16 exact int32 lanes,
- * lane l the sum of the 4 products w_k * xq_k, k = 64p + 4l .. 4l+3 (|lane| <= 4 * 128 * 127):
- * with VNNI, vpdpbusd of the weights offset to unsigned (w + 128, the byte's top bit flipped)
- * and xq, started from -128 * (the sums of xq's groups of 4); without, vpmaddubsw of |w| and xq
- * with w's sign (pairs: |sum| <= 2 * 128 * 127, never saturates), then vpmaddwd with ones. Then
- * acc = fma(float(lanes), dw * dx, acc), dw * dx one F32 product per block in its 8 lanes, for
- * the pairs in order (an odd last block alone, the other 8 lanes 0); y = hsum1(acc). */
+/* ---- Q8_0 and Q4_0 x int8 (kernels.h) ----
+ * Per pair of blocks (64 weights w, the order of x[64p .. 64p+63]; Q8_0 its quants, Q4_0 its
+ * nibbles - 8) and token: 16 exact int32 lanes, lane l the sum of the 4 products w_k * xq_k,
+ * k = 64p + 4l .. 4l+3 (|lane| <= 4 * 128 * 127): with VNNI, vpdpbusd of the weights offset to
+ * unsigned (w + 128, the byte's top bit flipped) and xq, started from -128 * (the sums of xq's
+ * groups of 4); without, vpmaddubsw of |w| and xq with w's sign (pairs: |sum| <= 2 * 128 * 127,
+ * never saturates), then vpmaddwd with ones. Then acc = fma(float(lanes), dw * dx, acc), dw * dx
+ * one F32 product per block in its 8 lanes, for the pairs in order (an odd last block alone, the
+ * other 8 lanes 0); y = hsum1(acc). */
 
-#define Q80_R 4 /* rows x tokens of a tile with many tokens */
-#define Q80_C 3
+#define B32_R 4 /* rows x tokens of a tile with many tokens */
+#define B32_C 3
 
-/* Blocks b, b + 1 of a row (b + 1 < nb) or block b alone (the upper half 0). */
-AI __m512i q80_w64(const block_q8_0 *b, const int two)
+/* The signed weights of blocks b, b + 1 of a row (b + 1 < nb) or of block b alone (the upper
+ * half 0), in x's order: Q8_0 its quants, Q4_0 its nibbles - 8. bl: block b. */
+AI __m512i b32_w64(const int dt, const char *bl, const int two)
 {
-    __m256i lo = _mm256_loadu_si256((const __m256i *)b[0].qs);
-    if (!two) return _mm512_zextsi256_si512(lo);
-    return _mm512_inserti64x4(_mm512_castsi256_si512(lo),
-                              _mm256_loadu_si256((const __m256i *)b[1].qs), 1);
+    if (dt == DT_Q8_0) {
+        const block_q8_0 *b = (const block_q8_0 *)bl;
+        __m256i lo = _mm256_loadu_si256((const __m256i *)b[0].qs);
+        if (!two) return _mm512_zextsi256_si512(lo);
+        return _mm512_inserti64x4(_mm512_castsi256_si512(lo),
+                                  _mm256_loadu_si256((const __m256i *)b[1].qs), 1);
+    }
+    const block_q4_0 *b = (const block_q4_0 *)bl;
+    __m128i q0 = _mm_loadu_si128((const __m128i *)b[0].qs);
+    __m128i q1 = two ? _mm_loadu_si128((const __m128i *)b[1].qs) : _mm_set1_epi8((char)0x88);
+    /* 128-bit lanes q0, q0, q1, q1; the second of each pair shifted to its high nibbles */
+    __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(q0, q0)),
+                                   _mm256_set_m128i(q1, q1), 1);
+    v = _mm512_srlv_epi64(v, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4));
+    return _mm512_sub_epi8(_mm512_and_si512(v, _mm512_set1_epi8(0x0f)), _mm512_set1_epi8(8));
 }
 
 /* The two blocks' scales, each in its 8 lanes (or the first alone, the rest 0). */
-AI __m512 q80_d16(const block_q8_0 *b, const int two)
+AI __m512 b32_d16(const int dt, const char *bl, const int two)
 {
-    __m128i lo = _mm_set1_epi16((short)b[0].d);
-    __m128i hi = two ? _mm_set1_epi16((short)b[1].d) : _mm_setzero_si128();
+    const size_t bs = dt == DT_Q8_0 ? sizeof(block_q8_0) : sizeof(block_q4_0);
+    uint16_t d0, d1 = 0; /* the scale d is each block's first member */
+    memcpy(&d0, bl, 2);
+    if (two) memcpy(&d1, bl + bs, 2);
+    __m128i lo = _mm_set1_epi16((short)d0), hi = _mm_set1_epi16((short)d1);
     return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1));
 }
 
 /* A token's x scales of blocks b, b + 1 (or b alone), each in its 8 lanes. */
-AI __m512 q80_x16(const float *d, const int two)
+AI __m512 b32_x16(const float *d, const int two)
 {
     const __m512i idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     __m128 v = two ? _mm_castpd_ps(_mm_load_sd((const double *)d)) : _mm_load_ss(d);
@@ -628,10 +599,11 @@ AI __m512 q80_x16(const float *d, const int two)
 
 /* Rows [0, R) at W (stride wrb) against tokens [0, C) of xq/xd (strides nb * 32, nb); y[c * ldy
  * + r]. */
-AI void q80_tile(const int vnni, const int R, const int C, const char *W, size_t wrb, int64_t nb,
-                 const int8_t *xq, const float *xd, float *y, int64_t ldy, size_t pfd)
+AI void b32_tile(const int dt, const int vnni, const int R, const int C, const char *W, size_t wrb,
+                 int64_t nb, const int8_t *xq, const float *xd, float *y, int64_t ldy, size_t pfd)
 {
     const int64_t K = nb * 32;
+    const size_t bs = dt == DT_Q8_0 ? sizeof(block_q8_0) : sizeof(block_q4_0);
     __m512 acc[TILE_RMAX][TILE_CMAX];
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++)
@@ -645,17 +617,17 @@ AI void q80_tile(const int vnni, const int R, const int C, const char *W, size_t
         for (int c = 0; c < C; c++) {
             const int8_t *q = xq + c * K + 32 * b;
             xv[c] = two ? _mm512_loadu_si512(q) : _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)q));
-            dx[c] = q80_x16(xd + c * nb + b, two);
+            dx[c] = b32_x16(xd + c * nb + b, two);
             if (vnni) /* -128 * the sums of xq's groups of 4 */
                 nc[c] = _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_set1_epi8(1), xv[c]),
                                           _mm512_set1_epi16(-128));
         }
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
-            const block_q8_0 *bl = (const block_q8_0 *)(W + (size_t)r * wrb) + b;
-            if (pfd) _mm_prefetch((const char *)bl + pfd, _MM_HINT_T0);
-            const __m512i w = two ? q80_w64(bl, 1) : q80_w64(bl, 0);
-            const __m512 dw = two ? q80_d16(bl, 1) : q80_d16(bl, 0);
+            const char *bl = W + (size_t)r * wrb + (size_t)b * bs;
+            if (pfd) _mm_prefetch(bl + pfd, _MM_HINT_T0);
+            const __m512i w = two ? b32_w64(dt, bl, 1) : b32_w64(dt, bl, 0);
+            const __m512 dw = two ? b32_d16(dt, bl, 1) : b32_d16(dt, bl, 0);
             __m512i wu = w, aw = w;
             __mmask64 neg = 0;
             if (vnni) {
@@ -693,55 +665,55 @@ AI void q80_tile(const int vnni, const int R, const int C, const char *W, size_t
 }
 
 /* Rows [ob, oe): tiles of R rows, then single rows. */
-AI void q80_pass(const int vnni, const int R, const int C, const char *W, size_t wrb, int64_t nb,
-                 const int8_t *xq, const float *xd, float *y, int64_t ldy, int64_t ob,
+AI void b32_pass(const int dt, const int vnni, const int R, const int C, const char *W, size_t wrb,
+                 int64_t nb, const int8_t *xq, const float *xd, float *y, int64_t ldy, int64_t ob,
                  int64_t oe, size_t pfd)
 {
     int64_t o = ob;
     for (; o + R <= oe; o += R)
-        q80_tile(vnni, R, C, W + (size_t)o * wrb, wrb, nb, xq, xd, y + o, ldy, pfd);
+        b32_tile(dt, vnni, R, C, W + (size_t)o * wrb, wrb, nb, xq, xd, y + o, ldy, pfd);
     for (; o < oe; o++)
-        q80_tile(vnni, 1, C, W + (size_t)o * wrb, wrb, nb, xq, xd, y + o, ldy, pfd);
+        b32_tile(dt, vnni, 1, C, W + (size_t)o * wrb, wrb, nb, xq, xd, y + o, ldy, pfd);
 }
 
-AI void q80_rows_isa(const int vnni, const char *W, size_t wrb, int64_t nb, const int8_t *xq,
+AI void b32_rows_isa(const int dt, const int vnni, const char *W, size_t wrb, int64_t nb, const int8_t *xq,
                      const float *xd, int T, float *y, int64_t ldy, int64_t o0, int64_t o1)
 {
     switch (T) { /* few tokens: one pass streaming the rows from memory */
-    case 1: q80_pass(vnni, 8, 1, W, wrb, nb, xq, xd, y, ldy, o0, o1, PF_STREAM_BYTES); return;
-    case 2: q80_pass(vnni, 8, 2, W, wrb, nb, xq, xd, y, ldy, o0, o1, PF_STREAM_BYTES); return;
-    case 3: q80_pass(vnni, 4, 3, W, wrb, nb, xq, xd, y, ldy, o0, o1, PF_STREAM_BYTES); return;
+    case 1: b32_pass(dt, vnni, 8, 1, W, wrb, nb, xq, xd, y, ldy, o0, o1, PF_STREAM_BYTES); return;
+    case 2: b32_pass(dt, vnni, 8, 2, W, wrb, nb, xq, xd, y, ldy, o0, o1, PF_STREAM_BYTES); return;
+    case 3: b32_pass(dt, vnni, 4, 3, W, wrb, nb, xq, xd, y, ldy, o0, o1, PF_STREAM_BYTES); return;
     default: break;
     }
     /* panels of rows kept in L2 while every tile of tokens passes over them */
     const int64_t K = nb * 32;
     int64_t panel = (int64_t)(KERN_PANEL_BYTES / wrb);
-    panel = panel < Q80_R ? Q80_R : panel / Q80_R * Q80_R;
+    panel = panel < B32_R ? B32_R : panel / B32_R * B32_R;
     for (int64_t ob = o0; ob < o1; ob += panel) {
         int64_t oe = o1 - ob < panel ? o1 : ob + panel;
         int t = 0;
-        for (; t + Q80_C <= T; t += Q80_C)
-            q80_pass(vnni, Q80_R, Q80_C, W, wrb, nb, xq + t * K, xd + t * nb, y + t * ldy, ldy,
+        for (; t + B32_C <= T; t += B32_C)
+            b32_pass(dt, vnni, B32_R, B32_C, W, wrb, nb, xq + t * K, xd + t * nb, y + t * ldy, ldy,
                      ob, oe, t == 0 ? PF_STREAM_BYTES : 0);
         switch (T - t) {
-        case 1: q80_pass(vnni, Q80_R, 1, W, wrb, nb, xq + t * K, xd + t * nb, y + t * ldy, ldy, ob, oe, 0); break;
-        case 2: q80_pass(vnni, Q80_R, 2, W, wrb, nb, xq + t * K, xd + t * nb, y + t * ldy, ldy, ob, oe, 0); break;
+        case 1: b32_pass(dt, vnni, B32_R, 1, W, wrb, nb, xq + t * K, xd + t * nb, y + t * ldy, ldy, ob, oe, 0); break;
+        case 2: b32_pass(dt, vnni, B32_R, 2, W, wrb, nb, xq + t * K, xd + t * nb, y + t * ldy, ldy, ob, oe, 0); break;
         default: break;
         }
     }
 }
 
-static void q80_rows(const char *W, size_t wrb, int64_t nb, const int8_t *xq, const float *xd,
-                     int T, float *y, int64_t ldy, int64_t o0, int64_t o1)
-{
-    q80_rows_isa(0, W, wrb, nb, xq, xd, T, y, ldy, o0, o1);
-}
-
-static void q80_rows_vnni(const char *W, size_t wrb, int64_t nb, const int8_t *xq,
-                          const float *xd, int T, float *y, int64_t ldy, int64_t o0, int64_t o1)
-{
-    q80_rows_isa(1, W, wrb, nb, xq, xd, T, y, ldy, o0, o1);
-}
+#define B32_ROWS(NAME, DT, VNNI)                                                                   \
+    static void NAME(const char *W, size_t wrb, int64_t nb, const int8_t *xq, const float *xd,      \
+                     int T, float *y, int64_t ldy, int64_t o0, int64_t o1)                         \
+    {                                                                                              \
+        b32_rows_isa(DT, VNNI, W, wrb, nb, xq, xd, T, y, ldy, o0, o1);                             \
+    }
+B32_ROWS(q80_rows, DT_Q8_0, 0)
+B32_ROWS(q80_rows_vnni, DT_Q8_0, 1)
+B32_ROWS(q40_rows, DT_Q4_0, 0)
+B32_ROWS(q40_rows_vnni, DT_Q4_0, 1)
+#undef B32_ROWS
 
 /* kern_q8_quantize, the same bits (as q8k_quantize). */
 static void q8_quantize(const float *x, int64_t K, int8_t *q, float *d)
@@ -772,33 +744,6 @@ static void q8_quantize(const float *x, int64_t K, int8_t *q, float *d)
 
 static void v_dequant_row(int wtype, const void *row, float *out, int64_t K);
 
-/* Block types with many tokens (T > 6, the panel path): each panel's rows are widened to F32
- * once into a scratch buffer -- the very values the direct path widens in registers -- and the
- * F32 tiles run over it. The per-element arithmetic is the F32 path's, which is the direct
- * path's (same chunks, same FMA order, same reduction), so the results are bit-identical to the
- * direct path's and batch invariance holds across the switch; the decoding is paid once per
- * panel instead of once per tile of TILE_C tokens. 0 when no scratch memory could be had (the
- * caller then takes the direct path). */
-static int mm_widened(int dt, const char *W, size_t wrb, int64_t K, const float *x, int64_t ldx,
-                      float *y, int64_t ldy, int T, int64_t o0, int64_t o1)
-{
-    const size_t frb = (size_t)K * sizeof(float);
-    int64_t panel = frb ? (int64_t)(KERN_PANEL_BYTES / frb) : (o1 - o0);
-    panel = panel < TILE_R ? TILE_R : panel / TILE_R * TILE_R;
-    if (K > KERN_KBLOCK_MIN && panel > KERN_KBLOCK_ROWS) panel = KERN_KBLOCK_ROWS;
-    if (panel > o1 - o0) panel = o1 - o0;
-    float *buf = malloc((size_t)panel * frb);
-    if (!buf) return 0;
-    for (int64_t ob = o0; ob < o1; ob += panel) {
-        int64_t oe = o1 - ob < panel ? o1 : ob + panel;
-        for (int64_t o = ob; o < oe; o++)
-            v_dequant_row(dt, W + (size_t)o * wrb, buf + (size_t)(o - ob) * (size_t)K, K);
-        matmul_dt(DT_F32, (const char *)buf, frb, K, x, ldx, y + ob, ldy, T, 0, oe - ob);
-    }
-    free(buf);
-    return 1;
-}
-
 AI int matmul_isa(const int vnni, int wtype, const void *W, size_t w_row_bytes, int64_t K,
                   const float *x, int64_t ldx, float *y, int64_t ldy, int T, int64_t o0,
                   int64_t o1)
@@ -807,19 +752,18 @@ AI int matmul_isa(const int vnni, int wtype, const void *W, size_t w_row_bytes, 
         return kern_q4k_matmul(vnni ? q4k_rows_vnni : q4k_rows, q8k_quantize, W, w_row_bytes, K,
                                x, ldx, y, ldy, T, o0, o1);
     if (wtype == DT_Q8_0)
-        return kern_q80_matmul(vnni ? q80_rows_vnni : q80_rows, q8_quantize, W, w_row_bytes, K,
-                               x, ldx, y, ldy, T, o0, o1);
+        return kern_b32_matmul(DT_Q8_0, vnni ? q80_rows_vnni : q80_rows, q8_quantize, W,
+                               w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
+    if (wtype == DT_Q4_0)
+        return kern_b32_matmul(DT_Q4_0, vnni ? q40_rows_vnni : q40_rows, q8_quantize, W,
+                               w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
     if (!kern_wtype_ok(wtype, K)) return -1;
     if (T <= 0 || o1 <= o0) return 0;
     const char *w = W;
-    if (T > 6 && kern_wtype_blocked(wtype) &&
-        mm_widened(wtype, w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1))
-        return 0;
     switch (wtype) {
     case DT_F32: mm_f32(w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1); break;
     case DT_F16: mm_f16(w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1); break;
-    case DT_BF16: mm_bf16(w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1); break;
-    default: mm_q4_0(w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1); break;
+    default: mm_bf16(w, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1); break;
     }
     return 0;
 }

@@ -15,7 +15,7 @@
 /* Quantised super-blocks of x kept on the stack (kern_q4k_matmul): Q4_K rows up to this many
  * super-blocks (57,344 elements). */
 #define KERN_Q8K_STACK 224
-/* Q8_0 rows up to this many elements (their quantised x kept on the stack when it fits). */
+/* Q8_0 and Q4_0 rows up to this many elements (their quantised x kept on the stack when it fits). */
 #define KERN_Q8_STACK (KERN_Q8K_STACK * 256)
 
 /* 1 when matmul supports weight type t with row length K. */
@@ -24,7 +24,7 @@ static inline int kern_wtype_ok(int t, int64_t K)
     switch (t) {
     case DT_F32: case DT_F16: case DT_BF16: return K >= 0;
     case DT_Q8_0: return K >= 0 && K % QK8_0 == 0 && K <= KERN_Q8_STACK;
-    case DT_Q4_0: return K >= 0 && K % QK4_0 == 0;
+    case DT_Q4_0: return K >= 0 && K % QK4_0 == 0 && K <= KERN_Q8_STACK;
     case DT_Q4_K: return K >= 0 && K % QK_K == 0 && K <= (int64_t)KERN_Q8K_STACK * QK_K;
     default: return 0;
     }
@@ -45,21 +45,21 @@ typedef void (*kern_q8k_fn)(const float *x, int64_t K, kern_q8k_t *out);
 int kern_q4k_matmul(kern_q4k_fn fn, kern_q8k_fn quant, const void *W, size_t wrb, int64_t K, const float *x,
                     int64_t ldx, float *y, int64_t ldy, int T, int64_t o0, int64_t o1);
 
-/* ---- Q8_0's int8 route (kernels.h), shared by every ISA ---- */
+/* ---- the int8 route of Q8_0 and Q4_0 (kernels.h), shared by every ISA ---- */
 
-/* The ISA's part: y[t * ldy + o] for t < T, o in [o0, o1), from rows of nb Q8_0 blocks and the
+/* The ISA's part: y[t * ldy + o] for t < T, o in [o0, o1), from rows of nb blocks of 32 and the
  * quantised tokens: token t's quants at xq + t * nb * 32, its block scales at xd + t * nb. */
-typedef void (*kern_q80_fn)(const char *W, size_t wrb, int64_t nb, const int8_t *xq,
+typedef void (*kern_b32_fn)(const char *W, size_t wrb, int64_t nb, const int8_t *xq,
                             const float *xd, int T, float *y, int64_t ldy, int64_t o0, int64_t o1);
 /* kern_q8_quantize or an ISA's version of it (the same bits). */
 typedef void (*kern_q8_fn)(const float *x, int64_t K, int8_t *q, float *d);
 
-/* matmul for DT_Q8_0: quantises the T tokens with quant (into one heap buffer, or on the stack
- * in chunks of tokens when that is too small and the allocation fails) and runs fn. Returns 0,
- * or -1 when K is not supported (kern_wtype_ok). */
-int kern_q80_matmul(kern_q80_fn fn, kern_q8_fn quant, const void *W, size_t wrb, int64_t K,
-                    const float *x, int64_t ldx, float *y, int64_t ldy, int T, int64_t o0,
-                    int64_t o1);
+/* matmul for wtype DT_Q8_0 or DT_Q4_0: quantises the T tokens with quant (into one heap buffer,
+ * or on the stack in chunks of tokens when that is too small and the allocation fails) and runs
+ * fn. Returns 0, or -1 when K is not supported (kern_wtype_ok). */
+int kern_b32_matmul(int wtype, kern_b32_fn fn, kern_q8_fn quant, const void *W, size_t wrb,
+                    int64_t K, const float *x, int64_t ldx, float *y, int64_t ldy, int T,
+                    int64_t o0, int64_t o1);
 
 /* The 8 scales and 8 mins of a Q4_K super-block (engine/dtype.h's q4k_scale_min, all at once). */
 static inline void q4k_unpack(const uint8_t *scales, uint8_t sc[8], uint8_t mn[8])
@@ -83,11 +83,5 @@ extern const kern_table_t kern_table_avx2;
 extern const kern_table_t kern_table_avx512;
 extern const kern_table_t kern_table_avx512_vnni;
 #endif
-
-/* 1 for the block types whose K is always a multiple of 32 (no partial tail chunk). */
-static inline int kern_wtype_blocked(int t)
-{
-    return t == DT_Q8_0 || t == DT_Q4_0 || t == DT_Q4_K;
-}
 
 #endif
