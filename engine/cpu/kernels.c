@@ -123,7 +123,8 @@ void kern_q8k_quantize(const float *x, int64_t K, kern_q8k_t *out)
         memset(out, 0, sizeof *out);
         out->d = q8_scale_of(x, KERN_Q8K, &is); /* NaN: every output of the block's rows NaN */
         if (!(out->d > 0.0f)) continue;
-        for (int j = 0; j < 8; j++) out->bsum[j] = (int16_t)q8_round(x + 32 * j, 32, is, out->q + 32 * j);
+        for (int j = 0; j < 8; j++)
+            out->bsum[j] = (int16_t)q8_round(x + 32 * j, 32, is, out->q + 32 * j);
     }
 }
 

@@ -383,9 +383,10 @@ static void q4k_rows(const char *W, size_t wrb, int64_t nsb, const kern_q8k_t *x
 }
 
 /* ---- Q8_0 and Q4_0 x int8 (kernels.h) ----
- * Per block (weights w: Q8_0 its quants, Q4_0 its nibbles - 8) and token: vpmaddubsw of |w| and xq with w's sign (vpsignb; pairs: |sum| <= 2 * 128 *
- * 127, never saturates), vpmaddwd with ones: 8 exact int32 lanes (lane l the sum of the products
- * 4l .. 4l+3); acc = fma(float(lanes), dw * dx, acc) for the blocks in order; y = hsum1(acc). */
+ * Per block (weights w: Q8_0 its quants, Q4_0 its nibbles - 8) and token: vpmaddubsw of |w| and
+ * xq with w's sign (vpsignb; pairs: |sum| <= 2 * 128 * 127, never saturates), vpmaddwd with
+ * ones: 8 exact int32 lanes (lane l the sum of the products 4l .. 4l+3); acc = fma(float(lanes),
+ * dw * dx, acc) for the blocks in order; y = hsum1(acc). */
 
 /* The 32 signed weights of block bl in x's order (Q8_0 quants, Q4_0 nibbles - 8) and its scale. */
 AI __m256i b32_w32(const int dt, const char *bl, float *d)
@@ -416,7 +417,8 @@ AI void b32_tile(const int dt, const int R, const int C, const char *W, size_t w
     for (int64_t b = 0; b < nb; b++) {
         __m256i xv[TILE_C];
 #pragma GCC unroll 4
-        for (int c = 0; c < C; c++) xv[c] = _mm256_loadu_si256((const __m256i *)(xq + c * K + 32 * b));
+        for (int c = 0; c < C; c++)
+            xv[c] = _mm256_loadu_si256((const __m256i *)(xq + c * K + 32 * b));
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
             const char *bl = W + (size_t)r * wrb + (size_t)b * bs;
@@ -428,8 +430,8 @@ AI void b32_tile(const int dt, const int R, const int C, const char *W, size_t w
             for (int c = 0; c < C; c++) {
                 __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv[c], w));
                 p = _mm256_madd_epi16(p, ones);
-                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * xd[c * nb + b]),
-                                            acc[r][c]);
+                const __m256 s = _mm256_set1_ps(dw * xd[c * nb + b]);
+                acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc[r][c]);
             }
         }
     }
@@ -468,8 +470,11 @@ AI void b32_rows(const int dt, const char *W, size_t wrb, int64_t nb, const int8
         for (; t + 3 <= T; t += 3)
             b32_pass(dt, TILE_R, 3, W, wrb, nb, xq + t * K, xd + t * nb, y + t * ldy, ldy, ob, oe,
                      t == 0 ? PF_STREAM_BYTES : 0);
-        if (T - t == 1) b32_pass(dt, TILE_R, 1, W, wrb, nb, xq + t * K, xd + t * nb, y + t * ldy, ldy, ob, oe, 0);
-        if (T - t == 2) b32_pass(dt, TILE_R, 2, W, wrb, nb, xq + t * K, xd + t * nb, y + t * ldy, ldy, ob, oe, 0);
+        const int8_t *xt = xq + t * K;
+        const float *xdt = xd + t * nb;
+        float *yt = y + t * ldy;
+        if (T - t == 1) b32_pass(dt, TILE_R, 1, W, wrb, nb, xt, xdt, yt, ldy, ob, oe, 0);
+        if (T - t == 2) b32_pass(dt, TILE_R, 2, W, wrb, nb, xt, xdt, yt, ldy, ob, oe, 0);
     }
 }
 
@@ -514,7 +519,8 @@ static void q8_quantize(const float *x, int64_t K, int8_t *q, float *d)
             v[h] = _mm256_max_epi32(_mm256_min_epi32(v[h], lim), nlim);
         }
         /* packs interleave 128-bit lanes: fix the order with a permute */
-        __m256i b8 = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+        __m256i b8 = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]),
+                                        _mm256_packs_epi32(v[2], v[3]));
         b8 = _mm256_permutevar8x32_epi32(b8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
         _mm256_storeu_si256((__m256i *)q, b8);
     }

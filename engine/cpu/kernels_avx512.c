@@ -548,8 +548,8 @@ static void q4k_rows_vnni(const char *W, size_t wrb, int64_t nsb, const kern_q8k
  * Per pair of blocks (64 weights w, the order of x[64p .. 64p+63]; Q8_0 its quants, Q4_0 its
  * nibbles - 8) and token: 16 exact int32 lanes, lane l the sum of the 4 products w_k * xq_k,
  * k = 64p + 4l .. 4l+3 (|lane| <= 4 * 128 * 127): with VNNI, vpdpbusd of the weights offset to
- * unsigned (w + 128, the byte's top bit flipped) and xq, started from -128 * (the sums of xq's
- * groups of 4); without, vpmaddubsw of |w| and xq with w's sign (pairs: |sum| <= 2 * 128 * 127,
+ * unsigned (Q8_0 w + 128, the byte's top bit flipped; Q4_0 w + 8, its nibble) and xq, started
+ * from -128 (-8) * (the sums of xq's groups of 4); without, vpmaddubsw of |w| and xq with w's sign (pairs: |sum| <= 2 * 128 * 127,
  * never saturates), then vpmaddwd with ones. Then acc = fma(float(lanes), dw * dx, acc), dw * dx
  * one F32 product per block in its 8 lanes, for the pairs in order (an odd last block alone, the
  * other 8 lanes 0); y = hsum1(acc). */
@@ -559,8 +559,9 @@ static void q4k_rows_vnni(const char *W, size_t wrb, int64_t nsb, const kern_q8k
                    10-20% slower) */
 #define B32_C 3
 
-/* The signed weights of blocks b, b + 1 of a row (b + 1 < nb) or of block b alone (the upper
- * half 0), in x's order: Q8_0 its quants, Q4_0 its nibbles - 8. bl: block b. */
+/* The quants of blocks b, b + 1 of a row (b + 1 < nb) or of block b alone (the upper half 0
+ * for Q8_0, 8 for Q4_0), in x's order: Q8_0 its signed quants, Q4_0 its nibbles (0..15, the
+ * weight nibble - 8). bl: block b. */
 AI __m512i b32_w64(const int dt, const char *bl, const int two)
 {
     if (dt == DT_Q8_0) {
@@ -572,12 +573,12 @@ AI __m512i b32_w64(const int dt, const char *bl, const int two)
     }
     const block_q4_0 *b = (const block_q4_0 *)bl;
     __m128i q0 = _mm_loadu_si128((const __m128i *)b[0].qs);
-    __m128i q1 = two ? _mm_loadu_si128((const __m128i *)b[1].qs) : _mm_set1_epi8((char)0x88);
+    __m128i q1 = two ? _mm_loadu_si128((const __m128i *)b[1].qs) : _mm_set1_epi8((char)0x88) /* nibbles 8: weight 0 */;
     /* 128-bit lanes q0, q0, q1, q1; the second of each pair shifted to its high nibbles */
     __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(q0, q0)),
                                    _mm256_set_m128i(q1, q1), 1);
     v = _mm512_srlv_epi64(v, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4));
-    return _mm512_sub_epi8(_mm512_and_si512(v, _mm512_set1_epi8(0x0f)), _mm512_set1_epi8(8));
+    return _mm512_and_si512(v, _mm512_set1_epi8(0x0f));
 }
 
 /* The two blocks' scales, each in its 8 lanes (or the first alone, the rest 0). */
@@ -618,25 +619,31 @@ AI void b32_tile(const int dt, const int vnni, const int R, const int C, const c
 #pragma GCC unroll 8
         for (int c = 0; c < C; c++) {
             const int8_t *q = xq + c * K + 32 * b;
-            xv[c] = two ? _mm512_loadu_si512(q) : _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)q));
+            xv[c] = two ? _mm512_loadu_si512(q)
+                        : _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)q));
             dx[c] = b32_x16(xd + c * nb + b, two);
-            if (vnni) /* -128 * the sums of xq's groups of 4 */
+            if (vnni) /* -(the unsigned operand's offset) * the sums of xq's groups of 4 */
                 nc[c] = _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_set1_epi8(1), xv[c]),
-                                          _mm512_set1_epi16(-128));
+                                          _mm512_set1_epi16(dt == DT_Q8_0 ? -128 : -8));
         }
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
             const char *bl = W + (size_t)r * wrb + (size_t)b * bs;
-            if (pfd) _mm_prefetch(bl + pfd, _MM_HINT_T0);
+            if (pfd) { /* every line of the pair: Q8_0's 68 bytes span two (measured: one per
+                        * pair streams 15-20% slower from memory) */
+                _mm_prefetch(bl + pfd, _MM_HINT_T0);
+                if (dt == DT_Q8_0) _mm_prefetch(bl + pfd + 64, _MM_HINT_T0);
+            }
             const __m512i w = two ? b32_w64(dt, bl, 1) : b32_w64(dt, bl, 0);
             const __m512 dw = two ? b32_d16(dt, bl, 1) : b32_d16(dt, bl, 0);
-            __m512i wu = w, aw = w;
+            __m512i wu = w, aw = w; /* wu: w + 128 (Q8_0) or the nibbles (Q4_0, w + 8) */
             __mmask64 neg = 0;
             if (vnni) {
-                wu = _mm512_xor_si512(w, _mm512_set1_epi8(-128));
+                if (dt == DT_Q8_0) wu = _mm512_xor_si512(w, _mm512_set1_epi8(-128));
             } else {
-                aw = _mm512_abs_epi8(w);
-                neg = _mm512_movepi8_mask(w);
+                const __m512i ws = dt == DT_Q8_0 ? w : _mm512_sub_epi8(w, _mm512_set1_epi8(8));
+                aw = _mm512_abs_epi8(ws);
+                neg = _mm512_movepi8_mask(ws);
             }
 #pragma GCC unroll 8
             for (int c = 0; c < C; c++) {
@@ -678,8 +685,9 @@ AI void b32_pass(const int dt, const int vnni, const int R, const int C, const c
         b32_tile(dt, vnni, 1, C, W + (size_t)o * wrb, wrb, nb, xq, xd, y + o, ldy, pfd);
 }
 
-AI void b32_rows_isa(const int dt, const int vnni, const char *W, size_t wrb, int64_t nb, const int8_t *xq,
-                     const float *xd, int T, float *y, int64_t ldy, int64_t o0, int64_t o1)
+AI void b32_rows_isa(const int dt, const int vnni, const char *W, size_t wrb, int64_t nb,
+                     const int8_t *xq, const float *xd, int T, float *y, int64_t ldy, int64_t o0,
+                     int64_t o1)
 {
     switch (T) { /* few tokens: one pass streaming the rows from memory */
     case 1: b32_pass(dt, vnni, 8, 1, W, wrb, nb, xq, xd, y, ldy, o0, o1, PF_STREAM_BYTES); return;
@@ -698,9 +706,12 @@ AI void b32_rows_isa(const int dt, const int vnni, const char *W, size_t wrb, in
         for (; t + B32_C <= T; t += B32_C)
             b32_pass(dt, vnni, B32_R, B32_C, W, wrb, nb, xq + t * K, xd + t * nb, y + t * ldy, ldy,
                      ob, oe, t == 0 ? PF_STREAM_BYTES : 0);
+        const int8_t *xt = xq + t * K;
+        const float *xdt = xd + t * nb;
+        float *yt = y + t * ldy;
         switch (T - t) {
-        case 1: b32_pass(dt, vnni, B32_R, 1, W, wrb, nb, xq + t * K, xd + t * nb, y + t * ldy, ldy, ob, oe, 0); break;
-        case 2: b32_pass(dt, vnni, B32_R, 2, W, wrb, nb, xq + t * K, xd + t * nb, y + t * ldy, ldy, ob, oe, 0); break;
+        case 1: b32_pass(dt, vnni, B32_R, 1, W, wrb, nb, xt, xdt, yt, ldy, ob, oe, 0); break;
+        case 2: b32_pass(dt, vnni, B32_R, 2, W, wrb, nb, xt, xdt, yt, ldy, ob, oe, 0); break;
         default: break;
         }
     }
