@@ -181,6 +181,33 @@ AI __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d)
     return _mm512_castps512_ps128(_mm512_permutexvar_ps(idx, s));
 }
 
+/* y[c * ldy + r] = the fixed reduction (hsum1's tree) of acc[r][c], r < R, c < C: rows in
+ * fours through hsum4, the rest's tokens in fours. */
+AI void tile_store(const int R, const int C, __m512 acc[TILE_RMAX][TILE_CMAX], float *y,
+                   int64_t ldy)
+{
+    int r0 = 0;
+#pragma GCC unroll 8
+    for (; r0 + 4 <= R; r0 += 4)
+#pragma GCC unroll 8
+        for (int c = 0; c < C; c++)
+            _mm_storeu_ps(y + c * ldy + r0,
+                          hsum4(acc[r0][c], acc[r0 + 1][c], acc[r0 + 2][c], acc[r0 + 3][c]));
+#pragma GCC unroll 8
+    for (int r = r0; r < R; r++) {
+        int c = 0;
+#pragma GCC unroll 8
+        for (; c + 4 <= C; c += 4) {
+            float s4[4];
+            _mm_storeu_ps(s4, hsum4(acc[r][c], acc[r][c + 1], acc[r][c + 2], acc[r][c + 3]));
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) y[(c + i) * ldy + r] = s4[i];
+        }
+#pragma GCC unroll 8
+        for (; c < C; c++) y[c * ldy + r] = hsum1(acc[r][c]);
+    }
+}
+
 /* ---- register tile: R rows x C tokens over the whole of K ---- */
 
 /* Byte offset of element k within a row of F32, F16 or BF16 (the types the F32 tiles take). */
@@ -271,26 +298,7 @@ AI void tile(const int dt, const int R, const int C, const char *W, size_t wrb, 
         }
     }
 
-    int r0 = 0;
-#pragma GCC unroll 8
-    for (; r0 + 4 <= R; r0 += 4)
-#pragma GCC unroll 8
-        for (int c = 0; c < C; c++)
-            _mm_storeu_ps(y + c * ldy + r0,
-                          hsum4(acc[r0][c], acc[r0 + 1][c], acc[r0 + 2][c], acc[r0 + 3][c]));
-#pragma GCC unroll 8
-    for (int r = r0; r < R; r++) {
-        int c = 0;
-#pragma GCC unroll 8
-        for (; c + 4 <= C; c += 4) {
-            float s4[4];
-            _mm_storeu_ps(s4, hsum4(acc[r][c], acc[r][c + 1], acc[r][c + 2], acc[r][c + 3]));
-#pragma GCC unroll 4
-            for (int i = 0; i < 4; i++) y[(c + i) * ldy + r] = s4[i];
-        }
-#pragma GCC unroll 8
-        for (; c < C; c++) y[c * ldy + r] = hsum1(acc[r][c]);
-    }
+    tile_store(R, C, acc, y, ldy);
 }
 
 /* Rows [ob, oe) for tokens [0, C) of x/y (already offset to the tile's first token), in tiles
@@ -660,17 +668,7 @@ AI void b32_tile(const int dt, const int vnni, const int R, const int C, const c
             }
         }
     }
-    int r0 = 0;
-#pragma GCC unroll 8
-    for (; r0 + 4 <= R; r0 += 4)
-#pragma GCC unroll 8
-        for (int c = 0; c < C; c++)
-            _mm_storeu_ps(y + c * ldy + r0,
-                          hsum4(acc[r0][c], acc[r0 + 1][c], acc[r0 + 2][c], acc[r0 + 3][c]));
-#pragma GCC unroll 8
-    for (int r = r0; r < R; r++)
-#pragma GCC unroll 8
-        for (int c = 0; c < C; c++) y[c * ldy + r] = hsum1(acc[r][c]);
+    tile_store(R, C, acc, y, ldy);
 }
 
 /* Rows [ob, oe): tiles of R rows, then single rows. */
