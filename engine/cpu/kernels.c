@@ -4,8 +4,8 @@
  *   8 lane partial sums s[j] = sum over k = j (mod 8), in increasing k, of (w[k] * x[k]) rounded
  *   (a separate multiply and add, no fused FMA, so the result does not depend on -ffp-contract
  *   or libm), then ((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7)).
- * Weights are widened to F32 exactly (F16, BF16 and Q4_0 as d * (q - 8), which are exact in F32).
- * Q4_K and Q8_0 take int8 activations (kernels.h): sc_q4k, sc_q80. */
+ * F16 and BF16 weights are widened to F32 exactly. Q4_K, Q8_0 and Q4_0 take int8 activations
+ * (kernels.h): sc_q4k, sc_b32. */
 #include "engine/cpu/kernels.h"
 
 #include <float.h>
@@ -82,7 +82,7 @@ static float sc_lanes_sum(const float *s)
     return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
 }
 
-/* ---- the int8 routes of Q4_K and Q8_0 (kernels.h) ---- */
+/* ---- the int8 routes of Q4_K, Q8_0 and Q4_0 (kernels.h) ---- */
 
 /* The scale of x[0..n): max|x| / 127, 0 when all are zero, NaN when one is Inf or NaN; *is =
  * 127 / max|x| when the scale is finite and nonzero. */
