@@ -604,7 +604,7 @@ AI __m512 b32_d16(const int dt, const char *bl, const int two)
 AI __m512 b32_x16(const float *d, const int two)
 {
     const __m512i idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-    __m128 v = two ? _mm_castpd_ps(_mm_load_sd((const double *)d)) : _mm_load_ss(d);
+    __m128 v = two ? _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)d)) : _mm_load_ss(d);
     return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(v));
 }
 
