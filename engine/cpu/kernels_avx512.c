@@ -557,10 +557,10 @@ static void q4k_rows_vnni(const char *W, size_t wrb, int64_t nsb, const kern_q8k
  * nibbles - 8) and token: 16 exact int32 lanes, lane l the sum of the 4 products w_k * xq_k,
  * k = 64p + 4l .. 4l+3 (|lane| <= 4 * 128 * 127): with VNNI, vpdpbusd of the weights offset to
  * unsigned (Q8_0 w + 128, the byte's top bit flipped; Q4_0 w + 8, its nibble) and xq, started
- * from -128 (-8) * (the sums of xq's groups of 4); without, vpmaddubsw of |w| and xq with w's sign (pairs: |sum| <= 2 * 128 * 127,
- * never saturates), then vpmaddwd with ones. Then acc = fma(float(lanes), dw * dx, acc), dw * dx
- * one F32 product per block in its 8 lanes, for the pairs in order (an odd last block alone, the
- * other 8 lanes 0); y = hsum1(acc). */
+ * from -128 (-8) * (the sums of xq's groups of 4); without, vpmaddubsw of |w| and xq with w's
+ * sign (pairs: |sum| <= 2 * 128 * 127, never saturates), then vpmaddwd with ones. Then
+ * acc = fma(float(lanes), dw * dx, acc), dw * dx one F32 product per block in its 8 lanes, for the
+ * pairs in order (an odd last block alone, the other 8 lanes 0); y = hsum1(acc). */
 
 #define B32_R 4 /* rows x tokens of a tile with many tokens (measured 2026-12-01 on the Zen 5 build
                    machine, T = 512: 4 x 4 and 4 x 5 the same, 3 x 4 and 8 x 2 1-12% slower, 2 x 6
@@ -581,7 +581,8 @@ AI __m512i b32_w64(const int dt, const char *bl, const int two)
     }
     const block_q4_0 *b = (const block_q4_0 *)bl;
     __m128i q0 = _mm_loadu_si128((const __m128i *)b[0].qs);
-    __m128i q1 = two ? _mm_loadu_si128((const __m128i *)b[1].qs) : _mm_set1_epi8((char)0x88) /* nibbles 8: weight 0 */;
+    /* a missing second block: nibbles 8, weight 0 */
+    __m128i q1 = two ? _mm_loadu_si128((const __m128i *)b[1].qs) : _mm_set1_epi8((char)0x88);
     /* 128-bit lanes q0, q0, q1, q1; the second of each pair shifted to its high nibbles */
     __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(q0, q0)),
                                    _mm256_set_m128i(q1, q1), 1);
