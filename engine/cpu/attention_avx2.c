@@ -241,8 +241,10 @@ void attn_tile_avx2(const attn_args_t *a)
     const int ldk = (B + 7) / 8 * 8;
     /* Scores: 8 keys at a time, summed over e in order. stage holds the transposed K block
      * [hd][ldk] (attention.h sizes it hd x B rounded up to 16). */
+    attn_prefetch(a, 0, ATTN_PF_ROWS);
     for (int j0 = 0; j0 < a->n_ctx; j0 += B) {
         int cnt = a->n_ctx - j0 < B ? a->n_ctx - j0 : B;
+        attn_prefetch(a, j0 + ATTN_PF_ROWS, j0 + B + ATTN_PF_ROWS);
         stage_kt(a, a->blocks[j0 / B], cnt, a->stage, ldk);
         for (int qi = 0; qi < a->nq;) {
             int G = attn_same_pos_run(a, qi, 4);
@@ -299,6 +301,7 @@ void attn_tile_avx2(const attn_args_t *a)
     }
     for (int j0 = 0; j0 < a->n_ctx; j0 += B) {
         int cnt = a->n_ctx - j0 < B ? a->n_ctx - j0 : B;
+        attn_prefetch(a, a->n_ctx + j0 + ATTN_PF_ROWS, a->n_ctx + j0 + B + ATTN_PF_ROWS);
         /* F16 V with the register-blocked sum: read in place; otherwise staged as F32 */
         const uint16_t *Vh = NULL;
         size_t sth = 0, st = 0;

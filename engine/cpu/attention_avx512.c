@@ -189,8 +189,10 @@ void attn_tile_avx512(const attn_args_t *a)
     size_t st = 0;
     /* Scores: 16 keys at a time for up to 8 queries, sum over e in order (no horizontal
      * reductions). The stage buffer holds the transposed K block: [hd][ldk]. */
+    attn_prefetch(a, 0, ATTN_PF_ROWS);
     for (int j0 = 0; j0 < a->n_ctx; j0 += B) {
         int cnt = a->n_ctx - j0 < B ? a->n_ctx - j0 : B;
+        attn_prefetch(a, j0 + ATTN_PF_ROWS, j0 + B + ATTN_PF_ROWS);
         stage_kt(a, a->blocks[j0 / B], cnt, a->stage, ldk);
         for (int qi = 0; qi < a->nq;) {
             /* up to 8 queries that see the same keys of this block (all of it, for the
@@ -244,6 +246,7 @@ void attn_tile_avx512(const attn_args_t *a)
     }
     for (int j0 = 0; j0 < a->n_ctx; j0 += B) {
         int cnt = a->n_ctx - j0 < B ? a->n_ctx - j0 : B;
+        attn_prefetch(a, a->n_ctx + j0 + ATTN_PF_ROWS, a->n_ctx + j0 + B + ATTN_PF_ROWS);
         /* F16 V with the register-blocked sum: read in place; otherwise staged as F32 */
         const uint16_t *Vh = NULL;
         size_t sth = 0;
