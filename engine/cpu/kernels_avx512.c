@@ -301,6 +301,14 @@ AI void tile(const int dt, const int R, const int C, const char *W, size_t wrb, 
     tile_store(R, C, acc, y, ldy);
 }
 
+/* The first PF_STREAM_BYTES of a range of n bytes about to be streamed (the tiles prefetch
+ * PF_STREAM_BYTES ahead of their position, so these would wait for the hardware prefetcher). */
+AI void stream_head(const char *p, size_t n)
+{
+    if (n > PF_STREAM_BYTES) n = PF_STREAM_BYTES;
+    for (size_t o = 0; o < n; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
+}
+
 /* Rows [ob, oe) for tokens [0, C) of x/y (already offset to the tile's first token), in tiles
  * of R rows then single rows. With save (room for (oe - ob) * C vectors), K is cut into ranges
  * of KERN_KBLOCK and each range passes over all the rows before the next, so the x slice of a
@@ -333,6 +341,7 @@ AI void matmul_dt(const int dt, const char *W, size_t wrb, int64_t K, const floa
                   int64_t ldx, float *y, int64_t ldy, int T, int64_t o0, int64_t o1)
 {
     /* Few tokens: one pass over the weights, streamed from memory; prefetch far ahead. */
+    if (T <= 6) stream_head(W + (size_t)o0 * wrb, (size_t)(o1 - o0) * wrb);
     switch (T) {
     case 1: rows_pass(dt, 8, 1, W, wrb, K, x, ldx, y, ldy, o0, o1, PF_STREAM_BYTES, NULL); return;
     case 2: rows_pass(dt, 8, 2, W, wrb, K, x, ldx, y, ldy, o0, o1, PF_STREAM_BYTES, NULL); return;
@@ -517,6 +526,7 @@ AI void q4k_rows_isa(const int vnni, const char *W, size_t wrb, int64_t nsb,
      * one streamed pass prefetching ahead */
     int64_t panel = T <= Q4K_TOK ? o1 - o0 : (int64_t)(KERN_PANEL_BYTES / wrb);
     if (panel < 1) panel = 1;
+    if (T <= Q4K_TOK) stream_head(W + (size_t)o0 * wrb, (size_t)(o1 - o0) * wrb);
     for (int64_t ob = o0; ob < o1; ob += panel) {
         int64_t oe = o1 - ob < panel ? o1 : ob + panel;
         for (int t = 0; t < T; t += Q4K_TOK) {
@@ -688,6 +698,7 @@ AI void b32_rows_isa(const int dt, const int vnni, const char *W, size_t wrb, in
                      const int8_t *xq, const float *xd, int T, float *y, int64_t ldy, int64_t o0,
                      int64_t o1)
 {
+    if (T <= 4) stream_head(W + (size_t)o0 * wrb, (size_t)(o1 - o0) * wrb);
     switch (T) { /* few tokens: one pass streaming the rows from memory */
     case 1: b32_pass(dt, vnni, 8, 1, W, wrb, nb, xq, xd, y, ldy, o0, o1, PF_STREAM_BYTES); return;
     case 2: b32_pass(dt, vnni, 8, 2, W, wrb, nb, xq, xd, y, ldy, o0, o1, PF_STREAM_BYTES); return;
