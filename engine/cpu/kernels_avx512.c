@@ -410,7 +410,8 @@ static void mm_bf16(const char *W, size_t wrb, int64_t K, const float *x, int64_
  * acc = fma(float(lanes), d * dx, acc) in 16 lanes, accm = fma(float(m . bsum pairs), dmin * dx,
  * accm) in 4 lanes; y = hsum1(acc) - (accm reduced ((0 + 2) + (1 + 3))). */
 
-#define Q4K_TOK 8 /* tokens per tile */
+#define Q4K_TOK 8  /* tokens per tile */
+#define Q4K_ROWS 4 /* rows per tile with one token */
 
 /* acc + the pairwise products of the int16 lanes of p and s, summed in pairs into int32 lanes:
  * vpmaddwd + vpaddd, or with vnni the one AVX512-VNNI vpdpwssd (the same exact integers; inline
@@ -424,63 +425,87 @@ AI __m512i madd_acc(const int vnni, __m512i acc, __m512i p, __m512i s)
     return _mm512_add_epi32(acc, _mm512_madd_epi16(p, s));
 }
 
-/* Row `row` (nsb super-blocks) against C tokens of xq (token stride nsb); y[c * ldy]. */
-AI void q4k_tile(const int vnni, const int C, const block_q4_K *row, int64_t nsb, const kern_q8k_t *xq,
-                 float *y, int64_t ldy, size_t pfd)
+/* Rows [0, R) at `row` (stride wrb, nsb super-blocks each) against C tokens of xq (token stride
+ * nsb); y[c * ldy + r]. A row's arithmetic does not depend on R or C: its own accumulators, the
+ * super-blocks in order, and the fixed reductions (four rows at once through hsum4 and a 4 x 4
+ * transpose of accm, the same trees as one row's). */
+AI void q4k_tile(const int vnni, const int R, const int C, const block_q4_K *row, size_t wrb,
+                 int64_t nsb, const kern_q8k_t *xq, float *y, int64_t ldy, size_t pfd)
 {
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     const __m512i shv = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
-    __m512 acc[Q4K_TOK];
-    __m128 accm[Q4K_TOK];
-#pragma GCC unroll 8
-    for (int c = 0; c < C; c++) {
-        acc[c] = _mm512_setzero_ps();
-        accm[c] = _mm_setzero_ps();
-    }
-    for (int64_t s = 0; s < nsb; s++) {
-        const block_q4_K *b = row + s;
-        if (pfd) {
-            _mm_prefetch((const char *)b + pfd, _MM_HINT_T0);
-            _mm_prefetch((const char *)b + pfd + 64, _MM_HINT_T0);
-            _mm_prefetch((const char *)b + pfd + 128, _MM_HINT_T0);
-        }
-        uint8_t sc8[8], mn8[8];
-        q4k_unpack(b->scales, sc8, mn8);
-        const __m512i scz = _mm512_maskz_mov_epi64(
-            0x03, _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc8))));
-        const __m128i mn = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn8));
-        __m512i S[4], Q[4];
+    __m512 acc[Q4K_ROWS][Q4K_TOK];
+    __m128 accm[Q4K_ROWS][Q4K_TOK];
 #pragma GCC unroll 4
-        for (int j = 0; j < 4; j++) {
-            const __m512i idx = _mm512_inserti64x4(
-                _mm512_castsi256_si512(_mm256_set1_epi16((short)(2 * j))),
-                _mm256_set1_epi16((short)(2 * j + 1)), 1);
-            S[j] = _mm512_permutexvar_epi16(idx, scz);
-            __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b->qs + 32 * j)));
-            Q[j] = _mm512_and_si512(_mm512_srlv_epi16(v, shv), m4);
-        }
-        const float dw = _cvtsh_ss(b->d), dmw = _cvtsh_ss(b->dmin);
+    for (int r = 0; r < R; r++)
 #pragma GCC unroll 8
         for (int c = 0; c < C; c++) {
-            const kern_q8k_t *xb = xq + c * nsb + s;
-            __m512i isum = _mm512_setzero_si512();
+            acc[r][c] = _mm512_setzero_ps();
+            accm[r][c] = _mm_setzero_ps();
+        }
+    for (int64_t s = 0; s < nsb; s++) {
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const block_q4_K *b = (const block_q4_K *)((const char *)row + (size_t)r * wrb) + s;
+            if (pfd) {
+                _mm_prefetch((const char *)b + pfd, _MM_HINT_T0);
+                _mm_prefetch((const char *)b + pfd + 64, _MM_HINT_T0);
+                _mm_prefetch((const char *)b + pfd + 128, _MM_HINT_T0);
+            }
+            uint8_t sc8[8], mn8[8];
+            q4k_unpack(b->scales, sc8, mn8);
+            const __m512i scz = _mm512_maskz_mov_epi64(
+                0x03,
+                _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc8))));
+            const __m128i mn = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn8));
+            __m512i S[4], Q[4];
 #pragma GCC unroll 4
             for (int j = 0; j < 4; j++) {
-                __m512i p = _mm512_maddubs_epi16(Q[j], _mm512_loadu_si512(xb->q + 64 * j));
-                isum = madd_acc(vnni, isum, p, S[j]);
+                const __m512i idx = _mm512_inserti64x4(
+                    _mm512_castsi256_si512(_mm256_set1_epi16((short)(2 * j))),
+                    _mm256_set1_epi16((short)(2 * j + 1)), 1);
+                S[j] = _mm512_permutexvar_epi16(idx, scz);
+                __m512i v =
+                    _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b->qs + 32 * j)));
+                Q[j] = _mm512_and_si512(_mm512_srlv_epi16(v, shv), m4);
             }
-            __m128i ms = _mm_madd_epi16(mn, _mm_loadu_si128((const __m128i *)xb->bsum));
-            const float dd = dw * xb->d, dm = dmw * xb->d;
-            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(dd), acc[c]);
-            accm[c] = _mm_fmadd_ps(_mm_cvtepi32_ps(ms), _mm_set1_ps(dm), accm[c]);
+            const float dw = _cvtsh_ss(b->d), dmw = _cvtsh_ss(b->dmin);
+#pragma GCC unroll 8
+            for (int c = 0; c < C; c++) {
+                const kern_q8k_t *xb = xq + c * nsb + s;
+                __m512i isum = _mm512_setzero_si512();
+#pragma GCC unroll 4
+                for (int j = 0; j < 4; j++) {
+                    __m512i p = _mm512_maddubs_epi16(Q[j], _mm512_loadu_si512(xb->q + 64 * j));
+                    isum = madd_acc(vnni, isum, p, S[j]);
+                }
+                __m128i ms = _mm_madd_epi16(mn, _mm_loadu_si128((const __m128i *)xb->bsum));
+                const float dd = dw * xb->d, dm = dmw * xb->d;
+                acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(dd), acc[r][c]);
+                accm[r][c] = _mm_fmadd_ps(_mm_cvtepi32_ps(ms), _mm_set1_ps(dm), accm[r][c]);
+            }
         }
     }
+    if (R == 4) {
 #pragma GCC unroll 8
-    for (int c = 0; c < C; c++) {
-        __m128 h = _mm_add_ps(accm[c], _mm_movehl_ps(accm[c], accm[c])); /* (0+2), (1+3) */
-        float m = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
-        y[c * ldy] = hsum1(acc[c]) - m;
+        for (int c = 0; c < C; c++) {
+            /* lane r: ((accm lane 0 + lane 2) + (lane 1 + lane 3)) of row r, as below */
+            __m128 t0 = accm[0][c], t1 = accm[1][c], t2 = accm[2][c], t3 = accm[3][c];
+            _MM_TRANSPOSE4_PS(t0, t1, t2, t3);
+            __m128 m = _mm_add_ps(_mm_add_ps(t0, t2), _mm_add_ps(t1, t3));
+            _mm_storeu_ps(y + c * ldy,
+                          _mm_sub_ps(hsum4(acc[0][c], acc[1][c], acc[2][c], acc[3][c]), m));
+        }
+        return;
     }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+        for (int c = 0; c < C; c++) {
+            __m128 h = _mm_add_ps(accm[r][c], _mm_movehl_ps(accm[r][c], accm[r][c])); /* (0+2), (1+3) */
+            float m = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+            y[c * ldy + r] = hsum1(acc[r][c]) - m;
+        }
 }
 
 /* kern_q8k_quantize, the same bits: max|x| is exact in any order, d and 1/d are the same
@@ -533,17 +558,23 @@ AI void q4k_rows_isa(const int vnni, const char *W, size_t wrb, int64_t nsb,
             const kern_q8k_t *xt = xq + (int64_t)t * nsb;
             float *yt = y + (int64_t)t * ldy;
             const size_t pfd = t == 0 ? PF_STREAM_BYTES : 0;
-            for (int64_t o = ob; o < oe; o++) {
+            int64_t o = ob;
+            if (T - t == 1) /* one token: rows in fours (the x block loads and the reductions
+                               shared) */
+                for (; o + Q4K_ROWS <= oe; o += Q4K_ROWS)
+                    q4k_tile(vnni, Q4K_ROWS, 1, (const block_q4_K *)(W + (size_t)o * wrb), wrb, nsb,
+                             xt, yt + o, ldy, pfd);
+            for (; o < oe; o++) {
                 const block_q4_K *row = (const block_q4_K *)(W + (size_t)o * wrb);
                 switch (T - t) {
-                case 1: q4k_tile(vnni, 1, row, nsb, xt, yt + o, ldy, pfd); break;
-                case 2: q4k_tile(vnni, 2, row, nsb, xt, yt + o, ldy, pfd); break;
-                case 3: q4k_tile(vnni, 3, row, nsb, xt, yt + o, ldy, pfd); break;
-                case 4: q4k_tile(vnni, 4, row, nsb, xt, yt + o, ldy, pfd); break;
-                case 5: q4k_tile(vnni, 5, row, nsb, xt, yt + o, ldy, pfd); break;
-                case 6: q4k_tile(vnni, 6, row, nsb, xt, yt + o, ldy, pfd); break;
-                case 7: q4k_tile(vnni, 7, row, nsb, xt, yt + o, ldy, pfd); break;
-                default: q4k_tile(vnni, 8, row, nsb, xt, yt + o, ldy, pfd); break;
+                case 1: q4k_tile(vnni, 1, 1, row, wrb, nsb, xt, yt + o, ldy, pfd); break;
+                case 2: q4k_tile(vnni, 1, 2, row, wrb, nsb, xt, yt + o, ldy, pfd); break;
+                case 3: q4k_tile(vnni, 1, 3, row, wrb, nsb, xt, yt + o, ldy, pfd); break;
+                case 4: q4k_tile(vnni, 1, 4, row, wrb, nsb, xt, yt + o, ldy, pfd); break;
+                case 5: q4k_tile(vnni, 1, 5, row, wrb, nsb, xt, yt + o, ldy, pfd); break;
+                case 6: q4k_tile(vnni, 1, 6, row, wrb, nsb, xt, yt + o, ldy, pfd); break;
+                case 7: q4k_tile(vnni, 1, 7, row, wrb, nsb, xt, yt + o, ldy, pfd); break;
+                default: q4k_tile(vnni, 1, 8, row, wrb, nsb, xt, yt + o, ldy, pfd); break;
                 }
             }
         }
