@@ -63,10 +63,12 @@ static inline __m512 exp_neg(__m512 x)
 static inline __attribute__((always_inline)) void transpose16(__m512 r[16])
 {
     __m512 t[16], u[16];
+#pragma GCC unroll 16
     for (int i = 0; i < 16; i += 2) {
         t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);     /* per 128-bit lane: a0 b0 a1 b1 */
         t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]); /* a2 b2 a3 b3 */
     }
+#pragma GCC unroll 16
     for (int i = 0; i < 16; i += 4) {
         u[i] = _mm512_shuffle_ps(t[i], t[i + 2], 0x44);     /* a0 b0 c0 d0 */
         u[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], 0xee); /* a1 b1 c1 d1 */
@@ -74,6 +76,7 @@ static inline __attribute__((always_inline)) void transpose16(__m512 r[16])
         u[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0xee);
     }
     /* u[4g + k], lane L: element 4L + k of rows 4g .. 4g+3 */
+#pragma GCC unroll 4
     for (int k = 0; k < 4; k++) {
         __m512 a = _mm512_shuffle_f32x4(u[k], u[4 + k], 0x88);      /* lanes: 0 of g0, 2 of g0, 0 of g1, 2 of g1 */
         __m512 b = _mm512_shuffle_f32x4(u[k], u[4 + k], 0xdd);      /* 1, 3 of g0; 1, 3 of g1 */
@@ -96,6 +99,7 @@ static void stage_kt(const attn_args_t *a, int blk, int cnt, float *kt, int ldk)
         for (int i0 = 0; i0 < ldk; i0 += 16)
             for (int e0 = 0; e0 < hd; e0 += 16) {
                 __m512 r[16];
+#pragma GCC unroll 16
                 for (int i = 0; i < 16; i++) {
                     const unsigned char *row = p + (size_t)(i0 + i) * a->row_stride;
                     if (i0 + i >= cnt) r[i] = _mm512_setzero_ps();
@@ -106,6 +110,7 @@ static void stage_kt(const attn_args_t *a, int blk, int cnt, float *kt, int ldk)
                         r[i] = _mm512_loadu_ps((const float *)row + e0);
                 }
                 transpose16(r);
+#pragma GCC unroll 16
                 for (int c = 0; c < 16; c++) _mm512_storeu_ps(kt + (size_t)(e0 + c) * ldk + i0, r[c]);
             }
         return;
