@@ -454,17 +454,17 @@ AI void q4k_tile(const int vnni, const int R, const int C, const block_q4_K *row
             }
             uint8_t sc8[8], mn8[8];
             q4k_unpack(b->scales, sc8, mn8);
-            const __m512i scz = _mm512_maskz_mov_epi64(
-                0x03,
-                _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc8))));
+            /* the 8 scale bytes in every 128-bit lane; vpshufb widens byte i to an int16 lane
+             * (control 0x80 | i: byte i, then a zero byte) */
+            const __m512i scb = _mm512_broadcast_i32x4(_mm_loadl_epi64((const __m128i *)sc8));
             const __m128i mn = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn8));
             __m512i S[4], Q[4];
 #pragma GCC unroll 4
             for (int j = 0; j < 4; j++) {
-                const __m512i idx = _mm512_inserti64x4(
-                    _mm512_castsi256_si512(_mm256_set1_epi16((short)(2 * j))),
-                    _mm256_set1_epi16((short)(2 * j + 1)), 1);
-                S[j] = _mm512_permutexvar_epi16(idx, scz);
+                const __m512i ctl = _mm512_inserti64x4(
+                    _mm512_castsi256_si512(_mm256_set1_epi16((short)(0x8000 | (2 * j)))),
+                    _mm256_set1_epi16((short)(0x8000 | (2 * j + 1))), 1);
+                S[j] = _mm512_shuffle_epi8(scb, ctl);
                 __m512i v =
                     _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b->qs + 32 * j)));
                 Q[j] = _mm512_and_si512(_mm512_srlv_epi16(v, shv), m4);
