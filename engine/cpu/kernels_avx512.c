@@ -452,12 +452,15 @@ AI void q4k_tile(const int vnni, const int R, const int C, const block_q4_K *row
                 _mm_prefetch((const char *)b + pfd + 64, _MM_HINT_T0);
                 _mm_prefetch((const char *)b + pfd + 128, _MM_HINT_T0);
             }
-            uint8_t sc8[8], mn8[8];
-            q4k_unpack(b->scales, sc8, mn8);
-            /* the 8 scale bytes in every 128-bit lane; vpshufb widens byte i to an int16 lane
+            /* the scales and mins stay in general registers until one move each (x86: little
+             * endian, byte i of a word at bits 8i) */
+            uint32_t sm[4];
+            q4k_unpack_words(b->scales, sm);
+            const uint64_t sc64 = sm[0] | (uint64_t)sm[1] << 32, mn64 = sm[2] | (uint64_t)sm[3] << 32;
+            /* the 8 scale bytes in every 64-bit lane; vpshufb widens byte i to an int16 lane
              * (control 0x80 | i: byte i, then a zero byte) */
-            const __m512i scb = _mm512_broadcast_i32x4(_mm_loadl_epi64((const __m128i *)sc8));
-            const __m128i mn = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn8));
+            const __m512i scb = _mm512_set1_epi64((long long)sc64);
+            const __m128i mn = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)mn64));
             __m512i S[4], Q[4];
 #pragma GCC unroll 4
             for (int j = 0; j < 4; j++) {
@@ -469,7 +472,9 @@ AI void q4k_tile(const int vnni, const int R, const int C, const block_q4_K *row
                     _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b->qs + 32 * j)));
                 Q[j] = _mm512_and_si512(_mm512_srlv_epi16(v, shv), m4);
             }
-            const float dw = _cvtsh_ss(b->d), dmw = _cvtsh_ss(b->dmin);
+            uint32_t ddm; /* d, dmin: lanes 0, 1 */
+            memcpy(&ddm, &b->d, 4);
+            const __m128 dwm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)ddm));
 #pragma GCC unroll 8
             for (int c = 0; c < C; c++) {
                 const kern_q8k_t *xb = xq + c * nsb + s;
@@ -480,9 +485,11 @@ AI void q4k_tile(const int vnni, const int R, const int C, const block_q4_K *row
                     isum = madd_acc(vnni, isum, p, S[j]);
                 }
                 __m128i ms = _mm_madd_epi16(mn, _mm_loadu_si128((const __m128i *)xb->bsum));
-                const float dd = dw * xb->d, dm = dmw * xb->d;
-                acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(dd), acc[r][c]);
-                accm[r][c] = _mm_fmadd_ps(_mm_cvtepi32_ps(ms), _mm_set1_ps(dm), accm[r][c]);
+                const __m128 dd = _mm_mul_ps(dwm, _mm_set1_ps(xb->d)); /* d * dx, dmin * dx */
+                acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_broadcastss_ps(dd),
+                                            acc[r][c]);
+                accm[r][c] = _mm_fmadd_ps(_mm_cvtepi32_ps(ms), _mm_shuffle_ps(dd, dd, 0x55),
+                                          accm[r][c]);
             }
         }
     }

@@ -61,17 +61,25 @@ int kern_b32_matmul(int wtype, kern_b32_fn fn, kern_q8_fn quant, const void *W, 
                     int64_t K, const float *x, int64_t ldx, float *y, int64_t ldy, int T,
                     int64_t o0, int64_t o1);
 
-/* The 8 scales and 8 mins of a Q4_K super-block (engine/dtype.h's q4k_scale_min, all at once). */
-static inline void q4k_unpack(const uint8_t *scales, uint8_t sc[8], uint8_t mn[8])
+/* The 8 scales and 8 mins of a Q4_K super-block as four words whose bytes, stored, are sc 0..3,
+ * sc 4..7, m 0..3, m 4..7 (byte-wise operations on words loaded and stored in host order). */
+static inline void q4k_unpack_words(const uint8_t *scales, uint32_t v[4])
 {
-    uint32_t a, b, c, v[4];
+    uint32_t a, b, c;
     memcpy(&a, scales, 4);
     memcpy(&b, scales + 4, 4);
     memcpy(&c, scales + 8, 4);
-    v[0] = a & 0x3f3f3f3fu;                                      /* sc 0..3 */
-    v[1] = (c & 0x0f0f0f0fu) | ((a >> 6) & 0x03030303u) << 4;    /* sc 4..7 */
-    v[2] = b & 0x3f3f3f3fu;                                      /* m 0..3 */
-    v[3] = ((c >> 4) & 0x0f0f0f0fu) | ((b >> 6) & 0x03030303u) << 4; /* m 4..7 */
+    v[0] = a & 0x3f3f3f3fu;
+    v[1] = (c & 0x0f0f0f0fu) | ((a >> 6) & 0x03030303u) << 4;
+    v[2] = b & 0x3f3f3f3fu;
+    v[3] = ((c >> 4) & 0x0f0f0f0fu) | ((b >> 6) & 0x03030303u) << 4;
+}
+
+/* The 8 scales and 8 mins of a Q4_K super-block (engine/dtype.h's q4k_scale_min, all at once). */
+static inline void q4k_unpack(const uint8_t *scales, uint8_t sc[8], uint8_t mn[8])
+{
+    uint32_t v[4];
+    q4k_unpack_words(scales, v);
     memcpy(sc, v, 8);
     memcpy(mn, v + 2, 8);
 }
