@@ -278,19 +278,25 @@ AI void q4k_tile(const int C, const block_q4_K *row, int64_t nsb, const kern_q8k
             _mm_prefetch((const char *)b + pfd + 64, _MM_HINT_T0);
             _mm_prefetch((const char *)b + pfd + 128, _MM_HINT_T0);
         }
-        uint8_t sc8[8], mn8[8];
-        q4k_unpack(b->scales, sc8, mn8);
-        const __m128i mn = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn8));
+        /* scales and mins to vector registers as two 64-bit words (x86: byte i at bits 8i);
+         * vpshufb widens scale byte i to every int16 lane (control 0x80 | i) */
+        uint32_t sm[4];
+        q4k_unpack_words(b->scales, sm);
+        const uint64_t sc64 = sm[0] | (uint64_t)sm[1] << 32, mn64 = sm[2] | (uint64_t)sm[3] << 32;
+        const __m256i scb = _mm256_set1_epi64x((long long)sc64);
+        const __m128i mn = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)mn64));
         __m256i S[8], Q[8];
 #pragma GCC unroll 4
         for (int j = 0; j < 4; j++) {
             __m256i v = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * j));
             Q[2 * j] = _mm256_and_si256(v, m4);
             Q[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-            S[2 * j] = _mm256_set1_epi16((short)sc8[2 * j]);
-            S[2 * j + 1] = _mm256_set1_epi16((short)sc8[2 * j + 1]);
+            S[2 * j] = _mm256_shuffle_epi8(scb, _mm256_set1_epi16((short)(0x8000 | (2 * j))));
+            S[2 * j + 1] = _mm256_shuffle_epi8(scb, _mm256_set1_epi16((short)(0x8000 | (2 * j + 1))));
         }
-        const float dw = _cvtsh_ss(b->d), dmw = _cvtsh_ss(b->dmin);
+        uint32_t ddm; /* d, dmin: lanes 0, 1 */
+        memcpy(&ddm, &b->d, 4);
+        const __m128 dwm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)ddm));
 #pragma GCC unroll 4
         for (int c = 0; c < C; c++) {
             const kern_q8k_t *xb = xq + c * nsb + s;
@@ -302,9 +308,9 @@ AI void q4k_tile(const int C, const block_q4_K *row, int64_t nsb, const kern_q8k
                 isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, S[j]));
             }
             __m128i ms = _mm_madd_epi16(mn, _mm_loadu_si128((const __m128i *)xb->bsum));
-            const float dd = dw * xb->d, dm = dmw * xb->d;
-            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(dd), acc[c]);
-            accm[c] = _mm_fmadd_ps(_mm_cvtepi32_ps(ms), _mm_set1_ps(dm), accm[c]);
+            const __m128 dd = _mm_mul_ps(dwm, _mm_set1_ps(xb->d)); /* d * dx, dmin * dx */
+            acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_broadcastss_ps(dd), acc[c]);
+            accm[c] = _mm_fmadd_ps(_mm_cvtepi32_ps(ms), _mm_shuffle_ps(dd, dd, 0x55), accm[c]);
         }
     }
 #pragma GCC unroll 4
