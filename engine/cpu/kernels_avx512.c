@@ -638,15 +638,17 @@ AI __m512i b32_w64(const int dt, const char *bl, const int two)
     return _mm512_and_si512(v, _mm512_set1_epi8(0x0f));
 }
 
-/* The two blocks' scales, each in its 8 lanes (or the first alone, the rest 0). */
+/* The two blocks' scales, each in its 8 lanes (or the first alone, the rest 0): one 32-bit
+ * move of both F16 values, one conversion, one permutation. */
 AI __m512 b32_d16(const int dt, const char *bl, const int two)
 {
     const size_t bs = dt == DT_Q8_0 ? sizeof(block_q8_0) : sizeof(block_q4_0);
     uint16_t d0, d1 = 0; /* the scale d is each block's first member */
     memcpy(&d0, bl, 2);
     if (two) memcpy(&d1, bl + bs, 2);
-    __m128i lo = _mm_set1_epi16((short)d0), hi = _mm_set1_epi16((short)d1);
-    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1));
+    const __m128 d = _mm_cvtph_ps(_mm_cvtsi32_si128((int)(d0 | (uint32_t)d1 << 16)));
+    const __m512i idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(d));
 }
 
 /* A token's x scales of blocks b, b + 1 (or b alone), each in its 8 lanes. */
