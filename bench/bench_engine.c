@@ -3,15 +3,22 @@
  *   decode@1  tokens/s of one sequence generating G tokens (default 128) after a short prompt
  *   decode@N  generated tokens/s of N sequences decoding together (N = 4, 16, 64 by default)
  * Each figure is measured R times (default 3) and reported as min / median / max.
+ *   read bw   next to decode@1: the memory read bandwidth (bench/membw.h, the threads of the
+ *             run, a 512 MiB buffer) measured before each of its repetitions and after the last,
+ *             so that its GB/s of weights can be set against the bandwidth the machine gave at
+ *             that time (a shared machine's bandwidth changes from minute to minute).
  * usage: bench_engine MODEL [--threads N] [--reps R] [--prompt P] [--gen G] [--batches 4,16,64]
  *                          [--kv-type f16|f32] [--json FILE]
  * --json appends one JSON object per figure to FILE (read by bench/run.py), after one object with
- * "workload": "info" (the model's shapes, weight_bytes, kernel set, threads, KV type). */
+ * "workload": "info" (the model's shapes, weight_bytes, kernel set, threads, KV type); the read
+ * bandwidth is "workload": "read_bw" (GB/s, 1e9 bytes). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "bench/membw.h"
+#include "engine/cpu/threadpool.h"
 #include "engine/engine.h"
 
 typedef struct {
@@ -176,9 +183,20 @@ int main(int argc, char **argv)
     fflush(stdout);
     int sizes[17] = {1};
     for (int i = 0; i < nb; i++) sizes[i + 1] = batches[i];
+    /* the read bandwidth next to decode@1 */
+    const size_t bw_bytes = (size_t)512 << 20;
+    char *bw_buf = malloc(bw_bytes), tperr[128];
+    tpool_t *bw_pool = bw_buf ? tpool_new(threads, tperr, sizeof tperr) : NULL;
+    if (!bw_pool) {
+        fprintf(stderr, "bench: read bandwidth: %s\n", bw_buf ? tperr : "out of memory");
+        return 1;
+    }
+    memset(bw_buf, 1, bw_bytes);
+    double bw[101];
     for (int b = 0; b < nb + 1; b++) {
         int n = sizes[b];
         for (int r = 0; r < reps; r++) {
+            if (n == 1) bw[r] = membw_read(bw_pool, bw_buf, bw_bytes, 3);
             if (measure(e, n, 16, G, &tp, &td)) return 1;
             v[r] = (double)n * (G - 1) / td;
         }
@@ -189,8 +207,20 @@ int main(int argc, char **argv)
             fprintf(jf, "{\"model\": \"%s\", \"workload\": \"decode\", \"n\": %d, \"gen\": %d, "
                         "\"min\": %.3f, \"median\": %.3f, \"max\": %.3f}\n",
                     model, n, G, v[0], v[reps / 2], v[reps - 1]);
+        if (n == 1) {
+            bw[reps] = membw_read(bw_pool, bw_buf, bw_bytes, 3);
+            qsort(bw, (size_t)reps + 1, sizeof *bw, cmp_d);
+            printf("| read bandwidth before each decode-1 repetition and after, GB/s | %.1f | %.1f | "
+                   "%.1f |\n", bw[0], bw[(reps + 1) / 2], bw[reps]);
+            if (jf)
+                fprintf(jf, "{\"model\": \"%s\", \"workload\": \"read_bw\", \"n\": 1, "
+                            "\"min\": %.3f, \"median\": %.3f, \"max\": %.3f}\n",
+                        model, bw[0], bw[(reps + 1) / 2], bw[reps]);
+        }
         fflush(stdout);
     }
+    tpool_free(bw_pool);
+    free(bw_buf);
     engine_free(e);
     if (jf) fclose(jf);
     return 0;

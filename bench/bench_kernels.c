@@ -30,6 +30,7 @@
 #include "engine/cpu/kernels.h"
 #include "engine/cpu/threadpool.h"
 #include "engine/dtype.h"
+#include "bench/membw.h"
 
 static double now_s(void)
 {
@@ -49,45 +50,6 @@ static uint64_t rnext(void)
 static float frand(void)
 {
     return (float)((double)(rnext() >> 40) / (double)(1ull << 23) - 1.0);
-}
-
-/* ---- memory bandwidth: each thread sums its share of a buffer ---- */
-
-typedef struct {
-    const uint64_t *buf;
-    size_t n;
-    atomic_ullong sink;
-} bw_job_t;
-
-static void bw_fn(void *arg, int ith, int nth)
-{
-    bw_job_t *j = arg;
-    long lo, hi;
-    tpool_split((long)(j->n / 64), ith, nth, &lo, &hi);
-    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
-    for (long b = lo; b < hi; b++) { /* eight words per step, eight independent chains */
-        const uint64_t *p = j->buf + b * 64;
-        for (int i = 0; i < 64; i += 8) {
-            s0 += p[i]; s1 += p[i + 1]; s2 += p[i + 2]; s3 += p[i + 3];
-            s4 += p[i + 4]; s5 += p[i + 5]; s6 += p[i + 6]; s7 += p[i + 7];
-        }
-    }
-    atomic_fetch_add(&j->sink, s0 ^ s1 ^ s2 ^ s3 ^ s4 ^ s5 ^ s6 ^ s7);
-}
-
-/* GB/s reading `bytes` of buf over the pool, best of 3. */
-static double bench_bw(tpool_t *pool, const void *buf, size_t bytes)
-{
-    bw_job_t j = {.buf = buf, .n = bytes / 8};
-    atomic_init(&j.sink, 0);
-    double best = 1e30;
-    for (int r = 0; r < 3; r++) {
-        double t0 = now_s();
-        tpool_run(pool, bw_fn, &j);
-        double t = now_s() - t0;
-        if (t < best) best = t;
-    }
-    return (double)bytes / best / 1e9;
 }
 
 typedef struct {
@@ -375,8 +337,8 @@ int main(int argc, char **argv)
     }
     const double busy = 5e-6;
     for (int r = 0; r < rounds; r++) {
-        keep_max(&bw1, bench_bw(pool1, wpool[0], pool_bytes[0] / 64 * 64));
-        keep_max(&bw, bench_bw(pool, wpool[0], pool_bytes[0] / 64 * 64));
+        keep_max(&bw1, membw_read(pool1, wpool[0], pool_bytes[0] / 512 * 512, 3));
+        keep_max(&bw, membw_read(pool, wpool[0], pool_bytes[0] / 512 * 512, 3));
         keep_max(&cbw, bench_copy(pool, wpool[1], cbuf, copy_bytes));
         if (!ceilings) {
             keep_min(&tp_empty, time_tpool(pool, noop_fn, NULL));
