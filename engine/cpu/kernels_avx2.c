@@ -292,7 +292,8 @@ AI void q4k_tile(const int C, const block_q4_K *row, int64_t nsb, const kern_q8k
             Q[2 * j] = _mm256_and_si256(v, m4);
             Q[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
             S[2 * j] = _mm256_shuffle_epi8(scb, _mm256_set1_epi16((short)(0x8000 | (2 * j))));
-            S[2 * j + 1] = _mm256_shuffle_epi8(scb, _mm256_set1_epi16((short)(0x8000 | (2 * j + 1))));
+            S[2 * j + 1] =
+                _mm256_shuffle_epi8(scb, _mm256_set1_epi16((short)(0x8000 | (2 * j + 1))));
         }
         uint32_t ddm; /* d, dmin: lanes 0, 1 */
         memcpy(&ddm, &b->d, 4);

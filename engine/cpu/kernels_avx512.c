@@ -456,7 +456,8 @@ AI void q4k_tile(const int vnni, const int R, const int C, const block_q4_K *row
              * endian, byte i of a word at bits 8i) */
             uint32_t sm[4];
             q4k_unpack_words(b->scales, sm);
-            const uint64_t sc64 = sm[0] | (uint64_t)sm[1] << 32, mn64 = sm[2] | (uint64_t)sm[3] << 32;
+            const uint64_t sc64 = sm[0] | (uint64_t)sm[1] << 32;
+            const uint64_t mn64 = sm[2] | (uint64_t)sm[3] << 32;
             /* the 8 scale bytes in every 64-bit lane; vpshufb widens byte i to an int16 lane
              * (control 0x80 | i: byte i, then a zero byte) */
             const __m512i scb = _mm512_set1_epi64((long long)sc64);
@@ -509,7 +510,8 @@ AI void q4k_tile(const int vnni, const int R, const int C, const block_q4_K *row
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 8
         for (int c = 0; c < C; c++) {
-            __m128 h = _mm_add_ps(accm[r][c], _mm_movehl_ps(accm[r][c], accm[r][c])); /* (0+2), (1+3) */
+            /* (0+2), (1+3) */
+            __m128 h = _mm_add_ps(accm[r][c], _mm_movehl_ps(accm[r][c], accm[r][c]));
             float m = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
             y[c * ldy + r] = hsum1(acc[r][c]) - m;
         }
