@@ -273,16 +273,11 @@ AI void q4k_tile(const int C, const block_q4_K *row, int64_t nsb, const kern_q8k
     }
     for (int64_t s = 0; s < nsb; s++) {
         const block_q4_K *b = row + s;
-        if (pfd) {
-            _mm_prefetch((const char *)b + pfd, _MM_HINT_T0);
-            _mm_prefetch((const char *)b + pfd + 64, _MM_HINT_T0);
-            _mm_prefetch((const char *)b + pfd + 128, _MM_HINT_T0);
-        }
-        /* scales and mins to vector registers as two 64-bit words (x86: byte i at bits 8i);
-         * vpshufb widens scale byte i to every int16 lane (control 0x80 | i) */
-        uint32_t sm[4];
-        q4k_unpack_words(b->scales, sm);
-        const uint64_t sc64 = sm[0] | (uint64_t)sm[1] << 32, mn64 = sm[2] | (uint64_t)sm[3] << 32;
+        q4k_prefetch(b, pfd);
+        /* scales and mins to vector registers as two 64-bit words; vpshufb widens scale byte i
+         * to every int16 lane (control 0x80 | i) */
+        uint64_t sc64, mn64;
+        q4k_unpack64(b->scales, &sc64, &mn64);
         const __m256i scb = _mm256_set1_epi64x((long long)sc64);
         const __m128i mn = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)mn64));
         __m256i S[8], Q[8];

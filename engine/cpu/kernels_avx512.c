@@ -447,17 +447,9 @@ AI void q4k_tile(const int vnni, const int R, const int C, const block_q4_K *row
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const block_q4_K *b = (const block_q4_K *)((const char *)row + (size_t)r * wrb) + s;
-            if (pfd) {
-                _mm_prefetch((const char *)b + pfd, _MM_HINT_T0);
-                _mm_prefetch((const char *)b + pfd + 64, _MM_HINT_T0);
-                _mm_prefetch((const char *)b + pfd + 128, _MM_HINT_T0);
-            }
-            /* the scales and mins stay in general registers until one move each (x86: little
-             * endian, byte i of a word at bits 8i) */
-            uint32_t sm[4];
-            q4k_unpack_words(b->scales, sm);
-            const uint64_t sc64 = sm[0] | (uint64_t)sm[1] << 32;
-            const uint64_t mn64 = sm[2] | (uint64_t)sm[3] << 32;
+            q4k_prefetch(b, pfd);
+            uint64_t sc64, mn64; /* in general registers until one move each */
+            q4k_unpack64(b->scales, &sc64, &mn64);
             /* the 8 scale bytes in every 64-bit lane; vpshufb widens byte i to an int16 lane
              * (control 0x80 | i: byte i, then a zero byte) */
             const __m512i scb = _mm512_set1_epi64((long long)sc64);

@@ -75,6 +75,23 @@ static inline void q4k_unpack_words(const uint8_t *scales, uint32_t v[4])
     v[3] = ((c >> 4) & 0x0f0f0f0fu) | ((b >> 6) & 0x03030303u) << 4;
 }
 
+/* q4k_unpack_words as two 64-bit words, scale (min) i at bits 8i on a little-endian CPU (x86:
+ * one move each into a vector register). */
+static inline void q4k_unpack64(const uint8_t *scales, uint64_t *sc, uint64_t *mn)
+{
+    uint32_t v[4];
+    q4k_unpack_words(scales, v);
+    *sc = v[0] | (uint64_t)v[1] << 32;
+    *mn = v[2] | (uint64_t)v[3] << 32;
+}
+
+/* The three lines of the Q4_K super-block pfd bytes past b into every cache level (pfd 0: none). */
+static inline void q4k_prefetch(const void *b, size_t pfd)
+{
+    if (!pfd) return;
+    for (int i = 0; i < 3; i++) __builtin_prefetch((const char *)b + pfd + 64 * i, 0, 3);
+}
+
 /* The 8 scales and 8 mins of a Q4_K super-block (engine/dtype.h's q4k_scale_min, all at once). */
 static inline void q4k_unpack(const uint8_t *scales, uint8_t sc[8], uint8_t mn[8])
 {
