@@ -20,7 +20,6 @@
  * is measured `rounds` times and each cell keeps its best round: the machine is shared, and the
  * best round is the one least disturbed by other processes. */
 #include <cblas.h>
-#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>

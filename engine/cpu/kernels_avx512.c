@@ -632,6 +632,14 @@ AI __m512i b32_w64(const int dt, const char *bl, const int two)
     return _mm512_and_si512(v, _mm512_set1_epi8(0x0f));
 }
 
+/* Lane 0 of v in lanes 0..7, lane 1 in lanes 8..15: a block pair's two scales, each over its
+ * block's 8 int32 sums. */
+AI __m512 b32_spread(__m128 v)
+{
+    const __m512i idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(v));
+}
+
 /* The two blocks' scales, each in its 8 lanes (or the first alone, the rest 0): one 32-bit
  * move of both F16 values, one conversion, one permutation. */
 AI __m512 b32_d16(const int dt, const char *bl, const int two)
@@ -640,17 +648,13 @@ AI __m512 b32_d16(const int dt, const char *bl, const int two)
     uint16_t d0, d1 = 0; /* the scale d is each block's first member */
     memcpy(&d0, bl, 2);
     if (two) memcpy(&d1, bl + bs, 2);
-    const __m128 d = _mm_cvtph_ps(_mm_cvtsi32_si128((int)(d0 | (uint32_t)d1 << 16)));
-    const __m512i idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-    return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(d));
+    return b32_spread(_mm_cvtph_ps(_mm_cvtsi32_si128((int)(d0 | (uint32_t)d1 << 16))));
 }
 
 /* A token's x scales of blocks b, b + 1 (or b alone), each in its 8 lanes. */
 AI __m512 b32_x16(const float *d, const int two)
 {
-    const __m512i idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-    __m128 v = two ? _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)d)) : _mm_load_ss(d);
-    return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(v));
+    return b32_spread(two ? _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)d)) : _mm_load_ss(d));
 }
 
 /* Rows [0, R) at W (stride wrb) against tokens [0, C) of xq/xd (strides nb * 32, nb); y[c * ldy
