@@ -7,8 +7,10 @@
 #   2. the families of /metrics are exactly the README's metrics reference table (rows starting
 #      with "| `spillway:"): same names, same types, same label names (histograms as
 #      _bucket{le}/_sum/_count), and every row has samples; a difference is named;
-#   3. a burst of 1,500 prompts on 6 shared prefixes (a quarter with ~190 tokens of their own, to
-#      keep the engine busy; a few with a stop string or a past deadline) plus 25 invalid
+#   3. a burst of 1,500 prompts on 6 shared prefixes (a quarter with ~380 tokens of their own, to
+#      keep the engine busy: with ~190 the engine, faster since, waited for intake and acks in
+#      every second on some days, so spillway:token_throughput, sampled only in busy seconds,
+#      never appeared; a few with a stop string or a past deadline) plus 25 invalid
 #      messages (not_json, missing_prompt) while a scraper reads /metrics every 0.3 s: consumer
 #      lag (sum of spillway:consumer_lag) rises above 100 and drains to 0; partitions pause;
 #      requests run and wait; every counter and histogram series only increases; prefix cache
@@ -101,9 +103,9 @@ def write(name, n, pre, tag, long_every):
                 req.update(max_tokens=24, stop=[" "])
             if i % 100 == 42:   # finish_reason "expired": a deadline long past
                 req.update(deadline=1000)
-            if i % long_every == 1 % long_every:  # ~190 tokens of its own: prefill keeps the
+            if i % long_every == 1 % long_every:  # ~380 tokens of its own: prefill keeps the
                                 # engine busy, partitions paused and requests waiting
-                req.update(prompt=" ".join(rnd.choice(words) for _ in range(100)))
+                req.update(prompt=" ".join(rnd.choice(words) for _ in range(200)))
             f.write(json.dumps(req) + "\n")
             ids.write(rid + "\n")
 write("burst1", n1, prefixes, "a", 4)
