@@ -8,7 +8,8 @@
 #include "producer/producer.h"
 
 struct producer {
-    rd_kafka_t *rk;
+    rd_kafka_t *rk;              /* the current instance; producer_renew replaces it */
+    rd_kafka_conf_t *conf;       /* owned: a copy of rk's configuration, for producer_renew */
     int transactional;
     producer_dr_fn dr;
     void *dr_arg;
@@ -37,6 +38,17 @@ static void on_log(const rd_kafka_t *rk, int level, const char *fac, const char 
 {
     producer_t *p = rd_kafka_opaque(rk);
     if (p) plog(p, level <= 3 ? 0 : level <= 4 ? 1 : level <= 6 ? 2 : 3, "rdkafka %s: %s", fac, buf);
+}
+
+/* init_transactions on a new instance: fences older instances with the same transactional.id
+ * (their epoch is bumped) and completes or aborts what they left open. 0, or -1 (errstr). */
+static int init_txn(rd_kafka_t *rk, char *errstr, size_t errlen)
+{
+    rd_kafka_error_t *err = rd_kafka_init_transactions(rk, 30000);
+    if (!err) return 0;
+    snprintf(errstr, errlen, "init_transactions: %s", rd_kafka_error_string(err));
+    rd_kafka_error_destroy(err);
+    return -1;
 }
 
 producer_t *producer_new(const producer_config_t *cfg, char *errstr, size_t errlen)
@@ -70,38 +82,68 @@ producer_t *producer_new(const producer_config_t *cfg, char *errstr, size_t errl
     rd_kafka_conf_set_dr_msg_cb(conf, on_dr);
     rd_kafka_conf_set_log_cb(conf, on_log);
     rd_kafka_conf_set_opaque(conf, p);
+    if (!(p->conf = rd_kafka_conf_dup(conf))) {
+        snprintf(errstr, errlen, "out of memory");
+        goto fail;
+    }
     p->rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, e, sizeof e);
     if (!p->rk) goto conf_fail;
     conf = NULL; /* owned by rk */
-    if (p->transactional) {
-        rd_kafka_error_t *err = rd_kafka_init_transactions(p->rk, 30000);
-        if (err) {
-            snprintf(errstr, errlen, "init_transactions: %s", rd_kafka_error_string(err));
-            rd_kafka_error_destroy(err);
-            goto fail;
-        }
-    }
+    if (p->transactional && init_txn(p->rk, errstr, errlen)) goto fail;
     return p;
 conf_fail:
     snprintf(errstr, errlen, "producer: %s", e);
 fail:
     if (conf) rd_kafka_conf_destroy(conf);
     if (p && p->rk) rd_kafka_destroy(p->rk);
+    if (p && p->conf) rd_kafka_conf_destroy(p->conf);
     free(p);
     return NULL;
 }
 
+/* Flushes rk up to timeout_ms, purges what is still undelivered (each one's delivery report
+ * runs, with an error) and destroys it. */
+static void destroy_rk(producer_t *p, rd_kafka_t *rk, int timeout_ms)
+{
+    if (rd_kafka_flush(rk, timeout_ms)) {
+        plog(p, 1, "producer %s closed with %d record(s) undelivered", rd_kafka_name(rk),
+             rd_kafka_outq_len(rk));
+        /* rd_kafka_destroy would drop them without a delivery report, and so leak whatever
+         * their opaques own: purge them, so that each one's report runs (with an error) */
+        rd_kafka_purge(rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
+        rd_kafka_flush(rk, 1000);
+    }
+    rd_kafka_destroy(rk);
+}
+
+int producer_renew(producer_t *p, char *errstr, size_t errlen)
+{
+    char e[512];
+    rd_kafka_conf_t *conf = rd_kafka_conf_dup(p->conf);
+    if (!conf) {
+        snprintf(errstr, errlen, "producer renew: out of memory");
+        return -1;
+    }
+    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, e, sizeof e);
+    if (!rk) { /* the old instance stays */
+        rd_kafka_conf_destroy(conf);
+        snprintf(errstr, errlen, "producer renew: %s", e);
+        return -1;
+    }
+    /* conf is owned by rk. The old instance goes first (no request of its own is retried
+     * beside the new one's), then the new one's InitProducerId bumps the epoch */
+    destroy_rk(p, p->rk, 0);
+    p->rk = rk;
+    return p->transactional ? init_txn(p->rk, errstr, errlen) : 0;
+}
+
+const char *producer_name(const producer_t *p) { return rd_kafka_name(p->rk); }
+
 void producer_free(producer_t *p, int timeout_ms)
 {
     if (!p) return;
-    if (rd_kafka_flush(p->rk, timeout_ms)) {
-        plog(p, 1, "producer closed with %d record(s) undelivered", rd_kafka_outq_len(p->rk));
-        /* rd_kafka_destroy would drop them without a delivery report, and so leak whatever
-         * their opaques own: purge them, so that each one's report runs (with an error) */
-        rd_kafka_purge(p->rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
-        rd_kafka_flush(p->rk, 1000);
-    }
-    rd_kafka_destroy(p->rk);
+    destroy_rk(p, p->rk, timeout_ms);
+    rd_kafka_conf_destroy(p->conf);
     free(p);
 }
 
@@ -198,8 +240,11 @@ int producer_txn_abort(producer_t *p, int timeout_ms, char *errstr, size_t errle
     rd_kafka_error_t *e = rd_kafka_abort_transaction(p->rk, timeout_ms);
     if (!e) return PRODUCER_TXN_OK;
     snprintf(errstr, errlen, "abort_transaction: %s", rd_kafka_error_string(e));
+    int fatal = rd_kafka_error_is_fatal(e);
     rd_kafka_error_destroy(e);
-    return PRODUCER_TXN_FATAL;
+    /* not fatal: a timeout (the EndTxn may still be in flight, librdkafka goes on retrying it)
+     * or a state this instance cannot leave; only a new instance settles it */
+    return fatal ? PRODUCER_TXN_FATAL : PRODUCER_TXN_UNCERTAIN;
 }
 
 int producer_txn_commit(producer_t *p, const rd_kafka_topic_partition_list_t *offsets,
@@ -236,12 +281,21 @@ int producer_txn_commit(producer_t *p, const rd_kafka_topic_partition_list_t *of
         int retriable = rd_kafka_error_is_retriable(e);
         rd_kafka_error_destroy(e);
         if (fatal) return PRODUCER_TXN_FATAL;
-        if (abortable || !retriable || now_ms() >= end) {
+        if (retriable && !abortable && now_ms() >= end) {
+            /* timed out (librdkafka: ERR__TIMED_OUT, retriable, the call resumable): the
+             * flush, the TxnOffsetCommit or the EndTxn is still in flight and the broker may
+             * yet apply it. Aborting on this instance is refused while the call is resumable,
+             * and without KIP-890 (librdkafka #5423) a late request of this epoch could land
+             * in its next transaction: this instance must not be used again */
+            return PRODUCER_TXN_UNCERTAIN;
+        }
+        if (abortable || !retriable) {
             plog(p, 1, "%s; aborting the transaction", errstr);
             char e2[256];
-            if (producer_txn_abort(p, timeout_ms, e2, sizeof e2) != PRODUCER_TXN_OK) {
+            int rc = producer_txn_abort(p, timeout_ms, e2, sizeof e2);
+            if (rc != PRODUCER_TXN_OK) {
                 snprintf(errstr, errlen, "%s", e2);
-                return PRODUCER_TXN_FATAL;
+                return rc;
             }
             return PRODUCER_TXN_ABORTED;
         }

@@ -46,6 +46,17 @@ producer_t *producer_new(const producer_config_t *cfg, char *errstr, size_t errl
 /* Flushes (up to timeout_ms), purges what is still undelivered (its delivery reports run, with
  * an error) and destroys. NULL is a no-op. */
 void producer_free(producer_t *p, int timeout_ms);
+/* Replaces the librdkafka instance by a new one with the same configuration: the old one is
+ * purged (its delivery reports run, with an error) and destroyed without waiting, then the new
+ * one (transactional) is initialised, which bumps the transactional.id's epoch and so fences
+ * every request the old one still had in flight, and lets the coordinator complete or abort the
+ * transaction it left. The remedy for PRODUCER_TXN_UNCERTAIN. Transaction thread; p stays
+ * valid either way. 0, or -1 (errstr): the new instance could not be created (the old one
+ * stays) or initialised (the instance is unusable: stop). */
+int producer_renew(producer_t *p, char *errstr, size_t errlen);
+/* librdkafka's name of the current instance (e.g. "rdkafka#producer-3"); valid until the next
+ * producer_renew or producer_free. */
+const char *producer_name(const producer_t *p);
 
 /* Sends one record (key, value and headers are copied; hdrs, when not NULL, is always
  * consumed). Waits while the local queue is full (serving delivery reports on this thread).
@@ -77,14 +88,23 @@ enum {
     PRODUCER_TXN_ABORTED = 1, /* an abortable error: the transaction was aborted; the caller
                                  rewinds its input to the committed offsets */
     PRODUCER_TXN_FATAL = -1,  /* the producer cannot continue (errstr): stop the process */
+    PRODUCER_TXN_UNCERTAIN = 2, /* the commit or abort timed out (or failed in a way this instance
+                                   cannot recover from): whether the transaction committed is
+                                   unknown, and the broker may still apply requests of this
+                                   instance. The caller renews the producer (producer_renew),
+                                   then rewinds its input to the committed offsets, which are
+                                   settled once the new instance is initialised */
 };
 int producer_txn_begin(producer_t *p, char *errstr, size_t errlen);
 /* Sends offsets (may be NULL) for the consumer group cgmd and commits the open transaction,
- * retrying retriable errors within timeout_ms. PRODUCER_TXN_*. */
+ * retrying retriable errors within timeout_ms (past it: PRODUCER_TXN_UNCERTAIN). An abortable
+ * error aborts it (PRODUCER_TXN_ABORTED; an abort that fails: FATAL or UNCERTAIN as
+ * producer_txn_abort). PRODUCER_TXN_*. */
 int producer_txn_commit(producer_t *p, const rd_kafka_topic_partition_list_t *offsets,
                         const rd_kafka_consumer_group_metadata_t *cgmd, int timeout_ms,
                         char *errstr, size_t errlen);
-/* Aborts the open transaction. PRODUCER_TXN_OK or PRODUCER_TXN_FATAL. */
+/* Aborts the open transaction. PRODUCER_TXN_OK, PRODUCER_TXN_FATAL (a fatal error) or
+ * PRODUCER_TXN_UNCERTAIN (timed out, or another error: the instance must be renewed). */
 int producer_txn_abort(producer_t *p, int timeout_ms, char *errstr, size_t errlen);
 
 /* Headers of a dead-letter record (PRODUCER_H_*). NULL on out of memory. Caller owns. */

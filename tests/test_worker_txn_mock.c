@@ -12,6 +12,10 @@
  *    with the same transactional.id serves everything;
  *  - exactly-once, the assignment lost (a heartbeat answered ILLEGAL_GENERATION) with outputs
  *    in the open transaction: it is aborted, and everything is served again;
+ *  - exactly-once, the EndTxn of a commit, or of the abort after an abortable error, answered
+ *    after transaction.commit.timeout.ms (outcome unknown; librdkafka #5423): the producer
+ *    instance is replaced (a second InitProducerId), the input rewound, every input answered
+ *    once by the new instance, and the worker goes on;
  *  - at-least-once, permanent produce errors and delivery timeouts (leader down longer than
  *    message.timeout.ms): the worker produces again, and a checker that samples the group's
  *    committed offsets and then the results topic finds, at every sample, a durable result for
@@ -44,8 +48,8 @@
 #define MODEL SPILLWAY_MODELS "/stories260K.gguf"
 
 /* Kafka protocol ApiKeys */
-enum { API_PRODUCE = 0, API_HEARTBEAT = 12, API_ADD_OFFSETS_TO_TXN = 25, API_END_TXN = 26,
-       API_TXN_OFFSET_COMMIT = 28 };
+enum { API_PRODUCE = 0, API_HEARTBEAT = 12, API_INIT_PRODUCER_ID = 22, API_ADD_OFFSETS_TO_TXN = 25,
+       API_END_TXN = 26, API_TXN_OFFSET_COMMIT = 28 };
 /* mock brokers: 1 = transaction coordinator and input leader, 2 = group coordinator, 3 = output
  * leader */
 enum { B_TXN = 1, B_GROUP = 2, B_OUT = 3 };
@@ -583,6 +587,84 @@ static int case_eos_lost(void)
     return 0;
 }
 
+/* Exactly-once, the EndTxn of a commit (abort: 0) or of the abort after an abortable error
+ * (TxnOffsetCommit UNKNOWN_MEMBER_ID; abort: 1) answered only after
+ * transaction.commit.timeout.ms: the broker may or may not have applied it, and without KIP-890
+ * (librdkafka #5423) a late request of that producer instance could land in its next
+ * transaction. The worker destroys the producer instance and creates a new one with the same
+ * transactional.id (a second InitProducerId, whose answer the mock holds back 3 s, so that the
+ * test reads every record of the old instance first), rewinds to the committed offsets and goes
+ * on. The old code stopped as fatal: after the commit's timeout it called abort_transaction on
+ * the same instance, which librdkafka refuses while the commit is in progress; an abort that
+ * timed out was fatal. The mock stores no transactional offsets, so the rewind goes back to the
+ * beginning: every input must then be answered exactly once by the new instance (on a real
+ * broker, those that the timed-out transaction committed are not served again). */
+static int case_eos_endtxn_timeout(const char *tag, int abort)
+{
+    env_t e;
+    if (env_init(&e, tag, 16)) return -1;
+    produce_prompts(&e, tok2);
+    if (abort)
+        rd_kafka_mock_broker_push_request_error_rtts(e.mc, B_GROUP, API_TXN_OFFSET_COMMIT, 1,
+                                                     RD_KAFKA_RESP_ERR_UNKNOWN_MEMBER_ID, 0);
+    rd_kafka_mock_broker_push_request_error_rtts(e.mc, B_TXN, API_INIT_PRODUCER_ID, 2,
+                                                 RD_KAFKA_RESP_ERR_NO_ERROR, 0,
+                                                 RD_KAFKA_RESP_ERR_NO_ERROR, 3000);
+    rd_kafka_mock_broker_push_request_error_rtts(e.mc, B_TXN, API_END_TXN, 1,
+                                                 RD_KAFKA_RESP_ERR_NO_ERROR, 5000);
+    const char *extra[] = {"transaction.commit.timeout.ms=1000", NULL};
+    worker_t *w = make_worker(&e, 1, extra);
+    if (!w) return -1;
+    reader_t rd;
+    reader_init(&rd, &e);
+    run_t run;
+    run_start(&run, w);
+    /* the new instance's InitProducerId reached the coordinator: the old instance is gone */
+    int64_t end = now_ms() + 30000;
+    while (stack_left(&e, B_TXN, API_INIT_PRODUCER_ID) > 0 && !run_done(&run) && now_ms() < end)
+        usleep(20000);
+    CHECKF(stack_left(&e, B_TXN, API_INIT_PRODUCER_ID) == 0,
+           "no second InitProducerId (worker %s)", run_done(&run) ? "stopped" : "running");
+    CHECK(stack_left(&e, B_TXN, API_END_TXN) == 0);
+    CHECK(stack_left(&e, B_GROUP, API_TXN_OFFSET_COMMIT) == 0);
+    reader_catch_up(&rd, e.out); /* the old instance's records, all of them */
+    int old_records = rd.records;
+    CHECKF(old_records >= 1 && rd.distinct == old_records,
+           "timed-out transaction: %d records, %d ids", old_records, rd.distinct);
+    int64_t next = rd.next; /* from here: the new instance's records */
+    rd_kafka_t *c = rd.c;
+    memset(&rd, 0, sizeof rd);
+    rd.c = c;
+    rd.n = e.n;
+    rd.tag = e.tag;
+    rd.next = next;
+    if (eos_finish(&e, &run, &rd, 30000)) return -1;
+    reader_catch_up(&rd, e.out);
+    worker_stats_t st;
+    worker_stats(w, &st);
+    CHECKF(run.rc == 0, "%s", run.err);
+    CHECKF(st.producer_restarts == 1, "%llu producer restarts",
+           (unsigned long long)st.producer_restarts);
+    CHECKF(st.txn_aborts == 0 && st.txn_commits >= 1, "%llu aborts, %llu commits",
+           (unsigned long long)st.txn_aborts, (unsigned long long)st.txn_commits);
+    CHECKF(rd.records == e.n && rd.distinct == e.n, "new instance: %d records, %d ids, want %d",
+           rd.records, rd.distinct, e.n);
+    CHECKF(st.results == (uint64_t)(old_records + e.n), "%llu results, want %d + %d",
+           (unsigned long long)st.results, old_records, e.n);
+    fprintf(stderr, "summary: EndTxn(%s) answered after 5 s, commit timeout 1 s: producer "
+                    "replaced (2 InitProducerId), %d record(s) of the timed-out transaction, then "
+                    "%d records for %d inputs in %llu committed transaction(s)\n",
+            abort ? "abort" : "commit", old_records, rd.records, e.n,
+            (unsigned long long)st.txn_commits);
+    worker_free(w);
+    reader_free(&rd);
+    env_free(&e);
+    return 0;
+}
+
+static int case_endtxn_timeout(void) { return case_eos_endtxn_timeout("endtxn-timeout", 0); }
+static int case_abort_timeout(void) { return case_eos_endtxn_timeout("abort-timeout", 1); }
+
 /* At-least-once: outputs fail for a while (permanent produce errors, or the output leader down
  * longer than message.timeout.ms); the worker produces them again, and no sample of the committed
  * offsets ever runs ahead of the durable results. */
@@ -774,6 +856,8 @@ int main(void)
         {.name = "eos_fatal_add_offsets", .fn = case_fatal_addoffsets},
         {.name = "eos_fatal_produce", .fn = case_fatal_produce},
         {.name = "eos_lost", .fn = case_eos_lost},
+        {.name = "eos_end_txn_timeout", .fn = case_endtxn_timeout},
+        {.name = "eos_abort_timeout", .fn = case_abort_timeout},
         {.name = "alo_produce_errors", .fn = case_alo_produce_errors},
         {.name = "alo_message_timeout", .fn = case_alo_msg_timeout},
         {.name = "alo_drain_timeout", .fn = case_alo_drain_timeout},

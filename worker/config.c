@@ -57,6 +57,9 @@ static const key_t_ KEYS[] = {
     {"delivery", K_DELIVERY, F(delivery), "at-least-once", 0, 0, "at-least-once | exactly-once"},
     {"commit.interval.ms", K_INT, F(commit_interval_ms), "500", 1, 3600000,
      "offset commit / transaction period"},
+    {"transaction.commit.timeout.ms", K_INT, F(txn_commit_timeout_ms), "30000", 100, 3600000,
+     "exactly-once: a transaction commit or abort not done in this long has an unknown outcome: "
+     "the producer is replaced and the input rewound"},
     {"drain.timeout.ms", K_INT, F(drain_timeout_ms), "30000", 0, 86400000,
      "on SIGTERM, time to finish in-flight work"},
     {"shutdown.timeout.ms", K_INT, F(shutdown_timeout_ms), "15000", 1000, 86400000,

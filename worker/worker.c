@@ -126,7 +126,7 @@ struct wreq {
 typedef struct {
     atomic_uint_fast64_t consumed, results, dlq, expired, produce_retries, txn_commits, txn_aborts,
         commits, pauses, resumes, prompt_tokens, completion_tokens, cached_tokens, dropped, ttft_n,
-        ttft_us_sum;
+        ttft_us_sum, producer_restarts;
     atomic_int inflight, assigned;
     /* phase times, ns (worker_stats_t); each is added to by one thread only */
     atomic_uint_fast64_t ns_poll, ns_intake, ns_parse, ns_tokenize, ns_produce, ns_commit,
@@ -1333,6 +1333,32 @@ static const char *fenced_hint(const char *err)
                                 : "";
 }
 
+/* Exactly-once, after PRODUCER_TXN_UNCERTAIN (why: its errstr): the transaction may have
+ * committed or not, and the broker may still apply requests of this producer instance, which
+ * without KIP-890 (librdkafka #5423) could land in its next transaction. So the next transaction
+ * starts on a new instance: producer_renew destroys the old one and initialises a new one with
+ * the same transactional.id, whose epoch bump fences the old requests and makes the coordinator
+ * finish the transaction (committed or aborted). Only then are the committed offsets settled
+ * (the consumer reads them read_committed, i.e. stable), and every assigned partition is rewound
+ * to them, as after an abort: what the transaction committed is not served again, what it did
+ * not commit is. 0, or -1 when fatal. Poll thread. */
+static int txn_renew(worker_t *w, const char *why)
+{
+    char err[512];
+    w->txn_open = 0;
+    wlog(w, 1, "exactly-once: %s; the transaction's outcome is unknown: replacing producer %s",
+         why, producer_name(w->prod));
+    if (producer_renew(w->prod, err, sizeof err)) {
+        set_fatal(w, "exactly-once: %s%s (stopping; restart the worker)", err, fenced_hint(err));
+        return -1;
+    }
+    atomic_fetch_add(&w->st.producer_restarts, 1);
+    wlog(w, 1, "exactly-once: producer %s initialised (new epoch); rewinding to the committed "
+         "offsets", producer_name(w->prod));
+    if (consumer_rewind(w->cons, err, sizeof err)) wlog(w, 0, "rewind: %s", err);
+    return 0;
+}
+
 /* Exactly-once: commits the open transaction with the offsets it covers. 0, or -1 when fatal. */
 static int txn_commit(worker_t *w)
 {
@@ -1341,7 +1367,8 @@ static int txn_commit(worker_t *w)
     rd_kafka_topic_partition_list_t *offs = consumer_txn_offsets(w->cons);
     rd_kafka_consumer_group_metadata_t *md = consumer_group_metadata(w->cons);
     int64_t t0 = mono_ns();
-    int rc = producer_txn_commit(w->prod, offs, md, 30000, err, sizeof err);
+    int rc = producer_txn_commit(w->prod, offs, md, w->cfg.txn_commit_timeout_ms, err,
+                                 sizeof err);
     metrics_hist_observe(&w->st.h_commit, (double)(mono_ns() - t0) * 1e-9);
     rd_kafka_consumer_group_metadata_destroy(md);
     w->txn_open = 0;
@@ -1353,6 +1380,8 @@ static int txn_commit(worker_t *w)
         wlog(w, 1, "transaction aborted (%s); rewinding to the committed offsets", err);
         char e2[256];
         if (consumer_rewind(w->cons, e2, sizeof e2)) wlog(w, 0, "rewind: %s", e2);
+    } else if (rc == PRODUCER_TXN_UNCERTAIN) {
+        if (txn_renew(w, err)) rc = PRODUCER_TXN_FATAL;
     } else {
         set_fatal(w, "exactly-once: %s%s (stopping; restart the worker)", err, fenced_hint(err));
     }
@@ -1384,7 +1413,12 @@ static void hook_lost(void *arg)
     if (w->cfg.delivery != WORKER_EOS || !w->prod || !w->txn_open) return;
     char err[256];
     w->txn_open = 0;
-    if (producer_txn_abort(w->prod, 30000, err, sizeof err) != PRODUCER_TXN_OK) {
+    int rc = producer_txn_abort(w->prod, w->cfg.txn_commit_timeout_ms, err, sizeof err);
+    if (rc == PRODUCER_TXN_UNCERTAIN) {
+        txn_renew(w, err);
+        return;
+    }
+    if (rc != PRODUCER_TXN_OK) {
         set_fatal(w, "exactly-once: %s%s (stopping; restart the worker)", err, fenced_hint(err));
         return;
     }
@@ -2138,6 +2172,9 @@ static void metrics_render(void *arg, metrics_buf_t *b)
                    (double)atomic_load(&w->st.chunks_failed));
     fam(b, "spillway:transaction_aborts_total", "counter", "exactly-once transactions aborted");
     metrics_sample(b, "spillway:transaction_aborts_total", NULL, (double)st.txn_aborts);
+    fam(b, "spillway:producer_restarts_total", "counter",
+        "exactly-once: producer instances replaced after a transaction's outcome was unknown");
+    metrics_sample(b, "spillway:producer_restarts_total", NULL, (double)st.producer_restarts);
     fam(b, "spillway:produce_retries_total", "counter",
         "outputs produced again after a failed delivery");
     metrics_sample(b, "spillway:produce_retries_total", NULL, (double)st.produce_retries);
@@ -2774,6 +2811,7 @@ void worker_stats(const worker_t *w, worker_stats_t *st)
     st->produce_retries = atomic_load(&m->st.produce_retries);
     st->txn_commits = atomic_load(&m->st.txn_commits);
     st->txn_aborts = atomic_load(&m->st.txn_aborts);
+    st->producer_restarts = atomic_load(&m->st.producer_restarts);
     st->commits = atomic_load(&m->st.commits);
     st->pauses = atomic_load(&m->st.pauses);
     st->resumes = atomic_load(&m->st.resumes);

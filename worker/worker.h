@@ -55,6 +55,8 @@ typedef struct {
     char *transactional_id;    /* exactly-once: "" = spillway-<group>-<worker_id> */
     int delivery;              /* WORKER_ALO / WORKER_EOS ("at-least-once" / "exactly-once") */
     int commit_interval_ms;    /* offset commit / transaction period */
+    int txn_commit_timeout_ms; /* exactly-once: a commit or abort longer than this leaves the
+                                  outcome unknown: the producer instance is replaced */
     int drain_timeout_ms;      /* SIGTERM: time to finish in-flight work before closing */
     int shutdown_timeout_ms;   /* then closing the clients; past it the process exits (status 1) */
     int max_inflight;          /* accepted messages without a durable result, at most */
@@ -232,6 +234,7 @@ typedef struct {
     uint64_t expired;          /* results with finish_reason "expired" */
     uint64_t produce_retries;  /* outputs produced again after a failed delivery */
     uint64_t txn_commits, txn_aborts;
+    uint64_t producer_restarts; /* exactly-once: producer instances replaced (outcome unknown) */
     uint64_t commits;          /* offset commits sent (at-least-once) */
     uint64_t pauses, resumes;
     uint64_t prompt_tokens, completion_tokens, cached_tokens;
