@@ -66,7 +66,8 @@ say "produced $N prompts"
 
 echo 3000 >"$WORK/delay"
 SPILLWAY_TEST_ENDTXN_DELAY_FILE=$WORK/delay \
-  "$SPILLWAY" worker -b "$BOOTSTRAP" -t prompts -o results -d prompts.dlq -g spw-endtxn -m "$MODEL" \
+  "$SPILLWAY" worker -b "$BOOTSTRAP" -t prompts -o results -d prompts.dlq -g spw-endtxn \
+    -m "$MODEL" \
     -s delivery=exactly-once -s worker.id=eosd -s threads=1 -s commit.interval.ms=200 \
     -s transaction.commit.timeout.ms=1000 -s max.inflight=16 -s kv.mem_mb=64 -s log.level=info \
     -X log_level=3 -X consumer.session.timeout.ms=6000 -X "producer.plugin.library.paths=$PLUGIN" \
@@ -74,8 +75,8 @@ SPILLWAY_TEST_ENDTXN_DELAY_FILE=$WORK/delay \
 WPID=$!
 PIDS+=("$WPID")
 
-"$SPILLWAY" collect -b "$BOOTSTRAP" -t results --ids "$WORK/ids.txt" -o "$WORK/out.jsonl" --timeout 120 \
-  2>"$WORK/collect.log" || { cat "$WORK/collect.log"; fail "not every id came back"; }
+"$SPILLWAY" collect -b "$BOOTSTRAP" -t results --ids "$WORK/ids.txt" -o "$WORK/out.jsonl" \
+  --timeout 120 2>"$WORK/collect.log" || { cat "$WORK/collect.log"; fail "not every id came back"; }
 say "every id came back (read_committed)"
 [ ! -e "$WORK/delay" ] || fail "no EndTxn response was held back (the plugin did not run)"
 grep -q 'delay_endtxn: holding an EndTxn response' "$WORK/w.log" || fail "no delay line in the log"
@@ -90,10 +91,10 @@ rc=0
 wait "$WPID" || rc=$?
 [ "$rc" = 0 ] || fail "worker exit status $rc after SIGTERM"
 
-kcat -b "$BOOTSTRAP" -C -t results -e -q -o beginning -f '%s\n' -X isolation.level=read_committed \
-  >"$WORK/committed.jsonl"
-kcat -b "$BOOTSTRAP" -C -t results -e -q -o beginning -f '%s\n' -X isolation.level=read_uncommitted \
-  >"$WORK/uncommitted.jsonl"
+for iso in committed uncommitted; do
+  kcat -b "$BOOTSTRAP" -C -t results -e -q -o beginning -f '%s\n' -X "isolation.level=read_$iso" \
+    >"$WORK/$iso.jsonl"
+done
 python3 - "$WORK" <<'PY' || fail "exactly-once check"
 import collections, json, sys
 work = sys.argv[1]
