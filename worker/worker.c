@@ -2297,11 +2297,21 @@ worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen)
     if (w->cfg.metrics_port > 0) {
         metrics_handlers_t mh = {.render = metrics_render, .ready = metrics_ready,
                                  .healthy = metrics_healthy, .arg = w};
-        w->metrics = metrics_server_new(w->cfg.metrics_bind, w->cfg.metrics_port, &mh, errstr,
-                                        errlen);
+        metrics_server_opts_t mo;
+        metrics_server_opts_default(&mo);
+        mo.bind_addr = w->cfg.metrics_bind;
+        mo.port = w->cfg.metrics_port;
+        mo.health_port = w->cfg.metrics_health_port > 0 ? w->cfg.metrics_health_port : -1;
+        mo.max_conns = (unsigned)w->cfg.metrics_max_conns;
+        mo.max_conns_per_ip = (unsigned)w->cfg.metrics_max_conns_per_ip;
+        mo.timeout_s = (unsigned)w->cfg.metrics_timeout_s;
+        w->metrics = metrics_server_start(&mo, &mh, errstr, errlen);
         if (!w->metrics) goto fail;
         wlog(w, 2, "metrics on http://%s:%d/metrics", w->cfg.metrics_bind,
              metrics_server_port(w->metrics));
+        if (metrics_server_health_port(w->metrics) >= 0)
+            wlog(w, 2, "health on http://%s:%d/healthz", w->cfg.metrics_bind,
+                 metrics_server_health_port(w->metrics));
     }
 
     request_limits_default(&w->limits);
