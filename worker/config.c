@@ -165,6 +165,9 @@ static const key_t_ KEYS[] = {
      "connections one client address may hold at once, per port (0 = no per-address limit)"},
     {"metrics.connection_timeout_s", K_INT, F(metrics_timeout_s), "5", 1, 3600,
      "seconds a connection may send or read nothing before it is closed (slow headers)"},
+    {"metrics.lag_refresh_ms", K_INT, F(metrics_lag_refresh_ms), "1000", 100, 3600000,
+     "period of the consumer lag refresh (broker round trips off the scrape path; /metrics "
+     "serves the last refreshed value)"},
 };
 #undef F
 #define NKEYS ((int)(sizeof KEYS / sizeof KEYS[0]))
