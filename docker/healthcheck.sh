@@ -7,7 +7,7 @@
 #
 # Without PORT: the effective metrics.port / metrics.bind of `spillway config -c CONF` (CONF =
 # $SPILLWAY_HEALTHCHECK_CONF, default /etc/spillway/worker.conf; the SPILLWAY_* environment of the
-# container applies as it does to the worker), else $SPILLWAY_METRICS_PORT, else 9464. A bind
+# container applies as it does to the worker; metrics.health_port instead when it is set), else $SPILLWAY_METRICS_PORT, else 9464. A bind
 # address of 0.0.0.0 / :: is asked on loopback. metrics.port = 0 (metrics off) has no endpoint to
 # ask: reported healthy, with a message, rather than marking every such container unhealthy.
 set -u
@@ -19,6 +19,12 @@ if [ -z "$port" ]; then
      eff=$(spillway config -c "$conf" 2>/dev/null); then
     # lines: "key = value # source"; an empty value leaves "#" in the value's place
     port=$(printf '%s\n' "$eff" | awk '$1 == "metrics.port" && $3 != "#" { print $3; exit }')
+    # metrics.health_port, when set, is the port no scraper can crowd (README, Metrics)
+    hport=$(printf '%s\n' "$eff" | awk '$1 == "metrics.health_port" && $3 != "#" { print $3; exit }')
+    case "$port:${hport:-0}" in
+      0:* | *:0) ;;
+      *) port=$hport ;;
+    esac
     [ -n "$host" ] || host=$(printf '%s\n' "$eff" | awk '$1 == "metrics.bind" && $3 != "#" { print $3; exit }')
   fi
   port=${port:-${SPILLWAY_METRICS_PORT:-9464}}

@@ -2,7 +2,8 @@
 # The autoscaling signal against a real Kafka broker: a backlog of 2,000 prompts (~220k tokens,
 # drained in ~5 s in Release on the 2-core build machine; 600 took 1.6 s there, too short for
 # the estimates checked below) is produced before an at-least-once worker (max.inflight 256,
-# one thread) starts; /metrics is scraped every 0.25 s until the backlog is gone:
+# one thread) starts; /metrics is scraped every 0.25 s until the backlog is gone (the lag it
+# shows is refreshed every 0.2 s: metrics.lag_refresh_ms):
 #   - while there is lag, spillway:lag_tokens / sum(spillway:consumer_lag) (the tokens-per-message
 #     estimate) lies within the range of prompt + completion tokens of the results;
 #   - spillway:token_throughput appears and spillway:estimated_drain_seconds equals
@@ -53,7 +54,7 @@ PY
 
 "$SPILLWAY" worker -b "$BOOTSTRAP" -t prompts -o results -d prompts.dlq -g spw-as -m "$MODEL" \
   -s threads=1 -s max.inflight=256 -s kv.mem_mb=16 -s commit.interval.ms=100 \
-  -s autoscale.avg_seconds=5 -s autoscale.avg_results=50 \
+  -s autoscale.avg_seconds=5 -s autoscale.avg_results=50 -s metrics.lag_refresh_ms=200 \
   -s metrics.port="$PORT" -s metrics.bind=127.0.0.1 -X consumer.session.timeout.ms=6000 \
   >"$WORK/worker.log" 2>&1 &
 WPID=$!

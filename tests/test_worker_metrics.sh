@@ -65,7 +65,7 @@ elapsed() { echo "$(( $(date +%s) - T0 ))s"; }
 # ---- 0. spillway config shows the new keys and their sources ----
 "$SPILLWAY" config -s metrics.port=9464 >"$WORK/config.txt" || fail "spillway config -s metrics.port=9464"
 grep -Eq '^metrics\.port +=  *9464 +# cli$' "$WORK/config.txt" || { cat "$WORK/config.txt"; fail "config: metrics.port = 9464 # cli"; }
-grep -Eq '^metrics\.bind +=  *0\.0\.0\.0 +# default$' "$WORK/config.txt" || fail "config: metrics.bind = 0.0.0.0 # default"
+grep -Eq '^metrics\.bind +=  *127\.0\.0\.1 +# default$' "$WORK/config.txt" || fail "config: metrics.bind = 127.0.0.1 # default"
 grep -Eq '^log\.format +=  *text +# default$' "$WORK/config.txt" || fail "config: log.format = text # default"
 SPILLWAY_LOG_FORMAT=json "$SPILLWAY" config | grep -Eq '^log\.format +=  *json +# env' || fail "config: log.format from SPILLWAY_LOG_FORMAT"
 if "$SPILLWAY" worker -m "$MODEL" -s log.format=yaml >"$WORK/bad.txt" 2>&1; then fail "the worker accepted log.format=yaml"; fi

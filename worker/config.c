@@ -157,7 +157,20 @@ static const key_t_ KEYS[] = {
     {"log.format", K_STR, F(log_format), "text", 0, 0, "text | json (one JSON object per line)"},
     {"metrics.port", K_INT, F(metrics_port), "0", 0, 65535,
      "Prometheus endpoint port (/metrics, /healthz, /readyz; 0 = off)"},
-    {"metrics.bind", K_STR, F(metrics_bind), "0.0.0.0", 0, 0, "address the endpoint listens on"},
+    {"metrics.bind", K_STR, F(metrics_bind), "127.0.0.1", 0, 0,
+     "numeric address the endpoint listens on (0.0.0.0 or :: = every interface)"},
+    {"metrics.health_port", K_INT, F(metrics_health_port), "0", 0, 65535,
+     "a second port serving only /healthz and /readyz, with its own thread and connections "
+     "(0 = none; they are served on metrics.port either way)"},
+    {"metrics.max_connections", K_INT, F(metrics_max_conns), "128", 1, 4096,
+     "connections the endpoint holds at once, per port (more wait in the listen backlog)"},
+    {"metrics.max_connections_per_ip", K_INT, F(metrics_max_conns_per_ip), "8", 0, 4096,
+     "connections one client address may hold at once, per port (0 = no per-address limit)"},
+    {"metrics.connection_timeout_s", K_INT, F(metrics_timeout_s), "5", 1, 3600,
+     "seconds a connection may send or read nothing before it is closed (slow headers)"},
+    {"metrics.lag_refresh_ms", K_INT, F(metrics_lag_refresh_ms), "1000", 100, 3600000,
+     "period of the consumer lag refresh (broker round trips off the scrape path; /metrics "
+     "serves the last refreshed value)"},
 };
 #undef F
 #define NKEYS ((int)(sizeof KEYS / sizeof KEYS[0]))

@@ -309,16 +309,22 @@ int metrics_labels(char *dst, size_t dstlen, ...)
 #define METRICS_MHD_FLAGS MHD_USE_SELECT_INTERNALLY
 #endif
 
-#define METRICS_CONN_LIMIT 32
-#define METRICS_CONN_TIMEOUT_S 10
-
 static const char content_type_metrics[] = "text/plain; version=0.0.4; charset=utf-8";
 static const char content_type_text[] = "text/plain; charset=utf-8";
 
+struct metrics_server;
+
+/* One listening port: its daemon (own thread) and what it serves. */
+typedef struct {
+    struct metrics_server *s;
+    struct MHD_Daemon *daemon; /* owned; runs its own thread; NULL when not started */
+    int port;                  /* bound port, -1 when none */
+    int health_only;           /* serves /healthz and /readyz only */
+} endpoint_t;
+
 struct metrics_server {
-    struct MHD_Daemon *daemon; /* owned; runs its own thread */
+    endpoint_t main, health;   /* health.daemon NULL: no health port */
     metrics_handlers_t h;      /* copy of the caller's */
-    int port;                  /* bound port */
     /* libmicrohttpd's messages are kept only while metrics_server_new runs (startup errors go
      * into errstr); afterwards the logger drops them. */
     atomic_int capture_log;
@@ -366,14 +372,15 @@ static MHD_RESULT on_request(void *cls, struct MHD_Connection *c, const char *ur
                              const char *method, const char *version, const char *upload_data,
                              size_t *upload_data_size, void **req_cls)
 {
-    struct metrics_server *s = cls;
+    const endpoint_t *ep = cls;
+    struct metrics_server *s = ep->s;
     (void)version;
     (void)upload_data;
     (void)upload_data_size;
     (void)req_cls;
     if (strcmp(method, MHD_HTTP_METHOD_GET) && strcmp(method, MHD_HTTP_METHOD_HEAD))
         return reply_text(c, MHD_HTTP_METHOD_NOT_ALLOWED, "method not allowed\n");
-    if (!strcmp(url, "/metrics")) {
+    if (!strcmp(url, "/metrics") && !ep->health_only) {
         metrics_buf_t out;
         metrics_buf_init(&out);
         if (s->h.render) s->h.render(s->h.arg, &out);
@@ -452,14 +459,66 @@ fail:
     return -1;
 }
 
-metrics_server_t *metrics_server_new(const char *bind_addr, int port, const metrics_handlers_t *h,
-                                     char *errstr, size_t errlen)
+void metrics_server_opts_default(metrics_server_opts_t *o)
+{
+    memset(o, 0, sizeof *o);
+    o->bind_addr = "127.0.0.1";
+    o->health_port = -1;
+    o->max_conns = 128;
+    o->max_conns_per_ip = 8;
+    o->timeout_s = 5;
+}
+
+/* Binds o->bind_addr:port and starts ep's daemon on it. 0, or -1 + errstr. */
+static int endpoint_start(endpoint_t *ep, struct metrics_server *s, const metrics_server_opts_t *o,
+                          int port, int health_only, char *errstr, size_t errlen)
+{
+    ep->s = s;
+    ep->health_only = health_only;
+    int fd = listen_socket(o->bind_addr, port, errstr, errlen);
+    if (fd < 0) return -1;
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    if (getsockname(fd, (struct sockaddr *)&ss, &sl)) {
+        snprintf(errstr, errlen, "metrics: getsockname: %s", strerror(errno));
+        close(fd);
+        return -1;
+    }
+    ep->port = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
+                                        : ntohs(((struct sockaddr_in *)&ss)->sin_port);
+    /* MHD takes the listening socket: MHD_stop_daemon closes it, and so do MHD_start_daemon's
+     * failure paths (0.9.75 and later), so fd is not closed here after this call either way: a
+     * leaked descriptor on an old version beats closing a number another thread may reuse.
+     * The options list ends early (MHD_OPTION_END in place of the per-address limit) when
+     * max_conns_per_ip is 0. */
+    s->log[0] = '\0';
+    ep->daemon = MHD_start_daemon(
+        METRICS_MHD_FLAGS | MHD_USE_ERROR_LOG, 0, NULL, NULL, on_request, ep,
+        MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, s, MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
+        MHD_OPTION_CONNECTION_LIMIT, o->max_conns, MHD_OPTION_CONNECTION_TIMEOUT, o->timeout_s,
+        o->max_conns_per_ip ? MHD_OPTION_PER_IP_CONNECTION_LIMIT : MHD_OPTION_END,
+        o->max_conns_per_ip, MHD_OPTION_END);
+    if (!ep->daemon) {
+        snprintf(errstr, errlen, "metrics: cannot start the HTTP server on %s:%d%s%s",
+                 o->bind_addr, port, s->log[0] ? ": " : "", s->log);
+        return -1;
+    }
+    return 0;
+}
+
+metrics_server_t *metrics_server_start(const metrics_server_opts_t *opts,
+                                       const metrics_handlers_t *h, char *errstr, size_t errlen)
 {
     struct metrics_server *s = NULL;
-    int fd = -1;
-    if (!bind_addr || !*bind_addr) bind_addr = "0.0.0.0";
-    if (port < 0 || port > 65535) {
-        snprintf(errstr, errlen, "metrics: port %d out of range 0..65535", port);
+    metrics_server_opts_t o = *opts;
+    if (!o.bind_addr || !*o.bind_addr) o.bind_addr = "127.0.0.1";
+    if (o.port < 0 || o.port > 65535 || o.health_port < -1 || o.health_port > 65535) {
+        snprintf(errstr, errlen, "metrics: port %d or health port %d out of range 0..65535",
+                 o.port, o.health_port);
+        goto fail;
+    }
+    if (!o.max_conns || !o.timeout_s) {
+        snprintf(errstr, errlen, "metrics: max_conns and timeout_s must be at least 1");
         goto fail;
     }
     s = calloc(1, sizeof *s);
@@ -468,44 +527,39 @@ metrics_server_t *metrics_server_new(const char *bind_addr, int port, const metr
         goto fail;
     }
     if (h) s->h = *h;
+    s->health.port = -1;
     atomic_init(&s->capture_log, 1);
-    fd = listen_socket(bind_addr, port, errstr, errlen);
-    if (fd < 0) goto fail;
-    struct sockaddr_storage ss;
-    socklen_t sl = sizeof ss;
-    if (getsockname(fd, (struct sockaddr *)&ss, &sl)) {
-        snprintf(errstr, errlen, "metrics: getsockname: %s", strerror(errno));
+    if (endpoint_start(&s->main, s, &o, o.port, 0, errstr, errlen)) goto fail;
+    if (o.health_port >= 0 && endpoint_start(&s->health, s, &o, o.health_port, 1, errstr, errlen))
         goto fail;
-    }
-    s->port = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
-                                       : ntohs(((struct sockaddr_in *)&ss)->sin_port);
-    /* MHD takes the listening socket: MHD_stop_daemon closes it, and so do MHD_start_daemon's
-     * failure paths (0.9.75 and later), so fd is not closed here after this call either way: a
-     * leaked descriptor on an old version beats closing a number another thread may reuse. */
-    s->daemon = MHD_start_daemon(
-        METRICS_MHD_FLAGS | MHD_USE_ERROR_LOG, 0, NULL, NULL, on_request, s,
-        MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, s, MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
-        MHD_OPTION_CONNECTION_LIMIT, (unsigned int)METRICS_CONN_LIMIT,
-        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)METRICS_CONN_TIMEOUT_S, MHD_OPTION_END);
-    fd = -1;
-    if (!s->daemon) {
-        snprintf(errstr, errlen, "metrics: cannot start the HTTP server on %s:%d%s%s", bind_addr,
-                 port, s->log[0] ? ": " : "", s->log);
-        goto fail;
-    }
     atomic_store(&s->capture_log, 0);
     return s;
 fail:
-    if (fd >= 0) close(fd);
-    free(s);
+    metrics_server_free(s);
     return NULL;
 }
 
-int metrics_server_port(const metrics_server_t *s) { return s->port; }
+metrics_server_t *metrics_server_new(const char *bind_addr, int port, const metrics_handlers_t *h,
+                                     char *errstr, size_t errlen)
+{
+    metrics_server_opts_t o;
+    metrics_server_opts_default(&o);
+    o.bind_addr = bind_addr;
+    o.port = port;
+    return metrics_server_start(&o, h, errstr, errlen);
+}
+
+int metrics_server_port(const metrics_server_t *s) { return s->main.port; }
+
+int metrics_server_health_port(const metrics_server_t *s)
+{
+    return s->health.daemon ? s->health.port : -1;
+}
 
 void metrics_server_free(metrics_server_t *s)
 {
     if (!s) return;
-    if (s->daemon) MHD_stop_daemon(s->daemon);
+    if (s->health.daemon) MHD_stop_daemon(s->health.daemon);
+    if (s->main.daemon) MHD_stop_daemon(s->main.daemon);
     free(s);
 }

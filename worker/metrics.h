@@ -5,8 +5,8 @@
  *     any thread may observe into it while another renders it.
  *   - metrics_buf_t: a growable text buffer and the functions that write the Prometheus text
  *     exposition format 0.0.4 into it (families, samples, histograms, label escaping).
- *   - metrics_server_t: a small HTTP server (libmicrohttpd, one internal thread) that serves
- *     /metrics, /healthz and /readyz through caller callbacks.
+ *   - metrics_server_t: a small HTTP server (libmicrohttpd, one internal thread per port) that
+ *     serves /metrics, /healthz and /readyz through caller callbacks.
  *
  * Errors follow the project convention: 0 / -1 (or NULL) plus the caller's errstr where there
  * is one. Nothing here keeps global state; every object is owned by whoever created it. */
@@ -117,17 +117,19 @@ int metrics_label_escape(char *dst, size_t dstlen, const char *value);
 
 /* The callbacks behind the endpoints. All slots are optional (NULL).
  *
- * THREADS: render and ready run on the server's single internal libmicrohttpd thread, one
- * request at a time (never concurrently with each other), while the rest of the process keeps
- * running: whatever they read must be safe to read from another thread (atomics, or a lock
- * they take). They must not block for long (a scraper times out) and must not call
+ * THREADS: each listening port (see metrics_server_opts_t) has its own libmicrohttpd thread;
+ * a thread serves its requests one at a time, and the threads of two ports run concurrently:
+ * render, ready and healthy may run at once (healthy and ready on two threads at once too)
+ * while the rest of the process keeps running. Whatever they read must be safe to read from
+ * another thread (atomics, or a lock they take). They must not block (a request waits for the
+ * one before it on the same port: no network round trip in them) and must not call
  * metrics_server_free.
  *
  * render: writes the whole /metrics text into out (an empty, initialised buffer owned by the
  *         server). NULL: an empty page. If out->oom is set afterwards the reply is 500.
  * ready:  returns non-zero when ready (/readyz answers 200 "ready"), or 0 and writes a short
  *         reason into why[len] (answered 503 with that reason). NULL: always ready.
- * arg:    passed to both. */
+ * arg:    passed to all three. */
 typedef struct {
     void (*render)(void *arg, metrics_buf_t *out);
     int (*ready)(void *arg, char *why, size_t len);
@@ -138,22 +140,48 @@ typedef struct {
 
 typedef struct metrics_server metrics_server_t;
 
-/* Starts serving on bind_addr:port (a numeric IPv4 or IPv6 address, e.g. "0.0.0.0", "::",
- * "127.0.0.1"; NULL = "0.0.0.0"). port 0 binds an ephemeral port (tests): read it back with
- * metrics_server_port. The handlers struct is copied; h->arg must outlive the server.
+/* Where and how the server listens. metrics_server_opts_default fills the defaults named here.
+ *   bind_addr    numeric IPv4 or IPv6 address, e.g. "127.0.0.1", "0.0.0.0", "::";
+ *                NULL or "" = "127.0.0.1" (loopback only)
+ *   port         0..65535; 0 binds an ephemeral port (tests): metrics_server_port reads it
+ *   health_port  -1 (default): none. Else a second port (0 = ephemeral) on bind_addr with its
+ *                own thread and its own connection limits that serves only /healthz and
+ *                /readyz (404 otherwise): clients of `port`, however many or slow, never hold
+ *                what a probe there needs. /healthz and /readyz are served on `port` as well.
+ *   max_conns    connections held at once, per port (default 128); beyond it new connections
+ *                wait in the listen backlog (64) until one closes
+ *   max_conns_per_ip  connections one client address may hold at once, per port; more are
+ *                closed at once (default 8; 0 = no limit)
+ *   timeout_s    a connection that sends or reads nothing for this many seconds is closed:
+ *                a slow request header or a reader that stopped (default 5) */
+typedef struct {
+    const char *bind_addr;
+    int port;
+    int health_port;
+    unsigned max_conns, max_conns_per_ip, timeout_s;
+} metrics_server_opts_t;
+
+void metrics_server_opts_default(metrics_server_opts_t *o);
+
+/* Starts serving as o says. The handlers struct is copied; h->arg must outlive the server.
  * Endpoints, for GET and HEAD:
  *   /metrics  200, Content-Type "text/plain; version=0.0.4; charset=utf-8", render's text
  *   /healthz  200 "ok" while healthy (see healthy), else 503 with its reason
  *   /readyz   200 "ready" or 503 with ready's reason
  *   other     404; other methods 405 (with an Allow header).
- * Limits: 32 connections at once, 10 s idle timeout per connection.
- * NULL + errstr on failure (bad address, "address:port" in use, libmicrohttpd error). */
+ * NULL + errstr on failure (bad address or limits, "address:port" in use, libmicrohttpd
+ * error). */
+metrics_server_t *metrics_server_start(const metrics_server_opts_t *o, const metrics_handlers_t *h,
+                                       char *errstr, size_t errlen);
+/* metrics_server_start with the defaults, bind_addr and port (no health port). */
 metrics_server_t *metrics_server_new(const char *bind_addr, int port, const metrics_handlers_t *h,
                                      char *errstr, size_t errlen);
 /* The port actually bound. */
 int metrics_server_port(const metrics_server_t *s);
+/* The health port actually bound, or -1 when there is none. */
+int metrics_server_health_port(const metrics_server_t *s);
 /* Stops the server (waits for a callback in progress to return, closes every connection and the
- * listening socket) and frees it. NULL is a no-op. Not from a callback. */
+ * listening sockets) and frees it. NULL is a no-op. Not from a callback. */
 void metrics_server_free(metrics_server_t *s);
 
 #endif

@@ -200,6 +200,19 @@ struct worker {
     uint64_t tput_idle;          /* ... the engine thread's idle ns at its start ... */
     int tput_idle_open;          /* ... and whether it had nothing to do then */
     metrics_server_t *metrics;   /* the endpoint, or NULL (metrics.port 0) */
+    /* consumer lag cache: the lag thread (started by worker_run when the endpoint is on) asks
+     * the broker every metrics.lag_refresh_ms and when the assignment changes; /metrics reads
+     * the cache, so a scrape makes no broker round trip. */
+    pthread_t lag_th;
+    int lag_th_on;               /* the lag thread runs (worker_run's thread starts, joins it) */
+    pthread_mutex_t lag_mu;      /* guards lag_* below; never held across a broker call */
+    pthread_cond_t lag_cv;       /* (CLOCK_MONOTONIC) lag thread: lag_stop or lag_kick set */
+    int lag_stop, lag_kick;
+    int lag_n;                   /* entries of lag_cache from the last good refresh; -1 none */
+    int64_t lag_ms;              /* mono_ms of that refresh */
+    consumer_lag_t lag_cache[256];
+    consumer_lag_t lag_tmp[256]; /* lag thread only: the refresh in progress */
+    atomic_uint_fast64_t lag_ok, lag_failed; /* refreshes by outcome */
     atomic_int started;          /* worker_new has finished: the metrics thread may read w */
     char **reply_allow;          /* [n_reply_allow] reply.topics, split (owned) */
     int n_reply_allow;
@@ -2110,10 +2123,22 @@ static void metrics_render(void *arg, metrics_buf_t *b)
     fam(b, "spillway:messages_consumed_total", "counter", "Kafka messages accepted");
     metrics_sample(b, "spillway:messages_consumed_total", NULL, (double)st.consumed);
     consumer_lag_t lag[256];
-    char err[256];
-    pthread_mutex_lock(&w->cons_mu);
-    int n = w->cons ? consumer_lag(w->cons, lag, 256, 500, err, sizeof err) : 0;
-    pthread_mutex_unlock(&w->cons_mu);
+    pthread_mutex_lock(&w->lag_mu); /* the cache (no broker round trip on a scrape) */
+    int n = w->lag_n;
+    int64_t lag_ms = w->lag_ms;
+    if (n > 0) memcpy(lag, w->lag_cache, sizeof *lag * (size_t)n);
+    pthread_mutex_unlock(&w->lag_mu);
+    fam(b, "spillway:consumer_lag_refreshes_total", "counter",
+        "consumer lag refreshes (broker round trips of the lag thread), by outcome");
+    metrics_sample(b, "spillway:consumer_lag_refreshes_total", "outcome=\"ok\"",
+                   (double)atomic_load(&w->lag_ok));
+    metrics_sample(b, "spillway:consumer_lag_refreshes_total", "outcome=\"failed\"",
+                   (double)atomic_load(&w->lag_failed));
+    fam(b, "spillway:consumer_lag_age_seconds", "gauge",
+        "age of the consumer lag served (the last successful refresh)");
+    if (n >= 0)
+        metrics_sample(b, "spillway:consumer_lag_age_seconds", NULL,
+                       (double)(mono_ms() - lag_ms) * 1e-3);
     fam(b, "spillway:consumer_lag", "gauge", "log end offset minus the committed offset");
     for (int i = 0; i < n; i++) {
         char part[16];
@@ -2300,6 +2325,13 @@ worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen)
     pthread_mutex_init(&w->cons_mu, NULL);
     pthread_mutex_init(&w->models_mu, NULL);
     pthread_cond_init(&w->cv, NULL);
+    pthread_mutex_init(&w->lag_mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&w->lag_cv, &ca);
+    pthread_condattr_destroy(&ca);
+    w->lag_n = -1;
     if (worker_config_copy(&w->cfg, cfg)) {
         snprintf(errstr, errlen, "out of memory");
         free(w);
@@ -2334,11 +2366,21 @@ worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen)
     if (w->cfg.metrics_port > 0) {
         metrics_handlers_t mh = {.render = metrics_render, .ready = metrics_ready,
                                  .healthy = metrics_healthy, .arg = w};
-        w->metrics = metrics_server_new(w->cfg.metrics_bind, w->cfg.metrics_port, &mh, errstr,
-                                        errlen);
+        metrics_server_opts_t mo;
+        metrics_server_opts_default(&mo);
+        mo.bind_addr = w->cfg.metrics_bind;
+        mo.port = w->cfg.metrics_port;
+        mo.health_port = w->cfg.metrics_health_port > 0 ? w->cfg.metrics_health_port : -1;
+        mo.max_conns = (unsigned)w->cfg.metrics_max_conns;
+        mo.max_conns_per_ip = (unsigned)w->cfg.metrics_max_conns_per_ip;
+        mo.timeout_s = (unsigned)w->cfg.metrics_timeout_s;
+        w->metrics = metrics_server_start(&mo, &mh, errstr, errlen);
         if (!w->metrics) goto fail;
         wlog(w, 2, "metrics on http://%s:%d/metrics", w->cfg.metrics_bind,
              metrics_server_port(w->metrics));
+        if (metrics_server_health_port(w->metrics) >= 0)
+            wlog(w, 2, "health on http://%s:%d/healthz", w->cfg.metrics_bind,
+                 metrics_server_health_port(w->metrics));
     }
 
     request_limits_default(&w->limits);
@@ -2605,6 +2647,64 @@ static void watchdog_done(watchdog_t *d, pthread_t th)
     pthread_cond_destroy(&d->cv);
 }
 
+/* ---- consumer lag cache (see lag_mu in struct worker) ---- */
+
+/* Asks the lag thread for a refresh now. Any thread. */
+static void lag_kick(worker_t *w)
+{
+    pthread_mutex_lock(&w->lag_mu);
+    w->lag_kick = 1;
+    pthread_cond_signal(&w->lag_cv);
+    pthread_mutex_unlock(&w->lag_mu);
+}
+
+/* The lag thread: one refresh (consumer_lag under cons_mu, round trips bounded by 500 ms each),
+ * then waits metrics.lag_refresh_ms or until kicked or stopped. A failed refresh keeps the
+ * last good values (their age is on /metrics). */
+static void *lag_main(void *arg)
+{
+    worker_t *w = arg;
+    pthread_mutex_lock(&w->lag_mu);
+    while (!w->lag_stop) {
+        w->lag_kick = 0;
+        pthread_mutex_unlock(&w->lag_mu);
+        char err[256];
+        pthread_mutex_lock(&w->cons_mu);
+        int n = w->cons ? consumer_lag(w->cons, w->lag_tmp, 256, 500, err, sizeof err) : -1;
+        pthread_mutex_unlock(&w->cons_mu);
+        pthread_mutex_lock(&w->lag_mu);
+        if (n >= 0) {
+            memcpy(w->lag_cache, w->lag_tmp, sizeof *w->lag_tmp * (size_t)n);
+            w->lag_n = n;
+            w->lag_ms = mono_ms();
+            atomic_fetch_add(&w->lag_ok, 1);
+        } else {
+            atomic_fetch_add(&w->lag_failed, 1);
+        }
+        struct timespec dl;
+        clock_gettime(CLOCK_MONOTONIC, &dl);
+        int64_t ns = dl.tv_nsec + (int64_t)w->cfg.metrics_lag_refresh_ms * 1000000;
+        dl.tv_sec += (time_t)(ns / 1000000000);
+        dl.tv_nsec = (long)(ns % 1000000000);
+        while (!w->lag_stop && !w->lag_kick)
+            if (pthread_cond_timedwait(&w->lag_cv, &w->lag_mu, &dl) == ETIMEDOUT) break;
+    }
+    pthread_mutex_unlock(&w->lag_mu);
+    return NULL;
+}
+
+/* Stops and joins the lag thread, if it runs. worker_run's thread. */
+static void lag_thread_stop(worker_t *w)
+{
+    if (!w->lag_th_on) return;
+    pthread_mutex_lock(&w->lag_mu);
+    w->lag_stop = 1;
+    pthread_cond_signal(&w->lag_cv);
+    pthread_mutex_unlock(&w->lag_mu);
+    pthread_join(w->lag_th, NULL);
+    w->lag_th_on = 0;
+}
+
 int worker_run(worker_t *w, const volatile sig_atomic_t *stop, char *errstr, size_t errlen)
 {
     pthread_t th;
@@ -2614,6 +2714,12 @@ int worker_run(worker_t *w, const volatile sig_atomic_t *stop, char *errstr, siz
     }
     if (!pthread_getcpuclockid(th, &w->st.eng_clock)) atomic_store(&w->st.eng_alive, 1);
     if (!pthread_getcpuclockid(pthread_self(), &w->st.poll_clock)) atomic_store(&w->st.poll_alive, 1);
+    if (w->metrics) {
+        if (pthread_create(&w->lag_th, NULL, lag_main, w))
+            wlog(w, 1, "cannot start the lag thread: /metrics reports no consumer lag");
+        else
+            w->lag_th_on = 1;
+    }
     for (wmodel_t *m = w->models; m; m = m->next)
         wlog(w, 2, "model %s: %s (%s), fingerprint %s%s%s", m->name, m->path, m->arch, m->fp_hex,
              strcmp(m->name, w->default_model) ? "" : ", the default",
@@ -2654,7 +2760,8 @@ int worker_run(worker_t *w, const volatile sig_atomic_t *stop, char *errstr, siz
         char e[512];
         if (producer_fatal(w->prod, e, sizeof e)) set_fatal(w, "%s", e);
         atomic_store(&w->st.inflight, consumer_pending(w->cons));
-        atomic_store(&w->st.assigned, consumer_n_assigned(w->cons));
+        int n_assigned = consumer_n_assigned(w->cons);
+        if (atomic_exchange(&w->st.assigned, n_assigned) != n_assigned) lag_kick(w);
     }
 
     /* drain: stop intake, finish what is in flight, commit; a load in progress is abandoned */
@@ -2745,6 +2852,7 @@ int worker_run(worker_t *w, const volatile sig_atomic_t *stop, char *errstr, siz
     producer_free(w->aux, 5000);
     w->aux = NULL;
     if (wd_on) watchdog_stage(&wd, w, "closing the consumer");
+    lag_thread_stop(w);
     pthread_mutex_lock(&w->cons_mu);
     consumer_close(w->cons);
     w->cons = NULL;
@@ -2797,6 +2905,8 @@ void worker_free(worker_t *w)
     pthread_mutex_destroy(&w->cons_mu);
     pthread_mutex_destroy(&w->models_mu);
     pthread_cond_destroy(&w->cv);
+    pthread_mutex_destroy(&w->lag_mu);
+    pthread_cond_destroy(&w->lag_cv);
     free(w);
 }
 

@@ -125,6 +125,9 @@ typedef struct {
     /* metrics endpoint */
     int metrics_port;          /* 0 = off */
     char *metrics_bind;
+    int metrics_health_port;   /* 0 = none */
+    int metrics_max_conns, metrics_max_conns_per_ip, metrics_timeout_s;
+    int metrics_lag_refresh_ms;
 
     worker_kafka_prop_t *kafka; /* [n_kafka] pass-through properties, in the order given */
     int n_kafka;

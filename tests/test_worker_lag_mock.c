@@ -1,0 +1,229 @@
+/* tests/test_worker_lag_mock.c: the worker's /metrics serves consumer lag from a cache that the
+ * lag thread refreshes off the scrape path (README, Metrics, health and logs), on librdkafka's
+ * mock cluster with the stories260K model:
+ *   - with metrics.lag_refresh_ms at one hour, spillway:consumer_lag appears for the 4 assigned
+ *     partitions (the refresh the assignment triggers);
+ *   - 50 scrapes after that make no refresh (spillway:consumer_lag_refreshes_total grows by at
+ *     most the one refresh an assignment change may still have pending);
+ *   - with every broker down, a scrape still answers with the cached lag of the 4 partitions
+ *     (a scrape that asked the broker would have none to show). */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <librdkafka/rdkafka.h>
+#include <librdkafka/rdkafka_mock.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "worker/worker.h"
+
+#define MODEL SPILLWAY_MODELS "/stories260K.gguf"
+#define NPARTS 4
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* A port that was free a moment ago on 127.0.0.1 (bound to 0, read back, closed). */
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa;
+    socklen_t sl = sizeof sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int port = -1;
+    if (fd >= 0 && !bind(fd, (struct sockaddr *)&sa, sizeof sa) &&
+        !getsockname(fd, (struct sockaddr *)&sa, &sl))
+        port = ntohs(sa.sin_port);
+    if (fd >= 0) close(fd);
+    return port;
+}
+
+/* GET /metrics from 127.0.0.1:port (HTTP/1.0). The whole response (caller frees) or NULL. */
+static char *scrape(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return NULL;
+    struct timeval tv = {10, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    struct sockaddr_in sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons((uint16_t)port);
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    char *buf = NULL;
+    size_t len = 0, cap = 0;
+    const char req[] = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa)) goto fail;
+    if (write(fd, req, sizeof req - 1) != (ssize_t)(sizeof req - 1)) goto fail;
+    for (;;) {
+        if (len + 4097 > cap) {
+            cap = cap ? cap * 2 : 65536;
+            char *p = realloc(buf, cap);
+            if (!p) goto fail;
+            buf = p;
+        }
+        ssize_t got = read(fd, buf + len, cap - len - 1);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) goto fail;
+        if (got == 0) break;
+        len += (size_t)got;
+    }
+    close(fd);
+    if (!buf) return NULL;
+    buf[len] = '\0';
+    return buf;
+fail:
+    close(fd);
+    free(buf);
+    return NULL;
+}
+
+/* Lines that start with prefix. */
+static int count_lines(const char *text, const char *prefix)
+{
+    int n = 0;
+    size_t pl = strlen(prefix);
+    for (const char *p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+        if (!strncmp(p, prefix, pl)) n++;
+    return n;
+}
+
+/* The value of the line that starts with prefix (the sample's name and labels), or -1. */
+static double value_of(const char *text, const char *prefix)
+{
+    size_t pl = strlen(prefix);
+    for (const char *p = text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+        if (!strncmp(p, prefix, pl) && p[pl] == ' ') return strtod(p + pl + 1, NULL);
+    return -1;
+}
+
+#define REFRESH_OK "spillway:consumer_lag_refreshes_total{outcome=\"ok\"}"
+#define REFRESH_FAILED "spillway:consumer_lag_refreshes_total{outcome=\"failed\"}"
+#define LAG "spillway:consumer_lag{"
+
+static double refreshes(const char *m)
+{
+    return value_of(m, REFRESH_OK) + value_of(m, REFRESH_FAILED);
+}
+
+typedef struct {
+    worker_t *w;
+    int rc;
+    char err[512];
+} run_t;
+
+static void *run_worker(void *arg)
+{
+    run_t *r = arg;
+    r->rc = worker_run(r->w, NULL, r->err, sizeof r->err);
+    return NULL;
+}
+
+int main(void)
+{
+    if (access(MODEL, R_OK)) {
+        fprintf(stderr, "skip: %s not found\n", MODEL);
+        return 77;
+    }
+    char err[512], num[32];
+    rd_kafka_conf_t *conf = rd_kafka_conf_new();
+    rd_kafka_conf_set(conf, "log_level", "3", err, sizeof err);
+    rd_kafka_t *mk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof err);
+    CHECK(mk != NULL);
+    rd_kafka_mock_cluster_t *mc = rd_kafka_mock_cluster_new(mk, 3);
+    CHECK(mc != NULL);
+    rd_kafka_mock_topic_create(mc, "lag.in", NPARTS, 1);
+    rd_kafka_mock_topic_create(mc, "lag.out", 1, 1);
+    rd_kafka_mock_topic_create(mc, "lag.dlq", 1, 1);
+    int port = free_port();
+    CHECK(port > 0);
+
+    worker_config_t c;
+    worker_config_default(&c);
+    const char *kv[][2] = {
+        {"brokers", rd_kafka_mock_cluster_bootstraps(mc)},
+        {"group.id", "lag-group"},
+        {"input.topics", "lag.in"},
+        {"output.topic", "lag.out"},
+        {"dlq.topic", "lag.dlq"},
+        {"model", MODEL},
+        {"threads", "1"},
+        {"kv.mem_mb", "16"},
+        {"drain.timeout.ms", "2000"},
+        {"worker.id", "lag-worker"},
+        {"log.level", getenv("WLOG") ? getenv("WLOG") : "warn"},
+        {"metrics.lag_refresh_ms", "3600000"},
+    };
+    for (size_t i = 0; i < sizeof kv / sizeof kv[0]; i++)
+        CHECKF(!worker_config_set(&c, kv[i][0], kv[i][1], "test", err, sizeof err), "%s", err);
+    snprintf(num, sizeof num, "%d", port);
+    CHECKF(!worker_config_set(&c, "metrics.port", num, "test", err, sizeof err), "%s", err);
+    worker_config_add_kafka(&c, "log_level=3", "test", err, sizeof err);
+    worker_config_add_kafka(&c, "consumer.session.timeout.ms=6000", "test", err, sizeof err);
+    worker_t *w = worker_new(&c, err, sizeof err);
+    worker_config_free(&c);
+    CHECKF(w != NULL, "%s", err);
+    if (!w) return check_exit();
+    run_t run = {.w = w};
+    pthread_t th;
+    pthread_create(&th, NULL, run_worker, &run);
+
+    /* the assignment, and the lag of its 4 partitions (awaited: 30 s is a bound on a stuck
+     * group, not a speed) */
+    char *m = NULL;
+    int64_t end = now_ms() + 30000;
+    for (;;) {
+        free(m);
+        m = scrape(port);
+        if (m && value_of(m, "spillway:partitions_assigned") == NPARTS &&
+            count_lines(m, LAG) == NPARTS)
+            break;
+        if (now_ms() > end) break;
+        usleep(20000);
+    }
+    CHECKF(m && count_lines(m, LAG) == NPARTS, "consumer_lag series: %d, want %d",
+           m ? count_lines(m, LAG) : -1, NPARTS);
+    double r0 = m ? refreshes(m) : -1;
+    CHECKF(r0 >= 1, "refreshes_total: %g", r0);
+    free(m);
+    m = NULL;
+
+    /* scrapes make no refresh */
+    double r1 = -1;
+    for (int i = 0; i < 50; i++) {
+        free(m);
+        m = scrape(port);
+    }
+    if (m) r1 = refreshes(m);
+    CHECKF(r1 >= r0 && r1 <= r0 + 1, "50 scrapes: refreshes %g -> %g", r0, r1);
+    free(m);
+
+    /* every broker down: the scrape serves the cache */
+    for (int b = 1; b <= 3; b++) rd_kafka_mock_broker_set_down(mc, b);
+    m = scrape(port);
+    CHECKF(m && count_lines(m, LAG) == NPARTS, "brokers down: consumer_lag series %d, want %d",
+           m ? count_lines(m, LAG) : -1, NPARTS);
+    CHECK(m && value_of(m, "spillway:consumer_lag_age_seconds") >= 0);
+    free(m);
+    for (int b = 1; b <= 3; b++) rd_kafka_mock_broker_set_up(mc, b);
+
+    worker_stop(w);
+    pthread_join(th, NULL);
+    CHECKF(run.rc == 0, "worker_run: %s", run.err);
+    worker_free(w);
+    rd_kafka_mock_cluster_destroy(mc);
+    rd_kafka_destroy(mk);
+    return check_exit();
+}
