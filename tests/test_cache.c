@@ -21,6 +21,10 @@
  * 10  permissions: a new arena is 0600 whatever the umask; an existing one that grants group or
  *     other access, or is a symbolic link, is refused (cache_new fails naming the fix), and is
  *     attached again once chmod 600
+ * 11  the KV name secret file (cache_secret_load): created 0600, read back; refused when
+ *     group/other-accessible, a symbolic link, another user's or of the wrong size
+ * Every stored block carries the parent name and tokens it was computed from (derived from its
+ * name here): a fetch must return them with the KV (begin_block / fetch_block).
  *
  * White-box parts (7, 4) poke the arena file through their own mapping, using the layout that
  * cache.h documents (4096-byte header starting with the magic, 64-byte slot headers: seqlock
@@ -1386,6 +1390,39 @@ static void test_permissions(env_t *e)
     cache_free(c);
 }
 
+/* ---- 11: the KV name secret file ---- */
+
+/* The KV name secret (cache_secret_load): created 0600 with 32 bytes when absent and read
+ * back unchanged; refused when group/other may access it, of another size, a symbolic link or
+ * another user's (the last only when the test may chown). */
+static void test_secret(env_t *e)
+{
+    char path[400], link_path[420], err[512];
+    unsigned char a[CACHE_SECRET_BYTES], b[CACHE_SECRET_BYTES];
+    snprintf(path, sizeof path, "%s/secret", e->dir);
+    snprintf(link_path, sizeof link_path, "%s/secret.link", e->dir);
+    unlink(path);
+    CHECKF(cache_secret_load(path, a, err, sizeof err) == 0, "create: %s", err);
+    struct stat st;
+    CHECK(stat(path, &st) == 0 && (st.st_mode & 0777) == 0600 &&
+          st.st_size == CACHE_SECRET_BYTES);
+    CHECK(cache_secret_load(path, b, err, sizeof err) == 0 && memcmp(a, b, sizeof a) == 0);
+    chmod(path, 0640);
+    CHECK(cache_secret_load(path, b, err, sizeof err) == -1 && strstr(err, "mode 0640"));
+    chmod(path, 0600);
+    CHECK(symlink(path, link_path) == 0);
+    CHECK(cache_secret_load(link_path, b, err, sizeof err) == -1 &&
+          strstr(err, "symbolic link"));
+    unlink(link_path);
+    if (chown(path, 12345, (gid_t)-1) == 0) {
+        CHECK(cache_secret_load(path, b, err, sizeof err) == -1 && strstr(err, "owned by uid"));
+        CHECK(chown(path, geteuid(), (gid_t)-1) == 0);
+    }
+    CHECK(truncate(path, 16) == 0);
+    CHECK(cache_secret_load(path, b, err, sizeof err) == -1 && strstr(err, "16 bytes"));
+    unlink(path);
+}
+
 int main(void)
 {
     setvbuf(stderr, NULL, _IONBF, 0);
@@ -1423,6 +1460,7 @@ int main(void)
     test_redis_faults(&e, workdir);
     test_auth(&e, workdir);
     test_permissions(&e);
+    test_secret(&e);
 
     redis_script("stop", &e.redis);
     char cmd[800];

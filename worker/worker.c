@@ -2480,7 +2480,7 @@ void worker_log_stats(worker_t *w)
          " kv_blocks=%d/%d t1_hits=%" PRIu64 "/%" PRIu64 " t1_evictions=%" PRIu64
          " t2_hits=%" PRIu64 "/%" PRIu64 " t2_stores=%" PRIu64 " t2_evictions=%" PRIu64
          " t2_torn=%" PRIu64 " arena=%d/%d redis_up=%d redis_errors=%" PRIu64
-         " prefix_deferred=%" PRIu64,
+         " prefix_deferred=%" PRIu64 " prefix_mismatches=%" PRIu64,
          busy, out, st.results, st.dlq, st.expired, busy > 0 ? (double)out / busy : 0.0,
          st.completion_tokens, busy > 0 ? (double)st.completion_tokens / busy : 0.0,
          st.prompt_tokens, st.cached_tokens, st.poll_cpu_s, st.engine_cpu_s, proc_cpu,
@@ -2493,7 +2493,7 @@ void worker_log_stats(worker_t *w)
          st.commits, st.txn_commits, st.produce_retries, st.kv_blocks_used, st.kv_blocks_total,
          st.tier1_hits, st.tier1_lookups, st.tier1_evictions, st.tier2_hits, st.tier2_lookups,
          st.tier2_stores, st.tier2_evictions, st.tier2_torn, st.arena_used, st.arena_slots,
-         st.redis_up, st.redis_errors, st.prefix_deferred);
+         st.redis_up, st.redis_errors, st.prefix_deferred, st.prefix_mismatches);
 }
 
 /* ---- shutdown watchdog ----
