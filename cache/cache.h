@@ -9,10 +9,10 @@
  * engine compares with its own before using the block (a name is an index, never trusted).
  *
  * Arena: a file (e.g. /dev/shm/spillway.arena) mapped MAP_SHARED by every process, laid out as
- *   [header: 4096 bytes][slot headers: n_slots x 64 bytes][slots: n_slots x block_bytes,
- *    each slot 4096-byte aligned]
- * The header holds magic "SPILLWAYARENA\0\0\0", a layout version, the pool seed (the model
- * fingerprint), block_tokens, block_bytes, n_slots and a random 64-bit arena id drawn when the
+ *   [header: 4096 bytes][slot headers: n_slots x 64 bytes][slots: n_slots x (block_bytes of
+ *    KV + the parent name and block_tokens token ids), each slot 4096-byte aligned]
+ * The header holds magic "SPILLWAYARENA\0\0\0", a layout version, the pool seed (keyed hash of
+ * the model fingerprint), block_tokens, block_bytes, n_slots and a random 64-bit arena id drawn when the
  * arena is (re)initialised. On attach a header that does not match the parameters (another model,
  * block geometry or version, or a torn initialisation) is logged naming the field and the arena
  * is re-initialised: never wrong KV. A slot header holds a seqlock word (odd while being written),
