@@ -123,7 +123,9 @@ static void *begin_block(cache_t *c, uint64_t name)
     return cache_store_begin(c, name, meta_parent(name), t);
 }
 
-/* cache_fetch, plus a check that the parent and the 16 tokens came back with the block. */
+/* cache_fetch, plus a check that the parent and the 16 tokens came back with the block: when
+ * they did not, dst's first byte is flipped, so the caller's content check (content_ok) fails
+ * as for wrong bytes (no CHECK here: the counters are not thread-safe, and threads call it). */
 static int fetch_block(cache_t *c, int i, void *dst)
 {
     uint64_t parent = 0;
@@ -131,7 +133,7 @@ static int fetch_block(cache_t *c, int i, void *dst)
     int rc = cache_fetch(c, i, dst, &parent, got);
     if (rc == 0) {
         meta_tokens(want, parent);
-        CHECK(memcmp(got, want, 16 * sizeof *got) == 0);
+        if (memcmp(got, want, 16 * sizeof *got) != 0) ((uint8_t *)dst)[0] ^= 0xff;
     }
     return rc;
 }
