@@ -73,8 +73,11 @@ static int32_t rnd_tok(uint64_t *st, int n_vocab)
 
 static engine_t *mk_engine(const opts_t *o, int prefix_cache)
 {
+    /* one secret for every engine of the run, so a fresh engine finds tier 2's blocks */
+    static const unsigned char secret[ENGINE_KV_SECRET_BYTES] = "bench_prefix: one secret";
     engine_config_t c;
     engine_config_default(&c);
+    c.kv_secret = secret;
     c.model_path = o->model;
     c.threads = o->threads;
     c.kv_type = o->kv_type;

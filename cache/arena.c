@@ -5,7 +5,9 @@
  * File layout (all integers native-endian; the file never leaves the host):
  *   [0, 4096)                 arena_header_t
  *   [4096, data_offset)       n_slots x slot_header_t (64 bytes each)
- *   [data_offset + i*stride)  slot i: block_bytes bytes, stride = block_bytes rounded up to 4096
+ *   [data_offset + i*stride)  slot i: block_bytes bytes of KV, then meta_bytes of what it was
+ *                             computed from (parent name u64, block_tokens x int32 token ids),
+ *                             stride = block_bytes + meta_bytes rounded up to 4096
  *
  * Seqlock word of a slot (slot_header_t.seq), 64 bits:
  *   bit 0        1 while a writer owns the slot (odd = being written)
@@ -49,7 +51,7 @@
 #include "cache/cache_internal.h"
 
 #define ARENA_MAGIC "SPILLWAYARENA\0\0\0"
-#define ARENA_VERSION 1u
+#define ARENA_VERSION 2u /* 2: a slot holds the block's parent name and tokens after its KV */
 #define ARENA_READY 0x5245414459215357ull /* "initialised" marker, written last */
 #define ARENA_HDR_BYTES 4096u
 #define ARENA_PAGE 4096u
@@ -78,7 +80,7 @@ typedef struct {
     _Atomic uint64_t seq;         /* seqlock word, see the top of this file */
     _Atomic uint64_t name;        /* block name held (0 = none) */
     _Atomic uint64_t gen;         /* generation it was written for (Redis sgen; 0 = none) */
-    _Atomic uint64_t checksum;    /* XXH3_64bits of the block_bytes bytes */
+    _Atomic uint64_t checksum;    /* XXH3_64bits of the meta, seeded by XXH3_64bits of the KV */
     _Atomic int64_t lock_ms;      /* CLOCK_REALTIME ms of the latest lock attempt */
     uint64_t reserved[3];
 } slot_header_t;
@@ -239,7 +241,8 @@ int arena_open(arena_t *a, const char *path, long arena_mb, const cache_geometry
     a->seed = geo->seed;
     a->block_tokens = (uint32_t)geo->block_tokens;
     a->block_bytes = geo->block_bytes;
-    a->slot_stride = round_up(geo->block_bytes, ARENA_PAGE);
+    a->meta_bytes = sizeof(uint64_t) + (size_t)geo->block_tokens * sizeof(int32_t);
+    a->slot_stride = round_up(geo->block_bytes + a->meta_bytes, ARENA_PAGE);
     if (a->slot_stride < geo->block_bytes) { /* overflow */
         snprintf(errstr, errlen, "arena %s: block_bytes %zu too large", path, geo->block_bytes);
         goto fail;
@@ -368,10 +371,16 @@ static int lock_abandoned(const slot_header_t *h, uint64_t s)
     return realtime_ms() - since > ARENA_STALE_LOCK_MS;
 }
 
-int arena_write(arena_t *a, uint32_t slot, uint64_t name, uint64_t gen, const void *src)
+static uint64_t slot_sum(const arena_t *a, const void *kv, const void *meta)
+{
+    return XXH3_64bits_withSeed(meta, a->meta_bytes, XXH3_64bits(kv, a->block_bytes));
+}
+
+int arena_write(arena_t *a, uint32_t slot, uint64_t name, uint64_t gen, const void *src,
+                const void *meta)
 {
     slot_header_t *h = slot_hdr(a, slot);
-    uint64_t sum = XXH3_64bits(src, a->block_bytes); /* before locking: a shorter hold */
+    uint64_t sum = slot_sum(a, src, meta); /* before locking: a shorter hold */
     uint64_t mine = ((uint64_t)((uint32_t)a->pid & 0x7fffffffu) << 1) | 1u;
     uint64_t s = atomic_load_explicit(&h->seq, memory_order_relaxed);
     uint64_t locked;
@@ -401,6 +410,7 @@ int arena_write(arena_t *a, uint32_t slot, uint64_t name, uint64_t gen, const vo
     atomic_store_explicit(&h->name, name, memory_order_relaxed);
     atomic_store_explicit(&h->gen, gen, memory_order_relaxed);
     memcpy(slot_data(a, slot), src, a->block_bytes);
+    memcpy(slot_data(a, slot) + a->block_bytes, meta, a->meta_bytes);
     atomic_store_explicit(&h->checksum, sum, memory_order_relaxed);
     uint64_t done = ((locked >> 32) + 1) << 32;
     if (!atomic_compare_exchange_strong_explicit(&h->seq, &locked, done, memory_order_release,
@@ -409,7 +419,8 @@ int arena_write(arena_t *a, uint32_t slot, uint64_t name, uint64_t gen, const vo
     return ARENA_OK;
 }
 
-int arena_read(const arena_t *a, uint32_t slot, uint64_t name, uint64_t gen, void *dst)
+int arena_read(const arena_t *a, uint32_t slot, uint64_t name, uint64_t gen, void *dst,
+               void *meta)
 {
     slot_header_t *h = slot_hdr(a, slot);
     uint64_t s1 = atomic_load_explicit(&h->seq, memory_order_acquire);
@@ -419,9 +430,10 @@ int arena_read(const arena_t *a, uint32_t slot, uint64_t name, uint64_t gen, voi
         return -1;
     uint64_t sum = atomic_load_explicit(&h->checksum, memory_order_relaxed);
     memcpy(dst, slot_data(a, slot), a->block_bytes);
+    memcpy(meta, slot_data(a, slot) + a->block_bytes, a->meta_bytes);
     atomic_thread_fence(memory_order_acquire);
     if (atomic_load_explicit(&h->seq, memory_order_relaxed) != s1) return -1;
-    return XXH3_64bits(dst, a->block_bytes) == sum ? 0 : -1;
+    return slot_sum(a, dst, meta) == sum ? 0 : -1;
 }
 
 void arena_peek(const arena_t *a, uint32_t slot, uint64_t *name, uint64_t *gen, uint64_t *seq)

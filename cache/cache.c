@@ -26,6 +26,7 @@ void cache_config_default(cache_config_t *c)
 {
     memset(c, 0, sizeof *c);
     c->arena_path = "/dev/shm/spillway.arena";
+    c->secret_path = "/dev/shm/spillway.secret";
     c->arena_mb = 1024;
     c->redis_host = "";
     c->redis_port = 6379;
@@ -156,7 +157,8 @@ static void write_one(cache_t *c, uint64_t name, const void *buf)
     }
     snprintf(sl, sizeof sl, "%lld", slot);
     snprintf(gn, sizeof gn, "%" PRIu64, gen);
-    int w = arena_write(&c->arena, (uint32_t)slot, name, gen, buf);
+    int w = arena_write(&c->arena, (uint32_t)slot, name, gen, buf,
+                        (const uint8_t *)buf + c->arena.block_bytes);
     if (w != ARENA_OK) {
         CACHE_LOG(&c->log, CLOG_DEBUG, "store %s: slot %lld %s", nm, slot,
                   w == ARENA_BUSY ? "busy (another writer)"
@@ -277,12 +279,13 @@ cache_t *cache_new(const cache_config_t *cfg, const cache_geometry_t *geo, char 
     }
 
     c->n_bufs = cfg->write_queue > 0 ? cfg->write_queue : 1;
-    c->buf_stride = (c->arena.block_bytes + 63) / 64 * 64;
+    c->buf_stride = (c->arena.block_bytes + c->arena.meta_bytes + 63) / 64 * 64;
     c->pool = aligned_alloc(64, c->buf_stride * (size_t)c->n_bufs);
     c->job_name = calloc((size_t)c->n_bufs, sizeof *c->job_name);
     c->free_stack = malloc((size_t)c->n_bufs * sizeof *c->free_stack);
     c->fifo = malloc((size_t)c->n_bufs * sizeof *c->fifo);
-    if (!c->pool || !c->job_name || !c->free_stack || !c->fifo) goto oom;
+    c->meta_stage = malloc(c->arena.meta_bytes);
+    if (!c->pool || !c->job_name || !c->free_stack || !c->fifo || !c->meta_stage) goto oom;
     for (int i = 0; i < c->n_bufs; i++) c->free_stack[i] = c->n_bufs - 1 - i;
     c->n_free = c->n_bufs;
     if (pthread_mutex_init(&c->mu, NULL)) goto oom;
@@ -324,6 +327,7 @@ void cache_free(cache_t *c)
     free(c->job_name);
     free(c->free_stack);
     free(c->fifo);
+    free(c->meta_stage);
     free(c->found_name);
     free(c->found_gen);
     free(c->found_slot);
@@ -417,19 +421,21 @@ int cache_lookup(cache_t *c, const uint64_t *names, int n)
     return k;
 }
 
-int cache_fetch(cache_t *c, int i, void *dst)
+int cache_fetch(cache_t *c, int i, void *dst, uint64_t *parent, int32_t *tokens)
 {
     if (i < 0 || i >= c->n_found) return -1;
-    if (!cache_tier2_usable(c) ||
-        arena_read(&c->arena, c->found_slot[i], c->found_name[i], c->found_gen[i], dst)) {
+    if (!cache_tier2_usable(c) || arena_read(&c->arena, c->found_slot[i], c->found_name[i],
+                                             c->found_gen[i], dst, c->meta_stage)) {
         atomic_fetch_add_explicit(&c->st_misses_torn, 1, memory_order_relaxed);
         return -1;
     }
+    memcpy(parent, c->meta_stage, sizeof *parent);
+    memcpy(tokens, c->meta_stage + sizeof *parent, c->arena.meta_bytes - sizeof *parent);
     atomic_fetch_add_explicit(&c->st_hits, 1, memory_order_relaxed);
     return 0;
 }
 
-void *cache_store_begin(cache_t *c, uint64_t name)
+void *cache_store_begin(cache_t *c, uint64_t name, uint64_t parent, const int32_t *tokens)
 {
     if (!cache_tier2_usable(c) || recent_has(c, name)) return NULL;
     /* Redis known down: the writer's connection, or the step thread's own (same server) */
@@ -449,7 +455,11 @@ void *cache_store_begin(cache_t *c, uint64_t name)
     }
     c->job_name[idx] = name;
     recent_add(c, name);
-    return c->pool + (size_t)idx * c->buf_stride;
+    uint8_t *buf = c->pool + (size_t)idx * c->buf_stride;
+    memcpy(buf + c->arena.block_bytes, &parent, sizeof parent);
+    memcpy(buf + c->arena.block_bytes + sizeof parent, tokens,
+           c->arena.meta_bytes - sizeof parent);
+    return buf;
 }
 
 /* The pool index of a buffer from cache_store_begin, or -1 when buf is not one (a caller bug,

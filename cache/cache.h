@@ -2,19 +2,22 @@
  * process of a host, indexed in Redis.
  *
  * Tier 1 is the backend's own block pool (engine/kvpool.c). A full KV block is named by the
- * engine's chained hash (h_i = XXH3_64(tokens of block i, seed h_{i-1}), h_{-1} = the pool seed:
- * model fingerprint, block size, KV type), so equal prefixes have equal names in every process.
- * The bytes of a block are opaque here: block_bytes of them, the same on every backend.
+ * engine's chained keyed hash (engine/kvpool.h: keyed by the deployment's secret file, see
+ * cache_secret_load), so equal prefixes have equal names in every process with that secret.
+ * The bytes of a block are opaque here: block_bytes of them, the same on every backend; with
+ * them the slot keeps the parent name and the token ids the block was computed from, which the
+ * engine compares with its own before using the block (a name is an index, never trusted).
  *
  * Arena: a file (e.g. /dev/shm/spillway.arena) mapped MAP_SHARED by every process, laid out as
- *   [header: 4096 bytes][slot headers: n_slots x 64 bytes][slots: n_slots x block_bytes,
- *    each slot 4096-byte aligned]
- * The header holds magic "SPILLWAYARENA\0\0\0", a layout version, the pool seed (the model
- * fingerprint), block_tokens, block_bytes, n_slots and a random 64-bit arena id drawn when the
+ *   [header: 4096 bytes][slot headers: n_slots x 64 bytes][slots: n_slots x (block_bytes of
+ *    KV + the parent name and block_tokens token ids), each slot 4096-byte aligned]
+ * The header holds magic "SPILLWAYARENA\0\0\0", a layout version, the pool seed (keyed hash of
+ * the model fingerprint), block_tokens, block_bytes, n_slots and a random 64-bit arena id drawn when the
  * arena is (re)initialised. On attach a header that does not match the parameters (another model,
  * block geometry or version, or a torn initialisation) is logged naming the field and the arena
  * is re-initialised: never wrong KV. A slot header holds a seqlock word (odd while being written),
- * the block name, the slot generation (from Redis) and an XXH3_64 checksum of the slot's bytes.
+ * the block name, the slot generation (from Redis) and an XXH3_64 checksum of the slot's bytes
+ * (KV, parent name and tokens).
  * The file outlives the processes (a worker killed with kill -9 and restarted finds its blocks).
  *
  * Redis index, keys "<namespace>:<host_id>:<seed hex>:..." (one index per host and model):
@@ -56,6 +59,8 @@ typedef struct cache cache_t;
  * cache_new only. */
 typedef struct {
     const char *arena_path;      /* shared-memory file ("/dev/shm/spillway.arena") */
+    const char *secret_path;     /* the KV name secret, for cache_secret_load (not read by
+                                    cache_new) ("/dev/shm/spillway.secret") */
     long arena_mb;               /* arena size in MiB, header included (1024) */
     const char *redis_host;      /* "" = tier 2 off ("") */
     int redis_port;              /* 6379 */
@@ -100,13 +105,17 @@ void cache_free(cache_t *c);
  * blocks the index holds (0..n; 0 when Redis is unavailable). Remembers their slots for
  * cache_fetch until the next cache_lookup. */
 int cache_lookup(cache_t *c, const uint64_t *names, int n);
-/* Step thread. Copies block i (< the last cache_lookup's result) into dst (block_bytes).
- * 0, or -1 on a miss (evicted, rewritten or torn since the lookup). */
-int cache_fetch(cache_t *c, int i, void *dst);
+/* Step thread. Copies block i (< the last cache_lookup's result) into dst (block_bytes), and the
+ * parent name and tokens ([block_tokens]) it was stored with into *parent and tokens; the caller
+ * must compare them with its own. 0, or -1 on a miss (evicted, rewritten or torn since the
+ * lookup). */
+int cache_fetch(cache_t *c, int i, void *dst, uint64_t *parent, int32_t *tokens);
 
-/* Step thread. Offers a newly computed block. Returns a buffer of block_bytes to fill, or NULL
- * when the block is not wanted (known to be indexed already, queue full, tier 2 off/down). */
-void *cache_store_begin(cache_t *c, uint64_t name);
+/* Step thread. Offers a newly computed block, named name, computed from tokens
+ * ([block_tokens], copied) after the block named parent. Returns a buffer of block_bytes to fill
+ * with its KV, or NULL when the block is not wanted (known to be indexed already, queue full,
+ * tier 2 off/down). */
+void *cache_store_begin(cache_t *c, uint64_t name, uint64_t parent, const int32_t *tokens);
 /* Hands the filled buffer (from cache_store_begin) to the writer thread. */
 void cache_store_commit(cache_t *c, void *buf);
 
@@ -130,6 +139,14 @@ typedef struct {
     int arena_used;          /* slots not on the free list at the last index call (-1 unknown) */
 } cache_stats_t;
 void cache_stats(cache_t *c, cache_stats_t *st);
+
+/* The deployment's secret keying the KV block names (engine_config_t.kv_secret): the contents
+ * of the file at path, CACHE_SECRET_BYTES random bytes, created (0600, atomically) when absent.
+ * Every process that shares tier 2 must read the same file. Refused (-1 + errstr naming the
+ * fix) when it is a symbolic link or not a regular file, belongs to another user, grants any
+ * group or other permission, or is not CACHE_SECRET_BYTES long. 0 and out filled, or -1. */
+#define CACHE_SECRET_BYTES ENGINE_KV_SECRET_BYTES
+int cache_secret_load(const char *path, unsigned char *out, char *errstr, size_t errlen);
 
 /* For tests and `spillway inspect`-style tools: checks the index against the arena: every slot is
  * either free or in the LRU (never both, none missing), every indexed block points at a slot

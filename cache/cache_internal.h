@@ -46,7 +46,8 @@ typedef struct {
     uint64_t seed;
     uint32_t block_tokens;
     size_t block_bytes;
-    size_t slot_stride;   /* block_bytes rounded up to 4096 */
+    size_t meta_bytes;    /* after the KV in a slot: parent name (u64) + block_tokens x i32 */
+    size_t slot_stride;   /* block_bytes + meta_bytes rounded up to 4096 */
     size_t data_offset;   /* of slot 0: 4096 + n_slots x 64, rounded up to 4096 */
     uint32_t n_slots;
     uint64_t id;          /* the random arena id this mapping was attached with */
@@ -60,15 +61,19 @@ void arena_close(arena_t *a);
 
 enum { ARENA_OK = 0, ARENA_BUSY = -1, ARENA_LOST = -2 };
 /* Writer (one thread per process per slot at a time, enforced by the seqlock). Writes block
- * `name` of generation `gen` (from the alloc script) into `slot`. ARENA_OK; ARENA_BUSY when a
- * live writer holds the slot (nothing written); ARENA_LOST when a takeover happened during the
- * copy, or when the slot already holds a newer generation (a writer that allocated it later
- * wrote first: nothing written); either way the slot is another writer's: do not commit. */
-int arena_write(arena_t *a, uint32_t slot, uint64_t name, uint64_t gen, const void *src);
-/* Any thread. Copies slot into dst (block_bytes) when its header holds name and gen, the seqlock
- * is even and unchanged around the copy, and the copy's XXH3 equals the header's checksum: 0.
- * Else -1 (dst holds garbage). */
-int arena_read(const arena_t *a, uint32_t slot, uint64_t name, uint64_t gen, void *dst);
+ * `name` of generation `gen` (from the alloc script) into `slot`: its KV (src, block_bytes) and
+ * what it was computed from (meta, meta_bytes), both covered by the slot's checksum. ARENA_OK;
+ * ARENA_BUSY when a live writer holds the slot (nothing written); ARENA_LOST when a takeover
+ * happened during the copy, or when the slot already holds a newer generation (a writer that
+ * allocated it later wrote first: nothing written); either way the slot is another writer's:
+ * do not commit. */
+int arena_write(arena_t *a, uint32_t slot, uint64_t name, uint64_t gen, const void *src,
+                const void *meta);
+/* Any thread. Copies slot's KV into dst (block_bytes) and its meta into meta (meta_bytes) when
+ * its header holds name and gen, the seqlock is even and unchanged around the copy, and the
+ * copy's XXH3 equals the header's checksum: 0. Else -1 (dst and meta hold garbage). */
+int arena_read(const arena_t *a, uint32_t slot, uint64_t name, uint64_t gen, void *dst,
+               void *meta);
 /* The header's name and generation of a slot, as seen now (no consistency guarantee). */
 void arena_peek(const arena_t *a, uint32_t slot, uint64_t *name, uint64_t *gen, uint64_t *seq);
 /* 1 when the arena header still carries this mapping's id (nobody re-initialised it since). */
@@ -117,6 +122,7 @@ struct cache {
     /* step thread only */
     rconn_t step;
     int n_found, cap_found;        /* the last lookup's result: blocks [0, n_found) */
+    uint8_t *meta_stage;           /* [arena.meta_bytes] a fetch's meta */
     uint64_t *found_name, *found_gen;
     uint32_t *found_slot;
     char *arg_hex;                 /* lookup arguments: 17 bytes per name */

@@ -545,7 +545,7 @@ int index_check(cache_t *c, char *errstr, size_t errlen)
     sgen = calloc(n, sizeof *sgen);
     sname = calloc(n, sizeof *sname);
     owner = malloc((size_t)n * sizeof *owner);
-    scratch = malloc(c->arena.block_bytes);
+    scratch = malloc(c->arena.block_bytes + c->arena.meta_bytes);
     if (!state || !sgen || !sname || !owner || !scratch) {
         snprintf(errstr, errlen, "out of memory");
         goto out;
@@ -635,7 +635,8 @@ int index_check(cache_t *c, char *errstr, size_t errlen)
                      v, (unsigned long long)hn, (unsigned long long)hg, seq & 1 ? "odd" : "even");
             goto out;
         }
-        if (arena_read(&c->arena, slot, name, gen, scratch)) {
+        if (arena_read(&c->arena, slot, name, gen, scratch,
+                       (uint8_t *)scratch + c->arena.block_bytes)) {
             snprintf(errstr, errlen, "block %s -> %s: slot %u bytes do not match their checksum",
                      nm, v, slot);
             goto out;

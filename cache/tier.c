@@ -2,8 +2,15 @@
 #include "cache/cache.h"
 
 static int tier_lookup(void *arg, const uint64_t *names, int n) { return cache_lookup(arg, names, n); }
-static int tier_fetch(void *arg, int i, void *dst) { return cache_fetch(arg, i, dst); }
-static void *tier_store_begin(void *arg, uint64_t name) { return cache_store_begin(arg, name); }
+static int tier_fetch(void *arg, int i, void *dst, uint64_t *parent, int32_t *tokens)
+{
+    return cache_fetch(arg, i, dst, parent, tokens);
+}
+
+static void *tier_store_begin(void *arg, uint64_t name, uint64_t parent, const int32_t *tokens)
+{
+    return cache_store_begin(arg, name, parent, tokens);
+}
 
 static void tier_store_commit(void *arg, void *buf, int ok)
 {

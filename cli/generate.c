@@ -191,6 +191,7 @@ int cli_generate(int argc, char **argv)
         {"cache-arena", required_argument, 0, 2010},
         {"cache-arena-mb", required_argument, 0, 2011},
         {"cache-timeout-ms", required_argument, 0, 2012},
+        {"cache-secret", required_argument, 0, 2013},
         {"help", no_argument, 0, 'h'},
         CLI_ENGINE_LONGOPTS,
         {0, 0, 0, 0},
@@ -251,6 +252,7 @@ int cli_generate(int argc, char **argv)
         case 2010: kc.arena_path = optarg; break;
         case 2011: if (cli_parse_int("--cache-arena-mb", optarg, 1, 1L << 30, &v)) return 2; kc.arena_mb = v; break;
         case 2012: if (cli_parse_int("--cache-timeout-ms", optarg, 1, 600000, &v)) return 2; kc.cmd_timeout_ms = (int)v; break;
+        case 2013: kc.secret_path = optarg; break;
         case 'h':
             printf("usage: spillway generate -m MODEL [-p PROMPT | -f PROMPTS.jsonl] [options]\n"
                    "  -m, --model FILE     GGUF model\n"
@@ -272,6 +274,9 @@ int cli_generate(int argc, char **argv)
                    "  --cache-arena PATH   its host arena file (default /dev/shm/spillway.arena)\n"
                    "  --cache-arena-mb N   its size in MiB (default 1024)\n"
                    "  --cache-timeout-ms N each Redis command's timeout (default 50)\n"
+                   "  --cache-secret PATH  the file keying the block names, shared with the\n"
+                   "                       workers (default /dev/shm/spillway.secret; created\n"
+                   "                       0600 when absent)\n"
                    CLI_ENGINE_HELP, MAX_STOP);
             return 0;
         default: return 2;
@@ -284,7 +289,16 @@ int cli_generate(int argc, char **argv)
     dr.stop = stops;
     dr.n_stop = n_stop;
     char err[512];
+    unsigned char secret[CACHE_SECRET_BYTES];
+    if (*redis_host && cfg.prefix_cache) { /* tier 2: name blocks like the host's workers */
+        if (cache_secret_load(kc.secret_path, secret, err, sizeof err)) {
+            fprintf(stderr, "spillway: %s\n", err);
+            return 1;
+        }
+        cfg.kv_secret = secret;
+    }
     engine_t *e = engine_new(&cfg, err, sizeof err);
+    memset(secret, 0, sizeof secret);
     if (!e) {
         fprintf(stderr, "spillway: %s\n", err);
         return 1;
@@ -420,10 +434,12 @@ out:
                 (unsigned long long)st.preemptions);
         fprintf(stderr,
                 "spillway: prefix blocks: tier 1 %llu of %llu looked up, tier 2 %llu of %llu, "
-                "%llu offered to tier 2, %llu admissions deferred to share a prefix\n",
+                "%llu offered to tier 2, %llu admissions deferred to share a prefix, %llu "
+                "refused (other tokens under the name)\n",
                 (unsigned long long)st.prefix_hits, (unsigned long long)st.prefix_lookups,
                 (unsigned long long)st.tier2_hits, (unsigned long long)st.tier2_lookups,
-                (unsigned long long)st.tier2_stores, (unsigned long long)st.deferred);
+                (unsigned long long)st.tier2_stores, (unsigned long long)st.deferred,
+                (unsigned long long)st.kv_mismatches);
     }
     engine_free(e);
     cache_free(cache); /* after the engine; waits for the queued stores */

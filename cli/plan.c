@@ -25,7 +25,8 @@
  *   reserve        = device runtime overhead outside the engine's buffers (CUDA context, BLAS
  *                    workspace, allocator slack): --reserve, default 512 MiB; --gpu-mem only
  *   arena slots    = the largest n with 4096 + roundup(64 n, 4096) + n x stride <= arena MiB x 2^20,
- *                    stride = block_bytes rounded up to 4096             (cache/arena.c)
+ *                    stride = block_bytes + 8 + 4 x block_tokens (the block's parent
+ *                    name and token ids) rounded up to 4096               (cache/arena.c)
  *   prefix tokens  = slots x block_tokens
  *   total          = pool + scratch [+ reserve with --gpu-mem] [+ weights with --weights-on-device]
  * Weights count against --gpu-mem only with --weights-on-device (the CPU backend reads them in
@@ -292,7 +293,7 @@ static int plan_compute(const plan_model_t *m, plan_t *p, char *errstr, size_t e
     p->seqs_at_ctx = p->blocks / p->blocks_per_seq;
 
     p->arena_mb = p->arena_bytes / PLAN_MIB;
-    p->slot_bytes = round_up(p->block_bytes, PLAN_ARENA_PAGE);
+    p->slot_bytes = round_up(p->block_bytes + 8 + 4 * (uint64_t)p->block_tokens, PLAN_ARENA_PAGE);
     p->arena_slots = arena_slots_that_fit(p->arena_mb * PLAN_MIB, p->slot_bytes);
     p->arena_tokens = p->arena_slots * (uint64_t)p->block_tokens;
     p->arena_used = p->arena_slots
@@ -374,7 +375,7 @@ static void print_table(FILE *out, const char *path, const plan_model_t *m, cons
         p->on_device ? " + weights" : "");
     ROW("host arena", "%14llu B  %10s  cache.arena.mb %llu", (unsigned long long)(p->arena_mb * PLAN_MIB),
         human(p->arena_mb * PLAN_MIB, h1, sizeof h1), (unsigned long long)p->arena_mb);
-    ROW("  slots", "%14llu     of %llu B (block rounded up to 4096)%s",
+    ROW("  slots", "%14llu     of %llu B (block + its tokens, rounded up to 4096)%s",
         (unsigned long long)p->arena_slots, (unsigned long long)p->slot_bytes,
         p->arena_slots ? "" : ": too small for one slot, tier 2 cannot start");
     ROW("  prefix tokens", "%14llu", (unsigned long long)p->arena_tokens);

@@ -18,7 +18,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-#include <xxhash.h>
+#include <sodium.h>
 
 #include "backend.h"
 #include "cpu/kernels.h"
@@ -46,7 +46,8 @@ typedef struct seq {
     int32_t *blocks;          /* block table [cap_blocks] */
     int n_blocks, cap_blocks;
     int n_named;              /* leading blocks whose names are known */
-    uint64_t last_name;       /* name of block n_named - 1, or the pool seed */
+    uint64_t last_name;       /* name of block n_named - 1, or chain_seed */
+    uint64_t chain_seed;      /* h_{-1} of its names: the engine's kv_seed and its cache scope */
     uint64_t *pnames;         /* [n_pnames] names of the full prompt blocks (prefix cache on) */
     int n_pnames;
 
@@ -103,6 +104,8 @@ struct engine {
 
     engine_kv_tier_t tier;    /* tier 2; tier.lookup NULL = none */
     void *kv_stage;           /* [kv_block_bytes] tier 2 fetch staging */
+    int32_t *tok_stage;       /* [block_tokens] tokens of a tier 2 fetch */
+    uint64_t kv_seed;         /* chain seed of the shared scope */
 
     engine_stats_t st;
 };
@@ -194,7 +197,7 @@ static void seq_release_blocks(engine_t *e, seq_t *s)
     for (int i = 0; i < s->n_blocks; i++) kvpool_unref(e->pool, s->blocks[i]);
     s->n_blocks = 0;
     s->n_named = 0;
-    s->last_name = kvpool_seed(e->pool);
+    s->last_name = s->chain_seed;
     s->n_computed = 0;
 }
 
@@ -206,13 +209,12 @@ static void seq_publish(engine_t *e, seq_t *s)
     int full = s->n_computed / B;
     while (s->n_named < full && s->n_named < s->n_blocks) {
         int32_t b = s->blocks[s->n_named];
-        uint64_t name = s->n_named < s->n_pnames
-                            ? s->pnames[s->n_named]
-                            : kvpool_block_name(e->pool, s->last_name,
-                                                s->tokens + (size_t)s->n_named * B);
-        kvpool_publish(e->pool, b, name);
+        const int32_t *toks = s->tokens + (size_t)s->n_named * B;
+        uint64_t name = s->n_named < s->n_pnames ? s->pnames[s->n_named]
+                                                 : kvpool_block_name(e->pool, s->last_name, toks);
+        kvpool_publish(e->pool, b, name, s->last_name, toks);
         if (e->tier.store_begin) {
-            void *buf = e->tier.store_begin(e->tier.arg, name);
+            void *buf = e->tier.store_begin(e->tier.arg, name, s->last_name, toks);
             if (buf) {
                 int ok = e->be->ops->kv_block_read(e->be, b, buf) == 0;
                 e->st.tier2_stores += (uint64_t)ok;
@@ -321,6 +323,7 @@ void engine_free(engine_t *e)
     free(e->cand_prio);
     free(e->cand_cached);
     free(e->kv_stage);
+    free(e->tok_stage);
     kvpool_free(e->pool);
     backend_free(e->be);
     tokenizer_free(e->tok);
@@ -422,11 +425,20 @@ engine_t *engine_new(const engine_config_t *cfg, char *errstr, size_t errlen)
     n_blocks = e->be->params.n_kv_blocks;
     int per_seq = (e->max_ctx + c->block_tokens - 1) / c->block_tokens;
     if (per_seq > n_blocks) e->max_ctx = n_blocks * c->block_tokens; /* one sequence must fit */
-    uint64_t seed_in[4] = {e->model->fingerprint, (uint64_t)c->block_tokens, (uint64_t)e->kv_type,
-                           0x73706c6c77617931ull /* "spllway1" */};
-    e->pool = kvpool_new(n_blocks, c->block_tokens, XXH3_64bits(seed_in, sizeof seed_in), errstr,
-                         errlen);
+    unsigned char secret[ENGINE_KV_SECRET_BYTES];
+    if (sodium_init() < 0) {
+        seterr(errstr, errlen, "engine: libsodium failed to initialise");
+        goto fail;
+    }
+    if (c->kv_secret) memcpy(secret, c->kv_secret, sizeof secret);
+    else randombytes_buf(secret, sizeof secret);
+    c->kv_secret = NULL; /* borrowed only during engine_new */
+    e->pool = kvpool_new(n_blocks, c->block_tokens, secret, errstr, errlen);
+    sodium_memzero(secret, sizeof secret);
     if (!e->pool) goto fail;
+    uint64_t seed_in[4] = {e->model->fingerprint, (uint64_t)c->block_tokens, (uint64_t)e->kv_type,
+                           0x73706c6c77617932ull /* "spllway2" */};
+    e->kv_seed = kvpool_derive_seed(e->pool, 0, seed_in, sizeof seed_in);
 
     size_t T = (size_t)c->max_batch_tokens;
     e->cap_waiting = 64;
@@ -505,7 +517,11 @@ int engine_submit(engine_t *e, const engine_request_t *req, engine_done_fn done,
     s->done = done;
     s->progress = req->progress;
     s->cb_arg = cb_arg;
-    s->last_name = kvpool_seed(e->pool);
+    s->chain_seed = req->cache_scope && *req->cache_scope
+                        ? kvpool_derive_seed(e->pool, e->kv_seed, req->cache_scope,
+                                             strlen(req->cache_scope))
+                        : e->kv_seed;
+    s->last_name = s->chain_seed;
     s->n_logprobs = req->sampling.n_logprobs;
     if (s->n_logprobs) {
         s->lp = calloc((size_t)max_tokens + 1, sizeof *s->lp);
@@ -612,17 +628,23 @@ static int seq_name_blocks(engine_t *e, seq_t *s, int upto)
     if (!p) return -1;
     s->pnames = p;
     for (int i = s->n_pnames; i < n; i++)
-        p[i] = kvpool_block_name(e->pool, i ? p[i - 1] : kvpool_seed(e->pool),
+        p[i] = kvpool_block_name(e->pool, i ? p[i - 1] : s->chain_seed,
                                  s->tokens + (size_t)i * B);
     s->n_pnames = n;
     return 0;
 }
 
+/* The parent name of s's full block i (s->pnames holds blocks [0, i)). */
+static uint64_t seq_parent(const seq_t *s, int i) { return i ? s->pnames[i - 1] : s->chain_seed; }
+
 /* Blocks of s's leading full blocks held by tier 1 (no reference taken), at most max. */
 static int seq_cached_blocks(const engine_t *e, const seq_t *s, int max)
 {
+    const int B = e->cfg.block_tokens;
     int n = 0;
-    while (n < max && n < s->n_pnames && kvpool_contains(e->pool, s->pnames[n])) n++;
+    while (n < max && n < s->n_pnames &&
+           kvpool_contains(e->pool, s->pnames[n], seq_parent(s, n), s->tokens + (size_t)n * B))
+        n++;
     return n;
 }
 
@@ -635,7 +657,9 @@ static void seq_reuse_prefix(engine_t *e, seq_t *s)
     int max_blocks = (s->n_tokens - 1) / B;
     if (seq_name_blocks(e, s, s->n_tokens) != 0) return; /* out of memory: compute it all */
     while (s->n_blocks < max_blocks) {
-        int32_t b = kvpool_lookup(e->pool, s->pnames[s->n_blocks]);
+        int i = s->n_blocks;
+        int32_t b = kvpool_lookup(e->pool, s->pnames[i], seq_parent(s, i),
+                                  s->tokens + (size_t)i * B);
         if (b < 0) break;
         s->blocks[s->n_blocks++] = b;
     }
@@ -644,20 +668,30 @@ static void seq_reuse_prefix(engine_t *e, seq_t *s)
         e->st.tier2_lookups += (uint64_t)want;
         int found = e->tier.lookup(e->tier.arg, s->pnames + first, want);
         for (int i = 0; i < found; i++) {
+            int j = first + i;
+            const int32_t *toks = s->tokens + (size_t)j * B;
+            uint64_t parent = 0;
+            if (e->tier.fetch(e->tier.arg, i, e->kv_stage, &parent, e->tok_stage) != 0) break;
+            /* the tier's name is only an index: the block is ours only if it was computed
+             * from these tokens after this parent */
+            if (parent != seq_parent(s, j) ||
+                memcmp(e->tok_stage, toks, (size_t)B * sizeof *toks) != 0) {
+                e->st.kv_mismatches++;
+                break;
+            }
             int32_t b = kvpool_alloc(e->pool);
             if (b < 0) break;
-            if (e->tier.fetch(e->tier.arg, i, e->kv_stage) != 0 ||
-                e->be->ops->kv_block_write(e->be, b, e->kv_stage) != 0) {
+            if (e->be->ops->kv_block_write(e->be, b, e->kv_stage) != 0) {
                 kvpool_unref(e->pool, b);
                 break;
             }
-            kvpool_publish(e->pool, b, s->pnames[first + i]);
+            kvpool_publish(e->pool, b, s->pnames[j], seq_parent(s, j), toks);
             s->blocks[s->n_blocks++] = b;
             e->st.tier2_hits++;
         }
     }
     s->n_named = s->n_blocks;
-    s->last_name = s->n_blocks ? s->pnames[s->n_blocks - 1] : kvpool_seed(e->pool);
+    s->last_name = seq_parent(s, s->n_blocks);
     s->n_computed = s->n_blocks * B;
 }
 
@@ -969,6 +1003,11 @@ int engine_set_kv_tier(engine_t *e, const engine_kv_tier_t *tier, char *errstr, 
         seterr(errstr, errlen, "engine: backend %s cannot copy KV blocks", e->be->ops->name);
         return -1;
     }
+    if (!e->tok_stage &&
+        !(e->tok_stage = malloc((size_t)e->cfg.block_tokens * sizeof *e->tok_stage))) {
+        seterr(errstr, errlen, "engine: out of memory");
+        return -1;
+    }
     if (!e->kv_stage && !(e->kv_stage = malloc(e->be->kv_block_bytes))) {
         seterr(errstr, errlen, "engine: out of memory");
         return -1;
@@ -1000,7 +1039,7 @@ void engine_info(const engine_t *e, engine_info_t *info)
     info->kv_block_bytes = e->be->kv_block_bytes;
     info->weight_bytes = e->model->weight_bytes;
     info->fingerprint = e->model->fingerprint;
-    info->kv_seed = kvpool_seed(e->pool);
+    info->kv_seed = e->kv_seed;
     info->bos = tokenizer_bos(e->tok);
     info->eos = tokenizer_eos(e->tok);
 }
@@ -1012,6 +1051,7 @@ void engine_stats(const engine_t *e, engine_stats_t *st)
     st->prefix_lookups = ps->lookups;
     st->prefix_hits = ps->hits;
     st->evictions = ps->evictions;
+    st->kv_mismatches += ps->mismatches;
     st->kv_blocks_used = kvpool_n_used(e->pool);
     st->kv_blocks_total = kvpool_n_blocks(e->pool);
 }

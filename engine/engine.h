@@ -33,6 +33,10 @@ typedef struct {
     int max_seqs;            /* sequences running at once (64) */
     int max_ctx;             /* context limit per sequence; 0 = the model's trained context */
     int prefix_cache;        /* 1: reuse cached full prompt blocks across requests (1) */
+    const unsigned char *kv_secret; /* ENGINE_KV_SECRET_BYTES bytes keying the block names
+                                (copied by engine_new); engines share cached blocks (tier 2)
+                                only when they have the same secret. NULL: a random one drawn
+                                by engine_new (this engine's names are its own) (NULL) */
     /* admission order (prefix-grouped): among the sched_window first waiting requests (by
      * priority, then arrival) and the oldest one, the next admitted is the one with the highest
      * effective priority, then the longest cached prefix, then the oldest. Effective priority =
@@ -50,6 +54,8 @@ typedef struct {
 } engine_config_t;
 
 void engine_config_default(engine_config_t *c);
+
+#define ENGINE_KV_SECRET_BYTES 32
 
 /* The backends this build has, comma-separated ("cpu" or "cpu, cuda"). Static. */
 const char *engine_backends(void);
@@ -110,6 +116,9 @@ typedef struct {
     int64_t deadline_ms;            /* Unix epoch ms after which the result is useless; 0 none.
                                        Only orders admission (sched_urgent_ms): the caller
                                        cancels what expires */
+    const char *cache_scope;        /* prefix cache scope (e.g. the tenant), read by
+                                       engine_submit: blocks are shared only between requests
+                                       of the same scope. NULL or "" = the shared scope */
     void *user;                     /* passed back in the result */
     engine_progress_fn progress;    /* optional (NULL): see engine_progress_t; gets the cb_arg
                                        of engine_submit */
@@ -180,7 +189,8 @@ typedef struct {
     size_t kv_block_bytes;
     size_t weight_bytes;
     uint64_t fingerprint;
-    uint64_t kv_seed;        /* seed of the block-name chain (fingerprint, block size, KV type) */
+    uint64_t kv_seed;        /* seed of the block-name chain of the shared scope (keyed hash
+                                of fingerprint, block size, KV type) */
     int32_t bos, eos;
 } engine_info_t;
 void engine_info(const engine_t *e, engine_info_t *info);
@@ -190,6 +200,8 @@ typedef struct {
     uint64_t prefix_lookups, prefix_hits, evictions;  /* tier 1, in blocks */
     uint64_t tier2_lookups, tier2_hits;               /* tier 2, in blocks */
     uint64_t tier2_stores;                            /* blocks offered to tier 2 */
+    uint64_t kv_mismatches;  /* blocks found by name (tier 1 or 2) but holding other tokens or
+                                another parent: refused, computed instead */
     uint64_t deferred;       /* admissions put off because another request was computing the
                                 same prefix block (it is shared once published) */
     int kv_blocks_used, kv_blocks_total;
@@ -202,14 +214,19 @@ void engine_stats(const engine_t *e, engine_stats_t *st);
  * engine's block names (engine_info.kv_seed starts the chain); a block is kv_block_bytes bytes in
  * the backend's layout.
  *   lookup       names[0..n) is a chain: how many leading blocks the tier holds (0..n)
- *   fetch        copies block i of the last lookup into dst; 0, or -1 on a miss
- *   store_begin  a buffer for a newly computed block, or NULL when the tier does not want it
+ *   fetch        copies block i of the last lookup into dst, and the parent name and tokens
+ *                ([block_tokens]) it was stored with into *parent and tokens; 0, or -1 on a
+ *                miss. The engine uses the block only when they equal its own (names are
+ *                an index, never trusted)
+ *   store_begin  a buffer for a newly computed block named name, computed from tokens
+ *                ([block_tokens], after parent): the tier keeps them with the block (copied);
+ *                NULL when the tier does not want it
  *   store_commit hands the buffer back: ok 1 = filled (store it), 0 = not filled (drop it) */
 typedef struct {
     void *arg;
     int (*lookup)(void *arg, const uint64_t *names, int n);
-    int (*fetch)(void *arg, int i, void *dst);
-    void *(*store_begin)(void *arg, uint64_t name);
+    int (*fetch)(void *arg, int i, void *dst, uint64_t *parent, int32_t *tokens);
+    void *(*store_begin)(void *arg, uint64_t name, uint64_t parent, const int32_t *tokens);
     void (*store_commit)(void *arg, void *buf, int ok);
 } engine_kv_tier_t;
 /* Attaches tier 2 (copied; tier->arg must stay valid until detached with NULL or the engine is

@@ -4,17 +4,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <xxhash.h>
+#include <sodium.h>
 
 #define NIL (-1)
 
 struct kvpool {
     int n_blocks;
     int block_tokens;
-    uint64_t seed;
+    unsigned char secret[KVPOOL_SECRET_BYTES];
     int32_t *refcnt;     /* [n_blocks] */
     uint8_t *named;      /* [n_blocks] */
     uint64_t *name;      /* [n_blocks] valid when named */
+    uint64_t *parent;    /* [n_blocks] the parent name it was published with (when named) */
+    int32_t *tok;        /* [n_blocks][block_tokens] the tokens it was published with */
     int32_t *free_list;  /* stack of free ids */
     int n_free;
     int n_used;
@@ -96,38 +98,49 @@ void kvpool_free(kvpool_t *p)
     free(p->refcnt);
     free(p->named);
     free(p->name);
+    free(p->parent);
+    free(p->tok);
     free(p->free_list);
     free(p->prev);
     free(p->next);
     free(p->ht_key);
     free(p->ht_val);
+    sodium_memzero(p->secret, sizeof p->secret);
     free(p);
 }
 
-kvpool_t *kvpool_new(int n_blocks, int block_tokens, uint64_t seed, char *errstr, size_t errlen)
+kvpool_t *kvpool_new(int n_blocks, int block_tokens, const unsigned char *secret, char *errstr,
+                     size_t errlen)
 {
-    if (n_blocks <= 0 || block_tokens <= 0) {
-        snprintf(errstr, errlen, "kvpool: need at least one block of at least one token");
+    if (n_blocks <= 0 || block_tokens <= 0 || !secret) {
+        snprintf(errstr, errlen, "kvpool: need at least one block of at least one token, and "
+                 "a secret");
+        return NULL;
+    }
+    if (sodium_init() < 0) {
+        snprintf(errstr, errlen, "kvpool: libsodium failed to initialise");
         return NULL;
     }
     kvpool_t *p = calloc(1, sizeof *p);
     if (!p) goto oom;
     p->n_blocks = n_blocks;
     p->block_tokens = block_tokens;
-    p->seed = seed;
+    memcpy(p->secret, secret, sizeof p->secret);
     size_t cap = 16;
     while (cap < (size_t)n_blocks * 2) cap <<= 1;
     p->ht_mask = cap - 1;
     p->refcnt = calloc((size_t)n_blocks, sizeof *p->refcnt);
     p->named = calloc((size_t)n_blocks, 1);
     p->name = calloc((size_t)n_blocks, sizeof *p->name);
+    p->parent = calloc((size_t)n_blocks, sizeof *p->parent);
+    p->tok = calloc((size_t)n_blocks * (size_t)block_tokens, sizeof *p->tok);
     p->free_list = malloc((size_t)n_blocks * sizeof *p->free_list);
     p->prev = malloc((size_t)n_blocks * sizeof *p->prev);
     p->next = malloc((size_t)n_blocks * sizeof *p->next);
     p->ht_key = calloc(cap, sizeof *p->ht_key);
     p->ht_val = malloc(cap * sizeof *p->ht_val);
-    if (!p->refcnt || !p->named || !p->name || !p->free_list || !p->prev || !p->next ||
-        !p->ht_key || !p->ht_val)
+    if (!p->refcnt || !p->named || !p->name || !p->parent || !p->tok || !p->free_list ||
+        !p->prev || !p->next || !p->ht_key || !p->ht_val)
         goto oom;
     for (size_t i = 0; i < cap; i++) p->ht_val[i] = NIL;
     /* Stack popped from the end: hand out low ids first. */
@@ -148,7 +161,6 @@ int kvpool_n_blocks(const kvpool_t *p) { return p->n_blocks; }
 int kvpool_n_available(const kvpool_t *p) { return p->n_free + p->n_cached; }
 int kvpool_n_used(const kvpool_t *p) { return p->n_used; }
 int kvpool_refcount(const kvpool_t *p, int32_t b) { return p->refcnt[b]; }
-uint64_t kvpool_seed(const kvpool_t *p) { return p->seed; }
 const kvpool_stats_t *kvpool_stats(const kvpool_t *p) { return &p->stats; }
 
 int32_t kvpool_alloc(kvpool_t *p)
@@ -191,27 +203,71 @@ void kvpool_unref(kvpool_t *p, int32_t b)
     else p->free_list[p->n_free++] = b;
 }
 
-uint64_t kvpool_block_name(const kvpool_t *p, uint64_t parent, const int32_t *tokens)
+/* Keyed BLAKE2b, 8 bytes out, of tag, parent (little-endian) and data. */
+static uint64_t keyed64(const kvpool_t *p, unsigned char tag, uint64_t parent, const void *data,
+                        size_t len)
 {
-    return XXH3_64bits_withSeed(tokens, (size_t)p->block_tokens * sizeof *tokens, parent);
+    crypto_generichash_state st;
+    unsigned char le[9], out[8];
+    le[0] = tag;
+    for (int i = 0; i < 8; i++) le[1 + i] = (unsigned char)(parent >> (8 * i));
+    crypto_generichash_init(&st, p->secret, sizeof p->secret, sizeof out);
+    crypto_generichash_update(&st, le, sizeof le);
+    if (len) crypto_generichash_update(&st, data, len);
+    crypto_generichash_final(&st, out, sizeof out);
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++) v |= (uint64_t)out[i] << (8 * i);
+    return v;
 }
 
-int32_t kvpool_lookup(kvpool_t *p, uint64_t name)
+uint64_t kvpool_block_name(const kvpool_t *p, uint64_t parent, const int32_t *tokens)
 {
-    p->stats.lookups++;
+    return keyed64(p, 'N', parent, tokens, (size_t)p->block_tokens * sizeof *tokens);
+}
+
+uint64_t kvpool_derive_seed(const kvpool_t *p, uint64_t parent, const void *data, size_t len)
+{
+    return keyed64(p, 'S', parent, data, len);
+}
+
+/* The block named name if it was published with parent and tokens; NIL when none holds the
+ * name; -2 when one does with other tokens or another parent. */
+static int32_t find_verified(const kvpool_t *p, uint64_t name, uint64_t parent,
+                             const int32_t *tokens)
+{
     int32_t b = ht_get(p, name);
     if (b == NIL) return NIL;
+    if (p->parent[b] != parent ||
+        memcmp(p->tok + (size_t)b * p->block_tokens, tokens,
+               (size_t)p->block_tokens * sizeof *tokens))
+        return -2;
+    return b;
+}
+
+int32_t kvpool_lookup(kvpool_t *p, uint64_t name, uint64_t parent, const int32_t *tokens)
+{
+    p->stats.lookups++;
+    int32_t b = find_verified(p, name, parent, tokens);
+    if (b == -2) p->stats.mismatches++;
+    if (b < 0) return NIL;
     p->stats.hits++;
     kvpool_ref(p, b);
     return b;
 }
 
-int kvpool_contains(const kvpool_t *p, uint64_t name) { return ht_get(p, name) != NIL; }
+int kvpool_contains(const kvpool_t *p, uint64_t name, uint64_t parent, const int32_t *tokens)
+{
+    return find_verified(p, name, parent, tokens) >= 0;
+}
 
-void kvpool_publish(kvpool_t *p, int32_t b, uint64_t name)
+void kvpool_publish(kvpool_t *p, int32_t b, uint64_t name, uint64_t parent,
+                    const int32_t *tokens)
 {
     if (p->named[b] || ht_get(p, name) != NIL) return;
     p->named[b] = 1;
     p->name[b] = name;
+    p->parent[b] = parent;
+    memcpy(p->tok + (size_t)b * p->block_tokens, tokens,
+           (size_t)p->block_tokens * sizeof *tokens);
     ht_put(p, name, b);
 }

@@ -11,6 +11,7 @@ PKGS=(
   libjansson-dev
   libxxhash-dev
   libhiredis-dev
+  libsodium-dev
   libmicrohttpd-dev
   librdkafka-dev
   python3 python3-numpy

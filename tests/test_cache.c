@@ -21,6 +21,10 @@
  * 10  permissions: a new arena is 0600 whatever the umask; an existing one that grants group or
  *     other access, or is a symbolic link, is refused (cache_new fails naming the fix), and is
  *     attached again once chmod 600
+ * 11  the KV name secret file (cache_secret_load): created 0600, read back; refused when
+ *     group/other-accessible, a symbolic link, another user's or of the wrong size
+ * Every stored block carries the parent name and tokens it was computed from (derived from its
+ * name here): a fetch must return them with the KV (begin_block / fetch_block).
  *
  * White-box parts (7, 4) poke the arena file through their own mapping, using the layout that
  * cache.h documents (4096-byte header starting with the magic, 64-byte slot headers: seqlock
@@ -103,6 +107,37 @@ static int content_ok(const void *buf, size_t n, uint64_t name)
 }
 
 /* A fake chain of block names (h_i depends on h_{i-1}, like the engine's). */
+/* What a stored block was computed from (cache_store_begin's parent and tokens): derived from
+ * its name, so that fetch_block can check the slot gave back the meta stored with the block. */
+enum { MAX_BT = 32 };
+static uint64_t meta_parent(uint64_t name) { return mix(name ^ 0xa5a5a5a5ull); }
+static void meta_tokens(int32_t *t, uint64_t parent)
+{
+    for (int i = 0; i < MAX_BT; i++) t[i] = (int32_t)(mix(parent + (uint64_t)i) & 0x7fff);
+}
+
+static void *begin_block(cache_t *c, uint64_t name)
+{
+    int32_t t[MAX_BT];
+    meta_tokens(t, meta_parent(name));
+    return cache_store_begin(c, name, meta_parent(name), t);
+}
+
+/* cache_fetch, plus a check that the parent and the 16 tokens came back with the block: when
+ * they did not, dst's first byte is flipped, so the caller's content check (content_ok) fails
+ * as for wrong bytes (no CHECK here: the counters are not thread-safe, and threads call it). */
+static int fetch_block(cache_t *c, int i, void *dst)
+{
+    uint64_t parent = 0;
+    int32_t got[MAX_BT], want[MAX_BT];
+    int rc = cache_fetch(c, i, dst, &parent, got);
+    if (rc == 0) {
+        meta_tokens(want, parent);
+        if (memcmp(got, want, 16 * sizeof *got) != 0) ((uint8_t *)dst)[0] ^= 0xff;
+    }
+    return rc;
+}
+
 static void make_chain(uint64_t *names, int n, uint64_t salt)
 {
     uint64_t h = mix(salt);
@@ -289,7 +324,7 @@ static void arena_path(char *out, size_t n, const env_t *e, const char *name)
 
 static int store(cache_t *c, uint64_t name, size_t bb)
 {
-    void *b = cache_store_begin(c, name);
+    void *b = begin_block(c, name);
     if (!b) return 0;
     fill(b, bb, name);
     cache_store_commit(c, b);
@@ -331,7 +366,7 @@ static int fetch_all(cache_t *c, const uint64_t *names, int k, size_t bb, int *w
     uint8_t *buf = malloc(bb);
     int ok = 0;
     for (int i = 0; i < k; i++) {
-        if (cache_fetch(c, i, buf)) continue;
+        if (fetch_block(c, i, buf)) continue;
         if (content_ok(buf, bb, names[i]))
             ok++;
         else if (wrong)
@@ -432,8 +467,8 @@ static void test_round_trip(env_t *e)
     int wrong = 0;
     CHECK(fetch_all(c, ch, 6, BB_SMALL, &wrong) == 6 && wrong == 0);
     uint8_t *buf = malloc(BB_SMALL);
-    CHECK(cache_fetch(c, 6, buf) == -1);  /* beyond the lookup's result */
-    CHECK(cache_fetch(c, -1, buf) == -1);
+    CHECK(fetch_block(c, 6, buf) == -1);  /* beyond the lookup's result */
+    CHECK(fetch_block(c, -1, buf) == -1);
     st = stats(c);
     CHECKF(st.lookups == 20 && st.hits == 6 && st.stores == 6 && st.stores_dropped == 0 &&
                st.misses_torn == 0 && st.evictions == 0 && st.redis_errors == 0 &&
@@ -447,10 +482,10 @@ static void test_round_trip(env_t *e)
     CHECK(cache_lookup(c, ch + 1, 3) == 3); /* a run need not start at a chain's head */
     CHECK(cache_lookup(c, ch, 0) == 0);
     /* known indexed: not wanted again */
-    CHECK(cache_store_begin(c, ch[0]) == NULL);
-    CHECK(cache_store_begin(c, ch[5]) == NULL);
+    CHECK(begin_block(c, ch[0]) == NULL);
+    CHECK(begin_block(c, ch[5]) == NULL);
     /* cancel gives the buffer back; the name may be offered again */
-    void *b = cache_store_begin(c, ch[6]);
+    void *b = begin_block(c, ch[6]);
     CHECK(b != NULL);
     cache_store_cancel(c, b);
     CHECK(store(c, ch[6], BB_SMALL));
@@ -468,9 +503,9 @@ static void test_round_trip(env_t *e)
     CHECKF(c2, "%s", err);
     if (c2) {
         CHECK(cap_has(&lc2, "attached"));
-        void *b1 = cache_store_begin(c2, ch[7]);
+        void *b1 = begin_block(c2, ch[7]);
         CHECK(b1 != NULL);
-        CHECK(cache_store_begin(c2, ch[8]) == NULL);
+        CHECK(begin_block(c2, ch[8]) == NULL);
         CHECK(stats(c2).stores_dropped == 1);
         fill(b1, BB_SMALL, ch[7]);
         cache_store_commit(c2, b1);
@@ -489,7 +524,7 @@ static void test_round_trip(env_t *e)
     CHECKF(c, "%s", err);
     if (c) {
         CHECK(cache_lookup(c, ch, 10) == 0);
-        CHECK(cache_store_begin(c, 42) == NULL);
+        CHECK(begin_block(c, 42) == NULL);
         CHECK(cache_check(c, err, sizeof err) == -1);
         st = stats(c);
         CHECK(st.redis_up == 0 && st.arena_slots == 63 && st.stores_dropped == 0);
@@ -628,10 +663,10 @@ static void test_mismatch(env_t *e)
     }
     /* the handle attached before: stale, misses only, stores refused */
     uint8_t *buf = malloc(BB_SMALL);
-    CHECK(cache_fetch(a, 0, buf) == -1); /* the slot headers were zeroed */
+    CHECK(fetch_block(a, 0, buf) == -1); /* the slot headers were zeroed */
     CHECK(cache_lookup(a, ch, 5) == 0);
     CHECK(cap_has(&la, "re-initialised by another process"));
-    CHECK(cache_store_begin(a, 77) == NULL);
+    CHECK(begin_block(a, 77) == NULL);
     cache_free(a);
     cache_free(b);
 
@@ -790,7 +825,7 @@ static void *cc_thread(void *arg)
         int ch = (int)(rand_r(&s) % CC_CHAINS);
         if (rand_r(&s) % 10 < 4) {
             uint64_t name = chains[ch][rand_r(&s) % CC_LEN];
-            void *b = cache_store_begin(c, name);
+            void *b = begin_block(c, name);
             if (b) {
                 atomic_fetch_add(&a->sh->offered, 1);
                 fill(b, BB_12, name);
@@ -804,7 +839,7 @@ static void *cc_thread(void *arg)
             int k = cache_lookup(c, chains[ch], len);
             atomic_fetch_add(&a->sh->found, k);
             for (int i = 0; i < k; i++) {
-                if (cache_fetch(c, i, buf)) {
+                if (fetch_block(c, i, buf)) {
                     atomic_fetch_add(&a->sh->fetch_miss, 1);
                 } else if (content_ok(buf, BB_12, chains[ch][i])) {
                     atomic_fetch_add(&a->sh->hits, 1);
@@ -948,18 +983,18 @@ static void test_torn(env_t *e)
     *byte ^= 0x01;
     uint8_t *buf = malloc(BB_SMALL);
     CHECK(cache_lookup(c, ch, 3) == 3);
-    CHECK(cache_fetch(c, 0, buf) == 0 && content_ok(buf, BB_SMALL, ch[0]));
-    CHECK(cache_fetch(c, 1, buf) == -1);
-    CHECK(cache_fetch(c, 2, buf) == 0 && content_ok(buf, BB_SMALL, ch[2]));
+    CHECK(fetch_block(c, 0, buf) == 0 && content_ok(buf, BB_SMALL, ch[0]));
+    CHECK(fetch_block(c, 1, buf) == -1);
+    CHECK(fetch_block(c, 2, buf) == 0 && content_ok(buf, BB_SMALL, ch[2]));
     CHECK(stats(c).misses_torn == 1);
     CHECK(cache_check(c, err, sizeof err) == -1 && strstr(err, "checksum"));
     *byte ^= 0x01;
-    CHECK(cache_fetch(c, 1, buf) == 0 && content_ok(buf, BB_SMALL, ch[1]));
+    CHECK(fetch_block(c, 1, buf) == 0 && content_ok(buf, BB_SMALL, ch[1]));
     CHECK(check_ok(c));
     /* a header naming another generation is a miss too */
     uint64_t g = atomic_load(slot_word(&m, slot, 2));
     atomic_store(slot_word(&m, slot, 2), g + 1);
-    CHECK(cache_fetch(c, 1, buf) == -1);
+    CHECK(fetch_block(c, 1, buf) == -1);
     atomic_store(slot_word(&m, slot, 2), g);
 
     /* a writer that died holding the seqlock: the slots read as misses, and a new writer that
@@ -969,18 +1004,18 @@ static void test_torn(env_t *e)
     waitpid(dead, NULL, 0);
     set_all_odd(&m, n, dead);
     CHECK(cache_lookup(c, ch, 3) == 3);
-    CHECK(cache_fetch(c, 0, buf) == -1);
+    CHECK(fetch_block(c, 0, buf) == -1);
     uint64_t x[2];
     make_chain(x, 2, 77);
     uint64_t stores0 = stats(c).stores;
     CHECK(store(c, x[0], BB_SMALL));
     CHECK(wait_stores(c, stores0 + 1));
     CHECK(cache_lookup(c, x, 1) == 1);
-    CHECK(cache_fetch(c, 0, buf) == 0 && content_ok(buf, BB_SMALL, x[0]));
+    CHECK(fetch_block(c, 0, buf) == 0 && content_ok(buf, BB_SMALL, x[0]));
     set_all_even(&m, n);
     CHECK(check_ok(c));
     CHECK(cache_lookup(c, ch, 3) == 3);
-    CHECK(cache_fetch(c, 0, buf) == 0 && content_ok(buf, BB_SMALL, ch[0]));
+    CHECK(fetch_block(c, 0, buf) == 0 && content_ok(buf, BB_SMALL, ch[0]));
 
     /* a live writer holds every slot: the store is dropped, its slot given back */
     set_all_odd(&m, n, getpid());
@@ -1357,6 +1392,39 @@ static void test_permissions(env_t *e)
     cache_free(c);
 }
 
+/* ---- 11: the KV name secret file ---- */
+
+/* The KV name secret (cache_secret_load): created 0600 with 32 bytes when absent and read
+ * back unchanged; refused when group/other may access it, of another size, a symbolic link or
+ * another user's (the last only when the test may chown). */
+static void test_secret(env_t *e)
+{
+    char path[400], link_path[420], err[512];
+    unsigned char a[CACHE_SECRET_BYTES], b[CACHE_SECRET_BYTES];
+    snprintf(path, sizeof path, "%s/secret", e->dir);
+    snprintf(link_path, sizeof link_path, "%s/secret.link", e->dir);
+    unlink(path);
+    CHECKF(cache_secret_load(path, a, err, sizeof err) == 0, "create: %s", err);
+    struct stat st;
+    CHECK(stat(path, &st) == 0 && (st.st_mode & 0777) == 0600 &&
+          st.st_size == CACHE_SECRET_BYTES);
+    CHECK(cache_secret_load(path, b, err, sizeof err) == 0 && memcmp(a, b, sizeof a) == 0);
+    chmod(path, 0640);
+    CHECK(cache_secret_load(path, b, err, sizeof err) == -1 && strstr(err, "mode 0640"));
+    chmod(path, 0600);
+    CHECK(symlink(path, link_path) == 0);
+    CHECK(cache_secret_load(link_path, b, err, sizeof err) == -1 &&
+          strstr(err, "symbolic link"));
+    unlink(link_path);
+    if (chown(path, 12345, (gid_t)-1) == 0) {
+        CHECK(cache_secret_load(path, b, err, sizeof err) == -1 && strstr(err, "owned by uid"));
+        CHECK(chown(path, geteuid(), (gid_t)-1) == 0);
+    }
+    CHECK(truncate(path, 16) == 0);
+    CHECK(cache_secret_load(path, b, err, sizeof err) == -1 && strstr(err, "16 bytes"));
+    unlink(path);
+}
+
 int main(void)
 {
     setvbuf(stderr, NULL, _IONBF, 0);
@@ -1394,6 +1462,7 @@ int main(void)
     test_redis_faults(&e, workdir);
     test_auth(&e, workdir);
     test_permissions(&e);
+    test_secret(&e);
 
     redis_script("stop", &e.redis);
     char cmd[800];

@@ -37,7 +37,8 @@ eval "$("$RS" start "$WORK/redis" | grep -E '^(REDIS_PORT|REDIS_PID)=')"
 echo "redis on port $REDIS_PORT"
 ARENA=$SHM/arena
 # a 1 s command timeout: on a loaded machine the 50 ms default turns Redis latency into misses
-CACHE=(--cache-redis "127.0.0.1:$REDIS_PORT" --cache-arena "$ARENA" --cache-arena-mb 64 --cache-timeout-ms 1000)
+CACHE=(--cache-redis "127.0.0.1:$REDIS_PORT" --cache-arena "$ARENA" --cache-arena-mb 64 --cache-timeout-ms 1000
+       --cache-secret "$SHM/secret")
 GEN=("$SPILLWAY" generate -m "$MODEL" -t 0 --ignore-eos --threads 1 --kv-type f32 --kv-mem-mb 32 --stats)
 
 python3 - "$WORK" <<'PY'
@@ -139,7 +140,8 @@ texts "$WORK/p6.out" | cmp -s - "$WORK/small.ref.txt" || fail "Redis down: outpu
 echo "3c. Redis down from the start: output identical; ${down_ms} ms"
 "$RS" stop "$WORK/redis" >/dev/null 2>&1 || true
 eval "$("$RS" start "$WORK/redis" | grep -E '^(REDIS_PORT|REDIS_PID)=')"
-CACHE=(--cache-redis "127.0.0.1:$REDIS_PORT" --cache-arena "$ARENA" --cache-arena-mb 64 --cache-timeout-ms 1000)
+CACHE=(--cache-redis "127.0.0.1:$REDIS_PORT" --cache-arena "$ARENA" --cache-arena-mb 64 --cache-timeout-ms 1000
+       --cache-secret "$SHM/secret")
 
 # ---- 4. another block geometry on the same arena ----
 "${GEN[@]}" "${CACHE[@]}" -f "$WORK/other.jsonl" >/dev/null 2>&1

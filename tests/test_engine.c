@@ -567,10 +567,12 @@ static void test_version_fingerprints(void)
     CHECK(mkmodel_write(&p, a, err, sizeof err) == 0);
     p.seed = 2; /* a new version: same shapes, other weights */
     CHECK(mkmodel_write(&p, b, err, sizeof err) == 0);
-    engine_info_t ia, ia2, ib, ic;
+    engine_info_t ia, ia2, ib, ic, id, ie;
     engine_config_t c;
     base_cfg(&c);
     c.model_path = a;
+    unsigned char secret[ENGINE_KV_SECRET_BYTES] = {1, 2, 3}, other[ENGINE_KV_SECRET_BYTES] = {4};
+    c.kv_secret = secret; /* names are shared only under one secret */
     engine_t *e = mk(&c);
     CHECK(e != NULL);
     if (e) {
@@ -598,11 +600,179 @@ static void test_version_fingerprints(void)
         engine_info(e, &ic);
         engine_free(e);
     }
+    c.block_tokens = 16;
+    c.kv_secret = other;
+    e = mk(&c);
+    CHECK(e != NULL);
+    if (e) {
+        engine_info(e, &id);
+        engine_free(e);
+    }
+    c.kv_secret = NULL; /* a random secret of its own */
+    e = mk(&c);
+    CHECK(e != NULL);
+    if (e) {
+        engine_info(e, &ie);
+        engine_free(e);
+    }
     CHECK(ia.fingerprint == ia2.fingerprint && ia.kv_seed == ia2.kv_seed);
     CHECK(ia.fingerprint != ib.fingerprint && ia.kv_seed != ib.kv_seed);
     CHECK(ic.fingerprint == ia.fingerprint && ic.kv_seed != ia.kv_seed);
+    CHECK(id.fingerprint == ia.fingerprint && id.kv_seed != ia.kv_seed);
+    CHECK(ie.fingerprint == ia.fingerprint && ie.kv_seed != ia.kv_seed);
     unlink(a);
     unlink(b);
+}
+
+/* A tier 2 that answers every lookup with one block: the one it recorded (the first block
+ * offered to it, with the parent and tokens it was computed from). Its index thus maps any
+ * name, the victim's included, to the attacker's block: what a name collision produces. */
+typedef struct {
+    size_t bytes;
+    uint8_t *kv;          /* [bytes] */
+    uint64_t parent;
+    int32_t tokens[16];
+    int have, recording, fetches;
+} forged_tier_t;
+
+static int ft_lookup(void *arg, const uint64_t *names, int n)
+{
+    forged_tier_t *t = arg;
+    (void)names;
+    return t->have && !t->recording && n > 0 ? 1 : 0;
+}
+
+static int ft_fetch(void *arg, int i, void *dst, uint64_t *parent, int32_t *tokens)
+{
+    forged_tier_t *t = arg;
+    if (i != 0 || !t->have) return -1;
+    memcpy(dst, t->kv, t->bytes);
+    *parent = t->parent;
+    memcpy(tokens, t->tokens, sizeof t->tokens);
+    t->fetches++;
+    return 0;
+}
+
+static void *ft_store_begin(void *arg, uint64_t name, uint64_t parent, const int32_t *tokens)
+{
+    forged_tier_t *t = arg;
+    (void)name;
+    if (!t->recording || t->have) return NULL;
+    t->parent = parent;
+    memcpy(t->tokens, tokens, sizeof t->tokens);
+    return t->kv;
+}
+
+static void ft_store_commit(void *arg, void *buf, int ok)
+{
+    forged_tier_t *t = arg;
+    (void)buf;
+    if (ok) t->have = 1;
+}
+
+/* Issue 18.1: KV computed from other tokens, found under the victim's block name in tier 2, is
+ * a miss: the victim's text equals a cold run's, cached_tokens is 0, a mismatch is counted. The
+ * attacker's own prompt still hits the same block (the injection path works). */
+static void test_forged_tier2_block(void)
+{
+    static const char *VICTIM =
+        "Once upon a time, there was a little girl named Lily. She loved to play outside";
+    static const char *ATTACKER =
+        "The big brown dog ran to the tall green tree and barked at a small cat. It was";
+    unsigned char secret[ENGINE_KV_SECRET_BYTES] = {9, 9, 9};
+    engine_config_t c;
+    base_cfg(&c);
+    c.kv_secret = secret;
+    engine_request_t rq;
+    engine_request_default(&rq);
+    rq.sampling.temperature = 0;
+    rq.max_tokens = 24;
+    res_t cold[2], got[2];
+    memset(cold, 0, sizeof cold);
+    memset(got, 0, sizeof got);
+    const char *pv[1] = {VICTIM}, *pa[1] = {ATTACKER};
+    engine_t *e = mk(&c); /* cold runs, no tier */
+    CHECK(e && run(e, 1, pv, &rq, &cold[0]) == 0 && run(e, 1, pa, &rq, &cold[1]) == 0);
+    engine_free(e);
+    CHECK(cold[0].n_cached == 0 && cold[1].n_cached == 0 && strcmp(cold[0].text, cold[1].text));
+
+    forged_tier_t ft = {0};
+    engine_kv_tier_t tier = {&ft, ft_lookup, ft_fetch, ft_store_begin, ft_store_commit};
+    char err[256];
+    e = mk(&c); /* the attacker's process: records its first block */
+    CHECK(e != NULL);
+    if (e) {
+        engine_info_t info;
+        engine_info(e, &info);
+        ft.bytes = info.kv_block_bytes;
+        ft.kv = malloc(ft.bytes);
+        ft.recording = 1;
+        CHECK(engine_set_kv_tier(e, &tier, err, sizeof err) == 0);
+        res_t r = {0};
+        CHECK(run(e, 1, pa, &rq, &r) == 0);
+        res_clear(&r, 1);
+        engine_free(e);
+    }
+    CHECK(ft.have == 1);
+    ft.recording = 0;
+    e = mk(&c); /* the victim's process: its tier 1 is empty, tier 2 is forged */
+    CHECK(e != NULL);
+    if (e && ft.have) {
+        CHECK(engine_set_kv_tier(e, &tier, err, sizeof err) == 0);
+        CHECK(run(e, 1, pv, &rq, &got[0]) == 0);
+        engine_stats_t st;
+        engine_stats(e, &st);
+        CHECKF(got[0].n_cached == 0, "victim cached_tokens %d (forged block used)",
+               got[0].n_cached);
+        CHECKF(got[0].text && strcmp(got[0].text, cold[0].text) == 0,
+               "victim text differs from a cold run: '%s' vs '%s'", got[0].text, cold[0].text);
+        CHECK(ft.fetches == 1 && st.kv_mismatches == 1 && st.tier2_hits == 0);
+        engine_free(e);
+    }
+    e = mk(&c); /* control: the block's own tokens do hit it */
+    if (e && ft.have) {
+        CHECK(engine_set_kv_tier(e, &tier, err, sizeof err) == 0);
+        CHECK(run(e, 1, pa, &rq, &got[1]) == 0);
+        CHECK(got[1].n_cached == 16 && got[1].text && strcmp(got[1].text, cold[1].text) == 0);
+    }
+    engine_free(e);
+    free(ft.kv);
+    res_clear(cold, 2);
+    res_clear(got, 2);
+}
+
+/* cache_scope (cache.isolation = tenant): a prefix cached by one scope is not reused, nor
+ * reported as cached, for another; the same scope reuses it. */
+static void test_cache_scope(void)
+{
+    static const char *P =
+        "Once upon a time, there was a little girl named Lily. She loved to play outside";
+    engine_config_t c;
+    base_cfg(&c);
+    engine_t *e = mk(&c);
+    CHECK(e != NULL);
+    if (!e) return;
+    engine_request_t rq;
+    engine_request_default(&rq);
+    rq.sampling.temperature = 0;
+    rq.max_tokens = 4;
+    const char *p[1] = {P};
+    res_t r[4];
+    memset(r, 0, sizeof r);
+    rq.cache_scope = "tenant-a";
+    CHECK(run(e, 1, p, &rq, &r[0]) == 0);
+    rq.cache_scope = "tenant-b";
+    CHECK(run(e, 1, p, &rq, &r[1]) == 0);
+    rq.cache_scope = NULL;
+    CHECK(run(e, 1, p, &rq, &r[2]) == 0);
+    rq.cache_scope = "tenant-a";
+    CHECK(run(e, 1, p, &rq, &r[3]) == 0);
+    CHECKF(r[0].n_cached == 0 && r[1].n_cached == 0 && r[2].n_cached == 0,
+           "cached across scopes: %d %d %d", r[0].n_cached, r[1].n_cached, r[2].n_cached);
+    CHECK(r[3].n_cached >= 16);
+    for (int i = 1; i < 4; i++) CHECK(r[i].text && strcmp(r[i].text, r[0].text) == 0);
+    res_clear(r, 4);
+    engine_free(e);
 }
 
 int main(void)
@@ -623,5 +793,7 @@ int main(void)
     test_stop_strings();
     test_validation();
     test_version_fingerprints();
+    test_forged_tier2_block();
+    test_cache_scope();
     return check_exit();
 }

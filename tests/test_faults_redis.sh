@@ -86,6 +86,7 @@ NALL=$(wc -l <"$WORK/all.ids")
 
 COMMON=(-s max.inflight=32 -s commit.interval.ms=200 -s kv.blocks=64)
 TIER2=(-s cache.redis.host=127.0.0.1 -s cache.redis.port="$RP" -s cache.arena.path="$SHM/arena"
+       -s cache.secret_file="$SHM/secret"
        -s cache.arena.mb=64 -s cache.host_id=faults-redis -s cache.redis.backoff_max_ms=1000 -s metrics.port="$MP" -s metrics.bind=127.0.0.1)
 
 # ---- reference: no tier 2 ----

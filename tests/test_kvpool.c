@@ -1,4 +1,7 @@
-/* tests/test_kvpool.c: tier 1 of the prefix cache (engine/kvpool.c) under a long random mix of
+/* tests/test_kvpool.c: tier 1 of the prefix cache (engine/kvpool.c). First, names are an index
+ * only: a block published under a name with other tokens or another parent (what a name
+ * collision, or an attacker who found one, produces) is a miss for a lookup of that name, counted
+ * as a mismatch; names are keyed by the pool's secret. Then, under a long random mix of
  * allocations, references, releases, publications and lookups, checked after every operation
  * against a shadow model: no refcount goes negative or leaks, a block is never both free and
  * held, names resolve to the block that published them until it is evicted, eviction takes the
@@ -29,6 +32,64 @@ static uint64_t rnd(uint64_t *s)
     return *s;
 }
 
+/* Tokens the random test publishes a name with: derived from it. */
+static void name_tokens(int32_t *t, uint64_t name)
+{
+    for (int i = 0; i < 16; i++) t[i] = (int32_t)((name * 31 + (uint64_t)i) & 0x7fff);
+}
+
+/* A block of the attacker's tokens published under the victim's block name (a collision) is
+ * never handed to the victim's lookup. */
+static void test_forged_collision(void)
+{
+    char err[128];
+    unsigned char secret[KVPOOL_SECRET_BYTES];
+    memset(secret, 7, sizeof secret);
+    kvpool_t *p = kvpool_new(4, 16, secret, err, sizeof err);
+    CHECK(p != NULL);
+    if (!p) return;
+    int32_t victim[16], attacker[16];
+    for (int i = 0; i < 16; i++) {
+        victim[i] = 100 + i;
+        attacker[i] = 200 + i;
+    }
+    uint64_t seed = kvpool_derive_seed(p, 0, "model", 5);
+    uint64_t vname = kvpool_block_name(p, seed, victim);
+    /* the attacker's block, stored under the victim's name */
+    int32_t b = kvpool_alloc(p);
+    CHECK(b >= 0);
+    kvpool_publish(p, b, vname, seed, attacker);
+    kvpool_unref(p, b); /* cached */
+    CHECK(kvpool_contains(p, vname, seed, victim) == 0);
+    CHECK(kvpool_lookup(p, vname, seed, victim) == -1);
+    CHECK(kvpool_stats(p)->mismatches == 1 && kvpool_stats(p)->hits == 0);
+    /* same tokens after another parent: also refused */
+    CHECK(kvpool_lookup(p, vname, seed ^ 1, attacker) == -1);
+    CHECK(kvpool_stats(p)->mismatches == 2);
+    /* the owner of the tokens gets it */
+    CHECK(kvpool_lookup(p, vname, seed, attacker) == b);
+    CHECK(kvpool_stats(p)->hits == 1);
+    kvpool_unref(p, b);
+
+    /* names are keyed: another secret names the same tokens differently; scopes differ */
+    unsigned char other[KVPOOL_SECRET_BYTES];
+    memset(other, 8, sizeof other);
+    kvpool_t *q = kvpool_new(4, 16, other, err, sizeof err);
+    kvpool_t *r = kvpool_new(4, 16, secret, err, sizeof err);
+    CHECK(q && r);
+    if (q && r) {
+        CHECK(kvpool_derive_seed(q, 0, "model", 5) != seed);
+        CHECK(kvpool_derive_seed(r, 0, "model", 5) == seed);
+        CHECK(kvpool_block_name(q, seed, victim) != vname);
+        CHECK(kvpool_block_name(r, seed, victim) == vname);
+        CHECK(kvpool_derive_seed(p, seed, "tenant-a", 8) !=
+              kvpool_derive_seed(p, seed, "tenant-b", 8));
+    }
+    kvpool_free(q);
+    kvpool_free(r);
+    kvpool_free(p);
+}
+
 static int check_invariants(const kvpool_t *p, const shadow_t *sh)
 {
     int used = 0, bad = 0;
@@ -44,8 +105,11 @@ static int check_invariants(const kvpool_t *p, const shadow_t *sh)
 
 int main(void)
 {
+    test_forged_collision();
     char err[128];
-    kvpool_t *p = kvpool_new(NB, 16, 0x1234, err, sizeof err);
+    unsigned char secret[KVPOOL_SECRET_BYTES] = {0x12, 0x34};
+    kvpool_t *p = kvpool_new(NB, 16, secret, err, sizeof err);
+    int32_t toks[16];
     CHECK(p != NULL);
     if (!p) return check_exit();
     shadow_t sh;
@@ -75,7 +139,10 @@ int main(void)
                     evictions++;
                 }
                 CHECK(!(n_free > 0 && sh.name[b])); /* a free block goes first */
-                if (sh.name[b]) CHECK(kvpool_contains(p, sh.name[b]) == 0);
+                if (sh.name[b]) {
+                    name_tokens(toks, sh.name[b]);
+                    CHECK(kvpool_contains(p, sh.name[b], sh.name[b] * 3, toks) == 0);
+                }
                 sh.name[b] = 0;
                 sh.refs[b] = 1;
                 sh.held[sh.n_held++] = b;
@@ -97,14 +164,16 @@ int main(void)
             int taken = 0;
             for (int x = 0; x < NB; x++)
                 if (sh.name[x] == name) taken = 1;
-            kvpool_publish(p, b, name);
+            name_tokens(toks, name);
+            kvpool_publish(p, b, name, name * 3, toks);
             if (!sh.name[b] && !taken) sh.name[b] = name; /* else: unchanged, first one wins */
         } else if (sh.n_held < HOLD) { /* look a name up */
             uint64_t name = (rnd(&seed) % 64) + 1;
             int owner = -1;
             for (int x = 0; x < NB; x++)
                 if (sh.name[x] == name) owner = x;
-            int32_t b = kvpool_lookup(p, name);
+            name_tokens(toks, name);
+            int32_t b = kvpool_lookup(p, name, name * 3, toks);
             CHECKF(b == owner, "lookup %llu: %d, expected %d", (unsigned long long)name, b, owner);
             if (b >= 0 && b == owner) {
                 sh.refs[b]++;

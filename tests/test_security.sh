@@ -106,7 +106,8 @@ texts() {
 }
 ARENA=$SHM/arena
 GEN=("$SPILLWAY" generate -m "$MODEL" -t 0 --threads 1 --kv-type f32 --kv-mem-mb 32 --stats)
-CACHE=(--cache-redis "127.0.0.1:$REDIS_PORT" --cache-arena "$ARENA" --cache-arena-mb 64 --cache-timeout-ms 1000)
+CACHE=(--cache-redis "127.0.0.1:$REDIS_PORT" --cache-arena "$ARENA" --cache-arena-mb 64 --cache-timeout-ms 1000
+       --cache-secret "$SHM/secret")
 "${GEN[@]}" --no-prefix-cache -f "$WORK/in.jsonl" >"$WORK/ref.jsonl" 2>"$LOGS/gen-ref.err"
 texts "$WORK/ref.jsonl" >"$WORK/ref.txt"
 t2_hits() { sed -n 's/.*tier 2 \([0-9]*\) of [0-9]*.*/\1/p' "$1"; }
@@ -149,7 +150,8 @@ start_worker() { # NAME BOOTSTRAP "PROPS" [worker options...]
   "$SPILLWAY" worker -b "$bs" -t prompts -o results -d prompts.dlq -g "g-$name" -m "$MODEL" \
     -s worker.id="$name" -s threads=1 -s kv.type=f32 -s kv.mem_mb=32 -s commit.interval.ms=200 \
     -s cache.redis.host=127.0.0.1 -s cache.redis.port="$REDIS_PORT" \
-    -s cache.arena.path="$ARENA" -s cache.arena.mb=64 "${XA[@]}" "$@" \
+    -s cache.arena.path="$ARENA" -s cache.secret_file="$SHM/secret" -s cache.arena.mb=64 \
+    "${XA[@]}" "$@" \
     >"$LOGS/$name.log" 2>&1 &
   WPID=$!
   PIDS+=("$WPID")

@@ -180,6 +180,7 @@ phase start
   -s threads=1 -s commit.interval.ms=200 -s max.inflight=256 -s kv.mem_mb=4 -s log.level=info \
   -s log.format=json -s metrics.port="$MPORT" -s metrics.bind=127.0.0.1 \
   -s cache.redis.host=127.0.0.1 -s cache.redis.port="$REDIS_PORT" -s cache.arena.path="$SHM/arena" -s cache.redis.timeout_ms=1000 \
+  -s cache.secret_file="$SHM/secret" \
   -s cache.arena.mb=64 -s cache.redis.timeout_ms=1000 -s cache.redis.backoff_max_ms=500 \
   -X log_level=3 -X consumer.session.timeout.ms=6000 2>"$WORK/worker.log" &
 WPID=$!

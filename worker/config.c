@@ -133,6 +133,11 @@ static const key_t_ KEYS[] = {
     {"cache.host_id", K_STR, F(cache_host_id), "", 0, 0, "this host in the index (\"\" = hostname)"},
     {"cache.write_queue", K_INT, F(cache_write_queue), "64", 1, 1 << 20,
      "blocks waiting to be written to the arena, at most (more are not cached)"},
+    {"cache.secret_file", K_STR, F(cache_secret_file), "/dev/shm/spillway.secret", 0, 0,
+     "32 random bytes keying the KV block names (created 0600 when absent; the host's workers "
+     "share tier 2 only with the same file)"},
+    {"cache.isolation", K_STR, F(cache_isolation), "tenant", 0, 0,
+     "tenant (a prefix cached for one tenant serves only that tenant) | none (shared by all)"},
     {"chat.template", K_STR, F(chat_template), "", 0, 0,
      "chat template name (\"\" = the model's tokenizer.chat_template)"},
     {"limits.max_message_bytes", K_LONG, F(max_message_bytes), "1048576", 1, LONG_MAX,
@@ -490,6 +495,10 @@ int worker_config_check(const worker_config_t *c, char *errstr, size_t errlen)
     }
     if (strcmp(c->kv_type, "f16") && strcmp(c->kv_type, "f32")) {
         snprintf(errstr, errlen, "kv.type must be f16 or f32");
+        return -1;
+    }
+    if (strcmp(c->cache_isolation, "tenant") && strcmp(c->cache_isolation, "none")) {
+        snprintf(errstr, errlen, "cache.isolation must be tenant or none");
         return -1;
     }
     if (strcmp(c->log_format, "text") && strcmp(c->log_format, "json")) {

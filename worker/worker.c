@@ -38,6 +38,7 @@
 #include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
+#include <sodium.h>
 
 #include "cache/cache.h"
 #include "consumer/consumer.h"
@@ -138,7 +139,7 @@ typedef struct {
     atomic_int_fast64_t poll_cpu_ns, eng_cpu_ns;
     /* prefix cache, copied from engine_stats after each step (engine thread) */
     atomic_uint_fast64_t t1_lookups, t1_hits, t1_evictions, t2_lookups, t2_hits, t2_stores,
-        deferred;
+        deferred, mismatches;
     atomic_int kv_used, kv_total;
     atomic_int eng_running, eng_waiting, paused;
     /* models: versions loaded now (retired ones draining included); reloads */
@@ -484,7 +485,15 @@ static wmodel_t *model_load(worker_t *w, const worker_model_spec_t *spec, int wi
     engine_config_t ec;
     model_engine_config(w, &ec);
     ec.model_path = m->path;
+    /* tier 2 is shared with the host's other processes: they must name blocks alike, under the
+     * deployment's secret; without tier 2 the engine draws a secret of its own */
+    unsigned char secret[CACHE_SECRET_BYTES];
+    if (with_tier2) {
+        if (cache_secret_load(w->cfg.cache_secret_file, secret, errstr, errlen)) goto fail;
+        ec.kv_secret = secret;
+    }
     m->eng = engine_new(&ec, errstr, errlen);
+    sodium_memzero(secret, sizeof secret);
     if (!m->eng) goto fail;
     engine_info_t info;
     engine_info(m->eng, &info);
@@ -862,6 +871,9 @@ static void engine_start(worker_t *w, wreq_t *r)
     q.stop = (const char *const *)r->req.stop;
     q.n_stop = r->req.n_stop;
     q.priority = w->classes[r->cls].priority * 2001 + r->req.priority;
+    /* cache.isolation tenant: a tenant's prefixes are its own (NULL tenant: the shared scope of
+     * requests without one) */
+    if (strcmp(w->cfg.cache_isolation, "tenant") == 0) q.cache_scope = r->req.tenant;
     q.user = r;
     if (r->req.stream && w->aux) {
         q.progress = on_engine_progress;
@@ -924,6 +936,7 @@ static void stats_add(engine_stats_t *a, const engine_stats_t *b)
     a->tier2_hits += b->tier2_hits;
     a->tier2_stores += b->tier2_stores;
     a->deferred += b->deferred;
+    a->kv_mismatches += b->kv_mismatches;
 }
 
 /* Frees the retired versions that no request holds any more (engine thread: it owns the
@@ -974,6 +987,7 @@ static void engine_counters(worker_t *w, int n)
     atomic_store(&w->st.t2_hits, sum.tier2_hits);
     atomic_store(&w->st.t2_stores, sum.tier2_stores);
     atomic_store(&w->st.deferred, sum.deferred);
+    atomic_store(&w->st.mismatches, sum.kv_mismatches);
     atomic_store(&w->st.kv_used, used);
     atomic_store(&w->st.kv_total, total);
     atomic_store(&w->st.eng_running, running);
@@ -2051,6 +2065,10 @@ static void metrics_render(void *arg, metrics_buf_t *b)
     metrics_sample(b, "spillway:prefix_cache_hits_total", "tier=\"1\"", (double)st.tier1_hits);
     if (w->tier2)
         metrics_sample(b, "spillway:prefix_cache_hits_total", "tier=\"2\"", (double)st.tier2_hits);
+    fam(b, "spillway:prefix_cache_mismatches_total", "counter",
+        "KV blocks found by name (tier 1 or 2) but computed from other tokens: refused");
+    metrics_sample(b, "spillway:prefix_cache_mismatches_total", NULL,
+                   (double)st.prefix_mismatches);
     fam(b, "spillway:prefix_cache_evictions_total", "counter",
         "cached KV blocks evicted to make room, per tier (tier 2: by this process)");
     metrics_sample(b, "spillway:prefix_cache_evictions_total", "tier=\"1\"",
@@ -2541,7 +2559,7 @@ void worker_log_stats(worker_t *w)
          " kv_blocks=%d/%d t1_hits=%" PRIu64 "/%" PRIu64 " t1_evictions=%" PRIu64
          " t2_hits=%" PRIu64 "/%" PRIu64 " t2_stores=%" PRIu64 " t2_evictions=%" PRIu64
          " t2_torn=%" PRIu64 " arena=%d/%d redis_up=%d redis_errors=%" PRIu64
-         " prefix_deferred=%" PRIu64,
+         " prefix_deferred=%" PRIu64 " prefix_mismatches=%" PRIu64,
          busy, out, st.results, st.dlq, st.expired, busy > 0 ? (double)out / busy : 0.0,
          st.completion_tokens, busy > 0 ? (double)st.completion_tokens / busy : 0.0,
          st.prompt_tokens, st.cached_tokens, st.poll_cpu_s, st.engine_cpu_s, proc_cpu,
@@ -2554,7 +2572,7 @@ void worker_log_stats(worker_t *w)
          st.commits, st.txn_commits, st.produce_retries, st.kv_blocks_used, st.kv_blocks_total,
          st.tier1_hits, st.tier1_lookups, st.tier1_evictions, st.tier2_hits, st.tier2_lookups,
          st.tier2_stores, st.tier2_evictions, st.tier2_torn, st.arena_used, st.arena_slots,
-         st.redis_up, st.redis_errors, st.prefix_deferred);
+         st.redis_up, st.redis_errors, st.prefix_deferred, st.prefix_mismatches);
 }
 
 /* ---- shutdown watchdog ----
@@ -2964,6 +2982,7 @@ void worker_stats(const worker_t *w, worker_stats_t *st)
     st->tier2_hits = atomic_load(&m->st.t2_hits);
     st->tier2_stores = atomic_load(&m->st.t2_stores);
     st->prefix_deferred = atomic_load(&m->st.deferred);
+    st->prefix_mismatches = atomic_load(&m->st.mismatches);
     st->arena_slots = st->arena_used = -1;
     st->redis_up = -1;
     /* tier 2: the cache of the newest version that has one (the default model's) */

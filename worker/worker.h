@@ -107,6 +107,8 @@ typedef struct {
     long cache_arena_mb;
     char *cache_host_id;       /* "" = hostname */
     int cache_write_queue;
+    char *cache_secret_file;   /* keys the KV block names (tier 2 only) */
+    char *cache_isolation;     /* "tenant" | "none" */
     /* request limits */
     long max_message_bytes;
     long max_prompt_bytes;
@@ -272,6 +274,7 @@ typedef struct {
     uint64_t tier1_lookups, tier1_hits, tier1_evictions;
     uint64_t tier2_lookups, tier2_hits, tier2_stores, tier2_evictions, tier2_torn;
     uint64_t prefix_deferred;  /* admissions put off to share a prefix being computed */
+    uint64_t prefix_mismatches; /* blocks found by name holding other tokens: refused */
     int arena_slots, arena_used; /* -1 without tier 2 (arena_used -1: unknown) */
     int redis_up;              /* 1 / 0, -1 without tier 2 */
     uint64_t redis_errors;
