@@ -1518,25 +1518,29 @@ static int prepare_prompt(worker_t *w, wreq_t *r, const char **code, char *err, 
         }
         const char *name = q->template_name ? q->template_name
                            : *w->cfg.chat_template ? w->cfg.chat_template : NULL;
-        char *text = engine_chat_render(r->model->eng, name, msgs, q->n_messages, 1, err, errlen);
+        /* only the template's own markers (<|im_start|>, ...) become special tokens; roles
+         * outside the template's list are refused, contents are always plain text */
+        int32_t *ids;
+        int n_ids;
+        size_t len;
+        int crc = engine_chat_tokenize(r->model->eng, name, msgs, q->n_messages, 1, &ids, &n_ids,
+                                       &len, err, errlen);
         free(msgs);
-        if (!text) {
-            if (strstr(err, "out of memory")) return -2;
-            *code = REQ_ERR_TEMPLATE;
+        if (crc == ENGINE_CHAT_ENOMEM) return -2;
+        if (crc != 0) {
+            *code = crc == ENGINE_CHAT_EROLE ? REQ_ERR_BAD_ROLE : REQ_ERR_TEMPLATE;
             return -1;
         }
-        size_t len = strlen(text);
         if (len > (size_t)w->cfg.max_prompt_bytes) {
             snprintf(err, errlen, "rendered chat prompt has %zu bytes, over limits.max_prompt_bytes=%ld",
                      len, w->cfg.max_prompt_bytes);
-            free(text);
+            free(ids);
             *code = REQ_ERR_PROMPT_BYTES;
             return -1;
         }
-        /* the template's own special tokens (<|im_start|>, ...) are tokens, not text */
-        int rc = tokenize(r, text, len, 1);
-        free(text);
-        if (rc) return -2;
+        free(r->toks);
+        r->toks = ids; /* owned by r from here */
+        r->n_toks = n_ids;
         /* a template that writes the BOS text itself, plus the tokenizer's BOS: keep one */
         int32_t bos = r->model->bos;
         if (r->n_toks >= 2 && bos >= 0 && r->toks[0] == bos && r->toks[1] == bos) {
