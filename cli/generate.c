@@ -269,7 +269,8 @@ int cli_generate(int argc, char **argv)
                    "  --stats              print throughput figures to stderr\n"
                    "  --cache-redis HOST[:PORT]  prefix cache tier 2: Redis index (password from\n"
                    "                       SPILLWAY_CACHE_REDIS_PASSWORD)\n"
-                   "  --cache-arena PATH   its host arena file (default /dev/shm/spillway.arena)\n"
+                   "  --cache-arena PATH   its host arena file (default\n"
+                   "                       /dev/shm/spillway-UID/spillway.arena)\n"
                    "  --cache-arena-mb N   its size in MiB (default 1024)\n"
                    "  --cache-timeout-ms N each Redis command's timeout (default 50)\n"
                    CLI_ENGINE_HELP, MAX_STOP);

@@ -2016,6 +2016,9 @@ static void metrics_render(void *arg, metrics_buf_t *b)
         metrics_sample(b, "spillway:prefix_cache_evictions_total", "tier=\"2\"",
                        (double)st.tier2_evictions);
     if (w->tier2) {
+        fam(b, "spillway:host_arena_refused_total", "counter",
+            "host arena files refused as untrusted (symlink, hard link, owner, mode): tier 2 off");
+        metrics_sample(b, "spillway:host_arena_refused_total", NULL, (double)st.arena_refused);
         fam(b, "spillway:host_arena_slots", "gauge", "host arena slots (tier 2)");
         if (st.arena_used >= 0)
             metrics_sample(b, "spillway:host_arena_slots", "state=\"used\"", st.arena_used);
@@ -2830,6 +2833,7 @@ void worker_stats(const worker_t *w, worker_stats_t *st)
         cache_stats(v->cache, &cs);
         st->arena_slots = cs.arena_slots;
         st->arena_used = cs.arena_used;
+        st->arena_refused += (uint64_t)cs.arena_refused;
         st->redis_up = cs.redis_up;
         st->tier2_evictions = cs.evictions;
         st->tier2_torn = cs.misses_torn;
