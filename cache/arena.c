@@ -29,10 +29,14 @@
  * Permissions: the arena holds KV blocks computed from prompts, so it is created 0600 and only
  * the user that runs the workers may read or write it (a writer could also plant blocks whose
  * checksum matches: the checksum catches corruption, not forgery). An existing file is refused,
- * not repaired, when it is not a regular file (a symbolic link included: O_NOFOLLOW), belongs
- * to another user, or grants any group or other permission: another user may already have it
- * open or mapped, and a chmod would not revoke that. The error names the fix (chmod 600, or
- * remove the file so that it is created again). */
+ * not repaired, when it is not a regular file (a symbolic link included: O_NOFOLLOW), has more
+ * than one link (a hard link planted in a shared folder could point at any file of this user),
+ * belongs to another user, or grants any group or other permission: another user may already
+ * have it open or mapped, and a chmod would not revoke that. The default path lives in a
+ * per-user folder (ARENA_DEFAULT_DIR-<euid>, created 0700, refused unless it is this user's real
+ * directory with mode 0700; the file is opened relative to it). The error names the fix (chmod
+ * 600, or remove the file so that it is created again); arena_open returns -2 for these
+ * refusals, and cache_new then runs without tier 2. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -219,10 +223,14 @@ int arena_open(arena_t *a, const char *path, long arena_mb, const cache_geometry
 {
     memset(a, 0, sizeof *a);
     a->fd = -1;
-    int locked = 0;
-    if (!path || !*path) {
-        snprintf(errstr, errlen, "arena: no path");
-        goto fail;
+    int locked = 0, dfd = -1, refused = 0;
+    char default_dir[64], default_path[96];
+    const char *dir_arg = NULL;
+    if (!path || !*path) { /* the per-user default */
+        snprintf(default_dir, sizeof default_dir, ARENA_DEFAULT_DIR "-%u", (unsigned)geteuid());
+        snprintf(default_path, sizeof default_path, "%s/" ARENA_DEFAULT_FILE, default_dir);
+        path = default_path;
+        dir_arg = default_dir;
     }
     if (arena_mb <= 0 || (unsigned long)arena_mb > (SIZE_MAX >> 21)) {
         snprintf(errstr, errlen, "arena %s: size %ld MiB out of range", path, arena_mb);
@@ -257,13 +265,43 @@ int arena_open(arena_t *a, const char *path, long arena_mb, const cache_geometry
     a->data_offset = ARENA_HDR_BYTES + round_up(n * sizeof(slot_header_t), ARENA_PAGE);
     a->pid = getpid();
 
-    a->fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    /* refused: 1 once the failure is a refusal of a file or folder we do not trust */
+    if (dir_arg) {
+        /* the per-user folder: created 0700; an existing one must be ours, a real directory
+         * (O_NOFOLLOW) and closed to group and other; the file is opened relative to it */
+        if (mkdir(default_dir, 0700) < 0 && errno != EEXIST) {
+            snprintf(errstr, errlen, "arena %s: mkdir %s: %s", path, default_dir,
+                     strerror(errno));
+            goto fail;
+        }
+        dfd = open(default_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        struct stat ds;
+        if (dfd < 0 || fstat(dfd, &ds) < 0) {
+            refused = errno == ELOOP || errno == ENOTDIR;
+            snprintf(errstr, errlen, "arena %s: folder %s: %s%s", path, default_dir,
+                     strerror(errno), refused ? " (refused: not a directory of this user)" : "");
+            goto fail;
+        }
+        if (ds.st_uid != geteuid() || (ds.st_mode & 077)) {
+            refused = 1;
+            snprintf(errstr, errlen, "arena %s: folder %s is owned by uid %u with mode %04o "
+                     "(refused: it must be this process's uid %u's, mode 0700)", path,
+                     default_dir, (unsigned)ds.st_uid, (unsigned)(ds.st_mode & 07777),
+                     (unsigned)geteuid());
+            goto fail;
+        }
+        a->fd = openat(dfd, ARENA_DEFAULT_FILE, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    } else {
+        a->fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    }
     if (a->fd < 0) {
-        if (errno == ELOOP)
+        if (errno == ELOOP) {
+            refused = 1;
             snprintf(errstr, errlen, "arena %s: is a symbolic link (refused: point "
                      "cache.arena.path at the file itself)", path);
-        else
+        } else {
             snprintf(errstr, errlen, "arena %s: open: %s", path, strerror(errno));
+        }
         goto fail;
     }
     struct stat st;
@@ -271,8 +309,15 @@ int arena_open(arena_t *a, const char *path, long arena_mb, const cache_geometry
         snprintf(errstr, errlen, "arena %s: fstat: %s", path, strerror(errno));
         goto fail;
     }
+    refused = 1; /* every failure from here to the lock is a refused file */
     if (!S_ISREG(st.st_mode)) {
         snprintf(errstr, errlen, "arena %s: not a regular file (refused)", path);
+        goto fail;
+    }
+    if (st.st_nlink != 1) {
+        snprintf(errstr, errlen, "arena %s: has %lu links (refused: a hard link may expose "
+                 "another file; remove it to have it created afresh)", path,
+                 (unsigned long)st.st_nlink);
         goto fail;
     }
     if (st.st_uid != geteuid()) {
@@ -287,6 +332,7 @@ int arena_open(arena_t *a, const char *path, long arena_mb, const cache_geometry
                  (unsigned)(st.st_mode & 07777));
         goto fail;
     }
+    refused = 0;
     /* Exclusive while checking and (re)initialising: of processes attaching at once, one
      * initialises and the others then find a valid header. */
     if (flock(a->fd, LOCK_EX) < 0) {
@@ -336,12 +382,14 @@ int arena_open(arena_t *a, const char *path, long arena_mb, const cache_geometry
     }
     a->id = atomic_load_explicit(&hdr(a)->arena_id, memory_order_relaxed);
     flock(a->fd, LOCK_UN);
+    if (dfd >= 0) close(dfd);
     return 0;
 
 fail:
     if (locked) flock(a->fd, LOCK_UN);
+    if (dfd >= 0) close(dfd);
     arena_close(a);
-    return -1;
+    return refused ? -2 : -1;
 }
 
 void arena_close(arena_t *a)

@@ -25,8 +25,8 @@
 void cache_config_default(cache_config_t *c)
 {
     memset(c, 0, sizeof *c);
-    c->arena_path = "/dev/shm/spillway.arena";
-    c->secret_path = "/dev/shm/spillway.secret";
+    c->arena_path = ""; /* the per-user default (see cache.h) */
+    c->secret_path = ""; /* the per-user default (see cache.h) */
     c->arena_mb = 1024;
     c->redis_host = "";
     c->redis_port = 6379;
@@ -266,8 +266,17 @@ cache_t *cache_new(const cache_config_t *cfg, const cache_geometry_t *geo, char 
     c->log.level = cfg->log_level;
     c->log.fn = cfg->log_fn;
     c->log.arg = cfg->log_arg;
-    if (arena_open(&c->arena, cfg->arena_path, cfg->arena_mb, geo, &c->log, errstr, errlen))
-        goto fail;
+    int arc = arena_open(&c->arena, cfg->arena_path, cfg->arena_mb, geo, &c->log, errstr,
+                         errlen);
+    if (arc == -2) {
+        /* a file or folder we do not trust: serve without tier 2 rather than stop */
+        CACHE_LOG(&c->log, CLOG_ERROR, "%s; tier 2 off, serving from tier 1 only", errstr);
+        if (errlen) errstr[0] = 0;
+        c->arena_refused = 1;
+        atomic_store(&c->st_arena_used, -1);
+        return c;
+    }
+    if (arc) goto fail;
     if (index_cfg_init(&c->ix, cfg, geo, c->arena.id, c->arena.n_slots)) goto oom;
     c->tier2 = cfg->redis_host && *cfg->redis_host;
     rconn_init(&c->step, &c->ix, "step");
@@ -508,6 +517,7 @@ void cache_stats(cache_t *c, cache_stats_t *st)
     st->redis_up = atomic_load_explicit(&c->st_redis_up, memory_order_relaxed);
     st->arena_slots = (int)c->arena.n_slots;
     st->arena_used = atomic_load_explicit(&c->st_arena_used, memory_order_relaxed);
+    st->arena_refused = c->arena_refused;
 }
 
 int cache_check(cache_t *c, char *errstr, size_t errlen)

@@ -8,7 +8,8 @@
  * them the slot keeps the parent name and the token ids the block was computed from, which the
  * engine compares with its own before using the block (a name is an index, never trusted).
  *
- * Arena: a file (e.g. /dev/shm/spillway.arena) mapped MAP_SHARED by every process, laid out as
+ * Arena: a file (default /dev/shm/spillway-UID/spillway.arena) mapped MAP_SHARED by every
+ * process, laid out as
  *   [header: 4096 bytes][slot headers: n_slots x 64 bytes][slots: n_slots x (block_bytes of
  *    KV + the parent name and block_tokens token ids), each slot 4096-byte aligned]
  * The header holds magic "SPILLWAYARENA\0\0\0", a layout version, the pool seed (keyed hash of
@@ -58,9 +59,12 @@ typedef struct cache cache_t;
 /* Every tunable number, with its default in cache_config_default(). Strings are borrowed during
  * cache_new only. */
 typedef struct {
-    const char *arena_path;      /* shared-memory file ("/dev/shm/spillway.arena") */
+    const char *arena_path;      /* shared-memory file; "" (default): the per-user
+                                    /dev/shm/spillway-<euid>/spillway.arena, its folder made
+                                    0700 and refused unless it is this user's, mode 0700 */
     const char *secret_path;     /* the KV name secret, for cache_secret_load (not read by
-                                    cache_new) ("/dev/shm/spillway.secret") */
+                                    cache_new); "" (default): spillway.secret in the same
+                                    per-user folder */
     long arena_mb;               /* arena size in MiB, header included (1024) */
     const char *redis_host;      /* "" = tier 2 off ("") */
     int redis_port;              /* 6379 */
@@ -93,9 +97,12 @@ typedef struct {
 
 /* Maps (creating or re-initialising) the arena and connects to Redis (a failed connection is not
  * an error: it is retried with backoff). The arena file is created 0600; an existing one that is
- * not a regular file, is a symlink, belongs to another user or grants group/other access is
- * refused (the error says how to fix it). NULL + errstr when the arena cannot be created or
- * mapped (path, permissions, size too small for one slot) or out of memory. */
+ * not a regular file, is a symlink, has more than one link, belongs to another user or grants
+ * group/other access is refused (as is a default folder not this user's with mode 0700): the
+ * handle is then returned with tier 2 off (lookups miss, stores are dropped), the refusal logged
+ * as an error naming the fix and counted in cache_stats.arena_refused. NULL + errstr when the
+ * arena cannot be created or mapped otherwise (size too small for one slot, no room, ...) or out
+ * of memory. */
 cache_t *cache_new(const cache_config_t *cfg, const cache_geometry_t *geo, char *errstr,
                    size_t errlen);
 /* Waits for the writer to finish the queued stores (bounded by cmd timeouts), then frees. */
@@ -137,11 +144,14 @@ typedef struct {
     int redis_up;            /* 1 while connected */
     int arena_slots;         /* slots in the arena */
     int arena_used;          /* slots not on the free list at the last index call (-1 unknown) */
+    int arena_refused;       /* 1: the arena file or folder was refused, tier 2 is off */
 } cache_stats_t;
 void cache_stats(cache_t *c, cache_stats_t *st);
 
 /* The deployment's secret keying the KV block names (engine_config_t.kv_secret): the contents
- * of the file at path, CACHE_SECRET_BYTES random bytes, created (0600, atomically) when absent.
+ * of the file at path (NULL or "": spillway.secret in the per-user folder of the default arena,
+ * made 0700 and refused unless it is this user's), CACHE_SECRET_BYTES random bytes, created
+ * (0600, atomically) when absent.
  * Every process that shares tier 2 must read the same file. Refused (-1 + errstr naming the
  * fix) when it is a symbolic link or not a regular file, belongs to another user, grants any
  * group or other permission, or is not CACHE_SECRET_BYTES long. 0 and out filled, or -1. */

@@ -55,6 +55,13 @@ typedef struct {
 } arena_t;
 
 /* Maps (creating, validating, re-initialising under flock) the arena. 0, or -1 + errstr. */
+/* The default arena (path NULL or ""): ARENA_DEFAULT_DIR-<euid>/ARENA_DEFAULT_FILE, the folder
+ * created 0700 and refused unless it is this user's real directory with no group/other access. */
+#define ARENA_DEFAULT_DIR "/dev/shm/spillway"
+#define ARENA_DEFAULT_FILE "spillway.arena"
+/* Opens (creating 0600) and maps the arena. 0; -2 + errstr when the file or folder is refused
+ * (symlink, not a regular file, more than one link, another owner, group/other access); -1 +
+ * errstr for any other failure. */
 int arena_open(arena_t *a, const char *path, long arena_mb, const cache_geometry_t *geo,
                const cache_log_t *log, char *errstr, size_t errlen);
 void arena_close(arena_t *a);
@@ -115,7 +122,8 @@ struct cache {
     cache_log_t log;
     arena_t arena;
     index_cfg_t ix;
-    int tier2;                     /* 0 when redis_host is "" */
+    int tier2;                     /* 0 when redis_host is "" or the arena was refused */
+    int arena_refused;             /* 1 when arena_open refused the file: tier 2 off */
     _Atomic int stale;             /* 1: another process re-initialised the arena under our
                                       mapping: tier 2 off for this handle */
 

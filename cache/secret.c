@@ -13,6 +13,36 @@
 #include <unistd.h>
 
 #include "cache/cache.h"
+#include "cache/cache_internal.h"
+
+#define SECRET_DEFAULT_FILE "spillway.secret"
+
+/* The default path (path NULL or ""): SECRET_DEFAULT_FILE in the arena's per-user folder
+ * (ARENA_DEFAULT_DIR-<euid>), created 0700 when absent and refused unless it is this user's own
+ * real directory without group/other access. 0 + buf, or -1 + errstr. */
+static int default_path(char *buf, size_t len, char *errstr, size_t errlen)
+{
+    char dir[64];
+    snprintf(dir, sizeof dir, ARENA_DEFAULT_DIR "-%u", (unsigned)geteuid());
+    if (mkdir(dir, 0700) < 0 && errno != EEXIST) {
+        snprintf(errstr, errlen, "secret: mkdir %s: %s", dir, strerror(errno));
+        return -1;
+    }
+    struct stat ds;
+    if (lstat(dir, &ds) < 0) {
+        snprintf(errstr, errlen, "secret: folder %s: %s", dir, strerror(errno));
+        return -1;
+    }
+    if (!S_ISDIR(ds.st_mode) || ds.st_uid != geteuid() || (ds.st_mode & 077)) {
+        snprintf(errstr, errlen,
+                 "secret: folder %s is not this user's own 0700 directory (uid %u, mode %04o, "
+                 "we are uid %u): refused; remove it or set cache.secret_file", dir,
+                 (unsigned)ds.st_uid, (unsigned)(ds.st_mode & 07777), (unsigned)geteuid());
+        return -1;
+    }
+    snprintf(buf, len, "%s/" SECRET_DEFAULT_FILE, dir);
+    return 0;
+}
 
 /* Writes fresh random bytes to a temporary file and links it to path. 0 (created, or created
  * meanwhile by another process), or -1 + errstr. */
@@ -49,9 +79,10 @@ static int create_secret(const char *path, char *errstr, size_t errlen)
 
 int cache_secret_load(const char *path, unsigned char *out, char *errstr, size_t errlen)
 {
+    char defpath[96];
     if (!path || !*path) {
-        snprintf(errstr, errlen, "secret: no path (cache.secret_file)");
-        return -1;
+        if (default_path(defpath, sizeof defpath, errstr, errlen)) return -1;
+        path = defpath;
     }
     if (sodium_init() < 0) {
         snprintf(errstr, errlen, "secret %s: libsodium failed to initialise", path);

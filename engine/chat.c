@@ -154,13 +154,22 @@ const char *chat_template_detect(const char *tmpl, size_t len, const char **unsu
 
 /* ---- rendering ---- */
 
+/* Text under construction and, when segs is wanted, its cut into template text (special 1) and
+ * message contents (special 0): [off, off + len) ranges of p, adjacent ones of a kind merged. */
+typedef struct {
+    size_t off, len;
+    int special;
+} cut_t;
+
 typedef struct {
     char *p;
     size_t n, cap;
     int oom;
+    cut_t *cut;
+    int n_cut, cut_cap;
 } sb_t;
 
-static void put(sb_t *b, const char *s, size_t n)
+static void put_as(sb_t *b, const char *s, size_t n, int special)
 {
     if (b->oom) return;
     if (n > SIZE_MAX - b->n - 1) {
@@ -178,9 +187,32 @@ static void put(sb_t *b, const char *s, size_t n)
         b->p = p;
         b->cap = cap;
     }
+    if (n > 0) {
+        if (b->n_cut > 0 && b->cut[b->n_cut - 1].special == special) {
+            b->cut[b->n_cut - 1].len += n;
+        } else {
+            if (b->n_cut == b->cut_cap) {
+                int cap = b->cut_cap ? b->cut_cap * 2 : 16;
+                cut_t *c = cap > b->cut_cap ? realloc(b->cut, sizeof *c * (size_t)cap) : NULL;
+                if (!c) {
+                    b->oom = 1;
+                    return;
+                }
+                b->cut = c;
+                b->cut_cap = cap;
+            }
+            b->cut[b->n_cut++] = (cut_t){b->n, n, special};
+        }
+    }
     memcpy(b->p + b->n, s, n);
     b->n += n;
     b->p[b->n] = 0;
+}
+
+/* the template's own text */
+static void put(sb_t *b, const char *s, size_t n)
+{
+    put_as(b, s, n, 1);
 }
 
 static void puts_(sb_t *b, const char *s)
@@ -203,11 +235,12 @@ static size_t trimmed(const char *s, const char **start)
     return n;
 }
 
-static void put_trimmed(sb_t *b, const char *s)
+/* a message's content (plain text), trimmed when trim */
+static void content(sb_t *b, const char *s, int trim)
 {
-    const char *p;
-    size_t n = trimmed(s, &p);
-    put(b, p, n);
+    const char *p = s;
+    size_t n = trim ? trimmed(s, &p) : strlen(s);
+    put_as(b, p, n, 0);
 }
 
 static void render_llama2(sb_t *b, int t, const engine_chat_msg_t *m, int n)
@@ -226,16 +259,13 @@ static void render_llama2(sb_t *b, int t, const engine_chat_msg_t *m, int n)
         }
         if (strcmp(role, "system") == 0) {
             if (with_sys) puts_(b, "<<SYS>>\n");
-            if (strip) put_trimmed(b, c);
-            else puts_(b, c);
+            content(b, c, strip);
             puts_(b, with_sys ? "\n<</SYS>>\n\n" : "\n");
         } else if (strcmp(role, "user") == 0) {
-            if (strip) put_trimmed(b, c);
-            else puts_(b, c);
+            content(b, c, strip);
             puts_(b, " [/INST]");
         } else {
-            if (strip) put_trimmed(b, c);
-            else puts_(b, c);
+            content(b, c, strip);
             puts_(b, "</s>");
             in_turn = 0;
         }
@@ -257,16 +287,15 @@ static void render_mistral_v1_v3(sb_t *b, int t, const engine_chat_msg_t *m, int
             in_turn = 1;
         }
         if (strcmp(role, "system") == 0) {
-            puts_(b, c);
+            content(b, c, 0);
             puts_(b, "\n\n");
         } else if (strcmp(role, "user") == 0) {
-            puts_(b, c);
+            content(b, c, 0);
             puts_(b, lead);
             puts_(b, "[/INST]");
         } else {
             puts_(b, trail);
-            if (t == T_MISTRAL_V3) put_trimmed(b, c);
-            else puts_(b, c);
+            content(b, c, t == T_MISTRAL_V3);
             puts_(b, "</s>");
             in_turn = 0;
         }
@@ -282,16 +311,16 @@ static void render_mistral_v7(sb_t *b, int t, const engine_chat_msg_t *m, int n)
         if (strcmp(role, "system") == 0) {
             puts_(b, "[SYSTEM_PROMPT]");
             puts_(b, sp);
-            puts_(b, c);
+            content(b, c, 0);
             puts_(b, "[/SYSTEM_PROMPT]");
         } else if (strcmp(role, "user") == 0) {
             puts_(b, "[INST]");
             puts_(b, sp);
-            puts_(b, c);
+            content(b, c, 0);
             puts_(b, "[/INST]");
         } else {
             puts_(b, sp);
-            puts_(b, c);
+            content(b, c, 0);
             puts_(b, "</s>");
         }
     }
@@ -304,7 +333,7 @@ static void render_gemma(sb_t *b, const engine_chat_msg_t *m, int n)
         const char *role = m[i].role ? m[i].role : "";
         const char *c = m[i].content ? m[i].content : "";
         if (strcmp(role, "system") == 0) {
-            put_trimmed(&sys, c);
+            content(&sys, c, 1);
             continue;
         }
         if (strcmp(role, "assistant") == 0) role = "model";
@@ -312,15 +341,16 @@ static void render_gemma(sb_t *b, const engine_chat_msg_t *m, int n)
         puts_(b, role);
         puts_(b, "\n");
         if (sys.n > 0 && strcmp(role, "model") != 0) {
-            put(b, sys.p, sys.n);
+            put_as(b, sys.p, sys.n, 0);
             puts_(b, "\n\n");
             sys.n = 0;
         }
-        put_trimmed(b, c);
+        content(b, c, 1);
         puts_(b, "<end_of_turn>\n");
     }
     if (sys.oom) b->oom = 1;
     free(sys.p);
+    free(sys.cut);
 }
 
 /* Templates of the form: prefix role mid content suffix, for every message. */
@@ -329,82 +359,159 @@ static void render_simple(sb_t *b, const engine_chat_msg_t *m, int n, const char
 {
     for (int i = 0; i < n; i++) {
         puts_(b, pre);
-        puts_(b, m[i].role ? m[i].role : "");
+        puts_(b, m[i].role ? m[i].role : ""); /* template text: roles are checked first */
         puts_(b, mid);
-        if (trim) put_trimmed(b, m[i].content ? m[i].content : "");
-        else puts_(b, m[i].content ? m[i].content : "");
+        content(b, m[i].content ? m[i].content : "", trim);
         puts_(b, suf);
     }
 }
 
-char *chat_render(const char *name, const engine_chat_msg_t *msgs, int n,
-                  int add_generation_prompt, size_t *len_out, char *errstr, size_t errlen)
+/* Roles each template renders as what they are (every other role is refused by
+ * chat_render_segments): the ones of its model family's own template. */
+static int role_allowed(int t, const char *role)
+{
+    static const char *const base[] = {"system", "user", "assistant"};
+    for (int i = 0; i < 3; i++)
+        if (strcmp(role, base[i]) == 0) return 1;
+    switch (t) {
+    case T_CHATML: return strcmp(role, "tool") == 0;
+    case T_LLAMA3: return strcmp(role, "tool") == 0 || strcmp(role, "ipython") == 0;
+    case T_GLMEDGE: return strcmp(role, "observation") == 0;
+    default: return 0;
+    }
+}
+
+const char *chat_template_roles(const char *name)
+{
+    int t = name ? tmpl_index(name, strlen(name)) : -1;
+    switch (t) {
+    case -1: return NULL;
+    case T_CHATML: return "system, user, assistant, tool";
+    case T_LLAMA3: return "system, user, assistant, tool, ipython";
+    case T_GLMEDGE: return "system, user, assistant, observation";
+    default: return "system, user, assistant";
+    }
+}
+
+/* Renders into *b (zeroed by the caller, freed by it). check_roles: refuse a role outside the
+ * template's list. 0, or CHAT_E* + errstr. */
+static int render(const char *name, const engine_chat_msg_t *msgs, int n,
+                  int add_generation_prompt, int check_roles, sb_t *b, char *errstr,
+                  size_t errlen)
 {
     int t = name ? tmpl_index(name, strlen(name)) : -1;
     if (t < 0) {
         seterr(errstr, errlen, "unknown chat template \"%s\" (supported: %s)",
                name ? name : "(null)", NAME_LIST);
-        return NULL;
+        return CHAT_ETEMPLATE;
     }
     if (n < 0 || (n > 0 && !msgs)) {
         seterr(errstr, errlen, "chat template %s: bad message list (%d messages)", name, n);
-        return NULL;
+        return CHAT_ETEMPLATE;
     }
-    sb_t b = {0};
-    put(&b, "", 0); /* an empty conversation still gives "" */
+    for (int i = 0; check_roles && i < n; i++) {
+        const char *role = msgs[i].role ? msgs[i].role : "";
+        if (!role_allowed(t, role)) {
+            seterr(errstr, errlen, "messages[%d].role \"%.64s\" is not a role of chat template "
+                   "%s (allowed: %s)", i, role, name, chat_template_roles(name));
+            return CHAT_EROLE;
+        }
+    }
+    put(b, "", 0); /* an empty conversation still gives "" */
     const char *opener = NULL;
     switch (t) {
     case T_CHATML:
-        render_simple(&b, msgs, n, "<|im_start|>", "\n", "<|im_end|>\n", 0);
+        render_simple(b, msgs, n, "<|im_start|>", "\n", "<|im_end|>\n", 0);
         opener = "<|im_start|>assistant\n";
         break;
     case T_PHI4:
-        render_simple(&b, msgs, n, "<|im_start|>", "<|im_sep|>", "<|im_end|>", 0);
+        render_simple(b, msgs, n, "<|im_start|>", "<|im_sep|>", "<|im_end|>", 0);
         opener = "<|im_start|>assistant<|im_sep|>";
         break;
     case T_PHI3:
-        render_simple(&b, msgs, n, "<|", "|>\n", "<|end|>\n", 0);
+        render_simple(b, msgs, n, "<|", "|>\n", "<|end|>\n", 0);
         opener = "<|assistant|>\n";
         break;
     case T_FALCON3:
-        render_simple(&b, msgs, n, "<|", "|>\n", "\n", 0);
+        render_simple(b, msgs, n, "<|", "|>\n", "\n", 0);
         opener = "<|assistant|>\n";
         break;
     case T_ZEPHYR:
-        render_simple(&b, msgs, n, "<|", "|>\n", "<|endoftext|>\n", 0);
+        render_simple(b, msgs, n, "<|", "|>\n", "<|endoftext|>\n", 0);
         opener = "<|assistant|>\n";
         break;
     case T_GLMEDGE:
-        render_simple(&b, msgs, n, "<|", "|>\n", "", 0);
+        render_simple(b, msgs, n, "<|", "|>\n", "", 0);
         opener = "<|assistant|>";
         break;
     case T_LLAMA3:
-        render_simple(&b, msgs, n, "<|start_header_id|>", "<|end_header_id|>\n\n", "<|eot_id|>",
+        render_simple(b, msgs, n, "<|start_header_id|>", "<|end_header_id|>\n\n", "<|eot_id|>",
                       1);
         opener = "<|start_header_id|>assistant<|end_header_id|>\n\n";
         break;
     case T_GEMMA:
-        render_gemma(&b, msgs, n);
+        render_gemma(b, msgs, n);
         opener = "<start_of_turn>model\n";
         break;
     case T_LLAMA2: case T_LLAMA2_SYS: case T_LLAMA2_SYS_BOS: case T_LLAMA2_SYS_STRIP:
-        render_llama2(&b, t, msgs, n);
+        render_llama2(b, t, msgs, n);
         break;
     case T_MISTRAL_V1: case T_MISTRAL_V3: case T_MISTRAL_V3_TEKKEN:
-        render_mistral_v1_v3(&b, t, msgs, n);
+        render_mistral_v1_v3(b, t, msgs, n);
         break;
     case T_MISTRAL_V7: case T_MISTRAL_V7_TEKKEN:
-        render_mistral_v7(&b, t, msgs, n);
+        render_mistral_v7(b, t, msgs, n);
         break;
     }
-    if (add_generation_prompt && opener) puts_(&b, opener);
-    if (b.oom) {
-        free(b.p);
+    if (add_generation_prompt && opener) puts_(b, opener);
+    if (b->oom) {
         seterr(errstr, errlen, "chat template %s: out of memory", name);
+        return CHAT_ENOMEM;
+    }
+    return 0;
+}
+
+char *chat_render(const char *name, const engine_chat_msg_t *msgs, int n,
+                  int add_generation_prompt, size_t *len_out, char *errstr, size_t errlen)
+{
+    sb_t b = {0};
+    if (render(name, msgs, n, add_generation_prompt, 0, &b, errstr, errlen) != 0) {
+        free(b.p);
+        free(b.cut);
         return NULL;
     }
+    free(b.cut);
     if (len_out) *len_out = b.n;
     return b.p;
+}
+
+int chat_render_segments(const char *name, const engine_chat_msg_t *msgs, int n,
+                         int add_generation_prompt, char **text, size_t *len_out,
+                         tok_segment_t **segs, int *n_segs, char *errstr, size_t errlen)
+{
+    sb_t b = {0};
+    *text = NULL;
+    *segs = NULL;
+    *n_segs = 0;
+    int rc = render(name, msgs, n, add_generation_prompt, 1, &b, errstr, errlen);
+    tok_segment_t *sg = rc == 0 ? malloc(sizeof *sg * (size_t)(b.n_cut > 0 ? b.n_cut : 1)) : NULL;
+    if (rc == 0 && !sg) {
+        seterr(errstr, errlen, "chat template %s: out of memory", name);
+        rc = CHAT_ENOMEM;
+    }
+    if (rc != 0) {
+        free(b.p);
+        free(b.cut);
+        return rc;
+    }
+    for (int i = 0; i < b.n_cut; i++)
+        sg[i] = (tok_segment_t){b.p + b.cut[i].off, b.cut[i].len, b.cut[i].special};
+    free(b.cut);
+    *text = b.p;
+    if (len_out) *len_out = b.n;
+    *segs = sg;
+    *n_segs = b.n_cut;
+    return 0;
 }
 
 /* ---- with an engine ---- */
@@ -418,28 +525,85 @@ const char *engine_chat_template(const engine_t *e)
     return chat_template_detect(s.ptr, (size_t)s.len, NULL);
 }
 
+/* The template to use: name, else the one detected from e's metadata. NULL + errstr. */
+static const char *resolve(const engine_t *e, const char *name, char *errstr, size_t errlen)
+{
+    if (name) return name;
+    gguf_str_t s;
+    if (!e || gguf_get_str(engine_gguf(e), CHAT_TEMPLATE_KEY, &s) != 0) {
+        seterr(errstr, errlen, "model has no chat template (no %s in its metadata); name one "
+               "of: %s", CHAT_TEMPLATE_KEY, NAME_LIST);
+        return NULL;
+    }
+    const char *other = NULL;
+    name = chat_template_detect(s.ptr, (size_t)s.len, &other);
+    if (!name) {
+        if (other)
+            seterr(errstr, errlen, "unknown chat template: the model's %s is llama.cpp's "
+                   "\"%s\" format, which is not built in (supported: %s)", CHAT_TEMPLATE_KEY,
+                   other, NAME_LIST);
+        else
+            seterr(errstr, errlen, "unknown chat template: the model's %s matches none of "
+                   "the supported ones (%s)", CHAT_TEMPLATE_KEY, NAME_LIST);
+    }
+    return name;
+}
+
 char *engine_chat_render(const engine_t *e, const char *name, const engine_chat_msg_t *msgs, int n,
                          int add_generation_prompt, char *errstr, size_t errlen)
 {
-    if (!name) {
-        gguf_str_t s;
-        if (!e || gguf_get_str(engine_gguf(e), CHAT_TEMPLATE_KEY, &s) != 0) {
-            seterr(errstr, errlen, "model has no chat template (no %s in its metadata); name one "
-                   "of: %s", CHAT_TEMPLATE_KEY, NAME_LIST);
-            return NULL;
-        }
-        const char *other = NULL;
-        name = chat_template_detect(s.ptr, (size_t)s.len, &other);
-        if (!name) {
-            if (other)
-                seterr(errstr, errlen, "unknown chat template: the model's %s is llama.cpp's "
-                       "\"%s\" format, which is not built in (supported: %s)", CHAT_TEMPLATE_KEY,
-                       other, NAME_LIST);
-            else
-                seterr(errstr, errlen, "unknown chat template: the model's %s matches none of "
-                       "the supported ones (%s)", CHAT_TEMPLATE_KEY, NAME_LIST);
-            return NULL;
-        }
-    }
+    name = resolve(e, name, errstr, errlen);
+    if (!name) return NULL;
     return chat_render(name, msgs, n, add_generation_prompt, NULL, errstr, errlen);
+}
+
+int chat_tokenize(const tokenizer_t *t, const char *name, const engine_chat_msg_t *msgs, int n,
+                  int add_generation_prompt, int32_t **ids, int *n_ids, size_t *text_len,
+                  char *errstr, size_t errlen)
+{
+    char *text;
+    tok_segment_t *segs;
+    int ns;
+    size_t len;
+    *ids = NULL;
+    *n_ids = 0;
+    int rc = chat_render_segments(name, msgs, n, add_generation_prompt, &text, &len, &segs, &ns,
+                                  errstr, errlen);
+    if (rc != 0) return rc;
+    /* no tokenizer makes more than a token per byte, plus BOS/EOS: one pass */
+    int cap = len < (size_t)(1 << 30) ? (int)len + 4 : 1 << 30;
+    int32_t *out = malloc(sizeof *out * (size_t)cap);
+    int k = out ? tokenizer_encode_segments(t, segs, ns, 1, out, cap) : -1;
+    if (k > cap) { /* more ids than the bound (not seen): a second pass */
+        int32_t *o2 = realloc(out, sizeof *out * (size_t)k);
+        k = o2 ? tokenizer_encode_segments(t, segs, ns, 1, o2, k) : -1;
+        out = o2 ? o2 : out;
+    }
+    free(segs);
+    free(text);
+    if (k < 0) {
+        free(out);
+        seterr(errstr, errlen, "chat template %s: out of memory while tokenising", name);
+        return CHAT_ENOMEM;
+    }
+    *ids = out;
+    *n_ids = k;
+    if (text_len) *text_len = len;
+    return 0;
+}
+
+int engine_chat_tokenize(const engine_t *e, const char *name, const engine_chat_msg_t *msgs,
+                         int n, int add_generation_prompt, int32_t **ids, int *n_ids,
+                         size_t *text_len, char *errstr, size_t errlen)
+{
+    *ids = NULL;
+    *n_ids = 0;
+    if (!e) {
+        seterr(errstr, errlen, "no model to tokenise with");
+        return CHAT_ETEMPLATE;
+    }
+    name = resolve(e, name, errstr, errlen);
+    if (!name) return CHAT_ETEMPLATE;
+    return chat_tokenize(engine_tokenizer(e), name, msgs, n, add_generation_prompt, ids, n_ids,
+                         text_len, errstr, errlen);
 }

@@ -12,6 +12,12 @@
 #include <stddef.h>
 
 #include "engine.h"
+#include "tokenizer.h"
+
+/* Errors of the functions below (the ENGINE_CHAT_E* values of engine.h). */
+#define CHAT_ETEMPLATE ENGINE_CHAT_ETEMPLATE
+#define CHAT_EROLE ENGINE_CHAT_EROLE
+#define CHAT_ENOMEM ENGINE_CHAT_ENOMEM
 
 /* The canonical (static) name when `name` is a built-in template, else NULL. */
 const char *chat_template_lookup(const char *name);
@@ -27,5 +33,27 @@ const char *chat_template_detect(const char *tmpl, size_t len, const char **unsu
  * out of memory. */
 char *chat_render(const char *name, const engine_chat_msg_t *msgs, int n,
                   int add_generation_prompt, size_t *len_out, char *errstr, size_t errlen);
+
+/* The roles template `name` accepts ("system, user, assistant[, ...]"; static), NULL for an
+ * unknown name. chat_render does not check them; chat_render_segments refuses any other. */
+const char *chat_template_roles(const char *name);
+
+/* chat_render, for tokenising: *text gets the text (malloc'd, NUL-terminated) and *segs
+ * (malloc'd, pointing into *text; caller frees both) its cut into the template's own text
+ * (special 1: its markers, the roles, the opener) and message contents (special 0), in order.
+ * Every role must be one of chat_template_roles(name). 0, or CHAT_ETEMPLATE (unknown name, bad
+ * list), CHAT_EROLE (the message names the role and the allowed ones) or CHAT_ENOMEM, + errstr;
+ * then nothing is allocated. */
+int chat_render_segments(const char *name, const engine_chat_msg_t *msgs, int n,
+                         int add_generation_prompt, char **text, size_t *len_out,
+                         tok_segment_t **segs, int *n_segs, char *errstr, size_t errlen);
+
+/* Renders msgs with template `name` and tokenises the result with t (tokenizer_encode_segments,
+ * BOS/EOS as the file's flags say): the template's markers become its special tokens, and no
+ * role or content text ever becomes a special token. *ids gets n_ids ids (malloc'd, caller
+ * frees), *text_len (if not NULL) the rendered text's bytes. 0 or CHAT_E* + errstr. */
+int chat_tokenize(const tokenizer_t *t, const char *name, const engine_chat_msg_t *msgs, int n,
+                  int add_generation_prompt, int32_t **ids, int *n_ids, size_t *text_len,
+                  char *errstr, size_t errlen);
 
 #endif

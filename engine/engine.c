@@ -984,6 +984,11 @@ int engine_tokenize(const engine_t *e, const char *text, size_t len, int add_spe
     return tokenizer_encode(e->tok, text, len, add_special, parse_special, out, cap);
 }
 
+const struct tokenizer *engine_tokenizer(const engine_t *e)
+{
+    return e->tok;
+}
+
 int engine_token_to_piece(const engine_t *e, int32_t id, char *buf, size_t cap)
 {
     return tokenizer_token_to_piece(e->tok, id, 0, buf, cap);

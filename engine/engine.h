@@ -261,9 +261,24 @@ typedef struct { const char *role; const char *content; } engine_chat_msg_t;
  * the llama2 and mistral families, end after the last message either way). NULL role/content
  * count as "". Returns malloc'd NUL-terminated text (caller frees), or NULL + errstr ("unknown
  * chat template ..." naming the supported ones, "model has no chat template", or out of
- * memory). Thread-safe: reads only immutable model metadata. */
+ * memory). Roles are not checked: this is text to show; the model's prompt comes from
+ * engine_chat_tokenize. Thread-safe: reads only immutable model metadata. */
 char *engine_chat_render(const engine_t *e, const char *name, const engine_chat_msg_t *msgs, int n,
                          int add_generation_prompt, char *errstr, size_t errlen);
+/* Errors of engine_chat_tokenize. */
+#define ENGINE_CHAT_ETEMPLATE (-1) /* unknown template, model without one, bad message list */
+#define ENGINE_CHAT_EROLE (-2)     /* a role the template does not have (see below) */
+#define ENGINE_CHAT_ENOMEM (-3)
+/* Renders msgs[0..n) as engine_chat_render does and tokenises the prompt (BOS as the model's
+ * flags say) so that only the template's own markers (<|im_start|>, <|eot_id|>, </s>, ...)
+ * become special tokens: a role or content that contains such text stays plain text. Every role
+ * must be one the template has: system, user, assistant, and also tool for chatml, tool and
+ * ipython for llama3, observation for glmedge; anything else is ENGINE_CHAT_EROLE. *ids gets
+ * *n_ids ids (malloc'd, caller frees), *text_len (if not NULL) the rendered text's bytes.
+ * 0, or ENGINE_CHAT_E* + errstr. Thread-safe like engine_chat_render. */
+int engine_chat_tokenize(const engine_t *e, const char *name, const engine_chat_msg_t *msgs,
+                         int n, int add_generation_prompt, int32_t **ids, int *n_ids,
+                         size_t *text_len, char *errstr, size_t errlen);
 /* Name of the template detected from the model's metadata, or NULL. */
 const char *engine_chat_template(const engine_t *e);
 /* Built-in template names, comma-separated ("chatml, llama2, ..."). Static. */

@@ -9,5 +9,7 @@
 /* The loaded model's GGUF file (metadata and tensors). Owned by the engine; valid until
  * engine_free. Read-only: safe from any thread. */
 const gguf_t *engine_gguf(const engine_t *e);
+/* Its tokenizer (immutable, owned by the engine): safe from any thread. */
+const struct tokenizer *engine_tokenizer(const engine_t *e);
 
 #endif

@@ -1044,6 +1044,12 @@ int tokenizer_is_control(const tokenizer_t *t, int32_t id)
     return id >= 0 && id < t->n_vocab && (t->tok[id].attr & TA_HIDDEN) != 0;
 }
 
+int tokenizer_is_special(const tokenizer_t *t, int32_t id)
+{
+    return t && id >= 0 && id < t->n_vocab &&
+           (t->tok[id].attr & (TA_CONTROL | TA_USER_DEFINED)) != 0;
+}
+
 int32_t tokenizer_find(const tokenizer_t *t, const char *s, size_t len)
 {
     if (!s && len) return -1;
@@ -1087,6 +1093,7 @@ typedef struct {
     bigram_t *heap;
     size_t heap_n, heap_cap;
     pcre2_match_data *md;
+    int plain; /* tokenizer_encode_segments: merges never give a special token */
 } scratch_t;
 
 typedef struct {
@@ -1094,6 +1101,13 @@ typedef struct {
     size_t cap;
     size_t n;
 } sink_t;
+
+/* vocab_lookup for a merged piece: in plain mode never a special token. */
+static int32_t piece_lookup(const tokenizer_t *t, const scratch_t *sc, const char *s, size_t len)
+{
+    int32_t id = vocab_lookup(t, s, len);
+    return id >= 0 && sc->plain && (t->tok[id].attr & TA_SPECIAL) ? -1 : id;
+}
 
 static void emit(sink_t *s, int32_t id)
 {
@@ -1174,7 +1188,7 @@ static int spm_try_bigram(const tokenizer_t *t, scratch_t *sc, int32_t l, int32_
     if (l < 0 || r < 0) return 0;
     const sym_t *a = &sc->sym[l], *b = &sc->sym[r];
     size_t len = (size_t)a->n + b->n;
-    int32_t id = vocab_lookup(t, sc->buf + a->start, len);
+    int32_t id = piece_lookup(t, sc, sc->buf + a->start, len);
     if (id < 0) return 0;
     bigram_t bg = {t->tok[id].score, 0, l, r, (uint32_t)len};
     return heap_push(sc, &bg, 0);
@@ -1219,7 +1233,7 @@ static int spm_fragment(const tokenizer_t *t, scratch_t *sc, const char *s, size
     }
     for (int32_t i = 0; i != -1; i = sc->sym[i].next) {
         const sym_t *y = &sc->sym[i];
-        int32_t id = vocab_lookup(t, sc->buf + y->start, y->n);
+        int32_t id = piece_lookup(t, sc, sc->buf + y->start, y->n);
         if (id >= 0) {
             emit(out, id);
             continue;
@@ -1253,7 +1267,7 @@ static int bpe_word(const tokenizer_t *t, scratch_t *sc, const char *s, size_t l
     size_t w = 0;
     for (size_t i = 0; i < len; i++) w += utf8_put(sc->buf + w, t->byte_cp[(unsigned char)s[i]]);
     if (t->ignore_merges) {
-        int32_t id = vocab_lookup(t, sc->buf, w);
+        int32_t id = piece_lookup(t, sc, sc->buf, w);
         if (id >= 0) {
             emit(out, id);
             return 0;
@@ -1277,14 +1291,14 @@ static int bpe_word(const tokenizer_t *t, scratch_t *sc, const char *s, size_t l
     }
     for (int32_t i = 0; i != -1; i = sc->sym[i].next) {
         const sym_t *y = &sc->sym[i];
-        int32_t id = vocab_lookup(t, sc->buf + y->start, y->n);
+        int32_t id = piece_lookup(t, sc, sc->buf + y->start, y->n);
         if (id >= 0) {
             emit(out, id);
             continue;
         }
         /* not a token: its single bytes, where those happen to be tokens */
         for (uint32_t j = 0; j < y->n; j++) {
-            int32_t b = vocab_lookup(t, sc->buf + y->start + j, 1);
+            int32_t b = piece_lookup(t, sc, sc->buf + y->start + j, 1);
             if (b >= 0) emit(out, b);
         }
     }
@@ -1371,10 +1385,11 @@ static int cmp_seg(const void *a, const void *b)
 
 /* Splits text into special tokens and text segments: each special token (longest first, then
  * lowest id) claims its leftmost non-overlapping occurrences inside still unclaimed text, the
- * way llama.cpp's tokenizer_st_partition does. *segs gets the token segments sorted by
+ * way llama.cpp's tokenizer_st_partition does. mask (NULL: all text) is [len]: a token is
+ * matched only where every byte it covers has mask 1. *segs gets the token segments sorted by
  * position (text lies between them); returns their count or -1. */
 static long partition(const tokenizer_t *t, const char *text, size_t len, int parse_special,
-                      seg_t **segs)
+                      const uint8_t *mask, seg_t **segs)
 {
     *segs = NULL;
     if ((parse_special ? t->n_special : t->n_special_user) == 0 || len == 0) return 0;
@@ -1387,7 +1402,7 @@ static long partition(const tokenizer_t *t, const char *text, size_t len, int pa
     const unsigned char *u = (const unsigned char *)text;
     for (size_t i = 0; i < len; i++) {
         int32_t node = 0;
-        for (size_t j = i; j < len; j++) {
+        for (size_t j = i; j < len && (!mask || mask[j]); j++) {
             node = trie_child(t, node, u[j]);
             if (node < 0) break;
             int32_t id = t->trie_term[node];
@@ -1437,19 +1452,21 @@ oom:
     return -1;
 }
 
-/* Also -1 for inputs over INT_MAX / 4 bytes (the count could not be returned). */
-int tokenizer_encode(const tokenizer_t *t, const char *text, size_t len, int add_special,
-                     int parse_special, int32_t *out, int cap)
+/* tokenizer_encode, and with mask (see partition) tokenizer_encode_segments: then no merge
+ * gives a special token either (sc.plain). */
+static int encode(const tokenizer_t *t, const char *text, size_t len, const uint8_t *mask,
+                  int add_special, int parse_special, int32_t *out, int cap)
 {
     if (!t || (!text && len) || len > (size_t)INT_MAX / 4) return -1;
     sink_t sink = {out, cap > 0 && out ? (size_t)cap : 0, 0};
     scratch_t sc = {0};
+    sc.plain = mask != NULL;
     seg_t *segs = NULL;
     int rc = -1;
 
     if (add_special && t->add_bos && t->bos >= 0) emit(&sink, t->bos);
     if (len > 0) {
-        long ns = partition(t, text, len, parse_special, &segs);
+        long ns = partition(t, text, len, parse_special, mask, &segs);
         if (ns < 0) goto done;
         if (t->kind == TOK_BPE) {
             sc.md = pcre2_match_data_create(1, NULL);
@@ -1483,6 +1500,40 @@ done:
     free(sc.sub);
     free(sc.sym);
     free(sc.heap);
+    return rc;
+}
+
+/* Also -1 for inputs over INT_MAX / 4 bytes (the count could not be returned). */
+int tokenizer_encode(const tokenizer_t *t, const char *text, size_t len, int add_special,
+                     int parse_special, int32_t *out, int cap)
+{
+    return encode(t, text, len, NULL, add_special, parse_special, out, cap);
+}
+
+int tokenizer_encode_segments(const tokenizer_t *t, const tok_segment_t *segs, int n,
+                              int add_special, int32_t *out, int cap)
+{
+    if (!t || n < 0 || (n > 0 && !segs)) return -1;
+    size_t len = 0;
+    for (int i = 0; i < n; i++) {
+        if (!segs[i].text && segs[i].len) return -1;
+        if (segs[i].len > (size_t)INT_MAX / 4 - len) return -1;
+        len += segs[i].len;
+    }
+    char *text = malloc(len + 1);
+    uint8_t *mask = malloc(len + 1);
+    int rc = -1;
+    if (!text || !mask) goto done;
+    size_t at = 0;
+    for (int i = 0; i < n; i++) {
+        if (segs[i].len) memcpy(text + at, segs[i].text, segs[i].len);
+        memset(mask + at, segs[i].special ? 1 : 0, segs[i].len);
+        at += segs[i].len;
+    }
+    rc = encode(t, text, len, mask, add_special, 1, out, cap);
+done:
+    free(text);
+    free(mask);
     return rc;
 }
 

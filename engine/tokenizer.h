@@ -48,6 +48,26 @@ int32_t tokenizer_find(const tokenizer_t *t, const char *s, size_t len);
 int tokenizer_encode(const tokenizer_t *t, const char *text, size_t len, int add_special,
                      int parse_special, int32_t *out, int cap);
 
+/* A piece of the text for tokenizer_encode_segments. special = 1: special tokens are matched in
+ * it (text the caller wrote, such as a chat template's markers); 0: untrusted text, never a
+ * special token. text[0..len) is borrowed. */
+typedef struct {
+    const char *text;
+    size_t len;
+    int special;
+} tok_segment_t;
+
+/* Encodes the concatenation of segs[0..n) like tokenizer_encode with parse_special, except that
+ * a special (control or user-defined) token is matched only where all of its text lies inside
+ * special segments, and merging plain text never yields a special token. Text between two
+ * special tokens is one fragment whatever segments it spans, so the ids equal tokenizer_encode's
+ * whenever the plain segments hold no special token's text. Same return as tokenizer_encode. */
+int tokenizer_encode_segments(const tokenizer_t *t, const tok_segment_t *segs, int n,
+                              int add_special, int32_t *out, int cap);
+
+/* 1 for control and user-defined tokens (those special-token parsing matches; not <unk>). */
+int tokenizer_is_special(const tokenizer_t *t, int32_t id);
+
 /* Bytes of one token as they appear in text: SPM U+2581 becomes ' ', <0xNN> becomes the byte,
  * byte-level BPE symbols become their bytes; control tokens give "" unless render_special.
  * Writes at most cap bytes, returns the full length (may exceed cap), or -1 for a bad id. */

@@ -437,7 +437,7 @@ static void test_round_trip(env_t *e)
     fprintf(stderr, "1: store / lookup / fetch round trip\n");
     cache_config_t d;
     cache_config_default(&d);
-    CHECK(!strcmp(d.arena_path, "/dev/shm/spillway.arena") && d.arena_mb == 1024);
+    CHECK(!strcmp(d.arena_path, "") && d.arena_mb == 1024); /* "": the per-user default */
     CHECK(!strcmp(d.redis_host, "") && d.redis_port == 6379 && !strcmp(d.redis_user, "") &&
           !strcmp(d.redis_password, "") && d.redis_db == 0);
     CHECK(!strcmp(d.namespace_, "spillway") && !strcmp(d.host_id, ""));
@@ -1328,9 +1328,29 @@ static void test_auth(env_t *e, const char *workdir)
 
 /* ---- 10: arena file permissions ---- */
 
+/* cache_new on a refused arena: a handle with tier 2 off (lookups miss, nothing is stored), the
+ * refusal logged as an error holding want1 and want2, and counted. */
+static void expect_refused(const cache_config_t *cfg, const cache_geometry_t *geo, logcap_t *lc,
+                           const uint64_t *ch, const char *want1, const char *want2)
+{
+    char err[256] = "";
+    cap_clear(lc);
+    cache_t *c = cache_new(cfg, geo, err, sizeof err);
+    CHECKF(c != NULL, "%s: %s", want1, err);
+    if (!c) return;
+    cache_stats_t st = stats(c);
+    CHECKF(st.arena_refused == 1, "%s: not counted", want1);
+    CHECKF(cap_has(lc, want1) && cap_has(lc, want2) && cap_has(lc, "tier 2 off"),
+           "%s: no log line", want1);
+    CHECK(cache_lookup(c, ch, 2) == 0);
+    CHECK(begin_block(c, ch[0]) == NULL);
+    cache_free(c);
+}
+
 static void test_permissions(env_t *e)
 {
-    fprintf(stderr, "10: the arena is created 0600; looser or symlinked arenas are refused\n");
+    fprintf(stderr, "10: the arena is created 0600; looser, linked or foreign arenas are refused "
+            "(tier 2 off)\n");
     char path[400], link[420], err[256];
     arena_path(path, sizeof path, e, "t10");
     snprintf(link, sizeof link, "%s.link", path);
@@ -1360,13 +1380,9 @@ static void test_permissions(env_t *e)
     static const mode_t loose[] = {0644, 0660, 0606, 0640, 0602};
     for (size_t i = 0; i < sizeof loose / sizeof loose[0]; i++) {
         CHECK(chmod(path, loose[i]) == 0);
-        err[0] = 0;
-        c = cache_new(&cfg, &geo, err, sizeof err);
-        CHECKF(!c, "mode %04o accepted", (unsigned)loose[i]);
-        if (c) cache_free(c);
         char want[16];
         snprintf(want, sizeof want, "mode %04o", (unsigned)loose[i]);
-        CHECKF(strstr(err, want) && strstr(err, "chmod 600") && strstr(err, path), "%s", err);
+        expect_refused(&cfg, &geo, &lc, ch, want, "chmod 600");
         CHECK(stat(path, &st) == 0 && (st.st_mode & 07777) == loose[i]);
     }
     /* a symbolic link to a good arena: refused too (O_NOFOLLOW) */
@@ -1374,11 +1390,52 @@ static void test_permissions(env_t *e)
     unlink(link);
     CHECK(symlink(path, link) == 0);
     cache_config_t lcfg = cfg_for(link, e->redis.port, "t10", &lc);
-    err[0] = 0;
-    c = cache_new(&lcfg, &geo, err, sizeof err);
-    CHECKF(!c && strstr(err, "symbolic link"), "%s", err);
-    if (c) cache_free(c);
+    expect_refused(&lcfg, &geo, &lc, ch, "symbolic link", link);
     unlink(link);
+    /* a hard link (to the arena itself, or to any file of this user): refused, both names */
+    CHECK(linkat(AT_FDCWD, path, AT_FDCWD, link, 0) == 0);
+    expect_refused(&lcfg, &geo, &lc, ch, "2 links", link);
+    expect_refused(&cfg, &geo, &lc, ch, "2 links", path);
+    unlink(link);
+    /* a file of another owner (needs root to make one: chown to nobody) */
+    if (geteuid() == 0) {
+        char other[420];
+        snprintf(other, sizeof other, "%s.other", path);
+        int fd = open(other, O_RDWR | O_CREAT | O_EXCL, 0600);
+        CHECK(fd >= 0 && fchown(fd, 65534, 65534) == 0);
+        if (fd >= 0) close(fd);
+        cache_config_t ocfg = cfg_for(other, e->redis.port, "t10", &lc);
+        expect_refused(&ocfg, &geo, &lc, ch, "owned by uid 65534", other);
+        CHECK(stat(other, &st) == 0 && st.st_size == 0); /* not written to */
+        unlink(other);
+    } else {
+        fprintf(stderr, "   (not root: the other-owner case is skipped)\n");
+    }
+
+    /* the default path: a per-user folder made 0700, refused once it is open to others */
+    char ddir[64], dfile[96];
+    snprintf(ddir, sizeof ddir, "/dev/shm/spillway-%u", (unsigned)geteuid());
+    snprintf(dfile, sizeof dfile, "%s/spillway.arena", ddir);
+    if (access("/dev/shm", W_OK) == 0 && access(dfile, F_OK) != 0) {
+        int had_dir = access(ddir, F_OK) == 0;
+        cache_config_t dcfg = cfg_for("", 0, "t10", &lc);
+        dcfg.arena_mb = 1;
+        err[0] = 0;
+        c = cache_new(&dcfg, &geo, err, sizeof err);
+        CHECKF(c && stats(c).arena_refused == 0, "default arena: %s", err);
+        if (c) cache_free(c);
+        CHECK(lstat(ddir, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == geteuid());
+        CHECKF((st.st_mode & 07777) == 0700, "folder mode %04o", (unsigned)(st.st_mode & 07777));
+        CHECK(stat(dfile, &st) == 0 && (st.st_mode & 07777) == 0600);
+        CHECK(chmod(ddir, 0755) == 0);
+        expect_refused(&dcfg, &geo, &lc, ch, "mode 0755", "must be this process's uid");
+        CHECK(chmod(ddir, 0700) == 0);
+        unlink(dfile);
+        if (!had_dir) rmdir(ddir);
+    } else {
+        fprintf(stderr, "   (%s exists or /dev/shm is not writable: default path not tried)\n",
+                dfile);
+    }
 
     /* chmod 600: attached again, the blocks stored before are still there */
     cap_clear(&lc);

@@ -10,7 +10,10 @@
 #   4. a process with another block size on the same arena: the header mismatch is logged and
 #      the arena re-initialised, output identical;
 #   5. afterwards the index is consistent: every slot free or in the LRU (not both, none lost),
-#      every indexed block in a slot of the LRU (tests/test_cache.c checks arena headers too).
+#      every indexed block in a slot of the LRU (tests/test_cache.c checks arena headers too);
+#   6. a foreign arena file (a symlink to the arena, a hard link to it, a file of another owner
+#      when run as root) is refused: generate still serves, from tier 1 only (0 tier-2 hits),
+#      output identical, with an error line naming the refusal; the file is left as it was.
 # Arguments (from ctest): the spillway binary and the models folder.
 set -euo pipefail
 SPILLWAY=$(realpath "$1")
@@ -169,4 +172,29 @@ assert len(set(slots)) == len(slots), "two blocks indexed in one slot"
 assert set(slots) <= lru_s, "an indexed block in a slot outside the LRU"
 print(f"5. index consistent: {n} slots, {len(free)} free, {len(lru)} in the LRU, {len(blk)} blocks indexed")
 PY
+# ---- 6. foreign arena files: refused, tier 1 only, output identical ----
+foreign() { # $1 path, $2 what the log line must say
+  local err="$WORK/p8.err"
+  "${GEN[@]}" --cache-redis "127.0.0.1:$REDIS_PORT" --cache-arena "$1" --cache-arena-mb 64 \
+    --cache-timeout-ms 1000 -f "$WORK/small.jsonl" >"$WORK/p8.out" 2>"$err" \
+    || { cat "$err"; fail "generate stopped on a refused arena ($2)"; }
+  grep -q "$2.*tier 2 off, serving from tier 1 only" "$err" || { cat "$err"; fail "no refusal line ($2)"; }
+  texts "$WORK/p8.out" | cmp -s - "$WORK/small.ref.txt" || fail "refused arena ($2): output differs"
+  local h; h=$(stat_field "$err" 1)
+  [ "${h:-0}" = 0 ] || fail "refused arena ($2): $h tier 2 hits"
+  echo "6. $2: $(grep -o 'arena .*tier 2 off' "$err" | head -n1 | cut -c1-150)"
+}
+ln -s "$ARENA" "$SHM/symlink"
+foreign "$SHM/symlink" "symbolic link"
+ln "$ARENA" "$SHM/hardlink"
+foreign "$SHM/hardlink" "2 links"
+foreign "$ARENA" "2 links"
+rm -f "$SHM/hardlink"
+if [ "$(id -u)" = 0 ]; then
+  : >"$SHM/other"; chmod 600 "$SHM/other"; chown 65534:65534 "$SHM/other"
+  foreign "$SHM/other" "owned by uid 65534"
+  [ ! -s "$SHM/other" ] || fail "the other user's file was written to"
+else
+  echo "6. (not root: the other-owner case is skipped)"
+fi
 echo "PASS"

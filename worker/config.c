@@ -127,13 +127,14 @@ static const key_t_ KEYS[] = {
      "largest reconnect delay"},
     {"cache.redis.health_ms", K_INT, F(cache_health_ms), "1000", 0, 3600000,
      "an idle worker pings Redis this often, so spillway:redis_up follows it (0 = never)"},
-    {"cache.arena.path", K_STR, F(cache_arena_path), "/dev/shm/spillway.arena", 0, 0,
-     "host arena file (shared by the host's workers)"},
+    {"cache.arena.path", K_STR, F(cache_arena_path), "", 0, 0,
+     "host arena file (shared by the host's workers; empty: "
+     "/dev/shm/spillway-UID/spillway.arena)"},
     {"cache.arena.mb", K_LONG, F(cache_arena_mb), "1024", 1, 1L << 30, "host arena size in MiB"},
     {"cache.host_id", K_STR, F(cache_host_id), "", 0, 0, "this host in the index (\"\" = hostname)"},
     {"cache.write_queue", K_INT, F(cache_write_queue), "64", 1, 1 << 20,
      "blocks waiting to be written to the arena, at most (more are not cached)"},
-    {"cache.secret_file", K_STR, F(cache_secret_file), "/dev/shm/spillway.secret", 0, 0,
+    {"cache.secret_file", K_STR, F(cache_secret_file), "", 0, 0,
      "32 random bytes keying the KV block names (created 0600 when absent; the host's workers "
      "share tier 2 only with the same file)"},
     {"cache.isolation", K_STR, F(cache_isolation), "tenant", 0, 0,

@@ -1579,25 +1579,29 @@ static int prepare_prompt(worker_t *w, wreq_t *r, const char **code, char *err, 
         }
         const char *name = q->template_name ? q->template_name
                            : *w->cfg.chat_template ? w->cfg.chat_template : NULL;
-        char *text = engine_chat_render(r->model->eng, name, msgs, q->n_messages, 1, err, errlen);
+        /* only the template's own markers (<|im_start|>, ...) become special tokens; roles
+         * outside the template's list are refused, contents are always plain text */
+        int32_t *ids;
+        int n_ids;
+        size_t len;
+        int crc = engine_chat_tokenize(r->model->eng, name, msgs, q->n_messages, 1, &ids, &n_ids,
+                                       &len, err, errlen);
         free(msgs);
-        if (!text) {
-            if (strstr(err, "out of memory")) return -2;
-            *code = REQ_ERR_TEMPLATE;
+        if (crc == ENGINE_CHAT_ENOMEM) return -2;
+        if (crc != 0) {
+            *code = crc == ENGINE_CHAT_EROLE ? REQ_ERR_BAD_ROLE : REQ_ERR_TEMPLATE;
             return -1;
         }
-        size_t len = strlen(text);
         if (len > (size_t)w->cfg.max_prompt_bytes) {
             snprintf(err, errlen, "rendered chat prompt has %zu bytes, over limits.max_prompt_bytes=%ld",
                      len, w->cfg.max_prompt_bytes);
-            free(text);
+            free(ids);
             *code = REQ_ERR_PROMPT_BYTES;
             return -1;
         }
-        /* the template's own special tokens (<|im_start|>, ...) are tokens, not text */
-        int rc = tokenize(r, text, len, 1);
-        free(text);
-        if (rc) return -2;
+        free(r->toks);
+        r->toks = ids; /* owned by r from here */
+        r->n_toks = n_ids;
         /* a template that writes the BOS text itself, plus the tokenizer's BOS: keep one */
         int32_t bos = r->model->bos;
         if (r->n_toks >= 2 && bos >= 0 && r->toks[0] == bos && r->toks[1] == bos) {
@@ -2077,6 +2081,9 @@ static void metrics_render(void *arg, metrics_buf_t *b)
         metrics_sample(b, "spillway:prefix_cache_evictions_total", "tier=\"2\"",
                        (double)st.tier2_evictions);
     if (w->tier2) {
+        fam(b, "spillway:host_arena_refused_total", "counter",
+            "host arena files refused as untrusted (symlink, hard link, owner, mode): tier 2 off");
+        metrics_sample(b, "spillway:host_arena_refused_total", NULL, (double)st.arena_refused);
         fam(b, "spillway:host_arena_slots", "gauge", "host arena slots (tier 2)");
         if (st.arena_used >= 0)
             metrics_sample(b, "spillway:host_arena_slots", "state=\"used\"", st.arena_used);
@@ -2993,6 +3000,7 @@ void worker_stats(const worker_t *w, worker_stats_t *st)
         cache_stats(v->cache, &cs);
         st->arena_slots = cs.arena_slots;
         st->arena_used = cs.arena_used;
+        st->arena_refused += (uint64_t)cs.arena_refused;
         st->redis_up = cs.redis_up;
         st->tier2_evictions = cs.evictions;
         st->tier2_torn = cs.misses_torn;

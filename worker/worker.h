@@ -276,6 +276,7 @@ typedef struct {
     uint64_t prefix_deferred;  /* admissions put off to share a prefix being computed */
     uint64_t prefix_mismatches; /* blocks found by name holding other tokens: refused */
     int arena_slots, arena_used; /* -1 without tier 2 (arena_used -1: unknown) */
+    uint64_t arena_refused;      /* models whose host arena was refused (tier 2 off for them) */
     int redis_up;              /* 1 / 0, -1 without tier 2 */
     uint64_t redis_errors;
 } worker_stats_t;

@@ -3,7 +3,9 @@
  * then byte 0 picks a built-in template, byte 1 bit 0 the generation prompt, and the rest is
  * split at NUL bytes into alternating role / content strings (at most 64 messages) that are
  * rendered. Rendering must succeed with a length bounded by the input's plus a fixed overhead
- * per message; detection must return a built-in name (and no "unsupported" name) or NULL. */
+ * per message; detection must return a built-in name (and no "unsupported" name) or NULL.
+ * chat_render_segments must give the same text, cut into segments that concatenate to it,
+ * alternate in kind and are never empty, or refuse a role (CHAT_EROLE) and nothing else. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -68,6 +70,24 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     /* templates add text; only gemma and the trimming ones may drop (whitespace / system) bytes,
      * and nothing renders more than a bounded overhead per message */
     require(out_len <= total + (size_t)n * 128 + 2 * len + 256);
+    char *text;
+    size_t tlen;
+    tok_segment_t *sg;
+    int ns;
+    int rc = chat_render_segments(name, msgs, n, gen, &text, &tlen, &sg, &ns, err, sizeof err);
+    require(rc == 0 || rc == CHAT_EROLE);
+    if (rc == 0) {
+        require(tlen == out_len && memcmp(text, s, tlen) == 0);
+        size_t at = 0;
+        for (int i = 0; i < ns; i++) {
+            require(sg[i].len > 0 && sg[i].text == text + at);
+            require(i == 0 || sg[i].special != sg[i - 1].special);
+            at += sg[i].len;
+        }
+        require(at == tlen);
+        free(text);
+        free(sg);
+    }
     free(s);
     free(buf);
     return 0;
