@@ -34,6 +34,9 @@
 #define REQ_ERR_TEMPLATE        "unknown_template" /* chat_template empty or over 64 bytes; set by
                                                       the worker when chat rendering fails */
 #define REQ_ERR_RESULT_TOO_LARGE "result_too_large" /* set by the producer */
+#define REQ_ERR_DELIVERY_FAILED "delivery_failed"  /* the output was refused with a permanent
+                                                      error (output.max_retries); set by the
+                                                      worker */
 #define REQ_ERR_MESSAGE_BYTES   "message_too_large" /* value over limits.max_message_bytes */
 #define REQ_ERR_UNKNOWN_CLASS   "unknown_class"    /* "class" names no configured class; set by
                                                       the worker */
