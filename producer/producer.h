@@ -22,8 +22,8 @@
 #define PRODUCER_H_WORKER    "__spillway.errors.worker"    /* worker.id */
 #define PRODUCER_H_TIMESTAMP "__spillway.errors.timestamp" /* when rejected, Unix epoch ms */
 /* only on a dead letter whose value was cut because the record was refused for its size: */
-#define PRODUCER_H_TRUNCATED "__spillway.errors.truncated"      /* "true" */
-#define PRODUCER_H_ORIG_BYTES "__spillway.errors.original_bytes" /* original value length, decimal */
+#define PRODUCER_H_TRUNCATED  "__spillway.errors.truncated"      /* "true" */
+#define PRODUCER_H_ORIG_BYTES "__spillway.errors.original_bytes" /* original length, decimal */
 
 typedef struct producer producer_t;
 

@@ -77,7 +77,8 @@ int main(void)
               strstr(err, "producer.message.max.bytes") && strstr(err, "limits.max_message_bytes"));
         CHECK(worker_config_set(&d, "limits.max_message_bytes", "900000", "cli", err,
                                 sizeof err) == 0);
-        CHECK(worker_config_set(&d, "limits.max_prompt_bytes", "9000", "cli", err, sizeof err) == 0);
+        CHECK(worker_config_set(&d, "limits.max_prompt_bytes", "9000", "cli", err,
+                                sizeof err) == 0);
         CHECK(worker_config_check(&d, err, sizeof err) == 0);
         worker_config_free(&d);
     }
