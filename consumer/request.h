@@ -36,6 +36,9 @@
 #define REQ_ERR_BAD_ROLE        "unknown_role"     /* a message role the chat template does not
                                                       have; set by the worker */
 #define REQ_ERR_RESULT_TOO_LARGE "result_too_large" /* set by the producer */
+#define REQ_ERR_DELIVERY_FAILED "delivery_failed"  /* the output was refused with a permanent
+                                                      error (output.max_retries); set by the
+                                                      worker */
 #define REQ_ERR_MESSAGE_BYTES   "message_too_large" /* value over limits.max_message_bytes */
 #define REQ_ERR_UNKNOWN_CLASS   "unknown_class"    /* "class" names no configured class; set by
                                                       the worker */

@@ -73,6 +73,11 @@ producer_t *producer_new(const producer_config_t *cfg, char *errstr, size_t errl
     if (rd_kafka_conf_set(conf, "bootstrap.servers", cfg->brokers, e, sizeof e)) goto conf_fail;
     for (size_t i = 0; i < sizeof defaults / sizeof defaults[0]; i++)
         if (rd_kafka_conf_set(conf, defaults[i][0], defaults[i][1], e, sizeof e)) goto conf_fail;
+    char mmb[24];
+    snprintf(mmb, sizeof mmb, "%ld", cfg->message_max_bytes);
+    if (cfg->message_max_bytes > 0 &&
+        rd_kafka_conf_set(conf, "message.max.bytes", mmb, e, sizeof e))
+        goto conf_fail;
     if (p->transactional &&
         rd_kafka_conf_set(conf, "transactional.id", cfg->transactional_id, e, sizeof e))
         goto conf_fail;
@@ -163,7 +168,34 @@ int producer_send(producer_t *p, const char *topic, const void *key, size_t klen
         }
         if (hdrs) rd_kafka_headers_destroy(hdrs);
         snprintf(errstr, errlen, "produce to %s: %s", topic, rd_kafka_err2str(err));
-        return err == RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE ? -2 : -1;
+        int kind = producer_err_kind(err);
+        return kind == PRODUCER_ERR_SIZE ? -2 : kind == PRODUCER_ERR_PERMANENT ? -3 : -1;
+    }
+}
+
+int producer_err_kind(rd_kafka_resp_err_t err)
+{
+    switch (err) {
+    case RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE:   /* client check, or the broker's
+                                                    MESSAGE_TOO_LARGE */
+    case RD_KAFKA_RESP_ERR_RECORD_LIST_TOO_LARGE:
+        return PRODUCER_ERR_SIZE;
+    case RD_KAFKA_RESP_ERR_INVALID_MSG:
+    case RD_KAFKA_RESP_ERR_INVALID_MSG_SIZE:
+    case RD_KAFKA_RESP_ERR_TOPIC_EXCEPTION:
+    case RD_KAFKA_RESP_ERR_INVALID_REQUIRED_ACKS:
+    case RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED:
+    case RD_KAFKA_RESP_ERR_CLUSTER_AUTHORIZATION_FAILED:
+    case RD_KAFKA_RESP_ERR_INVALID_TIMESTAMP:
+    case RD_KAFKA_RESP_ERR_UNSUPPORTED_FOR_MESSAGE_FORMAT:
+    case RD_KAFKA_RESP_ERR_POLICY_VIOLATION:
+    case RD_KAFKA_RESP_ERR_INVALID_RECORD:
+    case RD_KAFKA_RESP_ERR__INVALID_ARG:
+    case RD_KAFKA_RESP_ERR__BAD_MSG:
+    case RD_KAFKA_RESP_ERR__UNKNOWN_PARTITION:
+        return PRODUCER_ERR_PERMANENT;
+    default:
+        return PRODUCER_ERR_RETRIABLE;
     }
 }
 

@@ -21,6 +21,9 @@
 #define PRODUCER_H_OFFSET    "__spillway.errors.offset"    /* source offset, decimal */
 #define PRODUCER_H_WORKER    "__spillway.errors.worker"    /* worker.id */
 #define PRODUCER_H_TIMESTAMP "__spillway.errors.timestamp" /* when rejected, Unix epoch ms */
+/* only on a dead letter whose value was cut because the record was refused for its size: */
+#define PRODUCER_H_TRUNCATED  "__spillway.errors.truncated"      /* "true" */
+#define PRODUCER_H_ORIG_BYTES "__spillway.errors.original_bytes" /* original length, decimal */
 
 typedef struct producer producer_t;
 
@@ -34,6 +37,8 @@ typedef struct {
     const char *const *prop_keys;  /* librdkafka properties applied after the defaults */
     const char *const *prop_values;
     int n_props;
+    long message_max_bytes;        /* librdkafka message.max.bytes before prop_keys; 0 = its
+                                      default (1000000) */
     producer_dr_fn dr;             /* may be NULL */
     void *dr_arg;
     void (*log)(void *arg, int level, const char *msg); /* may be NULL; arg = dr_arg */
@@ -60,7 +65,8 @@ const char *producer_name(const producer_t *p);
 
 /* Sends one record (key, value and headers are copied; hdrs, when not NULL, is always
  * consumed). Waits while the local queue is full (serving delivery reports on this thread).
- * 0; -2 when the record exceeds the size limit (never sent); -1 other errors (errstr). */
+ * 0; -2 when the record exceeds the size limit (never sent); -3 another error that sending
+ * again will not cure (PRODUCER_ERR_PERMANENT); -1 other errors (errstr). */
 int producer_send(producer_t *p, const char *topic, const void *key, size_t klen,
                   const void *value, size_t vlen, rd_kafka_headers_t *hdrs, void *opaque,
                   char *errstr, size_t errlen);
@@ -81,6 +87,15 @@ int producer_poll(producer_t *p, int timeout_ms);
 int producer_flush(producer_t *p, int timeout_ms);
 /* 1 (and errstr) once the producer raised a fatal error (e.g. fenced): it cannot go on. */
 int producer_fatal(producer_t *p, char *errstr, size_t errlen);
+
+/* What a produce error means for the record (from producev or in its delivery report). */
+enum {
+    PRODUCER_ERR_RETRIABLE = 0, /* transient (timeouts, leaders moving, brokers down, a missing
+                                   topic that may yet be created): send again */
+    PRODUCER_ERR_SIZE = 1,      /* the record is too large for the client or the broker */
+    PRODUCER_ERR_PERMANENT = 2, /* refused as it is (authorization, policy, invalid record) */
+};
+int producer_err_kind(rd_kafka_resp_err_t err);
 
 /* ---- transactions (transactional producers only) ---- */
 enum {

@@ -68,6 +68,20 @@ int main(void)
     CHECK(worker_config_check(&c, err, sizeof err) == -1 && strstr(err, "model"));
     CHECK(worker_config_set(&c, "model", "/x.gguf", "cli", err, sizeof err) == 0);
     CHECK(worker_config_check(&c, err, sizeof err) == 0);
+    { /* a producer message.max.bytes below limits.max_message_bytes + the DLQ overhead */
+        worker_config_t d;
+        CHECK(worker_config_copy(&d, &c) == 0);
+        CHECK(worker_config_add_kafka(&d, "producer.message.max.bytes=1000000", "cli", err,
+                                      sizeof err) == 0);
+        CHECK(worker_config_check(&d, err, sizeof err) == -1 &&
+              strstr(err, "producer.message.max.bytes") && strstr(err, "limits.max_message_bytes"));
+        CHECK(worker_config_set(&d, "limits.max_message_bytes", "900000", "cli", err,
+                                sizeof err) == 0);
+        CHECK(worker_config_set(&d, "limits.max_prompt_bytes", "9000", "cli", err,
+                                sizeof err) == 0);
+        CHECK(worker_config_check(&d, err, sizeof err) == 0);
+        worker_config_free(&d);
+    }
     CHECK(worker_config_set(&c, "limits.default_max_tokens", "5000", "cli", err, sizeof err) == 0);
     CHECK(worker_config_check(&c, err, sizeof err) == -1);
 

@@ -60,6 +60,12 @@ static const key_t_ KEYS[] = {
     {"transaction.commit.timeout.ms", K_INT, F(txn_commit_timeout_ms), "30000", 100, 3600000,
      "exactly-once: a transaction commit or abort not done in this long has an unknown outcome: "
      "the producer is replaced and the input rewound"},
+    {"output.max_retries", K_INT, F(output_max_retries), "3", 0, 1000000,
+     "an output the broker refuses with a permanent error is produced again at most this many "
+     "times, then dead-lettered"},
+    {"dlq.truncate_bytes", K_LONG, F(dlq_truncate_bytes), "65536", 0, 100000000,
+     "a dead letter refused for its size is sent again with the first this many bytes of the "
+     "value"},
     {"drain.timeout.ms", K_INT, F(drain_timeout_ms), "30000", 0, 86400000,
      "on SIGTERM, time to finish in-flight work"},
     {"shutdown.timeout.ms", K_INT, F(shutdown_timeout_ms), "15000", 1000, 86400000,
@@ -518,6 +524,29 @@ int worker_config_check(const worker_config_t *c, char *errstr, size_t errlen)
     if (c->max_prompt_bytes > c->max_message_bytes) {
         snprintf(errstr, errlen, "limits.max_prompt_bytes exceeds limits.max_message_bytes");
         return -1;
+    }
+    /* every accepted value must fit back into a dead letter (worker_new sets the producer's
+     * message.max.bytes to need; a value given with -X must not undercut it) */
+    if (c->max_message_bytes > 1000000000L - WORKER_DLQ_OVERHEAD_BYTES) {
+        snprintf(errstr, errlen, "limits.max_message_bytes %ld exceeds %ld (the producer's largest "
+                 "message.max.bytes less %d bytes for a dead letter's key and headers)",
+                 c->max_message_bytes, 1000000000L - WORKER_DLQ_OVERHEAD_BYTES,
+                 WORKER_DLQ_OVERHEAD_BYTES);
+        return -1;
+    }
+    long need = c->max_message_bytes + WORKER_DLQ_OVERHEAD_BYTES;
+    for (int i = 0; i < c->n_kafka; i++) {
+        const char *k = c->kafka[i].key;
+        if (strcmp(k, "message.max.bytes") && strcmp(k, "producer.message.max.bytes")) continue;
+        long v = strtol(c->kafka[i].value, NULL, 10);
+        if (v < need) {
+            snprintf(errstr, errlen, "%s=%s is below limits.max_message_bytes (%ld) + %d bytes "
+                     "for a dead letter's key and headers: every accepted message must fit into "
+                     "its dead letter; raise %s to at least %ld or lower limits.max_message_bytes",
+                     k, c->kafka[i].value, c->max_message_bytes, WORKER_DLQ_OVERHEAD_BYTES, k,
+                     need);
+            return -1;
+        }
     }
     worker_class_t *cl;
     int n;

@@ -101,6 +101,9 @@ struct wreq {
     int is_dlq;
     const char *dlq_code;        /* REQ_ERR_* (static) */
     char dlq_msg[256];
+    int truncated;               /* the dead letter carries dlq.truncate_bytes of the value */
+    int attempts;                /* permanent refusals of the output in its present form */
+    int lost;                    /* no output could be delivered: acknowledged without one */
     char *out;                   /* malloc'd JSON */
     size_t out_len;
     int expired;                 /* result is finish_reason "expired" */
@@ -165,7 +168,29 @@ typedef struct {
     atomic_uint_fast64_t cost_sum, cost_n;    /* prompt + max_tokens of accepted requests */
     /* side producer (stream chunks): records acknowledged / not queued or not delivered */
     atomic_uint_fast64_t chunks_ok, chunks_failed;
+    /* outputs refused with a permanent error; dead letters cut to dlq.truncate_bytes; messages
+     * acknowledged without any output (their dead letter could not be delivered either) */
+    atomic_uint_fast64_t out_permanent, dlq_truncated, out_lost;
 } stats_t;
+
+/* The form of an output and its permanent refusals so far (output_refused). */
+typedef struct {
+    int is_dlq, is_shed, truncated, attempts, lost;
+    const char *dlq_code;        /* REQ_ERR_* (static) */
+    char dlq_msg[256];
+} wfate_t;
+
+/* Exactly-once: the delivery-report opaque of one output record (owned by librdkafka until its
+ * report), naming its source message and its form; after a refusal, an entry of w->refused, so
+ * that the message, consumed again after the transaction's abort, is sent in its next form. */
+typedef struct wsent wsent_t;
+struct wsent {
+    wsent_t *next;               /* in w->refused */
+    int32_t partition;
+    int64_t offset;
+    wfate_t fate;
+    char topic[];                /* the source topic */
+};
 
 static const char *const FINISH_NAMES[N_FINISH] = {"stop", "length", "abort", "expired",
                                                     "overloaded"};
@@ -237,6 +262,8 @@ struct worker {
 
     /* poll thread only */
     wreq_t *retry;               /* outputs whose produce failed, to send again */
+    wsent_t *refused;            /* exactly-once: messages whose output was refused (newest
+                                    first, at most REFUSED_MAX) */
     wreq_t *held;                /* exactly-once: outputs waiting for an earlier message of their
                                     partition to be in a transaction; by (ticket.gen, offset) */
     long inflight_bytes;
@@ -1090,6 +1117,8 @@ static void count_dlq_reason(worker_t *w, const char *code)
 
 static void count_output(worker_t *w, const wreq_t *r)
 {
+    if (r->lost) return; /* counted as out_lost by output_refused */
+    if (r->truncated) atomic_fetch_add(&w->st.dlq_truncated, 1);
     if (r->is_shed) {
         atomic_fetch_add(&w->st.ov_shed, 1);
         return;
@@ -1182,6 +1211,128 @@ static rd_kafka_headers_t *deferral_headers(worker_t *w, const rd_kafka_message_
     return h;
 }
 
+static void fate_get(wfate_t *f, const wreq_t *r)
+{
+    f->is_dlq = r->is_dlq;
+    f->is_shed = r->is_shed;
+    f->truncated = r->truncated;
+    f->attempts = r->attempts;
+    f->lost = r->lost;
+    f->dlq_code = r->dlq_code;
+    memcpy(f->dlq_msg, r->dlq_msg, sizeof f->dlq_msg);
+}
+
+static void fate_put(wreq_t *r, const wfate_t *f)
+{
+    r->is_dlq = f->is_dlq;
+    r->is_shed = f->is_shed;
+    r->truncated = f->truncated;
+    r->attempts = f->attempts;
+    r->lost = f->lost;
+    r->dlq_code = f->dlq_code;
+    memcpy(r->dlq_msg, f->dlq_msg, sizeof r->dlq_msg);
+}
+
+enum { REFUSED_RETRY, REFUSED_RESEND, REFUSED_LOST };
+
+/* Decides what becomes of the output (form f, changed in place) of message topic[part]@off whose
+ * produce failed with an error of kind (PRODUCER_ERR_*, err its text). REFUSED_RETRY: send it
+ * again as it is, after a pause (a retriable error, or a permanent one within
+ * output.max_retries). REFUSED_RESEND: send f's new form now: a dead letter instead of a result
+ * or deferral (result_too_large, message_too_large, delivery_failed), or a dead letter cut to
+ * dlq.truncate_bytes instead of a whole one. REFUSED_LOST: nothing can be delivered for the
+ * message: its offset is acknowledged without an output. Logs and counts. Poll thread (or
+ * wherever the producer serves delivery reports). */
+static int output_refused(worker_t *w, wfate_t *f, int kind, const char *err, const char *topic,
+                          int32_t part, int64_t off)
+{
+    if (kind == PRODUCER_ERR_RETRIABLE) return REFUSED_RETRY;
+    if (kind == PRODUCER_ERR_PERMANENT) {
+        atomic_fetch_add(&w->st.out_permanent, 1);
+        if (f->attempts++ < w->cfg.output_max_retries) {
+            wlog(w, 1, "%s (offset %s[%d]@%" PRId64 "): a permanent error; retry %d of %d", err,
+                 topic, (int)part, off, f->attempts, w->cfg.output_max_retries);
+            return REFUSED_RETRY;
+        }
+    }
+    if (!f->is_dlq) {
+        const char *code = kind == PRODUCER_ERR_PERMANENT ? REQ_ERR_DELIVERY_FAILED
+                           : f->is_shed                   ? REQ_ERR_MESSAGE_BYTES
+                                                          : REQ_ERR_RESULT_TOO_LARGE;
+        wlog(w, 1, "%s (offset %s[%d]@%" PRId64 "): dead-lettering the message (%s)", err, topic,
+             (int)part, off, code);
+        f->is_dlq = 1;
+        f->is_shed = 0;
+        f->dlq_code = code;
+        snprintf(f->dlq_msg, sizeof f->dlq_msg, "%s", err);
+        f->attempts = 0;
+        return REFUSED_RESEND;
+    }
+    if (kind == PRODUCER_ERR_SIZE && !f->truncated) {
+        wlog(w, 1, "%s (offset %s[%d]@%" PRId64 "): sending its dead letter with the value cut to "
+             "%ld bytes", err, topic, (int)part, off, w->cfg.dlq_truncate_bytes);
+        f->truncated = 1;
+        f->attempts = 0;
+        return REFUSED_RESEND;
+    }
+    wlog(w, 0, "%s (offset %s[%d]@%" PRId64 "): its dead letter cannot be delivered either; the "
+         "message is LOST (acknowledged without an output, counted in "
+         "spillway:messages_lost_total)", err, topic, (int)part, off);
+    atomic_fetch_add(&w->st.out_lost, 1);
+    f->lost = 1;
+    return REFUSED_LOST;
+}
+
+#define REFUSED_MAX 64
+
+/* Exactly-once: unlinks and returns the entry of w->refused for message m, or NULL. */
+static wsent_t *refused_take(worker_t *w, const char *topic, int32_t part, int64_t off)
+{
+    for (wsent_t **pp = &w->refused; *pp; pp = &(*pp)->next) {
+        wsent_t *e = *pp;
+        if (e->partition == part && e->offset == off && !strcmp(e->topic, topic)) {
+            *pp = e->next;
+            e->next = NULL;
+            return e;
+        }
+    }
+    return NULL;
+}
+
+/* Exactly-once: e (taken) becomes the entry of its message, replacing an older one; the oldest
+ * entries past REFUSED_MAX are dropped. */
+static void refused_put(worker_t *w, wsent_t *e)
+{
+    free(refused_take(w, e->topic, e->partition, e->offset));
+    e->next = w->refused;
+    w->refused = e;
+    int n = 0;
+    for (wsent_t **pp = &w->refused; *pp; pp = &(*pp)->next)
+        if (++n == REFUSED_MAX) {
+            for (wsent_t *x = (*pp)->next, *nx; x; x = nx) {
+                nx = x->next;
+                free(x);
+            }
+            (*pp)->next = NULL;
+            break;
+        }
+}
+
+/* Exactly-once: a new opaque for r's output record in its present form; NULL on out of memory. */
+static wsent_t *sent_new(const wreq_t *r)
+{
+    const char *topic = rd_kafka_topic_name(r->msg->rkt);
+    size_t n = strlen(topic) + 1;
+    wsent_t *e = malloc(sizeof *e + n);
+    if (!e) return NULL;
+    e->next = NULL;
+    e->partition = r->msg->partition;
+    e->offset = r->msg->offset;
+    fate_get(&e->fate, r);
+    memcpy(e->topic, topic, n);
+    return e;
+}
+
 /* Produces r's output. At-least-once: librdkafka holds r until the delivery report.
  * Exactly-once: inside the open transaction, in offset order per partition (held until every
  * earlier message's output is in); r is done at once. The order matters because the offsets a
@@ -1210,6 +1361,19 @@ static void send_output(worker_t *w, wreq_t *r)
         w->txn_start_ms = mono_ms();
     }
     const rd_kafka_message_t *m = r->msg;
+    const char *src = rd_kafka_topic_name(m->rkt);
+    if (eos) { /* refused in an aborted transaction: sent in its next form (the entry stays
+                  until a record of the message is delivered: this transaction may abort too) */
+        for (const wsent_t *e = w->refused; e; e = e->next)
+            if (e->partition == m->partition && e->offset == m->offset && !strcmp(e->topic, src)) {
+                fate_put(r, &e->fate);
+                break;
+            }
+        if (r->lost) { /* nothing to send: the transaction commits its offset */
+            output_done(w, r);
+            return;
+        }
+    }
     const void *key = m->key;
     size_t klen = m->key_len;
     if (!key && r->parsed) {
@@ -1227,17 +1391,36 @@ static void send_output(worker_t *w, wreq_t *r)
     }
     for (;;) {
         int rc;
-        if (r->is_shed) {
+        /* at-least-once: r is the opaque; exactly-once: a wsent_t (ours again when not sent) */
+        void *op = eos ? (void *)sent_new(r) : r;
+        if (!op) {
+            snprintf(err, sizeof err, "out of memory");
+            rc = -1;
+        } else if (r->is_shed) {
             rd_kafka_headers_t *h = deferral_headers(w, m);
             rc = h ? producer_send(w->prod, w->cfg.deferral_topic, m->key, m->key_len, m->payload,
-                                   m->len, h, eos ? NULL : r, err, sizeof err)
+                                   m->len, h, op, err, sizeof err)
                    : (snprintf(err, sizeof err, "out of memory"), -1);
         } else if (r->is_dlq) {
             rd_kafka_headers_t *h =
                 producer_dlq_headers(r->dlq_code, r->dlq_msg, rd_kafka_topic_name(m->rkt),
                                      m->partition, m->offset, w->worker_id, wall_ms());
-            rc = producer_send(w->prod, w->cfg.dlq_topic, m->key, m->key_len, m->payload, m->len,
-                               h, eos ? NULL : r, err, sizeof err);
+            size_t vlen = m->len;
+            if (h && r->truncated) {
+                char ob[24];
+                snprintf(ob, sizeof ob, "%zu", m->len);
+                if (vlen > (size_t)w->cfg.dlq_truncate_bytes)
+                    vlen = (size_t)w->cfg.dlq_truncate_bytes;
+                if (rd_kafka_header_add(h, PRODUCER_H_TRUNCATED, -1, "true", -1) ||
+                    rd_kafka_header_add(h, PRODUCER_H_ORIG_BYTES, -1, ob, -1)) {
+                    rd_kafka_headers_destroy(h);
+                    h = NULL;
+                }
+            }
+            rc = h || !r->truncated
+                     ? producer_send(w->prod, w->cfg.dlq_topic, m->key, m->key_len, m->payload,
+                                     vlen, h, op, err, sizeof err)
+                     : (snprintf(err, sizeof err, "out of memory"), -1);
         } else {
             rd_kafka_headers_t *h = NULL;
             if (corr) { /* NULL on out of memory: the correlation id is in the JSON too */
@@ -1247,16 +1430,25 @@ static void send_output(worker_t *w, wreq_t *r)
                     h = NULL;
                 }
             }
-            rc = producer_send(w->prod, topic, key, klen, r->out, r->out_len, h,
-                               eos ? NULL : r, err, sizeof err);
+            rc = producer_send(w->prod, topic, key, klen, r->out, r->out_len, h, op, err,
+                               sizeof err);
         }
         if (rc == 0) break;
-        if (rc == -2 && !r->is_dlq && !r->is_shed) {
-            make_dlq(r, REQ_ERR_RESULT_TOO_LARGE, err);
-            continue;
+        if (eos) free(op);
+        int kind = rc == -2 ? PRODUCER_ERR_SIZE
+                   : rc == -3 ? PRODUCER_ERR_PERMANENT : PRODUCER_ERR_RETRIABLE;
+        wfate_t f;
+        fate_get(&f, r);
+        int next = output_refused(w, &f, kind, err, src, m->partition, m->offset);
+        fate_put(r, &f);
+        if (next == REFUSED_RESEND) continue;
+        if (next == REFUSED_LOST) {
+            output_done(w, r);
+            return;
         }
-        wlog(w, 1, "%s (offset %s[%d]@%" PRId64 "), retrying", err, rd_kafka_topic_name(m->rkt),
-             (int)m->partition, (int64_t)m->offset);
+        if (kind == PRODUCER_ERR_RETRIABLE)
+            wlog(w, 1, "%s (offset %s[%d]@%" PRId64 "), retrying", err, src, (int)m->partition,
+                 (int64_t)m->offset);
         atomic_fetch_add(&w->st.produce_retries, 1);
         retry_later(w, r, 200);
         return;
@@ -1269,8 +1461,23 @@ static void on_delivery(void *arg, void *opaque, rd_kafka_resp_err_t err)
 {
     worker_t *w = arg;
     wreq_t *r = opaque;
-    if (!r) {
-        if (err) wlog(w, 1, "transactional record not delivered: %s", rd_kafka_err2str(err));
+    if (w->cfg.delivery == WORKER_EOS) {
+        wsent_t *e = opaque;
+        if (!e) return;
+        if (!err) { /* delivered: an earlier refusal of its message is past */
+            free(refused_take(w, e->topic, e->partition, e->offset));
+            free(e);
+            return;
+        }
+        wlog(w, 1, "transactional record not delivered: %s", rd_kafka_err2str(err));
+        int kind = producer_err_kind(err);
+        if (kind == PRODUCER_ERR_RETRIABLE) { /* produced again after the abort and rewind */
+            free(e);
+            return;
+        }
+        output_refused(w, &e->fate, kind, rd_kafka_err2str(err), e->topic, e->partition,
+                       e->offset);
+        refused_put(w, e);
         return;
     }
     if (atomic_load(&r->cancelled) || !w->cons) {
@@ -1280,6 +1487,23 @@ static void on_delivery(void *arg, void *opaque, rd_kafka_resp_err_t err)
                  (int)r->msg->partition, (int64_t)r->msg->offset, rd_kafka_err2str(err));
         wreq_free(w, r);
         return;
+    }
+    int kind = producer_err_kind(err);
+    if (err && kind != PRODUCER_ERR_RETRIABLE) {
+        wfate_t f;
+        fate_get(&f, r);
+        int next = output_refused(w, &f, kind, rd_kafka_err2str(err),
+                                  rd_kafka_topic_name(r->msg->rkt), r->msg->partition,
+                                  r->msg->offset);
+        fate_put(r, &f);
+        if (next == REFUSED_LOST) {
+            output_done(w, r);
+            return;
+        }
+        if (next == REFUSED_RESEND) { /* sent from drain_outbox, outside this report */
+            retry_later(w, r, 0);
+            return;
+        }
     }
     if (err) {
         wlog(w, 1, "record for %s[%d]@%" PRId64 " not delivered: %s; producing it again",
@@ -2228,6 +2452,18 @@ static void metrics_render(void *arg, metrics_buf_t *b)
     fam(b, "spillway:produce_retries_total", "counter",
         "outputs produced again after a failed delivery");
     metrics_sample(b, "spillway:produce_retries_total", NULL, (double)st.produce_retries);
+    fam(b, "spillway:produce_permanent_errors_total", "counter",
+        "outputs refused with a permanent error (retried up to output.max_retries, then "
+        "dead-lettered)");
+    metrics_sample(b, "spillway:produce_permanent_errors_total", NULL,
+                   (double)atomic_load(&w->st.out_permanent));
+    fam(b, "spillway:dlq_truncated_total", "counter",
+        "dead letters refused for their size and sent with the value cut to dlq.truncate_bytes");
+    metrics_sample(b, "spillway:dlq_truncated_total", NULL,
+                   (double)atomic_load(&w->st.dlq_truncated));
+    fam(b, "spillway:messages_lost_total", "counter",
+        "messages acknowledged without any output: even their dead letter was refused");
+    metrics_sample(b, "spillway:messages_lost_total", NULL, (double)atomic_load(&w->st.out_lost));
     if (w->tier2) {
         fam(b, "spillway:redis_up", "gauge", "1 when the prefix-cache index is reachable");
         metrics_sample(b, "spillway:redis_up", NULL, st.redis_up > 0);
@@ -2455,6 +2691,11 @@ worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen)
         .prop_keys = (const char *const *)w->prop_p_keys,
         .prop_values = (const char *const *)w->prop_p_vals,
         .n_props = w->n_prop_p,
+        /* every accepted message fits into its dead letter (worker_config_check refuses a
+         * message.max.bytes below this) */
+        .message_max_bytes = w->cfg.max_message_bytes + WORKER_DLQ_OVERHEAD_BYTES > 1000000
+                                 ? w->cfg.max_message_bytes + WORKER_DLQ_OVERHEAD_BYTES
+                                 : 1000000,
         .dr = on_delivery,
         .dr_arg = w,
         .log = hook_log,
@@ -2925,6 +3166,10 @@ void worker_free(worker_t *w)
     free(w->prop_c_vals);
     free(w->prop_p_keys);
     free(w->prop_p_vals);
+    for (wsent_t *e = w->refused, *nx; e; e = nx) {
+        nx = e->next;
+        free(e);
+    }
     worker_config_free(&w->cfg);
     pthread_mutex_destroy(&w->mu);
     pthread_mutex_destroy(&w->cons_mu);

@@ -28,6 +28,9 @@ typedef struct {
 } worker_kafka_prop_t;
 
 enum { WORKER_ALO = 0, WORKER_EOS = 1 }; /* delivery: at-least-once, exactly-once */
+/* The output producer's message.max.bytes is limits.max_message_bytes plus this (bytes, for a
+ * dead letter's key and headers), and at least librdkafka's default 1000000. */
+#define WORKER_DLQ_OVERHEAD_BYTES 65536
 
 /* Record header of a result whose request had a correlation_id (value: that id, UTF-8). */
 #define WORKER_H_CORRELATION_ID "correlation_id"
@@ -57,6 +60,10 @@ typedef struct {
     int commit_interval_ms;    /* offset commit / transaction period */
     int txn_commit_timeout_ms; /* exactly-once: a commit or abort longer than this leaves the
                                   outcome unknown: the producer instance is replaced */
+    int output_max_retries;    /* an output refused with a permanent error is sent again at most
+                                  this many times, then dead-lettered */
+    long dlq_truncate_bytes;   /* a dead letter refused for its size carries this much of the
+                                  value */
     int drain_timeout_ms;      /* SIGTERM: time to finish in-flight work before closing */
     int shutdown_timeout_ms;   /* then closing the clients; past it the process exits (status 1) */
     int max_inflight;          /* accepted messages without a durable result, at most */
