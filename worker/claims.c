@@ -247,7 +247,8 @@ int claims_parse(const char *spec, const worker_class_t *classes, int n_classes,
         entry_t *e = &l[c->n - 1];
         if (parse_entry(c, e, a, (size_t)(b - a), errstr, errlen)) goto fail;
         for (int i = 0; i < c->n - 1; i++)
-            if (c->e[i].topic.prefix == e->topic.prefix && !strcmp(c->e[i].topic.text, e->topic.text)) {
+            if (c->e[i].topic.prefix == e->topic.prefix &&
+                !strcmp(c->e[i].topic.text, e->topic.text)) {
                 snprintf(errstr, errlen, "claims: topic %s%s given twice", e->topic.text,
                          e->topic.prefix ? "*" : "");
                 goto fail;
