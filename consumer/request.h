@@ -46,6 +46,10 @@
                                                       set by the worker */
 #define REQ_ERR_REPLY_NOT_ALLOWED "reply_not_allowed" /* reply_to names a topic outside the
                                                       worker's reply.topics; set by the worker */
+#define REQ_ERR_TENANT_NOT_ALLOWED "tenant_not_allowed" /* "tenant" is not one the input topic
+                                                      may claim (worker key claims) */
+#define REQ_ERR_CLASS_NOT_ALLOWED "class_not_allowed" /* "class" is not one the input topic may
+                                                      claim (worker key claims) */
 /* Not a dead-letter reason: an allocation failed while parsing. The message itself may be fine;
  * the caller should retry or stop, not dead-letter it. */
 #define REQ_ERR_NO_MEMORY       "out_of_memory"

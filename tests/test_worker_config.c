@@ -1,11 +1,13 @@
 /* tests/test_worker_config.c: worker configuration: defaults, key=value file, SPILLWAY_*
- * environment, -X pass-through, precedence and errors. */
+ * environment, -X pass-through, precedence and errors; the claims key's parser and rules. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "check.h"
+#include "consumer/request.h"
+#include "worker/claims.h"
 #include "worker/worker.h"
 
 static const char *source_of(const worker_config_t *c, const char *key)
@@ -15,8 +17,126 @@ static const char *source_of(const worker_config_t *c, const char *key)
     return NULL;
 }
 
+/* claims_check of (topic, tenant, class) under c: the code ("" = allowed) and defaults. */
+static const char *claim(const claims_t *c, const char *topic, const char *tenant,
+                         const char *cls, const char **def_tenant, int *def_class)
+{
+    char err[256];
+    const char *code = NULL, *dt = NULL;
+    int dc = -1;
+    if (!claims_check(c, topic, tenant, cls, &dt, &dc, &code, err, sizeof err)) code = "";
+    else CHECKF(strstr(err, topic) && strstr(err, "may not be claimed"), "%s", err);
+    if (def_tenant) *def_tenant = dt;
+    if (def_class) *def_class = dc;
+    return code;
+}
+
+static void test_claims(void)
+{
+    char err[512];
+    worker_class_t *cl = NULL;
+    int ncl = 0;
+    CHECK(worker_classes_parse("interactive:priority=100,standard:priority=50,batch,bulk-low",
+                               &cl, &ncl, err, sizeof err) == 0 && ncl == 4);
+    enum { INTERACTIVE, STANDARD, BATCH, BULK_LOW };
+    claims_t *c = (claims_t *)1;
+    /* empty or blank: no mapping */
+    CHECK(claims_parse("", cl, ncl, BATCH, &c, err, sizeof err) == 0 && c == NULL);
+    CHECK(claims_parse(" ; ;", cl, ncl, BATCH, &c, err, sizeof err) == 0 && c == NULL);
+
+    CHECKF(claims_parse("prompts tenants=acme,org:globex/eu classes=interactive,standard "
+                        "tenant=acme class=standard ; "
+                        "bulk-* tenants=bulk-* classes=b* ; bulk-vip classes=* ;"
+                        " * tenant=anon", cl, ncl, BATCH, &c, err, sizeof err) == 0 && c,
+           "%s", err);
+    const char *dt;
+    int dc;
+    /* prompts: the listed claims, the defaults for a request without any */
+    CHECK(!strcmp(claim(c, "prompts", "acme", "interactive", &dt, &dc), ""));
+    CHECK(!strcmp(claim(c, "prompts", "org:globex/eu", "standard", NULL, NULL), ""));
+    CHECK(!strcmp(claim(c, "prompts", NULL, NULL, &dt, &dc), "") && dt && !strcmp(dt, "acme") &&
+          dc == STANDARD);
+    CHECK(!strcmp(claim(c, "prompts", "initech", NULL, NULL, NULL), REQ_ERR_TENANT_NOT_ALLOWED));
+    CHECK(!strcmp(claim(c, "prompts", "acme2", NULL, NULL, NULL), REQ_ERR_TENANT_NOT_ALLOWED));
+    CHECK(!strcmp(claim(c, "prompts", NULL, "batch", NULL, NULL), REQ_ERR_CLASS_NOT_ALLOWED));
+    CHECK(!strcmp(claim(c, "prompts", "acme", "bulk-low", NULL, NULL), REQ_ERR_CLASS_NOT_ALLOWED));
+    /* prefix entries and patterns; the longest prefix wins over "*" */
+    CHECK(!strcmp(claim(c, "bulk-7", "bulk-team9", "batch", &dt, &dc), "") && !dt && dc == BATCH);
+    CHECK(!strcmp(claim(c, "bulk-7", NULL, "bulk-low", NULL, NULL), ""));
+    CHECK(!strcmp(claim(c, "bulk-7", "acme", NULL, NULL, NULL), REQ_ERR_TENANT_NOT_ALLOWED));
+    CHECK(!strcmp(claim(c, "bulk-7", NULL, "interactive", NULL, NULL), REQ_ERR_CLASS_NOT_ALLOWED));
+    /* an exact entry beats a prefix one */
+    CHECK(!strcmp(claim(c, "bulk-vip", NULL, "interactive", NULL, NULL), ""));
+    CHECK(!strcmp(claim(c, "bulk-vip", "bulk-team9", NULL, NULL, NULL), REQ_ERR_TENANT_NOT_ALLOWED));
+    /* "*": any other topic; naming its default tenant or class.default is allowed, not more */
+    CHECK(!strcmp(claim(c, "other", NULL, NULL, &dt, &dc), "") && dt && !strcmp(dt, "anon") &&
+          dc == BATCH);
+    CHECK(!strcmp(claim(c, "other", "anon", "batch", NULL, NULL), ""));
+    CHECK(!strcmp(claim(c, "other", "acme", NULL, NULL, NULL), REQ_ERR_TENANT_NOT_ALLOWED));
+    CHECK(!strcmp(claim(c, "other", NULL, "interactive", NULL, NULL), REQ_ERR_CLASS_NOT_ALLOWED));
+    CHECK(claims_covers(c, "prompts") && claims_covers(c, "bulk-1") && !claims_covers(c, "other"));
+    claims_free(c);
+
+    /* no "*" entry: another topic may claim nothing, and gets class.default and no tenant */
+    CHECK(claims_parse("prompts tenants=* classes=*", cl, ncl, BATCH, &c, err, sizeof err) == 0);
+    CHECK(!strcmp(claim(c, "prompts", "anyone", "interactive", NULL, NULL), ""));
+    CHECK(!strcmp(claim(c, "other", NULL, NULL, &dt, &dc), "") && !dt && dc == BATCH);
+    CHECK(!strcmp(claim(c, "other", NULL, "batch", NULL, NULL), ""));
+    CHECK(!strcmp(claim(c, "other", "anyone", NULL, NULL, NULL), REQ_ERR_TENANT_NOT_ALLOWED));
+    CHECK(!strcmp(claim(c, "other", NULL, "standard", NULL, NULL), REQ_ERR_CLASS_NOT_ALLOWED));
+    CHECK(!claims_covers(c, "other"));
+    claims_free(c);
+
+    /* bad syntax: refused, naming the claims key and what is wrong */
+    const char *bad[][2] = {
+        {"prompts tenants=acme classes=gold", "gold is not one of the classes"},
+        {"prompts class=gold", "class=gold is not one of the classes"},
+        {"prompts classes=x*", "matches none of the classes"},
+        {"prompts tenants=", "is not a tenant name"},
+        {"prompts tenants=a,,b", "is not a tenant name"},
+        {"prompts tenants=_internal", "is not a tenant name"},
+        {"prompts tenants=a*b", "is not a tenant name"},
+        {"prompts tenants=a, b", "without blanks"},
+        {"prompts tenant=a*", "expected a tenant name"},
+        {"prompts tenant=", "expected a tenant name"},
+        {"prompts tenants=a tenants=b", "tenants= given twice"},
+        {"prompts owner=a", "is not tenants="},
+        {"prompts acme", "is not tenants="},
+        {"prom*pts tenants=a", "is not a topic"},
+        {"bad/topic tenants=a", "is not a topic"},
+        {"prompts tenants=a; prompts classes=batch", "topic prompts given twice"},
+        {"* tenants=a; * classes=batch", "topic * given twice"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        c = NULL;
+        err[0] = 0;
+        CHECKF(claims_parse(bad[i][0], cl, ncl, BATCH, &c, err, sizeof err) == -1 && !c &&
+                   !strncmp(err, "claims: ", 8) && strstr(err, bad[i][1]),
+               "\"%s\": %s", bad[i][0], err);
+    }
+    free(cl);
+
+    /* worker_config_check (spillway config --check) refuses a bad claims key */
+    worker_config_t k;
+    CHECK(worker_config_default(&k) == 0);
+    CHECK(!strcmp(k.claims, ""));
+    CHECK(worker_config_set(&k, "model", "/x.gguf", "cli", err, sizeof err) == 0);
+    CHECK(worker_config_set(&k, "claims", "prompts tenants=acme classes=interactive", "cli", err,
+                            sizeof err) == 0);
+    CHECKF(worker_config_check(&k, err, sizeof err) == 0, "%s", err);
+    CHECK(worker_config_set(&k, "claims", "prompts classes=gold", "cli", err, sizeof err) == 0);
+    CHECK(worker_config_check(&k, err, sizeof err) == -1 && strstr(err, "claims: topic prompts"));
+    setenv("SPILLWAY_CLAIMS", "* tenant=anon", 1);
+    CHECK(worker_config_load_env(&k, err, sizeof err) == 0 && !strcmp(k.claims, "* tenant=anon"));
+    unsetenv("SPILLWAY_CLAIMS");
+    CHECK(worker_config_check(&k, err, sizeof err) == 0);
+    worker_config_free(&k);
+}
+
 int main(void)
 {
+    test_claims();
+
     char err[512];
     worker_config_t c;
     CHECK(worker_config_default(&c) == 0);

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "worker/claims.h"
 #include "worker/worker.h"
 
 enum { K_STR, K_INT, K_LONG, K_BOOL, K_DELIVERY, K_LOGLEVEL };
@@ -103,6 +104,9 @@ static const key_t_ KEYS[] = {
     {"classes", K_STR, F(classes), "interactive:priority=100:ttft_ms=1000:max_queue_ms=30000,batch:priority=0", 0, 0,
      "service classes: name:priority=P:ttft_ms=T:max_queue_ms=Q, comma-separated"},
     {"class.default", K_STR, F(class_default), "batch", 0, 0, "class of a request without \"class\""},
+    {"claims", K_STR, F(claims), "", 0, 0,
+     "tenants and classes each input topic may claim: TOPIC tenants=T,... classes=C,... "
+     "tenant=T class=C; ... (\"\" = unchecked; see worker/claims.h)"},
     {"overload.deferral.topic", K_STR, F(deferral_topic), "", 0, 0,
      "overload step 1 moves lowest-class messages here, consumed again later (\"\" = no shedding)"},
     {"overload.shed_at", K_INT, F(overload_shed_at), "50", 1, 100000,
@@ -551,13 +555,19 @@ int worker_config_check(const worker_config_t *c, char *errstr, size_t errlen)
     worker_class_t *cl;
     int n;
     if (worker_classes_parse(c->classes, &cl, &n, errstr, errlen)) return -1;
-    int found = 0;
-    for (int i = 0; i < n; i++) found |= !strcmp(cl[i].name, c->class_default);
-    free(cl);
-    if (!found) {
+    int found = -1;
+    for (int i = 0; i < n; i++)
+        if (!strcmp(cl[i].name, c->class_default)) found = i;
+    if (found < 0) {
+        free(cl);
         snprintf(errstr, errlen, "class.default %s is not one of the classes", c->class_default);
         return -1;
     }
+    claims_t *claims;
+    int crc = claims_parse(c->claims, cl, n, found, &claims, errstr, errlen);
+    free(cl);
+    claims_free(claims);
+    if (crc) return -1;
     if (!(c->overload_shed_at <= c->overload_cap_at && c->overload_cap_at <= c->overload_refuse_at)) {
         snprintf(errstr, errlen, "overload.shed_at <= overload.cap_at <= overload.refuse_at must hold");
         return -1;

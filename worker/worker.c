@@ -44,6 +44,7 @@
 #include "consumer/consumer.h"
 #include "engine/engine.h"
 #include "producer/producer.h"
+#include "worker/claims.h"
 #include "worker/metrics.h"
 #include "worker/usage.h"
 #include "worker/worker.h"
@@ -241,6 +242,7 @@ struct worker {
     atomic_uint_fast64_t lag_ok, lag_failed; /* refreshes by outcome */
     atomic_int started;          /* worker_new has finished: the metrics thread may read w */
     char **reply_allow;          /* [n_reply_allow] reply.topics, split (owned) */
+    claims_t *claims;            /* the claims key (owned; read-only); NULL = unchecked */
     int n_reply_allow;
     char **prop_c_keys, **prop_c_vals, **prop_p_keys, **prop_p_vals; /* pass-through split */
     int n_prop_c, n_prop_p;
@@ -1768,6 +1770,43 @@ static int apply_headers(worker_t *w, wreq_t *r, const char **code, char *err, s
     return 0;
 }
 
+/* The topic whose claims entry applies to r: the one it was consumed from, or for a message
+ * on the deferral topic the one a worker shed it from (its __spillway.deferred.from header,
+ * "TOPIC[PARTITION]@OFFSET"; the deferral topic itself without that header). */
+static void claims_topic(worker_t *w, const wreq_t *r, char *topic, size_t cap)
+{
+    const char *t = rd_kafka_topic_name(r->msg->rkt);
+    snprintf(topic, cap, "%s", t);
+    if (!*w->cfg.deferral_topic || strcmp(t, w->cfg.deferral_topic)) return;
+    rd_kafka_headers_t *h = NULL;
+    const void *v;
+    size_t n;
+    if (rd_kafka_message_headers(r->msg, &h) || !h ||
+        rd_kafka_header_get_last(h, "__spillway.deferred.from", &v, &n) || !v)
+        return;
+    const char *b = memchr(v, '[', n);
+    if (b && b > (const char *)v)
+        snprintf(topic, cap, "%.*s", (int)(b - (const char *)v), (const char *)v);
+}
+
+/* The claims key on r (parsed, headers applied, its class r->cls found): a tenant or class its
+ * topic may not claim is a dead letter; one it does not name gets the topic's default. 0, or -1
+ * with *code and err set (a dead letter), or -2 on out of memory. Poll thread. */
+static int check_claims(worker_t *w, wreq_t *r, const char **code, char *err, size_t errlen)
+{
+    if (!w->claims) return 0;
+    char topic[256];
+    claims_topic(w, r, topic, sizeof topic);
+    const char *def_tenant;
+    int def_class;
+    if (claims_check(w->claims, topic, r->req.tenant, r->req.class_name, &def_tenant, &def_class,
+                     code, err, errlen))
+        return -1;
+    if (!r->req.class_name) r->cls = def_class;
+    if (!r->req.tenant && def_tenant && !(r->req.tenant = strdup(def_tenant))) return -2;
+    return 0;
+}
+
 /* Encodes text into r->toks. 0, or -1 on out of memory. */
 static int tokenize(wreq_t *r, const char *text, size_t len, int parse_special)
 {
@@ -1916,6 +1955,16 @@ static void intake(worker_t *w, rd_kafka_message_t *m)
             send_output(w, r);
             goto out;
         }
+    }
+    rc = check_claims(w, r, &code, err, sizeof err);
+    if (rc == -2) {
+        set_fatal(w, "out of memory checking claims"); /* as for apply_headers' -2 above */
+        goto enqueue;
+    }
+    if (rc) {
+        make_dlq(r, code, err);
+        send_output(w, r);
+        goto out;
     }
     /* the model: a current version (a retired one keeps only what it already holds) */
     const char *mname = r->req.model ? r->req.model : w->default_model;
@@ -2552,6 +2601,27 @@ static int split_props(worker_t *w)
     return 0;
 }
 
+/* Says at start what the claims key leaves open: all of it when unset, else each listed input
+ * topic that only a "*" entry (or none) covers. */
+static void log_claims(worker_t *w)
+{
+    if (!w->claims) {
+        wlog(w, 1, "claims is not set: requests name their own tenant and class unchecked "
+             "(README \"Tenants and usage\")");
+        return;
+    }
+    for (const char *t = w->cfg.input_topics; *t;) {
+        const char *e = strchr(t, ',');
+        size_t n = e ? (size_t)(e - t) : strlen(t);
+        char topic[256];
+        snprintf(topic, sizeof topic, "%.*s", (int)(n < sizeof topic ? n : sizeof topic - 1), t);
+        if (*topic && !claims_covers(w->claims, topic))
+            wlog(w, 2, "claims: input topic %s has no entry of its own (the \"*\" entry, if any, "
+                 "applies; with none its requests may claim no tenant or class)", topic);
+        t = e ? e + 1 : t + n;
+    }
+}
+
 /* reply.topics -> w->reply_allow (entries trimmed; empty ones skipped). 0 or -1 (memory). */
 static int split_reply_topics(worker_t *w)
 {
@@ -2610,6 +2680,10 @@ worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen)
         goto fail;
     }
     w->log_json = !strcmp(w->cfg.log_format, "json");
+    if (claims_parse(w->cfg.claims, w->classes, w->n_classes, w->default_class, &w->claims,
+                     errstr, errlen))
+        goto fail;
+    log_claims(w);
     if (split_reply_topics(w)) {
         snprintf(errstr, errlen, "out of memory");
         goto fail;
@@ -3161,6 +3235,7 @@ void worker_free(worker_t *w)
     free(w->active);
     for (int i = 0; i < w->n_reply_allow; i++) free(w->reply_allow[i]);
     free(w->reply_allow);
+    claims_free(w->claims);
     free(w->classes);
     free(w->prop_c_keys);
     free(w->prop_c_vals);

@@ -73,6 +73,8 @@ typedef struct {
     /* service classes and overload steps (README "Service classes") */
     char *classes;             /* "name:priority=P:ttft_ms=T:max_queue_ms=Q,..." */
     char *class_default;       /* class of a request without "class" */
+    char *claims;              /* per input topic, the tenants and classes its requests may
+                                  claim (worker/claims.h); "" = unchecked */
     char *deferral_topic;      /* step shed: lowest-class messages go there ("" = no shedding) */
     int overload_shed_at;      /* pressure (percent) of step 1, shed */
     int overload_cap_at;       /* of step 2, cap max_tokens of classes below the top */
