@@ -66,7 +66,8 @@ struct consumer {
      * callback at a re-join's start; its cgrp debug log line "changed join state A -> B" is
      * written on its main thread before the state changes (log.queue off), so on_log sets
      * this flag before the JoinGroup is sent. */
-    int watch_join;          /* debug=cgrp set here for that (librdkafka < 2.9, no user debug) */
+    int watch_join;          /* debug=cgrp set here for that (librdkafka < 2.9, no user debug
+                              * or log.queue) */
     atomic_int rejoining;    /* 1 in a re-join phase; written by librdkafka's main thread */
 };
 
@@ -401,7 +402,8 @@ consumer_t *consumer_new(const consumer_config_t *cfg, const consumer_hooks_t *h
         if (rd_kafka_conf_set(conf, defaults[i][0], defaults[i][1], e, sizeof e)) goto conf_fail;
     c->watch_join = c->commit_offsets && rd_kafka_version() < 0x02090000;
     for (int i = 0; i < cfg->n_props; i++)
-        if (!strcmp(cfg->prop_keys[i], "debug")) c->watch_join = 0; /* the user's debug */
+        if (!strcmp(cfg->prop_keys[i], "debug") || !strcmp(cfg->prop_keys[i], "log.queue"))
+            c->watch_join = 0; /* the user's debug log, or logs served late on the poll thread */
     if (c->watch_join && rd_kafka_conf_set(conf, "debug", "cgrp", e, sizeof e)) goto conf_fail;
     for (int i = 0; i < cfg->n_props; i++)
         if (rd_kafka_conf_set(conf, cfg->prop_keys[i], cfg->prop_values[i], e, sizeof e))
