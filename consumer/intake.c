@@ -4,6 +4,7 @@
  * Threads: everything here runs on the polling thread except consumer_wake. */
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,6 +57,18 @@ struct consumer {
     int64_t commit_t0[16];
     int commit_head, commit_n;
     int in_sync_commit;      /* 1 inside a synchronous rd_kafka_commit: timed around the call */
+    /* Background commits are also held while the group client re-joins (join states init,
+     * wait-join, wait-metadata, wait-sync), whoever started the re-join: the coordinator
+     * answers requests on a connection in order, so a commit sent after the JoinGroup is
+     * answered after the join ends, with the old generation: ILLEGAL_GENERATION, which
+     * librdkafka < 2.9 also takes for a lost assignment (#4059, above), and at-least-once then
+     * redid everything acknowledged since the last commit that succeeded. librdkafka 2.0 has no
+     * callback at a re-join's start; its cgrp debug log line "changed join state A -> B" is
+     * written on its main thread before the state changes (log.queue off), so on_log sets
+     * this flag before the JoinGroup is sent. */
+    int watch_join;          /* debug=cgrp set here for that (librdkafka < 2.9, no user debug
+                              * or log.queue) */
+    atomic_int rejoining;    /* 1 in a re-join phase; written by librdkafka's main thread */
 };
 
 static int is_held(const consumer_t *c, const char *topic)
@@ -324,10 +337,30 @@ static void on_commit(rd_kafka_t *rk, rd_kafka_resp_err_t err,
     }
 }
 
+/* buf: librdkafka's "Group \"G\" changed join state A -> B (state S)". Sets rejoining to
+ * whether B is a re-join phase (see struct consumer). Thread: librdkafka's main thread. */
+static void note_join_state(consumer_t *c, const char *buf)
+{
+    static const char *const held[] = {"init ", "wait-join ", "wait-metadata ", "wait-sync "};
+    const char *to = strstr(buf, " -> ");
+    if (!to) return;
+    to += 4;
+    int r = 0;
+    for (size_t i = 0; i < sizeof held / sizeof held[0]; i++)
+        if (!strncmp(to, held[i], strlen(held[i]))) r = 1;
+    atomic_store(&c->rejoining, r);
+}
+
+/* Thread: any librdkafka thread (log.queue off). */
 static void on_log(const rd_kafka_t *rk, int level, const char *fac, const char *buf)
 {
     consumer_t *c = rd_kafka_opaque(rk);
-    if (c) logf_(c, level <= 3 ? 0 : level <= 4 ? 1 : level <= 6 ? 2 : 3, "rdkafka %s: %s", fac, buf);
+    if (!c) return;
+    if (c->watch_join) {
+        if (!strcmp(fac, "CGRPJOINSTATE")) note_join_state(c, buf);
+        if (level >= 7) return; /* debug lines asked for only to watch the join state */
+    }
+    logf_(c, level <= 3 ? 0 : level <= 4 ? 1 : level <= 6 ? 2 : 3, "rdkafka %s: %s", fac, buf);
 }
 
 /* ---- lifecycle ---- */
@@ -367,6 +400,11 @@ consumer_t *consumer_new(const consumer_config_t *cfg, const consumer_hooks_t *h
         goto conf_fail;
     for (size_t i = 0; i < sizeof defaults / sizeof defaults[0]; i++)
         if (rd_kafka_conf_set(conf, defaults[i][0], defaults[i][1], e, sizeof e)) goto conf_fail;
+    c->watch_join = c->commit_offsets && rd_kafka_version() < 0x02090000;
+    for (int i = 0; i < cfg->n_props; i++)
+        if (!strcmp(cfg->prop_keys[i], "debug") || !strcmp(cfg->prop_keys[i], "log.queue"))
+            c->watch_join = 0; /* the user's debug log, or logs served late on the poll thread */
+    if (c->watch_join && rd_kafka_conf_set(conf, "debug", "cgrp", e, sizeof e)) goto conf_fail;
     for (int i = 0; i < cfg->n_props; i++)
         if (rd_kafka_conf_set(conf, cfg->prop_keys[i], cfg->prop_values[i], e, sizeof e))
             goto conf_fail;
@@ -646,6 +684,7 @@ static rd_kafka_topic_partition_list_t *moved(consumer_t *c, int all)
 int consumer_commit(consumer_t *c, int async)
 {
     if (async && c->hold_commits > 0 && mono_ms() < c->hold_until_ms) return 0; /* see struct */
+    if (async && atomic_load(&c->rejoining)) return 0;                        /* see struct */
     /* A synchronous commit (a forced one: stop, leave) sends every partition, not only those
      * that moved: a commit lost without a report (none was seen, but a partition once stayed
      * behind after a clean stop) is repaired there at the latest. */

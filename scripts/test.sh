@@ -24,13 +24,10 @@ echo "=== build: Release, -Werror === [${SECONDS}s]"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DSPILLWAY_WERROR=ON -DSPILLWAY_SHARED_DIR="$SHARED" >/dev/null
 cmake --build build -j"$JOBS"
 echo "=== tests: Release === [${SECONDS}s]"
-# A failing test is run once more (--repeat until-pass:2) and fails the stage only if it fails
-# again: the real-broker tests depend on timing (rebalances, sessions); a test that needed its
-# second run still shows its first failure in the output.
 # The four real-broker fault scenarios (test_faults_*.sh, ~7 min of test time) run once, in the
 # ASan+UBSan stage below, where their recovery paths are also checked for memory errors: running
 # them here too took the whole script past 30 minutes.
-(cd build && ctest --output-on-failure --repeat until-pass:2 -j"$TEST_JOBS" -E '^test_faults_')
+(cd build && ctest --output-on-failure -j"$TEST_JOBS" -E '^test_faults_')
 
 echo "=== build: ASan+UBSan === [${SECONDS}s]"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPILLWAY_WERROR=ON -DSPILLWAY_SANITIZE=ON \
@@ -42,7 +39,7 @@ echo "=== tests: ASan+UBSan === [${SECONDS}s]"
 # (SPILLWAY_FAULTS_SCALE=0.5) test_faults_group had no work left when its third worker left.
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
   SPILLWAY_CLASSES_BULK=${SPILLWAY_CLASSES_BULK:-2000} \
-  ctest --output-on-failure --repeat until-pass:2 -j"$TEST_JOBS")
+  ctest --output-on-failure -j"$TEST_JOBS")
 
 echo "=== build: ThreadSanitizer === [${SECONDS}s]"
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPILLWAY_WERROR=ON -DSPILLWAY_TSAN=ON \
@@ -54,7 +51,7 @@ cmake --build build-tsan -j"$JOBS" --target spillway test_engine test_kvpool tes
 echo "=== tests: ThreadSanitizer (the threaded parts: scheduler and thread pool, cache, metrics, worker) === [${SECONDS}s]"
 # tests/tsan/suppressions.txt: uninstrumented libraries, and the arena's seqlock copy (by design)
 (cd build-tsan && TSAN_OPTIONS="suppressions=$ROOT/tests/tsan/suppressions.txt halt_on_error=1 die_after_fork=0" \
-  SPILLWAY_TEST_NO_FORK=1 ctest --output-on-failure --repeat until-pass:2 -j"$JOBS" \
+  SPILLWAY_TEST_NO_FORK=1 ctest --output-on-failure -j"$JOBS" \
   -R "^($TSAN_TESTS)\$")
 
 if [ "$FUZZ_SECONDS" -gt 0 ]; then
