@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# Oversized records never stall a partition with the default limits, in both delivery modes,
+# against a real Apache Kafka 4.x broker (scripts/kafka-broker.sh) with stories260K
+# (tests/test_oversize.sh covers raised input limits and a DLQ topic at the broker's default).
+# For each mode (at-least-once, then exactly-once) one partition gets four messages:
+#   1. a good prompt;
+#   2. 1,000,500 bytes (under limits.max_message_bytes, over limits.max_prompt_bytes): a
+#      prompt_too_large dead letter carrying the whole value, which the dead-letter topic
+#      (max.message.bytes=600000) refuses; it must go out again with its value cut;
+#   3. 1,100,000 bytes (over limits.max_message_bytes): a message_too_large dead letter, refused
+#      and cut the same way;
+#   4. a good prompt.
+# The values are random letters, which lz4 cannot shrink below the topic limit. Checks: two
+# results; two dead letters, each with __spillway.errors.truncated=true, its original size and a
+# value of dlq.truncate_bytes (65536); the group's committed offset at the log end (4); and a
+# worker given -X message.max.bytes below what an accepted message needs refuses to start,
+# naming the keys. Every wait is bounded (a stalled partition fails the test instead of hanging).
+# Arguments (from ctest): the spillway binary and the models folder.
+set -euo pipefail
+SPILLWAY=$(realpath "$1")
+MODEL=$2/stories260K.gguf
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+KB=$ROOT/scripts/kafka-broker.sh
+[ -x "$KB" ] || { echo "SKIP: scripts/kafka-broker.sh not present"; exit 77; }
+[ -f "$MODEL" ] || { echo "SKIP: $MODEL not found"; exit 77; }
+command -v java >/dev/null 2>&1 && java -version >/dev/null 2>&1 || { echo "SKIP: no java"; exit 77; }
+command -v mvn >/dev/null 2>&1 || { echo "SKIP: no mvn"; exit 77; }
+command -v kcat >/dev/null 2>&1 || { echo "FAIL: kcat not found"; exit 1; }
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/spillway-oversize.XXXXXX")
+export SPILLWAY_SVC_OWNER=$$
+PIDS=()
+T0=$(date +%s%3N)
+cleanup() {
+  local p
+  for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  "$KB" stop "$WORK/broker" >/dev/null 2>&1 || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+say() { printf '[%5.1fs] %s\n' "$(( $(date +%s%3N) - T0 ))e-3" "$*"; }
+fail() {
+  echo "FAIL: $*"
+  local f
+  for f in "$WORK"/*.log; do [ -f "$f" ] && { echo "--- $f (end)"; tail -n 20 "$f"; }; done
+  exit 1
+}
+
+eval "$("$KB" start "$WORK/broker" | grep -E '^(BOOTSTRAP|PID)=')"
+KAFKA_LIB=$(sed -n 's/^KAFKA_LIB=//p' "$WORK/broker/env")
+say "broker at $BOOTSTRAP"
+
+python3 - "$WORK" <<'PY'
+import json, random, string, sys
+work = sys.argv[1]
+rng = random.Random(18)
+def sized(i, n):
+    head = json.dumps({"id": f"big{i}", "max_tokens": 4, "prompt": ""})[:-2]
+    body = "".join(rng.choice(string.ascii_letters) for _ in range(n - len(head) - 2))
+    s = head + body + '"}'
+    assert len(s) == n
+    return s
+with open(f"{work}/in.txt", "w") as f:
+    f.write(json.dumps({"id": "good1", "prompt": "Once upon a time", "max_tokens": 4}) + "\n")
+    f.write(sized(1, 1000500) + "\n")
+    f.write(sized(2, 1100000) + "\n")
+    f.write(json.dumps({"id": "good2", "prompt": "Tom and his dog", "max_tokens": 4}) + "\n")
+PY
+
+for MODE in at-least-once exactly-once; do
+  P=p-$MODE R=r-$MODE D=d-$MODE G=g-$MODE
+  "$KB" topic "$WORK/broker" "$P" 1 --config max.message.bytes=2000000 >/dev/null
+  "$KB" topic "$WORK/broker" "$R" 1 >/dev/null
+  "$KB" topic "$WORK/broker" "$D" 1 --config max.message.bytes=600000 >/dev/null
+  kcat -b "$BOOTSTRAP" -P -t "$P" -p 0 -X message.max.bytes=2000000 -l "$WORK/in.txt" ||
+    fail "kcat could not produce the inputs"
+  "$SPILLWAY" worker -b "$BOOTSTRAP" -t "$P" -o "$R" -d "$D" -g "$G" -m "$MODEL" \
+    -s delivery="$MODE" -s worker.id="w-$MODE" -s threads=1 -s commit.interval.ms=200 \
+    -s kv.mem_mb=64 -s log.level=info -X log_level=3 >"$WORK/$MODE.log" 2>&1 &
+  WPID=$!
+  PIDS+=("$WPID")
+  ISO=(-X isolation.level=read_committed)
+  end=$(( $(date +%s) + 90 ))
+  nr=0 nd=0
+  while [ "$(date +%s)" -lt "$end" ]; do
+    nr=$(kcat -b "$BOOTSTRAP" -C -t "$R" -e -q -o beginning -f '.\n' "${ISO[@]}" 2>/dev/null | wc -l)
+    nd=$(kcat -b "$BOOTSTRAP" -C -t "$D" -e -q -o beginning -f '.\n' "${ISO[@]}" 2>/dev/null | wc -l)
+    [ "$nr" -ge 2 ] && [ "$nd" -ge 2 ] && break
+    kill -0 "$WPID" 2>/dev/null || fail "$MODE: the worker exited"
+    sleep 0.3
+  done
+  [ "$nr" = 2 ] && [ "$nd" = 2 ] || fail "$MODE: $nr results and $nd dead letters after 90 s, want 2 and 2"
+  kcat -b "$BOOTSTRAP" -C -t "$D" -e -q -o beginning "${ISO[@]}" \
+    -f '%h|%S\n' >"$WORK/dlq-$MODE.txt" 2>/dev/null
+  kcat -b "$BOOTSTRAP" -C -t "$R" -e -q -o beginning "${ISO[@]}" -f '%s\n' >"$WORK/res-$MODE.txt"
+  python3 - "$WORK/dlq-$MODE.txt" "$WORK/res-$MODE.txt" <<'PY' || fail "$MODE: records"
+import json, re, sys
+ids = sorted(json.loads(l)["id"] for l in open(sys.argv[2]))
+assert ids == ["good1", "good2"], ids
+want = {"prompt_too_large": "1000500", "message_too_large": "1100000"}
+got = {}
+for line in open(sys.argv[1]):
+    hdrs, size = line.rstrip("\n").rsplit("|", 1)
+    # kcat joins headers with ',' (a reason text may hold one): split before each header name
+    h = dict(kv.split("=", 1) for kv in re.split(r",(?=__spillway\.)", hdrs))
+    code = h["__spillway.errors.code"]
+    assert h.get("__spillway.errors.truncated") == "true", (code, h)
+    assert int(size) == 65536, (code, size)
+    got[code] = h["__spillway.errors.original_bytes"]
+assert got == want, got
+print(f"results {ids}; dead letters cut to 65536 bytes: {got}")
+PY
+  # the committed offset passes all four messages
+  end=$(( $(date +%s) + 30 ))
+  while :; do
+    java -Xms64m -Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 \
+      "-Dlog4j2.configurationFile=$WORK/broker/tools-log4j2.properties" -cp "$KAFKA_LIB/*" \
+      org.apache.kafka.tools.consumer.group.ConsumerGroupCommand --bootstrap-server "$BOOTSTRAP" \
+      --describe --group "$G" >"$WORK/offsets.txt" 2>&1 || true
+    off=$(awk -v g="$G" '$1 == g && $3 == "0" { print $4 }' "$WORK/offsets.txt")
+    [ "$off" = 4 ] && break
+    [ "$(date +%s)" -lt "$end" ] || { cat "$WORK/offsets.txt"; fail "$MODE: committed offset '$off', want 4"; }
+    sleep 0.5
+  done
+  grep -q "dead letter with the value cut" "$WORK/$MODE.log" || fail "$MODE: no log line for the refused dead letter"
+  kill -TERM "$WPID"
+  wait "$WPID" || fail "$MODE: the worker exited with status $? on SIGTERM"
+  say "$MODE: 2 results, 2 cut dead letters, committed offset 4"
+done
+
+# a producer limit below what an accepted message needs is refused at start
+if "$SPILLWAY" worker -b "$BOOTSTRAP" -t p-at-least-once -o r -d d -g gx -m "$MODEL" \
+    -X message.max.bytes=1000000 >"$WORK/refuse.log" 2>&1; then
+  fail "a worker with message.max.bytes=1000000 started"
+fi
+grep -q "message.max.bytes.*limits.max_message_bytes" "$WORK/refuse.log" ||
+  fail "no message naming message.max.bytes and limits.max_message_bytes"
+say "message.max.bytes below the input limit: refused at start"
+say "PASS"
