@@ -673,8 +673,11 @@ static int case_alo_produce_fails(const char *tag, int leader_down_ms)
     env_t e;
     if (env_init(&e, tag, 16)) return -1;
     produce_prompts(&e, tok2);
+    /* TOPIC_AUTHORIZATION_FAILED is a permanent error, dead-lettered after output.max_retries
+     * (test_worker_mock's test_permanent_error): here it must be retried until the mock's three
+     * injected errors are used up */
     const char *extra[] = {"kafka:producer.message.timeout.ms=1000",
-                           "kafka:reconnect.backoff.max.ms=500", NULL};
+                           "kafka:reconnect.backoff.max.ms=500", "output.max_retries=1000", NULL};
     if (leader_down_ms) {
         rd_kafka_mock_broker_set_down(e.mc, B_OUT);
     } else {

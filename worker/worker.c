@@ -2683,7 +2683,6 @@ worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen)
     if (claims_parse(w->cfg.claims, w->classes, w->n_classes, w->default_class, &w->claims,
                      errstr, errlen))
         goto fail;
-    log_claims(w);
     if (split_reply_topics(w)) {
         snprintf(errstr, errlen, "out of memory");
         goto fail;
@@ -2696,6 +2695,7 @@ worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen)
         snprintf(w->worker_id, sizeof w->worker_id, "%s-%d", host, (int)getpid());
     }
     json_escape(w->worker_id_json, sizeof w->worker_id_json, w->worker_id);
+    log_claims(w); /* after worker_id: every log line names the worker */
     /* the endpoint first: /healthz answers while the model loads and the clients connect, and
      * /readyz says "starting" until worker_new returns (a probe sees every stage) */
     if (w->cfg.metrics_port > 0) {
