@@ -936,7 +936,7 @@ static int read_template(pctx_t *c, const field_t *f, const json_t *v, request_t
 }
 
 /* 1 when s[0..n) is a legal Kafka topic name (1..249 of [a-zA-Z0-9._-], not "." or ".."). */
-static int is_topic_name(const char *s, size_t n)
+int request_is_topic_name(const char *s, size_t n)
 {
     if (n == 0 || n > MAX_TOPIC_BYTES) return 0;
     if ((n == 1 && s[0] == '.') || (n == 2 && s[0] == '.' && s[1] == '.')) return 0;
@@ -951,7 +951,7 @@ static int is_topic_name(const char *s, size_t n)
 
 /* 1 when s[0..n) may name a tenant or class: 1..64 of [a-zA-Z0-9._:@/-], not starting with
  * '_' (the worker's own labels, _none and _other, start with it). */
-static int is_label_name(const char *s, size_t n)
+int request_is_label_name(const char *s, size_t n)
 {
     if (n == 0 || n > MAX_LABEL_BYTES || s[0] == '_') return 0;
     for (size_t i = 0; i < n; i++) {
@@ -971,10 +971,10 @@ static int set_str(pctx_t *c, const field_t *f, const char *s, size_t n, const c
     char acc[128];
     int ok;
     if (strcmp(f->name, "reply_to") == 0)
-        ok = is_topic_name(s, n);
+        ok = request_is_topic_name(s, n);
     else if (strcmp(f->name, "tenant") == 0 || strcmp(f->name, "class") == 0 ||
                  strcmp(f->name, "model") == 0)
-        ok = is_label_name(s, n);
+        ok = request_is_label_name(s, n);
     else
         ok = n > 0 && n <= c->lim->max_id_bytes;
     if (!ok || memchr(s, 0, n))

@@ -69,6 +69,11 @@ typedef struct {
 } request_limits_t;
 
 void request_limits_default(request_limits_t *l);
+/* 1 when s[0..n) is a legal Kafka topic name (1..249 of [a-zA-Z0-9._-], not "." or ".."). */
+int request_is_topic_name(const char *s, size_t n);
+/* 1 when s[0..n) may name a tenant or class: 1..64 of [a-zA-Z0-9._:@/-], not starting with '_'
+ * (the worker's own labels, _none and _other, start with it). */
+int request_is_label_name(const char *s, size_t n);
 
 typedef struct {
     char *role;                 /* "system", "user", "assistant", ... (owned) */

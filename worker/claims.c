@@ -7,7 +7,6 @@
 #include "consumer/request.h"
 #include "worker/claims.h"
 
-#define MAX_NAME 64      /* tenant and class names, as the request fields (consumer/request.c) */
 #define MAX_TOPIC 249    /* Kafka's longest topic name */
 
 /* A name or a pattern: "NAME", "PREFIX*" (prefix = 1) or "*" (prefix = 1, empty text). */
@@ -52,34 +51,6 @@ void claims_free(claims_t *c)
 
 static int is_blank(char ch) { return ch == ' ' || ch == '\t'; }
 
-/* 1 when s[0..n) may be a tenant: 1..64 of [a-zA-Z0-9._:@/-], not starting with '_' (the rule
- * of the request field). */
-static int tenant_ok(const char *s, size_t n)
-{
-    if (n == 0 || n > MAX_NAME || s[0] == '_') return 0;
-    for (size_t i = 0; i < n; i++) {
-        char ch = s[i];
-        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
-              ch == '.' || ch == '_' || ch == ':' || ch == '@' || ch == '/' || ch == '-'))
-            return 0;
-    }
-    return 1;
-}
-
-/* 1 when s[0..n) may be a topic name: 1..249 of [a-zA-Z0-9._-] (class names of `classes` use
- * the same characters). */
-static int topic_ok(const char *s, size_t n)
-{
-    if (n == 0 || n > MAX_TOPIC) return 0;
-    for (size_t i = 0; i < n; i++) {
-        char ch = s[i];
-        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
-              ch == '.' || ch == '_' || ch == '-'))
-            return 0;
-    }
-    return 1;
-}
-
 static int pat_match(const pat_t *p, const char *s)
 {
     return p->prefix ? !strncmp(s, p->text, strlen(p->text)) : !strcmp(s, p->text);
@@ -122,7 +93,7 @@ static int parse_list(claims_t *c, const char *topic, const char *key, const cha
         if (!l) goto oom;
         *out = l;
         pat_t *q = &l[*n_out];
-        int rc = pat_set(q, p, (size_t)(ie - p), is_class ? topic_ok : tenant_ok);
+        int rc = pat_set(q, p, (size_t)(ie - p), is_class ? request_is_topic_name : request_is_label_name);
         if (rc == -2) goto oom;
         if (rc) {
             snprintf(errstr, errlen, "claims: topic %s: %s: \"%.*s\" is not a %s, \"PREFIX*\" or "
@@ -158,7 +129,7 @@ static int parse_entry(claims_t *c, entry_t *e, const char *s, size_t n, char *e
 {
     const char *end = s + n, *p = s;
     while (p < end && !is_blank(*p)) p++;
-    int rc = pat_set(&e->topic, s, (size_t)(p - s), topic_ok);
+    int rc = pat_set(&e->topic, s, (size_t)(p - s), request_is_topic_name);
     if (rc == -2) goto oom;
     if (rc) {
         snprintf(errstr, errlen, "claims: \"%.*s\" is not a topic, \"PREFIX*\" or \"*\" (an entry "
@@ -198,7 +169,7 @@ static int parse_entry(claims_t *c, entry_t *e, const char *s, size_t n, char *e
                                  errlen))
             return -1;
         if (k == 2) {
-            if (!tenant_ok(v, vl)) {
+            if (!request_is_label_name(v, vl)) {
                 snprintf(errstr, errlen, "claims: topic %s: tenant=%.*s: expected a tenant name "
                          "(1..64 of a-z A-Z 0-9 . _ : @ / -, not starting with _)", topic,
                          (int)(vl > 80 ? 80 : vl), v);
