@@ -50,6 +50,8 @@ static const dtype_desc_t dtype_table[DT_COUNT_] = {
 _Static_assert(sizeof(block_q8_0) == 34, "block_q8_0 must be packed to 34 bytes");
 _Static_assert(sizeof(block_q4_0) == 18, "block_q4_0 must be packed to 18 bytes");
 _Static_assert(sizeof(block_q4_K) == 144, "block_q4_K must be packed to 144 bytes");
+_Static_assert(sizeof(block_q2_K) == 84, "block_q2_K must be packed to 84 bytes");
+_Static_assert(sizeof(block_q3_K) == 110, "block_q3_K must be packed to 110 bytes");
 
 static const dtype_desc_t *dtype_desc(int t)
 {
@@ -66,7 +68,7 @@ const char *dtype_name(int t)
 int dtype_supported(int t)
 {
     return t == DT_F32 || t == DT_F16 || t == DT_BF16 || t == DT_Q8_0 || t == DT_Q4_0 ||
-           t == DT_Q4_K;
+           t == DT_Q4_K || t == DT_Q2_K || t == DT_Q3_K;
 }
 
 void dtype_dequant_row(int t, const void *row, float *out, int64_t n)
@@ -123,6 +125,12 @@ void dtype_dequant_row(int t, const void *row, float *out, int64_t n)
                 }
             }
         }
+        break;
+    case DT_Q2_K:
+        dtype_dequant_q2_k(row, out, n);
+        break;
+    case DT_Q3_K:
+        dtype_dequant_q3_k(row, out, n);
         break;
     default:
         memset(out, 0, (size_t)n * sizeof(float));
