@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "engine/cpu/kernels_impl.h"
+#include "engine/cpu/q23k.h"
 
 #define AI static inline __attribute__((always_inline))
 
@@ -813,6 +814,8 @@ AI int matmul_isa(const int vnni, int wtype, const void *W, size_t w_row_bytes, 
     if (wtype == DT_Q4_K)
         return kern_q4k_matmul(vnni ? q4k_rows_vnni : q4k_rows, q8k_quantize, W, w_row_bytes, K,
                                x, ldx, y, ldy, T, o0, o1);
+    if (wtype == DT_Q2_K || wtype == DT_Q3_K) /* engine/cpu/q23k_avx512.c (no VNNI variant) */
+        return kern_q23k_matmul_avx512(wtype, W, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
     if (wtype == DT_Q8_0)
         return kern_b32_matmul(DT_Q8_0, vnni ? q80_rows_vnni : q80_rows, q8_quantize, W,
                                w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
@@ -875,6 +878,9 @@ static void v_dequant_row(int wtype, const void *row, float *out, int64_t K)
         return;
     case DT_Q4_K:
         for (; k + 16 <= K; k += 16) _mm512_storeu_ps(out + k, w_load(DT_Q4_K, r, k));
+        return;
+    case DT_Q2_K: case DT_Q3_K: /* one row per token at most (embeddings) */
+        dtype_dequant_row(wtype, row, out, K);
         return;
     default:
         return;
