@@ -25,6 +25,7 @@
 #include "dtype.h"
 #include "gguf.h"
 #include "model.h"
+#include "quant_q23k.h"
 
 /* ---------------------------------------------------------------- presets */
 
@@ -481,6 +482,8 @@ int mkmodel_quantize_row(int t, const float *x, void *dst, int64_t n)
     case DT_Q8_0: quantize_q8_0(x, dst, n); break;
     case DT_Q4_0: quantize_q4_0(x, dst, n); break;
     case DT_Q4_K: quantize_q4_k(x, dst, n); break;
+    case DT_Q2_K: quant_q2_k_row(x, dst, n); break; /* engine/quant_q23k.c */
+    case DT_Q3_K: quant_q3_k_row(x, dst, n); break;
     default: return -1;
     }
     return 0;
@@ -489,7 +492,8 @@ int mkmodel_quantize_row(int t, const float *x, void *dst, int64_t n)
 int mkmodel_matrix_type(int want, int64_t ne0, int keep)
 {
     if (dtype_row_bytes(want, ne0)) return want;
-    if (want == DT_Q4_K && dtype_row_bytes(DT_Q4_0, ne0)) return DT_Q4_0;
+    if ((want == DT_Q4_K || want == DT_Q2_K || want == DT_Q3_K) && dtype_row_bytes(DT_Q4_0, ne0))
+        return DT_Q4_0;
     return keep;
 }
 
@@ -662,7 +666,8 @@ static int check_params(const mkmodel_params_t *p, char *errstr, size_t errlen)
     if (!dtype_supported(p->dtype))
         return seterr(errstr, errlen, "mkmodel: dtype %s not supported; supported: %s",
                       dtype_name(p->dtype), DTYPE_SUPPORTED_LIST);
-    if ((p->dtype == DT_Q8_0 || p->dtype == DT_Q4_0 || p->dtype == DT_Q4_K) &&
+    if ((p->dtype == DT_Q8_0 || p->dtype == DT_Q4_0 || p->dtype == DT_Q4_K ||
+         p->dtype == DT_Q2_K || p->dtype == DT_Q3_K) &&
         (p->dim % 32 || p->ffn_dim % 32))
         return seterr(errstr, errlen, "mkmodel: %s needs dim (%d) and ffn_dim (%d) to be "
                       "multiples of 32", dtype_name(p->dtype), p->dim, p->ffn_dim);
@@ -679,6 +684,8 @@ static int file_type_of(int dtype)
     case DT_Q8_0: return 7;  /* LLAMA_FTYPE_MOSTLY_Q8_0 */
     case DT_Q4_0: return 2;  /* LLAMA_FTYPE_MOSTLY_Q4_0 */
     case DT_Q4_K: return 14; /* LLAMA_FTYPE_MOSTLY_Q4_K_S */
+    case DT_Q2_K: return 10; /* LLAMA_FTYPE_MOSTLY_Q2_K */
+    case DT_Q3_K: return 11; /* LLAMA_FTYPE_MOSTLY_Q3_K_S */
     case DT_BF16: return 32; /* LLAMA_FTYPE_MOSTLY_BF16 */
     default: return 0;       /* LLAMA_FTYPE_ALL_F32 */
     }
