@@ -40,6 +40,8 @@ FIXTURES = [
     ("quant-fixtures", "pure-Q8_0.gguf", "quant"),
     ("quant-fixtures", "pure-Q4_0.gguf", "quant"),
     ("quant-fixtures", "pure-Q4_K.gguf", "quant"),
+    ("quant-fixtures", "pure-Q3_K.gguf", "quant"),
+    ("quant-fixtures", "pure-Q2_K.gguf", "quant"),
 ]
 F32_KLD, F32_TOP1 = 1e-4, 0.99
 QUANT_SHARE, QUANT_PPL = 0.5, 0.005
