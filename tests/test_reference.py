@@ -7,15 +7,15 @@ Exit: 0 pass, 1 fail, 77 skip (numpy missing).
 For each model -- stories260K.gguf, stories260K converted by `spillway mkmodel --from` to Q4_K with
 its dimensions zero-padded to 256 (real weights in Q4_K, attn_output in the Q4_0 fallback), plus
 synthetic models made by `spillway mkmodel` covering GQA (4 heads / 2 kv) and MQA (1 kv), tied and
-untied output, qwen2 with Q/K/V biases, and weight dtypes F32, F16, BF16, Q8_0, Q4_0 and Q4_K (one
-with every matrix Q4_K, one mixing Q4_K with Q4_0 where ffn_down's rows of 96 do not fit Q4_K's
-256) -- five seeded random sequences of different lengths (the last sharing
+untied output, qwen2 with Q/K/V biases, and weight dtypes F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q3_K
+and Q2_K (one with every matrix Q4_K, one mixing Q4_K with Q4_0 where ffn_down's rows of 96 do not
+fit Q4_K's 256; one all Q3_K, one Q2_K with that Q4_0 fallback) -- five seeded random sequences of different lengths (the last sharing
 a prefix longer than one KV block with the first) are run through
 `spillway logits` in every mode (alone, batch, decode, chunk) with KV type f32 and f16, and
 compared with the reference:
   * NMSE = sum((engine - ref)^2) / sum(ref^2) per sequence; the max over sequences must stay under
     the bound for the KV type (see BOUNDS for the justification and the values observed;
-    BOUNDS_I8 for models with Q4_K, Q8_0 or Q4_0 matrices, whose matmuls take int8
+    BOUNDS_I8 for models with Q4_K, Q3_K, Q2_K, Q8_0 or Q4_0 matrices, whose matmuls take int8
     activations);
   * the argmax must agree at every position where the reference's top-1 / top-2 margin is clear
     (> ARGMAX_MARGIN * max|ref|); overall agreement is reported;
@@ -112,6 +112,13 @@ SYNTH = [
     # ffn 96: ffn_down (rows of 96) falls back to Q4_0 beside Q4_K matrices
     ("qwen2-mqa-q4_k-tied", dict(arch="qwen2", heads=4, kv_heads=1, dtype="q4_k", tied=True, seed=20,
                                  dim=256, rope_theta=1000000.0, norm_eps=1e-6)),
+    # Q3_K and Q2_K (super-blocks of 256, sub-blocks of 16; our own quantisers): every matrix in
+    # the type, token_embd included (the embedding lookup widens it); the Q2_K model's ffn_down
+    # (rows of 96) falls back to Q4_0
+    ("llama-gqa-q3_k-untied", dict(arch="llama", heads=4, kv_heads=2, dtype="q3_k", tied=False, seed=21,
+                                   dim=256, ffn=512)),
+    ("qwen2-mqa-q2_k-tied", dict(arch="qwen2", heads=4, kv_heads=1, dtype="q2_k", tied=True, seed=22,
+                                 dim=256, rope_theta=1000000.0, norm_eps=1e-6)),
 ]
 # Converted real weights: stories260K padded to dimensions of 256 and rounded to Q4_K.
 CONVERTED = [("stories260K-pad256-q4_k", ["--dtype", "q4_k", "--pad", "256"])]
@@ -148,18 +155,20 @@ def mkmodel(spillway, path, opts):
 def check_synth(m, opts):
     """The file really has what the case claims to cover."""
     want_dt = {"f32": gguf_ref.DT_F32, "f16": gguf_ref.DT_F16, "bf16": gguf_ref.DT_BF16,
-               "q8_0": gguf_ref.DT_Q8_0, "q4_0": gguf_ref.DT_Q4_0, "q4_k": gguf_ref.DT_Q4_K}[opts["dtype"]]
+               "q8_0": gguf_ref.DT_Q8_0, "q4_0": gguf_ref.DT_Q4_0, "q4_k": gguf_ref.DT_Q4_K,
+               "q3_k": gguf_ref.DT_Q3_K, "q2_k": gguf_ref.DT_Q2_K}[opts["dtype"]]
+    k_quant = want_dt in (gguf_ref.DT_Q4_K, gguf_ref.DT_Q3_K, gguf_ref.DT_Q2_K)
     dim = opts.get("dim", BASE["dim"])
-    if want_dt == gguf_ref.DT_Q4_K and dim % 256:
-        want_dt = gguf_ref.DT_Q4_0  # attn_q's rows of dim elements fall back
     problems = []
-    if opts["dtype"] == "q4_k":
-        # every matrix Q4_K where its rows fit 256, Q4_0 elsewhere
+    if k_quant:
+        # every matrix in the K-quant where its rows fit 256, Q4_0 elsewhere
         for name, t in m.g.tensors.items():
             if len(t.ne) == 2:
-                want = gguf_ref.DT_Q4_K if t.ne[0] % 256 == 0 else gguf_ref.DT_Q4_0
+                want = want_dt if t.ne[0] % 256 == 0 else gguf_ref.DT_Q4_0
                 if t.dtype != want:
                     problems.append("%s dtype %d" % (name, t.dtype))
+        if dim % 256:
+            want_dt = gguf_ref.DT_Q4_0  # attn_q's rows of dim elements fall back
     if m.arch != opts["arch"]:
         problems.append("arch %s" % m.arch)
     if (m.n_heads, m.n_kv_heads) != (opts["heads"], opts["kv_heads"]):
@@ -198,8 +207,10 @@ def engine_logits(spillway, model, seqs_path, out_path, mode, kv, n_vocab, n_pos
 
 
 def has_i8(m):
-    """1 when a matmul of m takes int8 activations (Q4_K, Q8_0, Q4_0 matrices: kernels.h)."""
-    return any(t.dtype in (gguf_ref.DT_Q4_K, gguf_ref.DT_Q8_0, gguf_ref.DT_Q4_0)
+    """1 when a matmul of m takes int8 activations (Q4_K, Q3_K, Q2_K, Q8_0, Q4_0 matrices:
+    kernels.h)."""
+    return any(t.dtype in (gguf_ref.DT_Q4_K, gguf_ref.DT_Q3_K, gguf_ref.DT_Q2_K, gguf_ref.DT_Q8_0,
+                           gguf_ref.DT_Q4_0)
                for n, t in m.g.tensors.items()
                if n != "token_embd.weight" or m.tied)
 

@@ -21,9 +21,10 @@ Per sequence of n tokens at positions 0..n-1:
 
 Weights of GGUF shape ne = {in, out} are (out, in) arrays here, so y = x @ W.T.
 
-Q4_K matrices are multiplied as the engine's int8 route defines it (engine/cpu/kernels.h): x,
-rounded to float32, is quantised per 256 elements to int8 (d = max|x| / 127, q = round-half-even
-of x * (127 / max|x|), in float32) and multiplied by the weights' exact values d*sc*q - dmin*m.
+Q4_K, Q2_K and Q3_K matrices are multiplied as the engine's int8 route defines it
+(engine/cpu/kernels.h): x, rounded to float32, is quantised per 256 elements to int8 (d = max|x| /
+127, q = round-half-even of x * (127 / max|x|), in float32) and multiplied by the weights' exact
+values d*sc*q - dmin*m (Q3_K: d*sc*q).
 Token embeddings are looked up as float32-rounded weights either way.
 
 Usage as a script:
@@ -112,7 +113,7 @@ class RefModel:
         T = g.tensor
 
         def M(name):  # a matrix used by a matmul
-            if g.tensor_dtype(name) == gguf_ref.DT_Q4_K:
+            if g.tensor_dtype(name) in (gguf_ref.DT_Q4_K, gguf_ref.DT_Q2_K, gguf_ref.DT_Q3_K):
                 return I8Linear(g.tensor(name, exact_q4k=True), 256)
             if g.tensor_dtype(name) in (gguf_ref.DT_Q8_0, gguf_ref.DT_Q4_0):
                 return I8Linear(g.tensor(name), 32)

@@ -20,7 +20,8 @@ i + 16 its high nibble; w = d * (q - 8), exact in float64),
 Q4_K (super-blocks of 256, 144 bytes: fp16 d, fp16 dmin, 12 bytes of packed 6-bit sub-block scales
 and mins, 128 bytes of nibbles; 8 sub-blocks of 32; w = d*sc*q - dmin*m. ggml defines the weight as
 that expression evaluated in float32, where every product is exact and only the difference is
-rounded, so it is computed exactly here in float64 and rounded once to float32).
+rounded, so it is computed exactly here in float64 and rounded once to float32),
+Q2_K and Q3_K (super-blocks of 256 in sub-blocks of 16: q23k_ref.py).
 
 Usage as a script: gguf_ref.py FILE  prints the metadata and tensor list.
 """
@@ -28,6 +29,8 @@ import struct
 import sys
 
 import numpy as np
+
+import q23k_ref
 
 GGUF_MAGIC = b"GGUF"
 
@@ -44,8 +47,9 @@ _NP_SCALAR = {
 
 # tensor dtypes (ggml numbering)
 DT_F32, DT_F16, DT_Q4_0, DT_Q8_0, DT_Q4_K, DT_BF16 = 0, 1, 2, 8, 12, 30
+DT_Q2_K, DT_Q3_K = q23k_ref.DT_Q2_K, q23k_ref.DT_Q3_K
 DTYPE_NAMES = {DT_F32: "f32", DT_F16: "f16", DT_Q4_0: "q4_0", DT_Q8_0: "q8_0", DT_Q4_K: "q4_K",
-               DT_BF16: "bf16"}
+               DT_BF16: "bf16", DT_Q2_K: "q2_K", DT_Q3_K: "q3_K"}
 QK8_0 = 32
 Q8_0_BLOCK_BYTES = 2 + QK8_0
 QK4_0 = 32
@@ -54,7 +58,8 @@ QK_K = 256
 Q4_K_BLOCK_BYTES = 2 + 2 + 12 + QK_K // 2
 # block size and bytes of the block types
 _BLOCKS = {DT_Q8_0: (QK8_0, Q8_0_BLOCK_BYTES), DT_Q4_0: (QK4_0, Q4_0_BLOCK_BYTES),
-           DT_Q4_K: (QK_K, Q4_K_BLOCK_BYTES)}
+           DT_Q4_K: (QK_K, Q4_K_BLOCK_BYTES), DT_Q2_K: (QK_K, q23k_ref.BLOCK_BYTES[DT_Q2_K]),
+           DT_Q3_K: (QK_K, q23k_ref.BLOCK_BYTES[DT_Q3_K])}
 
 
 def q4k_scales_mins(sc):
@@ -93,8 +98,8 @@ class Tensor:
         return tuple(reversed(self.ne))
 
     def array(self, exact_q4k=False):
-        """exact_q4k: Q4_K weights as their exact values d*sc*q - dmin*m, not rounded to float32
-        (the values the engine's int8 route multiplies with: engine/cpu/kernels.h)."""
+        """exact_q4k: Q4_K and Q2_K weights as their exact values d*sc*q - dmin*m, not rounded to
+        float32 (the values the engine's int8 route multiplies with: engine/cpu/kernels.h)."""
         n = 1
         for d in self.ne:
             n *= d
@@ -132,6 +137,8 @@ class Tensor:
             q = np.stack([qs & 15, qs >> 4], axis=2).reshape(nb, 8, 32)       # (nb, sub, 32)
             w = (d[:, :, None] * scales[:, :, None]) * q - (dmin[:, :, None] * mins[:, :, None])
             flat = (w if exact_q4k else w.astype(np.float32).astype(np.float64)).reshape(n)
+        elif self.dtype in (DT_Q2_K, DT_Q3_K):
+            flat = q23k_ref.dequant(self.dtype, self.raw, n, exact_q4k)
         else:
             raise GGUFError("tensor %s: unsupported dtype %d" % (self.name, self.dtype))
         return flat.reshape(self.shape)
