@@ -258,6 +258,28 @@ static void test_batch_invariance(const kern_table_t *kt, int t, int64_t K, int 
     free(y);
 }
 
+/* Two tables give bit-identical matmuls (AVX-512 with and without VNNI), T = 1..20. */
+static void test_same_bits(const kern_table_t *a, const kern_table_t *b, int t)
+{
+    const int64_t N = 19, K = 768;
+    const int maxT = 20;
+    size_t rb;
+    void *W = make_weights(t, N, K, &rb);
+    float *x = make_vec(K * maxT);
+    float *ya = malloc((size_t)(N * maxT) * sizeof(float)), *yb = malloc((size_t)(N * maxT) * sizeof(float));
+    int bad = 0;
+    for (int T = 1; T <= maxT; T++) {
+        CHECK(a->matmul(t, W, rb, K, x, K, ya, N, T, 0, N) == 0);
+        CHECK(b->matmul(t, W, rb, K, x, K, yb, N, T, 0, N) == 0);
+        if (memcmp(ya, yb, (size_t)(N * T) * sizeof(float)) != 0) bad++;
+    }
+    CHECKF(bad == 0, "%s vs %s %s: %d batch sizes differ", a->name, b->name, dtype_name(t), bad);
+    free(W);
+    free(x);
+    free(ya);
+    free(yb);
+}
+
 /* Shapes refused; x holding Inf or NaN gives NaN outputs; empty ranges write nothing. */
 static void test_edges(const kern_table_t *kt, int t)
 {
@@ -350,6 +372,8 @@ int main(void)
             test_edges(kt, t);
         }
     }
+    if (tabs[2] && tabs[3])
+        for (int ti = 0; ti < 2; ti++) test_same_bits(tabs[2], tabs[3], TYPES[ti]);
     test_quantiser();
     return check_exit();
 }

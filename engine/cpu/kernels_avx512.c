@@ -814,8 +814,8 @@ AI int matmul_isa(const int vnni, int wtype, const void *W, size_t w_row_bytes, 
     if (wtype == DT_Q4_K)
         return kern_q4k_matmul(vnni ? q4k_rows_vnni : q4k_rows, q8k_quantize, W, w_row_bytes, K,
                                x, ldx, y, ldy, T, o0, o1);
-    if (wtype == DT_Q2_K || wtype == DT_Q3_K) /* engine/cpu/q23k_avx512.c (no VNNI variant) */
-        return kern_q23k_matmul_avx512(wtype, W, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
+    if (wtype == DT_Q2_K || wtype == DT_Q3_K) /* engine/cpu/q23k_avx512.c */
+        return kern_q23k_matmul_avx512(vnni, wtype, W, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
     if (wtype == DT_Q8_0)
         return kern_b32_matmul(DT_Q8_0, vnni ? q80_rows_vnni : q80_rows, q8_quantize, W,
                                w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);

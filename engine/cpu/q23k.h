@@ -61,13 +61,32 @@ static inline void kern_q3k_scales(const uint8_t *scales, int8_t sc[16])
     memcpy(sc, v, 16);
 }
 
+#if defined(__SSE4_1__) || defined(__AVX2__)
+#include <immintrin.h>
+/* kern_q3k_scales in a register (for the ISA files, compiled for AVX2 or above): byte j of the
+ * result is scale j. Reads exactly the 12 bytes. */
+static inline __m128i kern_q3k_scales_v(const uint8_t *scales)
+{
+    uint32_t h;
+    memcpy(&h, scales + 8, 4);
+    const __m128i ab = _mm_loadl_epi64((const __m128i *)scales), m4 = _mm_set1_epi8(0x0f);
+    const __m128i lo = _mm_unpacklo_epi64(_mm_and_si128(ab, m4), _mm_and_si128(_mm_srli_epi16(ab, 4), m4));
+    /* byte j of hv is byte 8 + j % 4; shifted right by 2 (j / 4) within its dword */
+    const __m128i hv = _mm_srlv_epi32(_mm_set1_epi32((int)h), _mm_setr_epi32(0, 2, 4, 6));
+    const __m128i hi = _mm_slli_epi16(_mm_and_si128(hv, _mm_set1_epi8(3)), 4);
+    return _mm_sub_epi8(_mm_or_si128(lo, hi), _mm_set1_epi8(32));
+}
+#endif
+
 /* kern_table_t.matmul for DT_Q2_K and DT_Q3_K on each ISA (q23k.c, q23k_avx2.c,
  * q23k_avx512.c); the x86 ones only after kern_get checked the CPU. */
 int kern_q23k_matmul_scalar(int wtype, const void *W, size_t wrb, int64_t K, const float *x,
                             int64_t ldx, float *y, int64_t ldy, int T, int64_t o0, int64_t o1);
 int kern_q23k_matmul_avx2(int wtype, const void *W, size_t wrb, int64_t K, const float *x,
                           int64_t ldx, float *y, int64_t ldy, int T, int64_t o0, int64_t o1);
-int kern_q23k_matmul_avx512(int wtype, const void *W, size_t wrb, int64_t K, const float *x,
-                            int64_t ldx, float *y, int64_t ldy, int T, int64_t o0, int64_t o1);
+/* vnni: 1 to sum through AVX512-VNNI (the same values; only where the CPU has it). */
+int kern_q23k_matmul_avx512(int vnni, int wtype, const void *W, size_t wrb, int64_t K,
+                            const float *x, int64_t ldx, float *y, int64_t ldy, int T, int64_t o0,
+                            int64_t o1);
 
 #endif

@@ -47,14 +47,18 @@ AI void pf2(const void *b, size_t pfd)
     _mm_prefetch((const char *)b + pfd + 64, _MM_HINT_T0);
 }
 
-/* vpshufb control: int16 lanes of the low 128 bits take byte i0 of each 128-bit half of the
- * source, those of the high 128 bits byte i1, into the int16's high byte (hi = 1, the low byte
- * 0: for an arithmetic shift by 8) or its low byte (hi = 0, the high byte 0). */
-AI __m256i ctl16(int i0, int i1, int hi)
+/* The vpmaddwd operands of the 8 groups: S[g] holds scale 2g (of the 16 int16 in sc16) in the
+ * int16 lanes of its low 128 bits and scale 2g + 1 in those of its high 128 bits. */
+AI void group_scales(__m256i sc16, __m256i S[8])
 {
-    const short a = (short)(hi ? (i0 << 8 | 0x80) : (0x8000 | i0));
-    const short b = (short)(hi ? (i1 << 8 | 0x80) : (0x8000 | i1));
-    return _mm256_set_m128i(_mm_set1_epi16(b), _mm_set1_epi16(a));
+    const __m256i lo = _mm256_permute4x64_epi64(sc16, 0x44), hi = _mm256_permute4x64_epi64(sc16, 0xee);
+#pragma GCC unroll 8
+    for (int g = 0; g < 8; g++) {
+        const int i0 = 2 * g % 8, i1 = i0 + 1; /* int16 lanes of the 128-bit half */
+        const __m256i ctl = _mm256_set_m128i(_mm_set1_epi16((short)((2 * i1 + 1) << 8 | 2 * i1)),
+                                             _mm_set1_epi16((short)((2 * i0 + 1) << 8 | 2 * i0)));
+        S[g] = _mm256_shuffle_epi8(g < 4 ? lo : hi, ctl);
+    }
 }
 
 /* Bit g of every byte of v moved to bit 2, the other bits cleared. */
@@ -84,24 +88,17 @@ AI void q23k_tile(const int dt, const int C, const char *row, int64_t nsb, const
             const block_q2_K *b = (const block_q2_K *)bp;
             const __m128i sv = _mm_loadu_si128((const __m128i *)b->scales);
             const __m128i m4 = _mm_set1_epi8(0x0f);
-            const __m256i scb = _mm256_broadcastsi128_si256(_mm_and_si128(sv, m4));
+            group_scales(_mm256_cvtepu8_epi16(_mm_and_si128(sv, m4)), S);
             sm16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sv, 4), m4));
-#pragma GCC unroll 8
-            for (int g = 0; g < 8; g++) S[g] = _mm256_shuffle_epi8(scb, ctl16(2 * g, 2 * g + 1, 0));
             uint32_t ddm;
             memcpy(&ddm, &b->d, 4);
             dwm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)ddm));
             qs = b->qs;
         } else {
             const block_q3_K *b = (const block_q3_K *)bp;
-            int8_t sc8[16];
-            kern_q3k_scales(b->scales, sc8);
-            const __m128i sv = _mm_loadu_si128((const __m128i *)sc8);
-            const __m256i scb = _mm256_broadcastsi128_si256(sv);
+            const __m128i sv = kern_q3k_scales_v(b->scales);
             sm16 = _mm256_cvtepi8_epi16(sv);
-#pragma GCC unroll 8
-            for (int g = 0; g < 8; g++)
-                S[g] = _mm256_srai_epi16(_mm256_shuffle_epi8(scb, ctl16(2 * g, 2 * g + 1, 1)), 8);
+            group_scales(sm16, S);
             dwm = _mm_cvtph_ps(_mm_cvtsi32_si128(b->d));
             qs = b->qs;
         }
