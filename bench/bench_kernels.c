@@ -4,7 +4,8 @@
  * OpenBLAS sgemm, our matmul per weight type and token count on SmolLM2-135M shapes (rows split
  * over the thread pool in 16-row units), the weight-streaming rate at T = 1 against the measured
  * bandwidth, and the matmul-only token rate of a whole SmolLM2-135M-shaped model (30 layers +
- * tied 49152-row head).
+ * tied 49152-row head). The K-quants (super-blocks of 256: Q4_K, Q3_K, Q2_K) get their own table
+ * on the shapes of SmolLM2-135M padded to 256 (dim 768, ffn 1536).
  *
  * Usage: bench_kernels [threads (2)] [rounds (3)] [seconds per cell per round (0.2)] [--ceilings]
  *                      [--json FILE]
@@ -108,6 +109,45 @@ static char *make_pool(int t, size_t bytes)
             for (int k = 0; k < QK8_0; k++) b->qs[k] = (int8_t)(r >> (k % 8 * 8));
         }
         break;
+    }
+    return w;
+}
+
+/* ---- K-quant weights (super-blocks of 256), their own table ---- */
+
+static const int KQ[] = {DT_Q4_K, DT_Q3_K, DT_Q2_K};
+#define N_KQ 3
+#define KQ_POOL_BYTES ((size_t)96 << 20) /* cycled at small T: larger than the last-level cache */
+#define N_KSH 3
+static const int64_t KSH[N_KSH][2] = {{768, 768}, {1536, 768}, {768, 1536}};
+
+/* Random super-blocks of type t (random bytes, then fp16 scales of 0.01 and -0.005) filling
+ * `bytes` (whole blocks). */
+static char *make_kpool(int t, size_t bytes)
+{
+    char *w = malloc(bytes + 64);
+    if (!w) return NULL;
+    const size_t bs = dtype_block_bytes(t);
+    const uint16_t d = f32_to_fp16(0.01f), dm = f32_to_fp16(-0.005f);
+    for (size_t i = 0; i + 8 <= bytes; i += 8) {
+        uint64_t r = rnext();
+        memcpy(w + i, &r, 8);
+    }
+    for (size_t b = 0; b < bytes / bs; b++) {
+        char *p = w + b * bs;
+        switch (t) {
+        case DT_Q4_K:
+            memcpy(&((block_q4_K *)p)->d, &d, 2);
+            memcpy(&((block_q4_K *)p)->dmin, &dm, 2);
+            break;
+        case DT_Q2_K:
+            memcpy(&((block_q2_K *)p)->d, &d, 2);
+            memcpy(&((block_q2_K *)p)->dmin, &dm, 2);
+            break;
+        default:
+            memcpy(&((block_q3_K *)p)->d, &d, 2);
+            break;
+        }
     }
     return w;
 }
@@ -323,6 +363,18 @@ int main(int argc, char **argv)
         return 1;
     }
     memset(cbuf, 1, copy_bytes); /* first touch outside the timing */
+    char *kpool[N_KQ];
+    for (int ki = 0; ki < N_KQ && !ceilings; ki++) {
+        kpool[ki] = make_kpool(KQ[ki], KQ_POOL_BYTES);
+        if (!kpool[ki]) {
+            fprintf(stderr, "bench_kernels: out of memory\n");
+            return 1;
+        }
+    }
+    double kmm[N_KQ][N_KSH][N_TS];
+    for (int ki = 0; ki < N_KQ; ki++)
+        for (int s = 0; s < N_KSH; s++)
+            for (int ti = 0; ti < N_TS; ti++) kmm[ki][s][ti] = 1e30;
     for (int i = 0; i < 1536 * 512; i++) x[i] = frand();
     for (int i = 0; i < 1536 * 576; i++) bb[i] = frand();
 
@@ -353,6 +405,11 @@ int main(int argc, char **argv)
             for (int i = 0; i < 3 && !ceilings; i++)
                 keep_min(&model[wi][i], time_model(pool, kt, WT[wi], wpool[wi], MT[i], x, y));
         }
+        for (int ki = 0; ki < N_KQ && !ceilings; ki++)
+            for (int s = 0; s < N_KSH; s++)
+                for (int ti = 0; ti < N_TS; ti++)
+                    keep_min(&kmm[ki][s][ti], time_matmul(pool, kt, KQ[ki], kpool[ki], KQ_POOL_BYTES,
+                                                          KSH[s][0], KSH[s][1], TS[ti], x, y, budget));
     }
 
     printf("# bench_kernels: %s kernels, %d threads, best of %d rounds\n\n", kt->name, nth, rounds);
@@ -395,6 +452,25 @@ int main(int argc, char **argv)
             }
             printf("| %.0f%% |\n", 100.0 * g512 / blas[s]);
         }
+
+    if (!ceilings) {
+        printf("\n| K-quant | N x K | T=1 GFLOP/s | T=1 W GB/s (%% of bw) | T=4 | T=16 | T=64 | T=512 |"
+               "\n|---|---|---|---|---|---|---|---|\n");
+        for (int ki = 0; ki < N_KQ; ki++)
+            for (int s = 0; s < N_KSH; s++) {
+                const int64_t N = KSH[s][0], K = KSH[s][1];
+                printf("| %s | %lldx%lld ", dtype_name(KQ[ki]), (long long)N, (long long)K);
+                for (int ti = 0; ti < N_TS; ti++) {
+                    const double t = kmm[ki][s][ti];
+                    printf("| %.1f ", 2.0 * TS[ti] * (double)N * (double)K / t / 1e9);
+                    if (TS[ti] == 1) {
+                        double gbs = (double)(dtype_row_bytes(KQ[ki], K) * (size_t)N) / t / 1e9;
+                        printf("| %.1f (%.0f%%) ", gbs, 100.0 * gbs / bw);
+                    }
+                }
+                printf("|\n");
+            }
+    }
 
     if (json) {
         FILE *jf = fopen(json, "w");
@@ -444,6 +520,7 @@ int main(int argc, char **argv)
                512.0 / model[wi][2]);
     }
     for (int wi = 0; wi < N_WT; wi++) free(wpool[wi]);
+    for (int ki = 0; ki < N_KQ && !ceilings; ki++) free(kpool[ki]);
     free(x);
     free(y);
     free(bb);
