@@ -5,7 +5,7 @@
  *   (a separate multiply and add, no fused FMA, so the result does not depend on -ffp-contract
  *   or libm), then ((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7)).
  * F16 and BF16 weights are widened to F32 exactly. Q4_K, Q8_0 and Q4_0 take int8 activations
- * (kernels.h): sc_q4k, sc_b32. */
+ * (kernels.h): sc_q4k, sc_b32; Q2_K and Q3_K too, in engine/cpu/q23k.c. */
 #include "engine/cpu/kernels.h"
 
 #include <float.h>
