@@ -36,7 +36,7 @@
 #define Q23K_TOK 8                    /* tokens per tile */
 #define Q23K_ROWS 4                   /* rows per tile with one token */
 #define Q23K_PANEL_BYTES (192 * 1024) /* rows per panel with more tokens than a tile */
-#define Q23K_PF_BYTES 16384           /* prefetch distance of the weights of the first tile */
+#define Q23K_PF_BYTES 8192            /* prefetch distance of the weights of the first tile */
 
 AI float hsum8(__m256 v)
 {
