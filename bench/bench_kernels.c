@@ -25,7 +25,10 @@
  * Llama-style shapes of TinyLlama-1.1B (2048 x 2048, 5632 x 2048, 2048 x 5632), for every
  * x86 table kern_get offers: GOP/s (2 N K T / s) per T and, at T = 1, the weight stream in GB/s
  * and as a share of the measured read bandwidth. Weights cycle through a pool of 256 MB per type
- * (random bytes, every scale finite). */
+ * (random bytes, every scale finite). Then the same kernels on one thread timed in the thread's
+ * CPU time (CLOCK_THREAD_CPUTIME_ID: what the kernel does while it runs, so that a machine
+ * shared with other processes still gives comparable figures): 256 x 2048 weights kept in L2 at
+ * T = 1, 16, 64, and 2048 x 2048 streamed from the pool at T = 1. */
 #include <cblas.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -43,6 +46,14 @@ static double now_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* CPU time of the calling thread */
+static double cpu_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
@@ -348,6 +359,47 @@ static void kquant_table(tpool_t *pool, int nth, int rounds, double budget, doub
                 printf("|\n");
                 fflush(stdout);
             }
+        }
+        free(wp);
+    }
+    /* one thread, CPU time */
+    printf("\n| kernels, 1 thread, CPU time | wtype | in L2: T=1 GOP/s (W GB/s) | T=16 | T=64 | "
+           "streamed: T=1 W GB/s |\n|---|---|---|---|---|---|\n");
+    for (size_t ti = 0; ti < N_KQ_T; ti++) {
+        const int t = KQ_T[ti];
+        char *wp = make_kq_pool(t, KQ_POOL_BYTES);
+        if (!wp) {
+            fprintf(stderr, "bench_kernels: out of memory\n");
+            exit(1);
+        }
+        for (size_t ii = 0; ii < sizeof isas / sizeof isas[0]; ii++) {
+            const kern_table_t *kt = kern_get(isas[ii]);
+            if (!kt) continue;
+            const int64_t K = 2048, NL = 256, NS = 2048;
+            const size_t rb = dtype_row_bytes(t, K), ws = rb * (size_t)NS;
+            static const int tl[3] = {1, 16, 64};
+            double best[4] = {1e30, 1e30, 1e30, 1e30};
+            size_t c = 0;
+            for (int r = 0; r < rounds; r++)
+                for (int k = 0; k < 4; k++)
+                    for (int rep = 0; rep < 10; rep++) {
+                        int calls = 0;
+                        double t0 = cpu_now_s(), el;
+                        do {
+                            if (k < 3) kt->matmul(t, wp, rb, K, x, K, y, NL, tl[k], 0, NL);
+                            else kt->matmul(t, wp + ws * (c++ % (KQ_POOL_BYTES / ws)), rb, K, x, K, y,
+                                            NS, 1, 0, NS);
+                            calls++;
+                            el = cpu_now_s() - t0;
+                        } while (el < budget / 20);
+                        keep_min(&best[k], el / calls);
+                    }
+            printf("| %s | %s | %.1f (%.1f) | %.1f | %.1f | %.1f |\n", kt->name, dtype_name(t),
+                   2.0 * (double)NL * (double)K / best[0] / 1e9,
+                   (double)(rb * (size_t)NL) / best[0] / 1e9,
+                   2.0 * 16 * (double)NL * (double)K / best[1] / 1e9,
+                   2.0 * 64 * (double)NL * (double)K / best[2] / 1e9, (double)ws / best[3] / 1e9);
+            fflush(stdout);
         }
         free(wp);
     }
