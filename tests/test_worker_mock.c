@@ -199,12 +199,22 @@ static void test_end_to_end(rd_kafka_mock_cluster_t *mc, const char *brokers, in
     size_t lens[N];
     static const char *prefixes[] = {"Once upon a time, there was a little girl named Lily. She",
                                      "Tom and his dog", "The sun was"};
+    /* r0's metadata comes back as its own text, less the insignificant white space: numbers
+     * as written (no re-rounding), nested values, escapes untouched */
+    static const char META0_IN[] = "{\"n\":0, \"x\": 12345678901234567890e-10,\"t\":0.8,"
+                                   "\"deep\":{\"a\":[1, 2.50,{\"u\":\"\\u00e9 \\ud83d\\ude00\"}]}}";
+    static const char META0_OUT[] = "\"metadata\":{\"n\":0,\"x\":12345678901234567890e-10,\"t\":0.8,"
+                                    "\"deep\":{\"a\":[1,2.50,{\"u\":\"\\u00e9 \\ud83d\\ude00\"}]}}";
     for (int i = 0; i < NGOOD; i++) {
-        char buf[512];
+        char buf[512], meta[160];
+        if (i == 0)
+            snprintf(meta, sizeof meta, "%s", META0_IN);
+        else
+            snprintf(meta, sizeof meta, "{\"n\":%d}", i);
         snprintf(buf, sizeof buf,
                  "{\"id\":\"r%d\",\"prompt\":\"%s %d\",\"max_tokens\":%d,\"temperature\":0,"
-                 "\"metadata\":{\"n\":%d}}",
-                 i, prefixes[i % 3], i, 4 + i % 5, i);
+                 "\"metadata\":%s}",
+                 i, prefixes[i % 3], i, 4 + i % 5, meta);
         vals[i] = strdup(buf);
     }
     const char *bad[NBAD] = {
@@ -258,6 +268,9 @@ static void test_end_to_end(rd_kafka_mock_cluster_t *mc, const char *brokers, in
             CHECKF(strstr(res[i].value, "\"finish_reason\":\"length\"") ||
                        strstr(res[i].value, "\"finish_reason\":\"stop\""), "%s", res[i].value);
             CHECK(strstr(res[i].value, "\"metadata\":{\"n\":") != NULL);
+            if (strstr(res[i].value, "\"id\":\"r0\""))
+                CHECKF(strstr(res[i].value, META0_OUT) != NULL, "metadata not as sent: %s",
+                       res[i].value);
             CHECK(strstr(res[i].value, "\"worker\":\"test-worker\"") != NULL);
             CHECK(strstr(res[i].value, "\"input\":{\"topic\":") != NULL);
         }

@@ -117,6 +117,38 @@ oom:
     return NULL;
 }
 
+/* obj (a compact JSON object text ending in '}', malloc'd; consumed) with "key":value appended as
+ * its last member, value spliced in as the text it is (the request's own metadata text: numbers
+ * and escapes exactly as the producer wrote them). The new malloc'd text, or NULL on out of
+ * memory (obj freed either way). */
+static char *splice_member(char *obj, const char *key, const char *value)
+{
+    size_t ol = strlen(obj), kl = strlen(key), vl = strlen(value);
+    if (ol < 2 || obj[ol - 1] != '}') {
+        free(obj);
+        return NULL;
+    }
+    char *out = malloc(ol + kl + vl + 5);
+    if (!out) {
+        free(obj);
+        return NULL;
+    }
+    size_t n = ol - 1;
+    memcpy(out, obj, n);
+    if (ol > 2) out[n++] = ','; /* "{}" has no member to follow */
+    out[n++] = '"';
+    memcpy(out + n, key, kl);
+    n += kl;
+    out[n++] = '"';
+    out[n++] = ':';
+    memcpy(out + n, value, vl);
+    n += vl;
+    out[n++] = '}';
+    out[n] = 0;
+    free(obj);
+    return out;
+}
+
 /* Builds the result JSON of r. er is the engine's result, or NULL for an expired request that
  * was never computed. 0 or -1 (out of memory: r becomes a DLQ record). */
 int wres_result(worker_t *w, wreq_t *r, const engine_result_t *er, const char *finish)
@@ -165,10 +197,6 @@ int wres_result(worker_t *w, wreq_t *r, const engine_result_t *er, const char *f
     json_object_set_new(in, "offset", json_integer(r->msg->offset));
     json_object_set_new(o, "input", in);
     in = NULL;
-    if (r->req.metadata_json) {
-        json_t *md = json_loads(r->req.metadata_json, JSON_DECODE_ANY, NULL);
-        if (md) json_object_set_new(o, "metadata", md); /* steals md */
-    }
     if (er && r->model && r->req.n_logprobs > 0 && er->logprobs) {
         json_t *lp = logprobs_json(r->model->eng, er);
         if (!lp || json_object_set_new(o, "logprobs", lp)) goto oom;
@@ -176,6 +204,8 @@ int wres_result(worker_t *w, wreq_t *r, const engine_result_t *er, const char *f
     char *s = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(6));
     json_decref(o);
     if (!s) goto oom_done;
+    if (r->req.metadata_json && !(s = splice_member(s, "metadata", r->req.metadata_json)))
+        goto oom_done;
     free(r->out);
     r->out = s;
     r->out_len = strlen(s);
