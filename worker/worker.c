@@ -137,6 +137,11 @@ worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen)
     }
     wlog_json_escape(w->worker_id_json, sizeof w->worker_id_json, w->worker_id);
     log_claims(w); /* after worker_id: every log line names the worker */
+    if (w->cfg.delivery == WORKER_EOS && !*w->cfg.worker_id && !*w->cfg.transactional_id)
+        wlog(w, 1, "exactly-once without worker.id: the transactional id is spillway-%s-%s, "
+             "new at each restart, so a restarted worker cannot fence its previous instance's "
+             "open transaction (it times out instead); set worker.id (-i NAME) to a name "
+             "stable across restarts and unique in the group", w->cfg.group_id, w->worker_id);
     /* the endpoint first: /healthz answers while the model loads and the clients connect, and
      * /readyz says "starting" until worker_new returns (a probe sees every stage) */
     if (w->cfg.metrics_port > 0) {
