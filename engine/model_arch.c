@@ -107,9 +107,10 @@ int model_arch_hparams(const gguf_t *g, hparams_t *hp, char *errstr, size_t errl
     if (hp->arch == ARCH_GEMMA2) {
         if (model_arch_f32(g, a, "attn_logit_softcapping", 50.0f, &hp->attn_softcap) ||
             model_arch_f32(g, a, "final_logit_softcapping", 30.0f, &hp->logit_softcap) ||
-            !(hp->attn_softcap >= 0) || !(hp->logit_softcap >= 0) || !isfinite(hp->attn_softcap) ||
+            !(hp->attn_softcap == 0 || hp->attn_softcap >= 1e-3f) ||
+            !(hp->logit_softcap == 0 || hp->logit_softcap >= 1e-3f) || !isfinite(hp->attn_softcap) ||
             !isfinite(hp->logit_softcap)) {
-            seterr(errstr, errlen, "model: bad %s soft-capping values", a);
+            seterr(errstr, errlen, "model: bad %s soft-capping values (0 = none, else >= 0.001)", a);
             return -1;
         }
     }
