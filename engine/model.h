@@ -135,6 +135,11 @@ void model_free(model_t *m);
  * no YaRN, LongRoPE magnitude or sliding window): what a backend without them can run. */
 int model_is_plain_llama(const model_t *m);
 
+/* W when every layer of m has a sliding window (W the largest): a query at position p then reads
+ * no key before p - W + 1, so the KV blocks wholly before that may be released (engine.c). 0
+ * when some layer attends to the whole context. */
+int model_kv_window(const model_t *m);
+
 /* Bytes of K+V per token per layer set, for a KV element size of elem_bytes. */
 size_t model_kv_bytes_per_token(const model_t *m, size_t elem_bytes);
 

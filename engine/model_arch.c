@@ -163,6 +163,16 @@ static int layer_flag(const gguf_t *g, const char *key, int l, int n_layers)
     }
 }
 
+int model_kv_window(const model_t *m)
+{
+    int w = 0;
+    for (int l = 0; l < m->hp.n_layers; l++) {
+        if (m->layers[l].window <= 0) return 0;
+        w = m->layers[l].window > w ? m->layers[l].window : w;
+    }
+    return w;
+}
+
 int model_arch_layers(model_t *m, char *errstr, size_t errlen)
 {
     const hparams_t *hp = &m->hp;
