@@ -418,6 +418,7 @@ engine_t *engine_new(const engine_config_t *cfg, char *errstr, size_t errlen)
     const hparams_t *hp = &e->model->hp;
     e->max_ctx = c->max_ctx > 0 && c->max_ctx < hp->ctx_len ? c->max_ctx : hp->ctx_len;
     e->kv_window = model_kv_window(e->model);
+    model_select_context(e->model, e->max_ctx);
 
     size_t block_bytes = (size_t)c->block_tokens *
                          model_kv_bytes_per_token(e->model, e->kv_type == DT_F32 ? 4 : 2);

@@ -105,6 +105,8 @@ typedef struct {
     int swa_pattern;     /* with a window: layer l is local iff l % swa_pattern < swa_pattern - 1;
                             0 = every layer local (llama.cpp's set_swa_pattern) */
     float rope_theta_swa; /* RoPE base of the local layers (gemma3; = rope_theta otherwise) */
+    int rope_long;       /* Phi-3 LongRoPE: 1 = rope_factors_long in use, 0 = the short ones
+                            (or none) */
 } hparams_t;
 
 typedef struct model {
@@ -119,6 +121,9 @@ typedef struct model {
     rope_table_t rope[2];         /* [0]: global layers (inv_freq = rope_inv_freq); [1]: local
                                      (sliding-window) layers when they differ (gemma3) */
     float *rope_inv_freq_swa;     /* [rope_dim / 2] owned, rope[1]'s, or NULL */
+    const float *rope_factors[2]; /* Phi-3 LongRoPE short [0] and long [1] factors (in the
+                                     mapping), or NULL */
+    int rope_orig_ctx;            /* their original context */
     float *owned_f32;             /* norms/biases converted to F32 at load, owned */
     uint64_t fingerprint;         /* hash of hparams, tensor names/types/shapes and weight bytes sample */
     int weight_type;              /* dominant matrix dtype (for display) */
@@ -134,6 +139,13 @@ void model_free(model_t *m);
 /* 1 when m uses only the llama / qwen2 forward pass (none of the hparams_t architecture features,
  * no YaRN, LongRoPE magnitude or sliding window): what a backend without them can run. */
 int model_is_plain_llama(const model_t *m);
+
+/* Phi-3 LongRoPE (model.rope_factors): selects the long factors when n_ctx (the context served
+ * per sequence) exceeds the original context, else the short ones, as llama.cpp chooses by its
+ * context size; model_load chose by the trained context. A change recomputes rope_inv_freq and
+ * the fingerprint. Call before creating a backend (the model is not shared yet). 1 when it
+ * changed, else 0. */
+int model_select_context(model_t *m, int n_ctx);
 
 /* W when every layer of m has a sliding window (W the largest): a query at position p then reads
  * no key before p - W + 1, so the KV blocks wholly before that may be released (engine.c). 0

@@ -173,6 +173,28 @@ int model_kv_window(const model_t *m)
     return w;
 }
 
+int model_select_context(model_t *m, int n_ctx)
+{
+    hparams_t *hp = &m->hp;
+    int want = n_ctx > m->rope_orig_ctx && m->rope_factors[1];
+    if (!m->rope_factors[0] && !m->rope_factors[1]) return 0;
+    if (want == hp->rope_long) return 0;
+    const float *ff = m->rope_factors[want];
+    for (int i = 0; i < hp->rope_dim / 2; i++) {
+        double f = pow((double)hp->rope_theta, -2.0 * i / (double)hp->rope_dim);
+        if (ff) {
+            float fac;
+            memcpy(&fac, ff + i, 4);
+            f /= fac;
+        }
+        m->rope_inv_freq[i] = (float)f;
+    }
+    hp->rope_long = want;
+    /* another RoPE, other K in the cache: another fingerprint (and KV block names) */
+    m->fingerprint = m->fingerprint * 0x9e3779b97f4a7c15ull + 0x6c6f6e67726f7065ull + (uint64_t)want;
+    return 1;
+}
+
 int model_arch_layers(model_t *m, char *errstr, size_t errlen)
 {
     const hparams_t *hp = &m->hp;
@@ -294,12 +316,15 @@ int model_rope_init(model_t *m, char *errstr, size_t errlen)
     const float *ff = factor_tensor(g, "rope_freqs.weight", half, &bad, errstr, errlen);
     if (bad) return -1;
     if (!ff) {
-        /* Phi-3 LongRoPE: long factors when the context served (the model's) is past the
-         * original one. */
-        const char *name = hp->ctx_len > orig_ctx ? "rope_factors_long.weight"
-                                                  : "rope_factors_short.weight";
-        ff = factor_tensor(g, name, half, &bad, errstr, errlen);
+        /* Phi-3 LongRoPE: long factors when the context served (the model's, until
+         * model_select_context) is past the original one. */
+        m->rope_factors[0] = factor_tensor(g, "rope_factors_short.weight", half, &bad, errstr, errlen);
         if (bad) return -1;
+        m->rope_factors[1] = factor_tensor(g, "rope_factors_long.weight", half, &bad, errstr, errlen);
+        if (bad) return -1;
+        m->rope_orig_ctx = (int)orig_ctx;
+        hp->rope_long = hp->ctx_len > orig_ctx && m->rope_factors[1];
+        ff = m->rope_factors[hp->rope_long];
     }
     float l3_factor = 1.0f, l3_low = 1.0f, l3_high = 4.0f;
     if (type == SC_LLAMA3 && !ff) {

@@ -827,6 +827,17 @@ static void test_archs(void)
             CHECK(m->rope[0].mscale == 1.25f && m->rope[0].ext_factor == 0.0f);
             double ratio = m->rope_inv_freq[1] / pow(10000.0, -2.0 / 16.0);
             CHECKF(ratio > 1.0 / 3.0 && ratio < 1.0 / 1.5, "long factor ratio %g", ratio);
+            /* served with a context of at most the original 64: the short factors (mean 1.2),
+             * another fingerprint; back at 128 the long ones and the load-time fingerprint */
+            uint64_t fp = m->fingerprint;
+            CHECK(m->hp.rope_long == 1 && model_select_context(m, 128) == 0);
+            CHECK(model_select_context(m, 64) == 1 && m->hp.rope_long == 0 && m->fingerprint != fp);
+            ratio = m->rope_inv_freq[1] / pow(10000.0, -2.0 / 16.0);
+            CHECKF(ratio > 1.0 / 1.45 && ratio < 1.0 / 1.0, "short factor ratio %g", ratio);
+            CHECK(model_select_context(m, 64) == 0);
+            CHECK(model_select_context(m, 100) == 1 && m->hp.rope_long == 1);
+            ratio = m->rope_inv_freq[1] / pow(10000.0, -2.0 / 16.0);
+            CHECK(ratio > 1.0 / 3.0 && ratio < 1.0 / 1.5);
         }
         model_free(m);
     }

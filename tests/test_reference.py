@@ -120,7 +120,8 @@ SYNTH = [
 # head_dim != dim), sliding windows of 8 (the 33-token sequence has queries whose window starts
 # past the first 16-token KV block), gemma2 soft-caps small enough to bend the scores and logits,
 # gemma3 with pattern 2 (layer 0 local with RoPE base 10000, layer 1 global with 1e6), phi3 with
-# LongRoPE long factors (context 128 > original 64) and an attention factor, YaRN and Llama 3
+# LongRoPE long factors (context 128 > original 64) and an attention factor, and short ones
+# (original 128), YaRN and Llama 3
 # key-computed factors with an original context of 32 (so the ramps fall inside the head).
 SYNTH += [
     ("qwen3-gqa-f32-untied", dict(arch="qwen3", heads=4, kv_heads=2, dtype="f32", tied=False, seed=21,
@@ -137,6 +138,8 @@ SYNTH += [
                                  rope_theta_swa=20000.0)),
     ("phi3-gqa-f32-untied", dict(arch="phi3", heads=4, kv_heads=2, dtype="f32", tied=False, seed=26,
                                  rope_scaling="longrope", rope_orig_ctx=64, rope_attn_factor=1.19)),
+    ("phi3-mqa-f32-short", dict(arch="phi3", heads=4, kv_heads=1, dtype="f32", tied=True, seed=31,
+                                rope_scaling="longrope", rope_orig_ctx=128)),  # context 128: short
     ("llama-swa-f16-untied", dict(arch="llama", heads=4, kv_heads=2, dtype="f16", tied=False, seed=27,
                                   sliding_window=8)),
     ("llama-yarn-f32-untied", dict(arch="llama", heads=4, kv_heads=2, dtype="f32", tied=False, seed=28,
