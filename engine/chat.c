@@ -447,7 +447,8 @@ static void raise_(sb_t *b, const char *msg)
 }
 
 /* Length of the UTF-8 character at s[0..n) (1 for a bad byte) and its code point in *cp
- * (0xFFFFFFFF for a bad byte). */
+ * (0xFFFFFFFF for a bad byte: a truncated, overlong or surrogate sequence, or one above
+ * U+10FFFF; such text never reaches a Jinja template, which works on Unicode strings). */
 static size_t utf8_at(const unsigned char *s, size_t n, uint32_t *cp)
 {
     size_t k = s[0] < 0x80 ? 1 : (s[0] >> 5) == 6 ? 2 : (s[0] >> 4) == 14 ? 3 : (s[0] >> 3) == 30 ? 4 : 0;
@@ -458,6 +459,8 @@ static size_t utf8_at(const unsigned char *s, size_t n, uint32_t *cp)
         if ((s[i] & 0xC0) != 0x80) return 1;
         c = c << 6 | (s[i] & 0x3Fu);
     }
+    static const uint32_t MIN[5] = {0, 0, 0x80, 0x800, 0x10000};
+    if (c < MIN[k] || c > 0x10FFFF || (c >= 0xD800 && c <= 0xDFFF)) return 1;
     *cp = c;
     return k;
 }

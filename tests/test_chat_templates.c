@@ -7,10 +7,12 @@
  *   of its .expected file, or fails where jinja2 raised (.error; a raise_exception message is in
  *   spillway's error); chat_render_segments_opts gives the same text (and refuses, with
  *   CHAT_EROLE, only conversations with a role outside the template's list);
- * - with llama.cpp's Llama 3 (llama-bpe) and Qwen2 vocabularies, chat_tokenize of each case of
- *   llama-3, llama-3.1, qwen2.5 and qwen3 without options gives the ids of the expected text
- *   with special-token parsing (BOS once), except where a content holds control-token text,
- *   which stays text. */
+ * - with llama.cpp's Llama 3 (llama-bpe), Qwen2, phi-3 and llama-spm (whose <s> BOS Mistral's
+ *   SentencePiece vocabularies share) vocabularies, chat_tokenize of each case of llama-3,
+ *   llama-3.1, qwen2.5, qwen3, phi-3, phi-3.5, mistral-v0.3 and mistral-nemo without options
+ *   gives the ids of the expected text with special-token parsing (BOS once), except where a
+ *   content holds control-token text, which stays text;
+ * - llama-3.2 without a date option prints today's UTC date. */
 #include <dirent.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -90,7 +92,7 @@ static void free_list(char **v, int n)
 }
 
 typedef struct {
-    tokenizer_t *llama3, *qwen2;
+    tokenizer_t *llama3, *qwen2, *spm, *phi3;
 } vocabs_t;
 
 static tokenizer_t *load_tok(const char *path)
@@ -222,6 +224,8 @@ static void run_case(const char *name, const char *conv, const vocabs_t *vv)
     const tokenizer_t *t = NULL;
     if (!strcmp(name, "llama-3") || !strcmp(name, "llama-3.1")) t = vv->llama3;
     if (!strcmp(name, "qwen2.5") || !strcmp(name, "qwen3")) t = vv->qwen2;
+    if (!strcmp(name, "mistral-v0.3") || !strcmp(name, "mistral-nemo")) t = vv->spm; /* <s> */
+    if (!strcmp(name, "phi-3") || !strcmp(name, "phi-3.5")) t = vv->phi3;
     if (t && expected && roles_ok && !has_opts && strcmp(conv, "control-text") != 0) {
         check_tokens(t, name, m, n, agp, expected, what);
         g_tokens++;
@@ -244,7 +248,8 @@ int main(void)
         printf("SKIP: no templates under %s\n", DIR_T "/templates");
         return 77;
     }
-    vocabs_t vv = {load_tok(VOCAB("llama-bpe")), load_tok(VOCAB("qwen2"))};
+    vocabs_t vv = {load_tok(VOCAB("llama-bpe")), load_tok(VOCAB("qwen2")),
+                   load_tok(VOCAB("llama-spm")), load_tok(VOCAB("phi-3"))};
     for (int i = 0; i < nn; i++) {
         char path[1024];
         snprintf(path, sizeof path, "%s/templates/%s.jinja", DIR_T, names[i]);
@@ -279,10 +284,25 @@ int main(void)
         while (*p == ',' || *p == ' ') p++;
     }
     CHECK(n_exact == nn);
+
+    /* llama-3.2's default date is today's (UTC), as "%d %b %Y" */
+    {
+        engine_chat_msg_t one = {"user", "hi"};
+        char err[256], want[64];
+        time_t now = time(NULL);
+        struct tm tm;
+        gmtime_r(&now, &tm);
+        strftime(want, sizeof want, "Today Date: %d %b %Y\n", &tm);
+        char *s = chat_render("llama-3.2", &one, 1, 1, NULL, err, sizeof err);
+        CHECKF(s && strstr(s, want), "llama-3.2 today: %s", s ? s : err);
+        free(s);
+    }
     printf("%d templates, %d cases (%d where the template raises), %d token checks\n", nn,
            g_cases, g_errors, g_tokens);
     free_list(names, nn);
     tokenizer_free(vv.llama3);
     tokenizer_free(vv.qwen2);
+    tokenizer_free(vv.spm);
+    tokenizer_free(vv.phi3);
     return check_exit();
 }
