@@ -21,7 +21,9 @@
  *                T = " "; v3-tekken: L = T = ""); system: c\n\n; user: c L"[/INST]"; other roles:
  *                T c</s> (v3 trims c) and close the turn. No opener.
  *   mistral-v7(-tekken)  system: [SYSTEM_PROMPT]Tc[/SYSTEM_PROMPT]; user: [INST]Tc[/INST];
- *                other: Tc</s> (T = " ", tekken ""). No opener. */
+ *                other: Tc</s> (T = " ", tekken ""). No opener.
+ * Those are llama.cpp's formats. The Jinja-exact ones (llama-3 ... mistral-nemo) are described
+ * in the section "Jinja-exact templates" below. */
 #include "chat.h"
 
 #include <stdarg.h>
@@ -43,7 +45,7 @@ enum tmpl {
     T_J_PHI3, T_J_PHI35, T_J_MISTRAL03, T_J_NEMO, T_COUNT
 };
 
-/* llama.cpp's names, indexed by enum tmpl */
+/* names, indexed by enum tmpl (llama.cpp's for the llama.cpp formats) */
 static const char *const NAMES[T_COUNT] = {
     "chatml", "llama2", "llama2-sys", "llama2-sys-bos", "llama2-sys-strip", "llama3",
     "mistral-v1", "mistral-v3", "mistral-v3-tekken", "mistral-v7", "mistral-v7-tekken", "phi3",
@@ -451,7 +453,11 @@ static void raise_(sb_t *b, const char *msg)
  * U+10FFFF; such text never reaches a Jinja template, which works on Unicode strings). */
 static size_t utf8_at(const unsigned char *s, size_t n, uint32_t *cp)
 {
-    size_t k = s[0] < 0x80 ? 1 : (s[0] >> 5) == 6 ? 2 : (s[0] >> 4) == 14 ? 3 : (s[0] >> 3) == 30 ? 4 : 0;
+    size_t k = s[0] < 0x80            ? 1
+               : (s[0] >> 5) == 0x06 ? 2
+               : (s[0] >> 4) == 0x0E ? 3
+               : (s[0] >> 3) == 0x1E ? 4
+                                     : 0;
     *cp = 0xFFFFFFFFu;
     if (k == 0 || k > n) return 1;
     uint32_t c = k == 1 ? s[0] : k == 2 ? s[0] & 0x1Fu : k == 3 ? s[0] & 0x0Fu : s[0] & 0x07u;
@@ -571,7 +577,8 @@ static void content_json(sb_t *b, const char *c)
     put_as(b, "\"", 1, 0);
 }
 
-static const char NO_MESSAGE[] = "the conversation has no messages (the template reads messages[0])";
+static const char NO_MESSAGE[] =
+    "the conversation has no messages (the template reads messages[0])";
 #define L3_HEADER(r) "<|start_header_id|>" r "<|end_header_id|>\n\n"
 
 /* Llama 3 Instruct: BOS before the first message; every message a header turn, trimmed. */
