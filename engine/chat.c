@@ -1100,14 +1100,22 @@ int chat_tokenize(const tokenizer_t *t, const char *name, const engine_chat_msg_
                   int add_generation_prompt, int32_t **ids, int *n_ids, size_t *text_len,
                   char *errstr, size_t errlen)
 {
+    return chat_tokenize_opts(t, name, msgs, n, add_generation_prompt, NULL, ids, n_ids,
+                              text_len, errstr, errlen);
+}
+
+int chat_tokenize_opts(const tokenizer_t *t, const char *name, const engine_chat_msg_t *msgs,
+                       int n, int add_generation_prompt, const chat_opts_t *opts, int32_t **ids,
+                       int *n_ids, size_t *text_len, char *errstr, size_t errlen)
+{
     char *text;
     tok_segment_t *segs;
     int ns;
     size_t len;
     *ids = NULL;
     *n_ids = 0;
-    int rc = chat_render_segments(name, msgs, n, add_generation_prompt, &text, &len, &segs, &ns,
-                                  errstr, errlen);
+    int rc = chat_render_segments_opts(name, msgs, n, add_generation_prompt, opts, &text, &len,
+                                       &segs, &ns, errstr, errlen);
     if (rc != 0) return rc;
     /* A template that writes the model's BOS text first (the Jinja-exact ones) and a tokenizer
      * that adds BOS itself: that BOS is left to the tokenizer, so there is one either way. */
@@ -1144,6 +1152,15 @@ int engine_chat_tokenize(const engine_t *e, const char *name, const engine_chat_
                          int n, int add_generation_prompt, int32_t **ids, int *n_ids,
                          size_t *text_len, char *errstr, size_t errlen)
 {
+    return engine_chat_tokenize_opts(e, name, msgs, n, add_generation_prompt, NULL, ids, n_ids,
+                                     text_len, errstr, errlen);
+}
+
+int engine_chat_tokenize_opts(const engine_t *e, const char *name, const engine_chat_msg_t *msgs,
+                              int n, int add_generation_prompt, const engine_chat_opts_t *opts,
+                              int32_t **ids, int *n_ids, size_t *text_len, char *errstr,
+                              size_t errlen)
+{
     *ids = NULL;
     *n_ids = 0;
     if (!e) {
@@ -1152,6 +1169,6 @@ int engine_chat_tokenize(const engine_t *e, const char *name, const engine_chat_
     }
     name = resolve(e, name, errstr, errlen);
     if (!name) return CHAT_ETEMPLATE;
-    return chat_tokenize(engine_tokenizer(e), name, msgs, n, add_generation_prompt, ids, n_ids,
-                         text_len, errstr, errlen);
+    return chat_tokenize_opts(engine_tokenizer(e), name, msgs, n, add_generation_prompt, opts,
+                              ids, n_ids, text_len, errstr, errlen);
 }

@@ -49,14 +49,10 @@ const char *chat_template_detect(const char *tmpl, size_t len, const char **unsu
 char *chat_render(const char *name, const engine_chat_msg_t *msgs, int n,
                   int add_generation_prompt, size_t *len_out, char *errstr, size_t errlen);
 
-/* Options of the templates that have them; NULL stands for CHAT_OPTS_DEFAULT. */
-typedef struct {
-    int enable_thinking; /* qwen3: 0 = the template's enable_thinking=false (the generation prompt
-                          * ends with an empty <think> block); 1 (default) = thinking */
-    long long now;       /* llama-3.2's "Today Date": this UTC day, in seconds since the Unix
-                          * epoch; < 0 (default) = the current time */
-} chat_opts_t;
-#define CHAT_OPTS_DEFAULT {1, -1}
+/* Options of the templates that have them (engine_chat_opts_t of engine.h); NULL stands for
+ * CHAT_OPTS_DEFAULT. */
+typedef engine_chat_opts_t chat_opts_t;
+#define CHAT_OPTS_DEFAULT ENGINE_CHAT_OPTS_DEFAULT
 
 /* chat_render with options (opts may be NULL). */
 char *chat_render_opts(const char *name, const engine_chat_msg_t *msgs, int n,
@@ -89,5 +85,9 @@ int chat_render_segments_opts(const char *name, const engine_chat_msg_t *msgs, i
 int chat_tokenize(const tokenizer_t *t, const char *name, const engine_chat_msg_t *msgs, int n,
                   int add_generation_prompt, int32_t **ids, int *n_ids, size_t *text_len,
                   char *errstr, size_t errlen);
+/* chat_tokenize with options (opts may be NULL). */
+int chat_tokenize_opts(const tokenizer_t *t, const char *name, const engine_chat_msg_t *msgs,
+                       int n, int add_generation_prompt, const chat_opts_t *opts, int32_t **ids,
+                       int *n_ids, size_t *text_len, char *errstr, size_t errlen);
 
 #endif

@@ -285,6 +285,20 @@ char *engine_chat_render(const engine_t *e, const char *name, const engine_chat_
 int engine_chat_tokenize(const engine_t *e, const char *name, const engine_chat_msg_t *msgs,
                          int n, int add_generation_prompt, int32_t **ids, int *n_ids,
                          size_t *text_len, char *errstr, size_t errlen);
+/* Options of the templates that have them; NULL stands for ENGINE_CHAT_OPTS_DEFAULT. Other
+ * templates ignore them, as a Jinja template ignores a variable it does not read. */
+typedef struct {
+    int enable_thinking; /* qwen3: 0 = the template's enable_thinking=false (the generation prompt
+                          * ends with an empty <think> block); 1 (default) = thinking */
+    long long now;       /* llama-3.2's "Today Date": this UTC day, in seconds since the Unix
+                          * epoch; < 0 (default) = the current time */
+} engine_chat_opts_t;
+#define ENGINE_CHAT_OPTS_DEFAULT {1, -1}
+/* engine_chat_tokenize with options (opts may be NULL). */
+int engine_chat_tokenize_opts(const engine_t *e, const char *name, const engine_chat_msg_t *msgs,
+                              int n, int add_generation_prompt, const engine_chat_opts_t *opts,
+                              int32_t **ids, int *n_ids, size_t *text_len, char *errstr,
+                              size_t errlen);
 /* Name of the template detected from the model's metadata, or NULL. */
 const char *engine_chat_template(const engine_t *e);
 /* Built-in template names, comma-separated ("chatml, llama2, ..."). Static. */

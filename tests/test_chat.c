@@ -14,7 +14,8 @@
  *   emits (those of the same conversation with harmless contents), and roles outside a
  *   template's list are refused with CHAT_EROLE;
  * - through an engine: stories260K.gguf has no template (error names it), and a copy of it with
- *   a tokenizer.chat_template added is detected and rendered. */
+ *   a tokenizer.chat_template added is detected and rendered (with Qwen3's own template:
+ *   engine_chat_tokenize_opts' enable_thinking on and off). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -503,6 +504,24 @@ static const char *detect_src(const char *want, int unsupported)
     return "";
 }
 
+/* The whole file as a NUL-terminated string (malloc'd), or NULL. */
+static char *read_text(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *buf = NULL;
+    long n = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    if (n >= 0 && fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)n + 1)) &&
+        fread(buf, 1, (size_t)n, f) == (size_t)n) {
+        buf[n] = 0;
+    } else {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    return buf;
+}
+
 static engine_t *open_engine(const char *path)
 {
     engine_config_t c;
@@ -554,6 +573,35 @@ static void test_engine(void)
         s = engine_chat_render(e, "chatml", CONV4, 4, 1, err, sizeof err); /* name wins */
         CHECK(s && strcmp(s, expected("chatml", 0)) == 0);
         free(s);
+        engine_free(e);
+    }
+    /* with Qwen3's own template: detected as qwen3, and enable_thinking reaches it */
+    char *qwen3 = read_text(SPILLWAY_SOURCE_DIR "/tests/chat_templates/templates/qwen3.jinja");
+    CHECK(qwen3 && copy_with_key(MODEL, path, "tokenizer.chat_template", qwen3) == 0);
+    free(qwen3);
+    e = open_engine(path);
+    if (e) {
+        const char *t = engine_chat_template(e);
+        CHECKF(t && strcmp(t, "qwen3") == 0, "detected %s", t ? t : "NULL");
+        engine_chat_opts_t opts = ENGINE_CHAT_OPTS_DEFAULT;
+        engine_chat_msg_t q = {"user", "2+2?"};
+        for (int think = 0; think < 2; think++) {
+            opts.enable_thinking = think;
+            int32_t *ids = NULL, want[256];
+            int n = 0;
+            size_t len = 0;
+            int rc = engine_chat_tokenize_opts(e, NULL, &q, 1, 1, &opts, &ids, &n, &len, err,
+                                               sizeof err);
+            const char *text = think ? "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n"
+                                     : "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n"
+                                       "<think>\n\n</think>\n\n";
+            int nw = engine_tokenize(e, text, strlen(text), 1, 1, want, 256);
+            CHECKF(rc == 0 && len == strlen(text) && n == nw && nw <= 256 &&
+                       !memcmp(ids, want, sizeof *ids * (size_t)n),
+                   "qwen3, enable_thinking %d: rc %d, %zu bytes, %d ids (%s)", think, rc, len, n,
+                   err);
+            free(ids);
+        }
         engine_free(e);
     }
     /* and with a format llama.cpp knows but spillway does not render */
