@@ -72,9 +72,12 @@ static int list_dir(const char *dir, const char *suffix, char ***out)
         if (e->d_name[0] == '.' || l <= sl || strcmp(e->d_name + l - sl, suffix) != 0) continue;
         if (n == cap) {
             cap = cap ? cap * 2 : 32;
-            v = realloc(v, sizeof *v * (size_t)cap);
+            char **nv = realloc(v, sizeof *v * (size_t)cap);
+            if (!nv) break;
+            v = nv;
         }
         v[n] = malloc(l - sl + 1);
+        if (!v[n]) break;
         memcpy(v[n], e->d_name, l - sl);
         v[n][l - sl] = 0;
         n++;
@@ -130,9 +133,11 @@ static void check_tokens(const tokenizer_t *t, const char *name, const engine_ch
     free(ids);
 }
 
-static int g_cases, g_errors, g_tokens;
+typedef struct {
+    int cases, errors, tokens;
+} tally_t;
 
-static void run_case(const char *name, const char *conv, const vocabs_t *vv)
+static void run_case(const char *name, const char *conv, const vocabs_t *vv, tally_t *tally)
 {
     char path[1024], what[256], err[512];
     snprintf(what, sizeof what, "%s/%s", name, conv);
@@ -167,6 +172,8 @@ static void run_case(const char *name, const char *conv, const vocabs_t *vv)
         json_t *x = json_array_get(jm, (size_t)i);
         m[i].role = json_string_value(json_object_get(x, "role"));
         m[i].content = json_string_value(json_object_get(x, "content"));
+        CHECKF(m[i].role && m[i].content, "%s: message %d is not two strings", what, i);
+        if (!m[i].role) m[i].role = "";
         /* roles is "a, b, c": is m[i].role one of them? */
         int found = 0;
         for (const char *p = roles; p && *p;) {
@@ -197,7 +204,7 @@ static void run_case(const char *name, const char *conv, const vocabs_t *vv)
         CHECKF(!got, "%s: rendered although the template raises %s", what, error);
         const char *msg = strncmp(error, "TemplateError: ", 15) == 0 ? error + 15 : NULL;
         CHECKF(!msg || strstr(err, msg), "%s: error \"%s\" lacks \"%s\"", what, err, msg);
-        g_errors++;
+        tally->errors++;
     }
     /* the tokenising path: same text, unless a role is outside the list (then CHAT_EROLE) */
     char *text = NULL;
@@ -228,9 +235,9 @@ static void run_case(const char *name, const char *conv, const vocabs_t *vv)
     if (!strcmp(name, "phi-3") || !strcmp(name, "phi-3.5")) t = vv->phi3;
     if (t && expected && roles_ok && !has_opts && strcmp(conv, "control-text") != 0) {
         check_tokens(t, name, m, n, agp, expected, what);
-        g_tokens++;
+        tally->tokens++;
     }
-    g_cases++;
+    tally->cases++;
     free(text);
     free(segs);
     free(got);
@@ -248,6 +255,7 @@ int main(void)
         printf("SKIP: no templates under %s\n", DIR_T "/templates");
         return 77;
     }
+    tally_t tally = {0};
     vocabs_t vv = {load_tok(VOCAB("llama-bpe")), load_tok(VOCAB("qwen2")),
                    load_tok(VOCAB("llama-spm")), load_tok(VOCAB("phi-3"))};
     for (int i = 0; i < nn; i++) {
@@ -265,7 +273,7 @@ int main(void)
         snprintf(path, sizeof path, "%s/cases/%s", DIR_T, names[i]);
         int nc = list_dir(path, ".json", &convs);
         CHECKF(nc >= 10, "%s: %d cases", names[i], nc);
-        for (int c = 0; c < nc; c++) run_case(names[i], convs[c], &vv);
+        for (int c = 0; c < nc; c++) run_case(names[i], convs[c], &vv, &tally);
         free_list(convs, nc);
     }
     /* every Jinja-exact built-in template has its source here */
@@ -298,7 +306,7 @@ int main(void)
         free(s);
     }
     printf("%d templates, %d cases (%d where the template raises), %d token checks\n", nn,
-           g_cases, g_errors, g_tokens);
+           tally.cases, tally.errors, tally.tokens);
     free_list(names, nn);
     tokenizer_free(vv.llama3);
     tokenizer_free(vv.qwen2);
