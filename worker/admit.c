@@ -120,8 +120,10 @@ static int prepare_prompt(worker_t *w, wreq_t *r, const char **code, char *err, 
         int32_t *ids;
         int n_ids;
         size_t len;
-        int crc = engine_chat_tokenize(r->model->eng, name, msgs, q->n_messages, 1, &ids, &n_ids,
-                                       &len, err, errlen);
+        engine_chat_opts_t opts = ENGINE_CHAT_OPTS_DEFAULT;
+        opts.enable_thinking = q->enable_thinking;
+        int crc = engine_chat_tokenize_opts(r->model->eng, name, msgs, q->n_messages, 1, &opts,
+                                            &ids, &n_ids, &len, err, errlen);
         free(msgs);
         if (crc == ENGINE_CHAT_ENOMEM) return -2;
         if (crc != 0) {
