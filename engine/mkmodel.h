@@ -17,8 +17,12 @@
 #define MKMODEL_PRESETS "tiny, qwen2-tiny, smollm2-135m, llama-3.2-1b, llama-3.1-8b"
 
 typedef struct {
-    int arch;        /* enum model_arch (engine/model.h): ARCH_LLAMA or ARCH_QWEN2 */
-    int dim;         /* embedding length; a multiple of n_heads, head_dim = dim / n_heads even */
+    int arch;        /* enum model_arch (engine/model.h): ARCH_LLAMA, ARCH_QWEN2, ARCH_QWEN3,
+                      * ARCH_GEMMA2, ARCH_GEMMA3 or ARCH_PHI3, with that architecture's tensors
+                      * (qwen3 / gemma3 Q/K norms, gemma post-norms, phi3's fused attn_qkv and
+                      * gate+up ffn_up) */
+    int dim;         /* embedding length; a multiple of n_heads, head_dim = dim / n_heads even,
+                      * unless head_dim is given */
     int n_layers;
     int n_heads;
     int n_kv_heads;  /* divides n_heads */
@@ -34,6 +38,19 @@ typedef struct {
     uint64_t seed;   /* weights are a function of (seed, tensor name, row) */
     float rope_theta;
     float norm_eps;  /* RMSNorm epsilon */
+    /* Optional keys (0 / NULL: not written, the architecture's default applies). */
+    int head_dim;    /* attention.key_length / value_length (any even value) */
+    int swa_window;  /* attention.sliding_window */
+    int swa_pattern; /* attention.sliding_window_pattern */
+    float rope_theta_swa;  /* rope.freq_base_swa */
+    float attn_softcap;    /* attn_logit_softcapping */
+    float logit_softcap;   /* final_logit_softcapping */
+    const char *rope_scaling; /* rope.scaling.type: "linear", "yarn", "llama3" or "longrope";
+                               * longrope also writes rope_factors_long / _short (seeded, in
+                               * [1.5, 2.5]) */
+    float rope_factor;     /* rope.scaling.factor */
+    int rope_orig_ctx;     /* rope.scaling.original_context_length */
+    float rope_attn_factor; /* rope.scaling.attn_factor */
 } mkmodel_params_t;
 
 /* Fills p with a named preset (MKMODEL_PRESETS); 0, or -1 for an unknown name (p untouched).

@@ -9,7 +9,9 @@ its dimensions zero-padded to 256 (real weights in Q4_K, attn_output in the Q4_0
 synthetic models made by `spillway mkmodel` covering GQA (4 heads / 2 kv) and MQA (1 kv), tied and
 untied output, qwen2 with Q/K/V biases, and weight dtypes F32, F16, BF16, Q8_0, Q4_0 and Q4_K (one
 with every matrix Q4_K, one mixing Q4_K with Q4_0 where ffn_down's rows of 96 do not fit Q4_K's
-256), Q6_K (every matrix, tied) and Q5_K (ffn_down in its Q8_0 fallback) -- and, when
+256), Q6_K (every matrix, tied) and Q5_K (ffn_down in its Q8_0 fallback), and the other
+architectures and RoPE / attention variants (qwen3, gemma2, gemma3, phi3, sliding windows,
+soft-caps, YaRN, LongRoPE, linear and Llama 3 scaling: see SYNTH) -- and, when
 <models-dir>/quant-fixtures holds them, llama.cpp's own Q6_K / Q5_K files (QUANT_FIXTURES) --
 five seeded random sequences of different lengths (the last sharing
 a prefix longer than one KV block with the first) are run through
@@ -118,11 +120,53 @@ SYNTH = [
                                  dim=256, rope_theta=1000000.0, norm_eps=1e-6)),
     # Q6_K and Q5_K, as Q4_K: every matrix of the type, tied (the embedding lookup dequantises
     # it) and, with ffn 96, ffn_down in the Q8_0 fallback
-    ("llama-gqa-q6_k-tied", dict(arch="llama", heads=4, kv_heads=2, dtype="q6_k", tied=True, seed=21,
+    ("llama-gqa-q6_k-tied", dict(arch="llama", heads=4, kv_heads=2, dtype="q6_k", tied=True, seed=41,
                                  dim=256, ffn=512)),
-    ("qwen2-mqa-q5_k-untied", dict(arch="qwen2", heads=4, kv_heads=1, dtype="q5_k", tied=False, seed=22,
+    ("qwen2-mqa-q5_k-untied", dict(arch="qwen2", heads=4, kv_heads=1, dtype="q5_k", tied=False, seed=42,
                                    dim=256, rope_theta=1000000.0, norm_eps=1e-6)),
 ]
+# The other architectures and RoPE / attention variants (engine/model_arch.h), each with what
+# makes it differ from llama made large enough to show: head_dim 32 with dim 64 (n_heads x
+# head_dim != dim), sliding windows of 8 (the 33-token sequence has queries whose window starts
+# past the first 16-token KV block), gemma2 soft-caps small enough to bend the scores and logits,
+# gemma3 with pattern 2 (layer 0 local with RoPE base 10000, layer 1 global with 1e6), phi3 with
+# LongRoPE long factors (context 128 > original 64) and an attention factor, and short ones
+# (original 128), YaRN and Llama 3
+# key-computed factors with an original context of 32 (so the ramps fall inside the head).
+SYNTH += [
+    ("qwen3-gqa-f32-untied", dict(arch="qwen3", heads=4, kv_heads=2, dtype="f32", tied=False, seed=21,
+                                  rope_theta=1000000.0, norm_eps=1e-6, head_dim=32)),
+    ("qwen3-mqa-q8_0-tied", dict(arch="qwen3", heads=4, kv_heads=1, dtype="q8_0", tied=True, seed=22,
+                                 rope_theta=1000000.0, norm_eps=1e-6)),
+    ("gemma2-gqa-f32-tied", dict(arch="gemma2", heads=4, kv_heads=2, dtype="f32", tied=True, seed=23,
+                                 norm_eps=1e-6, sliding_window=8, attn_softcap=2.0, logit_softcap=0.5)),
+    ("gemma3-gqa-f32-tied", dict(arch="gemma3", heads=4, kv_heads=2, dtype="f32", tied=True, seed=24,
+                                 rope_theta=1000000.0, norm_eps=1e-6, head_dim=32, sliding_window=8,
+                                 swa_pattern=2)),
+    ("gemma3-gqa-f16-tied", dict(arch="gemma3", heads=4, kv_heads=2, dtype="f16", tied=True, seed=25,
+                                 rope_theta=1000000.0, norm_eps=1e-6, sliding_window=8,
+                                 rope_theta_swa=20000.0)),
+    ("phi3-gqa-f32-untied", dict(arch="phi3", heads=4, kv_heads=2, dtype="f32", tied=False, seed=26,
+                                 rope_scaling="longrope", rope_orig_ctx=64, rope_attn_factor=1.19)),
+    ("phi3-mqa-f32-short", dict(arch="phi3", heads=4, kv_heads=1, dtype="f32", tied=True, seed=31,
+                                rope_scaling="longrope", rope_orig_ctx=128)),  # context 128: short
+    ("llama-swa-f16-untied", dict(arch="llama", heads=4, kv_heads=2, dtype="f16", tied=False, seed=27,
+                                  sliding_window=8)),
+    ("llama-yarn-f32-untied", dict(arch="llama", heads=4, kv_heads=2, dtype="f32", tied=False, seed=28,
+                                   rope_scaling="yarn", rope_factor=4.0, rope_orig_ctx=32)),
+    ("llama-l3keys-f32-tied", dict(arch="llama", heads=4, kv_heads=2, dtype="f32", tied=True, seed=29,
+                                   rope_theta=500000.0, rope_scaling="llama3", rope_factor=8.0,
+                                   rope_orig_ctx=32)),
+    ("qwen2-linear-f32-untied", dict(arch="qwen2", heads=4, kv_heads=2, dtype="f32", tied=False, seed=30,
+                                     rope_theta=1000000.0, norm_eps=1e-6, rope_scaling="linear",
+                                     rope_factor=2.0)),
+]
+# mkmodel options of the optional keys: test case key -> flag
+OPTIONAL = [("head_dim", "--head-dim"), ("sliding_window", "--sliding-window"),
+            ("swa_pattern", "--swa-pattern"), ("rope_theta_swa", "--rope-theta-swa"),
+            ("attn_softcap", "--attn-softcap"), ("logit_softcap", "--logit-softcap"),
+            ("rope_scaling", "--rope-scaling"), ("rope_factor", "--rope-factor"),
+            ("rope_orig_ctx", "--rope-orig-ctx"), ("rope_attn_factor", "--rope-attn-factor")]
 # Converted real weights: stories260K padded to dimensions of 256 and rounded to Q4_K.
 CONVERTED = [("stories260K-pad256-q4_k", ["--dtype", "q4_k", "--pad", "256"])]
 # Files written by llama-quantize (<models-dir>/quant-fixtures, README there): their Q6_K / Q5_K
@@ -153,6 +197,9 @@ def mkmodel(spillway, path, opts):
         cmd += ["--rope-theta", repr(o["rope_theta"])]
     if "norm_eps" in o:
         cmd += ["--norm-eps", repr(o["norm_eps"])]
+    for key, flag in OPTIONAL:
+        if key in o:
+            cmd += [flag, str(o[key])]
     r = run(cmd)
     if r.returncode != 0:
         raise RuntimeError("%s failed (%d): %s" % (" ".join(cmd), r.returncode, r.stderr.strip()))
@@ -184,8 +231,20 @@ def check_synth(m, opts):
         problems.append("arch %s" % m.arch)
     if (m.n_heads, m.n_kv_heads) != (opts["heads"], opts["kv_heads"]):
         problems.append("heads %d/%d" % (m.n_heads, m.n_kv_heads))
-    if m.g.tensors["blk.0.attn_q.weight"].dtype != want_dt:
-        problems.append("attn_q dtype %d" % m.g.tensors["blk.0.attn_q.weight"].dtype)
+    if m.g.tensors[q_tensor(m)].dtype != want_dt:
+        problems.append("attn_q dtype %d" % m.g.tensors[q_tensor(m)].dtype)
+    if m.head_dim != opts.get("head_dim", opts.get("dim", BASE["dim"]) // opts["heads"]):
+        problems.append("head_dim %d" % m.head_dim)
+    if m.window != opts.get("sliding_window", 0):
+        problems.append("window %d" % m.window)
+    if opts.get("sliding_window") and not any(m.local):
+        problems.append("no local layer")
+    if opts["arch"] == "gemma3" and "swa_pattern" in opts and all(m.local):
+        problems.append("no global layer")
+    if opts["arch"] == "phi3" and "blk.0.attn_qkv.weight" not in m.g.tensors:
+        problems.append("no fused attn_qkv")
+    if opts.get("rope_scaling") == "longrope" and "rope_factors_long.weight" not in m.g.tensors:
+        problems.append("no rope_factors_long")
     if m.tied != opts["tied"]:
         problems.append("tied=%s" % m.tied)
     if m.rope_base != opts.get("rope_theta", 10000.0):
@@ -197,8 +256,13 @@ def check_synth(m, opts):
     return problems
 
 
+def q_tensor(m):
+    """The tensor holding layer 0's Q projection (phi3: the fused attn_qkv)."""
+    return "blk.0.attn_qkv.weight" if "blk.0.attn_qkv.weight" in m.g.tensors else "blk.0.attn_q.weight"
+
+
 def weight_dtype(m):
-    return gguf_ref.DTYPE_NAMES.get(m.g.tensors["blk.0.attn_q.weight"].dtype, "?")
+    return gguf_ref.DTYPE_NAMES.get(m.g.tensors[q_tensor(m)].dtype, "?")
 
 
 def engine_logits(spillway, model, seqs_path, out_path, mode, kv, n_vocab, n_pos, threads=THREADS):
