@@ -10,6 +10,7 @@
  *                      [--json FILE]
  *   --ceilings   measure only the machine's ceilings: read and copy bandwidth, OpenBLAS sgemm and
  *                our matmul at T = 512 (no tpool, small-T or whole-model cells)
+ *   --kquant     measure only the K-quant table (below)
  *   --json FILE  also write the ceilings as one JSON object to FILE (read by bench/run.py):
  *                read_bw_gbs_1t, read_bw_gbs, copy_bw_gbs (GB/s, 1e9 bytes), sgemm_gflops and
  *                matmul_t512_gflops (per shape "NxK", M = T = 512), sgemm_best_gflops,
@@ -18,8 +19,18 @@
  * Weights come from one pool per type, larger than any last-level cache and filled with random
  * finite values, cycled so that small-T cells stream from memory as decode does. The whole table
  * is measured `rounds` times and each cell keeps its best round: the machine is shared, and the
- * best round is the one least disturbed by other processes. */
+ * best round is the one least disturbed by other processes.
+ *
+ * K-quant table (kquant_table): the K-quant types (int8 activations, K a multiple of 256) on
+ * Llama-style shapes of TinyLlama-1.1B (2048 x 2048, 5632 x 2048, 2048 x 5632), for every
+ * x86 table kern_get offers: GOP/s (2 N K T / s) per T and, at T = 1, the weight stream in GB/s
+ * and as a share of the measured read bandwidth. Weights cycle through a pool of 256 MB per type
+ * (random bytes, every scale finite). Then the same kernels on one thread timed in the thread's
+ * CPU time (CLOCK_THREAD_CPUTIME_ID: what the kernel does while it runs, so that a machine
+ * shared with other processes still gives comparable figures): 256 x 2048 weights kept in L2 at
+ * T = 1, 16, 64, and 2048 x 2048 streamed from the pool at T = 1. */
 #include <cblas.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,6 +46,14 @@ static double now_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* CPU time of the calling thread */
+static double cpu_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
@@ -266,6 +285,128 @@ static void keep_max(double *best, double v)
     if (v > *best) *best = v;
 }
 
+/* ---- K-quants ---- */
+
+static const int KQ_T[] = {DT_Q4_K, DT_Q5_K, DT_Q6_K};
+#define N_KQ_T (sizeof KQ_T / sizeof KQ_T[0])
+static const int64_t KQ_SH[][2] = {{2048, 2048}, {5632, 2048}, {2048, 5632}};
+#define N_KQ_SH 3
+static const int KQ_TS[] = {1, 4, 16, 64, 512};
+#define N_KQ_TS 5
+#define KQ_POOL_BYTES ((size_t)256 << 20)
+
+/* Random super-blocks of type t filling `bytes`: random quant bytes, small finite fp16 scales. */
+static char *make_kq_pool(int t, size_t bytes)
+{
+    char *w = malloc(bytes + 64);
+    if (!w) return NULL;
+    for (size_t i = 0; i < bytes / 8; i++) {
+        uint64_t r = rnext();
+        memcpy(w + 8 * i, &r, 8);
+    }
+    const size_t bs = dtype_block_bytes(t);
+    const uint16_t d = f32_to_fp16(0.001f);
+    for (size_t o = 0; o + bs <= bytes; o += bs) {
+        char *b = w + o;
+        if (t == DT_Q6_K) {
+            memcpy(b + offsetof(block_q6_K, d), &d, 2);
+        } else { /* Q4_K, Q5_K (and the other K-quants): d and dmin first */
+            memcpy(b, &d, 2);
+            memcpy(b + 2, &d, 2);
+        }
+    }
+    return w;
+}
+
+static void kquant_table(tpool_t *pool, int nth, int rounds, double budget, double bw)
+{
+    static const char *const isas[] = {"avx2", "avx512", "avx512-vnni"};
+    float *x = malloc(sizeof(float) * 5632 * 512), *y = malloc(sizeof(float) * 5632 * 512);
+    if (!x || !y) {
+        fprintf(stderr, "bench_kernels: out of memory\n");
+        exit(1);
+    }
+    for (int i = 0; i < 5632 * 512; i++) x[i] = frand();
+    printf("\n| kernels | wtype | N x K | T=1 GOP/s | T=1 W GB/s (%% of bw) | T=4 | T=16 | T=64 | "
+           "T=512 |\n|---|---|---|---|---|---|---|---|---|\n");
+    for (size_t ti = 0; ti < N_KQ_T; ti++) {
+        const int t = KQ_T[ti];
+        char *wp = make_kq_pool(t, KQ_POOL_BYTES);
+        if (!wp) {
+            fprintf(stderr, "bench_kernels: out of memory\n");
+            exit(1);
+        }
+        for (size_t ii = 0; ii < sizeof isas / sizeof isas[0]; ii++) {
+            const kern_table_t *kt = kern_get(isas[ii]);
+            if (!kt) continue;
+            for (int s = 0; s < N_KQ_SH; s++) {
+                const int64_t N = KQ_SH[s][0], K = KQ_SH[s][1];
+                double best[N_KQ_TS];
+                for (int k = 0; k < N_KQ_TS; k++) best[k] = 1e30;
+                for (int r = 0; r < rounds; r++)
+                    for (int k = 0; k < N_KQ_TS; k++)
+                        keep_min(&best[k], time_matmul(pool, kt, t, wp, KQ_POOL_BYTES, N, K,
+                                                       KQ_TS[k], x, y, budget));
+                printf("| %s, %d | %s | %lldx%lld ", kt->name, nth, dtype_name(t), (long long)N,
+                       (long long)K);
+                for (int k = 0; k < N_KQ_TS; k++) {
+                    printf("| %.1f ", 2.0 * KQ_TS[k] * (double)N * (double)K / best[k] / 1e9);
+                    if (KQ_TS[k] == 1) {
+                        double gbs = (double)(dtype_row_bytes(t, K) * (size_t)N) / best[k] / 1e9;
+                        printf("| %.1f (%.0f%%) ", gbs, 100.0 * gbs / bw);
+                    }
+                }
+                printf("|\n");
+                fflush(stdout);
+            }
+        }
+        free(wp);
+    }
+    /* one thread, CPU time */
+    printf("\n| kernels, 1 thread, CPU time | wtype | in L2: T=1 GOP/s (W GB/s) | T=16 | T=64 | "
+           "streamed: T=1 W GB/s |\n|---|---|---|---|---|---|\n");
+    for (size_t ti = 0; ti < N_KQ_T; ti++) {
+        const int t = KQ_T[ti];
+        char *wp = make_kq_pool(t, KQ_POOL_BYTES);
+        if (!wp) {
+            fprintf(stderr, "bench_kernels: out of memory\n");
+            exit(1);
+        }
+        for (size_t ii = 0; ii < sizeof isas / sizeof isas[0]; ii++) {
+            const kern_table_t *kt = kern_get(isas[ii]);
+            if (!kt) continue;
+            const int64_t K = 2048, NL = 256, NS = 2048;
+            const size_t rb = dtype_row_bytes(t, K), ws = rb * (size_t)NS;
+            static const int tl[3] = {1, 16, 64};
+            double best[4] = {1e30, 1e30, 1e30, 1e30};
+            size_t c = 0;
+            for (int r = 0; r < rounds; r++)
+                for (int k = 0; k < 4; k++)
+                    for (int rep = 0; rep < 10; rep++) {
+                        int calls = 0;
+                        double t0 = cpu_now_s(), el;
+                        do {
+                            if (k < 3) kt->matmul(t, wp, rb, K, x, K, y, NL, tl[k], 0, NL);
+                            else kt->matmul(t, wp + ws * (c++ % (KQ_POOL_BYTES / ws)), rb, K, x, K, y,
+                                            NS, 1, 0, NS);
+                            calls++;
+                            el = cpu_now_s() - t0;
+                        } while (el < budget / 20);
+                        keep_min(&best[k], el / calls);
+                    }
+            printf("| %s | %s | %.1f (%.1f) | %.1f | %.1f | %.1f |\n", kt->name, dtype_name(t),
+                   2.0 * (double)NL * (double)K / best[0] / 1e9,
+                   (double)(rb * (size_t)NL) / best[0] / 1e9,
+                   2.0 * 16 * (double)NL * (double)K / best[1] / 1e9,
+                   2.0 * 64 * (double)NL * (double)K / best[2] / 1e9, (double)ws / best[3] / 1e9);
+            fflush(stdout);
+        }
+        free(wp);
+    }
+    free(x);
+    free(y);
+}
+
 #define N_SH 3
 #define N_TS 5
 static const int64_t SH[N_SH][2] = {{576, 576}, {1536, 576}, {576, 1536}};
@@ -274,11 +415,12 @@ static const int MT[3] = {1, 16, 512};
 
 int main(int argc, char **argv)
 {
-    int nth = 2, rounds = 3, npos = 0, ceilings = 0;
+    int nth = 2, rounds = 3, npos = 0, ceilings = 0, kquant = 0;
     double budget = 0.2;
     const char *json = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--ceilings")) ceilings = 1;
+        else if (!strcmp(argv[i], "--kquant")) kquant = 1;
         else if (!strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
         else if (argv[i][0] != '-' && npos < 3) { /* threads, rounds, seconds, in this order */
             if (npos == 0) nth = atoi(argv[i]);
@@ -287,7 +429,7 @@ int main(int argc, char **argv)
             npos++;
         } else {
             fprintf(stderr, "usage: bench_kernels [threads] [rounds] [seconds per cell] [--ceilings] "
-                            "[--json FILE]\n");
+                            "[--kquant] [--json FILE]\n");
             return 2;
         }
     }
@@ -303,6 +445,22 @@ int main(int argc, char **argv)
     }
     const kern_table_t *kt = kern_get(NULL);
     openblas_set_num_threads(nth);
+    if (kquant) {
+        double bw = 0;
+        char *buf = make_kq_pool(DT_Q4_K, KQ_POOL_BYTES);
+        if (!buf) {
+            fprintf(stderr, "bench_kernels: out of memory\n");
+            return 1;
+        }
+        for (int r = 0; r < rounds; r++) keep_max(&bw, membw_read(pool, buf, KQ_POOL_BYTES, 3));
+        free(buf);
+        printf("# bench_kernels --kquant: %d threads, best of %d rounds; memory read bandwidth %.1f GB/s\n",
+               nth, rounds, bw);
+        kquant_table(pool, nth, rounds, budget, bw);
+        tpool_free(pool);
+        tpool_free(pool1);
+        return 0;
+    }
 
     char *wpool[N_WT];
     size_t pool_bytes[N_WT];
@@ -443,6 +601,7 @@ int main(int argc, char **argv)
                1.0 / model[wi][0], mb / 1e3 / model[wi][0], 16.0 / model[wi][1],
                512.0 / model[wi][2]);
     }
+    if (!ceilings) kquant_table(pool, nth, rounds, budget, bw);
     for (int wi = 0; wi < N_WT; wi++) free(wpool[wi]);
     free(x);
     free(y);

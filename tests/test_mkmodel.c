@@ -373,7 +373,7 @@ static void test_validation_and_presets(void)
     p.n_heads = 2;
     p.n_kv_heads = 1;
     CHECK(mkmodel_write(&p, path, err, sizeof err) == -1 && strstr(err, "multiples of 32"));
-    p = small_params(ARCH_LLAMA, DT_Q5_K, 0);
+    p = small_params(ARCH_LLAMA, DT_Q8_K, 0);
     CHECK(mkmodel_write(&p, path, err, sizeof err) == -1 && strstr(err, "not supported"));
     p = small_params(ARCH_LLAMA, DT_F32, 0);
     p.n_vocab = 259;
@@ -545,7 +545,7 @@ static void test_quantize_golden(void)
     }
     CHECK(mkmodel_quantize_row(DT_Q4_K, x, out, 512 + 32) == -1);
     CHECK(mkmodel_quantize_row(DT_Q4_0, x, out, 48) == -1);
-    CHECK(mkmodel_quantize_row(DT_Q5_K, x, out, 256) == -1);
+    CHECK(mkmodel_quantize_row(DT_Q8_K, x, out, 256) == -1);
     CHECK(mkmodel_matrix_type(DT_Q4_K, 512, DT_F32) == DT_Q4_K);
     CHECK(mkmodel_matrix_type(DT_Q4_K, 576, DT_F32) == DT_Q4_0);
     CHECK(mkmodel_matrix_type(DT_Q4_K, 172, DT_F16) == DT_F16);
@@ -757,7 +757,7 @@ static void test_convert(void)
     /* padding something that is not a llama/qwen2 model's layout fails cleanly */
     mkmodel_convert_t c = {.dtype = DT_Q4_K, .pad = 0};
     CHECK(mkmodel_convert("/nonexistent.gguf", pc, &c, NULL, err, sizeof err) == -1);
-    c.dtype = DT_Q5_K;
+    c.dtype = DT_Q8_K;
     CHECK(mkmodel_convert(pf, pc, &c, NULL, err, sizeof err) == -1 && strstr(err, "not supported"));
     c.dtype = DT_Q4_K;
     c.quant = 7;

@@ -9,9 +9,11 @@ its dimensions zero-padded to 256 (real weights in Q4_K, attn_output in the Q4_0
 synthetic models made by `spillway mkmodel` covering GQA (4 heads / 2 kv) and MQA (1 kv), tied and
 untied output, qwen2 with Q/K/V biases, and weight dtypes F32, F16, BF16, Q8_0, Q4_0 and Q4_K (one
 with every matrix Q4_K, one mixing Q4_K with Q4_0 where ffn_down's rows of 96 do not fit Q4_K's
-256), and the other architectures and RoPE / attention variants (qwen3, gemma2, gemma3, phi3,
-sliding windows, soft-caps, YaRN, LongRoPE, linear and Llama 3 scaling: see SYNTH) -- five seeded
-random sequences of different lengths (the last sharing
+256), Q6_K (every matrix, tied) and Q5_K (ffn_down in its Q8_0 fallback), and the other
+architectures and RoPE / attention variants (qwen3, gemma2, gemma3, phi3, sliding windows,
+soft-caps, YaRN, LongRoPE, linear and Llama 3 scaling: see SYNTH) -- and, when
+<models-dir>/quant-fixtures holds them, llama.cpp's own Q6_K / Q5_K files (QUANT_FIXTURES) --
+five seeded random sequences of different lengths (the last sharing
 a prefix longer than one KV block with the first) are run through
 `spillway logits` in every mode (alone, batch, decode, chunk) with KV type f32 and f16, and
 compared with the reference:
@@ -87,7 +89,10 @@ ARGMAX_MARGIN = 1e-3
 # (f32) and 5.8e-4 (f16). Without the reference reproducing the 8-bit rounding the same models
 # are at 1.3e-4 .. 9e-4. Q8_0 and Q4_0 (x in blocks of 32), observed 2026-12-01: Q8_0 2.2e-14 (f32
 # KV), 2.4e-4 .. 2.8e-4 (f16 KV); Q4_0 1.8e-14 (f32 KV), 2.5e-4 (f16 KV); the Q4_K models with
-# Q4_0 matrices up to 5.8e-4. Bounds ~10x over the worst observed; the kernels' own arithmetic is
+# Q4_0 matrices up to 5.8e-4. Q6_K and Q5_K (x in blocks of 256, as Q4_K), observed 2026-12-02
+# over two sets of sequences: the synthetic models 1.2e-7 .. 4.7e-5 (f32 KV), 4.0e-4 .. 6.2e-4
+# (f16 KV); llama-quantize's pure-Q6_K and mix-Q5_K_M 1.2e-14 .. 2.1e-4 (f32), 5.0e-4 .. 6.2e-4
+# (f16). Bounds ~10x over the worst observed; the kernels' own arithmetic is
 # checked to its rounding bound by test_kernels, and every mode must still be bit-identical.
 BOUNDS_I8 = {"f32": 2e-3, "f16": 6e-3}
 ARGMAX_MARGIN_I8 = 5e-2
@@ -114,6 +119,12 @@ SYNTH = [
     # ffn 96: ffn_down (rows of 96) falls back to Q4_0 beside Q4_K matrices
     ("qwen2-mqa-q4_k-tied", dict(arch="qwen2", heads=4, kv_heads=1, dtype="q4_k", tied=True, seed=20,
                                  dim=256, rope_theta=1000000.0, norm_eps=1e-6)),
+    # Q6_K and Q5_K, as Q4_K: every matrix of the type, tied (the embedding lookup dequantises
+    # it) and, with ffn 96, ffn_down in the Q8_0 fallback
+    ("llama-gqa-q6_k-tied", dict(arch="llama", heads=4, kv_heads=2, dtype="q6_k", tied=True, seed=41,
+                                 dim=256, ffn=512)),
+    ("qwen2-mqa-q5_k-untied", dict(arch="qwen2", heads=4, kv_heads=1, dtype="q5_k", tied=False, seed=42,
+                                   dim=256, rope_theta=1000000.0, norm_eps=1e-6)),
 ]
 # The other architectures and RoPE / attention variants (engine/model_arch.h), each with what
 # makes it differ from llama made large enough to show: head_dim 32 with dim 64 (n_heads x
@@ -159,6 +170,9 @@ OPTIONAL = [("head_dim", "--head-dim"), ("sliding_window", "--sliding-window"),
             ("rope_orig_ctx", "--rope-orig-ctx"), ("rope_attn_factor", "--rope-attn-factor")]
 # Converted real weights: stories260K padded to dimensions of 256 and rounded to Q4_K.
 CONVERTED = [("stories260K-pad256-q4_k", ["--dtype", "q4_k", "--pad", "256"])]
+# Files written by llama-quantize (<models-dir>/quant-fixtures, README there): their Q6_K / Q5_K
+# blocks come from llama.cpp's quantisers, not ours.
+QUANT_FIXTURES = ["pure-Q6_K.gguf", "mix-Q5_K_M.gguf"]
 
 
 def run(cmd, timeout=120):
@@ -195,16 +209,23 @@ def mkmodel(spillway, path, opts):
 def check_synth(m, opts):
     """The file really has what the case claims to cover."""
     want_dt = {"f32": gguf_ref.DT_F32, "f16": gguf_ref.DT_F16, "bf16": gguf_ref.DT_BF16,
-               "q8_0": gguf_ref.DT_Q8_0, "q4_0": gguf_ref.DT_Q4_0, "q4_k": gguf_ref.DT_Q4_K}[opts["dtype"]]
+               "q8_0": gguf_ref.DT_Q8_0, "q4_0": gguf_ref.DT_Q4_0, "q4_k": gguf_ref.DT_Q4_K,
+               "q5_k": gguf_ref.DT_Q5_K, "q6_k": gguf_ref.DT_Q6_K}[opts["dtype"]]
+    # K-quant matrices whose rows are not a multiple of 256 fall back (mkmodel_matrix_type)
+    fallback = {gguf_ref.DT_Q4_K: gguf_ref.DT_Q4_0, gguf_ref.DT_Q5_K: gguf_ref.DT_Q8_0,
+                gguf_ref.DT_Q6_K: gguf_ref.DT_Q8_0}
     dim = opts.get("dim", BASE["dim"])
-    if want_dt == gguf_ref.DT_Q4_K and dim % 256:
-        want_dt = gguf_ref.DT_Q4_0  # attn_q's rows of dim elements fall back
+    kquant = want_dt in fallback
+    if kquant and dim % 256:
+        want_dt = fallback[want_dt]  # attn_q's rows of dim elements fall back
     problems = []
-    if opts["dtype"] == "q4_k":
-        # every matrix Q4_K where its rows fit 256, Q4_0 elsewhere
+    if kquant:
+        # every matrix of the type where its rows fit 256, the fallback elsewhere
         for name, t in m.g.tensors.items():
             if len(t.ne) == 2:
-                want = gguf_ref.DT_Q4_K if t.ne[0] % 256 == 0 else gguf_ref.DT_Q4_0
+                kt = {"q4_k": gguf_ref.DT_Q4_K, "q5_k": gguf_ref.DT_Q5_K,
+                      "q6_k": gguf_ref.DT_Q6_K}[opts["dtype"]]
+                want = kt if t.ne[0] % 256 == 0 else fallback[kt]
                 if t.dtype != want:
                     problems.append("%s dtype %d" % (name, t.dtype))
     if m.arch != opts["arch"]:
@@ -262,8 +283,10 @@ def engine_logits(spillway, model, seqs_path, out_path, mode, kv, n_vocab, n_pos
 
 
 def has_i8(m):
-    """1 when a matmul of m takes int8 activations (Q4_K, Q8_0, Q4_0 matrices: kernels.h)."""
-    return any(t.dtype in (gguf_ref.DT_Q4_K, gguf_ref.DT_Q8_0, gguf_ref.DT_Q4_0)
+    """1 when a matmul of m takes int8 activations (Q4_K, Q5_K, Q6_K, Q8_0, Q4_0 matrices:
+    kernels.h)."""
+    return any(t.dtype in (gguf_ref.DT_Q4_K, gguf_ref.DT_Q5_K, gguf_ref.DT_Q6_K, gguf_ref.DT_Q8_0,
+                           gguf_ref.DT_Q4_0)
                for n, t in m.g.tensors.items()
                if n != "token_embd.weight" or m.tied)
 
@@ -325,6 +348,12 @@ def main(argv):
                                                                r.stderr.strip()[-300:]))
                     continue
                 cases.append((name, path, None))
+        for f in QUANT_FIXTURES:
+            path = os.path.join(models_dir, "quant-fixtures", f)
+            if os.path.exists(path):
+                cases.append((f[:-len(".gguf")], path, None))
+            else:
+                print("note: %s not found, skipping that model" % path)
 
         for ci, (name, path, opts) in enumerate(cases):
             m = forward_ref.RefModel(path)

@@ -31,6 +31,14 @@
  * of the exact value of that formula; against the exact dot product of the widened weights it
  * adds x's rounding to 8 bits, at most dx_s / 2 = max|x over the 256| / 254 per element.
  *
+ * Q6_K and Q5_K take the same int8 activations (kern_q8k_quantize; engine/cpu/kernels_q56k.h
+ * gives each ISA's order). Per super-block s and token, exactly in integers: Q6_K
+ *     isum_s = sum_{j<16} sc_j * sum_{k in sub-block j of 16} (q_k - 32) * xq_k,
+ * y = sum_s (d_s * dx_s) * isum_s, within (K/256 + 8) * 2^-24 * sum_s |d_s dx_s| sum_j |sc_j|
+ * sum_k |q_k - 32| |xq_k| of the exact value of that formula; Q5_K Q4_K's formula and bound with
+ * its 5-bit q. Against the exact dot product of the widened weights, x's rounding adds at most
+ * dx_s / 2 per element, as for Q4_K. Batch invariance holds.
+ *
  * Q8_0 and Q4_0 take int8 activations too (llama.cpp's Q8_0 x Q8_0 and Q4_0 x Q8_0), because
  * one integer dot product replaces widening, scaling and an F32 multiply per weight (measured on
  * the Zen 5 build machine, Q8_0 matmul of 576 x 576 .. 1536: 16 tokens 1.6-1.8x, 512 tokens
@@ -50,9 +58,9 @@
 typedef struct {
     const char *name; /* "avx512", "avx2", "scalar" */
     /* y[t * ldy + o] = sum_{i<K} W[o][i] * x[t * ldx + i], for t in [0, T), o in [o0, o1).
-     * W: rows of K elements of dtype wtype (DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0, DT_Q4_K),
-     * row o starting at (const char *)W + o * w_row_bytes. x: F32. K is a multiple of 32 for
-     * Q8_0 and Q4_0, of 256 for Q4_K.
+     * W: rows of K elements of dtype wtype (DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0, DT_Q4_K,
+     * DT_Q5_K, DT_Q6_K), row o starting at (const char *)W + o * w_row_bytes. x: F32. K is a
+     * multiple of 32 for Q8_0 and Q4_0, of 256 for the K-quants.
      * Returns -1 when wtype is unsupported, else 0. */
     int (*matmul)(int wtype, const void *W, size_t w_row_bytes, int64_t K, const float *x,
                   int64_t ldx, float *y, int64_t ldy, int T, int64_t o0, int64_t o1);

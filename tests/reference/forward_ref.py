@@ -77,8 +77,9 @@ def yarn_corr_dim(n_dims, n_ctx_orig, n_rot, base):
 
 
 class I8Linear:
-    """A matrix whose matmul takes int8 activations (engine/cpu/kernels.h: Q4_K with x in blocks
-    of 256, Q8_0 and Q4_0 with x in blocks of 32): its exact weight values, (out, in) float64."""
+    """A matrix whose matmul takes int8 activations (engine/cpu/kernels.h: Q4_K, Q5_K and Q6_K
+    with x in blocks of 256, Q8_0 and Q4_0 with x in blocks of 32): its exact weight values,
+    (out, in) float64."""
 
     def __init__(self, w, block):
         self.w = w
@@ -169,7 +170,7 @@ class RefModel:
         T = g.tensor
 
         def M(name):  # a matrix used by a matmul
-            if g.tensor_dtype(name) == gguf_ref.DT_Q4_K:
+            if g.tensor_dtype(name) in (gguf_ref.DT_Q4_K, gguf_ref.DT_Q5_K, gguf_ref.DT_Q6_K):
                 return I8Linear(g.tensor(name, exact_q4k=True), 256)
             if g.tensor_dtype(name) in (gguf_ref.DT_Q8_0, gguf_ref.DT_Q4_0):
                 return I8Linear(g.tensor(name), 32)
