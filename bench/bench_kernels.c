@@ -4,13 +4,13 @@
  * OpenBLAS sgemm, our matmul per weight type and token count on SmolLM2-135M shapes (rows split
  * over the thread pool in 16-row units), the weight-streaming rate at T = 1 against the measured
  * bandwidth, and the matmul-only token rate of a whole SmolLM2-135M-shaped model (30 layers +
- * tied 49152-row head). The K-quants (super-blocks of 256: Q4_K, Q3_K, Q2_K) get their own table
- * on the shapes of SmolLM2-135M padded to 256 (dim 768, ffn 1536).
+ * tied 49152-row head).
  *
  * Usage: bench_kernels [threads (2)] [rounds (3)] [seconds per cell per round (0.2)] [--ceilings]
  *                      [--json FILE]
  *   --ceilings   measure only the machine's ceilings: read and copy bandwidth, OpenBLAS sgemm and
  *                our matmul at T = 512 (no tpool, small-T or whole-model cells)
+ *   --kquant     measure only the K-quant table (below)
  *   --json FILE  also write the ceilings as one JSON object to FILE (read by bench/run.py):
  *                read_bw_gbs_1t, read_bw_gbs, copy_bw_gbs (GB/s, 1e9 bytes), sgemm_gflops and
  *                matmul_t512_gflops (per shape "NxK", M = T = 512), sgemm_best_gflops,
@@ -19,8 +19,18 @@
  * Weights come from one pool per type, larger than any last-level cache and filled with random
  * finite values, cycled so that small-T cells stream from memory as decode does. The whole table
  * is measured `rounds` times and each cell keeps its best round: the machine is shared, and the
- * best round is the one least disturbed by other processes. */
+ * best round is the one least disturbed by other processes.
+ *
+ * K-quant table (kquant_table): the K-quant types (int8 activations, K a multiple of 256) on
+ * Llama-style shapes of TinyLlama-1.1B (2048 x 2048, 5632 x 2048, 2048 x 5632), for every
+ * x86 table kern_get offers: GOP/s (2 N K T / s) per T and, at T = 1, the weight stream in GB/s
+ * and as a share of the measured read bandwidth. Weights cycle through a pool of 256 MB per type
+ * (random bytes, every scale finite). Then the same kernels on one thread timed in the thread's
+ * CPU time (CLOCK_THREAD_CPUTIME_ID: what the kernel does while it runs, so that a machine
+ * shared with other processes still gives comparable figures): 256 x 2048 weights kept in L2 at
+ * T = 1, 16, 64, and 2048 x 2048 streamed from the pool at T = 1. */
 #include <cblas.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,6 +46,14 @@ static double now_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* CPU time of the calling thread */
+static double cpu_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
@@ -109,45 +127,6 @@ static char *make_pool(int t, size_t bytes)
             for (int k = 0; k < QK8_0; k++) b->qs[k] = (int8_t)(r >> (k % 8 * 8));
         }
         break;
-    }
-    return w;
-}
-
-/* ---- K-quant weights (super-blocks of 256), their own table ---- */
-
-static const int KQ[] = {DT_Q4_K, DT_Q3_K, DT_Q2_K};
-#define N_KQ 3
-#define KQ_POOL_BYTES ((size_t)96 << 20) /* cycled at small T: larger than the last-level cache */
-#define N_KSH 3
-static const int64_t KSH[N_KSH][2] = {{768, 768}, {1536, 768}, {768, 1536}};
-
-/* Random super-blocks of type t (random bytes, then fp16 scales of 0.01 and -0.005) filling
- * `bytes` (whole blocks). */
-static char *make_kpool(int t, size_t bytes)
-{
-    char *w = malloc(bytes + 64);
-    if (!w) return NULL;
-    const size_t bs = dtype_block_bytes(t);
-    const uint16_t d = f32_to_fp16(0.01f), dm = f32_to_fp16(-0.005f);
-    for (size_t i = 0; i + 8 <= bytes; i += 8) {
-        uint64_t r = rnext();
-        memcpy(w + i, &r, 8);
-    }
-    for (size_t b = 0; b < bytes / bs; b++) {
-        char *p = w + b * bs;
-        switch (t) {
-        case DT_Q4_K:
-            memcpy(&((block_q4_K *)p)->d, &d, 2);
-            memcpy(&((block_q4_K *)p)->dmin, &dm, 2);
-            break;
-        case DT_Q2_K:
-            memcpy(&((block_q2_K *)p)->d, &d, 2);
-            memcpy(&((block_q2_K *)p)->dmin, &dm, 2);
-            break;
-        default:
-            memcpy(&((block_q3_K *)p)->d, &d, 2);
-            break;
-        }
     }
     return w;
 }
@@ -306,6 +285,133 @@ static void keep_max(double *best, double v)
     if (v > *best) *best = v;
 }
 
+/* ---- K-quants ---- */
+
+static const int KQ_T[] = {DT_Q4_K, DT_Q5_K, DT_Q6_K, DT_Q3_K, DT_Q2_K};
+#define N_KQ_T (sizeof KQ_T / sizeof KQ_T[0])
+static const int64_t KQ_SH[][2] = {{2048, 2048}, {5632, 2048}, {2048, 5632}};
+#define N_KQ_SH 3
+static const int KQ_TS[] = {1, 4, 16, 64, 512};
+#define N_KQ_TS 5
+#define KQ_POOL_BYTES ((size_t)256 << 20)
+
+/* Random super-blocks of type t filling `bytes`: random quant bytes, small finite fp16 scales. */
+static char *make_kq_pool(int t, size_t bytes)
+{
+    char *w = malloc(bytes + 64);
+    if (!w) return NULL;
+    for (size_t i = 0; i < bytes / 8; i++) {
+        uint64_t r = rnext();
+        memcpy(w + 8 * i, &r, 8);
+    }
+    const size_t bs = dtype_block_bytes(t);
+    const uint16_t d = f32_to_fp16(0.001f);
+    for (size_t o = 0; o + bs <= bytes; o += bs) {
+        char *b = w + o;
+        if (t == DT_Q6_K) {
+            memcpy(b + offsetof(block_q6_K, d), &d, 2);
+        } else if (t == DT_Q3_K) {
+            memcpy(b + offsetof(block_q3_K, d), &d, 2);
+        } else if (t == DT_Q2_K) {
+            memcpy(b + offsetof(block_q2_K, d), &d, 2);
+            memcpy(b + offsetof(block_q2_K, dmin), &d, 2);
+        } else { /* Q4_K, Q5_K (and the other K-quants): d and dmin first */
+            memcpy(b, &d, 2);
+            memcpy(b + 2, &d, 2);
+        }
+    }
+    return w;
+}
+
+static void kquant_table(tpool_t *pool, int nth, int rounds, double budget, double bw)
+{
+    static const char *const isas[] = {"avx2", "avx512", "avx512-vnni"};
+    float *x = malloc(sizeof(float) * 5632 * 512), *y = malloc(sizeof(float) * 5632 * 512);
+    if (!x || !y) {
+        fprintf(stderr, "bench_kernels: out of memory\n");
+        exit(1);
+    }
+    for (int i = 0; i < 5632 * 512; i++) x[i] = frand();
+    printf("\n| kernels | wtype | N x K | T=1 GOP/s | T=1 W GB/s (%% of bw) | T=4 | T=16 | T=64 | "
+           "T=512 |\n|---|---|---|---|---|---|---|---|---|\n");
+    for (size_t ti = 0; ti < N_KQ_T; ti++) {
+        const int t = KQ_T[ti];
+        char *wp = make_kq_pool(t, KQ_POOL_BYTES);
+        if (!wp) {
+            fprintf(stderr, "bench_kernels: out of memory\n");
+            exit(1);
+        }
+        for (size_t ii = 0; ii < sizeof isas / sizeof isas[0]; ii++) {
+            const kern_table_t *kt = kern_get(isas[ii]);
+            if (!kt) continue;
+            for (int s = 0; s < N_KQ_SH; s++) {
+                const int64_t N = KQ_SH[s][0], K = KQ_SH[s][1];
+                double best[N_KQ_TS];
+                for (int k = 0; k < N_KQ_TS; k++) best[k] = 1e30;
+                for (int r = 0; r < rounds; r++)
+                    for (int k = 0; k < N_KQ_TS; k++)
+                        keep_min(&best[k], time_matmul(pool, kt, t, wp, KQ_POOL_BYTES, N, K,
+                                                       KQ_TS[k], x, y, budget));
+                printf("| %s, %d | %s | %lldx%lld ", kt->name, nth, dtype_name(t), (long long)N,
+                       (long long)K);
+                for (int k = 0; k < N_KQ_TS; k++) {
+                    printf("| %.1f ", 2.0 * KQ_TS[k] * (double)N * (double)K / best[k] / 1e9);
+                    if (KQ_TS[k] == 1) {
+                        double gbs = (double)(dtype_row_bytes(t, K) * (size_t)N) / best[k] / 1e9;
+                        printf("| %.1f (%.0f%%) ", gbs, 100.0 * gbs / bw);
+                    }
+                }
+                printf("|\n");
+                fflush(stdout);
+            }
+        }
+        free(wp);
+    }
+    /* one thread, CPU time */
+    printf("\n| kernels, 1 thread, CPU time | wtype | in L2: T=1 GOP/s (W GB/s) | T=16 | T=64 | "
+           "streamed: T=1 W GB/s |\n|---|---|---|---|---|---|\n");
+    for (size_t ti = 0; ti < N_KQ_T; ti++) {
+        const int t = KQ_T[ti];
+        char *wp = make_kq_pool(t, KQ_POOL_BYTES);
+        if (!wp) {
+            fprintf(stderr, "bench_kernels: out of memory\n");
+            exit(1);
+        }
+        for (size_t ii = 0; ii < sizeof isas / sizeof isas[0]; ii++) {
+            const kern_table_t *kt = kern_get(isas[ii]);
+            if (!kt) continue;
+            const int64_t K = 2048, NL = 256, NS = 2048;
+            const size_t rb = dtype_row_bytes(t, K), ws = rb * (size_t)NS;
+            static const int tl[3] = {1, 16, 64};
+            double best[4] = {1e30, 1e30, 1e30, 1e30};
+            size_t c = 0;
+            for (int r = 0; r < rounds; r++)
+                for (int k = 0; k < 4; k++)
+                    for (int rep = 0; rep < 10; rep++) {
+                        int calls = 0;
+                        double t0 = cpu_now_s(), el;
+                        do {
+                            if (k < 3) kt->matmul(t, wp, rb, K, x, K, y, NL, tl[k], 0, NL);
+                            else kt->matmul(t, wp + ws * (c++ % (KQ_POOL_BYTES / ws)), rb, K, x, K, y,
+                                            NS, 1, 0, NS);
+                            calls++;
+                            el = cpu_now_s() - t0;
+                        } while (el < budget / 20);
+                        keep_min(&best[k], el / calls);
+                    }
+            printf("| %s | %s | %.1f (%.1f) | %.1f | %.1f | %.1f |\n", kt->name, dtype_name(t),
+                   2.0 * (double)NL * (double)K / best[0] / 1e9,
+                   (double)(rb * (size_t)NL) / best[0] / 1e9,
+                   2.0 * 16 * (double)NL * (double)K / best[1] / 1e9,
+                   2.0 * 64 * (double)NL * (double)K / best[2] / 1e9, (double)ws / best[3] / 1e9);
+            fflush(stdout);
+        }
+        free(wp);
+    }
+    free(x);
+    free(y);
+}
+
 #define N_SH 3
 #define N_TS 5
 static const int64_t SH[N_SH][2] = {{576, 576}, {1536, 576}, {576, 1536}};
@@ -314,11 +420,12 @@ static const int MT[3] = {1, 16, 512};
 
 int main(int argc, char **argv)
 {
-    int nth = 2, rounds = 3, npos = 0, ceilings = 0;
+    int nth = 2, rounds = 3, npos = 0, ceilings = 0, kquant = 0;
     double budget = 0.2;
     const char *json = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--ceilings")) ceilings = 1;
+        else if (!strcmp(argv[i], "--kquant")) kquant = 1;
         else if (!strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
         else if (argv[i][0] != '-' && npos < 3) { /* threads, rounds, seconds, in this order */
             if (npos == 0) nth = atoi(argv[i]);
@@ -327,7 +434,7 @@ int main(int argc, char **argv)
             npos++;
         } else {
             fprintf(stderr, "usage: bench_kernels [threads] [rounds] [seconds per cell] [--ceilings] "
-                            "[--json FILE]\n");
+                            "[--kquant] [--json FILE]\n");
             return 2;
         }
     }
@@ -343,6 +450,22 @@ int main(int argc, char **argv)
     }
     const kern_table_t *kt = kern_get(NULL);
     openblas_set_num_threads(nth);
+    if (kquant) {
+        double bw = 0;
+        char *buf = make_kq_pool(DT_Q4_K, KQ_POOL_BYTES);
+        if (!buf) {
+            fprintf(stderr, "bench_kernels: out of memory\n");
+            return 1;
+        }
+        for (int r = 0; r < rounds; r++) keep_max(&bw, membw_read(pool, buf, KQ_POOL_BYTES, 3));
+        free(buf);
+        printf("# bench_kernels --kquant: %d threads, best of %d rounds; memory read bandwidth %.1f GB/s\n",
+               nth, rounds, bw);
+        kquant_table(pool, nth, rounds, budget, bw);
+        tpool_free(pool);
+        tpool_free(pool1);
+        return 0;
+    }
 
     char *wpool[N_WT];
     size_t pool_bytes[N_WT];
@@ -363,18 +486,6 @@ int main(int argc, char **argv)
         return 1;
     }
     memset(cbuf, 1, copy_bytes); /* first touch outside the timing */
-    char *kpool[N_KQ];
-    for (int ki = 0; ki < N_KQ && !ceilings; ki++) {
-        kpool[ki] = make_kpool(KQ[ki], KQ_POOL_BYTES);
-        if (!kpool[ki]) {
-            fprintf(stderr, "bench_kernels: out of memory\n");
-            return 1;
-        }
-    }
-    double kmm[N_KQ][N_KSH][N_TS];
-    for (int ki = 0; ki < N_KQ; ki++)
-        for (int s = 0; s < N_KSH; s++)
-            for (int ti = 0; ti < N_TS; ti++) kmm[ki][s][ti] = 1e30;
     for (int i = 0; i < 1536 * 512; i++) x[i] = frand();
     for (int i = 0; i < 1536 * 576; i++) bb[i] = frand();
 
@@ -405,11 +516,6 @@ int main(int argc, char **argv)
             for (int i = 0; i < 3 && !ceilings; i++)
                 keep_min(&model[wi][i], time_model(pool, kt, WT[wi], wpool[wi], MT[i], x, y));
         }
-        for (int ki = 0; ki < N_KQ && !ceilings; ki++)
-            for (int s = 0; s < N_KSH; s++)
-                for (int ti = 0; ti < N_TS; ti++)
-                    keep_min(&kmm[ki][s][ti], time_matmul(pool, kt, KQ[ki], kpool[ki], KQ_POOL_BYTES,
-                                                          KSH[s][0], KSH[s][1], TS[ti], x, y, budget));
     }
 
     printf("# bench_kernels: %s kernels, %d threads, best of %d rounds\n\n", kt->name, nth, rounds);
@@ -452,25 +558,6 @@ int main(int argc, char **argv)
             }
             printf("| %.0f%% |\n", 100.0 * g512 / blas[s]);
         }
-
-    if (!ceilings) {
-        printf("\n| K-quant | N x K | T=1 GFLOP/s | T=1 W GB/s (%% of bw) | T=4 | T=16 | T=64 | T=512 |"
-               "\n|---|---|---|---|---|---|---|---|\n");
-        for (int ki = 0; ki < N_KQ; ki++)
-            for (int s = 0; s < N_KSH; s++) {
-                const int64_t N = KSH[s][0], K = KSH[s][1];
-                printf("| %s | %lldx%lld ", dtype_name(KQ[ki]), (long long)N, (long long)K);
-                for (int ti = 0; ti < N_TS; ti++) {
-                    const double t = kmm[ki][s][ti];
-                    printf("| %.1f ", 2.0 * TS[ti] * (double)N * (double)K / t / 1e9);
-                    if (TS[ti] == 1) {
-                        double gbs = (double)(dtype_row_bytes(KQ[ki], K) * (size_t)N) / t / 1e9;
-                        printf("| %.1f (%.0f%%) ", gbs, 100.0 * gbs / bw);
-                    }
-                }
-                printf("|\n");
-            }
-    }
 
     if (json) {
         FILE *jf = fopen(json, "w");
@@ -519,8 +606,8 @@ int main(int argc, char **argv)
                1.0 / model[wi][0], mb / 1e3 / model[wi][0], 16.0 / model[wi][1],
                512.0 / model[wi][2]);
     }
+    if (!ceilings) kquant_table(pool, nth, rounds, budget, bw);
     for (int wi = 0; wi < N_WT; wi++) free(wpool[wi]);
-    for (int ki = 0; ki < N_KQ && !ceilings; ki++) free(kpool[ki]);
     free(x);
     free(y);
     free(bb);

@@ -32,6 +32,16 @@ int cli_mkmodel(int argc, char **argv)
         {"from", required_argument, 0, 4016},
         {"pad", required_argument, 0, 4017},
         {"quantiser", required_argument, 0, 4018},
+        {"head-dim", required_argument, 0, 4019},
+        {"sliding-window", required_argument, 0, 4020},
+        {"swa-pattern", required_argument, 0, 4021},
+        {"rope-theta-swa", required_argument, 0, 4022},
+        {"attn-softcap", required_argument, 0, 4023},
+        {"logit-softcap", required_argument, 0, 4024},
+        {"rope-scaling", required_argument, 0, 4025},
+        {"rope-factor", required_argument, 0, 4026},
+        {"rope-orig-ctx", required_argument, 0, 4027},
+        {"rope-attn-factor", required_argument, 0, 4028},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -58,8 +68,25 @@ int cli_mkmodel(int argc, char **argv)
         case 4002:
             if (!strcmp(optarg, "llama")) p.arch = ARCH_LLAMA;
             else if (!strcmp(optarg, "qwen2")) p.arch = ARCH_QWEN2;
-            else { fprintf(stderr, "spillway: --arch: llama or qwen2\n"); return 2; }
+            else if (!strcmp(optarg, "qwen3")) p.arch = ARCH_QWEN3;
+            else if (!strcmp(optarg, "gemma2")) p.arch = ARCH_GEMMA2;
+            else if (!strcmp(optarg, "gemma3")) p.arch = ARCH_GEMMA3;
+            else if (!strcmp(optarg, "phi3")) p.arch = ARCH_PHI3;
+            else {
+                fprintf(stderr, "spillway: --arch: llama, qwen2, qwen3, gemma2, gemma3 or phi3\n");
+                return 2;
+            }
             break;
+        case 4019: if (cli_parse_int("--head-dim", optarg, 2, 1024, &v)) return 2; p.head_dim = (int)v; break;
+        case 4020: if (cli_parse_int("--sliding-window", optarg, 1, 1 << 30, &v)) return 2; p.swa_window = (int)v; break;
+        case 4021: if (cli_parse_int("--swa-pattern", optarg, 1, 1 << 20, &v)) return 2; p.swa_pattern = (int)v; break;
+        case 4022: if (cli_parse_double("--rope-theta-swa", optarg, &d)) return 2; p.rope_theta_swa = (float)d; break;
+        case 4023: if (cli_parse_double("--attn-softcap", optarg, &d)) return 2; p.attn_softcap = (float)d; break;
+        case 4024: if (cli_parse_double("--logit-softcap", optarg, &d)) return 2; p.logit_softcap = (float)d; break;
+        case 4025: p.rope_scaling = optarg; break;
+        case 4026: if (cli_parse_double("--rope-factor", optarg, &d)) return 2; p.rope_factor = (float)d; break;
+        case 4027: if (cli_parse_int("--rope-orig-ctx", optarg, 1, 1 << 30, &v)) return 2; p.rope_orig_ctx = (int)v; break;
+        case 4028: if (cli_parse_double("--rope-attn-factor", optarg, &d)) return 2; p.rope_attn_factor = (float)d; break;
         case 4003: if (cli_parse_int("--dim", optarg, 2, 1 << 16, &v)) return 2; p.dim = (int)v; break;
         case 4004: if (cli_parse_int("--layers", optarg, 1, 1024, &v)) return 2; p.n_layers = (int)v; break;
         case 4005: if (cli_parse_int("--heads", optarg, 1, 1024, &v)) return 2; p.n_heads = (int)v; break;
@@ -74,9 +101,11 @@ int cli_mkmodel(int argc, char **argv)
             else if (!strcmp(optarg, "q8_0")) p.dtype = DT_Q8_0;
             else if (!strcmp(optarg, "q4_0")) p.dtype = DT_Q4_0;
             else if (!strcmp(optarg, "q4_k") || !strcmp(optarg, "q4_K")) p.dtype = DT_Q4_K;
+            else if (!strcmp(optarg, "q5_k") || !strcmp(optarg, "q5_K")) p.dtype = DT_Q5_K;
+            else if (!strcmp(optarg, "q6_k") || !strcmp(optarg, "q6_K")) p.dtype = DT_Q6_K;
             else if (!strcmp(optarg, "q3_k") || !strcmp(optarg, "q3_K")) p.dtype = DT_Q3_K;
             else if (!strcmp(optarg, "q2_k") || !strcmp(optarg, "q2_K")) p.dtype = DT_Q2_K;
-            else { fprintf(stderr, "spillway: --dtype: f32, f16, bf16, q8_0, q4_0, q4_k, q3_k or q2_k\n"); return 2; }
+            else { fprintf(stderr, "spillway: --dtype: f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k, q3_k or q2_k\n"); return 2; }
             dtype_given = 1;
             break;
         case 4016: from = optarg; break;
@@ -95,18 +124,27 @@ int cli_mkmodel(int argc, char **argv)
         case 'h':
             printf("usage: spillway mkmodel -o FILE [--preset NAME] [options]\n"
                    "  --preset NAME   %s (default tiny); later flags override it\n"
-                   "  --arch A        llama | qwen2\n"
+                   "  --arch A        llama | qwen2 | qwen3 | gemma2 | gemma3 | phi3\n"
                    "  --dim N --layers N --heads N --kv-heads N --ffn N --vocab N --ctx N\n"
-                   "  --dtype T       f32 | f16 | bf16 | q8_0 | q4_0 | q4_k | q3_k | q2_k (matrices;\n"
-                   "                  norms stay f32; q4_k, q3_k and q2_k matrices whose rows are\n"
-                   "                  not a multiple of 256 are written as q4_0)\n"
+                   "  --dtype T       f32 | f16 | bf16 | q8_0 | q4_0 | q4_k | q5_k | q6_k | q3_k |\n"
+                   "                  q2_k (matrices; norms stay f32; q4_k, q3_k and q2_k matrices\n"
+                   "                  whose rows are not a multiple of 256 are written as q4_0,\n"
+                   "                  q5_k and q6_k ones as q8_0)\n"
                    "  --tied | --untied   share the output matrix with the embedding or not\n"
                    "  --seed N --rope-theta F --norm-eps F\n"
+                   "  optional keys (not written unless given; the architecture's defaults apply):\n"
+                   "  --head-dim N    attention.key_length (n_heads x N may differ from dim)\n"
+                   "  --sliding-window N --swa-pattern N --rope-theta-swa F\n"
+                   "  --attn-softcap F --logit-softcap F   gemma2's soft-caps (llama.cpp: 50, 30)\n"
+                   "  --rope-scaling linear|yarn|llama3|longrope (longrope writes seeded\n"
+                   "                  rope_factors_long/short) --rope-factor F --rope-orig-ctx N\n"
+                   "  --rope-attn-factor F\n"
                    "\n"
                    "usage: spillway mkmodel --from MODEL.gguf --dtype T -o FILE [--pad N]\n"
                    "                [--quantiser Q]\n"
                    "  converts an existing model: every 2-D matrix re-rounded to T; a matrix whose\n"
-                   "  rows do not fit T's block falls back (q4_k, q3_k, q2_k -> q4_0 -> its own type), each\n"
+                   "  rows do not fit T's block falls back (q4_k, q3_k, q2_k -> q4_0, q5_k and\n"
+                   "  q6_k -> q8_0, then its own type), each\n"
                    "  one reported on stderr.\n"
                    "  --pad N         pad embedding and FFN sizes with zeros to multiples of N (an\n"
                    "                  equivalent model whose matrices fit the blocks, e.g. 256)\n"
@@ -118,7 +156,8 @@ int cli_mkmodel(int argc, char **argv)
             return 0;
         default: return 2;
         }
-        if (opt >= 4001 && opt <= 4015 && opt != 4010) shape_given = 1;
+        if ((opt >= 4001 && opt <= 4015 && opt != 4010) || (opt >= 4019 && opt <= 4028))
+            shape_given = 1;
     }
     if (from) {
         if (!out || optind != argc || !dtype_given || shape_given) {

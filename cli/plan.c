@@ -45,6 +45,7 @@
 #include "engine/dtype.h"
 #include "engine/gguf.h"
 #include "engine/model.h"
+#include "engine/model_arch.h"
 
 #define PLAN_MIB (1ull << 20)
 #define PLAN_RESERVE_DEFAULT (512ull << 20)
@@ -59,7 +60,7 @@
 /* What plan needs of a model: hyper-parameters as model_load reads them, and tensor bytes. */
 typedef struct {
     char arch[32];
-    int arch_supported;        /* 1: llama or qwen2 (MODEL_ARCH_SUPPORTED) */
+    int arch_supported;        /* 1: an architecture model_load runs (MODEL_ARCH_SUPPORTED) */
     int n_layers, n_heads, n_kv_heads, head_dim, dim, ffn_dim, n_vocab, ctx_len, rope_dim;
     uint64_t weight_bytes;     /* sum of every tensor's bytes (as model_t.weight_bytes) */
     uint64_t by_dtype[DT_COUNT_]; /* weight_bytes split by tensor type */
@@ -157,7 +158,12 @@ static int read_model(const char *path, plan_model_t *m, char *errstr, size_t er
     size_t alen = arch.len < sizeof m->arch ? (size_t)arch.len : sizeof m->arch - 1;
     memcpy(m->arch, arch.ptr, alen);
     m->arch[alen] = 0;
-    m->arch_supported = !strcmp(m->arch, "llama") || !strcmp(m->arch, "qwen2");
+    {
+        hparams_t h;
+        memset(&h, 0, sizeof h);
+        snprintf(h.arch_name, sizeof h.arch_name, "%s", m->arch);
+        m->arch_supported = model_arch_lookup(&h) == 0; /* the table model_load uses */
+    }
     const char *a = m->arch;
     int64_t dim, n_layers, n_heads, n_kv, ffn, ctx, key_len, val_len, rope_dim;
     if (model_arch_int(g, a, "embedding_length", 0, &dim) || dim <= 0 || dim > 65536 ||

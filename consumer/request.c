@@ -137,6 +137,7 @@ static const field_t FIELDS[] = {
     {"ttl_ms", F_TTL, 0, 0, 0, 0},
     {"metadata", F_META, 0, 0, 0, 0},
     {"chat_template", F_TMPL, 0, 0, 0, 0},
+    {"enable_thinking", F_BOOL, 0, 0, 0, OFF(enable_thinking)},
     /* routing and accounting strings: also accepted from Kafka headers (request_apply_header) */
     {"reply_to", F_STR, 0, 0, 0, OFF(reply_to)},
     {"correlation_id", F_STR, 0, 0, 0, OFF(correlation_id)},
@@ -1105,6 +1106,7 @@ static void set_defaults(request_t *r, const request_limits_t *l)
     r->seed = d.sampling.seed;
     r->n_logprobs = d.sampling.n_logprobs;
     r->priority = d.priority;
+    r->enable_thinking = 1;
 }
 
 int request_parse(const char *value, size_t len, int64_t msg_timestamp_ms,

@@ -104,6 +104,8 @@ typedef struct {
                                    msg_timestamp_ms + ttl_ms */
     char *metadata_json;        /* compact JSON text of "metadata", echoed; NULL when absent */
     char *template_name;        /* optional "chat_template" override by name; NULL = model's */
+    int enable_thinking;        /* "enable_thinking": 0 = a qwen3 template's thinking off;
+                                   default 1 (other templates ignore it) */
     /* Request-reply: from the JSON field, else from the Kafka header of the same name
      * (request_apply_header). NULL when absent. */
     char *reply_to;             /* topic for the result instead of the output topic (a legal

@@ -38,8 +38,13 @@ int backend_check_batch(const backend_t *be, const backend_batch_t *b, int max_t
             }
         }
         int last = b->pos[b->seq_start[s + 1] - 1];
+        /* with a sliding window on every layer, blocks wholly before the first key of the
+         * sequence's first token are not read and may be -1 (released) */
+        int win = model_kv_window(be->model), first = b->pos[b->seq_start[s]] - win + 1;
+        int skip = win > 0 && first > 0 ? first / B : 0;
         for (int i = 0; i <= last / B; i++) {
             int32_t blk = b->block_tables[s][i];
+            if (i < skip && blk == -1) continue;
             if (blk < 0 || blk >= be->params.n_kv_blocks) {
                 snprintf(errstr, errlen, "%s: sequence %d block %d = %d out of range", who, s, i,
                          blk);

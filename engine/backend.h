@@ -20,7 +20,10 @@
 /* One forward step over a set of sequences. Tokens of sequence s occupy the contiguous range
  * [seq_start[s], seq_start[s+1]) with consecutive positions (a prefill chunk, or one decode
  * token). Each token's K/V is written at its position through the sequence's block table before
- * attention, which covers positions [0, pos] of the same sequence (causal). */
+ * attention, which covers positions [0, pos] of the same sequence (causal), or [pos - W + 1, pos]
+ * on a layer with a sliding window W (model.h). When every layer has one (model_kv_window > 0),
+ * the table entries of blocks wholly before the first key of the sequence's first token may be
+ * -1 (the engine released them). */
 typedef struct {
     int n_tokens;
     const int32_t *tokens;              /* [n_tokens] token ids */

@@ -52,6 +52,8 @@ _Static_assert(sizeof(block_q4_0) == 18, "block_q4_0 must be packed to 18 bytes"
 _Static_assert(sizeof(block_q4_K) == 144, "block_q4_K must be packed to 144 bytes");
 _Static_assert(sizeof(block_q2_K) == 84, "block_q2_K must be packed to 84 bytes");
 _Static_assert(sizeof(block_q3_K) == 110, "block_q3_K must be packed to 110 bytes");
+_Static_assert(sizeof(block_q5_K) == 176, "block_q5_K must be packed to 176 bytes");
+_Static_assert(sizeof(block_q6_K) == 210, "block_q6_K must be packed to 210 bytes");
 
 static const dtype_desc_t *dtype_desc(int t)
 {
@@ -68,7 +70,36 @@ const char *dtype_name(int t)
 int dtype_supported(int t)
 {
     return t == DT_F32 || t == DT_F16 || t == DT_BF16 || t == DT_Q8_0 || t == DT_Q4_0 ||
-           t == DT_Q4_K || t == DT_Q2_K || t == DT_Q3_K;
+           t == DT_Q4_K || t == DT_Q5_K || t == DT_Q6_K || t == DT_Q2_K || t == DT_Q3_K;
+}
+
+/* Q6_K rows (engine/dtype.h): (d * sc) * (q - 32), in ggml's order. */
+static void dequant_q6_k(const block_q6_K *blk, float *out, int64_t nb)
+{
+    for (int64_t b = 0; b < nb; b++, blk++) {
+        const float d = fp16_to_f32(blk->d);
+        for (int k = 0; k < QK_K; k++) {
+            const float ds = d * (float)blk->scales[k / 16]; /* exact */
+            out[b * QK_K + k] = ds * (float)(q6k_quant(blk, k) - 32);
+        }
+    }
+}
+
+/* Q5_K rows (engine/dtype.h): d*sc * q - dmin*m, one rounding. */
+static void dequant_q5_k(const block_q5_K *blk, float *out, int64_t nb)
+{
+    for (int64_t b = 0; b < nb; b++, blk++) {
+        const float d = fp16_to_f32(blk->d), dmin = fp16_to_f32(blk->dmin);
+        for (int j = 0; j < QK_K / 32; j++) {
+            int sc, m;
+            q4k_scale_min(j, blk->scales, &sc, &m);
+            const float d1 = d * (float)sc, m1 = dmin * (float)m; /* both exact */
+            for (int l = 0; l < 32; l++) {
+                const float p = d1 * (float)q5k_quant(blk, 32 * j + l); /* exact */
+                out[b * QK_K + 32 * j + l] = p - m1;
+            }
+        }
+    }
 }
 
 void dtype_dequant_row(int t, const void *row, float *out, int64_t n)
@@ -132,6 +163,8 @@ void dtype_dequant_row(int t, const void *row, float *out, int64_t n)
     case DT_Q3_K:
         dtype_dequant_q3_k(row, out, n);
         break;
+    case DT_Q5_K: dequant_q5_k(row, out, n / QK_K); break;
+    case DT_Q6_K: dequant_q6_k(row, out, n / QK_K); break;
     default:
         memset(out, 0, (size_t)n * sizeof(float));
         break;

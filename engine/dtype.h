@@ -111,6 +111,49 @@ static inline int q3k_scale(int j, const uint8_t *scales)
     return (lo | hi << 4) - 32;
 }
 
+/* Q6_K super-block: 256 weights in 16 sub-blocks of 16; fp16 d, per sub-block an int8 scale
+ * scales[j]; 6-bit q in [0, 63]. Weight 128h + 32i + l (h < 2, i < 4, l < 32) has its low 4 bits
+ * in ql[64h + 32(i & 1) + l] (the low nibble for i < 2, the high nibble for i >= 2) and its top 2
+ * bits in bits 2i, 2i+1 of qh[32h + l]; weight k is in sub-block k / 16 (q6k_quant).
+ * w = RN_f32((d * sc[j]) * (q - 32)): d * sc[j] (19 bits) is exact, so the one rounding of its
+ * product with q - 32 is the only one, in any order of the three factors -- but only this order
+ * gives ggml's sign of zero (dequantize_row_q6_K: -0.0 when q = 32 and d * sc[j] < 0). */
+#define Q6K_SCALES 16
+typedef struct {
+    uint8_t ql[QK_K / 2];      /* low 4 bits of q */
+    uint8_t qh[QK_K / 4];      /* top 2 bits of q */
+    int8_t scales[Q6K_SCALES]; /* sub-block scales */
+    uint16_t d;                /* fp16 super-block scale */
+} block_q6_K;
+
+/* The 6-bit quant (0..63) of weight k (< 256) of a Q6_K super-block (the layout above). */
+static inline int q6k_quant(const block_q6_K *b, int k)
+{
+    const int h = k >> 7, i = (k >> 5) & 3, l = k & 31;
+    const uint8_t lo = b->ql[64 * h + 32 * (i & 1) + l];
+    return (i < 2 ? lo & 0x0f : lo >> 4) | ((b->qh[32 * h + l] >> (2 * i)) & 3) << 4;
+}
+
+/* Q5_K super-block: Q4_K's layout (d, dmin, the same packed 6-bit scales and mins, qs the same
+ * nibble order) plus a 5th bit per weight: weight 32j + l (sub-block j < 8, l < 32) has
+ * q = its Q4_K nibble + 16 * (bit j of qh[l]), in [0, 31]. w = RN_f32(d*sc[j] * q - dmin*m[j])
+ * with one rounding, as Q4_K (d*sc[j] * q has 22 bits: exact). */
+typedef struct {
+    uint16_t d;     /* fp16 super-block scale of the sub-block scales */
+    uint16_t dmin;  /* fp16 super-block scale of the sub-block mins */
+    uint8_t scales[Q4K_SCALE_BYTES];
+    uint8_t qh[QK_K / 8];
+    uint8_t qs[QK_K / 2];
+} block_q5_K;
+
+/* The 5-bit quant (0..31) of weight k (< 256) of a Q5_K super-block (the layout above). */
+static inline int q5k_quant(const block_q5_K *b, int k)
+{
+    const int j = k >> 5, l = k & 31;
+    const uint8_t lo = b->qs[32 * (j >> 1) + l];
+    return (j & 1 ? lo >> 4 : lo & 0x0f) | ((b->qh[l] >> j) & 1) << 4;
+}
+
 /* Elements per block and bytes per block of a type; 0 when unsupported. */
 static inline int dtype_block_elems(int t)
 {
@@ -118,7 +161,8 @@ static inline int dtype_block_elems(int t)
     case DT_F32: case DT_F16: case DT_BF16: return 1;
     case DT_Q8_0: return QK8_0;
     case DT_Q4_0: return QK4_0;
-    case DT_Q4_K: case DT_Q2_K: case DT_Q3_K: return QK_K;
+    case DT_Q4_K: return QK_K;
+    case DT_Q5_K: case DT_Q6_K: case DT_Q2_K: case DT_Q3_K: return QK_K;
     default: return 0;
     }
 }
@@ -132,6 +176,8 @@ static inline size_t dtype_block_bytes(int t)
     case DT_Q4_K: return sizeof(block_q4_K);
     case DT_Q2_K: return sizeof(block_q2_K);
     case DT_Q3_K: return sizeof(block_q3_K);
+    case DT_Q5_K: return sizeof(block_q5_K);
+    case DT_Q6_K: return sizeof(block_q6_K);
     default: return 0;
     }
 }
@@ -149,8 +195,8 @@ const char *dtype_name(int t);               /* "f32", "q8_0", ... or "unknown" 
  * supported types. */
 int dtype_ggml_block_elems(int t);
 size_t dtype_ggml_block_bytes(int t);
-int dtype_supported(int t);  /* 1 for F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q2_K, Q3_K */
-#define DTYPE_SUPPORTED_LIST "F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q2_K, Q3_K"
+int dtype_supported(int t);                  /* 1 for DTYPE_SUPPORTED_LIST */
+#define DTYPE_SUPPORTED_LIST "F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, Q3_K, Q2_K"
 /* The reference (portable C) widening of a row of n elements of a supported type to F32, in the
  * exact values the kernels use (see the block types above). n a multiple of the block size. */
 void dtype_dequant_row(int t, const void *row, float *out, int64_t n);

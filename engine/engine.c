@@ -43,8 +43,10 @@ typedef struct seq {
     int n_tokens, cap_tokens;
     int n_prompt;
     int n_computed;           /* positions with KV in the blocks */
-    int32_t *blocks;          /* block table [cap_blocks] */
+    int32_t *blocks;          /* block table [cap_blocks]; -1 for a block released behind the
+                                 sliding window (the first n_dropped) */
     int n_blocks, cap_blocks;
+    int n_dropped;            /* leading blocks released (seq_drop_old_blocks) */
     int n_named;              /* leading blocks whose names are known */
     uint64_t last_name;       /* name of block n_named - 1, or chain_seed */
     uint64_t chain_seed;      /* h_{-1} of its names: the engine's kv_seed and its cache scope */
@@ -85,6 +87,7 @@ struct engine {
     kvpool_t *pool;
     int max_ctx;
     int kv_type;
+    int kv_window;            /* model_kv_window: > 0 when blocks behind the window are released */
 
     seq_t **waiting;          /* sorted: priority desc, arrival asc */
     int n_waiting, cap_waiting;
@@ -194,7 +197,8 @@ static void seq_free(seq_t *s)
 
 static void seq_release_blocks(engine_t *e, seq_t *s)
 {
-    for (int i = 0; i < s->n_blocks; i++) kvpool_unref(e->pool, s->blocks[i]);
+    for (int i = s->n_dropped; i < s->n_blocks; i++) kvpool_unref(e->pool, s->blocks[i]);
+    s->n_dropped = 0;
     s->n_blocks = 0;
     s->n_named = 0;
     s->last_name = s->chain_seed;
@@ -223,6 +227,24 @@ static void seq_publish(engine_t *e, seq_t *s)
         }
         s->last_name = name;
         s->n_named++;
+    }
+}
+
+/* Sliding-window models (every layer windowed, e->kv_window > 0): releases the blocks wholly
+ * before the first key the sequence's next query reads (its next position is n_computed, its
+ * first key n_computed - kv_window + 1) and marks them -1 in the table (backend.h). With the
+ * prefix cache only named blocks are released (seq_publish reads the others first); a published
+ * block stays cached by name. */
+static void seq_drop_old_blocks(engine_t *e, seq_t *s)
+{
+    if (e->kv_window <= 0) return;
+    int first_key = s->n_computed - e->kv_window + 1;
+    int drop = first_key > 0 ? first_key / e->cfg.block_tokens : 0;
+    if (drop > s->n_blocks) drop = s->n_blocks;
+    if (e->cfg.prefix_cache && drop > s->n_named) drop = s->n_named;
+    for (; s->n_dropped < drop; s->n_dropped++) {
+        kvpool_unref(e->pool, s->blocks[s->n_dropped]);
+        s->blocks[s->n_dropped] = -1;
     }
 }
 
@@ -395,6 +417,8 @@ engine_t *engine_new(const engine_config_t *cfg, char *errstr, size_t errlen)
     if (!e->tok) goto fail;
     const hparams_t *hp = &e->model->hp;
     e->max_ctx = c->max_ctx > 0 && c->max_ctx < hp->ctx_len ? c->max_ctx : hp->ctx_len;
+    e->kv_window = model_kv_window(e->model);
+    model_select_context(e->model, e->max_ctx);
 
     size_t block_bytes = (size_t)c->block_tokens *
                          model_kv_bytes_per_token(e->model, e->kv_type == DT_F32 ? 4 : 2);
@@ -946,6 +970,7 @@ int engine_step(engine_t *e, char *errstr, size_t errlen)
         seq_t *s = e->b_seqs[i];
         s->n_computed += s->step_tokens;
         seq_publish(e, s);
+        seq_drop_old_blocks(e, s);
         if (s->n_computed != s->n_tokens) continue;
         int finish;
         if (!seq_advance(e, s, e->logits + (size_t)li++ * n_vocab, &finish)) {

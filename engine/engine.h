@@ -251,8 +251,11 @@ int engine_raw_alloc_blocks(engine_t *e, int n, int32_t *out);
 void engine_raw_free_blocks(engine_t *e, int n, const int32_t *blocks);
 
 /* ---- chat templates (engine/chat.c) ----
- * Built-in renderers of the chat formats llama.cpp's llama_chat_apply_template knows by name,
- * producing the same text for the same messages (not a Jinja interpreter). */
+ * Built-in renderers (not a Jinja interpreter): the Jinja-exact ones (llama-3, llama-3.1,
+ * llama-3.2, qwen2.5, qwen3, gemma-2, gemma-3, phi-3, phi-3.5, mistral-v0.3, mistral-nemo)
+ * produce exactly what those models' own Jinja templates do, BOS text included, and refuse what
+ * those templates refuse; the others produce what llama.cpp's llama_chat_apply_template does
+ * for the same name. */
 typedef struct { const char *role; const char *content; } engine_chat_msg_t;
 /* Renders msgs[0..n) with the template named `name` ("chatml", "llama2", "llama3", "zephyr", ...:
  * engine_chat_template_names()), or, when name is NULL, with the one detected from the model's
@@ -261,8 +264,8 @@ typedef struct { const char *role; const char *content; } engine_chat_msg_t;
  * the llama2 and mistral families, end after the last message either way). NULL role/content
  * count as "". Returns malloc'd NUL-terminated text (caller frees), or NULL + errstr ("unknown
  * chat template ..." naming the supported ones, "model has no chat template", or out of
- * memory). Roles are not checked: this is text to show; the model's prompt comes from
- * engine_chat_tokenize. Thread-safe: reads only immutable model metadata. */
+ * memory, or the conversation a Jinja-exact template refuses). Roles are not checked: this is
+ * text to show; the model's prompt comes from engine_chat_tokenize. Thread-safe: reads only immutable model metadata. */
 char *engine_chat_render(const engine_t *e, const char *name, const engine_chat_msg_t *msgs, int n,
                          int add_generation_prompt, char *errstr, size_t errlen);
 /* Errors of engine_chat_tokenize. */
@@ -272,13 +275,30 @@ char *engine_chat_render(const engine_t *e, const char *name, const engine_chat_
 /* Renders msgs[0..n) as engine_chat_render does and tokenises the prompt (BOS as the model's
  * flags say) so that only the template's own markers (<|im_start|>, <|eot_id|>, </s>, ...)
  * become special tokens: a role or content that contains such text stays plain text. Every role
- * must be one the template has: system, user, assistant, and also tool for chatml, tool and
- * ipython for llama3, observation for glmedge; anything else is ENGINE_CHAT_EROLE. *ids gets
- * *n_ids ids (malloc'd, caller frees), *text_len (if not NULL) the rendered text's bytes.
+ * must be one the template has: system, user, assistant, and also tool for chatml, qwen2.5 and
+ * qwen3, tool and ipython for llama3 and llama-3.x, observation for glmedge; anything else, or a
+ * conversation a Jinja-exact template refuses (e.g. roles not alternating), is
+ * ENGINE_CHAT_EROLE. A BOS text the template writes first is the tokenizer's BOS, not a
+ * second one. *ids gets *n_ids ids (malloc'd, caller frees), *text_len (if not NULL) the
+ * rendered text's bytes.
  * 0, or ENGINE_CHAT_E* + errstr. Thread-safe like engine_chat_render. */
 int engine_chat_tokenize(const engine_t *e, const char *name, const engine_chat_msg_t *msgs,
                          int n, int add_generation_prompt, int32_t **ids, int *n_ids,
                          size_t *text_len, char *errstr, size_t errlen);
+/* Options of the templates that have them; NULL stands for ENGINE_CHAT_OPTS_DEFAULT. Other
+ * templates ignore them, as a Jinja template ignores a variable it does not read. */
+typedef struct {
+    int enable_thinking; /* qwen3: 0 = the template's enable_thinking=false (the generation prompt
+                          * ends with an empty <think> block); 1 (default) = thinking */
+    long long now;       /* llama-3.2's "Today Date": this UTC day, in seconds since the Unix
+                          * epoch; < 0 (default) = the current time */
+} engine_chat_opts_t;
+#define ENGINE_CHAT_OPTS_DEFAULT {1, -1}
+/* engine_chat_tokenize with options (opts may be NULL). */
+int engine_chat_tokenize_opts(const engine_t *e, const char *name, const engine_chat_msg_t *msgs,
+                              int n, int add_generation_prompt, const engine_chat_opts_t *opts,
+                              int32_t **ids, int *n_ids, size_t *text_len, char *errstr,
+                              size_t errlen);
 /* Name of the template detected from the model's metadata, or NULL. */
 const char *engine_chat_template(const engine_t *e);
 /* Built-in template names, comma-separated ("chatml, llama2, ..."). Static. */

@@ -52,6 +52,22 @@ int engine_inspect(const char *path, FILE *out, char *errstr, size_t errlen)
             hp->rope_kind == ROPE_NORM ? "norm" : "neox", hp->rope_theta, hp->rope_dim,
             hp->rope_freq_scale != 1.0f ? " (linear scaling)" : "",
             m->tied_output ? "tied" : "separate", dtype_name(m->weight_type));
+    if (!model_is_plain_llama(m)) {
+        int n_local = 0;
+        for (int l = 0; l < hp->n_layers; l++) n_local += m->layers[l].window > 0;
+        fprintf(out, "  features:%s%s%s%s attention scale %g", hp->qk_norm ? " Q/K norms," : "",
+                hp->post_norms ? " post-norms," : "",
+                hp->ffn_act == FFN_GELU_TANH ? " GELU-tanh FFN," : "",
+                hp->embd_scale != 1.0f ? " scaled embeddings," : "", hp->attn_scale);
+        if (hp->attn_softcap > 0 || hp->logit_softcap > 0)
+            fprintf(out, ", soft-caps %g (scores) %g (logits)", hp->attn_softcap, hp->logit_softcap);
+        if (n_local)
+            fprintf(out, ", sliding window %d on %d of %d layers (local RoPE base %g)",
+                    hp->swa_window, n_local, hp->n_layers, hp->rope_theta_swa);
+        if (m->rope[0].ext_factor != 0.0f) fprintf(out, ", YaRN");
+        if (m->rope[0].mscale != 1.0f) fprintf(out, ", RoPE magnitude %g", m->rope[0].mscale);
+        fprintf(out, "\n");
+    }
     fprintf(out, "  KV bytes per token: %zu (f16), %zu (f32); full context: %.1f MiB (f16)\n",
             model_kv_bytes_per_token(m, 2), model_kv_bytes_per_token(m, 4),
             (double)model_kv_bytes_per_token(m, 2) * hp->ctx_len / 1048576.0);

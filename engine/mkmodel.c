@@ -24,6 +24,7 @@
 
 #include "dtype.h"
 #include "gguf.h"
+#include "mkmodel_q56k.h"
 #include "model.h"
 #include "quant_q23k.h"
 
@@ -44,14 +45,20 @@ int mkmodel_preset(const char *name, mkmodel_params_t *p)
         q.norm_eps = 1e-6f;
         q.rope_theta = 1000000.0f;
     } else if (strcmp(name, "smollm2-135m") == 0) {
-        q = (mkmodel_params_t){ARCH_LLAMA, 576, 30, 9, 3, 1536, 49152, 8192, DT_F16, 1, 1,
-                               100000.0f, 1e-5f};
+        q = (mkmodel_params_t){.arch = ARCH_LLAMA, .dim = 576, .n_layers = 30, .n_heads = 9,
+                               .n_kv_heads = 3, .ffn_dim = 1536, .n_vocab = 49152,
+                               .ctx_len = 8192, .dtype = DT_F16, .tied = 1, .seed = 1,
+                               .rope_theta = 100000.0f, .norm_eps = 1e-5f};
     } else if (strcmp(name, "llama-3.2-1b") == 0) {
-        q = (mkmodel_params_t){ARCH_LLAMA, 2048, 16, 32, 8, 8192, 128256, 131072, DT_F16, 1, 1,
-                               500000.0f, 1e-5f};
+        q = (mkmodel_params_t){.arch = ARCH_LLAMA, .dim = 2048, .n_layers = 16, .n_heads = 32,
+                               .n_kv_heads = 8, .ffn_dim = 8192, .n_vocab = 128256,
+                               .ctx_len = 131072, .dtype = DT_F16, .tied = 1, .seed = 1,
+                               .rope_theta = 500000.0f, .norm_eps = 1e-5f};
     } else if (strcmp(name, "llama-3.1-8b") == 0) {
-        q = (mkmodel_params_t){ARCH_LLAMA, 4096, 32, 32, 8, 14336, 128256, 131072, DT_F16, 0, 1,
-                               500000.0f, 1e-5f};
+        q = (mkmodel_params_t){.arch = ARCH_LLAMA, .dim = 4096, .n_layers = 32, .n_heads = 32,
+                               .n_kv_heads = 8, .ffn_dim = 14336, .n_vocab = 128256,
+                               .ctx_len = 131072, .dtype = DT_F16, .tied = 0, .seed = 1,
+                               .rope_theta = 500000.0f, .norm_eps = 1e-5f};
     } else {
         return -1;
     }
@@ -484,6 +491,8 @@ int mkmodel_quantize_row(int t, const float *x, void *dst, int64_t n)
     case DT_Q4_K: quantize_q4_k(x, dst, n); break;
     case DT_Q2_K: quant_q2_k_row(x, dst, n); break; /* engine/quant_q23k.c */
     case DT_Q3_K: quant_q3_k_row(x, dst, n); break;
+    case DT_Q5_K: mkmodel_quantize_q5_k(x, dst, n); break;
+    case DT_Q6_K: mkmodel_quantize_q6_k(x, dst, n); break;
     default: return -1;
     }
     return 0;
@@ -494,6 +503,7 @@ int mkmodel_matrix_type(int want, int64_t ne0, int keep)
     if (dtype_row_bytes(want, ne0)) return want;
     if ((want == DT_Q4_K || want == DT_Q2_K || want == DT_Q3_K) && dtype_row_bytes(DT_Q4_0, ne0))
         return DT_Q4_0;
+    if ((want == DT_Q5_K || want == DT_Q6_K) && dtype_row_bytes(DT_Q8_0, ne0)) return DT_Q8_0;
     return keep;
 }
 
@@ -646,10 +656,21 @@ static int seterr(char *errstr, size_t errlen, const char *fmt, ...)
 
 static int check_params(const mkmodel_params_t *p, char *errstr, size_t errlen)
 {
-    if (p->arch != ARCH_LLAMA && p->arch != ARCH_QWEN2)
-        return seterr(errstr, errlen, "mkmodel: arch must be llama or qwen2");
+    if (p->arch < ARCH_LLAMA || p->arch > ARCH_PHI3)
+        return seterr(errstr, errlen, "mkmodel: arch must be llama, qwen2, qwen3, gemma2, gemma3 "
+                      "or phi3");
+    if (p->head_dim < 0 || p->head_dim % 2 || p->head_dim > 1024 || p->swa_window < 0 ||
+        p->swa_pattern < 0 || p->rope_orig_ctx < 0 || !(p->rope_theta_swa >= 0) ||
+        !(p->attn_softcap >= 0) || !(p->logit_softcap >= 0) || !(p->rope_factor >= 0) ||
+        !(p->rope_attn_factor >= 0))
+        return seterr(errstr, errlen, "mkmodel: head_dim (even), window, pattern, original "
+                      "context, RoPE and soft-cap values must not be negative");
+    if (p->rope_scaling && strcmp(p->rope_scaling, "linear") && strcmp(p->rope_scaling, "yarn") &&
+        strcmp(p->rope_scaling, "llama3") && strcmp(p->rope_scaling, "longrope"))
+        return seterr(errstr, errlen, "mkmodel: rope scaling must be linear, yarn, llama3 or "
+                      "longrope");
     if (p->dim <= 0 || p->dim > 65536 || p->n_heads <= 0 || p->n_heads > 1024 ||
-        p->dim % p->n_heads || (p->dim / p->n_heads) % 2)
+        (!p->head_dim && (p->dim % p->n_heads || (p->dim / p->n_heads) % 2)))
         return seterr(errstr, errlen, "mkmodel: dim %d must be a positive multiple of n_heads %d "
                       "with an even head dimension", p->dim, p->n_heads);
     if (p->n_kv_heads <= 0 || p->n_heads % p->n_kv_heads)
@@ -667,10 +688,16 @@ static int check_params(const mkmodel_params_t *p, char *errstr, size_t errlen)
         return seterr(errstr, errlen, "mkmodel: dtype %s not supported; supported: %s",
                       dtype_name(p->dtype), DTYPE_SUPPORTED_LIST);
     if ((p->dtype == DT_Q8_0 || p->dtype == DT_Q4_0 || p->dtype == DT_Q4_K ||
-         p->dtype == DT_Q2_K || p->dtype == DT_Q3_K) &&
+         p->dtype == DT_Q5_K || p->dtype == DT_Q6_K || p->dtype == DT_Q2_K ||
+         p->dtype == DT_Q3_K) &&
         (p->dim % 32 || p->ffn_dim % 32))
         return seterr(errstr, errlen, "mkmodel: %s needs dim (%d) and ffn_dim (%d) to be "
                       "multiples of 32", dtype_name(p->dtype), p->dim, p->ffn_dim);
+    if ((p->dtype == DT_Q8_0 || p->dtype == DT_Q4_0 || p->dtype == DT_Q4_K ||
+         p->dtype == DT_Q2_K || p->dtype == DT_Q3_K) && p->head_dim &&
+        (p->n_heads * p->head_dim) % 32)
+        return seterr(errstr, errlen, "mkmodel: %s needs n_heads x head_dim (%d) to be a "
+                      "multiple of 32", dtype_name(p->dtype), p->n_heads * p->head_dim);
     if (!(p->rope_theta > 0) || !(p->norm_eps > 0) || !isfinite(p->rope_theta) ||
         !isfinite(p->norm_eps))
         return seterr(errstr, errlen, "mkmodel: rope_theta and norm_eps must be positive");
@@ -686,6 +713,8 @@ static int file_type_of(int dtype)
     case DT_Q4_K: return 14; /* LLAMA_FTYPE_MOSTLY_Q4_K_S */
     case DT_Q2_K: return 10; /* LLAMA_FTYPE_MOSTLY_Q2_K */
     case DT_Q3_K: return 11; /* LLAMA_FTYPE_MOSTLY_Q3_K_S */
+    case DT_Q5_K: return 16; /* LLAMA_FTYPE_MOSTLY_Q5_K_S */
+    case DT_Q6_K: return 18; /* LLAMA_FTYPE_MOSTLY_Q6_K */
     case DT_BF16: return 32; /* LLAMA_FTYPE_MOSTLY_BF16 */
     default: return 0;       /* LLAMA_FTYPE_ALL_F32 */
     }
@@ -695,10 +724,16 @@ int mkmodel_write(const mkmodel_params_t *p, const char *path, char *errstr, siz
 {
     if (!p || !path) return seterr(errstr, errlen, "mkmodel: NULL argument");
     if (check_params(p, errstr, errlen)) return -1;
-    const char *arch = p->arch == ARCH_QWEN2 ? "qwen2" : "llama";
-    const int hd = p->dim / p->n_heads, q_dim = p->dim, kv_dim = p->n_kv_heads * hd;
-    const int per_layer = p->arch == ARCH_QWEN2 ? 12 : 9;
-    const int n_t = 2 + !p->tied + per_layer * p->n_layers;
+    static const char *const names[] = {"llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"};
+    const char *arch = names[p->arch];
+    const int hd = p->head_dim ? p->head_dim : p->dim / p->n_heads;
+    const int q_dim = p->n_heads * hd, kv_dim = p->n_kv_heads * hd;
+    const int qk_norm = p->arch == ARCH_QWEN3 || p->arch == ARCH_GEMMA3;
+    const int post_norms = p->arch == ARCH_GEMMA2 || p->arch == ARCH_GEMMA3;
+    const int fused = p->arch == ARCH_PHI3;
+    const int longrope = p->rope_scaling && !strcmp(p->rope_scaling, "longrope");
+    const int n_t = 5 + 16 * p->n_layers; /* at most */
+    int n_written = 0;
     int rc = -1;
     gguf_writer_t *w = NULL;
     vocab_t v;
@@ -708,6 +743,7 @@ int mkmodel_write(const mkmodel_params_t *p, const char *path, char *errstr, siz
     const char **strs = NULL;
     tspec_t *ts = calloc((size_t)n_t, sizeof *ts);
     int64_t max_in = p->dim > p->ffn_dim ? p->dim : p->ffn_dim;
+    if (q_dim > max_in) max_in = q_dim;
     scratch = malloc((size_t)max_in * sizeof *scratch);
     w = gguf_writer_new();
     if (!ts || !scratch || !w) {
@@ -729,8 +765,10 @@ int mkmodel_write(const mkmodel_params_t *p, const char *path, char *errstr, siz
         e |= gguf_writer_add_f32(w, key, (val));                    \
     } while (0)
     e |= gguf_writer_add_str(w, "general.architecture", arch);
-    snprintf(name, sizeof name, "spillway-synthetic-%s-%dx%d-%s", arch, p->n_layers, p->dim,
-             dtype_name(p->dtype));
+    /* not "phi3" in the name: llama.cpp then applies Phi-3 special-token rules this vocabulary
+     * cannot meet */
+    snprintf(name, sizeof name, "spillway-synthetic-%s-%dx%d-%s",
+             p->arch == ARCH_PHI3 ? "phi" : arch, p->n_layers, p->dim, dtype_name(p->dtype));
     e |= gguf_writer_add_str(w, "general.name", name);
     e |= gguf_writer_add_u32(w, "general.file_type", (uint32_t)file_type_of(p->dtype));
     if (dtype_block_elems(p->dtype) > 1)
@@ -745,6 +783,22 @@ int mkmodel_write(const mkmodel_params_t *p, const char *path, char *errstr, siz
     ARCH_F32("rope.freq_base", p->rope_theta);
     ARCH_U32("rope.dimension_count", hd);
     ARCH_U32("vocab_size", p->n_vocab);
+    if (p->head_dim) {
+        ARCH_U32("attention.key_length", hd);
+        ARCH_U32("attention.value_length", hd);
+    }
+    if (p->swa_window) ARCH_U32("attention.sliding_window", p->swa_window);
+    if (p->swa_pattern) ARCH_U32("attention.sliding_window_pattern", p->swa_pattern);
+    if (p->rope_theta_swa > 0) ARCH_F32("rope.freq_base_swa", p->rope_theta_swa);
+    if (p->attn_softcap > 0) ARCH_F32("attn_logit_softcapping", p->attn_softcap);
+    if (p->logit_softcap > 0) ARCH_F32("final_logit_softcapping", p->logit_softcap);
+    if (p->rope_scaling) {
+        snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
+        e |= gguf_writer_add_str(w, key, p->rope_scaling);
+    }
+    if (p->rope_factor > 0) ARCH_F32("rope.scaling.factor", p->rope_factor);
+    if (p->rope_orig_ctx) ARCH_U32("rope.scaling.original_context_length", p->rope_orig_ctx);
+    if (p->rope_attn_factor > 0) ARCH_F32("rope.scaling.attn_factor", p->rope_attn_factor);
 #undef ARCH_U32
 #undef ARCH_F32
 
@@ -796,6 +850,10 @@ int mkmodel_write(const mkmodel_params_t *p, const char *path, char *errstr, siz
     SPEC("token_embd.weight", p->dtype, 2, p->dim, p->n_vocab, 0.0f, 0.02f);
     SPEC("output_norm.weight", DT_F32, 1, p->dim, 1, 1.0f, 0.05f);
     if (!p->tied) SPEC("output.weight", p->dtype, 2, p->dim, p->n_vocab, 0.0f, mat_std_dim);
+    if (longrope) {
+        SPEC("rope_factors_long.weight", DT_F32, 1, hd / 2, 1, 2.0f, 0.15f);
+        SPEC("rope_factors_short.weight", DT_F32, 1, hd / 2, 1, 1.2f, 0.05f);
+    }
     for (int l = 0; l < p->n_layers; l++) {
         char nm[64];
 #define LSPEC(suffix, type_, nd, ne0, ne1, mean_, std_)                              \
@@ -804,26 +862,41 @@ int mkmodel_write(const mkmodel_params_t *p, const char *path, char *errstr, siz
         SPEC(nm, type_, nd, ne0, ne1, mean_, std_);                                  \
     } while (0)
         LSPEC("attn_norm.weight", DT_F32, 1, p->dim, 1, 1.0f, 0.05f);
-        LSPEC("attn_q.weight", p->dtype, 2, p->dim, q_dim, 0.0f, mat_std_dim);
-        LSPEC("attn_k.weight", p->dtype, 2, p->dim, kv_dim, 0.0f, mat_std_dim);
-        LSPEC("attn_v.weight", p->dtype, 2, p->dim, kv_dim, 0.0f, mat_std_dim);
+        if (fused) {
+            LSPEC("attn_qkv.weight", p->dtype, 2, p->dim, q_dim + 2 * kv_dim, 0.0f, mat_std_dim);
+        } else {
+            LSPEC("attn_q.weight", p->dtype, 2, p->dim, q_dim, 0.0f, mat_std_dim);
+            LSPEC("attn_k.weight", p->dtype, 2, p->dim, kv_dim, 0.0f, mat_std_dim);
+            LSPEC("attn_v.weight", p->dtype, 2, p->dim, kv_dim, 0.0f, mat_std_dim);
+        }
+        if (qk_norm) {
+            LSPEC("attn_q_norm.weight", DT_F32, 1, hd, 1, 1.0f, 0.1f);
+            LSPEC("attn_k_norm.weight", DT_F32, 1, hd, 1, 1.0f, 0.1f);
+        }
         LSPEC("attn_output.weight", p->dtype, 2, q_dim, p->dim, 0.0f, 1.0f / sqrtf((float)q_dim));
+        if (post_norms) LSPEC("post_attention_norm.weight", DT_F32, 1, p->dim, 1, 1.0f, 0.1f);
         if (p->arch == ARCH_QWEN2) {
             LSPEC("attn_q.bias", DT_F32, 1, q_dim, 1, 0.0f, 0.02f);
             LSPEC("attn_k.bias", DT_F32, 1, kv_dim, 1, 0.0f, 0.02f);
             LSPEC("attn_v.bias", DT_F32, 1, kv_dim, 1, 0.0f, 0.02f);
         }
         LSPEC("ffn_norm.weight", DT_F32, 1, p->dim, 1, 1.0f, 0.05f);
-        LSPEC("ffn_gate.weight", p->dtype, 2, p->dim, p->ffn_dim, 0.0f, mat_std_dim);
-        LSPEC("ffn_up.weight", p->dtype, 2, p->dim, p->ffn_dim, 0.0f, mat_std_dim);
+        if (fused) {
+            LSPEC("ffn_up.weight", p->dtype, 2, p->dim, 2 * p->ffn_dim, 0.0f, mat_std_dim);
+        } else {
+            LSPEC("ffn_gate.weight", p->dtype, 2, p->dim, p->ffn_dim, 0.0f, mat_std_dim);
+            LSPEC("ffn_up.weight", p->dtype, 2, p->dim, p->ffn_dim, 0.0f, mat_std_dim);
+        }
         LSPEC("ffn_down.weight", p->dtype, 2, p->ffn_dim, p->dim, 0.0f,
               1.0f / sqrtf((float)p->ffn_dim));
+        if (post_norms) LSPEC("post_ffw_norm.weight", DT_F32, 1, p->dim, 1, 1.0f, 0.1f);
 #undef LSPEC
     }
 #undef SPEC
+    n_written = k;
     uint64_t seed_mix = p->seed;
     seed_mix = splitmix64(&seed_mix);
-    for (int i = 0; i < n_t; i++) {
+    for (int i = 0; i < n_written; i++) {
         tspec_t *t = &ts[i];
         if (t->n_dims == 2) t->type = mkmodel_matrix_type(t->type, t->ne[0], t->type);
         t->seed = seed_mix ^ fnv1a(t->name);

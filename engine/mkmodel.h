@@ -17,8 +17,12 @@
 #define MKMODEL_PRESETS "tiny, qwen2-tiny, smollm2-135m, llama-3.2-1b, llama-3.1-8b"
 
 typedef struct {
-    int arch;        /* enum model_arch (engine/model.h): ARCH_LLAMA or ARCH_QWEN2 */
-    int dim;         /* embedding length; a multiple of n_heads, head_dim = dim / n_heads even */
+    int arch;        /* enum model_arch (engine/model.h): ARCH_LLAMA, ARCH_QWEN2, ARCH_QWEN3,
+                      * ARCH_GEMMA2, ARCH_GEMMA3 or ARCH_PHI3, with that architecture's tensors
+                      * (qwen3 / gemma3 Q/K norms, gemma post-norms, phi3's fused attn_qkv and
+                      * gate+up ffn_up) */
+    int dim;         /* embedding length; a multiple of n_heads, head_dim = dim / n_heads even,
+                      * unless head_dim is given */
     int n_layers;
     int n_heads;
     int n_kv_heads;  /* divides n_heads */
@@ -26,15 +30,28 @@ typedef struct {
     int n_vocab;     /* >= MKMODEL_MIN_VOCAB */
     int ctx_len;     /* trained context length (metadata only) */
     int dtype;       /* enum dtype of every matrix incl. token_embd/output: DT_F32, DT_F16,
-                      * DT_BF16, DT_Q8_0, DT_Q4_0, DT_Q4_K, DT_Q3_K or DT_Q2_K (the block types:
-                      * dim and ffn_dim multiples of 32; Q4_K, Q3_K and Q2_K matrices whose rows
-                      * are not a multiple of 256 are
-                      * written as Q4_0, see mkmodel_matrix_type). Norms and biases are always
+                      * DT_BF16, DT_Q8_0, DT_Q4_0, DT_Q4_K, DT_Q5_K, DT_Q6_K, DT_Q3_K or DT_Q2_K
+                      * (the block types: dim and ffn_dim multiples of 32; K-quant matrices whose
+                      * rows are not a multiple of 256 are written as Q4_0 (Q4_K, Q3_K, Q2_K) or
+                      * Q8_0 (Q5_K, Q6_K), see mkmodel_matrix_type). Norms and biases are always
                       * F32. */
     int tied;        /* 1: no output.weight, the output projection shares token_embd */
     uint64_t seed;   /* weights are a function of (seed, tensor name, row) */
     float rope_theta;
     float norm_eps;  /* RMSNorm epsilon */
+    /* Optional keys (0 / NULL: not written, the architecture's default applies). */
+    int head_dim;    /* attention.key_length / value_length (any even value) */
+    int swa_window;  /* attention.sliding_window */
+    int swa_pattern; /* attention.sliding_window_pattern */
+    float rope_theta_swa;  /* rope.freq_base_swa */
+    float attn_softcap;    /* attn_logit_softcapping */
+    float logit_softcap;   /* final_logit_softcapping */
+    const char *rope_scaling; /* rope.scaling.type: "linear", "yarn", "llama3" or "longrope";
+                               * longrope also writes rope_factors_long / _short (seeded, in
+                               * [1.5, 2.5]) */
+    float rope_factor;     /* rope.scaling.factor */
+    int rope_orig_ctx;     /* rope.scaling.original_context_length */
+    float rope_attn_factor; /* rope.scaling.attn_factor */
 } mkmodel_params_t;
 
 /* Fills p with a named preset (MKMODEL_PRESETS); 0, or -1 for an unknown name (p untouched).
@@ -54,8 +71,10 @@ int mkmodel_write(const mkmodel_params_t *p, const char *path, char *errstr, siz
  *         small grid of candidate scales (weights |x| + rms of the sub-block), the scales and
  *         mins then quantised to 6 bits against their super-block maxima (fp16 d, dmin), and
  *         the quants recomputed from the stored 6-bit values.
- * Q2_K and Q3_K are rounded by our own quantisers (engine/quant_q23k.h), not ggml's: the bytes
- * differ from llama-quantize's.
+ *   Q5_K, Q6_K  spillway's own simpler rounding, not ggml's (engine/mkmodel_q56k.h), with
+ *         either quantiser of mkmodel_convert.
+ *   Q2_K, Q3_K  our own quantisers too (engine/quant_q23k.h), with either quantiser of
+ *         mkmodel_convert: the bytes differ from llama-quantize's.
  * 0, or -1 for another type or n not a multiple of the block. Pure; thread-safe. */
 int mkmodel_quantize_row(int t, const float *x, void *dst, int64_t n);
 
@@ -72,8 +91,9 @@ int mkmodel_quantize_row(int t, const float *x, void *dst, int64_t n);
 int mkmodel_quantize_row_weighted(int t, const float *x, const float *w, void *dst, int64_t n);
 
 /* The type a matrix with rows of ne0 elements is written in when `want` is asked for: want when
- * ne0 is a multiple of its block; for Q4_K, Q3_K and Q2_K otherwise Q4_0 when ne0 is a multiple of 32
- * (llama.cpp falls back to Q5_0, which spillway does not compute); otherwise `keep` (the
+ * ne0 is a multiple of its block; for Q4_K, Q3_K and Q2_K otherwise Q4_0 when ne0 is a multiple
+ * of 32 (llama.cpp falls back to Q5_0, which spillway does not compute), for Q5_K and Q6_K Q8_0 (the
+ * 8-bit fallback, where llama.cpp takes Q5_1 / Q8_0); otherwise `keep` (the
  * synthetic writer refuses such shapes; conversion keeps the source type). */
 int mkmodel_matrix_type(int want, int64_t ne0, int keep);
 

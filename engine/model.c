@@ -9,6 +9,7 @@
 #include <xxhash.h>
 
 #include "dtype.h"
+#include "model_arch.h"
 
 static void seterr(char *errstr, size_t errlen, const char *fmt, ...)
 {
@@ -46,17 +47,7 @@ int model_arch_int(const gguf_t *g, const char *arch, const char *suffix, int64_
     return -1;
 }
 
-static int get_arch_f32(const gguf_t *g, const char *arch, const char *suffix, float def,
-                        float *out)
-{
-    char key[128];
-    snprintf(key, sizeof key, "%s.%s", arch, suffix);
-    if (gguf_find_key(g, key) < 0) {
-        *out = def;
-        return 0;
-    }
-    return gguf_get_f32(g, key, out);
-}
+#define get_arch_f32 model_arch_f32
 
 /* Binds tensor `name` of shape {cols, rows} (rows = 1 for vectors). required: missing is an
  * error; otherwise w->data stays NULL. */
@@ -96,6 +87,15 @@ static int bind(const model_t *m, weight_t *w, const char *name, int64_t cols, i
     return 0;
 }
 
+/* Rows [r0, r0 + n) of w as a weight of their own (a view into w's data). */
+static weight_t model_weight_rows(const weight_t *w, int64_t r0, int64_t n)
+{
+    weight_t v = *w;
+    v.data = (const char *)w->data + (size_t)r0 * w->row_bytes;
+    v.rows = n;
+    return v;
+}
+
 /* Converts a bound vector weight to F32 into dst (n floats) and repoints w at it. */
 static void to_f32(weight_t *w, float *dst)
 {
@@ -112,9 +112,23 @@ void model_free(model_t *m)
     if (!m) return;
     free(m->layers);
     free(m->rope_inv_freq);
+    free(m->rope_inv_freq_swa);
     free(m->owned_f32);
     gguf_close(m->gguf);
     free(m);
+}
+
+int model_is_plain_llama(const model_t *m)
+{
+    const hparams_t *hp = &m->hp;
+    if (hp->arch != ARCH_LLAMA && hp->arch != ARCH_QWEN2) return 0;
+    if (hp->qk_norm || hp->post_norms || hp->ffn_act != FFN_SILU || hp->embd_scale != 1.0f ||
+        hp->attn_softcap > 0 || hp->logit_softcap > 0 || hp->swa_window > 0 ||
+        hp->attn_scale != 1.0f / sqrtf((float)hp->head_dim))
+        return 0;
+    for (int i = 0; i < 2; i++)
+        if (m->rope[i].ext_factor != 0.0f || m->rope[i].mscale != 1.0f) return 0;
+    return m->rope_inv_freq_swa == NULL;
 }
 
 size_t model_kv_bytes_per_token(const model_t *m, size_t elem_bytes)
@@ -144,13 +158,7 @@ model_t *model_load(const char *path, char *errstr, size_t errlen)
     if (arch.len >= sizeof hp->arch_name) arch.len = sizeof hp->arch_name - 1;
     memcpy(hp->arch_name, arch.ptr, arch.len);
     hp->arch_name[arch.len] = 0;
-    if (strcmp(hp->arch_name, "llama") == 0) {
-        hp->arch = ARCH_LLAMA;
-        hp->rope_kind = ROPE_NORM;
-    } else if (strcmp(hp->arch_name, "qwen2") == 0) {
-        hp->arch = ARCH_QWEN2;
-        hp->rope_kind = ROPE_NEOX;
-    } else {
+    if (model_arch_lookup(hp) != 0) {
         seterr(errstr, errlen, "model: architecture '%s' is not supported; supported: %s",
                hp->arch_name, MODEL_ARCH_SUPPORTED);
         goto fail;
@@ -206,29 +214,8 @@ model_t *model_load(const char *path, char *errstr, size_t errlen)
         seterr(errstr, errlen, "model: bad RMSNorm epsilon or RoPE base frequency");
         goto fail;
     }
-    hp->rope_freq_scale = 1.0f;
-    {
-        char key[128];
-        gguf_str_t st;
-        snprintf(key, sizeof key, "%s.rope.scaling.type", a);
-        if (gguf_get_str(g, key, &st) == 0 && !(st.len == 4 && !memcmp(st.ptr, "none", 4))) {
-            float factor = 1.0f;
-            if (st.len == 6 && !memcmp(st.ptr, "linear", 6)) {
-                if (get_arch_f32(g, a, "rope.scaling.factor", 1.0f, &factor) || !(factor > 0)) {
-                    seterr(errstr, errlen, "model: bad %s.rope.scaling.factor", a);
-                    goto fail;
-                }
-                hp->rope_freq_scale = 1.0f / factor;
-            } else if (!(st.len == 6 && !memcmp(st.ptr, "llama3", 6))) {
-                /* llama3 scaling comes as the rope_freqs tensor, handled below. */
-                seterr(errstr, errlen,
-                       "model: RoPE scaling type '%.*s' is not supported; supported: none, "
-                       "linear, llama3 (rope_freqs tensor)", (int)(st.len > 32 ? 32 : st.len),
-                       st.ptr);
-                goto fail;
-            }
-        }
-    }
+    if (model_arch_hparams(g, hp, errstr, errlen)) goto fail;
+    if (model_rope_init(m, errstr, errlen)) goto fail;
 
     /* Token embedding decides the vocabulary size. */
     const gguf_tensor_t *te = gguf_find_tensor(g, "token_embd.weight");
@@ -240,13 +227,12 @@ model_t *model_load(const char *path, char *errstr, size_t errlen)
     hp->n_vocab = (int)te->ne[1];
 
     int64_t q_dim = (int64_t)hp->n_heads * hp->head_dim, kv_dim = (int64_t)hp->n_kv_heads * hp->head_dim;
-    /* F32 storage for norms and biases: per layer 2 norms (dim) + biases (q_dim + 2 kv_dim);
-     * plus output_norm (dim). */
-    size_t per_layer = (size_t)(2 * dim + q_dim + 2 * kv_dim);
+    /* F32 storage for norms and biases: per layer 4 norms (dim) + biases (q_dim + 2 kv_dim) +
+     * Q/K norms (2 head_dim); plus output_norm (dim). */
+    size_t per_layer = (size_t)(4 * dim + q_dim + 2 * kv_dim + 2 * key_len);
     m->owned_f32 = malloc(sizeof(float) * (per_layer * (size_t)n_layers + (size_t)dim));
     m->layers = calloc((size_t)n_layers, sizeof *m->layers);
-    m->rope_inv_freq = malloc(sizeof(float) * (size_t)(rope_dim / 2));
-    if (!m->owned_f32 || !m->layers || !m->rope_inv_freq) {
+    if (!m->owned_f32 || !m->layers) {
         seterr(errstr, errlen, "model: out of memory");
         goto fail;
     }
@@ -261,7 +247,7 @@ model_t *model_load(const char *path, char *errstr, size_t errlen)
         m->output = m->tok_embd;
         m->tied_output = 1;
     }
-    int is_qwen2 = hp->arch == ARCH_QWEN2;
+    const int need_bias = model_arch_has_qkv_bias(hp->arch), fused = model_arch_fused(hp->arch);
     for (int l = 0; l < hp->n_layers; l++) {
         layer_weights_t *L = &m->layers[l];
         char name[96];
@@ -270,50 +256,67 @@ model_t *model_load(const char *path, char *errstr, size_t errlen)
         snprintf(name, sizeof name, "blk.%d.%s", l, suffix);                       \
         if (bind(m, &L->field, name, cols, rows, req, errstr, errlen)) goto fail;  \
     } while (0)
+#define BIND_TO(var, suffix, cols, rows)                                           \
+    do {                                                                           \
+        snprintf(name, sizeof name, "blk.%d.%s", l, suffix);                       \
+        if (bind(m, &var, name, cols, rows, 1, errstr, errlen)) goto fail;         \
+    } while (0)
         BIND(attn_norm, "attn_norm.weight", dim, 1, 1);
         to_f32(&L->attn_norm, f32p);
         f32p += dim;
-        BIND(wq, "attn_q.weight", dim, q_dim, 1);
-        BIND(wk, "attn_k.weight", dim, kv_dim, 1);
-        BIND(wv, "attn_v.weight", dim, kv_dim, 1);
+        snprintf(name, sizeof name, "blk.%d.attn_qkv.weight", l);
+        if (fused && gguf_find_tensor(g, name)) {
+            weight_t qkv;
+            BIND_TO(qkv, "attn_qkv.weight", dim, q_dim + 2 * kv_dim);
+            L->wq = model_weight_rows(&qkv, 0, q_dim);
+            L->wk = model_weight_rows(&qkv, q_dim, kv_dim);
+            L->wv = model_weight_rows(&qkv, q_dim + kv_dim, kv_dim);
+        } else {
+            BIND(wq, "attn_q.weight", dim, q_dim, 1);
+            BIND(wk, "attn_k.weight", dim, kv_dim, 1);
+            BIND(wv, "attn_v.weight", dim, kv_dim, 1);
+        }
         BIND(wo, "attn_output.weight", q_dim, dim, 1);
-        BIND(bq, "attn_q.bias", q_dim, 1, is_qwen2);
-        BIND(bk, "attn_k.bias", kv_dim, 1, is_qwen2);
-        BIND(bv, "attn_v.bias", kv_dim, 1, is_qwen2);
+        BIND(bq, "attn_q.bias", q_dim, 1, need_bias);
+        BIND(bk, "attn_k.bias", kv_dim, 1, need_bias);
+        BIND(bv, "attn_v.bias", kv_dim, 1, need_bias);
         if (L->bq.data) { to_f32(&L->bq, f32p); f32p += q_dim; }
         if (L->bk.data) { to_f32(&L->bk, f32p); f32p += kv_dim; }
         if (L->bv.data) { to_f32(&L->bv, f32p); f32p += kv_dim; }
+        if (hp->qk_norm) {
+            BIND(q_norm, "attn_q_norm.weight", key_len, 1, 1);
+            to_f32(&L->q_norm, f32p);
+            f32p += key_len;
+            BIND(k_norm, "attn_k_norm.weight", key_len, 1, 1);
+            to_f32(&L->k_norm, f32p);
+            f32p += key_len;
+        }
+        if (hp->post_norms) {
+            BIND(post_attn_norm, "post_attention_norm.weight", dim, 1, 1);
+            to_f32(&L->post_attn_norm, f32p);
+            f32p += dim;
+            BIND(post_ffn_norm, "post_ffw_norm.weight", dim, 1, 1);
+            to_f32(&L->post_ffn_norm, f32p);
+            f32p += dim;
+        }
         BIND(ffn_norm, "ffn_norm.weight", dim, 1, 1);
         to_f32(&L->ffn_norm, f32p);
         f32p += dim;
-        BIND(w_gate, "ffn_gate.weight", dim, ffn, 1);
-        BIND(w_up, "ffn_up.weight", dim, ffn, 1);
+        if (fused) {
+            weight_t gu;
+            BIND_TO(gu, "ffn_up.weight", dim, 2 * ffn);
+            L->w_gate = model_weight_rows(&gu, 0, ffn);
+            L->w_up = model_weight_rows(&gu, ffn, ffn);
+        } else {
+            BIND(w_gate, "ffn_gate.weight", dim, ffn, 1);
+            BIND(w_up, "ffn_up.weight", dim, ffn, 1);
+        }
         BIND(w_down, "ffn_down.weight", ffn, dim, 1);
 #undef BIND
+#undef BIND_TO
     }
 
-    /* RoPE inverse frequencies, with Llama-3 per-dimension factors when present. */
-    {
-        const gguf_tensor_t *rf = gguf_find_tensor(g, "rope_freqs.weight");
-        if (rf && (rf->type != DT_F32 || rf->n_dims != 1 || rf->ne[0] != rope_dim / 2)) {
-            seterr(errstr, errlen, "model: tensor 'rope_freqs.weight' must be F32 {%lld}",
-                   (long long)(rope_dim / 2));
-            goto fail;
-        }
-        for (int i = 0; i < rope_dim / 2; i++) {
-            double f = pow((double)hp->rope_theta, -2.0 * i / (double)rope_dim);
-            if (rf) {
-                float fac;
-                memcpy(&fac, (const char *)rf->data + 4 * i, 4);
-                if (!(fac > 0)) {
-                    seterr(errstr, errlen, "model: rope_freqs.weight[%d] is not positive", i);
-                    goto fail;
-                }
-                f /= fac;
-            }
-            m->rope_inv_freq[i] = (float)f;
-        }
-    }
+    if (model_arch_layers(m, errstr, errlen)) goto fail;
 
     /* Fingerprint: architecture, shapes, tensor names/types and every weight byte. */
     {

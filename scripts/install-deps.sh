@@ -17,7 +17,7 @@ PKGS=(
   python3 python3-numpy
   clang
   default-jre-headless maven kcat redis-server
-  python3-jsonschema python3-yaml
+  python3-jsonschema python3-yaml python3-jinja2
 )
 missing=()
 for p in "${PKGS[@]}"; do

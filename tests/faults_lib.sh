@@ -23,33 +23,24 @@
 #                          run always keeps it)
 #   SPILLWAY_FAULTS_ONLY   scenario numbers to run, e.g. "2 3" (default: all)
 
-# faults_init NAME: checks, work folder, cleanup trap, timers. Needs $1/$2 of the test script in
-# SPILLWAY and MODELS.
+# shellcheck source=tests/broker_lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/broker_lib.sh"
+
+# faults_init NAME: bt_init (checks, work folder, exit trap, T0) with the test script's SPILLWAY
+# and MODELS, then the fault tests' own settings. The work folder is kept when
+# SPILLWAY_FAULTS_KEEP=1 or a test failed (fail marks it).
 faults_init() {
-  ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-  KB=$ROOT/scripts/kafka-broker.sh
-  MODEL=$MODELS/stories260K.gguf
-  [ -x "$KB" ] || { echo "SKIP: scripts/kafka-broker.sh not present"; exit 77; }
-  [ -f "$MODEL" ] || { echo "SKIP: $MODEL not found"; exit 77; }
-  command -v java >/dev/null 2>&1 && java -version >/dev/null 2>&1 || { echo "SKIP: no java"; exit 77; }
-  command -v mvn >/dev/null 2>&1 || { echo "SKIP: no mvn"; exit 77; }
-  command -v kcat >/dev/null 2>&1 || { echo "FAIL: kcat not found"; exit 1; }
-  WORK=$(mktemp -d "${TMPDIR:-/tmp}/spillway-$1.XXXXXX")
-  export SPILLWAY_SVC_OWNER=$$
-  PIDS=()
-  T0=$(date +%s%3N)
+  bt_init "$1" "$SPILLWAY" "$MODELS"
+  BT_KEEP=${SPILLWAY_FAULTS_KEEP:-0}
   SCALE=${SPILLWAY_FAULTS_SCALE:-1}
   SEED=${SPILLWAY_FAULTS_SEED:-$(( (RANDOM << 15) | RANDOM ))}
   RANDOM=$SEED
-  trap faults_cleanup EXIT
 }
 
-faults_cleanup() {
+# At exit (bt_cleanup, after the kill -9 of PIDS): a stopped (SIGSTOP) worker is continued too.
+bt_at_exit() {
   local p
-  for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
   for p in "${PIDS[@]}"; do kill -CONT "$p" 2>/dev/null || true; done
-  "$KB" stop "$WORK/broker" >/dev/null 2>&1 || true
-  if [ "${SPILLWAY_FAULTS_KEEP:-0}" = 1 ] || [ -e "$WORK/.failed" ]; then echo "work folder kept: $WORK"; else rm -rf "$WORK"; fi
 }
 
 now_ms() { date +%s%3N; }
@@ -57,7 +48,6 @@ now_ms() { date +%s%3N; }
 secs_since() { local d=$(( $(now_ms) - $1 )); printf '%d.%d' $((d / 1000)) $((d % 1000 / 100)); }
 # scenario N: true when scenario N is to run (SPILLWAY_FAULTS_ONLY)
 scenario() { [ -z "${SPILLWAY_FAULTS_ONLY:-}" ] || [[ " $SPILLWAY_FAULTS_ONLY " == *" $1 "* ]]; }
-say() { printf '[%6.1fs] %s\n' "$(( $(now_ms) - T0 ))e-3" "$*"; }
 # scaled N: N times SPILLWAY_FAULTS_SCALE, at least 40
 scaled() { python3 -c "import sys; print(max(40, int(float(sys.argv[1]) * float(sys.argv[2]))))" "$1" "$SCALE"; }
 # rand_ms LO HI: a random integer in [LO, HI]
@@ -86,7 +76,7 @@ fail() {
 broker_start() {
   export SPILLWAY_KAFKA_PROPS="group.min.session.timeout.ms=1000
 transaction.abort.timed.out.transaction.cleanup.interval.ms=1000"
-  eval "$("$KB" start "$WORK/broker" | grep -E '^(BOOTSTRAP|PID)=')"
+  bt_broker
   KAFKA_LIB=$(sed -n 's/^KAFKA_LIB=//p' "$WORK/broker/env")
   say "broker at $BOOTSTRAP (ready in $(sed -n 's/^STARTUP_MS=//p' "$WORK/broker/env") ms)"
 }

@@ -7,7 +7,10 @@
  * same position (GQA groups) with consecutive ones (prefill); every output element within 2e-5
  * of the portable tile's (values ~N(0, 1); the tiles differ only in summation order and exp).
  * Batch invariance (attention.h): each query's output from a tile of many must be bit-identical
- * to that query's output from a tile of one, for every implementation. */
+ * to that query's output from a tile of one, for every implementation.
+ * Each shape also runs with a sliding window (9 keys), a score soft-cap (1.5, strong for these
+ * scores) and both; with a window, the blocks wholly before the first key of the tile's queries
+ * are filled with NaN and the outputs must not change (the tiles must not read them). */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -73,7 +76,7 @@ static void cache_init(cache_t *c, int hd, int B, int kv_f16, int n_ctx, uint64_
 
 /* Runs fn over queries q[0..nq) at positions pos into out[nq][hd]. */
 static void run_tile(attn_fn fn, const cache_t *c, int nq, float *const *q, const int32_t *pos,
-                     float *out)
+                     float *out, int window, float cap)
 {
     int n_ctx = 0;
     for (int i = 0; i < nq; i++) n_ctx = pos[i] + 1 > n_ctx ? pos[i] + 1 : n_ctx;
@@ -89,7 +92,8 @@ static void run_tile(attn_fn fn, const cache_t *c, int nq, float *const *q, cons
         .hd = c->hd, .nq = nq, .q = qp, .out = op, .qpos = pos, .n_ctx = n_ctx,
         .blocks = c->blocks, .block_tokens = c->B, .kv = c->kv, .block_bytes = c->block_bytes,
         .k_off = 0, .v_off = (size_t)c->B * c->row_stride, .row_stride = c->row_stride,
-        .kv_f16 = c->kv_f16, .scale = 1.0f / sqrtf((float)c->hd), .scores = scores, .stage = stage,
+        .kv_f16 = c->kv_f16, .scale = 1.0f / sqrtf((float)c->hd) / (cap > 0 ? cap : 1.0f),
+        .softcap = cap, .window = window, .scores = scores, .stage = stage,
     };
     fn(&a);
     free(scores);
@@ -118,8 +122,10 @@ int main(void)
     int cases = 0;
     for (size_t hi = 0; hi < sizeof hds / sizeof hds[0]; hi++)
         for (int kv_f16 = 0; kv_f16 <= 1; kv_f16++)
-            for (int B = 16; B >= 5; B -= 11) {
-                const int hd = hds[hi], n_ctx = 70;
+            for (int B = 16; B >= 5; B -= 11)
+            for (int var = 0; var < 4; var++) {
+                const int hd = hds[hi], n_ctx = 70, window = var & 1 ? 9 : 0;
+                const float cap = var & 2 ? 1.5f : 0.0f;
                 cache_t c;
                 cache_init(&c, hd, B, kv_f16, n_ctx, &s);
                 /* a GQA group of 3 at position 69, a prefill run 40..52, 2 at 0, 1 at 17 */
@@ -137,9 +143,9 @@ int main(void)
                     qs[i] = malloc(sizeof(float) * (size_t)hd);
                     for (int e = 0; e < hd; e++) qs[i][e] = 2.0f * randn(&s);
                 }
-                run_tile(portable, &c, nq, qs, pos, ref);
+                run_tile(portable, &c, nq, qs, pos, ref, window, cap);
                 for (int k = 0; k < n_impl; k++) {
-                    run_tile(impl[k], &c, nq, qs, pos, got);
+                    run_tile(impl[k], &c, nq, qs, pos, got, window, cap);
                     double worst = 0;
                     int bad = 0, variant = 0;
                     for (int i = 0; i < nq * hd; i++) {
@@ -148,19 +154,45 @@ int main(void)
                         bad += !(d <= 2e-5);
                     }
                     for (int i = 0; i < nq; i++) {
-                        run_tile(impl[k], &c, 1, &qs[i], &pos[i], one);
+                        run_tile(impl[k], &c, 1, &qs[i], &pos[i], one, window, cap);
                         variant += memcmp(one, got + (size_t)i * hd, sizeof(float) * (size_t)hd) != 0;
                     }
-                    CHECKF(bad == 0, "%s hd %d B %d kv %s: %d elements off the portable tile "
-                           "(worst %.3g)", names[k], hd, B, kv_f16 ? "f16" : "f32", bad, worst);
-                    CHECKF(variant == 0, "%s hd %d B %d kv %s: %d queries differ alone vs in "
-                           "the tile", names[k], hd, B, kv_f16 ? "f16" : "f32", variant);
+                    CHECKF(bad == 0, "%s hd %d B %d kv %s window %d cap %g: %d elements off the "
+                           "portable tile (worst %.3g)", names[k], hd, B, kv_f16 ? "f16" : "f32",
+                           window, (double)cap, bad, worst);
+                    CHECKF(variant == 0, "%s hd %d B %d kv %s window %d cap %g: %d queries "
+                           "differ alone vs in the tile", names[k], hd, B,
+                           kv_f16 ? "f16" : "f32", window, (double)cap, variant);
                 }
                 for (int i = 0; i < nq; i++) {
-                    run_tile(portable, &c, 1, &qs[i], &pos[i], one);
+                    run_tile(portable, &c, 1, &qs[i], &pos[i], one, window, cap);
                     CHECK(memcmp(one, ref + (size_t)i * hd, sizeof(float) * (size_t)hd) == 0);
-                    free(qs[i]);
                 }
+                if (window) {
+                    /* queries 0 .. 15 (positions 69 and 40..52): first key 31, so the blocks
+                     * before block 31 / B are never read; NaN there must not reach any output */
+                    const int nq2 = 16, first = 40 - window + 1;
+                    for (int b = 0; b < first / B; b++) {
+                        unsigned char *blk = c.kv + (size_t)c.blocks[b] * c.block_bytes;
+                        for (size_t o = 0; o < c.block_bytes; o += 2) {
+                            uint16_t h = 0x7e00; /* F16 NaN; as F32 pairs, a NaN too */
+                            memcpy(blk + o, &h, 2);
+                        }
+                    }
+                    for (int k = -1; k < n_impl; k++) {
+                        /* the portable tile bit for bit, an ISA tile within its tolerance */
+                        run_tile(k < 0 ? portable : impl[k], &c, nq2, qs, pos, got, window, cap);
+                        int bad = 0;
+                        for (int i = 0; i < nq2 * hd; i++) {
+                            double d = fabs((double)got[i] - ref[i]);
+                            bad += !(d <= (k < 0 ? 0.0 : 2e-5));
+                        }
+                        CHECKF(bad == 0, "%s hd %d B %d kv %s window %d: blocks before the first "
+                               "key were read (%d elements changed)", k < 0 ? "portable" : names[k],
+                               hd, B, kv_f16 ? "f16" : "f32", window, bad);
+                    }
+                }
+                for (int i = 0; i < nq; i++) free(qs[i]);
                 free(ref);
                 free(got);
                 free(one);

@@ -14,7 +14,8 @@
  *   emits (those of the same conversation with harmless contents), and roles outside a
  *   template's list are refused with CHAT_EROLE;
  * - through an engine: stories260K.gguf has no template (error names it), and a copy of it with
- *   a tokenizer.chat_template added is detected and rendered. */
+ *   a tokenizer.chat_template added is detected and rendered (with Qwen3's own template:
+ *   engine_chat_tokenize_opts' enable_thinking on and off). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -165,7 +166,8 @@ static int same(const char *what, const char *got, const char *want)
 static void test_render(void)
 {
     char err[512];
-    /* every built-in template has expectations, and every name in the list is built in */
+    /* every built-in llama.cpp-style template has expectations here (the Jinja-exact ones have
+     * theirs in tests/chat_templates, test_chat_templates.c), and every listed name is built in */
     const char *names = engine_chat_template_names();
     int listed = 0;
     for (const char *p = names; *p;) {
@@ -175,8 +177,9 @@ static void test_render(void)
         CHECKF(chat_template_lookup(name) != NULL, "listed template %s is not built in", name);
         int has = 0;
         for (int i = 0; i < N_EXPECT; i++) has |= strcmp(EXPECT[i].name, name) == 0;
-        CHECKF(has, "no expectations for template %s", name);
-        listed++;
+        CHECKF(has != chat_template_exact(name), "template %s: expectations here %d, exact %d",
+               name, has, chat_template_exact(name));
+        listed += has;
         p += n;
         while (*p == ',' || *p == ' ') p++;
     }
@@ -286,7 +289,7 @@ static const detect_case_t DETECT[] = {
      "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | "
      "trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}"
      "{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>"
-     "assistant<|end_header_id|>\\n\\n' }}{% endif %}", "llama3", NULL},
+     "assistant<|end_header_id|>\\n\\n' }}{% endif %}", "llama-3", NULL},
     /* Mistral 7B Instruct v0.1/v0.2: [INST] without a system prompt */
     {"{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}{{ '[INST] ' "
      "+ message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}"
@@ -501,6 +504,24 @@ static const char *detect_src(const char *want, int unsupported)
     return "";
 }
 
+/* The whole file as a NUL-terminated string (malloc'd), or NULL. */
+static char *read_text(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *buf = NULL;
+    long n = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    if (n >= 0 && fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)n + 1)) &&
+        fread(buf, 1, (size_t)n, f) == (size_t)n) {
+        buf[n] = 0;
+    } else {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    return buf;
+}
+
 static engine_t *open_engine(const char *path)
 {
     engine_config_t c;
@@ -554,6 +575,35 @@ static void test_engine(void)
         free(s);
         engine_free(e);
     }
+    /* with Qwen3's own template: detected as qwen3, and enable_thinking reaches it */
+    char *qwen3 = read_text(SPILLWAY_SOURCE_DIR "/tests/chat_templates/templates/qwen3.jinja");
+    CHECK(qwen3 && copy_with_key(MODEL, path, "tokenizer.chat_template", qwen3) == 0);
+    free(qwen3);
+    e = open_engine(path);
+    if (e) {
+        const char *t = engine_chat_template(e);
+        CHECKF(t && strcmp(t, "qwen3") == 0, "detected %s", t ? t : "NULL");
+        engine_chat_opts_t opts = ENGINE_CHAT_OPTS_DEFAULT;
+        engine_chat_msg_t q = {"user", "2+2?"};
+        for (int think = 0; think < 2; think++) {
+            opts.enable_thinking = think;
+            int32_t *ids = NULL, want[256];
+            int n = 0;
+            size_t len = 0;
+            int rc = engine_chat_tokenize_opts(e, NULL, &q, 1, 1, &opts, &ids, &n, &len, err,
+                                               sizeof err);
+            const char *text = think ? "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n"
+                                     : "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n"
+                                       "<think>\n\n</think>\n\n";
+            int nw = engine_tokenize(e, text, strlen(text), 1, 1, want, 256);
+            CHECKF(rc == 0 && len == strlen(text) && n == nw && nw <= 256 &&
+                       !memcmp(ids, want, sizeof *ids * (size_t)n),
+                   "qwen3, enable_thinking %d: rc %d, %zu bytes, %d ids (%s)", think, rc, len, n,
+                   err);
+            free(ids);
+        }
+        engine_free(e);
+    }
     /* and with a format llama.cpp knows but spillway does not render */
     CHECK(copy_with_key(MODEL, path, "tokenizer.chat_template", detect_src("vicuna", 1)) == 0);
     e = open_engine(path);
@@ -593,6 +643,7 @@ static void test_injection(void)
     const char *names = engine_chat_template_names();
     char err[512];
     int injected_old = 0; /* (vocab, template) pairs where the old path made control tokens */
+    int n_names = 0;
     int n_loaded = 0;
     for (size_t v = 0; v < sizeof vocabs / sizeof vocabs[0]; v++) {
         gguf_t *g = gguf_open(vocabs[v], err, sizeof err);
@@ -611,9 +662,18 @@ static void test_injection(void)
             snprintf(name, sizeof name, "%.*s", (int)nl, p);
             p += nl;
             while (*p == ',' || *p == ' ') p++;
-            /* benign conversations: the same ids as the whole text with special parsing */
-            const engine_chat_msg_t *convs[] = {CONV4, CONV6};
-            const int nconv[] = {4, 6};
+            if (v == 0) n_names++;
+            /* a template that refuses a system message (gemma-2) gets the conversations
+             * without their first message */
+            int32_t *probe = NULL;
+            int np = 0, first = chat_tokenize(t, name, CONV4, 4, 1, &probe, &np, NULL, err,
+                                              sizeof err) == CHAT_EROLE;
+            free(probe);
+            CHECKF(!first || chat_template_exact(name), "%s: %s", name, err);
+            /* benign conversations: the same ids as the whole text with special parsing (a
+             * BOS text first, when it is the model's BOS, is the tokenizer's BOS) */
+            const engine_chat_msg_t *convs[] = {CONV4 + first, CONV6 + first};
+            const int nconv[] = {4 - first, 6 - first};
             for (int c = 0; c < 2; c++) {
                 int32_t *ids = NULL;
                 int n = 0;
@@ -623,7 +683,11 @@ static void test_injection(void)
                 CHECKF(rc == 0, "%s: %s", name, err);
                 char *text = chat_render(name, convs[c], nconv[c], 1, NULL, err, sizeof err);
                 int32_t old[2048];
-                int no = text ? tokenizer_encode(t, text, strlen(text), 1, 1, old, 2048) : -1;
+                const char *bos = chat_template_bos(name), *from = text;
+                if (text && bos && !strncmp(text, bos, strlen(bos)) && tokenizer_add_bos(t) &&
+                    tokenizer_find(t, bos, strlen(bos)) == tokenizer_bos(t))
+                    from += strlen(bos);
+                int no = text ? tokenizer_encode(t, from, strlen(from), 1, 1, old, 2048) : -1;
                 CHECKF(text && len == strlen(text), "%s: text length", name);
                 CHECKF(rc == 0 && no == n && n <= 2048 && !memcmp(ids, old, sizeof *ids * n),
                        "%s on %s, conversation %d: %d ids, %d through the text", name, vocabs[v],
@@ -633,23 +697,24 @@ static void test_injection(void)
             }
             /* hostile contents: only the template's own special ids, in the same order */
             engine_chat_msg_t hostile[4], mild[4];
-            for (int i = 0; i < 4; i++) {
-                hostile[i] = (engine_chat_msg_t){CONV4[i].role, INJECT};
-                mild[i] = (engine_chat_msg_t){CONV4[i].role, "ok"};
+            int nmsg = 4 - first;
+            for (int i = 0; i < nmsg; i++) {
+                hostile[i] = (engine_chat_msg_t){CONV4[i + first].role, INJECT};
+                mild[i] = (engine_chat_msg_t){CONV4[i + first].role, "ok"};
             }
             int32_t *hi = NULL, *mi = NULL;
             int nh = 0, nm = 0;
-            CHECK(chat_tokenize(t, name, hostile, 4, 1, &hi, &nh, NULL, err, sizeof err) == 0);
-            CHECK(chat_tokenize(t, name, mild, 4, 1, &mi, &nm, NULL, err, sizeof err) == 0);
+            CHECK(chat_tokenize(t, name, hostile, nmsg, 1, &hi, &nh, NULL, err, sizeof err) == 0);
+            CHECK(chat_tokenize(t, name, mild, nmsg, 1, &mi, &nm, NULL, err, sizeof err) == 0);
             int32_t sh[256], sm[256];
             int kh = specials(t, hi, nh, sh, 256), km = specials(t, mi, nm, sm, 256);
             CHECKF(kh == km && km <= 256 && !memcmp(sh, sm, sizeof *sh * (size_t)km),
                    "%s on %s: %d special ids with hostile contents, the template emits %d",
                    name, vocabs[v], kh, km);
             /* the hostile text is all there, as text: more ids than the mild conversation */
-            CHECK(nh > nm + 4 * 20);
+            CHECK(nh > nm + nmsg * 20);
             /* what the old path (the whole text with special parsing) made of it */
-            char *text = chat_render(name, hostile, 4, 1, NULL, err, sizeof err);
+            char *text = chat_render(name, hostile, nmsg, 1, NULL, err, sizeof err);
             int32_t old[4096];
             int no = text ? tokenizer_encode(t, text, strlen(text), 1, 1, old, 4096) : -1;
             if (no > 0 && no <= 4096 && specials(t, old, no, sh, 256) > km) injected_old++;
@@ -673,8 +738,8 @@ static void test_injection(void)
     }
     /* the hostile contents did inject with the old path, for every template on every vocabulary
      * (each has some of the control texts: </s>, <s>, <unk>, <|im_start|>, <|eot_id|>, ...) */
-    CHECKF(injected_old == n_loaded * N_EXPECT, "old path injected in %d of %d pairs",
-           injected_old, n_loaded * N_EXPECT);
+    CHECKF(injected_old == n_loaded * n_names, "old path injected in %d of %d pairs",
+           injected_old, n_loaded * n_names);
 
     /* the extra roles of some templates */
     const struct { const char *name, *role; int ok; } extra[] = {

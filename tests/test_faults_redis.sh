@@ -36,7 +36,7 @@ command -v curl >/dev/null 2>&1 || { echo "SKIP: curl not installed"; exit 77; }
 faults_init faults-redis
 STOP_S=${SPILLWAY_REDIS_STOP_S:-8}
 SHM=$("$(cd "$(dirname "$0")/.." && pwd)/scripts/shm-dir.sh" spillway-faults-redis)
-trap 'faults_cleanup; rm -rf "$SHM"' EXIT
+BT_RM+=("$SHM")
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 RP=$(free_port)
 MP=$(free_port)

@@ -40,8 +40,20 @@ FIXTURES = [
     ("quant-fixtures", "pure-Q8_0.gguf", "quant"),
     ("quant-fixtures", "pure-Q4_0.gguf", "quant"),
     ("quant-fixtures", "pure-Q4_K.gguf", "quant"),
+    ("quant-fixtures", "pure-Q5_K.gguf", "quant"),
+    ("quant-fixtures", "pure-Q6_K.gguf", "quant"),
     ("quant-fixtures", "pure-Q3_K.gguf", "quant"),
     ("quant-fixtures", "pure-Q2_K.gguf", "quant"),
+    ("quant-fixtures", "mix-Q6_K.gguf", "quant"),
+    ("quant-fixtures", "mix-Q5_K_M.gguf", "quant"),
+    ("quant-fixtures", "mix-Q4_K_M.gguf", "quant"),
+    ("quant-fixtures", "mix-Q4_K_S.gguf", "quant"),
+    ("quant-fixtures", "mix-Q3_K_M.gguf", "quant"),
+    ("quant-fixtures", "mix-Q2_K.gguf", "quant"),
+    ("arch-fixtures", "qwen3-tiny.gguf", "f32"),
+    ("arch-fixtures", "gemma2-tiny.gguf", "f32"),
+    ("arch-fixtures", "gemma3-tiny.gguf", "f32"),
+    ("arch-fixtures", "phi3-tiny.gguf", "f32"),
 ]
 F32_KLD, F32_TOP1 = 1e-4, 0.99
 QUANT_SHARE, QUANT_PPL = 0.5, 0.005

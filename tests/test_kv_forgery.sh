@@ -13,30 +13,14 @@
 #     process D hits them (cached_tokens 16), so the path the forgery took does serve real hits.
 # Arguments (from ctest): the spillway binary and the models folder.
 set -euo pipefail
-SPILLWAY=$(realpath "$1")
-MODEL=$2/stories260K.gguf
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-RS=$ROOT/scripts/redis-server.sh
-KB=$ROOT/scripts/kafka-broker.sh
+# shellcheck source=tests/broker_lib.sh
+. "$(dirname "$0")/broker_lib.sh"
+bt_init kv-forgery "$1" "$2" redis
 FORGE=${SPILLWAY_KV_FORGE:-$(dirname "$SPILLWAY")/spillway-kv-forge}
-[ -f "$MODEL" ] || { echo "SKIP: $MODEL not found"; exit 77; }
-command -v redis-server >/dev/null 2>&1 || { echo "SKIP: redis-server not installed"; exit 77; }
-command -v java >/dev/null 2>&1 && java -version >/dev/null 2>&1 || { echo "SKIP: no java"; exit 77; }
-command -v mvn >/dev/null 2>&1 || { echo "SKIP: no mvn"; exit 77; }
 [ -x "$FORGE" ] || { echo "FAIL: no forge tool at $FORGE"; exit 1; }
 
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/spillway-kv-forgery.XXXXXX")
 SHM=$("$ROOT/scripts/shm-dir.sh" spillway-test)
-export SPILLWAY_SVC_OWNER=$$
-WPID=
-cleanup() {
-  [ -n "$WPID" ] && kill -9 "$WPID" 2>/dev/null || true
-  "$KB" stop "$WORK/broker" >/dev/null 2>&1 || true
-  "$RS" stop "$WORK/redis" >/dev/null 2>&1 || true
-  rm -rf "$WORK" "$SHM"
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+BT_RM+=("$SHM")
 
 eval "$("$RS" start "$WORK/redis" | grep -E '^(REDIS_PORT|REDIS_PID)=')"
 echo "redis on port $REDIS_PORT"
@@ -85,7 +69,7 @@ b_cached=$(cached "$WORK/b.out")
 echo "B: victim's text equals the cold run, cached_tokens 0, 1 block refused"
 
 # ---- W: the victim through a worker, on the forged arena and index ----
-eval "$("$KB" start "$WORK/broker" | grep -E '^(BOOTSTRAP|PID)=')"
+bt_broker
 for t in prompts results prompts.dlq; do "$KB" topic "$WORK/broker" "$t" 1 >/dev/null; done
 "$SPILLWAY" produce -b "$BOOTSTRAP" -t prompts "$WORK/kafka.jsonl" >/dev/null
 "$SPILLWAY" worker -b "$BOOTSTRAP" -t prompts -o results -d prompts.dlq -g forgery -m "$MODEL" \

@@ -7,7 +7,8 @@
  * quantisers against hashes of ggml's reference quantisers' output, the weighted ones against
  * ggml's error; conversion of a model (mkmodel_convert) with and without padding, with both
  * quantisers. Also: determinism, parameter validation,
- * presets, and a 128256-token vocabulary with unique pieces. */
+ * presets, a 128256-token vocabulary with unique pieces, and the qwen3 / gemma2 / gemma3 / phi3
+ * writers and options as model_load binds them. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -372,7 +373,7 @@ static void test_validation_and_presets(void)
     p.n_heads = 2;
     p.n_kv_heads = 1;
     CHECK(mkmodel_write(&p, path, err, sizeof err) == -1 && strstr(err, "multiples of 32"));
-    p = small_params(ARCH_LLAMA, DT_Q5_K, 0);
+    p = small_params(ARCH_LLAMA, DT_Q8_K, 0);
     CHECK(mkmodel_write(&p, path, err, sizeof err) == -1 && strstr(err, "not supported"));
     p = small_params(ARCH_LLAMA, DT_F32, 0);
     p.n_vocab = 259;
@@ -544,7 +545,7 @@ static void test_quantize_golden(void)
     }
     CHECK(mkmodel_quantize_row(DT_Q4_K, x, out, 512 + 32) == -1);
     CHECK(mkmodel_quantize_row(DT_Q4_0, x, out, 48) == -1);
-    CHECK(mkmodel_quantize_row(DT_Q5_K, x, out, 256) == -1);
+    CHECK(mkmodel_quantize_row(DT_Q8_K, x, out, 256) == -1);
     CHECK(mkmodel_matrix_type(DT_Q4_K, 512, DT_F32) == DT_Q4_K);
     CHECK(mkmodel_matrix_type(DT_Q4_K, 576, DT_F32) == DT_Q4_0);
     CHECK(mkmodel_matrix_type(DT_Q4_K, 172, DT_F16) == DT_F16);
@@ -756,7 +757,7 @@ static void test_convert(void)
     /* padding something that is not a llama/qwen2 model's layout fails cleanly */
     mkmodel_convert_t c = {.dtype = DT_Q4_K, .pad = 0};
     CHECK(mkmodel_convert("/nonexistent.gguf", pc, &c, NULL, err, sizeof err) == -1);
-    c.dtype = DT_Q5_K;
+    c.dtype = DT_Q8_K;
     CHECK(mkmodel_convert(pf, pc, &c, NULL, err, sizeof err) == -1 && strstr(err, "not supported"));
     c.dtype = DT_Q4_K;
     c.quant = 7;
@@ -764,6 +765,116 @@ static void test_convert(void)
     CHECK(access(pc, F_OK) != 0);
     gguf_close(gs);
     unlink(pf);
+}
+
+/* The other architectures: mkmodel writes each with its tensors and keys, and model_load binds
+ * them into the features of engine/model_arch.h. */
+static void test_archs(void)
+{
+    char err[256], path[128];
+    snprintf(path, sizeof path, "%s/arch.gguf", tmpdir);
+    const int arches[] = {ARCH_QWEN3, ARCH_GEMMA2, ARCH_GEMMA3, ARCH_PHI3};
+    for (int a = 0; a < 4; a++) {
+        mkmodel_params_t p = small_params(ARCH_LLAMA, DT_F32, arches[a] != ARCH_PHI3);
+        p.arch = arches[a];
+        p.head_dim = arches[a] == ARCH_PHI3 ? 0 : 24; /* 4 x 24 = 96 != dim 64 */
+        p.swa_window = 8;
+        p.n_layers = 3;
+        if (arches[a] == ARCH_GEMMA3) p.swa_pattern = 3;
+        if (arches[a] == ARCH_PHI3) {
+            p.rope_scaling = "longrope";
+            p.rope_orig_ctx = 64;
+            p.rope_attn_factor = 1.25f;
+        }
+        CHECKF(mkmodel_write(&p, path, err, sizeof err) == 0, "%s", err);
+        model_t *m = model_load(path, err, sizeof err);
+        CHECKF(m != NULL, "arch %d: %s", arches[a], err);
+        if (!m) continue;
+        const hparams_t *hp = &m->hp;
+        const int gemma = arches[a] == ARCH_GEMMA2 || arches[a] == ARCH_GEMMA3;
+        const int hd = arches[a] == ARCH_PHI3 ? 16 : 24;
+        CHECK(hp->arch == arches[a] && hp->head_dim == hd && hp->rope_kind == ROPE_NEOX);
+        CHECK(hp->qk_norm == (arches[a] == ARCH_QWEN3 || arches[a] == ARCH_GEMMA3));
+        CHECK(hp->post_norms == gemma && (hp->ffn_act == FFN_GELU_TANH) == gemma);
+        CHECK(hp->embd_scale == (gemma ? sqrtf(64.0f) : 1.0f));
+        CHECK(fabsf(hp->attn_scale - 1.0f / sqrtf((float)hd)) < 1e-7f);
+        CHECK(hp->attn_softcap == (arches[a] == ARCH_GEMMA2 ? 50.0f : 0.0f));
+        CHECK(hp->logit_softcap == (arches[a] == ARCH_GEMMA2 ? 30.0f : 0.0f));
+        CHECK(!model_is_plain_llama(m));
+        for (int l = 0; l < 3; l++) {
+            const layer_weights_t *L = &m->layers[l];
+            /* gemma2: pattern 2 (layers 0, 2 local); gemma3: pattern 3 (0, 1); qwen3 and phi3
+             * have no window */
+            int local = arches[a] == ARCH_GEMMA2 ? l % 2 == 0 : arches[a] == ARCH_GEMMA3 ? l < 2 : 0;
+            CHECKF(L->window == (local ? 8 : 0), "arch %d layer %d window %d", arches[a], l,
+                   L->window);
+            CHECK((L->q_norm.data != NULL) == hp->qk_norm && (L->k_norm.data != NULL) == hp->qk_norm);
+            CHECK((L->post_attn_norm.data != NULL) == gemma && (L->post_ffn_norm.data != NULL) == gemma);
+            CHECK(L->wq.rows == 4 * hd && L->wk.rows == 2 * hd && L->wv.rows == 2 * hd &&
+                  L->wo.cols == 4 * hd && L->w_gate.rows == 96 && L->w_up.rows == 96);
+            /* gemma3's local layers: RoPE base 10000 against the global 10000 of the preset, so
+             * one table */
+            CHECK(L->rope_idx == 0);
+        }
+        if (arches[a] == ARCH_PHI3) {
+            /* fused tensors bound as consecutive row ranges of one matrix */
+            const layer_weights_t *L = &m->layers[1];
+            CHECK((const char *)L->wk.data == (const char *)L->wq.data + 64 * L->wq.row_bytes);
+            CHECK((const char *)L->wv.data == (const char *)L->wk.data + 32 * L->wk.row_bytes);
+            CHECK((const char *)L->w_up.data == (const char *)L->w_gate.data + 96 * L->w_gate.row_bytes);
+            /* LongRoPE: context 128 > original 64, so the long factors (mean 2) divide the
+             * frequencies; the attention factor scales cos and sin */
+            CHECK(m->rope[0].mscale == 1.25f && m->rope[0].ext_factor == 0.0f);
+            double ratio = m->rope_inv_freq[1] / pow(10000.0, -2.0 / 16.0);
+            CHECKF(ratio > 1.0 / 3.0 && ratio < 1.0 / 1.5, "long factor ratio %g", ratio);
+            /* served with a context of at most the original 64: the short factors (mean 1.2),
+             * another fingerprint; back at 128 the long ones and the load-time fingerprint */
+            uint64_t fp = m->fingerprint;
+            CHECK(m->hp.rope_long == 1 && model_select_context(m, 128) == 0);
+            CHECK(model_select_context(m, 64) == 1 && m->hp.rope_long == 0 && m->fingerprint != fp);
+            ratio = m->rope_inv_freq[1] / pow(10000.0, -2.0 / 16.0);
+            CHECKF(ratio > 1.0 / 1.45 && ratio < 1.0 / 1.0, "short factor ratio %g", ratio);
+            CHECK(model_select_context(m, 64) == 0);
+            CHECK(model_select_context(m, 100) == 1 && m->hp.rope_long == 1);
+            ratio = m->rope_inv_freq[1] / pow(10000.0, -2.0 / 16.0);
+            CHECK(ratio > 1.0 / 3.0 && ratio < 1.0 / 1.5);
+        }
+        model_free(m);
+    }
+    /* gemma3 with its own local RoPE base: two tables, local layers on the second */
+    mkmodel_params_t p = small_params(ARCH_LLAMA, DT_F32, 1);
+    p.arch = ARCH_GEMMA3;
+    p.swa_window = 4;
+    p.rope_theta = 1e6f;
+    CHECKF(mkmodel_write(&p, path, err, sizeof err) == 0, "%s", err);
+    model_t *m = model_load(path, err, sizeof err);
+    CHECKF(m != NULL, "%s", err);
+    if (m) {
+        CHECK(m->hp.rope_theta_swa == 10000.0f && m->rope_inv_freq_swa != NULL);
+        CHECK(m->layers[0].rope_idx == 1 && m->layers[1].rope_idx == 1 && m->layers[0].window == 4);
+        CHECK(m->rope[1].inv_freq[1] == (float)pow(10000.0, -2.0 / 16.0));
+        model_free(m);
+    }
+    /* YaRN: extrapolation on, magnitude 1 + 0.1 ln 4 */
+    p = small_params(ARCH_LLAMA, DT_F32, 0);
+    p.rope_scaling = "yarn";
+    p.rope_factor = 4.0f;
+    p.rope_orig_ctx = 32;
+    CHECKF(mkmodel_write(&p, path, err, sizeof err) == 0, "%s", err);
+    m = model_load(path, err, sizeof err);
+    CHECKF(m != NULL, "%s", err);
+    if (m) {
+        CHECK(m->rope[0].ext_factor == 1.0f && m->hp.rope_freq_scale == 0.25f);
+        CHECKF(fabsf(m->rope[0].mscale - (1.0f + 0.1f * logf(4.0f))) < 1e-6f, "mscale %g",
+               (double)m->rope[0].mscale);
+        CHECK(m->rope[0].corr_lo >= 0 && m->rope[0].corr_hi <= 15 &&
+              m->rope[0].corr_lo < m->rope[0].corr_hi);
+        CHECK(!model_is_plain_llama(m));
+        model_free(m);
+    }
+    p.rope_scaling = "dynamic";
+    CHECK(mkmodel_write(&p, path, err, sizeof err) != 0);
+    unlink(path);
 }
 
 int main(void)
@@ -774,6 +885,7 @@ int main(void)
         return 1;
     }
     test_all_variants();
+    test_archs();
     test_q4k_shapes();
     test_quantize_golden();
     test_quantize_weighted();

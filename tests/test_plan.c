@@ -17,7 +17,7 @@
  *     cache_stats arena_slots and the arena file's size;
  *   - --gpu-mem: the pool's kv_mem_mb given to the engine gives the planned blocks, and the
  *     budget adds up (kv_mem_mb MiB <= gpu - scratch - reserve - [weights] < one MiB more).
- * Models: stories260K (shared), mkmodel presets tiny, qwen2-tiny, tiny in q8_0, smollm2-135m in
+ * Models: stories260K and the arch-fixtures qwen3, gemma2, gemma3, phi3 (shared), mkmodel presets tiny, qwen2-tiny, tiny in q8_0, smollm2-135m in
  * f16 (VmSize checks: blocks of 360 KiB), and two rewrites of tiny that take model_load's other
  * metadata paths: no head_count_kv and no context_length keys (defaults n_heads and 2048), and
  * head_count_kv as a per-layer array.
@@ -499,7 +499,12 @@ int main(void)
         {"--gpu-mem 600M --reserve 64M --batch-tokens 128 --max-seqs 16", 0, 0, NULL, 0, 0, 0},
     };
     const char *shared = SPILLWAY_MODELS "/stories260K.gguf";
-    const char *models[] = {shared, tiny, qwen, q8, mha, nokv, arr};
+    /* the architectures beyond llama/qwen2 (gemma3: head_dim 64 != dim / n_heads) */
+    const char *models[] = {shared, tiny, qwen, q8, mha, nokv, arr,
+                            SPILLWAY_MODELS "/arch-fixtures/qwen3-tiny.gguf",
+                            SPILLWAY_MODELS "/arch-fixtures/gemma2-tiny.gguf",
+                            SPILLWAY_MODELS "/arch-fixtures/gemma3-tiny.gguf",
+                            SPILLWAY_MODELS "/arch-fixtures/phi3-tiny.gguf"};
     for (size_t m = 0; m < sizeof models / sizeof models[0]; m++) {
         if (access(models[m], R_OK) != 0) {
             fprintf(stderr, "test_plan: %s missing: skipped\n", models[m]);

@@ -7,9 +7,14 @@ Exit: 0 pass, 1 fail, 77 skip (numpy missing).
 For each model -- stories260K.gguf, stories260K converted by `spillway mkmodel --from` to Q4_K with
 its dimensions zero-padded to 256 (real weights in Q4_K, attn_output in the Q4_0 fallback), plus
 synthetic models made by `spillway mkmodel` covering GQA (4 heads / 2 kv) and MQA (1 kv), tied and
-untied output, qwen2 with Q/K/V biases, and weight dtypes F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q3_K
-and Q2_K (one with every matrix Q4_K, one mixing Q4_K with Q4_0 where ffn_down's rows of 96 do not
-fit Q4_K's 256; one all Q3_K, one Q2_K with that Q4_0 fallback) -- five seeded random sequences of different lengths (the last sharing
+untied output, qwen2 with Q/K/V biases, and weight dtypes F32, F16, BF16, Q8_0, Q4_0 and Q4_K (one
+with every matrix Q4_K, one mixing Q4_K with Q4_0 where ffn_down's rows of 96 do not fit Q4_K's
+256), Q6_K (every matrix, tied) and Q5_K (ffn_down in its Q8_0 fallback), Q3_K (every
+matrix) and Q2_K (ffn_down in the Q4_0 fallback), and the other
+architectures and RoPE / attention variants (qwen3, gemma2, gemma3, phi3, sliding windows,
+soft-caps, YaRN, LongRoPE, linear and Llama 3 scaling: see SYNTH) -- and, when
+<models-dir>/quant-fixtures holds them, llama.cpp's own Q6_K / Q5_K files (QUANT_FIXTURES) --
+five seeded random sequences of different lengths (the last sharing
 a prefix longer than one KV block with the first) are run through
 `spillway logits` in every mode (alone, batch, decode, chunk) with KV type f32 and f16, and
 compared with the reference:
@@ -85,7 +90,10 @@ ARGMAX_MARGIN = 1e-3
 # (f32) and 5.8e-4 (f16). Without the reference reproducing the 8-bit rounding the same models
 # are at 1.3e-4 .. 9e-4. Q8_0 and Q4_0 (x in blocks of 32), observed 2026-12-01: Q8_0 2.2e-14 (f32
 # KV), 2.4e-4 .. 2.8e-4 (f16 KV); Q4_0 1.8e-14 (f32 KV), 2.5e-4 (f16 KV); the Q4_K models with
-# Q4_0 matrices up to 5.8e-4. Bounds ~10x over the worst observed; the kernels' own arithmetic is
+# Q4_0 matrices up to 5.8e-4. Q6_K and Q5_K (x in blocks of 256, as Q4_K), observed 2026-12-02
+# over two sets of sequences: the synthetic models 1.2e-7 .. 4.7e-5 (f32 KV), 4.0e-4 .. 6.2e-4
+# (f16 KV); llama-quantize's pure-Q6_K and mix-Q5_K_M 1.2e-14 .. 2.1e-4 (f32), 5.0e-4 .. 6.2e-4
+# (f16). Bounds ~10x over the worst observed; the kernels' own arithmetic is
 # checked to its rounding bound by test_kernels, and every mode must still be bit-identical.
 BOUNDS_I8 = {"f32": 2e-3, "f16": 6e-3}
 ARGMAX_MARGIN_I8 = 5e-2
@@ -112,16 +120,67 @@ SYNTH = [
     # ffn 96: ffn_down (rows of 96) falls back to Q4_0 beside Q4_K matrices
     ("qwen2-mqa-q4_k-tied", dict(arch="qwen2", heads=4, kv_heads=1, dtype="q4_k", tied=True, seed=20,
                                  dim=256, rope_theta=1000000.0, norm_eps=1e-6)),
+    # Q6_K and Q5_K, as Q4_K: every matrix of the type, tied (the embedding lookup dequantises
+    # it) and, with ffn 96, ffn_down in the Q8_0 fallback
+    ("llama-gqa-q6_k-tied", dict(arch="llama", heads=4, kv_heads=2, dtype="q6_k", tied=True, seed=41,
+                                 dim=256, ffn=512)),
+    ("qwen2-mqa-q5_k-untied", dict(arch="qwen2", heads=4, kv_heads=1, dtype="q5_k", tied=False, seed=42,
+                                   dim=256, rope_theta=1000000.0, norm_eps=1e-6)),
     # Q3_K and Q2_K (super-blocks of 256, sub-blocks of 16; our own quantisers): every matrix in
     # the type, token_embd included (the embedding lookup widens it); the Q2_K model's ffn_down
     # (rows of 96) falls back to Q4_0
-    ("llama-gqa-q3_k-untied", dict(arch="llama", heads=4, kv_heads=2, dtype="q3_k", tied=False, seed=21,
+    ("llama-gqa-q3_k-untied", dict(arch="llama", heads=4, kv_heads=2, dtype="q3_k", tied=False, seed=51,
                                    dim=256, ffn=512)),
-    ("qwen2-mqa-q2_k-tied", dict(arch="qwen2", heads=4, kv_heads=1, dtype="q2_k", tied=True, seed=22,
+    ("qwen2-mqa-q2_k-tied", dict(arch="qwen2", heads=4, kv_heads=1, dtype="q2_k", tied=True, seed=52,
                                  dim=256, rope_theta=1000000.0, norm_eps=1e-6)),
 ]
+# The other architectures and RoPE / attention variants (engine/model_arch.h), each with what
+# makes it differ from llama made large enough to show: head_dim 32 with dim 64 (n_heads x
+# head_dim != dim), sliding windows of 8 (the 33-token sequence has queries whose window starts
+# past the first 16-token KV block), gemma2 soft-caps small enough to bend the scores and logits,
+# gemma3 with pattern 2 (layer 0 local with RoPE base 10000, layer 1 global with 1e6), phi3 with
+# LongRoPE long factors (context 128 > original 64) and an attention factor, and short ones
+# (original 128), YaRN and Llama 3
+# key-computed factors with an original context of 32 (so the ramps fall inside the head).
+SYNTH += [
+    ("qwen3-gqa-f32-untied", dict(arch="qwen3", heads=4, kv_heads=2, dtype="f32", tied=False, seed=21,
+                                  rope_theta=1000000.0, norm_eps=1e-6, head_dim=32)),
+    ("qwen3-mqa-q8_0-tied", dict(arch="qwen3", heads=4, kv_heads=1, dtype="q8_0", tied=True, seed=22,
+                                 rope_theta=1000000.0, norm_eps=1e-6)),
+    ("gemma2-gqa-f32-tied", dict(arch="gemma2", heads=4, kv_heads=2, dtype="f32", tied=True, seed=23,
+                                 norm_eps=1e-6, sliding_window=8, attn_softcap=2.0, logit_softcap=0.5)),
+    ("gemma3-gqa-f32-tied", dict(arch="gemma3", heads=4, kv_heads=2, dtype="f32", tied=True, seed=24,
+                                 rope_theta=1000000.0, norm_eps=1e-6, head_dim=32, sliding_window=8,
+                                 swa_pattern=2)),
+    ("gemma3-gqa-f16-tied", dict(arch="gemma3", heads=4, kv_heads=2, dtype="f16", tied=True, seed=25,
+                                 rope_theta=1000000.0, norm_eps=1e-6, sliding_window=8,
+                                 rope_theta_swa=20000.0)),
+    ("phi3-gqa-f32-untied", dict(arch="phi3", heads=4, kv_heads=2, dtype="f32", tied=False, seed=26,
+                                 rope_scaling="longrope", rope_orig_ctx=64, rope_attn_factor=1.19)),
+    ("phi3-mqa-f32-short", dict(arch="phi3", heads=4, kv_heads=1, dtype="f32", tied=True, seed=31,
+                                rope_scaling="longrope", rope_orig_ctx=128)),  # context 128: short
+    ("llama-swa-f16-untied", dict(arch="llama", heads=4, kv_heads=2, dtype="f16", tied=False, seed=27,
+                                  sliding_window=8)),
+    ("llama-yarn-f32-untied", dict(arch="llama", heads=4, kv_heads=2, dtype="f32", tied=False, seed=28,
+                                   rope_scaling="yarn", rope_factor=4.0, rope_orig_ctx=32)),
+    ("llama-l3keys-f32-tied", dict(arch="llama", heads=4, kv_heads=2, dtype="f32", tied=True, seed=29,
+                                   rope_theta=500000.0, rope_scaling="llama3", rope_factor=8.0,
+                                   rope_orig_ctx=32)),
+    ("qwen2-linear-f32-untied", dict(arch="qwen2", heads=4, kv_heads=2, dtype="f32", tied=False, seed=30,
+                                     rope_theta=1000000.0, norm_eps=1e-6, rope_scaling="linear",
+                                     rope_factor=2.0)),
+]
+# mkmodel options of the optional keys: test case key -> flag
+OPTIONAL = [("head_dim", "--head-dim"), ("sliding_window", "--sliding-window"),
+            ("swa_pattern", "--swa-pattern"), ("rope_theta_swa", "--rope-theta-swa"),
+            ("attn_softcap", "--attn-softcap"), ("logit_softcap", "--logit-softcap"),
+            ("rope_scaling", "--rope-scaling"), ("rope_factor", "--rope-factor"),
+            ("rope_orig_ctx", "--rope-orig-ctx"), ("rope_attn_factor", "--rope-attn-factor")]
 # Converted real weights: stories260K padded to dimensions of 256 and rounded to Q4_K.
 CONVERTED = [("stories260K-pad256-q4_k", ["--dtype", "q4_k", "--pad", "256"])]
+# Files written by llama-quantize (<models-dir>/quant-fixtures, README there): their Q6_K / Q5_K
+# blocks come from llama.cpp's quantisers, not ours.
+QUANT_FIXTURES = ["pure-Q6_K.gguf", "mix-Q5_K_M.gguf"]
 
 
 def run(cmd, timeout=120):
@@ -147,6 +206,9 @@ def mkmodel(spillway, path, opts):
         cmd += ["--rope-theta", repr(o["rope_theta"])]
     if "norm_eps" in o:
         cmd += ["--norm-eps", repr(o["norm_eps"])]
+    for key, flag in OPTIONAL:
+        if key in o:
+            cmd += [flag, str(o[key])]
     r = run(cmd)
     if r.returncode != 0:
         raise RuntimeError("%s failed (%d): %s" % (" ".join(cmd), r.returncode, r.stderr.strip()))
@@ -156,25 +218,45 @@ def check_synth(m, opts):
     """The file really has what the case claims to cover."""
     want_dt = {"f32": gguf_ref.DT_F32, "f16": gguf_ref.DT_F16, "bf16": gguf_ref.DT_BF16,
                "q8_0": gguf_ref.DT_Q8_0, "q4_0": gguf_ref.DT_Q4_0, "q4_k": gguf_ref.DT_Q4_K,
-               "q3_k": gguf_ref.DT_Q3_K, "q2_k": gguf_ref.DT_Q2_K}[opts["dtype"]]
-    k_quant = want_dt in (gguf_ref.DT_Q4_K, gguf_ref.DT_Q3_K, gguf_ref.DT_Q2_K)
+               "q5_k": gguf_ref.DT_Q5_K, "q6_k": gguf_ref.DT_Q6_K, "q3_k": gguf_ref.DT_Q3_K,
+               "q2_k": gguf_ref.DT_Q2_K}[opts["dtype"]]
+    # K-quant matrices whose rows are not a multiple of 256 fall back (mkmodel_matrix_type)
+    fallback = {gguf_ref.DT_Q4_K: gguf_ref.DT_Q4_0, gguf_ref.DT_Q5_K: gguf_ref.DT_Q8_0,
+                gguf_ref.DT_Q6_K: gguf_ref.DT_Q8_0, gguf_ref.DT_Q3_K: gguf_ref.DT_Q4_0,
+                gguf_ref.DT_Q2_K: gguf_ref.DT_Q4_0}
     dim = opts.get("dim", BASE["dim"])
+    kquant = want_dt in fallback
+    if kquant and dim % 256:
+        want_dt = fallback[want_dt]  # attn_q's rows of dim elements fall back
     problems = []
-    if k_quant:
-        # every matrix in the K-quant where its rows fit 256, Q4_0 elsewhere
+    if kquant:
+        # every matrix of the type where its rows fit 256, the fallback elsewhere
         for name, t in m.g.tensors.items():
             if len(t.ne) == 2:
-                want = want_dt if t.ne[0] % 256 == 0 else gguf_ref.DT_Q4_0
+                kt = {"q4_k": gguf_ref.DT_Q4_K, "q5_k": gguf_ref.DT_Q5_K,
+                      "q6_k": gguf_ref.DT_Q6_K, "q3_k": gguf_ref.DT_Q3_K,
+                      "q2_k": gguf_ref.DT_Q2_K}[opts["dtype"]]
+                want = kt if t.ne[0] % 256 == 0 else fallback[kt]
                 if t.dtype != want:
                     problems.append("%s dtype %d" % (name, t.dtype))
-        if dim % 256:
-            want_dt = gguf_ref.DT_Q4_0  # attn_q's rows of dim elements fall back
     if m.arch != opts["arch"]:
         problems.append("arch %s" % m.arch)
     if (m.n_heads, m.n_kv_heads) != (opts["heads"], opts["kv_heads"]):
         problems.append("heads %d/%d" % (m.n_heads, m.n_kv_heads))
-    if m.g.tensors["blk.0.attn_q.weight"].dtype != want_dt:
-        problems.append("attn_q dtype %d" % m.g.tensors["blk.0.attn_q.weight"].dtype)
+    if m.g.tensors[q_tensor(m)].dtype != want_dt:
+        problems.append("attn_q dtype %d" % m.g.tensors[q_tensor(m)].dtype)
+    if m.head_dim != opts.get("head_dim", opts.get("dim", BASE["dim"]) // opts["heads"]):
+        problems.append("head_dim %d" % m.head_dim)
+    if m.window != opts.get("sliding_window", 0):
+        problems.append("window %d" % m.window)
+    if opts.get("sliding_window") and not any(m.local):
+        problems.append("no local layer")
+    if opts["arch"] == "gemma3" and "swa_pattern" in opts and all(m.local):
+        problems.append("no global layer")
+    if opts["arch"] == "phi3" and "blk.0.attn_qkv.weight" not in m.g.tensors:
+        problems.append("no fused attn_qkv")
+    if opts.get("rope_scaling") == "longrope" and "rope_factors_long.weight" not in m.g.tensors:
+        problems.append("no rope_factors_long")
     if m.tied != opts["tied"]:
         problems.append("tied=%s" % m.tied)
     if m.rope_base != opts.get("rope_theta", 10000.0):
@@ -186,8 +268,13 @@ def check_synth(m, opts):
     return problems
 
 
+def q_tensor(m):
+    """The tensor holding layer 0's Q projection (phi3: the fused attn_qkv)."""
+    return "blk.0.attn_qkv.weight" if "blk.0.attn_qkv.weight" in m.g.tensors else "blk.0.attn_q.weight"
+
+
 def weight_dtype(m):
-    return gguf_ref.DTYPE_NAMES.get(m.g.tensors["blk.0.attn_q.weight"].dtype, "?")
+    return gguf_ref.DTYPE_NAMES.get(m.g.tensors[q_tensor(m)].dtype, "?")
 
 
 def engine_logits(spillway, model, seqs_path, out_path, mode, kv, n_vocab, n_pos, threads=THREADS):
@@ -207,10 +294,10 @@ def engine_logits(spillway, model, seqs_path, out_path, mode, kv, n_vocab, n_pos
 
 
 def has_i8(m):
-    """1 when a matmul of m takes int8 activations (Q4_K, Q3_K, Q2_K, Q8_0, Q4_0 matrices:
-    kernels.h)."""
-    return any(t.dtype in (gguf_ref.DT_Q4_K, gguf_ref.DT_Q3_K, gguf_ref.DT_Q2_K, gguf_ref.DT_Q8_0,
-                           gguf_ref.DT_Q4_0)
+    """1 when a matmul of m takes int8 activations (Q4_K, Q5_K, Q6_K, Q3_K, Q2_K, Q8_0, Q4_0
+    matrices: kernels.h)."""
+    return any(t.dtype in (gguf_ref.DT_Q4_K, gguf_ref.DT_Q5_K, gguf_ref.DT_Q6_K, gguf_ref.DT_Q3_K,
+                           gguf_ref.DT_Q2_K, gguf_ref.DT_Q8_0, gguf_ref.DT_Q4_0)
                for n, t in m.g.tensors.items()
                if n != "token_embd.weight" or m.tied)
 
@@ -272,6 +359,12 @@ def main(argv):
                                                                r.stderr.strip()[-300:]))
                     continue
                 cases.append((name, path, None))
+        for f in QUANT_FIXTURES:
+            path = os.path.join(models_dir, "quant-fixtures", f)
+            if os.path.exists(path):
+                cases.append((f[:-len(".gguf")], path, None))
+            else:
+                print("note: %s not found, skipping that model" % path)
 
         for ci, (name, path, opts) in enumerate(cases):
             m = forward_ref.RefModel(path)

@@ -11,30 +11,15 @@
 # Arguments (from ctest): the spillway binary and the models folder. SPILLWAY_REPLY_CLIENT: the
 # client (default: next to spillway).
 set -euo pipefail
-SPILLWAY=$(realpath "$1")
-MODEL=$2/stories260K.gguf
+# shellcheck source=tests/broker_lib.sh
+. "$(dirname "$0")/broker_lib.sh"
+bt_init reply "$1" "$2"
 CLIENT=${SPILLWAY_REPLY_CLIENT:-$(dirname "$SPILLWAY")/spillway-reply-client}
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-KB=$ROOT/scripts/kafka-broker.sh
-[ -x "$KB" ] || { echo "SKIP: scripts/kafka-broker.sh not present"; exit 77; }
-[ -f "$MODEL" ] || { echo "SKIP: $MODEL not found"; exit 77; }
-command -v java >/dev/null 2>&1 && java -version >/dev/null 2>&1 || { echo "SKIP: no java"; exit 77; }
-command -v mvn >/dev/null 2>&1 || { echo "SKIP: no mvn"; exit 77; }
-command -v kcat >/dev/null 2>&1 || { echo "FAIL: kcat not found"; exit 1; }
 [ -x "$CLIENT" ] || { echo "FAIL: $CLIENT not built"; exit 1; }
 
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/spillway-reply.XXXXXX")
-export SPILLWAY_SVC_OWNER=$$
-WPID=
-cleanup() {
-  [ -n "$WPID" ] && kill -9 "$WPID" 2>/dev/null || true
-  "$KB" stop "$WORK/broker" >/dev/null 2>&1 || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
 fail() { echo "FAIL: $*"; [ -f "$WORK/worker.log" ] && tail -20 "$WORK/worker.log"; exit 1; }
 
-eval "$("$KB" start "$WORK/broker" | grep -E '^(BOOTSTRAP|PID)=')"
+bt_broker
 echo "broker at $BOOTSTRAP"
 for t in prompts:2 results:2 prompts.dlq:1 replies:3 other.replies:1 unserved:1; do
   "$KB" topic "$WORK/broker" "${t%%:*}" "${t##*:}" >/dev/null

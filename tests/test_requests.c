@@ -208,6 +208,7 @@ static int check_field(const request_t *r, const char *key, const char *val)
     }
     if (!strcmp(key, "priority")) return r->priority == atoi(val);
     if (!strcmp(key, "stream")) return r->stream == atoi(val);
+    if (!strcmp(key, "enable_thinking")) return r->enable_thinking == atoi(val);
     if (!strcmp(key, "deadline_ms")) return r->deadline_ms == strtoll(val, NULL, 10);
     if (!strcmp(key, "metadata"))
         return !strcmp(val, "(null)") ? r->metadata_json == NULL

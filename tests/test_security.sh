@@ -24,33 +24,14 @@
 #      nor in its error for a mistyped "-X sasl.password:VALUE".
 # Arguments (from ctest): the spillway binary and the models folder.
 set -euo pipefail
-SPILLWAY=$(realpath "$1")
-MODEL=$2/stories260K.gguf
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-RS=$ROOT/scripts/redis-server.sh
-KB=$ROOT/scripts/kafka-broker.sh
-[ -f "$MODEL" ] || { echo "SKIP: $MODEL not found"; exit 77; }
-command -v redis-server >/dev/null 2>&1 || { echo "SKIP: redis-server not installed"; exit 77; }
-command -v java >/dev/null 2>&1 && java -version >/dev/null 2>&1 || { echo "SKIP: no java"; exit 77; }
-command -v mvn >/dev/null 2>&1 || { echo "SKIP: no mvn"; exit 77; }
-command -v kcat >/dev/null 2>&1 || { echo "FAIL: kcat not found"; exit 1; }
+# shellcheck source=tests/broker_lib.sh
+. "$(dirname "$0")/broker_lib.sh"
+bt_init security "$1" "$2" redis
 
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/spillway-security.XXXXXX")
 SHM=$("$ROOT/scripts/shm-dir.sh" spillway-security)
+BT_RM+=("$SHM")
 LOGS=$WORK/logs  # everything spillway printed: searched for secrets at the end
 mkdir -p "$LOGS"
-export SPILLWAY_SVC_OWNER=$$
-PIDS=()
-T0=$(date +%s%3N)
-cleanup() {
-  local p
-  for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  "$KB" stop "$WORK/broker" >/dev/null 2>&1 || true
-  "$RS" stop "$WORK/redis" >/dev/null 2>&1 || true
-  rm -rf "$WORK" "$SHM"
-}
-trap cleanup EXIT
-say() { printf '[%5.1fs] %s\n' "$(( $(date +%s%3N) - T0 ))e-3" "$*"; }
 fail() {
   echo "FAIL: $*"
   local f

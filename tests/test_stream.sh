@@ -13,28 +13,13 @@
 #     not be serialised and would count as failed).
 # Arguments (from ctest): the spillway binary and the models folder.
 set -euo pipefail
-SPILLWAY=$(realpath "$1")
-MODEL=$2/stories260K.gguf
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-KB=$ROOT/scripts/kafka-broker.sh
-[ -x "$KB" ] || { echo "SKIP: scripts/kafka-broker.sh not present"; exit 77; }
-[ -f "$MODEL" ] || { echo "SKIP: $MODEL not found"; exit 77; }
-command -v java >/dev/null 2>&1 && java -version >/dev/null 2>&1 || { echo "SKIP: no java"; exit 77; }
-command -v mvn >/dev/null 2>&1 || { echo "SKIP: no mvn"; exit 77; }
-command -v kcat >/dev/null 2>&1 || { echo "FAIL: kcat not found"; exit 1; }
+# shellcheck source=tests/broker_lib.sh
+. "$(dirname "$0")/broker_lib.sh"
+bt_init stream "$1" "$2"
 
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/spillway-stream.XXXXXX")
-export SPILLWAY_SVC_OWNER=$$
-WPID=
-cleanup() {
-  [ -n "$WPID" ] && kill -9 "$WPID" 2>/dev/null || true
-  "$KB" stop "$WORK/broker" >/dev/null 2>&1 || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
 fail() { echo "FAIL: $*"; [ -f "$WORK/worker.log" ] && tail -20 "$WORK/worker.log"; exit 1; }
 
-eval "$("$KB" start "$WORK/broker" | grep -E '^(BOOTSTRAP|PID)=')"
+bt_broker
 echo "broker at $BOOTSTRAP"
 for t in prompts:2 results:2 prompts.dlq:1 results.stream:3; do
   "$KB" topic "$WORK/broker" "${t%%:*}" "${t##*:}" >/dev/null

@@ -17,7 +17,7 @@
 
 static const char *const k_vocabs[] = {
     "llama-spm", "phi-3", "gpt-2", "deepseek-coder", "deepseek-llm",
-    "falcon", "mpt", "starcoder", "refact",
+    "falcon", "mpt", "starcoder", "refact", "llama-bpe", "qwen2",
 };
 #define N_VOCABS (sizeof k_vocabs / sizeof k_vocabs[0])
 
@@ -579,7 +579,7 @@ static void test_invalid_utf8(void)
         "\xf4\x90\x80\x80 above U+10FFFF", "  tail \xe6\x97",
     };
     static const char *const vocabs[] = {"llama-spm", "phi-3", "gpt-2", "deepseek-llm",
-                                         "falcon", "starcoder"};
+                                         "falcon", "starcoder", "llama-bpe", "qwen2"};
     for (size_t k = 0; k < sizeof vocabs / sizeof vocabs[0]; k++) {
         char base[1024];
         snprintf(base, sizeof base, "%s/ggml-vocab-%s.gguf", VEC_DIR, vocabs[k]);

@@ -17,41 +17,27 @@
 # SPILLWAY_CLASSES_BULK / _RATE / _SECS change the load (bench/RESULTS.md records a larger run).
 # Arguments (from ctest): the spillway binary and the models folder.
 set -euo pipefail
-SPILLWAY=$(realpath "$1")
-MODEL=$2/stories260K.gguf
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-KB=$ROOT/scripts/kafka-broker.sh
-[ -x "$KB" ] || { echo "SKIP: scripts/kafka-broker.sh not present"; exit 77; }
-[ -f "$MODEL" ] || { echo "SKIP: $MODEL not found"; exit 77; }
-command -v java >/dev/null 2>&1 && java -version >/dev/null 2>&1 || { echo "SKIP: no java"; exit 77; }
-command -v mvn >/dev/null 2>&1 || { echo "SKIP: no mvn"; exit 77; }
+# shellcheck source=tests/broker_lib.sh
+. "$(dirname "$0")/broker_lib.sh"
+bt_init classes "$1" "$2"
 command -v python3 >/dev/null 2>&1 || { echo "SKIP: python3 not installed"; exit 77; }
-command -v kcat >/dev/null 2>&1 || { echo "FAIL: kcat not found"; exit 1; }
 
 NB=${SPILLWAY_CLASSES_BULK:-5000}
 RATE=${SPILLWAY_CLASSES_RATE:-10}
 SECS=${SPILLWAY_CLASSES_SECS:-20}
 TTFT_MS=2000
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/spillway-classes.XXXXXX")
-export SPILLWAY_SVC_OWNER=$$
 WPID= PPID_=
-T0=$(date +%s%3N)
-cleanup() {
+bt_at_exit() {
   [ -n "$PPID_" ] && kill "$PPID_" 2>/dev/null || true
-  [ -n "$WPID" ] && kill -9 "$WPID" 2>/dev/null || true
-  "$KB" stop "$WORK/broker" >/dev/null 2>&1 || true
   [ -n "${SPILLWAY_TEST_KEEP:-}" ] && { mkdir -p "$SPILLWAY_TEST_KEEP"; cp "$WORK"/*.* "$SPILLWAY_TEST_KEEP"/ 2>/dev/null || true; }
-  rm -rf "$WORK"
 }
-trap cleanup EXIT
-say() { printf '[%5.1fs] %s\n' "$(( $(date +%s%3N) - T0 ))e-3" "$*"; }
 fail() {
   echo "FAIL: $*"
   [ -f "$WORK/worker.log" ] && { echo "--- worker log (last 30 lines)"; tail -n 30 "$WORK/worker.log"; }
   exit 1
 }
 
-eval "$("$KB" start "$WORK/broker" | grep -E '^(BOOTSTRAP|PID)=')"
+bt_broker
 for t in prompts:4 results:4 prompts.dlq:1 prompts.deferred:4; do
   "$KB" topic "$WORK/broker" "${t%%:*}" "${t##*:}" >/dev/null
 done

@@ -15,37 +15,19 @@
 # Arguments (from ctest): the spillway binary and the models folder; the plugin's path in
 # SPILLWAY_DELAY_ENDTXN_PLUGIN.
 set -euo pipefail
-SPILLWAY=$(realpath "$1")
-MODEL=$2/stories260K.gguf
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-KB=$ROOT/scripts/kafka-broker.sh
+# shellcheck source=tests/broker_lib.sh
+. "$(dirname "$0")/broker_lib.sh"
+bt_init eos-endtxn "$1" "$2"
 PLUGIN=${SPILLWAY_DELAY_ENDTXN_PLUGIN:-}
-[ -x "$KB" ] || { echo "SKIP: scripts/kafka-broker.sh not present"; exit 77; }
-[ -f "$MODEL" ] || { echo "SKIP: $MODEL not found"; exit 77; }
 [ -f "$PLUGIN" ] || { echo "FAIL: SPILLWAY_DELAY_ENDTXN_PLUGIN ('$PLUGIN') is not a file"; exit 1; }
-command -v java >/dev/null 2>&1 && java -version >/dev/null 2>&1 || { echo "SKIP: no java"; exit 77; }
-command -v mvn >/dev/null 2>&1 || { echo "SKIP: no mvn"; exit 77; }
-command -v kcat >/dev/null 2>&1 || { echo "FAIL: kcat not found"; exit 1; }
 
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/spillway-eos-endtxn.XXXXXX")
-export SPILLWAY_SVC_OWNER=$$
-PIDS=()
-T0=$(date +%s%3N)
-cleanup() {
-  local p
-  for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  "$KB" stop "$WORK/broker" >/dev/null 2>&1 || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-say() { printf '[%5.1fs] %s\n' "$(( $(date +%s%3N) - T0 ))e-3" "$*"; }
 fail() {
   echo "FAIL: $*"
   [ -f "$WORK/w.log" ] && { echo "--- $WORK/w.log (end)"; tail -n 25 "$WORK/w.log"; }
   exit 1
 }
 
-eval "$("$KB" start "$WORK/broker" | grep -E '^(BOOTSTRAP|PID)=')"
+bt_broker
 say "broker at $BOOTSTRAP"
 "$KB" topic "$WORK/broker" prompts 2 >/dev/null
 "$KB" topic "$WORK/broker" results 2 >/dev/null

@@ -26,35 +26,21 @@
 # About 20 s on 2 cores (Release), 45 s under ASan. SPILLWAY_TEST_KEEP=DIR keeps the scrapes and logs.
 # Arguments (from ctest): the spillway binary and the models folder.
 set -euo pipefail
-SPILLWAY=$(realpath "$1")
-MODEL=$2/stories260K.gguf
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-KB=$ROOT/scripts/kafka-broker.sh
-RS=$ROOT/scripts/redis-server.sh
+# shellcheck source=tests/broker_lib.sh
+. "$(dirname "$0")/broker_lib.sh"
+bt_init worker-metrics "$1" "$2" redis
 README=$ROOT/README.md
-[ -x "$KB" ] || { echo "SKIP: scripts/kafka-broker.sh not present"; exit 77; }
-[ -f "$MODEL" ] || { echo "SKIP: $MODEL not found"; exit 77; }
-command -v java >/dev/null 2>&1 && java -version >/dev/null 2>&1 || { echo "SKIP: no java"; exit 77; }
-command -v mvn >/dev/null 2>&1 || { echo "SKIP: no mvn"; exit 77; }
-command -v redis-server >/dev/null 2>&1 || { echo "SKIP: redis-server not installed"; exit 77; }
 command -v python3 >/dev/null 2>&1 || { echo "SKIP: python3 not installed"; exit 77; }
-command -v kcat >/dev/null 2>&1 || { echo "FAIL: kcat not found"; exit 1; }
 
 T0=$(date +%s)
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/spillway-worker-metrics.XXXXXX")
 SHM=$("$ROOT/scripts/shm-dir.sh" spillway-test)
-export SPILLWAY_SVC_OWNER=$$
+BT_RM+=("$SHM")
 WPID= SPID=
-cleanup() {
+bt_at_exit() {
   [ -n "$SPID" ] && kill "$SPID" 2>/dev/null || true
-  [ -n "$WPID" ] && kill -9 "$WPID" 2>/dev/null || true
-  "$KB" stop "$WORK/broker" >/dev/null 2>&1 || true
-  "$RS" stop "$WORK/redis" >/dev/null 2>&1 || true
   # SPILLWAY_TEST_KEEP=DIR: keep the scrapes, logs and topic dumps there (debugging)
   [ -n "${SPILLWAY_TEST_KEEP:-}" ] && { mkdir -p "$SPILLWAY_TEST_KEEP"; cp "$WORK"/*.* "$SPILLWAY_TEST_KEEP"/ 2>/dev/null || true; }
-  rm -rf "$WORK" "$SHM"
 }
-trap cleanup EXIT
 fail() {
   echo "FAIL: $*"
   [ -f "$WORK/worker.log" ] && { echo "--- worker log (last 30 lines)"; tail -n 30 "$WORK/worker.log"; }
@@ -74,7 +60,7 @@ echo "0. spillway config: metrics.port, metrics.bind, log.format with their sour
 
 # ---- services ----
 eval "$("$RS" start "$WORK/redis" | grep -E '^(REDIS_PORT|REDIS_PID)=')"
-eval "$("$KB" start "$WORK/broker" | grep -E '^(BOOTSTRAP|PID)=')"
+bt_broker
 echo "broker at $BOOTSTRAP, redis on port $REDIS_PORT ($(elapsed))"
 "$KB" topic "$WORK/broker" prompts 4 >/dev/null
 "$KB" topic "$WORK/broker" results 4 >/dev/null

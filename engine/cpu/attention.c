@@ -20,8 +20,8 @@ static const float *row(const attn_args_t *a, int blk, size_t off, int i, float 
 
 static void attn_tile_c(const attn_args_t *a)
 {
-    const int B = a->block_tokens, hd = a->hd;
-    for (int j0 = 0; j0 < a->n_ctx; j0 += B) {
+    const int B = a->block_tokens, hd = a->hd, jb = attn_first_block_pos(a);
+    for (int j0 = jb; j0 < a->n_ctx; j0 += B) {
         int cnt = a->n_ctx - j0 < B ? a->n_ctx - j0 : B;
         int blk = a->blocks[j0 / B];
         for (int i = 0; i < cnt; i++) {
@@ -38,18 +38,19 @@ static void attn_tile_c(const attn_args_t *a)
     for (int qi = 0; qi < a->nq; qi++) {
         float *sc = a->scores + (size_t)qi * a->n_ctx;
         int n = a->qpos[qi] + 1;
-        float mx = sc[0];
-        for (int j = 1; j < n; j++) mx = sc[j] > mx ? sc[j] : mx;
+        int lo = attn_prepare_scores(a, qi, jb, sc);
+        float mx = sc[lo];
+        for (int j = lo + 1; j < n; j++) mx = sc[j] > mx ? sc[j] : mx;
         float sum = 0;
-        for (int j = 0; j < n; j++) {
+        for (int j = lo; j < n; j++) {
             sc[j] = expf(sc[j] - mx);
             sum += sc[j];
         }
         float inv = 1.0f / sum;
-        for (int j = 0; j < n; j++) sc[j] *= inv;
+        for (int j = lo; j < n; j++) sc[j] *= inv;
         memset(a->out[qi], 0, (size_t)hd * sizeof(float));
     }
-    for (int j0 = 0; j0 < a->n_ctx; j0 += B) {
+    for (int j0 = jb; j0 < a->n_ctx; j0 += B) {
         int cnt = a->n_ctx - j0 < B ? a->n_ctx - j0 : B;
         int blk = a->blocks[j0 / B];
         for (int i = 0; i < cnt; i++) {

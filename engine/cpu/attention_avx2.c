@@ -241,8 +241,9 @@ void attn_tile_avx2(const attn_args_t *a)
     const int ldk = (B + 7) / 8 * 8;
     /* Scores: 8 keys at a time, summed over e in order. stage holds the transposed K block
      * [hd][ldk] (attention.h sizes it hd x B rounded up to 16). */
-    attn_prefetch(a, 0, ATTN_PF_ROWS);
-    for (int j0 = 0; j0 < a->n_ctx; j0 += B) {
+    const int jb = attn_first_block_pos(a);
+    attn_prefetch(a, jb, jb + ATTN_PF_ROWS);
+    for (int j0 = jb; j0 < a->n_ctx; j0 += B) {
         int cnt = a->n_ctx - j0 < B ? a->n_ctx - j0 : B;
         attn_prefetch(a, j0 + ATTN_PF_ROWS, j0 + B + ATTN_PF_ROWS);
         stage_kt(a, a->blocks[j0 / B], cnt, a->stage, ldk);
@@ -272,20 +273,21 @@ void attn_tile_avx2(const attn_args_t *a)
             qi += G;
         }
     }
-    /* Softmax over [0, qpos] in 8-wide chunks; the same order for a query whatever its tile. */
+    /* Softmax over [first key, qpos] in 8-wide chunks; the same order for a query whatever its tile. */
     const __m256 ninf = _mm256_set1_ps(-INFINITY);
     for (int qi = 0; qi < a->nq; qi++) {
         float *sc = a->scores + (size_t)qi * a->n_ctx;
         int n = a->qpos[qi] + 1;
+        const int lo = attn_prepare_scores(a, qi, jb, sc);
         __m256 vmx = ninf;
-        for (int j = 0; j < n; j += 8) {
+        for (int j = lo; j < n; j += 8) {
             __m256i m = tail_mask(n - j);
             __m256 v = _mm256_blendv_ps(ninf, _mm256_maskload_ps(sc + j, m), _mm256_castsi256_ps(m));
             vmx = _mm256_max_ps(vmx, v);
         }
         __m256 mx = _mm256_set1_ps(hmax8(vmx));
         __m256 vs = _mm256_setzero_ps();
-        for (int j = 0; j < n; j += 8) {
+        for (int j = lo; j < n; j += 8) {
             __m256i m = tail_mask(n - j);
             __m256 ev = exp_neg(_mm256_sub_ps(_mm256_maskload_ps(sc + j, m), mx));
             ev = _mm256_and_ps(ev, _mm256_castsi256_ps(m));
@@ -293,13 +295,13 @@ void attn_tile_avx2(const attn_args_t *a)
             vs = _mm256_add_ps(vs, ev);
         }
         __m256 inv = _mm256_set1_ps(1.0f / hsum8(vs));
-        for (int j = 0; j < n; j += 8) {
+        for (int j = lo; j < n; j += 8) {
             __m256i m = tail_mask(n - j);
             _mm256_maskstore_ps(sc + j, m, _mm256_mul_ps(_mm256_maskload_ps(sc + j, m), inv));
         }
         memset(a->out[qi], 0, (size_t)hd * sizeof(float));
     }
-    for (int j0 = 0; j0 < a->n_ctx; j0 += B) {
+    for (int j0 = jb; j0 < a->n_ctx; j0 += B) {
         int cnt = a->n_ctx - j0 < B ? a->n_ctx - j0 : B;
         attn_prefetch(a, a->n_ctx + j0 + ATTN_PF_ROWS, a->n_ctx + j0 + B + ATTN_PF_ROWS);
         /* F16 V with the register-blocked sum: read in place; otherwise staged as F32 */

@@ -194,8 +194,9 @@ void attn_tile_avx512(const attn_args_t *a)
     size_t st = 0;
     /* Scores: 16 keys at a time for up to 8 queries, sum over e in order (no horizontal
      * reductions). The stage buffer holds the transposed K block: [hd][ldk]. */
-    attn_prefetch(a, 0, ATTN_PF_ROWS);
-    for (int j0 = 0; j0 < a->n_ctx; j0 += B) {
+    const int jb = attn_first_block_pos(a);
+    attn_prefetch(a, jb, jb + ATTN_PF_ROWS);
+    for (int j0 = jb; j0 < a->n_ctx; j0 += B) {
         int cnt = a->n_ctx - j0 < B ? a->n_ctx - j0 : B;
         attn_prefetch(a, j0 + ATTN_PF_ROWS, j0 + B + ATTN_PF_ROWS);
         stage_kt(a, a->blocks[j0 / B], cnt, a->stage, ldk);
@@ -224,18 +225,19 @@ void attn_tile_avx512(const attn_args_t *a)
             qi += G;
         }
     }
-    /* Softmax over [0, qpos] in 16-wide chunks; the same order for a query whatever its tile. */
+    /* Softmax over [first key, qpos] in 16-wide chunks; the same order for a query whatever its tile. */
     for (int qi = 0; qi < a->nq; qi++) {
         float *sc = a->scores + (size_t)qi * a->n_ctx;
         int n = a->qpos[qi] + 1;
+        const int lo = attn_prepare_scores(a, qi, jb, sc);
         __m512 vmx = _mm512_set1_ps(-INFINITY);
-        for (int j = 0; j < n; j += 16) {
+        for (int j = lo; j < n; j += 16) {
             __mmask16 m = n - j >= 16 ? 0xffff : (__mmask16)((1u << (n - j)) - 1);
             vmx = _mm512_mask_max_ps(vmx, m, vmx, _mm512_maskz_loadu_ps(m, sc + j));
         }
         __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(vmx));
         __m512 vs = _mm512_setzero_ps();
-        for (int j = 0; j < n; j += 16) {
+        for (int j = lo; j < n; j += 16) {
             __mmask16 m = n - j >= 16 ? 0xffff : (__mmask16)((1u << (n - j)) - 1);
             __m512 ev = exp_neg(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, sc + j), mx));
             ev = _mm512_maskz_mov_ps(m, ev);
@@ -243,13 +245,13 @@ void attn_tile_avx512(const attn_args_t *a)
             vs = _mm512_add_ps(vs, ev);
         }
         __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(vs));
-        for (int j = 0; j < n; j += 16) {
+        for (int j = lo; j < n; j += 16) {
             __mmask16 m = n - j >= 16 ? 0xffff : (__mmask16)((1u << (n - j)) - 1);
             _mm512_mask_storeu_ps(sc + j, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, sc + j), inv));
         }
         memset(a->out[qi], 0, (size_t)hd * sizeof(float));
     }
-    for (int j0 = 0; j0 < a->n_ctx; j0 += B) {
+    for (int j0 = jb; j0 < a->n_ctx; j0 += B) {
         int cnt = a->n_ctx - j0 < B ? a->n_ctx - j0 : B;
         attn_prefetch(a, a->n_ctx + j0 + ATTN_PF_ROWS, a->n_ctx + j0 + B + ATTN_PF_ROWS);
         /* F16 V with the register-blocked sum: read in place; otherwise staged as F32 */

@@ -13,6 +13,7 @@
 
 #include "../backend.h"
 #include "../dtype.h"
+#include "arch_ops.h"
 #include "attention.h"
 #include "kernels.h"
 #include "threadpool.h"
@@ -78,6 +79,7 @@ typedef struct {
     int fuse_norm;           /* T <= FUSE_T: norms fused into the matmul phases */
     int fuse_attn;           /* every sequence has one token: RoPE/store fused into attention */
     int n_items;             /* attention work items in c->items */
+    int rope_cur;            /* model rope table whose angles c->rope_cs holds */
 } job_t;
 
 /* Normalised input rows for this thread: either the shared xn (filled by a norm phase) or the
@@ -112,16 +114,25 @@ static void ph_embed(void *arg, int ith, int nth)
     for (long t = lo; t < hi; t++) {
         const char *row = (const char *)m->tok_embd.data + (size_t)j->b->tokens[t] * m->tok_embd.row_bytes;
         c->k->dequant_row(m->tok_embd.type, row, c->x + t * dim, dim);
+        if (m->hp.embd_scale != 1.0f)
+            for (int i = 0; i < dim; i++) c->x[t * dim + i] *= m->hp.embd_scale;
         /* RoPE angles of this token, in double for accuracy at large positions. */
-        const hparams_t *hp = &m->hp;
-        double p = (double)j->b->pos[t] * hp->rope_freq_scale;
-        float *cs = c->rope_cs + t * hp->rope_dim;
-        for (int i = 0; i < hp->rope_dim / 2; i++) {
-            double a = p * m->rope_inv_freq[i];
-            cs[2 * i] = (float)cos(a);
-            cs[2 * i + 1] = (float)sin(a);
-        }
+        arch_rope_angles(&m->rope[j->rope_cur], m->hp.rope_dim, j->b->pos[t],
+                         c->rope_cs + t * m->hp.rope_dim);
     }
+}
+
+/* The RoPE angles again, from table j->rope_cur (layers with another table than the last). */
+static void ph_rope_table(void *arg, int ith, int nth)
+{
+    job_t *j = arg;
+    const cpu_t *c = j->c;
+    const model_t *m = c->base.model;
+    long lo, hi;
+    tpool_split(j->T, ith, nth, &lo, &hi);
+    for (long t = lo; t < hi; t++)
+        arch_rope_angles(&m->rope[j->rope_cur], m->hp.rope_dim, j->b->pos[t],
+                         c->rope_cs + t * m->hp.rope_dim);
 }
 
 static void ph_attn_norm(void *arg, int ith, int nth)
@@ -189,6 +200,11 @@ static void rope_store_one(cpu_t *c, const job_t *j, long t, int g)
     if (L->bq.data) c->k->add(q, (const float *)L->bq.data + (size_t)g * grp * hd, grp * hd);
     if (L->bk.data) c->k->add(k, (const float *)L->bk.data + (size_t)g * hd, hd);
     if (L->bv.data) c->k->add(v, (const float *)L->bv.data + (size_t)g * hd, hd);
+    if (L->q_norm.data) {
+        for (int h = 0; h < grp; h++)
+            c->k->rmsnorm(q + h * hd, L->q_norm.data, hp->norm_eps, q + h * hd, hd);
+        c->k->rmsnorm(k, L->k_norm.data, hp->norm_eps, k, hd);
+    }
     const float *cs = c->rope_cs + t * hp->rope_dim;
     for (int h = 0; h < grp; h++) rope_apply(hp, cs, q + h * hd);
     rope_apply(hp, cs, k);
@@ -286,7 +302,10 @@ static void ph_attention(void *arg, int ith, int nth)
             .v_off = (size_t)(kv_ptr(c, 0, j->layer, 1, 0, g) - c->kv),
             .row_stride = row_stride,
             .kv_f16 = c->kv_elem == 2,
-            .scale = 1.0f / sqrtf((float)hd),
+            /* with a soft-cap c the tile takes score * (scale / c), then c * tanh of it */
+            .scale = hp->attn_softcap > 0 ? hp->attn_scale / hp->attn_softcap : hp->attn_scale,
+            .softcap = hp->attn_softcap,
+            .window = j->L->window,
             .scores = c->scores + (size_t)ith * c->scores_per_thread,
             .stage = c->kvconv + (size_t)ith * c->stage_floats,
         };
@@ -306,7 +325,35 @@ static void ph_wo(void *arg, int ith, int nth)
     if (lo >= hi) return;
     const weight_t *w = &j->L->wo;
     c->k->matmul(w->type, w->data, w->row_bytes, w->cols, c->att, qd, c->tmp, dim, j->T, lo, hi);
+    if (j->L->post_attn_norm.data) return; /* ph_post_norm adds it */
     for (int t = 0; t < j->T; t++) c->k->add(c->x + (size_t)t * dim + lo, c->tmp + (size_t)t * dim + lo, hi - lo);
+}
+
+/* Post-norm architectures (gemma): x += rmsnorm(tmp) * w, w the layer's post_attn_norm (after
+ * ph_wo) or post_ffn_norm (after ph_down), each thread over its own tokens. */
+static void post_norm(const job_t *j, const weight_t *w, int ith, int nth)
+{
+    const cpu_t *c = j->c;
+    const int dim = c->base.model->hp.dim;
+    long lo, hi;
+    tpool_split(j->T, ith, nth, &lo, &hi);
+    for (long t = lo; t < hi; t++) {
+        float *y = c->tmp + (size_t)t * dim;
+        c->k->rmsnorm(y, w->data, c->base.model->hp.norm_eps, y, dim);
+        c->k->add(c->x + (size_t)t * dim, y, dim);
+    }
+}
+
+static void ph_post_attn_norm(void *arg, int ith, int nth)
+{
+    job_t *j = arg;
+    post_norm(j, &j->L->post_attn_norm, ith, nth);
+}
+
+static void ph_post_ffn_norm(void *arg, int ith, int nth)
+{
+    job_t *j = arg;
+    post_norm(j, &j->L->post_ffn_norm, ith, nth);
 }
 
 static void ph_ffn_norm(void *arg, int ith, int nth)
@@ -335,9 +382,12 @@ static void ph_gate_up(void *arg, int ith, int nth)
     const weight_t *wg = &j->L->w_gate, *wu = &j->L->w_up;
     c->k->matmul(wg->type, wg->data, wg->row_bytes, dim, xn, dim, c->gate, ffn, j->T, lo, hi);
     c->k->matmul(wu->type, wu->data, wu->row_bytes, dim, xn, dim, c->up, ffn, j->T, lo, hi);
-    for (int t = 0; t < j->T; t++)
-        c->k->silu_mul(c->gate + (size_t)t * ffn + lo, c->up + (size_t)t * ffn + lo,
-                       c->gate + (size_t)t * ffn + lo, hi - lo);
+    for (int t = 0; t < j->T; t++) {
+        float *g = c->gate + (size_t)t * ffn + lo;
+        const float *u = c->up + (size_t)t * ffn + lo;
+        if (hp->ffn_act == FFN_GELU_TANH) arch_gelu_tanh_mul(g, u, g, hi - lo);
+        else c->k->silu_mul(g, u, g, hi - lo);
+    }
 }
 
 static void ph_down(void *arg, int ith, int nth)
@@ -351,6 +401,7 @@ static void ph_down(void *arg, int ith, int nth)
     if (lo >= hi) return;
     const weight_t *w = &j->L->w_down;
     c->k->matmul(w->type, w->data, w->row_bytes, ffn, c->gate, ffn, c->tmp, dim, j->T, lo, hi);
+    if (j->L->post_ffn_norm.data) return; /* ph_post_norm adds it */
     for (int t = 0; t < j->T; t++) c->k->add(c->x + (size_t)t * dim + lo, c->tmp + (size_t)t * dim + lo, hi - lo);
 }
 
@@ -373,6 +424,12 @@ static void ph_logits(void *arg, int ith, int nth)
     const cpu_t *c = j->c;
     const model_t *m = c->base.model;
     mm(c, &m->output, c->xn, m->hp.dim, j->logits, m->hp.n_vocab, j->b->n_logits, ith, nth);
+    if (m->hp.logit_softcap > 0) {
+        long lo, hi;
+        tpool_split((long)m->output.rows, ith, nth, &lo, &hi);
+        for (int t = 0; t < j->b->n_logits && lo < hi; t++)
+            arch_softcap(j->logits + (size_t)t * m->hp.n_vocab + lo, hi - lo, m->hp.logit_softcap);
+    }
 }
 
 static int cpu_forward(backend_t *be, const backend_batch_t *b, float *logits, char *errstr,
@@ -388,18 +445,25 @@ static int cpu_forward(backend_t *be, const backend_batch_t *b, float *logits, c
     j.fuse_norm = j.T <= FUSE_T;
     j.fuse_attn = b->n_seqs == b->n_tokens;
     j.n_items = build_items(c, b);
+    j.rope_cur = be->model->layers[0].rope_idx;
     tpool_run(c->pool, ph_embed, &j);
     for (int l = 0; l < hp->n_layers; l++) {
         j.layer = l;
         j.L = &be->model->layers[l];
+        if (j.L->rope_idx != j.rope_cur) {
+            j.rope_cur = j.L->rope_idx;
+            tpool_run(c->pool, ph_rope_table, &j);
+        }
         if (!j.fuse_norm) tpool_run(c->pool, ph_attn_norm, &j);
         tpool_run(c->pool, ph_qkv, &j);
         if (!j.fuse_attn) tpool_run(c->pool, ph_rope_store, &j);
         tpool_run(c->pool, ph_attention, &j);
         tpool_run(c->pool, ph_wo, &j);
+        if (j.L->post_attn_norm.data) tpool_run(c->pool, ph_post_attn_norm, &j);
         if (!j.fuse_norm) tpool_run(c->pool, ph_ffn_norm, &j);
         tpool_run(c->pool, ph_gate_up, &j);
         tpool_run(c->pool, ph_down, &j);
+        if (j.L->post_ffn_norm.data) tpool_run(c->pool, ph_post_ffn_norm, &j);
     }
     if (b->n_logits > 0) {
         tpool_run(c->pool, ph_out_norm, &j);

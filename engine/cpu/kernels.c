@@ -18,6 +18,7 @@
 
 #include "engine/cpu/kernels_impl.h"
 #include "engine/cpu/q23k.h"
+#include "engine/cpu/kernels_q56k.h"
 #include "engine/dtype.h"
 
 #define SC_LANES 8
@@ -288,6 +289,8 @@ static int sc_matmul(int wtype, const void *W, size_t w_row_bytes, int64_t K, co
         return kern_q4k_matmul(sc_q4k, kern_q8k_quantize, W, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
     if (wtype == DT_Q2_K || wtype == DT_Q3_K) /* engine/cpu/q23k.c */
         return kern_q23k_matmul_scalar(wtype, W, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
+    if (wtype == DT_Q6_K || wtype == DT_Q5_K)
+        return kern_q56k_matmul_scalar(wtype, W, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
     if (wtype == DT_Q8_0 || wtype == DT_Q4_0)
         return kern_b32_matmul(wtype, wtype == DT_Q8_0 ? sc_q80 : sc_q40, kern_q8_quantize, W,
                                w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
@@ -318,7 +321,8 @@ static int sc_matmul(int wtype, const void *W, size_t w_row_bytes, int64_t K, co
 
 static void sc_dequant_row(int wtype, const void *row, float *out, int64_t K)
 {
-    if (wtype == DT_Q2_K || wtype == DT_Q3_K) { /* one row per token at most (embeddings) */
+    if (wtype == DT_Q6_K || wtype == DT_Q5_K || wtype == DT_Q2_K || wtype == DT_Q3_K) {
+        /* engine/dtype.h values (embedding rows: one per token at most) */
         dtype_dequant_row(wtype, row, out, K);
         return;
     }

@@ -31,6 +31,13 @@
  * of the exact value of that formula; against the exact dot product of the widened weights it
  * adds x's rounding to 8 bits, at most dx_s / 2 = max|x over the 256| / 254 per element.
  *
+ * Q6_K and Q5_K take the same int8 activations (kern_q8k_quantize; engine/cpu/kernels_q56k.h
+ * gives each ISA's order). Per super-block s and token, exactly in integers: Q6_K
+ *     isum_s = sum_{j<16} sc_j * sum_{k in sub-block j of 16} (q_k - 32) * xq_k,
+ * y = sum_s (d_s * dx_s) * isum_s, within (K/256 + 8) * 2^-24 * sum_s |d_s dx_s| sum_j |sc_j|
+ * sum_k |q_k - 32| |xq_k| of the exact value of that formula; Q5_K Q4_K's formula and bound with
+ * its 5-bit q. Against the exact dot product of the widened weights, x's rounding adds at most
+ * dx_s / 2 per element, as for Q4_K. Batch invariance holds.
  * Q2_K and Q3_K take int8 activations the same way (engine/cpu/q23k.h gives the formulas): xq
  * from kern_q8k_quantize, and, for their sub-blocks of 16, the sums bsum16_j of q over each 16
  * elements, computed from q exactly. Per super-block s and token, exactly in integers, isum_s =
@@ -64,8 +71,8 @@ typedef struct {
     const char *name; /* "avx512", "avx2", "scalar" */
     /* y[t * ldy + o] = sum_{i<K} W[o][i] * x[t * ldx + i], for t in [0, T), o in [o0, o1).
      * W: rows of K elements of dtype wtype (DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0, DT_Q4_K,
-     * DT_Q2_K, DT_Q3_K), row o starting at (const char *)W + o * w_row_bytes. x: F32. K is a
-     * multiple of 32 for Q8_0 and Q4_0, of 256 for Q4_K, Q2_K and Q3_K.
+     * DT_Q5_K, DT_Q6_K, DT_Q2_K, DT_Q3_K), row o starting at (const char *)W + o * w_row_bytes.
+     * x: F32. K is a multiple of 32 for Q8_0 and Q4_0, of 256 for the K-quants.
      * Returns -1 when wtype is unsupported, else 0. */
     int (*matmul)(int wtype, const void *W, size_t w_row_bytes, int64_t K, const float *x,
                   int64_t ldx, float *y, int64_t ldy, int T, int64_t o0, int64_t o1);

@@ -23,6 +23,7 @@
 
 #include "engine/cpu/kernels_impl.h"
 #include "engine/cpu/q23k.h"
+#include "engine/cpu/kernels_q56k.h"
 
 #define AI static inline __attribute__((always_inline))
 
@@ -361,6 +362,11 @@ static void q8k_quantize(const float *x, int64_t K, kern_q8k_t *out)
     }
 }
 
+void kern_q8k_quantize_avx2(const float *x, int64_t K, kern_q8k_t *out)
+{
+    q8k_quantize(x, K, out);
+}
+
 static void q4k_rows(const char *W, size_t wrb, int64_t nsb, const kern_q8k_t *xq, int T,
                      float *y, int64_t ldy, int64_t o0, int64_t o1)
 {
@@ -538,6 +544,8 @@ static int v_matmul(int wtype, const void *W, size_t w_row_bytes, int64_t K, con
         return kern_q4k_matmul(q4k_rows, q8k_quantize, W, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
     if (wtype == DT_Q2_K || wtype == DT_Q3_K) /* engine/cpu/q23k_avx2.c */
         return kern_q23k_matmul_avx2(wtype, W, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
+    if (wtype == DT_Q6_K || wtype == DT_Q5_K)
+        return kern_q56k_matmul_avx2(wtype, W, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
     if (wtype == DT_Q8_0 || wtype == DT_Q4_0)
         return kern_b32_matmul(wtype, wtype == DT_Q8_0 ? q80_rows : q40_rows, q8_quantize, W,
                                w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
@@ -579,7 +587,7 @@ static void v_dequant_row(int wtype, const void *row, float *out, int64_t K)
     case DT_Q4_K:
         for (; k + 8 <= K; k += 8) _mm256_storeu_ps(out + k, w_load(DT_Q4_K, r, k));
         return;
-    case DT_Q2_K: case DT_Q3_K: /* one row per token at most (embeddings) */
+    case DT_Q6_K: case DT_Q5_K: case DT_Q2_K: case DT_Q3_K: /* dtype.h values (embeddings) */
         dtype_dequant_row(wtype, row, out, K);
         return;
     default:

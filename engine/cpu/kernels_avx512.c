@@ -29,6 +29,7 @@
 
 #include "engine/cpu/kernels_impl.h"
 #include "engine/cpu/q23k.h"
+#include "engine/cpu/kernels_q56k.h"
 
 #define AI static inline __attribute__((always_inline))
 
@@ -546,6 +547,11 @@ static void q8k_quantize(const float *x, int64_t K, kern_q8k_t *out)
     }
 }
 
+void kern_q8k_quantize_avx512(const float *x, int64_t K, kern_q8k_t *out)
+{
+    q8k_quantize(x, K, out);
+}
+
 AI void q4k_rows_isa(const int vnni, const char *W, size_t wrb, int64_t nsb,
                     const kern_q8k_t *xq, int T, float *y, int64_t ldy, int64_t o0, int64_t o1)
 {
@@ -816,6 +822,8 @@ AI int matmul_isa(const int vnni, int wtype, const void *W, size_t w_row_bytes, 
                                x, ldx, y, ldy, T, o0, o1);
     if (wtype == DT_Q2_K || wtype == DT_Q3_K) /* engine/cpu/q23k_avx512.c */
         return kern_q23k_matmul_avx512(vnni, wtype, W, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
+    if (wtype == DT_Q6_K || wtype == DT_Q5_K)
+        return kern_q56k_matmul_avx512(vnni, wtype, W, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
     if (wtype == DT_Q8_0)
         return kern_b32_matmul(DT_Q8_0, vnni ? q80_rows_vnni : q80_rows, q8_quantize, W,
                                w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
@@ -879,7 +887,7 @@ static void v_dequant_row(int wtype, const void *row, float *out, int64_t K)
     case DT_Q4_K:
         for (; k + 16 <= K; k += 16) _mm512_storeu_ps(out + k, w_load(DT_Q4_K, r, k));
         return;
-    case DT_Q2_K: case DT_Q3_K: /* one row per token at most (embeddings) */
+    case DT_Q6_K: case DT_Q5_K: case DT_Q2_K: case DT_Q3_K: /* dtype.h values (embeddings) */
         dtype_dequant_row(wtype, row, out, K);
         return;
     default:

@@ -25,7 +25,7 @@ static inline int kern_wtype_ok(int t, int64_t K)
     case DT_F32: case DT_F16: case DT_BF16: return K >= 0;
     case DT_Q8_0: return K >= 0 && K % QK8_0 == 0 && K <= KERN_Q8_STACK;
     case DT_Q4_0: return K >= 0 && K % QK4_0 == 0 && K <= KERN_Q8_STACK;
-    case DT_Q4_K: case DT_Q2_K: case DT_Q3_K:
+    case DT_Q4_K: case DT_Q5_K: case DT_Q6_K: case DT_Q2_K: case DT_Q3_K:
         return K >= 0 && K % QK_K == 0 && K <= (int64_t)KERN_Q8K_STACK * QK_K;
     default: return 0;
     }
@@ -108,6 +108,9 @@ extern const kern_table_t kern_table_scalar;
 extern const kern_table_t kern_table_avx2;
 extern const kern_table_t kern_table_avx512;
 extern const kern_table_t kern_table_avx512_vnni;
+/* The AVX2 and AVX-512 versions of kern_q8k_quantize (the same bits), for other route files. */
+void kern_q8k_quantize_avx2(const float *x, int64_t K, kern_q8k_t *out);
+void kern_q8k_quantize_avx512(const float *x, int64_t K, kern_q8k_t *out);
 #endif
 
 #endif

@@ -639,6 +639,12 @@ backend_t *backend_cuda_new(const model_t *model, const backend_params_t *params
                hp->n_kv_heads, CUK_MAX_GROUP);
         return NULL;
     }
+    if (!model_is_plain_llama(model)) {
+        seterr(errstr, errlen, "cuda: architecture '%s' (or its RoPE scaling / sliding window) "
+               "runs on the CPU backend only; the CUDA backend runs llama and qwen2 without "
+               "them", hp->arch_name);
+        return NULL;
+    }
     int n_dev = 0;
     cudaError_t drc = cudaGetDeviceCount(&n_dev);
     if (drc != cudaSuccess || n_dev < 1) {

@@ -3,9 +3,11 @@
  * then byte 0 picks a built-in template, byte 1 bit 0 the generation prompt, and the rest is
  * split at NUL bytes into alternating role / content strings (at most 64 messages) that are
  * rendered. Rendering must succeed with a length bounded by the input's plus a fixed overhead
- * per message; detection must return a built-in name (and no "unsupported" name) or NULL.
- * chat_render_segments must give the same text, cut into segments that concatenate to it,
- * alternate in kind and are never empty, or refuse a role (CHAT_EROLE) and nothing else. */
+ * per message (a Jinja-exact template may instead refuse the conversation as its Jinja source
+ * does, and then chat_render_segments refuses it too); detection must return a built-in name
+ * (and no "unsupported" name) or NULL. chat_render_segments must give the same text, cut into
+ * segments that concatenate to it, alternate in kind and are never empty, or refuse a role
+ * (CHAT_EROLE) and nothing else. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,9 +31,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     /* the built-in names */
     const char *list = engine_chat_template_names();
-    char names[32][32];
+    char names[64][32];
     int n_names = 0;
-    for (const char *p = list; *p && n_names < 32;) {
+    for (const char *p = list; *p && n_names < 64;) {
         size_t n = strcspn(p, ",");
         require(n > 0 && n < sizeof names[0]);
         memcpy(names[n_names], p, n);
@@ -66,14 +68,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     char err[256];
     size_t out_len = 0;
     char *s = chat_render(name, msgs, n, gen, &out_len, err, sizeof err);
-    require(s != NULL && strlen(s) == out_len);
-    /* templates add text; only gemma and the trimming ones may drop (whitespace / system) bytes,
-     * and nothing renders more than a bounded overhead per message */
-    require(out_len <= total + (size_t)n * 128 + 2 * len + 256);
     char *text;
     size_t tlen;
     tok_segment_t *sg;
     int ns;
+    if (!s) { /* only a Jinja-exact template refuses a conversation, and then both paths do */
+        require(chat_template_exact(name));
+        int rc = chat_render_segments(name, msgs, n, gen, &text, &tlen, &sg, &ns, err,
+                                      sizeof err);
+        require(rc == CHAT_EROLE || rc == CHAT_ETEMPLATE);
+        free(buf);
+        return 0;
+    }
+    require(strlen(s) == out_len);
+    /* templates add text; only gemma and the trimming ones may drop (whitespace / system) bytes,
+     * and nothing renders more than a bounded overhead per message (llama-3.x writes a tool
+     * message as a JSON string: at most 6 bytes per content byte) */
+    require(out_len <= 6 * total + (size_t)n * 128 + 2 * len + 256);
     int rc = chat_render_segments(name, msgs, n, gen, &text, &tlen, &sg, &ns, err, sizeof err);
     require(rc == 0 || rc == CHAT_EROLE);
     if (rc == 0) {

@@ -1,8 +1,8 @@
 /* tests/fuzz/fuzz_tokenizer.c: libFuzzer target for the tokenizer (engine/tokenizer.c) on real
  * vocabularies, loaded once: stories260K.gguf (SentencePiece, 512 tokens) and, when present, the
  * llama.cpp vocab-only files under tokenizer-vectors/ (SentencePiece llama-spm and phi-3;
- * byte-level BPE gpt-2, deepseek-coder, deepseek-llm, falcon, mpt, starcoder, refact: every
- * pre-tokenizer regex set). The models folder is $SPILLWAY_MODELS, else the SPILLWAY_MODELS the
+ * byte-level BPE gpt-2, deepseek-coder, deepseek-llm, falcon, mpt, starcoder, refact,
+ * llama-bpe (Llama 3), qwen2: every pre-tokenizer regex set). The models folder is $SPILLWAY_MODELS, else the SPILLWAY_MODELS the
  * build defines, else ../shared/models beside the checkout; with no vocabulary there every input
  * is a no-op (the replay test then passes vacuously; a note says so once).
  *
@@ -101,7 +101,8 @@ static void load(const char *path)
 static void init(void)
 {
     static const char *const vocabs[] = {"llama-spm", "phi-3", "gpt-2", "deepseek-coder",
-                                         "deepseek-llm", "falcon", "mpt", "starcoder", "refact"};
+                                         "deepseek-llm", "falcon", "mpt", "starcoder", "refact",
+                                         "llama-bpe", "qwen2"};
     char dir[1024], path[1200];
     const char *env = getenv("SPILLWAY_MODELS");
     n_toks = 0;

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Float64 reference forward pass of GGUF `llama` and `qwen2` models (numpy only).
+"""Float64 reference forward pass of GGUF `llama`, `qwen2`, `qwen3`, `gemma2`, `gemma3` and `phi3`
+models (numpy only).
 
 Independent of the engine: it reads the GGUF with gguf_ref.py and computes everything in float64
 from the dequantised stored weights, whole-sequence at a time (no KV cache, no batching), so it
@@ -18,6 +19,25 @@ Per sequence of n tokens at positions 0..n-1:
         h = rmsnorm(x) * ffn_norm
         x += (silu(h Wg^T) * (h Wu^T)) Wd^T
     logits = (rmsnorm(x) * output_norm) Wout^T      Wout = output.weight, or token_embd.weight if absent
+
+Architecture additions (llama.cpp's definitions; keys under "<arch>."):
+    qwen3, gemma3   per head, q = rmsnorm(q) * attn_q_norm, k = rmsnorm(k) * attn_k_norm before RoPE
+    gemma2, gemma3  x = token_embd[tokens] * sqrt(dim); tied output; FFN down(gelu_tanh(h Wg^T) * h Wu^T);
+                    each branch b is added as rmsnorm(b) * post_attention_norm / post_ffw_norm;
+                    scores scaled by attn_scale = 1/sqrt(head_dim) (1/sqrt(dim/n_heads) for the 27B
+                    layer counts 46 / 62); gemma2: scores s -> c tanh(s/c), c = attn_logit_softcapping
+                    (50), logits l -> c tanh(l/c), c = final_logit_softcapping (30)
+    sliding window  (gemma2, gemma3, llama with attention.sliding_window W) a query at p sees keys
+                    p-W+1..p on local layers: layer l is local iff l % n < n-1 for the pattern n
+                    (attention.sliding_window_pattern; gemma2 2, gemma3 6, llama 0 = every layer);
+                    gemma3's local layers use RoPE base rope.freq_base_swa (10000), no scaling
+    phi3            attn_qkv rows = Q, K, V; ffn_up rows = gate, up
+    RoPE scaling    angle_i = pos * freq_scale * inv_freq_i (freq_scale = 1 / rope.scaling.factor
+                    unless the type is none or llama3); yarn: angle_i = a_interp (1 - r_i) + a_extrap r_i
+                    with ggml's ramp r_i over the correction dims of beta_fast 32 / beta_slow 1 and
+                    cos/sin times (1 + 0.1 ln factor); cos/sin also times rope.scaling.attn_factor;
+                    inv_freq_i /= rope_freqs_i, or Phi-3's rope_factors_long_i (context > the original
+                    context) / rope_factors_short_i, or Llama 3's factor computed from the keys
 
 Weights of GGUF shape ne = {in, out} are (out, in) arrays here, so y = x @ W.T.
 
@@ -42,12 +62,25 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gguf_ref  # noqa: E402
 
 ROPE_NORM, ROPE_NEOX = 0, 1
-ARCH_ROPE = {"llama": ROPE_NORM, "qwen2": ROPE_NEOX}
+ARCH_ROPE = {"llama": ROPE_NORM, "qwen2": ROPE_NEOX, "qwen3": ROPE_NEOX, "gemma2": ROPE_NEOX,
+             "gemma3": ROPE_NEOX, "phi3": ROPE_NEOX}
+QK_NORM = ("qwen3", "gemma3")
+GEMMA = ("gemma2", "gemma3")
+SWA_PATTERN = {"gemma2": 2, "gemma3": 6, "llama": 0}  # architectures that honour the window
+
+
+def gelu_tanh(x):
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * x * (1.0 + 0.044715 * x * x)))
+
+
+def yarn_corr_dim(n_dims, n_ctx_orig, n_rot, base):
+    return n_dims * math.log(n_ctx_orig / (n_rot * 2.0 * math.pi)) / (2.0 * math.log(base))
 
 
 class I8Linear:
-    """A matrix whose matmul takes int8 activations (engine/cpu/kernels.h: Q4_K with x in blocks
-    of 256, Q8_0 and Q4_0 with x in blocks of 32): its exact weight values, (out, in) float64."""
+    """A matrix whose matmul takes int8 activations (engine/cpu/kernels.h: Q4_K, Q5_K and Q6_K
+    with x in blocks of 256, Q8_0 and Q4_0 with x in blocks of 32): its exact weight values,
+    (out, in) float64."""
 
     def __init__(self, w, block):
         self.w = w
@@ -97,13 +130,38 @@ class RefModel:
         self.rope_base = float(hp("rope.freq_base", 10000.0))
         self.rope_dim = int(hp("rope.dimension_count", self.head_dim))
         self.rope_kind = ARCH_ROPE[arch]
-        # linear rope scaling: positions divided by factor
-        self.pos_scale = 1.0
-        st = g.get("%s.rope.scaling.type" % arch)
-        if st == "linear":
-            self.pos_scale = 1.0 / float(hp("rope.scaling.factor"))
-        elif g.get("%s.rope.scale_linear" % arch) is not None:
-            self.pos_scale = 1.0 / float(hp("rope.scale_linear"))
+        self.ctx_len = int(hp("context_length", 2048))
+        # rope scaling: positions times pos_scale (1 / factor); yarn and magnitude below
+        st = g.get("%s.rope.scaling.type" % arch, "linear")
+        factor = float(hp("rope.scaling.factor", hp("rope.scale_linear", 0.0)))
+        if factor == 0.0 or st in ("none", "llama3"):
+            factor = 1.0
+        self.pos_scale = 1.0 / factor
+        self.orig_ctx = int(hp("rope.scaling.original_context_length", self.ctx_len))
+        self.attn_factor = float(hp("rope.scaling.attn_factor", 1.0))
+        self.mscale = self.attn_factor
+        self.yarn = None
+        if st == "yarn":
+            lo = math.floor(yarn_corr_dim(self.rope_dim, self.orig_ctx, float(hp("rope.scaling.yarn_beta_fast", 32.0)),
+                                          self.rope_base))
+            hi = math.ceil(yarn_corr_dim(self.rope_dim, self.orig_ctx, float(hp("rope.scaling.yarn_beta_slow", 1.0)),
+                                         self.rope_base))
+            self.yarn = (max(0.0, lo), min(self.rope_dim - 1.0, hi))
+            self.mscale *= 1.0 + 0.1 * math.log(factor)
+        # architecture features
+        self.qk_norm = arch in QK_NORM
+        self.gemma = arch in GEMMA
+        self.embd_scale = math.sqrt(self.dim) if self.gemma else 1.0
+        self.attn_scale = 1.0 / math.sqrt(self.head_dim)
+        if (arch, self.n_layers) in (("gemma2", 46), ("gemma3", 62)):
+            self.attn_scale = 1.0 / math.sqrt(self.dim // self.n_heads)
+        self.attn_softcap = float(hp("attn_logit_softcapping", 50.0)) if arch == "gemma2" else 0.0
+        self.logit_softcap = float(hp("final_logit_softcapping", 30.0)) if arch == "gemma2" else 0.0
+        self.window = int(hp("attention.sliding_window", 0)) if arch in SWA_PATTERN else 0
+        pattern = int(hp("attention.sliding_window_pattern", SWA_PATTERN.get(arch, 0)))
+        self.local = [self.window > 0 and (pattern == 0 or i % pattern < pattern - 1)
+                      for i in range(self.n_layers)]
+        self.rope_base_swa = float(hp("rope.freq_base_swa", 10000.0)) if arch == "gemma3" else self.rope_base
         if self.n_heads % self.n_kv_heads:
             raise gguf_ref.GGUFError("n_heads %d not a multiple of n_kv_heads %d" %
                                      (self.n_heads, self.n_kv_heads))
@@ -113,7 +171,8 @@ class RefModel:
         T = g.tensor
 
         def M(name):  # a matrix used by a matmul
-            if g.tensor_dtype(name) in (gguf_ref.DT_Q4_K, gguf_ref.DT_Q2_K, gguf_ref.DT_Q3_K):
+            if g.tensor_dtype(name) in (gguf_ref.DT_Q4_K, gguf_ref.DT_Q5_K, gguf_ref.DT_Q6_K,
+                                        gguf_ref.DT_Q2_K, gguf_ref.DT_Q3_K):
                 return I8Linear(g.tensor(name, exact_q4k=True), 256)
             if g.tensor_dtype(name) in (gguf_ref.DT_Q8_0, gguf_ref.DT_Q4_0):
                 return I8Linear(g.tensor(name), 32)
@@ -126,43 +185,86 @@ class RefModel:
         self.output = M("token_embd.weight" if self.tied else "output.weight")  # (vocab, dim)
         half = self.rope_dim // 2
         inv_freq = self.rope_base ** (-2.0 * np.arange(half, dtype=np.float64) / self.rope_dim)
-        if g.has_tensor("rope_freqs.weight"):
-            ff = T("rope_freqs.weight").reshape(-1)
+        ffname = "rope_freqs.weight"
+        if not g.has_tensor(ffname):
+            ffname = "rope_factors_long.weight" if self.ctx_len > self.orig_ctx else "rope_factors_short.weight"
+        if g.has_tensor(ffname):
+            ff = T(ffname).reshape(-1)
             if ff.shape[0] != half:
-                raise gguf_ref.GGUFError("rope_freqs.weight has %d entries, want %d" % (ff.shape[0], half))
+                raise gguf_ref.GGUFError("%s has %d entries, want %d" % (ffname, ff.shape[0], half))
             inv_freq = inv_freq / ff
+        elif st == "llama3":
+            f = float(hp("rope.scaling.factor", 1.0))
+            lo_f = float(hp("rope.scaling.low_freq_factor", 1.0))
+            hi_f = float(hp("rope.scaling.high_freq_factor", 4.0))
+            wl = 2.0 * math.pi / inv_freq
+            lo_wl, hi_wl = self.orig_ctx / lo_f, self.orig_ctx / hi_f
+            smooth = (self.orig_ctx / wl - lo_f) / (hi_f - lo_f)
+            fac = np.where(wl > lo_wl, f, np.where(wl < hi_wl, 1.0, 1.0 / ((1.0 - smooth) / f + smooth)))
+            if f > 1.0:
+                inv_freq = inv_freq / fac
         self.inv_freq = inv_freq                                     # (rope_dim/2,)
+        self.inv_freq_swa = self.rope_base_swa ** (-2.0 * np.arange(half, dtype=np.float64) / self.rope_dim)
 
         def opt(name):
             return T(name) if g.has_tensor(name) else None
 
         self.layers = []
+        qd, kvd = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
         for i in range(self.n_layers):
             p = "blk.%d." % i
             L = {
                 "attn_norm": T(p + "attn_norm.weight"),
-                "wq": M(p + "attn_q.weight"),      # (n_heads*hd, dim)
-                "wk": M(p + "attn_k.weight"),      # (n_kv*hd, dim)
-                "wv": M(p + "attn_v.weight"),      # (n_kv*hd, dim)
                 "wo": M(p + "attn_output.weight"),  # (dim, n_heads*hd)
                 "bq": opt(p + "attn_q.bias"),
                 "bk": opt(p + "attn_k.bias"),
                 "bv": opt(p + "attn_v.bias"),
                 "ffn_norm": T(p + "ffn_norm.weight"),
-                "w_gate": M(p + "ffn_gate.weight"),  # (ffn, dim)
-                "w_up": M(p + "ffn_up.weight"),      # (ffn, dim)
                 "w_down": M(p + "ffn_down.weight"),  # (dim, ffn)
+                "q_norm": T(p + "attn_q_norm.weight") if self.qk_norm else None,
+                "k_norm": T(p + "attn_k_norm.weight") if self.qk_norm else None,
+                "post_attn_norm": T(p + "post_attention_norm.weight") if self.gemma else None,
+                "post_ffn_norm": T(p + "post_ffw_norm.weight") if self.gemma else None,
             }
+            if arch == "phi3" and g.has_tensor(p + "attn_qkv.weight"):
+                w = M(p + "attn_qkv.weight")
+                if isinstance(w, I8Linear):
+                    raise gguf_ref.GGUFError("fused attn_qkv with int8 activations not supported by the reference")
+                L["wq"], L["wk"], L["wv"] = w[:qd], w[qd:qd + kvd], w[qd + kvd:]
+            else:
+                L["wq"] = M(p + "attn_q.weight")    # (n_heads*hd, dim)
+                L["wk"] = M(p + "attn_k.weight")    # (n_kv*hd, dim)
+                L["wv"] = M(p + "attn_v.weight")    # (n_kv*hd, dim)
+            if arch == "phi3":
+                w = M(p + "ffn_up.weight")
+                if isinstance(w, I8Linear):
+                    raise gguf_ref.GGUFError("fused ffn_up with int8 activations not supported by the reference")
+                nf = w.shape[0] // 2
+                L["w_gate"], L["w_up"] = w[:nf], w[nf:]
+            else:
+                L["w_gate"] = M(p + "ffn_gate.weight")  # (ffn, dim)
+                L["w_up"] = M(p + "ffn_up.weight")      # (ffn, dim)
             self.layers.append(L)
 
     def rmsnorm(self, x, w):
         return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps) * w
 
-    def rope(self, x, pos):
-        """x: (n, heads, head_dim), pos: (n,) -> rotated copy."""
-        ang = (pos.astype(np.float64) * self.pos_scale)[:, None] * self.inv_freq[None, :]  # (n, r/2)
-        c = np.cos(ang)[:, None, :]
-        s = np.sin(ang)[:, None, :]
+    def rope(self, x, pos, local=False):
+        """x: (n, heads, head_dim), pos: (n,) -> rotated copy (local: a sliding-window layer's table)."""
+        if local and self.arch == "gemma3":
+            ang = pos.astype(np.float64)[:, None] * self.inv_freq_swa[None, :]
+            msc = self.attn_factor
+        else:
+            extrap = pos.astype(np.float64)[:, None] * self.inv_freq[None, :]       # (n, r/2)
+            ang = extrap * self.pos_scale
+            if self.yarn is not None:
+                lo, hi = self.yarn
+                y = (np.arange(self.rope_dim // 2) - lo) / max(0.001, hi - lo)
+                mix = 1.0 - np.clip(y, 0.0, 1.0)
+                ang = ang * (1.0 - mix) + extrap * mix
+            msc = self.mscale
+        c = np.cos(ang)[:, None, :] * msc
+        s = np.sin(ang)[:, None, :] * msc
         out = x.copy()
         r = self.rope_dim
         if self.rope_kind == ROPE_NORM:
@@ -198,9 +300,12 @@ class RefModel:
         nk = start + n
         # mask[i, j] = -inf when key j is after query i (query i is at position start + i)
         mask = np.where(np.arange(nk)[None, :] > pos[:, None], -np.inf, 0.0)  # (n, nk)
-        scale = 1.0 / math.sqrt(hd)
-        x = self.tok_embd[tokens].copy()                             # (n, dim)
+        # local layers also mask keys at or before query position - window
+        mask_local = np.where(np.arange(nk)[None, :] <= pos[:, None] - self.window, -np.inf, mask)
+        scale = self.attn_scale
+        x = self.tok_embd[tokens].copy() * self.embd_scale          # (n, dim)
         for li, L in enumerate(self.layers):
+            local = self.local[li]
             h = self.rmsnorm(x, L["attn_norm"])
             q = lin(h, L["wq"])
             k = lin(h, L["wk"])
@@ -211,26 +316,44 @@ class RefModel:
                 k = k + L["bk"]
             if L["bv"] is not None:
                 v = v + L["bv"]
-            q = self.rope(q.reshape(n, H, hd), pos)
-            k = self.rope(k.reshape(n, KV, hd), pos)
+            q = q.reshape(n, H, hd)
+            k = k.reshape(n, KV, hd)
+            if L["q_norm"] is not None:
+                q = self.rmsnorm(q, L["q_norm"])
+                k = self.rmsnorm(k, L["k_norm"])
+            q = self.rope(q, pos, local)
+            k = self.rope(k, pos, local)
             v = v.reshape(n, KV, hd)
             k = np.concatenate([cache[li][0], k], axis=0)            # (nk, KV, hd)
             v = np.concatenate([cache[li][1], v], axis=0)
             cache[li] = (k, v)
             kh = np.repeat(k, group, axis=1)                         # (nk, H, hd)
             vh = np.repeat(v, group, axis=1)
-            sc = np.einsum("qhd,khd->hqk", q, kh) * scale + mask     # (H, n, nk)
+            sc = np.einsum("qhd,khd->hqk", q, kh) * scale             # (H, n, nk)
+            if self.attn_softcap > 0:
+                sc = self.attn_softcap * np.tanh(sc / self.attn_softcap)
+            sc = sc + (mask_local if local else mask)
             sc = sc - sc.max(axis=-1, keepdims=True)
             p = np.exp(sc)
             p = p / p.sum(axis=-1, keepdims=True)
             att = np.einsum("hqk,khd->qhd", p, vh).reshape(n, H * hd)
-            x = x + lin(att, L["wo"])
+            o = lin(att, L["wo"])
+            if L["post_attn_norm"] is not None:
+                o = self.rmsnorm(o, L["post_attn_norm"])
+            x = x + o
             h = self.rmsnorm(x, L["ffn_norm"])
             gt = lin(h, L["w_gate"])
             up = lin(h, L["w_up"])
-            x = x + lin(gt / (1.0 + np.exp(-gt)) * up, L["w_down"])
+            act = gelu_tanh(gt) if self.gemma else gt / (1.0 + np.exp(-gt))
+            o = lin(act * up, L["w_down"])
+            if L["post_ffn_norm"] is not None:
+                o = self.rmsnorm(o, L["post_ffn_norm"])
+            x = x + o
         h = self.rmsnorm(x, self.output_norm)
-        return lin(h, self.output)                                    # (n, vocab)
+        out = lin(h, self.output)                                     # (n, vocab)
+        if self.logit_softcap > 0:
+            out = self.logit_softcap * np.tanh(out / self.logit_softcap)
+        return out
 
     def new_cache(self):
         """Per layer (K, V), each (0, n_kv_heads, head_dim): an empty sequence."""

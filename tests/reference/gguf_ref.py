@@ -21,6 +21,14 @@ Q4_K (super-blocks of 256, 144 bytes: fp16 d, fp16 dmin, 12 bytes of packed 6-bi
 and mins, 128 bytes of nibbles; 8 sub-blocks of 32; w = d*sc*q - dmin*m. ggml defines the weight as
 that expression evaluated in float32, where every product is exact and only the difference is
 rounded, so it is computed exactly here in float64 and rounded once to float32),
+Q5_K (super-blocks of 256, 176 bytes: fp16 d, fp16 dmin, Q4_K's 12 scale bytes, 32 bytes qh, Q4_K's
+128 bytes of nibbles; weight 32j + l's 5th bit (value 16) is bit j of qh[l]; w = d*sc*q - dmin*m,
+one float32 rounding as Q4_K),
+Q6_K (super-blocks of 256, 210 bytes: 128 bytes ql of low nibbles, 64 bytes qh of 2-bit pairs, 16
+int8 scales of sub-blocks of 16, fp16 d last; in each half of 128 weights, weight 32i + l takes
+the low (i < 2) or high (i >= 2) nibble of ql[l + 32 (i % 2)] of that half and bits 2i, 2i+1 of
+qh[l]; w = (d*sc) * (q - 32): exact in float64, one float32 rounding, the sign of a zero that of
+d*sc as ggml's float32 arithmetic gives it),
 Q2_K and Q3_K (super-blocks of 256 in sub-blocks of 16: q23k_ref.py).
 
 Usage as a script: gguf_ref.py FILE  prints the metadata and tensor list.
@@ -47,18 +55,22 @@ _NP_SCALAR = {
 
 # tensor dtypes (ggml numbering)
 DT_F32, DT_F16, DT_Q4_0, DT_Q8_0, DT_Q4_K, DT_BF16 = 0, 1, 2, 8, 12, 30
+DT_Q5_K, DT_Q6_K = 13, 14
 DT_Q2_K, DT_Q3_K = q23k_ref.DT_Q2_K, q23k_ref.DT_Q3_K
 DTYPE_NAMES = {DT_F32: "f32", DT_F16: "f16", DT_Q4_0: "q4_0", DT_Q8_0: "q8_0", DT_Q4_K: "q4_K",
-               DT_BF16: "bf16", DT_Q2_K: "q2_K", DT_Q3_K: "q3_K"}
+               DT_BF16: "bf16", DT_Q5_K: "q5_K", DT_Q6_K: "q6_K", DT_Q2_K: "q2_K", DT_Q3_K: "q3_K"}
 QK8_0 = 32
 Q8_0_BLOCK_BYTES = 2 + QK8_0
 QK4_0 = 32
 Q4_0_BLOCK_BYTES = 2 + QK4_0 // 2
 QK_K = 256
 Q4_K_BLOCK_BYTES = 2 + 2 + 12 + QK_K // 2
+Q5_K_BLOCK_BYTES = 2 + 2 + 12 + QK_K // 8 + QK_K // 2
+Q6_K_BLOCK_BYTES = QK_K // 2 + QK_K // 4 + QK_K // 16 + 2
 # block size and bytes of the block types
 _BLOCKS = {DT_Q8_0: (QK8_0, Q8_0_BLOCK_BYTES), DT_Q4_0: (QK4_0, Q4_0_BLOCK_BYTES),
-           DT_Q4_K: (QK_K, Q4_K_BLOCK_BYTES), DT_Q2_K: (QK_K, q23k_ref.BLOCK_BYTES[DT_Q2_K]),
+           DT_Q4_K: (QK_K, Q4_K_BLOCK_BYTES), DT_Q5_K: (QK_K, Q5_K_BLOCK_BYTES),
+           DT_Q6_K: (QK_K, Q6_K_BLOCK_BYTES), DT_Q2_K: (QK_K, q23k_ref.BLOCK_BYTES[DT_Q2_K]),
            DT_Q3_K: (QK_K, q23k_ref.BLOCK_BYTES[DT_Q3_K])}
 
 
@@ -77,6 +89,37 @@ def q4k_scales_mins(sc):
         scales[:, j] = (sc[:, j + 4] & 15) | ((sc[:, j - 4] >> 6) << 4)
         mins[:, j] = (sc[:, j + 4] >> 4) | ((sc[:, j] >> 6) << 4)
     return scales, mins
+
+
+def q5k_values(blocks):
+    """blocks: (nb, 176) uint8 -> (nb, 256) float64, the exact d*sc*q - dmin*m."""
+    nb = blocks.shape[0]
+    d = blocks[:, 0:2].copy().view("<f2").astype(np.float64)             # (nb, 1)
+    dmin = blocks[:, 2:4].copy().view("<f2").astype(np.float64)
+    scales, mins = q4k_scales_mins(blocks[:, 4:16])                       # (nb, 8) each
+    qh = blocks[:, 16:48].astype(np.int64)                                # (nb, 32): qh[l]
+    qs = blocks[:, 48:].astype(np.int64).reshape(nb, 4, 32)
+    low = np.stack([qs & 15, qs >> 4], axis=2).reshape(nb, 8, 32)          # (nb, sub, l)
+    bit = (qh[:, None, :] >> np.arange(8)[None, :, None]) & 1             # bit j of qh[l]
+    q = low + 16 * bit
+    w = (d[:, :, None] * scales[:, :, None]) * q - (dmin[:, :, None] * mins[:, :, None])
+    return w.reshape(nb, QK_K)
+
+
+def q6k_values(blocks):
+    """blocks: (nb, 210) uint8 -> (nb, 256) float64, the exact (d*sc) * (q - 32)."""
+    nb = blocks.shape[0]
+    ql = blocks[:, 0:128].astype(np.int64).reshape(nb, 2, 2, 32)          # (half, i % 2, l)
+    qh = blocks[:, 128:192].astype(np.int64).reshape(nb, 2, 32)           # (half, l)
+    sc = blocks[:, 192:208].copy().view(np.int8).astype(np.float64)       # (nb, 16)
+    d = blocks[:, 208:210].copy().view("<f2").astype(np.float64)         # (nb, 1)
+    q = np.empty((nb, 2, 4, 32), np.int64)                                # (half, i, l)
+    for i in range(4):
+        nib = ql[:, :, i % 2, :]
+        nib = nib & 15 if i < 2 else nib >> 4
+        q[:, :, i, :] = nib | (((qh >> (2 * i)) & 3) << 4)
+    ds = (d * sc).reshape(nb, 16, 1)                                      # sub-blocks of 16
+    return (ds * (q.reshape(nb, 16, 16) - 32)).reshape(nb, QK_K)
 
 
 class GGUFError(Exception):
@@ -98,8 +141,9 @@ class Tensor:
         return tuple(reversed(self.ne))
 
     def array(self, exact_q4k=False):
-        """exact_q4k: Q4_K and Q2_K weights as their exact values d*sc*q - dmin*m, not rounded to
-        float32 (the values the engine's int8 route multiplies with: engine/cpu/kernels.h)."""
+        """exact_q4k: K-quant (Q4_K, Q5_K, Q6_K, Q2_K) weights as their exact values (d*sc*q -
+        dmin*m, (d*sc) * (q - 32)), not rounded to float32 (the values the engine's int8 route
+        multiplies with: engine/cpu/kernels.h, kernels_q56k.h, q23k.h); Q3_K's are exact anyway."""
         n = 1
         for d in self.ne:
             n *= d
@@ -139,6 +183,12 @@ class Tensor:
             flat = (w if exact_q4k else w.astype(np.float32).astype(np.float64)).reshape(n)
         elif self.dtype in (DT_Q2_K, DT_Q3_K):
             flat = q23k_ref.dequant(self.dtype, self.raw, n, exact_q4k)
+        elif self.dtype in (DT_Q5_K, DT_Q6_K):
+            nb = n // QK_K
+            bb = _BLOCKS[self.dtype][1]
+            blocks = np.frombuffer(self.raw, dtype=np.uint8, count=nb * bb).reshape(nb, bb)
+            w = q5k_values(blocks) if self.dtype == DT_Q5_K else q6k_values(blocks)
+            flat = (w if exact_q4k else w.astype(np.float32).astype(np.float64)).reshape(n)
         else:
             raise GGUFError("tensor %s: unsupported dtype %d" % (self.name, self.dtype))
         return flat.reshape(self.shape)

@@ -1,0 +1,71 @@
+# shellcheck shell=bash
+# tests/broker_lib.sh: the preamble every real-broker test shares (sourced by the tests/test_*.sh
+# that start a Kafka broker, and by tests/faults_lib.sh; not a test itself).
+#
+# bt_init NAME SPILLWAY_BIN MODELS_DIR [redis]: call right after `set -euo pipefail` with the
+# script's two arguments (from ctest: the spillway binary and the models folder). It
+#   - skips the test (exit 77) when scripts/kafka-broker.sh, stories260K.gguf, a usable java or
+#     mvn is missing, and redis-server when "redis" is given; fails it (exit 1) without kcat;
+#   - sets SPILLWAY (absolute), MODELS, MODEL (stories260K.gguf), ROOT (the checkout), KB
+#     (scripts/kafka-broker.sh), RS (scripts/redis-server.sh), WORK (a new folder named after
+#     NAME), T0 (its start, epoch ms) and PIDS=() (processes to kill at exit); exports
+#     SPILLWAY_SVC_OWNER, so that the servers it starts die with the script even when its exit
+#     trap cannot run (SIGKILL by a timeout);
+#   - installs the exit trap bt_cleanup: kill -9 of every pid in PIDS and of $WPID (when set),
+#     then bt_at_exit when the test defines one, then the brokers ($WORK/broker*) and Redis
+#     servers ($WORK/redis*) are stopped, and WORK and every path in BT_RM are removed -- WORK is
+#     kept (and its path printed) when BT_KEEP=1 or a $WORK/.failed file exists.
+# Also: say MESSAGE (timestamped since T0), fail MESSAGE (the default: the message and the end of
+# every $WORK/*.log, exit 1; a test may define its own after sourcing), bt_broker [DIR] (starts a
+# broker in $WORK/DIR, default broker, and sets BOOTSTRAP and PID).
+
+bt_init() {
+  local name=$1 redis=${4:-}
+  SPILLWAY=$(realpath "$2")
+  MODELS=$3
+  MODEL=$MODELS/stories260K.gguf
+  ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+  KB=$ROOT/scripts/kafka-broker.sh
+  RS=$ROOT/scripts/redis-server.sh
+  [ -x "$KB" ] || { echo "SKIP: scripts/kafka-broker.sh not present"; exit 77; }
+  [ -f "$MODEL" ] || { echo "SKIP: $MODEL not found"; exit 77; }
+  command -v java >/dev/null 2>&1 && java -version >/dev/null 2>&1 || { echo "SKIP: no java"; exit 77; }
+  command -v mvn >/dev/null 2>&1 || { echo "SKIP: no mvn"; exit 77; }
+  if [ "$redis" = redis ]; then
+    command -v redis-server >/dev/null 2>&1 || { echo "SKIP: redis-server not installed"; exit 77; }
+  fi
+  command -v kcat >/dev/null 2>&1 || { echo "FAIL: kcat not found"; exit 1; }
+  WORK=$(mktemp -d "${TMPDIR:-/tmp}/spillway-$name.XXXXXX")
+  export SPILLWAY_SVC_OWNER=$$
+  PIDS=()
+  BT_RM=()
+  T0=$(date +%s%3N)
+  trap bt_cleanup EXIT
+}
+
+bt_cleanup() {
+  local p d
+  for p in "${PIDS[@]}" ${WPID:-}; do kill -9 "$p" 2>/dev/null || true; done
+  if declare -F bt_at_exit >/dev/null; then bt_at_exit || true; fi
+  for d in "$WORK"/broker*; do [ -d "$d" ] && { "$KB" stop "$d" >/dev/null 2>&1 || true; }; done
+  for d in "$WORK"/redis*; do [ -d "$d" ] && { "$RS" stop "$d" >/dev/null 2>&1 || true; }; done
+  if [ "${BT_KEEP:-0}" = 1 ] || [ -e "$WORK/.failed" ]; then
+    echo "work folder kept: $WORK"
+  else
+    rm -rf "$WORK"
+  fi
+  [ "${#BT_RM[@]}" -eq 0 ] || rm -rf "${BT_RM[@]}"
+}
+
+say() { printf '[%5.1fs] %s\n' "$(( $(date +%s%3N) - T0 ))e-3" "$*"; }
+
+fail() {
+  echo "FAIL: $*"
+  local f
+  for f in "$WORK"/*.log; do [ -f "$f" ] && { echo "--- $f (end)"; tail -n 20 "$f"; }; done
+  exit 1
+}
+
+bt_broker() {
+  eval "$("$KB" start "$WORK/${1:-broker}" | grep -E '^(BOOTSTRAP|PID)=')"
+}
