@@ -88,6 +88,14 @@ AI __m512i madd_acc(const int vnni, __m512i acc, __m512i p, __m512i s)
     return _mm512_add_epi32(acc, _mm512_madd_epi16(p, s));
 }
 
+/* acc + the sums of 4 products of the unsigned bytes of w and the signed bytes of x in each int32
+ * lane: AVX512-VNNI vpdpbusd (called only where the CPU has it). */
+AI __m512i dpbusd(__m512i acc, __m512i w, __m512i x)
+{
+    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(w), "v"(x));
+    return acc;
+}
+
 /* A 256-bit value in both halves of a zmm. */
 AI __m512i both_halves(const void *p)
 {
@@ -153,6 +161,19 @@ AI void q23k_tile(const int dt, const int vnni, const int R, const int C, const 
                     U[z] = _mm512_mask_add_epi8(U[z], _mm512_test_epi8_mask(hmb, sel), U[z], four);
                 }
             }
+            /* Q2_K with VNNI and several tokens: sc * q (<= 45) fits a byte, so the scales are
+             * folded into the quants once (a vpshufb table of sc * i per 128-bit lane, built by
+             * one vpmullw: word w of a lane is s * (2w + 256 (2w + 1)), no carries) and each
+             * token takes one vpdpbusd per 64 weights. Its int32 lanes are the very integers of
+             * vpmaddubsw + vpmaddwd (lane l: the 4 products 4l .. 4l+3, one sub-block, times
+             * its scale), so the result is the same as with one token. */
+            const int fold = dt == DT_Q2_K && vnni && C > 1;
+            if (fold) {
+                const __m512i wconst = _mm512_set1_epi32((2 + 256 * 3) << 16 | (0 + 256 * 1));
+#pragma GCC unroll 4
+                for (int z = 0; z < 4; z++)
+                    U[z] = _mm512_shuffle_epi8(_mm512_mullo_epi16(S[z], wconst), U[z]);
+            }
 #pragma GCC unroll 8
             for (int c = 0; c < C; c++) {
                 const kern_q8k_t *xb = xq + c * nsb + s;
@@ -160,8 +181,13 @@ AI void q23k_tile(const int dt, const int vnni, const int R, const int C, const 
                 __m512i isum = _mm512_setzero_si512();
 #pragma GCC unroll 4
                 for (int z = 0; z < 4; z++) {
-                    __m512i pz = _mm512_maddubs_epi16(U[z], _mm512_loadu_si512(xb->q + 64 * z));
-                    isum = madd_acc(vnni, isum, pz, S[z]);
+                    const __m512i xv = _mm512_loadu_si512(xb->q + 64 * z);
+                    if (fold) {
+                        isum = dpbusd(isum, U[z], xv);
+                    } else {
+                        __m512i pz = _mm512_maddubs_epi16(U[z], xv);
+                        isum = madd_acc(vnni, isum, pz, S[z]);
+                    }
                 }
                 const __m256i ms = _mm256_madd_epi16(sm16, x16);
                 const __m128 dd = _mm_mul_ps(dwm, _mm_set1_ps(xb->d)); /* d * dx, dmin * dx */
