@@ -8,13 +8,16 @@
  * generation on stories260K with the CUDA backend in F32 (weights and KV) must produce the CPU
  * backend's tokens exactly.
  *
- * Exit 77 (skipped) when the build has no CUDA backend or the machine has no CUDA device. */
+ * Exit 77 (skipped) when the build has no CUDA backend or the machine has no CUDA device; before
+ * skipping for want of a device it checks that the engine refuses the CUDA backend there with a
+ * message naming the reason (exit 1 if not): what a GPU-less host running a CUDA build sees. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "check.h"
 
@@ -26,6 +29,7 @@ int main(void)
 }
 #else
 
+#include "engine/cuda/cuda_blas.h"
 #include "engine/cuda/cuda_kernels.h"
 #include "engine/dtype.h"
 #include "engine/engine.h"
@@ -225,7 +229,7 @@ static void test_embed_rmsnorm_swiglu(int t)
     cudaFree(dgu); cudaFree(dh);
 }
 
-static void test_gemm(cublasHandle_t h, int t)
+static void test_gemm(cuda_blas_t *h, int t)
 {
     const int N = 131, K = 96, T = 9;
     float *W = rand_vec((size_t)N * K, -1, 1), *X = rand_vec((size_t)T * K, -1, 1);
@@ -238,7 +242,7 @@ static void test_gemm(cublasHandle_t h, int t)
         if (!beta)
             for (int i = 0; i < T; i++)
                 CU(cudaMemset(dY + (size_t)i * (N + 3), 0xff, (size_t)N * 4));
-        CHECK(cuk_gemm(h, t, dW, N, K, dX, T, dY, N + 3, (float)beta) == CUBLAS_STATUS_SUCCESS);
+        CHECK(cuda_blas_gemm(h, t, dW, N, K, dX, T, dY, N + 3, (float)beta) == 0);
         float *y = fetch(dY, (size_t)T * (N + 3), DT_F32);
         for (int i = 0; i < T; i++)
             for (int o = 0; o < N + 3; o++) {
@@ -534,11 +538,86 @@ static void test_end_to_end(void)
     CHECK(generate("cuda", "bf16", "f16", prompt, n_prompt, N, got) == 0);
 }
 
+/* The cuBLAS loader's refusals (they need no device): SPILLWAY_CUBLAS naming nothing, a folder
+ * without cuBLAS, a file that is no library. Each must give NULL and a message that names the
+ * cause. 0 or -1. */
+static int blas_loader_refusals(void)
+{
+    char dir[] = "/tmp/spillway-test-cuda-XXXXXX";
+    if (!mkdtemp(dir)) return -1;
+    char file[sizeof dir + 16];
+    snprintf(file, sizeof file, "%s/libcublas.so", dir);
+    FILE *f = fopen(file, "w");
+    if (f) {
+        fputs("not a library\n", f);
+        fclose(f);
+    }
+    const struct {
+        const char *env, *want;
+    } cases[] = {
+        {"/nonexistent/libcublas.so.13", "names no such file"},
+        {dir, "libcublas.so"}, /* a folder: its libcublas.so is no ELF file */
+        {file, file},
+    };
+    int rc = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char err[1024] = "";
+        setenv("SPILLWAY_CUBLAS", cases[i].env, 1);
+        cuda_blas_t *b = cuda_blas_new(0, NULL, 0, err, sizeof err);
+        if (b || !strstr(err, "cuBLAS not found") || !strstr(err, cases[i].want)) {
+            fprintf(stderr, "FAIL: SPILLWAY_CUBLAS=%s: %s '%s'\n", cases[i].env,
+                    b ? "loaded:" : "message", b ? cuda_blas_describe(b) : err);
+            cuda_blas_free(b);
+            rc = -1;
+        } else {
+            printf("  SPILLWAY_CUBLAS=%s: %s\n", cases[i].env, err);
+        }
+    }
+    unsetenv("SPILLWAY_CUBLAS");
+    unlink(file);
+    rmdir(dir);
+    if (rc == 0) printf("the cuBLAS loader refuses bad SPILLWAY_CUBLAS values with the cause\n");
+    return rc;
+}
+
+/* No device: engine_new with backend "cuda" must fail cleanly, saying so. 0 or -1. */
+static int refused_without_device(void)
+{
+    FILE *f = fopen(MODEL, "rb");
+    if (!f) {
+        printf("(%s missing: the refusal without a device is not checked)\n", MODEL);
+        return 0;
+    }
+    fclose(f);
+    engine_config_t cfg;
+    engine_config_default(&cfg);
+    cfg.model_path = MODEL;
+    cfg.backend = "cuda";
+    cfg.threads = 1;
+    char err[512] = "";
+    engine_t *e = engine_new(&cfg, err, sizeof err);
+    if (e) {
+        engine_free(e);
+        fprintf(stderr, "FAIL: engine_new(backend cuda) succeeded without a CUDA device\n");
+        return -1;
+    }
+    if (!strstr(err, "no CUDA device")) {
+        fprintf(stderr, "FAIL: engine_new(backend cuda) without a device: '%s' does not say "
+                "'no CUDA device'\n", err);
+        return -1;
+    }
+    printf("without a device, the CUDA backend is refused: %s\n", err);
+    return 0;
+}
+
 int main(void)
 {
     int n_dev = 0;
-    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev < 1) {
-        printf("SKIP: no CUDA device\n");
+    cudaError_t drc = cudaGetDeviceCount(&n_dev);
+    if (drc != cudaSuccess || n_dev < 1) {
+        if (refused_without_device() || blas_loader_refusals()) return 1;
+        printf("SKIP: no CUDA device (%s)\n",
+               drc != cudaSuccess ? cudaGetErrorString(drc) : "device count 0");
         return 77;
     }
     const char *s = getenv("SPILLWAY_TEST_SEED");
@@ -546,9 +625,13 @@ int main(void)
     if (!rng_state) rng_state = 1;
     fprintf(stderr, "seed %llu (SPILLWAY_TEST_SEED repeats it)\n", (unsigned long long)rng_state);
     CHECK(cudaStreamCreate(&S) == cudaSuccess);
-    cublasHandle_t h = NULL;
-    CHECK(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS);
-    CHECK(cublasSetStream(h, S) == CUBLAS_STATUS_SUCCESS);
+    char err[1024];
+    cuda_blas_t *h = cuda_blas_new(S, NULL, 0, err, sizeof err);
+    if (!h) { /* a device without cuBLAS is a failure here, not a skip */
+        fprintf(stderr, "FAIL: %s\n", err);
+        return 1;
+    }
+    fprintf(stderr, "cuBLAS: %s\n", cuda_blas_describe(h));
 
     test_convert_fill();
     test_argmax();
@@ -565,7 +648,7 @@ int main(void)
     test_rope_attention(8, 8, 96, ROPE_NORM, DT_F32, DT_BF16, 0);
     test_end_to_end();
 
-    cublasDestroy(h);
+    cuda_blas_free(h);
     cudaStreamDestroy(S);
     return check_exit();
 }
