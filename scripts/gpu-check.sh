@@ -140,6 +140,11 @@ command -v ninja >/dev/null 2>&1 && GEN=(-G Ninja)
   echo "generator: ${GEN[*]:-default}; C compiler: $(cc --version 2>/dev/null | head -n 1)"
   echo "cores: $JOBS; $(grep -m1 PRETTY_NAME /etc/os-release 2>/dev/null)"
 } | tee -a "$LOG"
+if [ ! -f "$GPU_DIR/models/stories260K.gguf" ]; then
+  say "gpu-check: $GPU_DIR/models/stories260K.gguf is missing (run scripts/gpu-pack.sh here and carry .gpu): the model checks will fail"
+  row models FAILED 0 "no $GPU_DIR/models/stories260K.gguf"
+  FAILED=1
+fi
 if [ "$HAVE_GPU" -eq 1 ]; then
   row host passed 0 "GPU: $GPU_DESC"
 else

@@ -42,6 +42,6 @@ done
 echo "gpu-pack: $DIR holds $(du -sh "$DIR" | cut -f1) ($(ls "$DIR/debs" | wc -l) packages, $(ls "$DIR/models" | wc -l) model files)"
 cat <<'EOF'
 Device run (the run tool; about 6 minutes at most):
-  run(command: "scripts/gpu-check.sh", carry: [".gpu"], timeout_s: 420)
+  run(command: "bash scripts/gpu-check.sh", carry: [".gpu"], timeout_s: 420)
 Its table and logs come back from $OUT (gpu-check.md first).
 EOF
