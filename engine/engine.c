@@ -6,12 +6,12 @@
  * n_tokens gets logits and samples its next token (when every such sequence of a step is plainly
  * greedy and the backend has forward_argmax, the backend returns the argmax ids instead of the
  * logits: for finite logits the same tokens, as the sampler's greedy pick is the argmax with the
- * lowest id winning ties, without moving [n][n_vocab] floats off the device). Waiting sequences are admitted in order of
- * (priority desc, arrival asc) while sequences, batch tokens and KV blocks allow, after reusing
- * the longest run of their full prompt blocks that the pool has cached by name. When a running
- * sequence cannot get a block, the lowest-priority, newest running sequence is preempted: its
- * full blocks are published (so its recompute can hit them), its blocks released, and it goes
- * back to the waiting queue keeping its tokens, sampler and text. */
+ * lowest id winning ties, without moving [n][n_vocab] floats off the device). Waiting sequences
+ * are admitted in order of (priority desc, arrival asc) while sequences, batch tokens and KV
+ * blocks allow, after reusing the longest run of their full prompt blocks that the pool has cached
+ * by name. When a running sequence cannot get a block, the lowest-priority, newest running
+ * sequence is preempted: its full blocks are published (so its recompute can hit them), its blocks
+ * released, and it goes back to the waiting queue keeping its tokens, sampler and text. */
 #include "engine.h"
 
 #include <errno.h>
