@@ -14,8 +14,17 @@
 
 #include "gguf.h"
 
-enum model_arch { ARCH_LLAMA = 0, ARCH_QWEN2 = 1 };
-#define MODEL_ARCH_SUPPORTED "llama, qwen2"
+enum model_arch {
+    ARCH_LLAMA = 0,
+    ARCH_QWEN2 = 1,
+    ARCH_QWEN2MOE = 10,  /* qwen2 attention, routed experts + a sigmoid-gated shared expert */
+    ARCH_QWEN3MOE = 11,  /* per-head Q/K RMSNorm, routed experts, renormalised top-k */
+};
+/* Limits model_load accepts for <arch>.expert_count and .expert_used_count. */
+#define MODEL_MAX_EXPERTS 1024
+#define MODEL_MAX_EXPERTS_USED 64
+/* "llama" covers Mixtral-style llama files too (llama.expert_count > 0, *_exps tensors). */
+#define MODEL_ARCH_SUPPORTED "llama, qwen2, qwen2moe, qwen3moe"
 
 /* RoPE pairing: NORM rotates adjacent pairs (x[2i], x[2i+1]) (llama GGUF, whose Q/K rows the
  * converter permuted); NEOX rotates (x[i], x[i + d/2]) (qwen2). */
@@ -39,6 +48,20 @@ typedef struct {
     weight_t w_gate;     /* [ffn_dim][dim] */
     weight_t w_up;       /* [ffn_dim][dim] */
     weight_t w_down;     /* [dim][ffn_dim] */
+    /* Per-head RMSNorm of Q and K before RoPE (qwen3moe): F32 [head_dim], data NULL when
+     * absent. */
+    weight_t attn_q_norm, attn_k_norm;
+    /* Mixture of experts (hp.n_expert > 0; w_gate/w_up/w_down are then unbound). The 3-D
+     * GGUF tensors {in, out, n_expert} are bound as matrices of n_expert * out rows: expert e's
+     * matrix is rows [e * out, (e + 1) * out). eff = hp.expert_ffn_dim, sff = hp.shexp_ffn_dim. */
+    weight_t ffn_gate_inp;    /* router [n_expert][dim] */
+    weight_t gate_exps;       /* [n_expert * eff][dim] */
+    weight_t up_exps;         /* [n_expert * eff][dim] */
+    weight_t down_exps;       /* [n_expert * dim][eff] */
+    weight_t gate_inp_shexp;  /* [1][dim] shared expert's gate (qwen2moe), data NULL when absent */
+    weight_t gate_shexp;      /* [sff][dim] */
+    weight_t up_shexp;        /* [sff][dim] */
+    weight_t down_shexp;      /* [dim][sff] */
 } layer_weights_t;
 
 typedef struct {
@@ -57,6 +80,12 @@ typedef struct {
     float rope_theta;    /* base frequency */
     int rope_dim;        /* rotated dims per head (= head_dim unless the file says less) */
     float rope_freq_scale; /* linear scaling: positions multiplied by this (1 = none) */
+    /* Mixture of experts (engine/cpu/moe.h); all 0 for a dense model. */
+    int n_expert;        /* experts per layer (<arch>.expert_count); 0 = dense FFN */
+    int n_expert_used;   /* experts per token, top-k (<arch>.expert_used_count) */
+    int expert_ffn_dim;  /* FFN size of one expert */
+    int shexp_ffn_dim;   /* FFN size of the shared expert; 0 = none */
+    int moe_norm_topk;   /* 1: the k routing weights are divided by their sum */
 } hparams_t;
 
 typedef struct model {
