@@ -32,6 +32,9 @@ int cli_mkmodel(int argc, char **argv)
         {"from", required_argument, 0, 4016},
         {"pad", required_argument, 0, 4017},
         {"quantiser", required_argument, 0, 4018},
+        {"experts", required_argument, 0, 4019},
+        {"experts-used", required_argument, 0, 4020},
+        {"expert-ffn", required_argument, 0, 4021},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -58,7 +61,9 @@ int cli_mkmodel(int argc, char **argv)
         case 4002:
             if (!strcmp(optarg, "llama")) p.arch = ARCH_LLAMA;
             else if (!strcmp(optarg, "qwen2")) p.arch = ARCH_QWEN2;
-            else { fprintf(stderr, "spillway: --arch: llama or qwen2\n"); return 2; }
+            else if (!strcmp(optarg, "qwen2moe")) p.arch = ARCH_QWEN2MOE;
+            else if (!strcmp(optarg, "qwen3moe")) p.arch = ARCH_QWEN3MOE;
+            else { fprintf(stderr, "spillway: --arch: llama, qwen2, qwen2moe or qwen3moe\n"); return 2; }
             break;
         case 4003: if (cli_parse_int("--dim", optarg, 2, 1 << 16, &v)) return 2; p.dim = (int)v; break;
         case 4004: if (cli_parse_int("--layers", optarg, 1, 1024, &v)) return 2; p.n_layers = (int)v; break;
@@ -85,6 +90,9 @@ int cli_mkmodel(int argc, char **argv)
             else { fprintf(stderr, "spillway: --quantiser: importance or ggml\n"); return 2; }
             quant_given = 1;
             break;
+        case 4019: if (cli_parse_int("--experts", optarg, 0, MODEL_MAX_EXPERTS, &v)) return 2; p.n_expert = (int)v; break;
+        case 4020: if (cli_parse_int("--experts-used", optarg, 1, MODEL_MAX_EXPERTS_USED, &v)) return 2; p.n_expert_used = (int)v; break;
+        case 4021: if (cli_parse_int("--expert-ffn", optarg, 1, 1 << 20, &v)) return 2; p.expert_ffn_dim = (int)v; break;
         case 4011: p.tied = 1; break;
         case 4012: p.tied = 0; break;
         case 4013: if (cli_parse_int("--seed", optarg, 0, 1L << 62, &v)) return 2; p.seed = (uint64_t)v; break;
@@ -93,13 +101,17 @@ int cli_mkmodel(int argc, char **argv)
         case 'h':
             printf("usage: spillway mkmodel -o FILE [--preset NAME] [options]\n"
                    "  --preset NAME   %s (default tiny); later flags override it\n"
-                   "  --arch A        llama | qwen2\n"
+                   "  --arch A        llama | qwen2 | qwen2moe | qwen3moe\n"
                    "  --dim N --layers N --heads N --kv-heads N --ffn N --vocab N --ctx N\n"
                    "  --dtype T       f32 | f16 | bf16 | q8_0 | q4_0 | q4_k (matrices; norms stay\n"
                    "                  f32; q4_k matrices whose rows are not a multiple of 256 are\n"
                    "                  written as q4_0)\n"
                    "  --tied | --untied   share the output matrix with the embedding or not\n"
                    "  --seed N --rope-theta F --norm-eps F\n"
+                   "  --experts N --experts-used K [--expert-ffn N]   mixture of experts: N\n"
+                   "                  experts, top-K routing (llama: Mixtral-style, experts of\n"
+                   "                  --ffn; qwen2moe/qwen3moe: experts of --expert-ffn, default\n"
+                   "                  --ffn; qwen2moe's shared expert has --ffn)\n"
                    "\n"
                    "usage: spillway mkmodel --from MODEL.gguf --dtype T -o FILE [--pad N]\n"
                    "                [--quantiser Q]\n"
@@ -116,7 +128,8 @@ int cli_mkmodel(int argc, char **argv)
             return 0;
         default: return 2;
         }
-        if (opt >= 4001 && opt <= 4015 && opt != 4010) shape_given = 1;
+        if ((opt >= 4001 && opt <= 4015 && opt != 4010) || (opt >= 4019 && opt <= 4021))
+            shape_given = 1;
     }
     if (from) {
         if (!out || optind != argc || !dtype_given || shape_given) {

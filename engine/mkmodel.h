@@ -17,7 +17,8 @@
 #define MKMODEL_PRESETS "tiny, qwen2-tiny, smollm2-135m, llama-3.2-1b, llama-3.1-8b"
 
 typedef struct {
-    int arch;        /* enum model_arch (engine/model.h): ARCH_LLAMA or ARCH_QWEN2 */
+    int arch;        /* enum model_arch (engine/model.h): ARCH_LLAMA, ARCH_QWEN2, ARCH_QWEN2MOE
+                      * or ARCH_QWEN3MOE */
     int dim;         /* embedding length; a multiple of n_heads, head_dim = dim / n_heads even */
     int n_layers;
     int n_heads;
@@ -34,6 +35,13 @@ typedef struct {
     uint64_t seed;   /* weights are a function of (seed, tensor name, row) */
     float rope_theta;
     float norm_eps;  /* RMSNorm epsilon */
+    /* Mixture of experts: n_expert > 0 makes every FFN routed (llama: Mixtral-style, expert
+     * size ffn_dim; qwen2moe / qwen3moe need it, expert size expert_ffn_dim, and qwen2moe adds a
+     * shared expert of size ffn_dim). Router ffn_gate_inp (and qwen2moe's ffn_gate_inp_shexp)
+     * F32 with std 1/sqrt(dim); qwen3moe adds F32 attn_q_norm / attn_k_norm weights. */
+    int n_expert;        /* 0 (dense) or 1..MODEL_MAX_EXPERTS */
+    int n_expert_used;   /* top-k, 1..n_expert (when n_expert > 0) */
+    int expert_ffn_dim;  /* qwen*moe: each expert's FFN size (0: ffn_dim) */
 } mkmodel_params_t;
 
 /* Fills p with a named preset (MKMODEL_PRESETS); 0, or -1 for an unknown name (p untouched).
