@@ -40,6 +40,10 @@ FIXTURES = [
     ("quant-fixtures", "pure-Q8_0.gguf", "quant"),
     ("quant-fixtures", "pure-Q4_0.gguf", "quant"),
     ("quant-fixtures", "pure-Q4_K.gguf", "quant"),
+    # mixture of experts (engine/cpu/moe.h)
+    ("arch-fixtures", "qwen3moe-tiny.gguf", "f32"),
+    ("arch-fixtures", "qwen2moe-tiny.gguf", "f32"),
+    ("arch-fixtures", "llama-moe-tiny.gguf", "f32"),
 ]
 F32_KLD, F32_TOP1 = 1e-4, 0.99
 QUANT_SHARE, QUANT_PPL = 0.5, 0.005
