@@ -52,6 +52,14 @@ int engine_inspect(const char *path, FILE *out, char *errstr, size_t errlen)
             hp->rope_kind == ROPE_NORM ? "norm" : "neox", hp->rope_theta, hp->rope_dim,
             hp->rope_freq_scale != 1.0f ? " (linear scaling)" : "",
             m->tied_output ? "tied" : "separate", dtype_name(m->weight_type));
+    if (hp->n_expert > 0) {
+        char shared[48] = "";
+        if (hp->shexp_ffn_dim > 0)
+            snprintf(shared, sizeof shared, ", shared expert ffn %d", hp->shexp_ffn_dim);
+        fprintf(out, "  mixture of experts: %d experts of ffn %d, %d per token (weights %s)%s\n",
+                hp->n_expert, hp->expert_ffn_dim, hp->n_expert_used,
+                hp->moe_norm_topk ? "renormalised" : "not renormalised", shared);
+    }
     fprintf(out, "  KV bytes per token: %zu (f16), %zu (f32); full context: %.1f MiB (f16)\n",
             model_kv_bytes_per_token(m, 2), model_kv_bytes_per_token(m, 4),
             (double)model_kv_bytes_per_token(m, 2) * hp->ctx_len / 1048576.0);
