@@ -399,11 +399,11 @@ model_t *model_load(const char *path, char *errstr, size_t errlen)
         to_f32(&L->ffn_norm, f32p);
         f32p += dim;
         if (hp->arch == ARCH_QWEN3MOE) {
-            BIND(attn_q_norm, "attn_q_norm.weight", hp->head_dim, 1, 1);
-            BIND(attn_k_norm, "attn_k_norm.weight", hp->head_dim, 1, 1);
-            to_f32(&L->attn_q_norm, f32p);
+            BIND(q_norm, "attn_q_norm.weight", hp->head_dim, 1, 1);
+            BIND(k_norm, "attn_k_norm.weight", hp->head_dim, 1, 1);
+            to_f32(&L->q_norm, f32p);
             f32p += hp->head_dim;
-            to_f32(&L->attn_k_norm, f32p);
+            to_f32(&L->k_norm, f32p);
             f32p += hp->head_dim;
         }
         if (hp->n_expert > 0) {

@@ -48,9 +48,9 @@ typedef struct {
     weight_t w_gate;     /* [ffn_dim][dim] */
     weight_t w_up;       /* [ffn_dim][dim] */
     weight_t w_down;     /* [dim][ffn_dim] */
-    /* Per-head RMSNorm of Q and K before RoPE (qwen3moe): F32 [head_dim], data NULL when
-     * absent. */
-    weight_t attn_q_norm, attn_k_norm;
+    weight_t q_norm;     /* F32 [head_dim]: per-head RMSNorm of Q before RoPE (qwen3moe), or
+                            data NULL */
+    weight_t k_norm;     /* F32 [head_dim]: the same for K */
     /* Mixture of experts (hp.n_expert > 0; w_gate/w_up/w_down are then unbound). The 3-D
      * GGUF tensors {in, out, n_expert} are bound as matrices of n_expert * out rows: expert e's
      * matrix is rows [e * out, (e + 1) * out). eff = hp.expert_ffn_dim, sff = hp.shexp_ffn_dim. */

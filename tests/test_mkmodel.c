@@ -843,7 +843,7 @@ static void test_moe(void)
             CHECK(hp->moe_norm_topk == (p.arch != ARCH_QWEN2MOE));
             CHECK(m->layers[1].down_exps.rows == (int64_t)p.n_expert * p.dim &&
                   m->layers[1].down_exps.cols == eff && !m->layers[1].w_gate.data);
-            CHECK(!m->layers[0].attn_q_norm.data == (p.arch != ARCH_QWEN3MOE));
+            CHECK(!m->layers[0].q_norm.data == (p.arch != ARCH_QWEN3MOE));
             CHECK(!m->layers[0].bq.data == (p.arch != ARCH_QWEN2MOE));
             model_free(m);
         }

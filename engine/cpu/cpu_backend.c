@@ -191,10 +191,11 @@ static void rope_store_one(cpu_t *c, const job_t *j, long t, int g)
     if (L->bq.data) c->k->add(q, (const float *)L->bq.data + (size_t)g * grp * hd, grp * hd);
     if (L->bk.data) c->k->add(k, (const float *)L->bk.data + (size_t)g * hd, hd);
     if (L->bv.data) c->k->add(v, (const float *)L->bv.data + (size_t)g * hd, hd);
-    if (L->attn_q_norm.data)
+    if (L->q_norm.data) {
         for (int h = 0; h < grp; h++)
-            c->k->rmsnorm(q + h * hd, L->attn_q_norm.data, hp->norm_eps, q + h * hd, hd);
-    if (L->attn_k_norm.data) c->k->rmsnorm(k, L->attn_k_norm.data, hp->norm_eps, k, hd);
+            c->k->rmsnorm(q + h * hd, L->q_norm.data, hp->norm_eps, q + h * hd, hd);
+        c->k->rmsnorm(k, L->k_norm.data, hp->norm_eps, k, hd);
+    }
     const float *cs = c->rope_cs + t * hp->rope_dim;
     for (int h = 0; h < grp; h++) rope_apply(hp, cs, q + h * hd);
     rope_apply(hp, cs, k);
