@@ -123,9 +123,13 @@ static int moe_hparams(const gguf_t *g, hparams_t *hp, int64_t ffn, char *errstr
         return -1;
     }
     if (ne == 0 && !moe_arch) return 0;
-    if (ne == 0 || hp->arch == ARCH_QWEN2) {
+    if (ne == 0) {
+        seterr(errstr, errlen, "model: %s needs %s.expert_count >= 1", a, a);
+        return -1;
+    }
+    if (hp->arch == ARCH_QWEN2) {
         seterr(errstr, errlen, "model: %s.expert_count %lld: mixture of experts is supported for "
-               "llama, qwen2moe and qwen3moe with at least one expert", a, (long long)ne);
+               "llama, qwen2moe and qwen3moe, not %s", a, (long long)ne, a);
         return -1;
     }
     if (model_arch_int(g, a, "expert_used_count", 0, &nu) || nu <= 0 || nu > ne ||
