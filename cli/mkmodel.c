@@ -42,6 +42,9 @@ int cli_mkmodel(int argc, char **argv)
         {"rope-factor", required_argument, 0, 4026},
         {"rope-orig-ctx", required_argument, 0, 4027},
         {"rope-attn-factor", required_argument, 0, 4028},
+        {"experts", required_argument, 0, 4029},
+        {"experts-used", required_argument, 0, 4030},
+        {"expert-ffn", required_argument, 0, 4031},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -72,8 +75,11 @@ int cli_mkmodel(int argc, char **argv)
             else if (!strcmp(optarg, "gemma2")) p.arch = ARCH_GEMMA2;
             else if (!strcmp(optarg, "gemma3")) p.arch = ARCH_GEMMA3;
             else if (!strcmp(optarg, "phi3")) p.arch = ARCH_PHI3;
+            else if (!strcmp(optarg, "qwen2moe")) p.arch = ARCH_QWEN2MOE;
+            else if (!strcmp(optarg, "qwen3moe")) p.arch = ARCH_QWEN3MOE;
             else {
-                fprintf(stderr, "spillway: --arch: llama, qwen2, qwen3, gemma2, gemma3 or phi3\n");
+                fprintf(stderr, "spillway: --arch: llama, qwen2, qwen3, gemma2, gemma3, phi3, "
+                        "qwen2moe or qwen3moe\n");
                 return 2;
             }
             break;
@@ -114,6 +120,9 @@ int cli_mkmodel(int argc, char **argv)
             else { fprintf(stderr, "spillway: --quantiser: importance or ggml\n"); return 2; }
             quant_given = 1;
             break;
+        case 4029: if (cli_parse_int("--experts", optarg, 0, MODEL_MAX_EXPERTS, &v)) return 2; p.n_expert = (int)v; break;
+        case 4030: if (cli_parse_int("--experts-used", optarg, 1, MODEL_MAX_EXPERTS_USED, &v)) return 2; p.n_expert_used = (int)v; break;
+        case 4031: if (cli_parse_int("--expert-ffn", optarg, 1, 1 << 20, &v)) return 2; p.expert_ffn_dim = (int)v; break;
         case 4011: p.tied = 1; break;
         case 4012: p.tied = 0; break;
         case 4013: if (cli_parse_int("--seed", optarg, 0, 1L << 62, &v)) return 2; p.seed = (uint64_t)v; break;
@@ -122,7 +131,8 @@ int cli_mkmodel(int argc, char **argv)
         case 'h':
             printf("usage: spillway mkmodel -o FILE [--preset NAME] [options]\n"
                    "  --preset NAME   %s (default tiny); later flags override it\n"
-                   "  --arch A        llama | qwen2 | qwen3 | gemma2 | gemma3 | phi3\n"
+                   "  --arch A        llama | qwen2 | qwen3 | gemma2 | gemma3 | phi3 | qwen2moe |\n"
+                   "                  qwen3moe\n"
                    "  --dim N --layers N --heads N --kv-heads N --ffn N --vocab N --ctx N\n"
                    "  --dtype T       f32 | f16 | bf16 | q8_0 | q4_0 | q4_k | q5_k | q6_k (matrices;\n"
                    "                  norms stay f32; q4_k matrices whose rows are not a multiple\n"
@@ -136,6 +146,10 @@ int cli_mkmodel(int argc, char **argv)
                    "  --rope-scaling linear|yarn|llama3|longrope (longrope writes seeded\n"
                    "                  rope_factors_long/short) --rope-factor F --rope-orig-ctx N\n"
                    "  --rope-attn-factor F\n"
+                   "  --experts N --experts-used K [--expert-ffn N]   mixture of experts: N\n"
+                   "                  experts, top-K routing (llama: Mixtral-style, experts of\n"
+                   "                  --ffn; qwen2moe/qwen3moe: experts of --expert-ffn, default\n"
+                   "                  --ffn; qwen2moe's shared expert has --ffn)\n"
                    "\n"
                    "usage: spillway mkmodel --from MODEL.gguf --dtype T -o FILE [--pad N]\n"
                    "                [--quantiser Q]\n"
@@ -153,7 +167,7 @@ int cli_mkmodel(int argc, char **argv)
             return 0;
         default: return 2;
         }
-        if ((opt >= 4001 && opt <= 4015 && opt != 4010) || (opt >= 4019 && opt <= 4028))
+        if ((opt >= 4001 && opt <= 4015 && opt != 4010) || (opt >= 4019 && opt <= 4031))
             shape_given = 1;
     }
     if (from) {

@@ -18,9 +18,9 @@
 
 typedef struct {
     int arch;        /* enum model_arch (engine/model.h): ARCH_LLAMA, ARCH_QWEN2, ARCH_QWEN3,
-                      * ARCH_GEMMA2, ARCH_GEMMA3 or ARCH_PHI3, with that architecture's tensors
-                      * (qwen3 / gemma3 Q/K norms, gemma post-norms, phi3's fused attn_qkv and
-                      * gate+up ffn_up) */
+                      * ARCH_GEMMA2, ARCH_GEMMA3, ARCH_PHI3, ARCH_QWEN2MOE or ARCH_QWEN3MOE, with that
+                      * architecture's tensors (qwen3 / gemma3 / qwen3moe Q/K norms, gemma
+                      * post-norms, phi3's fused attn_qkv and gate+up ffn_up, qwen2moe biases) */
     int dim;         /* embedding length; a multiple of n_heads, head_dim = dim / n_heads even,
                       * unless head_dim is given */
     int n_layers;
@@ -51,6 +51,13 @@ typedef struct {
     float rope_factor;     /* rope.scaling.factor */
     int rope_orig_ctx;     /* rope.scaling.original_context_length */
     float rope_attn_factor; /* rope.scaling.attn_factor */
+    /* Mixture of experts: n_expert > 0 makes every FFN routed (llama: Mixtral-style, expert
+     * size ffn_dim; qwen2moe / qwen3moe need it, expert size expert_ffn_dim, and qwen2moe adds a
+     * shared expert of size ffn_dim). Router ffn_gate_inp (and qwen2moe's ffn_gate_inp_shexp)
+     * F32 with std 1/sqrt(dim); qwen3moe adds F32 attn_q_norm / attn_k_norm weights. */
+    int n_expert;        /* 0 (dense) or 1..MODEL_MAX_EXPERTS */
+    int n_expert_used;   /* top-k, 1..n_expert (when n_expert > 0) */
+    int expert_ffn_dim;  /* qwen*moe: each expert's FFN size (0: ffn_dim) */
 } mkmodel_params_t;
 
 /* Fills p with a named preset (MKMODEL_PRESETS); 0, or -1 for an unknown name (p untouched).

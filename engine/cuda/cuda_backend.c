@@ -634,6 +634,11 @@ backend_t *backend_cuda_new(const model_t *model, const backend_params_t *params
                dtype_name(wt), (double)params->mem_fraction);
         return NULL;
     }
+    if (hp->n_expert > 0) {
+        seterr(errstr, errlen, "cuda: %s with %d experts: the CUDA backend has no mixture-of-experts "
+               "FFN; use backend cpu", hp->arch_name, hp->n_expert);
+        return NULL;
+    }
     if (hp->head_dim > CUK_MAX_HEAD_DIM || hp->head_dim % 2 || hp->n_kv_heads < 1 ||
         hp->n_heads % hp->n_kv_heads || hp->n_heads / hp->n_kv_heads > CUK_MAX_GROUP) {
         seterr(errstr, errlen, "cuda: unsupported attention shape (head_dim %d <= %d and even, "
