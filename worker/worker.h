@@ -203,6 +203,26 @@ int worker_config_n_keys(void);
 const char *worker_config_key_name(int i);
 const char *worker_config_key_help(int i);
 
+/* Key i's entry in the key table (worker/config.c), the one source of its default, range and
+ * help: the README's configuration reference, `spillway config --keys` and the engine flags of
+ * `spillway generate` are printed from it. Pointers are to static text. */
+typedef struct {
+    const char *name;
+    const char *section; /* heading of the module that owns the key, e.g. "Prefix cache" */
+    const char *def;     /* default, as text ("" for an empty string) */
+    const char *help;    /* its meaning (Markdown: `code` spans) */
+    const char *choices; /* the values it takes, '|'-separated, or NULL (any text / a number) */
+    int integer;         /* 1: an integer in [lo, hi] */
+    long lo, hi;
+} worker_config_key_t;
+/* 0 and *out filled, or -1 when i is out of range. */
+int worker_config_key(int i, worker_config_key_t *out);
+/* Index of the key named name, or -1. */
+int worker_config_find_key(const char *name);
+/* Checks text as a value of key i exactly as worker_config_set would; for an integer (or
+ * boolean: 0/1) key stores the value in *num (may be NULL). 0, or -1 + errstr naming the key. */
+int worker_config_parse_value(int i, const char *text, long *num, char *errstr, size_t errlen);
+
 /* ---- the worker ---------------------------------------------------------------------------- */
 
 typedef struct worker worker_t;
