@@ -39,6 +39,9 @@ FLAGS = {
 }
 for cmd in ("eval", "logits"):
     FLAGS[cmd] = {f: k for f, k in FLAGS["generate"].items() if not f.startswith("--cache")}
+FLAGS["generate"]["-n"] = "limits.default_max_tokens"
+# flags whose help words the key's setting in their own terms (default and values still checked)
+OWN_WORDS = {"--no-prefix-cache", "-n"}
 
 failures = []
 
@@ -126,7 +129,7 @@ def check_flags(binary, keys):
             want_values = values.replace(" | ", "|")
             check((m.group(3) or "") == want_values,
                   "%s %s: values %r, the key's are %r" % (cmd, flag, m.group(3), want_values))
-            if flag != "--no-prefix-cache":
+            if flag not in OWN_WORDS:
                 text = e[len(flag):m.start()].strip()
                 text = re.sub(r"^\S+ +", "", text) if not text.startswith(meaning) else text
                 check(text == meaning, "%s %s: help %r, the key's meaning is %r"

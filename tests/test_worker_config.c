@@ -210,6 +210,9 @@ static void test_key_table(void)
     CHECK(e.max_ctx == c.max_ctx && e.prefix_cache == c.prefix_cache);
     CHECK(e.sched_window == c.sched_window && e.sched_aging_ms == c.sched_aging_ms &&
           e.sched_urgent_ms == c.sched_urgent_ms);
+    engine_request_t rq; /* generate -n: the default max_tokens */
+    engine_request_default(&rq);
+    CHECK(rq.max_tokens == c.default_max_tokens);
     cache_config_t kc;
     cache_config_default(&kc);
     CHECK(!strcmp(kc.arena_path, c.cache_arena_path) && kc.arena_mb == c.cache_arena_mb);
