@@ -80,6 +80,7 @@ void cli_key_help(FILE *f, const char *flag, const char *key, const char *meanin
     char values[160] = "", lead[64], text[1024];
     if (k.integer && k.hi == LONG_MAX) snprintf(values, sizeof values, "; >= %ld", k.lo);
     else if (k.integer) snprintf(values, sizeof values, "; %ld..%ld", k.lo, k.hi);
+    else if (k.real) snprintf(values, sizeof values, "; %g..%g", k.real_lo, k.real_hi);
     else if (k.choices) snprintf(values, sizeof values, "; %s", k.choices);
     snprintf(lead, sizeof lead, "  %s", flag);
     snprintf(text, sizeof text, "%s [%s; default %s%s]", meaning ? meaning : k.help, k.name,

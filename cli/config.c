@@ -145,6 +145,8 @@ static void key_values(const worker_config_key_t *k, const char *bar, char *buf,
     if (k->integer) {
         if (k->hi == LONG_MAX) snprintf(buf, cap, ">= %ld", k->lo);
         else snprintf(buf, cap, "%ld..%ld", k->lo, k->hi);
+    } else if (k->real) {
+        snprintf(buf, cap, "%g..%g", k->real_lo, k->real_hi);
     } else if (k->choices) {
         size_t j = 0;
         for (const char *p = k->choices; *p && j + 8 < cap; p++)

@@ -198,6 +198,28 @@ static void test_key_table(void)
     CHECK(worker_config_set(&c, "cache.isolation", "none", "cli", err, sizeof err) == 0 &&
           !strcmp(c.cache_isolation, "none"));
     CHECK(worker_config_set(&c, "cache.isolation", "tenant", "cli", err, sizeof err) == 0);
+    /* a real key: its range, and `spillway config` prints the shortest form that reads back */
+    CHECK(worker_config_set(&c, "cuda.mem_fraction", "0", "cli", err, sizeof err) == -1 &&
+          strstr(err, "[0.01, 1]"));
+    CHECK(worker_config_set(&c, "cuda.mem_fraction", "1.5", "cli", err, sizeof err) == -1);
+    CHECK(worker_config_set(&c, "cuda.mem_fraction", "nan", "cli", err, sizeof err) == -1);
+    CHECK(worker_config_set(&c, "cuda.mem_fraction", "0.8x", "cli", err, sizeof err) == -1);
+    static const char *const reals[][2] = {
+        {"0.8", "0.8"}, {"0.80000000000000004", "0.8"}, {"8e-1", "0.8"}, {"1", "1"},
+        {"0.30000000000000004", "0.30000000000000004"}, {"0.123456789", "0.123456789"},
+    };
+    for (size_t r = 0; r < sizeof reals / sizeof reals[0]; r++) {
+        CHECK(worker_config_set(&c, "cuda.mem_fraction", reals[r][0], "cli", err, sizeof err) == 0);
+        char *buf = NULL, want[96];
+        size_t len = 0;
+        FILE *m = open_memstream(&buf, &len);
+        worker_config_print(&c, m);
+        fclose(m);
+        snprintf(want, sizeof want, "\n%-28s = %-24s #", "cuda.mem_fraction", reals[r][1]);
+        CHECKF(buf && strstr(buf, want), "%s: want \"%s\"", reals[r][0], want);
+        free(buf);
+    }
+    CHECK(worker_config_set(&c, "cuda.mem_fraction", "0.9", "cli", err, sizeof err) == 0);
 
     /* c holds the table's defaults; the engine's and the cache's own must be the same */
     engine_config_t e;
@@ -210,6 +232,7 @@ static void test_key_table(void)
     CHECK(e.max_ctx == c.max_ctx && e.prefix_cache == c.prefix_cache);
     CHECK(e.sched_window == c.sched_window && e.sched_aging_ms == c.sched_aging_ms &&
           e.sched_urgent_ms == c.sched_urgent_ms);
+    CHECK(!strcmp(e.cuda_dtype, c.cuda_dtype) && e.cuda_mem_fraction == (float)c.cuda_mem_fraction);
     engine_request_t rq; /* generate -n: the default max_tokens */
     engine_request_default(&rq);
     CHECK(rq.max_tokens == c.default_max_tokens);

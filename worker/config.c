@@ -14,8 +14,8 @@
 #include "worker/claims.h"
 #include "worker/worker.h"
 
-enum { K_STR, K_INT, K_LONG, K_BOOL, K_DELIVERY, K_LOGLEVEL, K_CHOICE };
-/* K_CHOICE: a string, one of CHOICES' values for the key */
+enum { K_STR, K_INT, K_LONG, K_BOOL, K_DELIVERY, K_LOGLEVEL, K_CHOICE, K_DOUBLE };
+/* K_CHOICE: a string, one of CHOICES' values for the key; K_DOUBLE: a double in REALS' range */
 
 typedef struct {
     const char *name;
@@ -98,6 +98,11 @@ static const key_t_ KEYS[] = {
      "model of a request without `model` (\"\" = the first of `models`, else `model`'s)"},
     {"backend", K_STR, F(backend), "cpu", 0, 0,
      "compute backend: `cpu`, or `cuda` in a build with the CUDA backend (see GPU deployment)"},
+    {"cuda.dtype", K_CHOICE, F(cuda_dtype), "bf16", 0, 0,
+     "CUDA backend: device weight type; `f32` with `kv.type` f32 computes like the CPU backend"},
+    {"cuda.mem_fraction", K_DOUBLE, F(cuda_mem_fraction), "0.9", 0, 0,
+     "CUDA backend: share of the free device memory at start for weights, activations and the "
+     "KV pool (with `kv.blocks` 0 the pool takes what is left)"},
     {"threads", K_INT, F(threads), "0", 0, 1024, "compute threads (0 = one per CPU)"},
     {"batch.max_seqs", K_INT, F(max_seqs), "64", 1, 1 << 16, "sequences per batch"},
     {"batch.max_tokens", K_INT, F(max_batch_tokens), "512", 1, 1 << 20, "tokens per forward step"},
@@ -237,6 +242,15 @@ static const struct {
     {"kv.type", "f16|f32"},
     {"cache.isolation", "tenant|none"},
     {"log.format", "text|json"},
+    {"cuda.dtype", "bf16|f16|f32"},
+};
+
+/* The range of each K_DOUBLE key, bounds included. */
+static const struct {
+    const char *key;
+    double lo, hi;
+} REALS[] = {
+    {"cuda.mem_fraction", 0.01, 1.0},
 };
 
 static const char *const LOG_LEVELS[] = {"error", "warn", "info", "debug"};
@@ -262,6 +276,24 @@ static const char *key_choices(int i)
     }
 }
 
+/* The range of K_DOUBLE key i (empty when REALS lacks it). */
+static void real_range(int i, double *lo, double *hi)
+{
+    *lo = 1, *hi = 0;
+    for (size_t j = 0; j < sizeof REALS / sizeof REALS[0]; j++)
+        if (!strcmp(REALS[j].key, KEYS[i].name)) *lo = REALS[j].lo, *hi = REALS[j].hi;
+}
+
+/* v in the shortest "%.*g" form that strtod reads back as v (0.8, not 0.80000000000000004). */
+static const char *shortest_double(double v, char *buf, size_t cap)
+{
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(buf, cap, "%.*g", prec, v);
+        if (strtod(buf, NULL) == v) break;
+    }
+    return buf;
+}
+
 int worker_config_find_key(const char *name)
 {
     for (int i = 0; i < NKEYS; i++)
@@ -281,7 +313,8 @@ int worker_config_key(int i, worker_config_key_t *out)
     *out = (worker_config_key_t){.name = k->name, .section = section, .def = k->def,
                                  .help = k->help, .choices = key_choices(i),
                                  .integer = k->type == K_INT || k->type == K_LONG,
-                                 .lo = k->lo, .hi = k->hi};
+                                 .lo = k->lo, .hi = k->hi, .real = k->type == K_DOUBLE};
+    if (k->type == K_DOUBLE) real_range(i, &out->real_lo, &out->real_hi);
     return 0;
 }
 
@@ -344,6 +377,19 @@ int worker_config_parse_value(int i, const char *value, long *num, char *errstr,
             return -1;
         }
         break;
+    case K_DOUBLE: {
+        char *end, a[32], b[32];
+        double lo, hi;
+        real_range(i, &lo, &hi);
+        errno = 0;
+        double d = strtod(value, &end);
+        if (errno || end == value || *end || !(d >= lo && d <= hi)) {
+            snprintf(errstr, errlen, "%s: '%s' is not a number in [%s, %s]", k->name, value,
+                     shortest_double(lo, a, sizeof a), shortest_double(hi, b, sizeof b));
+            return -1;
+        }
+        break;
+    }
     case K_DELIVERY:
     case K_LOGLEVEL:
     case K_CHOICE: {
@@ -388,6 +434,8 @@ static int set_value(worker_config_t *c, int i, const char *value, char *errstr,
         }
         free(*(char **)p);
         *(char **)p = s;
+    } else if (k->type == K_DOUBLE) {
+        *(double *)p = strtod(value, NULL);
     } else if (k->type == K_LONG) {
         *(long *)p = v;
     } else {
@@ -895,6 +943,7 @@ void worker_config_print(const worker_config_t *c, FILE *out)
         case K_INT:
         case K_BOOL: snprintf(val, sizeof val, "%d", *(const int *)p); break;
         case K_LONG: snprintf(val, sizeof val, "%ld", *(const long *)p); break;
+        case K_DOUBLE: shortest_double(*(const double *)p, val, sizeof val); break;
         case K_DELIVERY: v = *(const int *)p == WORKER_EOS ? "exactly-once" : "at-least-once"; break;
         case K_LOGLEVEL: v = LOG_LEVELS[*(const int *)p & 3]; break;
         }
