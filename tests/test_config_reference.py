@@ -11,7 +11,7 @@ meaning. Checks:
     `spillway config --markdown` prints: the same keys (none missing, none extra), defaults,
     values and meanings, in the same module sections;
   * `spillway config --keys` lists the same keys with the same defaults;
-  * every flag of `spillway generate` (and eval, logits) that sets what a worker key sets names
+  * every flag of `spillway generate` (and eval, logits, plan) that sets what a worker key sets names
     that key in its help, with the key's default, values and meaning, and accepts exactly the
     key's range or choices (the bounds pass the parser, one beyond is refused with exit 2);
   * `spillway worker --help` names worker.id and does not offer config's --keys / --check.
@@ -39,9 +39,11 @@ FLAGS = {
 }
 for cmd in ("eval", "logits"):
     FLAGS[cmd] = {f: k for f, k in FLAGS["generate"].items() if not f.startswith("--cache")}
+FLAGS["plan"] = {f: FLAGS["generate"][f] for f in ("--ctx", "--block-tokens", "--kv-type",
+                                                   "--batch-tokens", "--max-seqs")}
 FLAGS["generate"]["-n"] = "limits.default_max_tokens"
 # flags whose help words the key's setting in their own terms (default and values still checked)
-OWN_WORDS = {"--no-prefix-cache", "-n"}
+OWN_WORDS = {"--no-prefix-cache", "-n", "--batch-tokens", "--max-seqs"}
 
 failures = []
 
