@@ -549,6 +549,13 @@ fail:
     return NULL;
 }
 
+/* The table default of worker key name, as text. */
+static const char *key_default(const char *name)
+{
+    worker_config_key_t k;
+    return worker_config_key(worker_config_find_key(name), &k) ? "?" : k.def;
+}
+
 static void plan_usage(FILE *f)
 {
     fprintf(f,
@@ -557,18 +564,21 @@ static void plan_usage(FILE *f)
             "weights, KV bytes per token and block, the KV pool's blocks, tokens and sequences\n"
             "at a context, step scratch, and the host arena's slots and prefix tokens.\n"
             "  -m, --model FILE     GGUF model\n"
-            "  --kv-mem SIZE        KV pool size (default kv.mem_mb, 1024 MiB)\n"
+            "  --kv-mem SIZE        KV pool size (default kv.mem_mb, %s MiB)\n"
             "  --gpu-mem SIZE       size the pool from device memory instead: SIZE minus the\n"
             "                       scratch estimate, --reserve and, with --weights-on-device,\n"
             "                       the weights (not with --kv-mem)\n"
             "  --weights-on-device  the weights take device memory too\n"
             "  --reserve SIZE       device runtime overhead for --gpu-mem (default 512M)\n"
-            "  --host-arena SIZE    tier-2 host arena size (default cache.arena.mb, 1024 MiB)\n"
-            "  --ctx N              context per sequence (default: the model's)\n"
-            "  --block-tokens B     tokens per KV block (default 16)\n"
-            "  --kv-type T          f16 | f32 (default f16)\n"
-            "  --batch-tokens N     tokens per forward step, for the scratch (default 512)\n"
-            "  --max-seqs N         sequences at once, for the scratch (default 64)\n"
+            "  --host-arena SIZE    tier-2 host arena size (default cache.arena.mb, %s MiB)\n",
+            key_default("kv.mem_mb"), key_default("cache.arena.mb"));
+    /* the engine flags, with their keys' help, defaults and ranges */
+    cli_key_help(f, "--ctx N", "ctx", NULL);
+    cli_key_help(f, "--block-tokens B", "kv.block_tokens", NULL);
+    cli_key_help(f, "--kv-type T", "kv.type", NULL);
+    cli_key_help(f, "--batch-tokens N", "batch.max_tokens", "tokens per forward step, for the scratch");
+    cli_key_help(f, "--max-seqs N", "batch.max_seqs", "sequences at once, for the scratch");
+    fprintf(f,
             "  --json               one JSON object: model {arch, dims, n_expert, n_expert_used,\n"
             "                       expert_ffn_dim, shexp_ffn_dim, ...},\n"
             "                       weights {bytes, by_dtype, on_device},\n"
