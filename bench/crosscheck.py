@@ -17,11 +17,21 @@ appended to bench/RESULTS.md (--no-record: not):
     19): top-1 >= 99% and mean KLD <= 1e-4 for F32/F16/BF16/Q8_0, <= 2e-3 for the 4- to 6-bit
     types, <= 1e-2 for the 2- and 3-bit ones. A model spillway does not load is a "refused" row
     (not a failure of the run). Also printed: KLD(llama.cpp F32 || llama.cpp on the quantised
-    file), the quantisation's own effect on the same positions, for scale.
+    file), the quantisation's own effect on the same positions, for scale; and for each row
+    spillway runs, "exact": llama.cpp on the file's weights dequantised to F32 (llama-quantize
+    --allow-requantize F32), i.e. the same weights with F32 activations, against which
+    KLD(exact || llama.cpp) and KLD(exact || spillway) give each engine's own error from rounding
+    its activations (int8 for the block types, F16/BF16 for those weights). The two engines round
+    differently, so the KLD between them is about the sum of the two (--no-exact: skipped).
     Architectures mkmodel cannot write (it says so) are taken from --arch-fixtures DIR (F32
     models made with llama.cpp's gguf-py, e.g. /work/shared/models/arch-fixtures: NAME-tiny.gguf)
-    when given; their rows are narrower than 256, so llama-quantize --pure falls back to another
-    type for some K-quant/IQ types: the "file" column gives the tensor types actually written.
+    when given. "stories260K" rows (with --stories) are the trained model padded to 256, whose
+    next-token distributions are peaked (top-1 agreement means more there than on the random
+    models, whose distributions are near-uniform: PPL ~700 of 512). Where a row length does not
+    fit the type (rows of 128 in the fixtures, 64 in stories260K's attn_output) llama-quantize
+    --pure asserts; the file is then made without --pure (llama-quantize picks fallback types
+    per tensor) and its "file" column, which lists the tensor types actually written, starts
+    with "mix:".
 
 (2) ppl: stories260K (--stories FILE.gguf, a trained model) zero-padded to multiples of 256 by
     `spillway mkmodel --from F --dtype f32 --pad 256` (an equivalent model), then quantised by
@@ -74,7 +84,7 @@ KLD_TYPES = [("F32", 1e-4), ("F16", 1e-4), ("BF16", 1e-4), ("Q8_0", 1e-4),
 TOP1_BOUND = 0.99
 PPL_BOUND = 0.01
 # architectures: mkmodel --arch name, and the arch-fixtures file used when mkmodel cannot write it
-ARCHS = [("llama", None), ("qwen2", None), ("qwen3", "qwen3-tiny.gguf"), ("gemma2", "gemma2-tiny.gguf"),
+ARCHS = [("llama", None), ("qwen2", None), ("stories260K", None), ("qwen3", "qwen3-tiny.gguf"), ("gemma2", "gemma2-tiny.gguf"),
          ("gemma3", "gemma3-tiny.gguf"), ("phi3", "phi3-tiny.gguf"), ("qwen3moe", "qwen3moe-tiny.gguf"),
          ("qwen2moe", "qwen2moe-tiny.gguf"), ("llama-moe", "llama-moe-tiny.gguf")]
 # ggml type id -> name (the "file" column)
@@ -105,8 +115,9 @@ def run(cmd, what, timeout=None):
     return True, out
 
 
-def census(path):
-    """'Q4_K x13, Q6_K x3' over the 2-D tensors of a GGUF file (norms left out)."""
+def census(path, pure=True):
+    """'Q4_K x13, Q6_K x3' over the 2-D tensors of a GGUF file (norms left out); prefixed
+    'mix:' when llama-quantize ran without --pure."""
     from gguf_ref import GGUF  # tests/reference, put on sys.path by kld
     g = GGUF(path)
     c = {}
@@ -114,7 +125,7 @@ def census(path):
         if len(t.ne) >= 2:
             n = GGML_NAMES.get(t.dtype, str(t.dtype))
             c[n] = c.get(n, 0) + 1
-    return ", ".join(f"{n} x{k}" for n, k in sorted(c.items(), key=lambda x: -x[1]))
+    return ("" if pure else "mix: ") + ", ".join(f"{n} x{k}" for n, k in sorted(c.items(), key=lambda x: -x[1]))
 
 
 def quant_effect(base_kld, q_kld):
@@ -132,11 +143,17 @@ class Peer:
         self.a = args
 
     def quantize(self, src, dst, qtype, pure):
+        """(True, dst, pure_done) or (False, message, False). With pure, llama-quantize --pure
+        first; when that fails (it asserts on a row its type's block does not divide) again
+        without --pure, which lets llama-quantize pick its own fallback types per tensor."""
         if qtype == "F32":
-            return True, src
-        cmd = [self.a.llama_quantize] + (["--pure"] if pure else []) + [src, dst, qtype, str(self.a.threads)]
-        ok, out = run(cmd, "llama-quantize", self.a.timeout)
-        return ok, dst if ok else out
+            return True, src, True
+        for p in ([True, False] if pure else [False]):
+            cmd = [self.a.llama_quantize] + (["--pure"] if p else []) + [src, dst, qtype, str(self.a.threads)]
+            ok, out = run(cmd, "llama-quantize", self.a.timeout)
+            if ok:
+                return True, dst, p
+        return False, out, False
 
     def perplexity(self, model, text, ctx, kld_path):
         """Writes llama.cpp's log-probs to kld_path; (True, its printed Final estimate PPL or None)
@@ -163,36 +180,73 @@ def spillway_vs(args, model, kld_path):
         return "ok", kld.compare(model, kld_path, args.spillway, kv_type="f16", threads=args.threads)
     except RuntimeError as e:
         msg = " ".join(str(x) for x in (e.args[0] if e.args and isinstance(e.args[0], list) else e.args))
-        return ("refused" if msg.startswith("spillway:") else "error"), msg or "failed"
+        if msg.startswith("spillway:"):  # "spillway: model: X; supported types: ..." -> "X"
+            return "refused", msg.split(";")[0].replace("spillway: ", "").replace("model: ", "")
+        return "error", msg or "failed"
+
+
+def pad_stories(args, work):
+    """stories260K zero-padded to multiples of 256 in F32 (an equivalent model): path, or None
+    with a message."""
+    path = os.path.join(work, "stories-pad256-f32.gguf")
+    if os.path.exists(path):
+        return path, ""
+    ok, out = run([args.spillway, "mkmodel", "--from", args.stories, "--dtype", "f32", "--pad", "256",
+                   "-o", path], "spillway mkmodel --from")
+    return (path, "") if ok else (None, out)
 
 
 def make_base(args, arch, fixture, work):
-    """The F32 model of an architecture: (path, how, from mkmodel) or (None, reason, False)."""
+    """The F32 model of an architecture: (path, how) or (None, reason)."""
+    if arch == "stories260K":
+        if not args.stories:
+            return None, "no --stories given"
+        path, err = pad_stories(args, work)
+        return (path, f"{args.stories} padded to 256 (a trained llama: peaked distributions; attn_output "
+                      f"rows of 64 fit no K-quant, so those files are llama-quantize's mixes)") if path else (None, err)
     path = os.path.join(work, f"{arch}-f32.gguf")
     shape = shlex.split(args.shape)
     ok, out = run([args.spillway, "mkmodel", "-o", path, "--arch", arch, "--dtype", "f32"] + shape,
                   "spillway mkmodel")
     if ok:
-        return path, f"mkmodel --arch {arch} {args.shape}", True
+        return path, f"mkmodel --arch {arch} {args.shape}"
     if fixture and args.arch_fixtures and os.path.exists(os.path.join(args.arch_fixtures, fixture)):
         return (os.path.join(args.arch_fixtures, fixture), f"{fixture} from --arch-fixtures (mkmodel: {out}); "
-                f"rows of 128: quantised with llama-quantize's own fallbacks (no --pure)", False)
-    return None, f"no F32 model: {out}" + ("" if args.arch_fixtures else "; no --arch-fixtures given"), False
+                f"rows of 128: the K-quant/IQ files are llama-quantize's mixes (its --pure asserts on them)")
+    return None, f"no F32 model: {out}" + ("" if args.arch_fixtures else "; no --arch-fixtures given")
 
 
 def fmt_kld(v):
     return "" if v is None else f"{v:.2e}"
 
 
+def exact_figures(args, work, arch, qtype, model, kf):
+    """KLD(exact || llama.cpp) and KLD(exact || spillway) as text, where exact is llama.cpp with
+    the file's weights dequantised to F32 (llama-quantize --allow-requantize F32), i.e. the same
+    weights with F32 activations: each engine's own error from rounding its activations (int8
+    for the block types, F16/BF16 for those weights). ("", "") when a step fails."""
+    dq = os.path.join(work, f"{arch}-{qtype}-deq-f32.gguf")
+    kx = dq[:-5] + ".kld"
+    ok, _ = run([args.llama_quantize, "--allow-requantize", model, dq, "F32", str(args.threads)],
+                "llama-quantize F32", args.timeout)
+    if not ok or not Peer(args).perplexity(dq, args.text, args.ctx, kx)[0]:
+        return "", ""
+    kfx = kld.KldFile(kx)
+    if not np.array_equal(kfx.tokens, kf.tokens):
+        return "", ""
+    st, r = spillway_vs(args, model, kx)
+    return f"{kld.kl_div(kfx.logp, kf.logp).mean():.2e}", (f"{r['kld_mean']:.2e}" if st == "ok" else "")
+
+
 def section_kld(args, work, notes):
     types = [(t, b) for t, b in KLD_TYPES if t.lower() in args.types]
     archs = [(a, f) for a, f in ARCHS if a in args.archs]
     lines = ["| arch | type | file (2-D tensor types) | positions | mean KLD | top-1 | bound (KLD, top-1) "
-             "| result | llama.cpp F32 vs this file (quantisation's own KLD) |",
-             "|---|---|---|---:|---:|---:|---|---|---:|"]
+             "| result | llama.cpp F32 vs this file (quantisation's own KLD) | exact vs llama.cpp | exact vs spillway |",
+             "|---|---|---|---:|---:|---:|---|---|---:|---:|---:|"]
     failed = 0
     for arch, fixture in archs:
-        base, how, synthetic = make_base(args, arch, fixture, work)
+        base, how = make_base(args, arch, fixture, work)
         if not base:
             lines.append(f"| {arch} | all | | | | | | refused: {how} | |")
             continue
@@ -201,14 +255,14 @@ def section_kld(args, work, notes):
         for qtype, bound in types:
             bnd = f"<= {bound:g}, >= {100 * TOP1_BOUND:g}%"
             dst = os.path.join(work, f"{arch}-{qtype}.gguf")
-            ok, model = Peer(args).quantize(base, dst, qtype, pure=synthetic)
+            ok, model, pure = Peer(args).quantize(base, dst, qtype, pure=True)
             if not ok:
-                lines.append(f"| {arch} | {qtype} | | | | | {bnd} | llama.cpp failed: {model} | |")
+                lines.append(f"| {arch} | {qtype} | | | | | {bnd} | llama.cpp failed: {model} | | | |")
                 continue
             kp = os.path.join(work, f"{arch}-{qtype}.kld")
             ok, ppl = Peer(args).perplexity(model, args.text, args.ctx, kp)
             if not ok:
-                lines.append(f"| {arch} | {qtype} | {census(model)} | | | | {bnd} | llama.cpp failed: {ppl} | |")
+                lines.append(f"| {arch} | {qtype} | {census(model, pure)} | | | | {bnd} | llama.cpp failed: {ppl} | | | |")
                 continue
             kf = kld.KldFile(kp)
             if qtype == "F32":
@@ -216,14 +270,16 @@ def section_kld(args, work, notes):
             eff = quant_effect(base_kld, kf) if base_kld is not None and qtype != "F32" else None
             st, r = spillway_vs(args, model, kp)
             if st != "ok":
-                lines.append(f"| {arch} | {qtype} | {census(model)} | {kf.n_chunk * kf.n_scored} | | | {bnd} "
-                             f"| {st}: {r} | {fmt_kld(eff)} |")
+                lines.append(f"| {arch} | {qtype} | {census(model, pure)} | {kf.n_chunk * kf.n_scored} | | | {bnd} "
+                             f"| {st}: {r} | {fmt_kld(eff)} | | |")
                 failed += st == "error"
                 continue
             good = r["kld_mean"] <= bound and r["top1"] >= TOP1_BOUND
             failed += not good
-            lines.append(f"| {arch} | {qtype} | {census(model)} | {r['positions']} | {r['kld_mean']:.2e} "
-                         f"| {100 * r['top1']:.2f}% | {bnd} | {'pass' if good else 'FAIL'} | {fmt_kld(eff)} |")
+            ex_l, ex_s = exact_figures(args, work, arch, qtype, model, kf) if qtype != "F32" and args.exact else ("", "")
+            lines.append(f"| {arch} | {qtype} | {census(model, pure)} | {r['positions']} | {r['kld_mean']:.2e} "
+                         f"| {100 * r['top1']:.2f}% | {bnd} | {'pass' if good else 'FAIL'} | {fmt_kld(eff)} "
+                         f"| {ex_l} | {ex_s} |")
             log(lines[-1])
     return "\n".join(lines), failed
 
@@ -250,16 +306,14 @@ def section_ppl(args, work, notes):
              "| spillway eval PPL (ctx, stride ctx/2) | its ratio to F32 |",
              "|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
     failed = 0
-    base = os.path.join(work, "stories-pad256-f32.gguf")
-    ok, out = run([args.spillway, "mkmodel", "--from", args.stories, "--dtype", "f32", "--pad", "256",
-                   "-o", base], "spillway mkmodel --from")
-    if not ok:
-        return f"stories260K: {out}", 1
+    base, err = pad_stories(args, work)
+    if not base:
+        return f"stories260K: {err}", 1
     ref = None  # F32: (llama.cpp ppl, spillway ppl, eval ppl)
     for qtype in ["F32"] + args.ppl_types:
         name = "F32 (padded)" if qtype == "F32" else qtype
         dst = os.path.join(work, f"stories-pad256-{qtype}.gguf")
-        ok, model = Peer(args).quantize(base, dst, qtype, pure=False)
+        ok, model, _ = Peer(args).quantize(base, dst, qtype, pure=False)
         if not ok:
             lines.append(f"| {name} | | | | | | | llama.cpp failed: {model} | | | | | |")
             continue
@@ -320,6 +374,8 @@ def main():
                     help="mkmodel shape options of the synthetic models")
     ap.add_argument("--arch-fixtures", help="folder of F32 models of the architectures mkmodel cannot write")
     ap.add_argument("--stories", help="stories260K.gguf (ppl section)")
+    ap.add_argument("--no-exact", dest="exact", action="store_false",
+                    help="kld section: skip the two columns against the dequantised-F32 run")
     ap.add_argument("--ppl-types", default="Q4_K_M,Q5_K_M,Q6_K,Q3_K_M,IQ4_XS")
     ap.add_argument("--text", default=os.path.join(ROOT, "bench", "texts", "heldout-story.txt"))
     ap.add_argument("--ctx", type=int, default=64, help="llama-perplexity -c of the kld section (64)")
