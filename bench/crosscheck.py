@@ -36,11 +36,13 @@ appended to bench/RESULTS.md (--no-record: not):
 (2) ppl: stories260K (--stories FILE.gguf, a trained model) zero-padded to multiples of 256 by
     `spillway mkmodel --from F --dtype f32 --pad 256` (an equivalent model), then quantised by
     llama-quantize (its per-tensor mixes, no --pure) to --ppl-types (Q4_K_M, Q5_K_M, Q6_K,
-    Q3_K_M, IQ4_XS). Per file: the perplexity ratio quantised / F32, by llama.cpp (the "Final
-    estimate" of llama-perplexity -c PPLCTX) and by spillway over the same positions (llama.cpp's
-    windows: chunks of PPLCTX tokens side by side, BOS first, the last PPLCTX/2 - 1 predictions
-    of each chunk, computed from `spillway logits` on the .kld's token sequences), and the
-    check |spillway ratio / llama.cpp ratio - 1| <= 1%. For information, `spillway eval --ctx
+    Q3_K_M, IQ4_XS). Per file: the perplexity ratio quantised / F32 of llama.cpp and of spillway
+    over the same positions (llama-perplexity -c PPLCTX's windows: chunks of PPLCTX tokens side
+    by side, BOS first, the last PPLCTX/2 - 1 predictions of each chunk; llama.cpp's from the
+    log-probs it stored in the .kld, spillway's from `spillway logits` on the .kld's token
+    sequences), and the check |spillway ratio / llama.cpp ratio - 1| <= 1%. llama-perplexity's
+    printed "Final estimate" is shown beside it when its log kept it (its logger thread sometimes
+    loses the last lines at exit). For information, `spillway eval --ctx
     PPLCTX --stride PPLCTX/2` (its own tokenisation and overlapping windows: not the same
     positions, so only its ratio is comparable) and the KLD/top-1 of the file.
 
