@@ -74,7 +74,12 @@ int cli_mkmodel(int argc, char **argv)
             else if (!strcmp(optarg, "q8_0")) p.dtype = DT_Q8_0;
             else if (!strcmp(optarg, "q4_0")) p.dtype = DT_Q4_0;
             else if (!strcmp(optarg, "q4_k") || !strcmp(optarg, "q4_K")) p.dtype = DT_Q4_K;
-            else { fprintf(stderr, "spillway: --dtype: f32, f16, bf16, q8_0, q4_0 or q4_k\n"); return 2; }
+            else if (!strcmp(optarg, "q4_1")) p.dtype = DT_Q4_1;
+            else if (!strcmp(optarg, "q5_0")) p.dtype = DT_Q5_0;
+            else if (!strcmp(optarg, "q5_1")) p.dtype = DT_Q5_1;
+            else if (!strcmp(optarg, "iq4_nl")) p.dtype = DT_IQ4_NL;
+            else if (!strcmp(optarg, "iq4_xs")) p.dtype = DT_IQ4_XS;
+            else { fprintf(stderr, "spillway: --dtype: f32, f16, bf16, q8_0, q4_0, q4_k, q4_1, q5_0, q5_1, iq4_nl or iq4_xs\n"); return 2; }
             dtype_given = 1;
             break;
         case 4016: from = optarg; break;
@@ -95,16 +100,18 @@ int cli_mkmodel(int argc, char **argv)
                    "  --preset NAME   %s (default tiny); later flags override it\n"
                    "  --arch A        llama | qwen2\n"
                    "  --dim N --layers N --heads N --kv-heads N --ffn N --vocab N --ctx N\n"
-                   "  --dtype T       f32 | f16 | bf16 | q8_0 | q4_0 | q4_k (matrices; norms stay\n"
-                   "                  f32; q4_k matrices whose rows are not a multiple of 256 are\n"
-                   "                  written as q4_0)\n"
+                   "  --dtype T       f32 | f16 | bf16 | q8_0 | q4_0 | q4_k | q4_1 | q5_0 | q5_1 |\n"
+                   "                  iq4_nl | iq4_xs (matrices; norms stay f32; q4_k (iq4_xs)\n"
+                   "                  matrices whose rows are not a multiple of 256 are written\n"
+                   "                  as q4_0 (iq4_nl))\n"
                    "  --tied | --untied   share the output matrix with the embedding or not\n"
                    "  --seed N --rope-theta F --norm-eps F\n"
                    "\n"
                    "usage: spillway mkmodel --from MODEL.gguf --dtype T -o FILE [--pad N]\n"
                    "                [--quantiser Q]\n"
                    "  converts an existing model: every 2-D matrix re-rounded to T; a matrix whose\n"
-                   "  rows do not fit T's block falls back (q4_k -> q4_0 -> its own type), each\n"
+                   "  rows do not fit T's block falls back (q4_k -> q4_0, iq4_xs -> iq4_nl, else\n"
+                   "  its own type), each\n"
                    "  one reported on stderr.\n"
                    "  --pad N         pad embedding and FFN sizes with zeros to multiples of N (an\n"
                    "                  equivalent model whose matrices fit the blocks, e.g. 256)\n"

@@ -66,7 +66,8 @@ const char *dtype_name(int t)
 int dtype_supported(int t)
 {
     return t == DT_F32 || t == DT_F16 || t == DT_BF16 || t == DT_Q8_0 || t == DT_Q4_0 ||
-           t == DT_Q4_K;
+           t == DT_Q4_K || t == DT_Q4_1 || t == DT_Q5_0 || t == DT_Q5_1 || t == DT_IQ4_NL ||
+           t == DT_IQ4_XS;
 }
 
 void dtype_dequant_row(int t, const void *row, float *out, int64_t n)
@@ -125,7 +126,7 @@ void dtype_dequant_row(int t, const void *row, float *out, int64_t n)
         }
         break;
     default:
-        memset(out, 0, (size_t)n * sizeof(float));
+        if (!dtype_qleg_dequant_row(t, row, out, n)) memset(out, 0, (size_t)n * sizeof(float));
         break;
     }
 }

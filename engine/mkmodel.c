@@ -25,6 +25,7 @@
 #include "dtype.h"
 #include "gguf.h"
 #include "model.h"
+#include "qleg_quant.h"
 
 /* ---------------------------------------------------------------- presets */
 
@@ -481,6 +482,8 @@ int mkmodel_quantize_row(int t, const float *x, void *dst, int64_t n)
     case DT_Q8_0: quantize_q8_0(x, dst, n); break;
     case DT_Q4_0: quantize_q4_0(x, dst, n); break;
     case DT_Q4_K: quantize_q4_k(x, dst, n); break;
+    case DT_Q4_1: case DT_Q5_0: case DT_Q5_1: case DT_IQ4_NL: case DT_IQ4_XS:
+        return qleg_quantize_row(t, x, dst, n);
     default: return -1;
     }
     return 0;
@@ -490,6 +493,7 @@ int mkmodel_matrix_type(int want, int64_t ne0, int keep)
 {
     if (dtype_row_bytes(want, ne0)) return want;
     if (want == DT_Q4_K && dtype_row_bytes(DT_Q4_0, ne0)) return DT_Q4_0;
+    if (want == DT_IQ4_XS && dtype_row_bytes(DT_IQ4_NL, ne0)) return DT_IQ4_NL;
     return keep;
 }
 
@@ -662,8 +666,7 @@ static int check_params(const mkmodel_params_t *p, char *errstr, size_t errlen)
     if (!dtype_supported(p->dtype))
         return seterr(errstr, errlen, "mkmodel: dtype %s not supported; supported: %s",
                       dtype_name(p->dtype), DTYPE_SUPPORTED_LIST);
-    if ((p->dtype == DT_Q8_0 || p->dtype == DT_Q4_0 || p->dtype == DT_Q4_K) &&
-        (p->dim % 32 || p->ffn_dim % 32))
+    if (dtype_block_elems(p->dtype) > 1 && (p->dim % 32 || p->ffn_dim % 32))
         return seterr(errstr, errlen, "mkmodel: %s needs dim (%d) and ffn_dim (%d) to be "
                       "multiples of 32", dtype_name(p->dtype), p->dim, p->ffn_dim);
     if (!(p->rope_theta > 0) || !(p->norm_eps > 0) || !isfinite(p->rope_theta) ||
@@ -679,6 +682,11 @@ static int file_type_of(int dtype)
     case DT_Q8_0: return 7;  /* LLAMA_FTYPE_MOSTLY_Q8_0 */
     case DT_Q4_0: return 2;  /* LLAMA_FTYPE_MOSTLY_Q4_0 */
     case DT_Q4_K: return 14; /* LLAMA_FTYPE_MOSTLY_Q4_K_S */
+    case DT_Q4_1: return 3;   /* LLAMA_FTYPE_MOSTLY_Q4_1 */
+    case DT_Q5_0: return 8;   /* LLAMA_FTYPE_MOSTLY_Q5_0 */
+    case DT_Q5_1: return 9;   /* LLAMA_FTYPE_MOSTLY_Q5_1 */
+    case DT_IQ4_NL: return 25; /* LLAMA_FTYPE_MOSTLY_IQ4_NL */
+    case DT_IQ4_XS: return 30; /* LLAMA_FTYPE_MOSTLY_IQ4_XS */
     case DT_BF16: return 32; /* LLAMA_FTYPE_MOSTLY_BF16 */
     default: return 0;       /* LLAMA_FTYPE_ALL_F32 */
     }

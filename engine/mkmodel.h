@@ -26,9 +26,10 @@ typedef struct {
     int n_vocab;     /* >= MKMODEL_MIN_VOCAB */
     int ctx_len;     /* trained context length (metadata only) */
     int dtype;       /* enum dtype of every matrix incl. token_embd/output: DT_F32, DT_F16,
-                      * DT_BF16, DT_Q8_0, DT_Q4_0 or DT_Q4_K (the block types: dim and ffn_dim
-                      * multiples of 32; Q4_K matrices whose rows are not a multiple of 256 are
-                      * written as Q4_0, see mkmodel_matrix_type). Norms and biases are always
+                      * DT_BF16, DT_Q8_0, DT_Q4_0, DT_Q4_K, DT_Q4_1, DT_Q5_0, DT_Q5_1, DT_IQ4_NL
+                      * or DT_IQ4_XS (the block types: dim and ffn_dim multiples of 32; Q4_K
+                      * (IQ4_XS) matrices whose rows are not a multiple of 256 are written as
+                      * Q4_0 (IQ4_NL), see mkmodel_matrix_type). Norms and biases are always
                       * F32. */
     int tied;        /* 1: no output.weight, the output projection shares token_embd */
     uint64_t seed;   /* weights are a function of (seed, tensor name, row) */
@@ -53,6 +54,8 @@ int mkmodel_write(const mkmodel_params_t *p, const char *path, char *errstr, siz
  *         small grid of candidate scales (weights |x| + rms of the sub-block), the scales and
  *         mins then quantised to 6 bits against their super-block maxima (fp16 d, dmin), and
  *         the quants recomputed from the stored 6-bit values.
+ * Q4_1, Q5_0, Q5_1, IQ4_NL and IQ4_XS use spillway's own simple quantisers (engine/qleg_quant.h;
+ * not ggml's bytes).
  * 0, or -1 for another type or n not a multiple of the block. Pure; thread-safe. */
 int mkmodel_quantize_row(int t, const float *x, void *dst, int64_t n);
 
@@ -69,8 +72,8 @@ int mkmodel_quantize_row(int t, const float *x, void *dst, int64_t n);
 int mkmodel_quantize_row_weighted(int t, const float *x, const float *w, void *dst, int64_t n);
 
 /* The type a matrix with rows of ne0 elements is written in when `want` is asked for: want when
- * ne0 is a multiple of its block; for Q4_K otherwise Q4_0 when ne0 is a multiple of 32
- * (llama.cpp falls back to Q5_0, which spillway does not compute); otherwise `keep` (the
+ * ne0 is a multiple of its block; for Q4_K otherwise Q4_0 and for IQ4_XS otherwise IQ4_NL (as
+ * llama.cpp) when ne0 is a multiple of 32; otherwise `keep` (the
  * synthetic writer refuses such shapes; conversion keeps the source type). */
 int mkmodel_matrix_type(int want, int64_t ne0, int keep);
 

@@ -9,7 +9,8 @@ its dimensions zero-padded to 256 (real weights in Q4_K, attn_output in the Q4_0
 synthetic models made by `spillway mkmodel` covering GQA (4 heads / 2 kv) and MQA (1 kv), tied and
 untied output, qwen2 with Q/K/V biases, and weight dtypes F32, F16, BF16, Q8_0, Q4_0 and Q4_K (one
 with every matrix Q4_K, one mixing Q4_K with Q4_0 where ffn_down's rows of 96 do not fit Q4_K's
-256) -- five seeded random sequences of different lengths (the last sharing
+256), Q4_1, Q5_0, Q5_1, IQ4_NL, and IQ4_XS (mixed with IQ4_NL where ffn_down's rows of 96 do not
+fit) -- five seeded random sequences of different lengths (the last sharing
 a prefix longer than one KV block with the first) are run through
 `spillway logits` in every mode (alone, batch, decode, chunk) with KV type f32 and f16, and
 compared with the reference:
@@ -44,6 +45,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "reference"))
 import forward_ref  # noqa: E402
 import gguf_ref  # noqa: E402
+import qleg_ref  # noqa: E402
 
 # Sequences, in file order: random ids of these lengths (different, so chunk/decode steps mix
 # prefill, decode and finished sequences), then one that repeats the first SHARED_PREFIX tokens of
@@ -85,7 +87,9 @@ ARGMAX_MARGIN = 1e-3
 # (f32) and 5.8e-4 (f16). Without the reference reproducing the 8-bit rounding the same models
 # are at 1.3e-4 .. 9e-4. Q8_0 and Q4_0 (x in blocks of 32), observed 2026-12-01: Q8_0 2.2e-14 (f32
 # KV), 2.4e-4 .. 2.8e-4 (f16 KV); Q4_0 1.8e-14 (f32 KV), 2.5e-4 (f16 KV); the Q4_K models with
-# Q4_0 matrices up to 5.8e-4. Bounds ~10x over the worst observed; the kernels' own arithmetic is
+# Q4_0 matrices up to 5.8e-4. Q4_1, Q5_0, Q5_1, IQ4_NL (x in blocks of 32) and IQ4_XS (256),
+# observed 2026-12-02 (AVX-512): 5.9e-14 .. 1.0e-4 (f32 KV), 2.2e-4 .. 4.3e-4 (f16 KV). Bounds ~10x
+# over the worst observed; the kernels' own arithmetic is
 # checked to its rounding bound by test_kernels, and every mode must still be bit-identical.
 BOUNDS_I8 = {"f32": 2e-3, "f16": 6e-3}
 ARGMAX_MARGIN_I8 = 5e-2
@@ -112,6 +116,16 @@ SYNTH = [
     # ffn 96: ffn_down (rows of 96) falls back to Q4_0 beside Q4_K matrices
     ("qwen2-mqa-q4_k-tied", dict(arch="qwen2", heads=4, kv_heads=1, dtype="q4_k", tied=True, seed=20,
                                  dim=256, rope_theta=1000000.0, norm_eps=1e-6)),
+    # Q4_1, Q5_0, Q5_1, IQ4_NL: blocks of 32, int8 activations in blocks of 32
+    ("llama-gqa-q4_1-untied", dict(arch="llama", heads=4, kv_heads=2, dtype="q4_1", tied=False, seed=21)),
+    ("qwen2-mqa-q5_0-tied", dict(arch="qwen2", heads=4, kv_heads=1, dtype="q5_0", tied=True, seed=22,
+                                 rope_theta=1000000.0, norm_eps=1e-6)),
+    ("llama-gqa-q5_1-tied", dict(arch="llama", heads=4, kv_heads=2, dtype="q5_1", tied=True, seed=23)),
+    ("llama-mqa-iq4_nl-untied", dict(arch="llama", heads=4, kv_heads=1, dtype="iq4_nl", tied=False,
+                                     seed=24)),
+    # IQ4_XS's super-blocks of 256 (dim 256); ffn 96: ffn_down falls back to IQ4_NL
+    ("llama-gqa-iq4_xs-untied", dict(arch="llama", heads=4, kv_heads=2, dtype="iq4_xs", tied=False,
+                                     seed=25, dim=256)),
 ]
 # Converted real weights: stories260K padded to dimensions of 256 and rounded to Q4_K.
 CONVERTED = [("stories260K-pad256-q4_k", ["--dtype", "q4_k", "--pad", "256"])]
@@ -147,17 +161,22 @@ def mkmodel(spillway, path, opts):
 
 def check_synth(m, opts):
     """The file really has what the case claims to cover."""
-    want_dt = {"f32": gguf_ref.DT_F32, "f16": gguf_ref.DT_F16, "bf16": gguf_ref.DT_BF16,
-               "q8_0": gguf_ref.DT_Q8_0, "q4_0": gguf_ref.DT_Q4_0, "q4_k": gguf_ref.DT_Q4_K}[opts["dtype"]]
+    names = {"f32": gguf_ref.DT_F32, "f16": gguf_ref.DT_F16, "bf16": gguf_ref.DT_BF16,
+             "q8_0": gguf_ref.DT_Q8_0, "q4_0": gguf_ref.DT_Q4_0, "q4_k": gguf_ref.DT_Q4_K}
+    names.update({v: k for k, v in qleg_ref.NAMES.items()})
+    want_dt = names[opts["dtype"]]
+    # the 256-block types' fallback for rows that are not a multiple of 256
+    fallback = {gguf_ref.DT_Q4_K: gguf_ref.DT_Q4_0, qleg_ref.DT_IQ4_XS: qleg_ref.DT_IQ4_NL}
     dim = opts.get("dim", BASE["dim"])
-    if want_dt == gguf_ref.DT_Q4_K and dim % 256:
-        want_dt = gguf_ref.DT_Q4_0  # attn_q's rows of dim elements fall back
+    if want_dt in fallback and dim % 256:
+        want_dt = fallback[want_dt]  # attn_q's rows of dim elements fall back
     problems = []
-    if opts["dtype"] == "q4_k":
-        # every matrix Q4_K where its rows fit 256, Q4_0 elsewhere
+    if names[opts["dtype"]] in fallback:
+        # every matrix in the type where its rows fit 256, in the fallback elsewhere
         for name, t in m.g.tensors.items():
             if len(t.ne) == 2:
-                want = gguf_ref.DT_Q4_K if t.ne[0] % 256 == 0 else gguf_ref.DT_Q4_0
+                big = names[opts["dtype"]]
+                want = big if t.ne[0] % 256 == 0 else fallback[big]
                 if t.dtype != want:
                     problems.append("%s dtype %d" % (name, t.dtype))
     if m.arch != opts["arch"]:
@@ -198,8 +217,9 @@ def engine_logits(spillway, model, seqs_path, out_path, mode, kv, n_vocab, n_pos
 
 
 def has_i8(m):
-    """1 when a matmul of m takes int8 activations (Q4_K, Q8_0, Q4_0 matrices: kernels.h)."""
-    return any(t.dtype in (gguf_ref.DT_Q4_K, gguf_ref.DT_Q8_0, gguf_ref.DT_Q4_0)
+    """1 when a matmul of m takes int8 activations (Q4_K, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and
+    IQ4_XS matrices: kernels.h)."""
+    return any(t.dtype in (gguf_ref.DT_Q4_K, gguf_ref.DT_Q8_0, gguf_ref.DT_Q4_0) + tuple(qleg_ref.NAMES)
                for n, t in m.g.tensors.items()
                if n != "token_embd.weight" or m.tied)
 

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "engine/cpu/kernels_impl.h"
+#include "engine/cpu/qleg.h"
 #include "engine/dtype.h"
 
 #define SC_LANES 8
@@ -285,6 +286,8 @@ static int sc_matmul(int wtype, const void *W, size_t w_row_bytes, int64_t K, co
 {
     if (wtype == DT_Q4_K)
         return kern_q4k_matmul(sc_q4k, kern_q8k_quantize, W, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
+    if (kern_qleg_type(wtype))
+        return kern_qleg_matmul(&kern_qleg_scalar, wtype, W, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
     if (wtype == DT_Q8_0 || wtype == DT_Q4_0)
         return kern_b32_matmul(wtype, wtype == DT_Q8_0 ? sc_q80 : sc_q40, kern_q8_quantize, W,
                                w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
@@ -315,6 +318,7 @@ static int sc_matmul(int wtype, const void *W, size_t w_row_bytes, int64_t K, co
 
 static void sc_dequant_row(int wtype, const void *row, float *out, int64_t K)
 {
+    if (dtype_qleg_dequant_row(wtype, row, out, K)) return;
     for (int64_t k = 0; k < K; k += SC_CHUNK) {
         int n = K - k < SC_CHUNK ? (int)(K - k) : SC_CHUNK;
         sc_widen(wtype, row, k, n, out + k);

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "engine/cpu/kernels_impl.h"
+#include "engine/cpu/qleg.h"
 
 #define AI static inline __attribute__((always_inline))
 
@@ -535,6 +536,8 @@ static int v_matmul(int wtype, const void *W, size_t w_row_bytes, int64_t K, con
 {
     if (wtype == DT_Q4_K)
         return kern_q4k_matmul(q4k_rows, q8k_quantize, W, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
+    if (kern_qleg_type(wtype))
+        return kern_qleg_matmul(&kern_qleg_avx2, wtype, W, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
     if (wtype == DT_Q8_0 || wtype == DT_Q4_0)
         return kern_b32_matmul(wtype, wtype == DT_Q8_0 ? q80_rows : q40_rows, q8_quantize, W,
                                w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
@@ -576,7 +579,8 @@ static void v_dequant_row(int wtype, const void *row, float *out, int64_t K)
     case DT_Q4_K:
         for (; k + 8 <= K; k += 8) _mm256_storeu_ps(out + k, w_load(DT_Q4_K, r, k));
         return;
-    default:
+    default: /* Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS: the portable widening */
+        dtype_qleg_dequant_row(wtype, row, out, K);
         return;
     }
 }

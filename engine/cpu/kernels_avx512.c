@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "engine/cpu/kernels_impl.h"
+#include "engine/cpu/qleg.h"
 
 #define AI static inline __attribute__((always_inline))
 
@@ -819,6 +820,9 @@ AI int matmul_isa(const int vnni, int wtype, const void *W, size_t w_row_bytes, 
     if (wtype == DT_Q4_0)
         return kern_b32_matmul(DT_Q4_0, vnni ? q40_rows_vnni : q40_rows, q8_quantize, W,
                                w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
+    if (kern_qleg_type(wtype))
+        return kern_qleg_matmul(vnni ? &kern_qleg_avx512_vnni : &kern_qleg_avx512, wtype, W,
+                                w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
     if (!kern_wtype_ok(wtype, K)) return -1;
     if (T <= 0 || o1 <= o0) return 0;
     const char *w = W;
@@ -876,7 +880,8 @@ static void v_dequant_row(int wtype, const void *row, float *out, int64_t K)
     case DT_Q4_K:
         for (; k + 16 <= K; k += 16) _mm512_storeu_ps(out + k, w_load(DT_Q4_K, r, k));
         return;
-    default:
+    default: /* Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS: the portable widening */
+        dtype_qleg_dequant_row(wtype, row, out, K);
         return;
     }
 }
