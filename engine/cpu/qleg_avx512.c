@@ -11,10 +11,9 @@
  *   without: Q4_1 / Q5_1 vpmaddubsw of q and xq, the others vpmaddubsw of |w| and xq with w's
  *   sign (pairs: |sum| <= 2 * 127 * 127, never saturate); then vpmaddwd with ones.
  * Then acc = fma(float(lanes), d * dx, acc), d * dx one F32 product per block in its 8 lanes,
- * for the pairs in order; Q4_1 and Q5_1 also accm = fma(S, m * dx, accm) in lanes 1 (even
- * blocks) and 3 (odd blocks) of 4 (S the block's xq sum); y = hsum(acc) (+ (accm[1] +
- * accm[3])), hsum: h[i] = acc[i] + acc[i+8], q[i] = h[i] + h[i+4], p[i] = q[i] + q[i+2],
- * p[0] + p[1].
+ * for the pairs in order; Q4_1 and Q5_1 then also acc = fma(S, m * dx, acc) with S (the block's
+ * xq sum) in the block's first lane (0 or 8) and 0 in the others; y = hsum(acc), hsum:
+ * h[i] = acc[i] + acc[i+8], q[i] = h[i] + h[i+4], p[i] = q[i] + q[i+2], p[0] + p[1].
  * IQ4_XS, per super-block and token: per 64 weights (sub-blocks 2c, 2c+1) vpmaddubsw of |kv[q]|
  * and the signed xq, then vpmaddwd (VNNI: vpdpwssd) with ls_j - 32 in the 16-bit lanes of
  * sub-block j, added over the four: 16 exact int32 lanes (|lane| <= 4 * 2 * 127 * 127 * 32 <
@@ -104,11 +103,10 @@ AI __m512i ql_w64(const int dt, const int unsigned_form, const char *bl, const i
     }
 }
 
-/* Lane 0 of v in lanes 0..7, lane `second` in lanes 8..15. */
-AI __m512 ql_spread(__m128 v, const int second)
+/* Lanes 0..7 of the result from lane a of v, lanes 8..15 from lane b. */
+AI __m512 ql_spread(__m128 v, const int a, const int b)
 {
-    const __m512i idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, second, second, second, second,
-                                          second, second, second, second);
+    const __m512i idx = _mm512_setr_epi32(a, a, a, a, a, a, a, a, b, b, b, b, b, b, b, b);
     return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(v));
 }
 
@@ -122,27 +120,28 @@ AI void qb32_tile(const int dt, const int vnni, const int R, const int C, const 
     /* the VNNI route's unsigned offset of the weights */
     const int off = dt == DT_Q5_0 ? 16 : dt == DT_IQ4_NL ? 128 : 0;
     __m512 acc[QL_RMAX][QL_CMAX];
-    __m128 accm[QL_RMAX][QL_CMAX];
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 8
-        for (int c = 0; c < C; c++) {
-            acc[r][c] = _mm512_setzero_ps();
-            accm[r][c] = _mm_setzero_ps();
-        }
+        for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b += 2) {
         const int two = b + 1 < nb;
         __m512i xv[QL_CMAX], nc[QL_CMAX];
-        __m128 dx[QL_CMAX], sx[QL_CMAX];
+        __m512 dx[QL_CMAX], sx[QL_CMAX];
 #pragma GCC unroll 8
         for (int c = 0; c < C; c++) {
             const int8_t *q = xq + c * K + 32 * b;
             xv[c] = two ? _mm512_loadu_si512(q)
                         : _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)q));
             const float *d = xd + c * nb + b, *s = xs + c * nb + b;
-            const float d1 = two ? d[1] : 0.0f, s1 = two ? s[1] : 0.0f;
-            dx[c] = _mm_setr_ps(d[0], d[0], d1, d1);
-            sx[c] = _mm_setr_ps(0.0f, s[0], 0.0f, s1);
+            /* dx of block b in lanes 0..7, of b + 1 in 8..15 (0 when alone) */
+            dx[c] = ql_spread(two ? _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)d))
+                                  : _mm_load_ss(d), 0, 1);
+            if (has_min) /* S of block b in lane 0, of b + 1 in lane 8, the other lanes 0 */
+                sx[c] = _mm512_maskz_permutexvar_ps(
+                    0x0101, _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0),
+                    _mm512_castps128_ps512(two ? _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)s))
+                                               : _mm_load_ss(s)));
             if (vnni && off)
                 nc[c] = _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_set1_epi8(1), xv[c]),
                                           _mm512_set1_epi16((short)-off));
@@ -163,6 +162,7 @@ AI void qb32_tile(const int dt, const int vnni, const int R, const int C, const 
             memcpy(&h0, bl, has_min ? 4 : 2);
             if (two) memcpy(&h1, bl + bs, has_min ? 4 : 2);
             const __m128 dm = _mm_cvtph_ps(_mm_cvtsi64_si128((long long)(h0 | (uint64_t)h1 << 32)));
+            const __m512 dw = ql_spread(dm, 0, 2), mw = has_min ? ql_spread(dm, 1, 3) : dw;
 #pragma GCC unroll 8
             for (int c = 0; c < C; c++) {
                 __m512i p;
@@ -175,23 +175,17 @@ AI void qb32_tile(const int dt, const int vnni, const int R, const int C, const 
                                                                 xv[c]);
                     p = _mm512_madd_epi16(_mm512_maddubs_epi16(aw, x8), _mm512_set1_epi16(1));
                 }
-                const __m128 dd = _mm_mul_ps(dm, dx[c]); /* d0 dx0, m0 dx0, d1 dx1, m1 dx1 */
-                acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), ql_spread(dd, 2), acc[r][c]);
-                if (has_min) accm[r][c] = _mm_fmadd_ps(sx[c], dd, accm[r][c]);
+                acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw, dx[c]),
+                                            acc[r][c]);
+                if (has_min) /* lanes 0 and 8: + S * fl(m * dx) */
+                    acc[r][c] = _mm512_fmadd_ps(sx[c], _mm512_mul_ps(mw, dx[c]), acc[r][c]);
             }
         }
     }
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 8
-        for (int c = 0; c < C; c++) {
-            __m128 s = _mm_set_ss(ql_hsum(acc[r][c]));
-            if (has_min) {
-                const __m128 m = accm[r][c];
-                s = _mm_add_ss(s, _mm_add_ss(_mm_shuffle_ps(m, m, 0x55), _mm_shuffle_ps(m, m, 0xff)));
-            }
-            y[c * ldy + r] = _mm_cvtss_f32(s);
-        }
+        for (int c = 0; c < C; c++) y[c * ldy + r] = ql_hsum(acc[r][c]);
 }
 
 /* Rows [ob, oe): tiles of R rows, then single rows. */
