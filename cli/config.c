@@ -19,6 +19,7 @@ typedef struct {
 
 static void config_usage(FILE *f, const char *cmd)
 {
+    int is_config = !strcmp(cmd, "config");
     fprintf(f,
             "usage: spillway %s [options]\n"
             "  -c FILE          key=value config file (kafka.* keys pass to librdkafka)\n"
@@ -27,11 +28,14 @@ static void config_usage(FILE *f, const char *cmd)
             "  -b BROKERS       brokers            -t TOPICS   input.topics\n"
             "  -o TOPIC         output.topic       -d TOPIC    dlq.topic\n"
             "  -g GROUP         group.id           -m MODEL    model\n"
-            "  --exactly-once   delivery=exactly-once\n"
-            "  --keys           (config) list the keys and their meaning\n"
-            "  --check          (config) also validate the values as the worker would; exit 1 if not\n"
-            "Environment: SPILLWAY_<KEY> (upper case, '.' -> '_'), e.g. SPILLWAY_BATCH_MAX_SEQS.\n",
+            "  -i NAME          worker.id: this worker's name, stable across restarts and unique\n"
+            "                   in the group (exactly-once derives its transactional id from it)\n"
+            "  --exactly-once   delivery=exactly-once\n",
             cmd);
+    if (is_config)
+        fprintf(f, "  --keys           list the keys and their meaning\n"
+                   "  --check          also validate the values as the worker would; exit 1 if not\n");
+    fprintf(f, "Environment: SPILLWAY_<KEY> (upper case, '.' -> '_'), e.g. SPILLWAY_BATCH_MAX_SEQS.\n");
 }
 
 int cli_worker_config(int argc, char **argv, worker_config_t *cfg, int *list_keys)
@@ -41,7 +45,8 @@ int cli_worker_config(int argc, char **argv, worker_config_t *cfg, int *list_key
         {"brokers", required_argument, 0, 'b'}, {"topics", required_argument, 0, 't'},
         {"output", required_argument, 0, 'o'}, {"dlq", required_argument, 0, 'd'},
         {"group", required_argument, 0, 'g'}, {"model", required_argument, 0, 'm'},
-        {"exactly-once", no_argument, 0, 'E'}, {"keys", no_argument, 0, 'K'},
+        {"exactly-once", no_argument, 0, 'E'}, {"id", required_argument, 0, 'i'},
+        {"keys", no_argument, 0, 'K'},
         {"check", no_argument, 0, 'C'},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0},
     };
@@ -56,7 +61,7 @@ int cli_worker_config(int argc, char **argv, worker_config_t *cfg, int *list_key
     }
     if (list_keys) *list_keys = 0;
     optind = 0;
-    while ((opt = getopt_long(argc, argv, "c:X:s:b:t:o:d:g:m:h", longopts, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, "c:X:s:b:t:o:d:g:m:i:h", longopts, NULL)) != -1) {
         pending_t *p = &ops[n_ops];
         switch (opt) {
         case 'c': file = optarg; break;
@@ -68,12 +73,15 @@ int cli_worker_config(int argc, char **argv, worker_config_t *cfg, int *list_key
         case 'd': *p = (pending_t){2, "dlq.topic", optarg}; n_ops++; break;
         case 'g': *p = (pending_t){2, "group.id", optarg}; n_ops++; break;
         case 'm': *p = (pending_t){2, "model", optarg}; n_ops++; break;
+        case 'i': *p = (pending_t){2, "worker.id", optarg}; n_ops++; break;
         case 'E': *p = (pending_t){2, "delivery", "exactly-once"}; n_ops++; break;
         case 'K':
-            if (list_keys) *list_keys |= 1;
-            break;
         case 'C':
-            if (list_keys) *list_keys |= 2;
+            if (!list_keys) { /* `spillway config` only */
+                config_usage(stderr, argv[0]);
+                goto fail;
+            }
+            *list_keys |= opt == 'K' ? 1 : 2;
             break;
         case 'h': config_usage(stdout, argv[0]); rc = 1; goto fail;
         default: config_usage(stderr, argv[0]); goto fail;

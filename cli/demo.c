@@ -3,8 +3,9 @@
  * message for the DLQ), runs a worker in-process, collects the results and prints them with a
  * summary (throughput, TTFT).
  *
- * Model: -m FILE, else stories260K.gguf from $SPILLWAY_MODELS or ../shared/models (from the
- * current directory or its parent), else a synthetic `mkmodel --preset tiny` in a temp file. */
+ * Model: -m FILE, else stories260K.gguf from $SPILLWAY_MODELS, the repository's models/ or
+ * ../shared/models (from the current directory or its parent), else a synthetic
+ * `mkmodel --preset tiny` in a temp file. */
 #include <getopt.h>
 #include <jansson.h>
 #include <librdkafka/rdkafka.h>
@@ -43,7 +44,22 @@ static void *demo_worker(void *arg)
 static int find_model(char *out, size_t cap)
 {
     const char *env = getenv("SPILLWAY_MODELS");
-    const char *dirs[] = {env, "../shared/models", "../../shared/models"};
+    /* the repository's models/ beside the build folder that holds this binary (build/spillway) */
+    char exe_models[4200] = "";
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = '\0';
+        char *slash = strrchr(exe, '/');
+        if (slash) {
+            *slash = '\0';
+            snprintf(exe_models, sizeof exe_models, "%s/../models", exe);
+        }
+    }
+    /* $SPILLWAY_MODELS, the copy bundled in the repository (beside the binary's build folder, or
+     * models/ under the current directory or its parent), then the shared test-model folder */
+    const char *dirs[] = {env, exe_models[0] ? exe_models : NULL, "models", "../models",
+                          "../shared/models", "../../shared/models"};
     for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
         if (!dirs[i]) continue;
         snprintf(out, cap, "%s/stories260K.gguf", dirs[i]);

@@ -18,6 +18,7 @@
 #include <xxhash.h>
 
 #include "cli.h"
+#include "consumer/json_text.h"
 
 static double now_s(void)
 {
@@ -163,7 +164,7 @@ int cli_produce(int argc, char **argv)
         size_t vlen = (size_t)len;
         char *owned = NULL;
         if (o && (r = from_openai(o))) {
-            owned = json_dumps(r, JSON_COMPACT);
+            owned = json_text_dump(r); /* 0.8 stays 0.8 */
             val = owned;
             vlen = strlen(owned);
         } else if (o) {

@@ -29,8 +29,8 @@ echo "=== tests: Release === [${SECONDS}s]"
 # them here too took the whole script past 30 minutes.
 # So do the single-purpose real-broker fault tests (oversized records, a peer killed, a late
 # EndTxn answer, the forged KV block: ~3 min of test time), for the same reason.
-RELEASE_SKIP='^(test_faults_.*|test_oversize\.sh|test_worker_oversize\.sh|test_worker_peer_kill\.sh|test_worker_eos_endtxn\.sh|test_kv_forgery\.sh)$'
-(cd build && ctest --output-on-failure -j"$TEST_JOBS" -E "$RELEASE_SKIP")
+# (ctest label "fault", set in CMakeLists.txt)
+(cd build && ctest --output-on-failure -j"$TEST_JOBS" -LE fault)
 
 echo "=== build: ASan+UBSan === [${SECONDS}s]"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPILLWAY_WERROR=ON -DSPILLWAY_SANITIZE=ON \
@@ -48,14 +48,13 @@ echo "=== build: ThreadSanitizer === [${SECONDS}s]"
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPILLWAY_WERROR=ON -DSPILLWAY_TSAN=ON \
   -DSPILLWAY_SHARED_DIR="$SHARED" >/dev/null
 # only what the stage runs: the threaded parts' tests and the spillway command (test_cache_tier.sh)
-TSAN_TESTS='test_engine|test_kvpool|test_metrics|test_cache|test_cache_tier\.sh|test_worker_mock|test_worker_txn_mock|test_worker_features'
+# the tests labelled "threaded" (CMakeLists.txt) and what they run (test_cache_tier.sh: spillway)
 cmake --build build-tsan -j"$JOBS" --target spillway test_engine test_kvpool test_metrics test_cache \
-  test_worker_mock test_worker_txn_mock test_worker_features
+  test_consumer_offsets test_worker_mock test_worker_txn_mock test_worker_features
 echo "=== tests: ThreadSanitizer (the threaded parts: scheduler and thread pool, cache, metrics, worker) === [${SECONDS}s]"
 # tests/tsan/suppressions.txt: uninstrumented libraries, and the arena's seqlock copy (by design)
 (cd build-tsan && TSAN_OPTIONS="suppressions=$ROOT/tests/tsan/suppressions.txt halt_on_error=1 die_after_fork=0" \
-  SPILLWAY_TEST_NO_FORK=1 ctest --output-on-failure -j"$JOBS" \
-  -R "^($TSAN_TESTS)\$")
+  SPILLWAY_TEST_NO_FORK=1 ctest --output-on-failure -j"$JOBS" -L threaded)
 
 if [ "$FUZZ_SECONDS" -gt 0 ]; then
   echo "=== fuzz: ${FUZZ_SECONDS}s per target === [${SECONDS}s]"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs the real-broker tests (the tests/test_*.sh that start a Kafka broker: those calling
-# scripts/kafka-broker.sh or sourcing tests/faults_lib.sh) N times in a row through ctest, every
+# Runs the real-broker tests (ctest label "broker": the tests/test_*.sh that start a Kafka broker)
+# N times in a row through ctest, every
 # run to its end (no retry), and prints per test the passes, failures and mean time, then the
 # total time. A test that fails once in N is flaky: investigate it, do not rerun it.
 #   tests/repeat-broker-tests.sh [N [BUILD_DIR]]   N default 20, BUILD_DIR default build (built)
@@ -14,7 +14,8 @@ N=${1:-20}
 BUILD=$(realpath "${2:-build}")
 JOBS=${SPILLWAY_REPEAT_JOBS:-1}
 [ -f "$BUILD/CTestTestfile.cmake" ] || { echo "no ctest build in $BUILD" >&2; exit 2; }
-names=$(grep -lE 'kafka-broker\.sh|faults_lib\.sh' tests/test_*.sh | xargs -n1 basename |
+# the tests labelled "broker" (CMakeLists.txt)
+names=$(cd "$BUILD" && ctest -N -L broker | sed -nE 's/^ *Test +#[0-9]+: (.+)$/\1/p' |
   { grep -E "${SPILLWAY_REPEAT_ONLY:-.}" || true; } | sort)
 [ -n "$names" ] || { echo "no broker test matches" >&2; exit 2; }
 regex="^($(echo "$names" | sed 's/\./\\./g' | paste -sd'|'))\$"

@@ -25,7 +25,7 @@
 #      b. A duplicate transactional id: a second exactly-once worker with the same worker.id (so
 #         the same transactional.id) joins while the first is busy. The second's
 #         init_transactions fences the first, which must exit with status 1 and an "ERROR fatal:"
-#         line saying it was fenced (what the worker does: set_fatal in worker/worker.c, the
+#         line saying it was fenced (what the worker does: wfatal_set in worker/log.c, the
 #         process exits 1 so that a supervisor restarts it); the second serves everything: set
 #         equality and zero duplicates under read_committed.
 # SPILLWAY_FAULTS_SCALE multiplies the message counts, SPILLWAY_FAULTS_ONLY="4 5" selects

@@ -20,133 +20,10 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "tests/support/mock_kafka.h"
 #include "worker/worker.h"
 
 #define MODEL SPILLWAY_MODELS "/stories260K.gguf"
-
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static rd_kafka_t *client(rd_kafka_type_t type, const char *brokers, const char *group)
-{
-    char err[256];
-    rd_kafka_conf_t *conf = rd_kafka_conf_new();
-    if (brokers) rd_kafka_conf_set(conf, "bootstrap.servers", brokers, err, sizeof err);
-    rd_kafka_conf_set(conf, "log_level", "3", err, sizeof err);
-    if (group) {
-        rd_kafka_conf_set(conf, "group.id", group, err, sizeof err);
-        rd_kafka_conf_set(conf, "enable.auto.commit", "false", err, sizeof err);
-    }
-    rd_kafka_t *rk = rd_kafka_new(type, conf, err, sizeof err);
-    if (!rk) fprintf(stderr, "rd_kafka_new: %s\n", err);
-    return rk;
-}
-
-/* A message to produce: its value and up to two headers (name NULL = none). */
-typedef struct {
-    const char *topic, *value;
-    const char *h[2][2];
-} msg_t;
-
-static void produce(const char *brokers, const msg_t *msgs, int n)
-{
-    rd_kafka_t *p = client(RD_KAFKA_PRODUCER, brokers, NULL);
-    for (int i = 0; i < n; i++) {
-        rd_kafka_headers_t *h = rd_kafka_headers_new(2);
-        for (int k = 0; k < 2; k++)
-            if (msgs[i].h[k][0]) rd_kafka_header_add(h, msgs[i].h[k][0], -1, msgs[i].h[k][1], -1);
-        /* h is owned by the message once producev succeeds */
-        CHECK(rd_kafka_producev(p, RD_KAFKA_V_TOPIC(msgs[i].topic),
-                                RD_KAFKA_V_VALUE((void *)msgs[i].value, strlen(msgs[i].value)),
-                                RD_KAFKA_V_HEADERS(h), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
-                                RD_KAFKA_V_END) == 0);
-    }
-    CHECK(rd_kafka_flush(p, 10000) == 0);
-    rd_kafka_destroy(p);
-}
-
-typedef struct {
-    json_t *value;     /* parsed record value */
-    char code[64], message[256], topic[64]; /* DLQ headers */
-} rec_t;
-
-/* Reads topic (1 partition) from the beginning until want records or the timeout. */
-static int collect(const char *brokers, const char *topic, int want, rec_t *out)
-{
-    rd_kafka_t *c = client(RD_KAFKA_CONSUMER, brokers, "collector");
-    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);
-    rd_kafka_topic_partition_list_add(l, topic, 0)->offset = RD_KAFKA_OFFSET_BEGINNING;
-    rd_kafka_assign(c, l);
-    rd_kafka_topic_partition_list_destroy(l);
-    int n = 0;
-    for (int64_t end = now_ms() + 30000; n < want && now_ms() < end;) {
-        rd_kafka_message_t *m = rd_kafka_consumer_poll(c, 100);
-        if (!m) continue;
-        if (!m->err) {
-            rec_t *r = &out[n++];
-            memset(r, 0, sizeof *r);
-            r->value = json_loadb(m->payload, m->len, 0, NULL);
-            rd_kafka_headers_t *h;
-            const void *v;
-            size_t vl;
-            if (!rd_kafka_message_headers(m, &h)) {
-                if (!rd_kafka_header_get_last(h, "__spillway.errors.code", &v, &vl))
-                    snprintf(r->code, sizeof r->code, "%.*s", (int)vl, (const char *)v);
-                if (!rd_kafka_header_get_last(h, "__spillway.errors.message", &v, &vl))
-                    snprintf(r->message, sizeof r->message, "%.*s", (int)vl, (const char *)v);
-                if (!rd_kafka_header_get_last(h, "__spillway.errors.topic", &v, &vl))
-                    snprintf(r->topic, sizeof r->topic, "%.*s", (int)vl, (const char *)v);
-            }
-        }
-        rd_kafka_message_destroy(m);
-    }
-    rd_kafka_consumer_close(c);
-    rd_kafka_destroy(c);
-    return n;
-}
-
-static const rec_t *find(const rec_t *recs, int n, const char *id)
-{
-    for (int i = 0; i < n; i++) {
-        const char *v = json_string_value(json_object_get(recs[i].value, "id"));
-        if (v && !strcmp(v, id)) return &recs[i];
-    }
-    return NULL;
-}
-
-static void free_recs(rec_t *recs, int n)
-{
-    for (int i = 0; i < n; i++) json_decref(recs[i].value);
-}
-
-/* The group's committed offset of topic's partition 0 (-1 none). */
-static int64_t committed(const char *brokers, const char *group, const char *topic)
-{
-    rd_kafka_t *c = client(RD_KAFKA_CONSUMER, brokers, group);
-    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);
-    rd_kafka_topic_partition_list_add(l, topic, 0);
-    int64_t off = rd_kafka_committed(c, l, 5000) ? -2 : l->elems[0].offset;
-    rd_kafka_topic_partition_list_destroy(l);
-    rd_kafka_destroy(c);
-    return off;
-}
-
-typedef struct {
-    worker_t *w;
-    int rc;
-    char err[512];
-} run_t;
-
-static void *run_worker(void *arg)
-{
-    run_t *r = arg;
-    r->rc = worker_run(r->w, NULL, r->err, sizeof r->err);
-    return NULL;
-}
 
 /* A worker of group g-SUFFIX on inputs `inputs`, results out-SUFFIX, dead letters dlq-SUFFIX,
  * classes gold / standard / batch (no ttft_ms: no overload step runs), plus kv[0..n). */
@@ -180,39 +57,29 @@ static worker_t *make_worker(const char *brokers, const char *suffix, const char
 /* Runs w until outputs results + DLQ records are durable, then stops it (its drain commits). */
 static void run_until(worker_t *w, uint64_t outputs, worker_stats_t *st)
 {
-    run_t run = {.w = w};
-    pthread_t th;
-    pthread_create(&th, NULL, run_worker, &run);
-    int64_t end = now_ms() + 40000;
-    do {
-        usleep(50000);
-        worker_stats(w, st);
-    } while (st->results + st->dlq < outputs && now_ms() < end);
-    worker_stop(w);
-    pthread_join(th, NULL);
-    CHECKF(run.rc == 0, "%s", run.err);
-    worker_stats(w, st);
+    char err[512];
+    CHECKF(tk_run_until(w, outputs, 40000, st, err, sizeof err) == 0, "%s", err);
 }
 
 /* A result of id with this tenant (NULL = no tenant field) and class. */
-static void check_served(const rec_t *res, int n, const char *id, const char *tenant,
+static void check_served(const tk_rec_t *res, int n, const char *id, const char *tenant,
                          const char *cls)
 {
-    const rec_t *r = find(res, n, id);
+    const tk_rec_t *r = tk_find(res, n, id);
     CHECKF(r != NULL, "no result for %s", id);
     if (!r) return;
-    const char *t = json_string_value(json_object_get(r->value, "tenant"));
-    const char *c = json_string_value(json_object_get(r->value, "class"));
+    const char *t = json_string_value(json_object_get(r->json, "tenant"));
+    const char *c = json_string_value(json_object_get(r->json, "class"));
     CHECKF(tenant ? t && !strcmp(t, tenant) : t == NULL, "%s: tenant %s, want %s", id,
            t ? t : "(none)", tenant ? tenant : "(none)");
     CHECKF(c && !strcmp(c, cls), "%s: class %s, want %s", id, c ? c : "(none)", cls);
 }
 
 /* A dead letter of id from topic with code, its message naming the refused claim. */
-static void check_refused(const rec_t *dl, int n, const char *id, const char *topic,
+static void check_refused(const tk_rec_t *dl, int n, const char *id, const char *topic,
                           const char *code, const char *claim)
 {
-    const rec_t *r = find(dl, n, id);
+    const tk_rec_t *r = tk_find(dl, n, id);
     CHECKF(r != NULL, "no DLQ record for %s", id);
     if (!r) return;
     CHECKF(!strcmp(r->code, code) && !strcmp(r->topic, topic) && strstr(r->message, claim) &&
@@ -226,27 +93,28 @@ static void check_refused(const rec_t *dl, int n, const char *id, const char *to
 
 static void test_claims(const char *brokers)
 {
-    const msg_t msgs[] = {
+    const tk_msg_t msgs[] = {
         /* in-p: its own entry */
-        {"in-p", P("p-ok", ",\"tenant\":\"acme\",\"class\":\"gold\""), {{0}}},
-        {"in-p", P("p-none", ""), {{0}}},
-        {"in-p", P("p-badt", ",\"tenant\":\"initech\""), {{0}}},
-        {"in-p", P("p-badc", ",\"class\":\"batch\""), {{0}}},
-        {"in-p", P("p-hok", ""), {{"tenant", "globex"}, {"class", "gold"}}},
-        {"in-p", P("p-hbadt", ""), {{"tenant", "initech"}, {0}}},
-        {"in-p", P("p-hbadc", ""), {{"class", "batch"}, {0}}},
+        {.topic = "in-p", .value = P("p-ok", ",\"tenant\":\"acme\",\"class\":\"gold\"")},
+        {.topic = "in-p", .value = P("p-none", "")},
+        {.topic = "in-p", .value = P("p-badt", ",\"tenant\":\"initech\"")},
+        {.topic = "in-p", .value = P("p-badc", ",\"class\":\"batch\"")},
+        {.topic = "in-p", .value = P("p-hok", ""), .h = {{"tenant", "globex"}, {"class", "gold"}}},
+        {.topic = "in-p", .value = P("p-hbadt", ""), .h = {{"tenant", "initech"}, {0}}},
+        {.topic = "in-p", .value = P("p-hbadc", ""), .h = {{"class", "batch"}, {0}}},
         /* in-o: only the "*" entry */
-        {"in-o", P("o-none", ""), {{0}}},
-        {"in-o", P("o-dflt", ",\"tenant\":\"anon\",\"class\":\"batch\""), {{0}}},
-        {"in-o", P("o-badt", ",\"tenant\":\"acme\""), {{0}}},
-        {"in-o", P("o-badc", ",\"class\":\"gold\""), {{0}}},
+        {.topic = "in-o", .value = P("o-none", "")},
+        {.topic = "in-o", .value = P("o-dflt", ",\"tenant\":\"anon\",\"class\":\"batch\"")},
+        {.topic = "in-o", .value = P("o-badt", ",\"tenant\":\"acme\"")},
+        {.topic = "in-o", .value = P("o-badc", ",\"class\":\"gold\"")},
         /* the deferral topic: judged as the topic named in __spillway.deferred.from */
-        {"def-c", P("d-none", ""), {{FROM, "in-p[0]@1"}, {0}}},
-        {"def-c", P("d-badt", ",\"tenant\":\"initech\""), {{FROM, "in-p[0]@2"}, {0}}},
-        {"def-c", P("d-forged", ",\"tenant\":\"acme\""), {{0}}},
+        {.topic = "def-c", .value = P("d-none", ""), .h = {{FROM, "in-p[0]@1"}, {0}}},
+        {.topic = "def-c",
+         .value = P("d-badt", ",\"tenant\":\"initech\""), .h = {{FROM, "in-p[0]@2"}, {0}}},
+        {.topic = "def-c", .value = P("d-forged", ",\"tenant\":\"acme\"")},
     };
     enum { N = (int)(sizeof msgs / sizeof msgs[0]), NP = 7, NO = 4, ND = 3, NDLQ = 8 };
-    produce(brokers, msgs, N);
+    CHECK(tk_produce(brokers, msgs, N) == 0);
     const char *kv[][2] = {
         {"claims", "in-p tenants=acme,globex classes=gold,standard tenant=acme class=standard;"
                    " * tenant=anon"},
@@ -259,8 +127,9 @@ static void test_claims(const char *brokers)
     CHECKF(st.results == N - NDLQ && st.dlq == NDLQ, "%llu results, %llu DLQ",
            (unsigned long long)st.results, (unsigned long long)st.dlq);
 
-    rec_t res[N], dl[N];
-    int nres = collect(brokers, "out-c", N - NDLQ, res), ndl = collect(brokers, "dlq-c", NDLQ, dl);
+    tk_rec_t res[N], dl[N];
+    int nres = tk_collect(brokers, "out-c", 1, N - NDLQ, 30000, res, N),
+        ndl = tk_collect(brokers, "dlq-c", 1, NDLQ, 30000, dl, N);
     CHECKF(nres == N - NDLQ && ndl == NDLQ, "%d results, %d DLQ", nres, ndl);
     check_served(res, nres, "p-ok", "acme", "gold");
     check_served(res, nres, "p-none", "acme", "standard");
@@ -277,35 +146,36 @@ static void test_claims(const char *brokers)
     check_refused(dl, ndl, "d-badt", "def-c", "tenant_not_allowed", "initech");
     check_refused(dl, ndl, "d-forged", "def-c", "tenant_not_allowed", "acme");
     /* dead letters are committed like results: every offset, nothing left behind */
-    CHECK(committed(brokers, "g-c", "in-p") == NP);
-    CHECK(committed(brokers, "g-c", "in-o") == NO);
-    CHECK(committed(brokers, "g-c", "def-c") == ND);
-    free_recs(res, nres);
-    free_recs(dl, ndl);
+    CHECK(tk_committed(brokers, "g-c", "in-p", 1, NULL) == NP);
+    CHECK(tk_committed(brokers, "g-c", "in-o", 1, NULL) == NO);
+    CHECK(tk_committed(brokers, "g-c", "def-c", 1, NULL) == ND);
+    tk_recs_free(res, nres);
+    tk_recs_free(dl, ndl);
 }
 
 /* No claims key: a request names its tenant and class unchecked. */
 static void test_unchecked(const char *brokers)
 {
-    const msg_t msgs[] = {
-        {"in-u", P("u-json", ",\"tenant\":\"initech\",\"class\":\"gold\""), {{0}}},
-        {"in-u", P("u-hdr", ""), {{"tenant", "acme"}, {"class", "standard"}}},
-        {"in-u", P("u-none", ""), {{0}}},
+    const tk_msg_t msgs[] = {
+        {.topic = "in-u", .value = P("u-json", ",\"tenant\":\"initech\",\"class\":\"gold\"")},
+        {.topic = "in-u",
+         .value = P("u-hdr", ""), .h = {{"tenant", "acme"}, {"class", "standard"}}},
+        {.topic = "in-u", .value = P("u-none", "")},
     };
-    produce(brokers, msgs, 3);
+    CHECK(tk_produce(brokers, msgs, 3) == 0);
     worker_t *w = make_worker(brokers, "u", "in-u", NULL, 0);
     if (!w) return;
     worker_stats_t st;
     run_until(w, 3, &st);
     worker_free(w);
     CHECK(st.results == 3 && st.dlq == 0);
-    rec_t res[3];
-    int nres = collect(brokers, "out-u", 3, res);
+    tk_rec_t res[3];
+    int nres = tk_collect(brokers, "out-u", 1, 3, 30000, res, 3);
     CHECK(nres == 3);
     check_served(res, nres, "u-json", "initech", "gold");
     check_served(res, nres, "u-hdr", "acme", "standard");
     check_served(res, nres, "u-none", NULL, "batch");
-    free_recs(res, nres);
+    tk_recs_free(res, nres);
 }
 
 int main(void)
@@ -314,7 +184,7 @@ int main(void)
         fprintf(stderr, "skip: %s not found\n", MODEL);
         return 77;
     }
-    rd_kafka_t *mk = client(RD_KAFKA_PRODUCER, NULL, NULL);
+    rd_kafka_t *mk = tk_client(RD_KAFKA_PRODUCER, NULL, NULL, NULL);
     rd_kafka_mock_cluster_t *mc = rd_kafka_mock_cluster_new(mk, 1);
     CHECK(mc != NULL);
     const char *topics[] = {"in-p", "in-o", "def-c", "out-c", "dlq-c", "in-u", "out-u", "dlq-u"};

@@ -21,17 +21,11 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "tests/support/mock_kafka.h"
 #include "worker/worker.h"
 
 #define MODEL SPILLWAY_MODELS "/stories260K.gguf"
 #define NPARTS 4
-
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* A port that was free a moment ago on 127.0.0.1 (bound to 0, read back, closed). */
 static int free_port(void)
@@ -118,19 +112,6 @@ static double refreshes(const char *m)
     return value_of(m, REFRESH_OK) + value_of(m, REFRESH_FAILED);
 }
 
-typedef struct {
-    worker_t *w;
-    int rc;
-    char err[512];
-} run_t;
-
-static void *run_worker(void *arg)
-{
-    run_t *r = arg;
-    r->rc = worker_run(r->w, NULL, r->err, sizeof r->err);
-    return NULL;
-}
-
 int main(void)
 {
     if (access(MODEL, R_OK)) {
@@ -176,21 +157,20 @@ int main(void)
     worker_config_free(&c);
     CHECKF(w != NULL, "%s", err);
     if (!w) return check_exit();
-    run_t run = {.w = w};
-    pthread_t th;
-    pthread_create(&th, NULL, run_worker, &run);
+    tk_run_t run;
+    tk_run_start(&run, w);
 
     /* the assignment, and the lag of its 4 partitions (awaited: 30 s is a bound on a stuck
      * group, not a speed) */
     char *m = NULL;
-    int64_t end = now_ms() + 30000;
+    int64_t end = tk_now_ms() + 30000;
     for (;;) {
         free(m);
         m = scrape(port);
         if (m && value_of(m, "spillway:partitions_assigned") == NPARTS &&
             count_lines(m, LAG) == NPARTS)
             break;
-        if (now_ms() > end) break;
+        if (tk_now_ms() > end) break;
         usleep(20000);
     }
     CHECKF(m && count_lines(m, LAG) == NPARTS, "consumer_lag series: %d, want %d",
@@ -220,7 +200,7 @@ int main(void)
     for (int b = 1; b <= 3; b++) rd_kafka_mock_broker_set_up(mc, b);
 
     worker_stop(w);
-    pthread_join(th, NULL);
+    tk_run_join(&run);
     CHECKF(run.rc == 0, "worker_run: %s", run.err);
     worker_free(w);
     rd_kafka_mock_cluster_destroy(mc);

@@ -16,123 +16,10 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "tests/support/mock_kafka.h"
 #include "worker/worker.h"
 
 #define MODEL SPILLWAY_MODELS "/stories260K.gguf"
-
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static rd_kafka_t *new_client(rd_kafka_type_t type, const char *brokers, const char *group,
-                              const char *isolation)
-{
-    char err[256];
-    rd_kafka_conf_t *conf = rd_kafka_conf_new();
-    rd_kafka_conf_set(conf, "bootstrap.servers", brokers, err, sizeof err);
-    rd_kafka_conf_set(conf, "log_level", "3", err, sizeof err);
-    if (group) rd_kafka_conf_set(conf, "group.id", group, err, sizeof err);
-    if (isolation) rd_kafka_conf_set(conf, "isolation.level", isolation, err, sizeof err);
-    if (type == RD_KAFKA_CONSUMER) rd_kafka_conf_set(conf, "enable.auto.commit", "false", err, sizeof err);
-    rd_kafka_t *rk = rd_kafka_new(type, conf, err, sizeof err);
-    if (!rk) fprintf(stderr, "rd_kafka_new: %s\n", err);
-    return rk;
-}
-
-/* Produces values[i] with key keys[i] (NULL: no key) to partition i % nparts. */
-static void produce_all(const char *brokers, const char *topic, int n, char **values,
-                        const size_t *lens, int nparts)
-{
-    rd_kafka_t *p = new_client(RD_KAFKA_PRODUCER, brokers, NULL, NULL);
-    for (int i = 0; i < n; i++) {
-        char key[32];
-        snprintf(key, sizeof key, "k%d", i);
-        rd_kafka_resp_err_t e = rd_kafka_producev(
-            p, RD_KAFKA_V_TOPIC(topic), RD_KAFKA_V_PARTITION(i % nparts),
-            RD_KAFKA_V_KEY(key, strlen(key)), RD_KAFKA_V_VALUE(values[i], lens[i]),
-            RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_END);
-        CHECK(e == 0);
-    }
-    CHECK(rd_kafka_flush(p, 10000) == 0);
-    rd_kafka_destroy(p);
-}
-
-typedef struct {
-    char *value;
-    size_t len;
-    char code[64];   /* DLQ: __spillway.errors.code */
-    int32_t src_partition;
-} rec_t;
-
-/* Reads topic (nparts partitions, from the beginning) until want records or timeout. */
-static int collect(const char *brokers, const char *topic, int nparts, int want, int timeout_ms,
-                   rec_t *out, int cap)
-{
-    rd_kafka_t *c = new_client(RD_KAFKA_CONSUMER, brokers, "collector", "read_committed");
-    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(nparts);
-    for (int p = 0; p < nparts; p++)
-        rd_kafka_topic_partition_list_add(l, topic, p)->offset = RD_KAFKA_OFFSET_BEGINNING;
-    rd_kafka_assign(c, l);
-    rd_kafka_topic_partition_list_destroy(l);
-    int n = 0;
-    int64_t end = now_ms() + timeout_ms;
-    while (n < want && now_ms() < end) {
-        rd_kafka_message_t *m = rd_kafka_consumer_poll(c, 100);
-        if (!m) continue;
-        if (!m->err && n < cap) {
-            rec_t *r = &out[n++];
-            r->value = malloc(m->len + 1);
-            memcpy(r->value, m->payload, m->len);
-            r->value[m->len] = 0;
-            r->len = m->len;
-            r->code[0] = 0;
-            r->src_partition = -1;
-            rd_kafka_headers_t *h = NULL;
-            const void *v;
-            size_t vl;
-            if (!rd_kafka_message_headers(m, &h)) {
-                if (!rd_kafka_header_get_last(h, "__spillway.errors.code", &v, &vl))
-                    snprintf(r->code, sizeof r->code, "%.*s", (int)vl, (const char *)v);
-                if (!rd_kafka_header_get_last(h, "__spillway.errors.partition", &v, &vl))
-                    r->src_partition = atoi((const char *)v);
-            }
-        }
-        rd_kafka_message_destroy(m);
-    }
-    rd_kafka_consumer_close(c);
-    rd_kafka_destroy(c);
-    return n;
-}
-
-/* Sum over partitions of the group's committed offsets (-1 per partition without one). */
-static int64_t committed_sum(const char *brokers, const char *group, const char *topic, int nparts)
-{
-    rd_kafka_t *c = new_client(RD_KAFKA_CONSUMER, brokers, group, NULL);
-    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(nparts);
-    for (int p = 0; p < nparts; p++) rd_kafka_topic_partition_list_add(l, topic, p);
-    int64_t sum = 0;
-    if (rd_kafka_committed(c, l, 5000)) sum = -1000000;
-    for (int p = 0; p < l->cnt; p++) sum += l->elems[p].offset >= 0 ? l->elems[p].offset : -1;
-    rd_kafka_topic_partition_list_destroy(l);
-    rd_kafka_destroy(c);
-    return sum;
-}
-
-typedef struct {
-    worker_t *w;
-    int rc;
-    char err[512];
-} run_t;
-
-static void *run_worker(void *arg)
-{
-    run_t *r = arg;
-    r->rc = worker_run(r->w, NULL, r->err, sizeof r->err);
-    return NULL;
-}
 
 static worker_t *make_worker_x(const char *brokers, const char *group, const char *in,
                                const char *out, const char *dlq, int eos, int max_inflight,
@@ -171,21 +58,6 @@ static worker_t *make_worker(const char *brokers, const char *group, const char 
     return make_worker_x(brokers, group, in, out, dlq, eos, max_inflight, NULL);
 }
 
-static int find_id(rec_t *recs, int n, const char *id)
-{
-    char pat[96];
-    snprintf(pat, sizeof pat, "\"id\":\"%s\"", id);
-    int hits = 0;
-    for (int i = 0; i < n; i++)
-        if (strstr(recs[i].value, pat)) hits++;
-    return hits;
-}
-
-static void free_recs(rec_t *recs, int n)
-{
-    for (int i = 0; i < n; i++) free(recs[i].value);
-}
-
 /* Good prompts, bad input, an expired request, backpressure; committed at the end. */
 static void test_end_to_end(rd_kafka_mock_cluster_t *mc, const char *brokers, int eos)
 {
@@ -199,12 +71,22 @@ static void test_end_to_end(rd_kafka_mock_cluster_t *mc, const char *brokers, in
     size_t lens[N];
     static const char *prefixes[] = {"Once upon a time, there was a little girl named Lily. She",
                                      "Tom and his dog", "The sun was"};
+    /* r0's metadata comes back as its own text, less the insignificant white space: numbers
+     * as written (no re-rounding), nested values, escapes untouched */
+    static const char META0_IN[] = "{\"n\":0, \"x\": 12345678901234567890e-10,\"t\":0.8,"
+                                   "\"deep\":{\"a\":[1, 2.50,{\"u\":\"\\u00e9 \\ud83d\\ude00\"}]}}";
+    static const char META0_OUT[] = "\"metadata\":{\"n\":0,\"x\":12345678901234567890e-10,"
+                                    "\"t\":0.8,\"deep\":{\"a\":[1,2.50,{\"u\":\"\\u00e9 \\ud83d\\ude00\"}]}}";
     for (int i = 0; i < NGOOD; i++) {
-        char buf[512];
+        char buf[512], meta[160];
+        if (i == 0)
+            snprintf(meta, sizeof meta, "%s", META0_IN);
+        else
+            snprintf(meta, sizeof meta, "{\"n\":%d}", i);
         snprintf(buf, sizeof buf,
                  "{\"id\":\"r%d\",\"prompt\":\"%s %d\",\"max_tokens\":%d,\"temperature\":0,"
-                 "\"metadata\":{\"n\":%d}}",
-                 i, prefixes[i % 3], i, 4 + i % 5, i);
+                 "\"metadata\":%s}",
+                 i, prefixes[i % 3], i, 4 + i % 5, meta);
         vals[i] = strdup(buf);
     }
     const char *bad[NBAD] = {
@@ -217,27 +99,26 @@ static void test_end_to_end(rd_kafka_mock_cluster_t *mc, const char *brokers, in
     for (int i = 0; i < NBAD; i++) vals[NGOOD + i] = strdup(bad[i]);
     vals[N - 1] = strdup("{\"id\":\"late\",\"prompt\":\"Once upon\",\"deadline\":1000}");
     for (int i = 0; i < N; i++) lens[i] = strlen(vals[i]);
-    produce_all(brokers, in, N, vals, lens, 4);
+    CHECK(tk_produce_values(brokers, in, (const char *const *)vals, lens, N, 4, 1) == 0);
 
     worker_t *w = make_worker(brokers, group, in, out, dlq, eos, 5);
     if (!w) return;
-    run_t run = {.w = w};
-    pthread_t th;
-    int64_t t0 = now_ms();
-    pthread_create(&th, NULL, run_worker, &run);
-    rec_t res[64], dl[16];
-    int nres = collect(brokers, out, 2, NGOOD + 1, 40000, res, 64);
-    int ndlq = collect(brokers, dlq, 1, NBAD, 20000, dl, 16);
-    double secs = (double)(now_ms() - t0) * 1e-3;
+    tk_run_t run;
+    int64_t t0 = tk_now_ms();
+    tk_run_start(&run, w);
+    tk_rec_t res[64], dl[16];
+    int nres = tk_collect(brokers, out, 2, NGOOD + 1, 40000, res, 64);
+    int ndlq = tk_collect(brokers, dlq, 1, NBAD, 20000, dl, 16);
+    double secs = (double)(tk_now_ms() - t0) * 1e-3;
     /* wait until everything is committed, then stop */
-    int64_t end = now_ms() + 10000;
+    int64_t end = tk_now_ms() + 10000;
     worker_stats_t st;
     do {
         usleep(50000);
         worker_stats(w, &st);
-    } while (st.results + st.dlq < (uint64_t)N && now_ms() < end);
+    } while (st.results + st.dlq < (uint64_t)N && tk_now_ms() < end);
     worker_stop(w);
-    pthread_join(th, NULL);
+    tk_run_join(&run);
     CHECKF(run.rc == 0, "%s", run.err);
     fprintf(stderr, "%s: %d results, %d DLQ in %.2fs; pauses %llu, commits %llu, txns %llu\n",
             eos ? "exactly-once" : "at-least-once", nres, ndlq, secs,
@@ -247,9 +128,9 @@ static void test_end_to_end(rd_kafka_mock_cluster_t *mc, const char *brokers, in
     for (int i = 0; i < NGOOD; i++) {
         char id[16];
         snprintf(id, sizeof id, "r%d", i);
-        CHECKF(find_id(res, nres, id) == 1, "%s", id);
+        CHECKF(tk_count_id(res, nres, id) == 1, "%s", id);
     }
-    CHECK(find_id(res, nres, "late") == 1);
+    CHECK(tk_count_id(res, nres, "late") == 1);
     for (int i = 0; i < nres; i++) {
         if (strstr(res[i].value, "\"id\":\"late\"")) {
             CHECKF(strstr(res[i].value, "\"finish_reason\":\"expired\"") != NULL, "%s", res[i].value);
@@ -258,6 +139,9 @@ static void test_end_to_end(rd_kafka_mock_cluster_t *mc, const char *brokers, in
             CHECKF(strstr(res[i].value, "\"finish_reason\":\"length\"") ||
                        strstr(res[i].value, "\"finish_reason\":\"stop\""), "%s", res[i].value);
             CHECK(strstr(res[i].value, "\"metadata\":{\"n\":") != NULL);
+            if (strstr(res[i].value, "\"id\":\"r0\""))
+                CHECKF(strstr(res[i].value, META0_OUT) != NULL, "metadata not as sent: %s",
+                       res[i].value);
             CHECK(strstr(res[i].value, "\"worker\":\"test-worker\"") != NULL);
             CHECK(strstr(res[i].value, "\"input\":{\"topic\":") != NULL);
         }
@@ -281,14 +165,14 @@ static void test_end_to_end(rd_kafka_mock_cluster_t *mc, const char *brokers, in
     /* librdkafka 2.0's mock cluster acknowledges TxnOffsetCommit without storing the offsets,
      * so exactly-once commits are checked on the real broker (tests/test_worker_kafka.sh). */
     if (!eos) {
-        int64_t sum = committed_sum(brokers, group, in, 4);
+        int64_t sum = tk_committed(brokers, group, in, 4, NULL);
         CHECKF(sum == N, "committed offsets sum %lld, want %d", (long long)sum, N);
     } else {
         CHECK(st.txn_commits > 0 && st.txn_aborts == 0);
     }
     worker_free(w);
-    free_recs(res, nres);
-    free_recs(dl, ndlq);
+    tk_recs_free(res, nres);
+    tk_recs_free(dl, ndlq);
     for (int i = 0; i < N; i++) free(vals[i]);
 }
 
@@ -314,25 +198,24 @@ static void refused_case(rd_kafka_mock_cluster_t *mc, const char *brokers, const
     char *vals[1] = {strdup("{\"id\":\"big\",\"prompt\":\"Once upon a time\",\"max_tokens\":4,"
                             "\"temperature\":0}")};
     size_t lens[1] = {strlen(vals[0])};
-    produce_all(brokers, in, 1, vals, lens, 1);
+    CHECK(tk_produce_values(brokers, in, (const char *const *)vals, lens, 1, 1, 1) == 0);
     rd_kafka_mock_push_request_errors_array(mc, 0 /* Produce */, (size_t)n, errs);
     worker_t *w = make_worker_x(brokers, group, in, out, dlq, 0, 8, NULL);
     if (!w) goto out;
-    run_t run = {.w = w};
-    pthread_t th;
-    pthread_create(&th, NULL, run_worker, &run);
-    rec_t dl[4];
-    int ndlq = collect(brokers, dlq, 1, 1, 30000, dl, 4);
-    int64_t end = now_ms() + 30000;
-    while (committed_sum(brokers, group, in, 1) < 1 && now_ms() < end) usleep(100000);
-    CHECKF(committed_sum(brokers, group, in, 1) == 1, "%s: offset not committed past it", tag);
+    tk_run_t run;
+    tk_run_start(&run, w);
+    tk_rec_t dl[4];
+    int ndlq = tk_collect(brokers, dlq, 1, 1, 30000, dl, 4);
+    int64_t end = tk_now_ms() + 30000;
+    while (tk_committed(brokers, group, in, 1, NULL) < 1 && tk_now_ms() < end) usleep(100000);
+    CHECKF(tk_committed(brokers, group, in, 1, NULL) == 1, "%s: offset not committed past it", tag);
     worker_stop(w);
-    pthread_join(th, NULL);
+    tk_run_join(&run);
     CHECKF(run.rc == 0, "%s", run.err);
     CHECKF(ndlq == 1 && !strcmp(dl[0].code, want_code) && dl[0].len == lens[0] &&
                !memcmp(dl[0].value, vals[0], lens[0]),
            "%s: %d dead letters, code '%s'", tag, ndlq, ndlq ? dl[0].code : "");
-    free_recs(dl, ndlq);
+    tk_recs_free(dl, ndlq);
     worker_free(w);
 out:
     free(vals[0]);
@@ -365,7 +248,7 @@ static void produce_prompts(const char *brokers, const char *topic, int nparts, 
         vals[i] = strdup(buf);
         lens[i] = strlen(buf);
     }
-    produce_all(brokers, topic, n, vals, lens, nparts);
+    CHECK(tk_produce_values(brokers, topic, (const char *const *)vals, lens, n, nparts, 1) == 0);
 }
 
 static void test_broker_down(rd_kafka_mock_cluster_t *mc, const char *brokers)
@@ -390,41 +273,40 @@ static void test_broker_down(rd_kafka_mock_cluster_t *mc, const char *brokers)
 
     worker_t *w = make_worker(brokers, group, in, out, dlq, 0, 64);
     if (!w) return;
-    run_t run = {.w = w};
-    pthread_t th;
-    pthread_create(&th, NULL, run_worker, &run);
+    tk_run_t run;
+    tk_run_start(&run, w);
     worker_stats_t st;
-    int64_t end = now_ms() + 20000;
+    int64_t end = tk_now_ms() + 20000;
     do { /* all consumed and computed, none durable */
         usleep(50000);
         worker_stats(w, &st);
-    } while (st.consumed < N && now_ms() < end);
+    } while (st.consumed < N && tk_now_ms() < end);
     usleep(1500000);
-    int64_t sum = committed_sum(brokers, group, in, 2);
+    int64_t sum = tk_committed(brokers, group, in, 2, NULL);
     worker_stats(w, &st);
     CHECKF(st.results == 0, "%llu results durable while the leader is down", (unsigned long long)st.results);
     CHECKF(sum <= 0, "committed %lld while no result is durable", (long long)sum);
     rd_kafka_mock_broker_set_up(mc, 3);
-    rec_t res[N + 8];
-    int nres = collect(brokers, out, 1, N, 30000, res, N + 8);
-    end = now_ms() + 10000;
+    tk_rec_t res[N + 8];
+    int nres = tk_collect(brokers, out, 1, N, 30000, res, N + 8);
+    end = tk_now_ms() + 10000;
     do {
         usleep(50000);
         worker_stats(w, &st);
-    } while (st.results < N && now_ms() < end);
+    } while (st.results < N && tk_now_ms() < end);
     worker_stop(w);
-    pthread_join(th, NULL);
+    tk_run_join(&run);
     CHECKF(run.rc == 0, "%s", run.err);
     CHECKF(nres == N, "%d results after the broker came back", nres);
     for (int i = 0; i < N; i++) {
         char id[16];
         snprintf(id, sizeof id, "f%d", i);
-        CHECKF(find_id(res, nres, id) >= 1, "%s", id);
+        CHECKF(tk_count_id(res, nres, id) >= 1, "%s", id);
     }
-    sum = committed_sum(brokers, group, in, 2);
+    sum = tk_committed(brokers, group, in, 2, NULL);
     CHECKF(sum == N, "committed offsets sum %lld, want %d", (long long)sum, N);
     worker_free(w);
-    free_recs(res, nres);
+    tk_recs_free(res, nres);
     for (int i = 0; i < N; i++) free(vals[i]);
 }
 
@@ -451,26 +333,26 @@ static void test_commit_errors(rd_kafka_mock_cluster_t *mc, const char *brokers)
                                       RD_KAFKA_RESP_ERR_OFFSET_METADATA_TOO_LARGE);
     worker_t *w = make_worker(brokers, group, in, out, dlq, 0, 64);
     if (!w) return;
-    run_t run = {.w = w};
-    pthread_t th;
-    pthread_create(&th, NULL, run_worker, &run);
+    tk_run_t run;
+    tk_run_start(&run, w);
     worker_stats_t st;
-    int64_t end = now_ms() + 20000;
+    int64_t end = tk_now_ms() + 20000;
     do {
         usleep(50000);
         worker_stats(w, &st);
-    } while (st.results < N && now_ms() < end);
+    } while (st.results < N && tk_now_ms() < end);
     /* the periodic commits (every 100 ms) use up the injected errors and get through */
     int64_t sum;
-    end = now_ms() + 10000;
-    while ((sum = committed_sum(brokers, group, in, 2)) != N && now_ms() < end) usleep(100000);
+    end = tk_now_ms() + 10000;
+    while ((sum = tk_committed(brokers, group, in, 2, NULL)) != N && tk_now_ms() < end)
+        usleep(100000);
     CHECKF(sum == N, "committed offsets sum %lld while running, after failed commits, want %d",
            (long long)sum, N);
     worker_stop(w);
-    pthread_join(th, NULL);
+    tk_run_join(&run);
     CHECKF(run.rc == 0, "%s", run.err);
     CHECKF(st.results == N, "%llu results", (unsigned long long)st.results);
-    sum = committed_sum(brokers, group, in, 2);
+    sum = tk_committed(brokers, group, in, 2, NULL);
     CHECKF(sum == N, "committed offsets sum %lld after a clean stop, want %d", (long long)sum, N);
     worker_free(w);
     for (int i = 0; i < N; i++) free(vals[i]);

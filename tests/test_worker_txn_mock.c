@@ -43,6 +43,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "tests/support/mock_kafka.h"
 #include "worker/worker.h"
 
 #define MODEL SPILLWAY_MODELS "/stories260K.gguf"
@@ -54,13 +55,6 @@ enum { API_PRODUCE = 0, API_HEARTBEAT = 12, API_INIT_PRODUCER_ID = 22, API_ADD_O
  * leader */
 enum { B_TXN = 1, B_GROUP = 2, B_OUT = 3 };
 enum { NPARTS = 2, MAXN = 64 };
-
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static rd_kafka_t *new_client(rd_kafka_type_t type, const char *brokers, const char *group,
                               const char *isolation)
@@ -272,8 +266,8 @@ static void reader_catch_up(reader_t *rd, const char *topic)
 {
     int64_t lo = 0, hi = 0;
     if (rd_kafka_query_watermark_offsets(rd->c, topic, 0, &lo, &hi, 5000)) return;
-    int64_t end = now_ms() + 5000;
-    while (rd->next < hi && now_ms() < end) {
+    int64_t end = tk_now_ms() + 5000;
+    while (rd->next < hi && tk_now_ms() < end) {
         rd_kafka_message_t *m = rd_kafka_consumer_poll(rd->c, 50);
         if (!m) continue;
         if (!m->err) {
@@ -324,13 +318,13 @@ static size_t stack_left(const env_t *e, int broker, int api)
  * worker (its drain commits the last transaction). 0, or -1 on a timeout or a hang. */
 static int eos_finish(env_t *e, run_t *run, reader_t *rd, int timeout_ms)
 {
-    int64_t end = now_ms() + timeout_ms;
+    int64_t end = tk_now_ms() + timeout_ms;
     worker_stats_t st;
     for (;;) {
         reader_catch_up(rd, e->out);
         worker_stats(run->w, &st);
         if (rd->distinct == e->n && st.inflight == 0) break;
-        if (run_done(run) || now_ms() > end) {
+        if (run_done(run) || tk_now_ms() > end) {
             CHECKF(0, "%s: %d of %d results, %d in flight, worker %s", e->tag, rd->distinct, e->n,
                    st.inflight, run_done(run) ? "stopped" : "running");
             break;
@@ -411,11 +405,11 @@ static int case_eos_abortable(const char *tag, int broker, int api, rd_kafka_res
     run_start(&run, w);
     /* the abort happens at the first commit; wait for it before waiting for the end */
     worker_stats_t st;
-    int64_t end = now_ms() + 20000;
+    int64_t end = tk_now_ms() + 20000;
     do {
         usleep(50000);
         worker_stats(w, &st);
-    } while (st.txn_aborts == 0 && !run_done(&run) && now_ms() < end);
+    } while (st.txn_aborts == 0 && !run_done(&run) && tk_now_ms() < end);
     if (eos_finish(&e, &run, &rd, 30000)) return -1;
     reader_catch_up(&rd, e.out);
     worker_stats(w, &st);
@@ -549,21 +543,21 @@ static int case_eos_lost(void)
     run_t run;
     run_start(&run, w);
     worker_stats_t st;
-    int64_t end = now_ms() + 20000;
+    int64_t end = tk_now_ms() + 20000;
     do { /* every output in the open transaction, nothing committed */
         usleep(20000);
         worker_stats(w, &st);
-    } while (st.results < (uint64_t)e.n && now_ms() < end);
+    } while (st.results < (uint64_t)e.n && tk_now_ms() < end);
     CHECKF(st.results == (uint64_t)e.n && st.txn_commits == 0, "%llu outputs, %llu commits",
            (unsigned long long)st.results, (unsigned long long)st.txn_commits);
     rd_kafka_mock_broker_push_request_error_rtts(e.mc, B_GROUP, API_HEARTBEAT, 1,
                                                  RD_KAFKA_RESP_ERR_ILLEGAL_GENERATION, 0);
-    end = now_ms() + 30000;
+    end = tk_now_ms() + 30000;
     do { /* lost, re-joined, everything consumed and computed again */
         usleep(50000);
         worker_stats(w, &st);
     } while ((st.consumed < 2 * (uint64_t)e.n || st.inflight > 0) && !run_done(&run) &&
-             now_ms() < end);
+             tk_now_ms() < end);
     if (run_stop(&run, 20000)) {
         CHECKF(0, "worker_run did not return");
         return -1;
@@ -620,8 +614,8 @@ static int case_eos_endtxn_timeout(const char *tag, int abort)
     run_t run;
     run_start(&run, w);
     /* the new instance's InitProducerId reached the coordinator: the old instance is gone */
-    int64_t end = now_ms() + 30000;
-    while (stack_left(&e, B_TXN, API_INIT_PRODUCER_ID) > 0 && !run_done(&run) && now_ms() < end)
+    int64_t end = tk_now_ms() + 30000;
+    while (stack_left(&e, B_TXN, API_INIT_PRODUCER_ID) > 0 && !run_done(&run) && tk_now_ms() < end)
         usleep(20000);
     CHECKF(stack_left(&e, B_TXN, API_INIT_PRODUCER_ID) == 0,
            "no second InitProducerId (worker %s)", run_done(&run) ? "stopped" : "running");
@@ -693,12 +687,12 @@ static int case_alo_produce_fails(const char *tag, int leader_down_ms)
     reader_init(&rd, &e);
     run_t run;
     run_start(&run, w);
-    int64_t t0 = now_ms(), end = t0 + 40000, up_at = t0 + leader_down_ms;
+    int64_t t0 = tk_now_ms(), end = t0 + 40000, up_at = t0 + leader_down_ms;
     int bad = 0, samples = 0, behind = 0, down = leader_down_ms > 0;
     int64_t sum = 0;
     worker_stats_t st;
     for (;;) {
-        if (down && now_ms() >= up_at) {
+        if (down && tk_now_ms() >= up_at) {
             rd_kafka_mock_broker_set_up(e.mc, B_OUT);
             down = 0;
         }
@@ -707,7 +701,7 @@ static int case_alo_produce_fails(const char *tag, int leader_down_ms)
         if (sum < e.n) behind++;
         worker_stats(w, &st);
         if (!down && sum == e.n && rd.distinct == e.n) break;
-        if (now_ms() > end || run_done(&run)) {
+        if (tk_now_ms() > end || run_done(&run)) {
             CHECKF(0, "%s: %d of %d results, committed sum %lld", tag, rd.distinct, e.n, (long long)sum);
             break;
         }
@@ -756,20 +750,20 @@ static int case_alo_drain_timeout(void)
     run_t run;
     run_start(&run, w);
     worker_stats_t st;
-    int64_t end = now_ms() + 45000;
+    int64_t end = tk_now_ms() + 45000;
     do { /* every request accepted, the short ones done */
         usleep(50000);
         worker_stats(w, &st);
-    } while ((st.consumed < (uint64_t)e.n || st.results < (uint64_t)e.n / 4) && now_ms() < end);
+    } while ((st.consumed < (uint64_t)e.n || st.results < (uint64_t)e.n / 4) && tk_now_ms() < end);
     CHECKF(st.consumed == (uint64_t)e.n && st.results >= (uint64_t)e.n / 4,
            "not ready to stop: %llu consumed, %llu done", (unsigned long long)st.consumed,
            (unsigned long long)st.results);
-    int64_t t0 = now_ms();
+    int64_t t0 = tk_now_ms();
     if (run_stop(&run, 15000)) {
         CHECKF(0, "worker_run did not return within 15 s of worker_stop (drain timeout 300 ms)");
         return -1;
     }
-    int64_t stop_ms = now_ms() - t0;
+    int64_t stop_ms = tk_now_ms() - t0;
     worker_stats(w, &st);
     int64_t sum = 0;
     int bad = check_durable(&e, q, &rd, &sum, 1);
@@ -806,18 +800,18 @@ static int case_alo_stop_output_down(void)
     run_t run;
     run_start(&run, w);
     worker_stats_t st;
-    int64_t end = now_ms() + 20000;
+    int64_t end = tk_now_ms() + 20000;
     do { /* everything consumed and computed, nothing durable */
         usleep(50000);
         worker_stats(w, &st);
-    } while (st.consumed < (uint64_t)e.n && now_ms() < end);
+    } while (st.consumed < (uint64_t)e.n && tk_now_ms() < end);
     usleep(300000);
-    int64_t t0 = now_ms();
+    int64_t t0 = tk_now_ms();
     if (run_stop(&run, 20000)) {
         CHECKF(0, "worker_run did not return within 20 s of worker_stop (output leader down)");
         return -1;
     }
-    int64_t stop_ms = now_ms() - t0, off[NPARTS]; /* 0 or none: nothing passed */
+    int64_t stop_ms = tk_now_ms() - t0, off[NPARTS]; /* 0 or none: nothing passed */
     worker_stats(w, &st);
     CHECKF(run.rc == 0, "%s", run.err);
     CHECK(st.consumed == (uint64_t)e.n && st.results == 0);
@@ -873,7 +867,7 @@ int main(void)
         case_t *c = &cases[i];
         if (only && strcmp(only, c->name)) continue;
         snprintf(c->log, sizeof c->log, "/tmp/spillway-txn-mock-%d-%d.log", (int)getpid(), i);
-        c->t0 = now_ms();
+        c->t0 = tk_now_ms();
         c->pid = fork();
         if (c->pid == 0) {
             if (!freopen(c->log, "w", stderr)) _exit(3);
@@ -885,21 +879,21 @@ int main(void)
         CHECKF(c->pid > 0, "fork: %s", strerror(errno));
     }
     /* all cases end within 90 s, or count as hung */
-    int64_t end = now_ms() + 90000;
+    int64_t end = tk_now_ms() + 90000;
     int left = 0;
     for (int i = 0; i < NCASES; i++) left += cases[i].pid > 0;
     while (left > 0) {
         int status;
         pid_t p = waitpid(-1, &status, WNOHANG);
         if (p <= 0) {
-            if (now_ms() > end) break;
+            if (tk_now_ms() > end) break;
             usleep(20000);
             continue;
         }
         for (int i = 0; i < NCASES; i++)
             if (cases[i].pid == p) {
                 cases[i].status = status;
-                cases[i].ms = now_ms() - cases[i].t0;
+                cases[i].ms = tk_now_ms() - cases[i].t0;
                 cases[i].pid = 0;
                 left--;
             }

@@ -1,0 +1,318 @@
+/* worker/admit.c: intake on the poll thread: a polled message becomes a request (parse, headers,
+ * claims, chat rendering, tokenisation, limits, model and class) or an immediate dead letter. */
+#include <errno.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "worker/worker_int.h"
+
+/* Request fields that came as Kafka headers (REQUEST_HEADER_FIELDS), then the reply_to
+ * allow-list. 0, or -1 with *code and err set (a dead letter), or -2 on out of memory. */
+static int apply_headers(worker_t *w, wreq_t *r, const char **code, char *err, size_t errlen)
+{
+    rd_kafka_headers_t *h = NULL;
+    if (rd_kafka_message_headers(r->msg, &h) == RD_KAFKA_RESP_ERR_NO_ERROR && h) {
+        static const char *const names[REQUEST_N_HEADER_FIELDS] = REQUEST_HEADER_FIELDS;
+        for (int i = 0; i < REQUEST_N_HEADER_FIELDS; i++) {
+            const void *v;
+            size_t n;
+            if (rd_kafka_header_get_last(h, names[i], &v, &n) != RD_KAFKA_RESP_ERR_NO_ERROR)
+                continue;
+            if (request_apply_header(&r->req, names[i], v, n, &w->limits, code, err, errlen))
+                return strcmp(*code, REQ_ERR_NO_MEMORY) ? -1 : -2;
+        }
+    }
+    if (r->req.reply_to) {
+        for (int i = 0; i < w->n_reply_allow; i++)
+            if (!strcmp(w->reply_allow[i], r->req.reply_to)) return 0;
+        snprintf(err, errlen, "reply_to: topic \"%.100s\" is not in reply.topics (%s)",
+                 r->req.reply_to, w->n_reply_allow ? "see the worker's configuration"
+                                                   : "empty: no reply topic is allowed");
+        *code = REQ_ERR_REPLY_NOT_ALLOWED;
+        return -1;
+    }
+    return 0;
+}
+
+/* The topic whose claims entry applies to r: the one it was consumed from, or for a message
+ * on the deferral topic the one a worker shed it from (its __spillway.deferred.from header,
+ * "TOPIC[PARTITION]@OFFSET"; the deferral topic itself without that header). */
+static void claims_topic(worker_t *w, const wreq_t *r, char *topic, size_t cap)
+{
+    const char *t = rd_kafka_topic_name(r->msg->rkt);
+    snprintf(topic, cap, "%s", t);
+    if (!*w->cfg.deferral_topic || strcmp(t, w->cfg.deferral_topic)) return;
+    rd_kafka_headers_t *h = NULL;
+    const void *v;
+    size_t n;
+    if (rd_kafka_message_headers(r->msg, &h) || !h ||
+        rd_kafka_header_get_last(h, "__spillway.deferred.from", &v, &n) || !v)
+        return;
+    const char *b = memchr(v, '[', n);
+    if (b && b > (const char *)v)
+        snprintf(topic, cap, "%.*s", (int)(b - (const char *)v), (const char *)v);
+}
+
+/* The claims key on r (parsed, headers applied, its class r->cls found): a tenant or class its
+ * topic may not claim is a dead letter; one it does not name gets the topic's default. 0, or -1
+ * with *code and err set (a dead letter), or -2 on out of memory. Poll thread. */
+static int check_claims(worker_t *w, wreq_t *r, const char **code, char *err, size_t errlen)
+{
+    if (!w->claims) return 0;
+    char topic[256];
+    claims_topic(w, r, topic, sizeof topic);
+    const char *def_tenant;
+    int def_class;
+    if (claims_check(w->claims, topic, r->req.tenant, r->req.class_name, &def_tenant, &def_class,
+                     code, err, errlen))
+        return -1;
+    if (!r->req.class_name) r->cls = def_class;
+    if (!r->req.tenant && def_tenant && !(r->req.tenant = strdup(def_tenant))) return -2;
+    return 0;
+}
+
+/* Encodes text into r->toks. 0, or -1 on out of memory. */
+static int tokenize(wreq_t *r, const char *text, size_t len, int parse_special)
+{
+    /* one pass in the common case: no tokenizer makes more than a token per byte, plus BOS/EOS */
+    int cap = len < (size_t)(1 << 30) ? (int)len + 4 : 1 << 30;
+    for (int pass = 0; pass < 2; pass++) {
+        int32_t *t = realloc(r->toks, sizeof *t * (size_t)cap);
+        if (!t) return -1;
+        r->toks = t;
+        int n = engine_tokenize(r->model->eng, text, len, 1, parse_special, t, cap);
+        if (n < 0) return -1;
+        if (n <= cap) {
+            r->n_toks = n;
+            return 0;
+        }
+        cap = n;
+    }
+    return -1;
+}
+
+/* Renders r's chat messages (template: the request's chat_template, else the chat.template key,
+ * else the model's) and tokenises the prompt; checks the token limit. 0, or -1 with *code and
+ * err set (a dead letter), or -2 on out of memory. Poll thread. */
+static int prepare_prompt(worker_t *w, wreq_t *r, const char **code, char *err, size_t errlen)
+{
+    const request_t *q = &r->req;
+    if (q->messages) {
+        engine_chat_msg_t *msgs = malloc(sizeof *msgs * (size_t)q->n_messages);
+        if (!msgs) return -2;
+        for (int i = 0; i < q->n_messages; i++) {
+            msgs[i].role = q->messages[i].role;
+            msgs[i].content = q->messages[i].content;
+        }
+        const char *name = q->template_name ? q->template_name
+                           : *w->cfg.chat_template ? w->cfg.chat_template : NULL;
+        /* only the template's own markers (<|im_start|>, ...) become special tokens; roles
+         * outside the template's list are refused, contents are always plain text */
+        int32_t *ids;
+        int n_ids;
+        size_t len;
+        int crc = engine_chat_tokenize(r->model->eng, name, msgs, q->n_messages, 1, &ids, &n_ids,
+                                       &len, err, errlen);
+        free(msgs);
+        if (crc == ENGINE_CHAT_ENOMEM) return -2;
+        if (crc != 0) {
+            *code = crc == ENGINE_CHAT_EROLE ? REQ_ERR_BAD_ROLE : REQ_ERR_TEMPLATE;
+            return -1;
+        }
+        if (len > (size_t)w->cfg.max_prompt_bytes) {
+            snprintf(err, errlen, "rendered chat prompt has %zu bytes, over limits.max_prompt_bytes=%ld",
+                     len, w->cfg.max_prompt_bytes);
+            free(ids);
+            *code = REQ_ERR_PROMPT_BYTES;
+            return -1;
+        }
+        free(r->toks);
+        r->toks = ids; /* owned by r from here */
+        r->n_toks = n_ids;
+        /* a template that writes the BOS text itself, plus the tokenizer's BOS: keep one */
+        int32_t bos = r->model->bos;
+        if (r->n_toks >= 2 && bos >= 0 && r->toks[0] == bos && r->toks[1] == bos) {
+            memmove(r->toks, r->toks + 1, sizeof *r->toks * (size_t)(r->n_toks - 1));
+            r->n_toks--;
+        }
+    } else if (q->prompt) {
+        if (tokenize(r, q->prompt, q->prompt_len, 0)) return -2;
+    }
+    int n = r->toks ? r->n_toks : q->n_input_ids;
+    if (w->cfg.max_prompt_tokens > 0 && n > w->cfg.max_prompt_tokens) {
+        snprintf(err, errlen, "prompt has %d tokens, over limits.max_prompt_tokens=%d", n,
+                 w->cfg.max_prompt_tokens);
+        *code = REQ_ERR_PROMPT_TOKENS;
+        return -1;
+    }
+    r->cost = (long)n + q->max_tokens;
+    return 0;
+}
+
+void wadmit_intake(worker_t *w, rd_kafka_message_t *m)
+{
+    if (m->err) {
+        if (m->err != RD_KAFKA_RESP_ERR__PARTITION_EOF)
+            wlog(w, m->err == RD_KAFKA_RESP_ERR__FATAL ? 0 : 1, "consumer: %s",
+                 rd_kafka_message_errstr(m));
+        if (m->err == RD_KAFKA_RESP_ERR__FATAL) wfatal_set(w, "consumer: %s", rd_kafka_message_errstr(m));
+        rd_kafka_message_destroy(m);
+        return;
+    }
+    int64_t t0 = mono_ns();
+    wreq_t *r = calloc(1, sizeof *r);
+    if (!r) {
+        rd_kafka_message_destroy(m);
+        wfatal_set(w, "out of memory");
+        return;
+    }
+    r->msg = m; /* owned by r from here */
+    r->active_ix = -1;
+    r->ttft_ms = -1;
+    r->t_intake = t0;
+    int rc = consumer_track(w->cons, m, r, &r->ticket);
+    if (rc) {
+        if (rc < 0) wfatal_set(w, "out of memory");
+        wreq_free(w, r);
+        return;
+    }
+    int64_t zero = 0;
+    atomic_compare_exchange_strong(&w->st.t_first, &zero, t0);
+    r->bytes = m->len;
+    w->inflight_bytes += (long)r->bytes;
+    atomic_fetch_add(&w->st.consumed, 1);
+    const char *code = NULL;
+    char err[256];
+    int64_t ts = rd_kafka_message_timestamp(m, NULL);
+    int64_t t1 = mono_ns();
+    rc = request_parse(m->payload, m->len, ts > 0 ? ts : 0, &w->limits, &r->req, &code, err,
+                       sizeof err);
+    t1 = add_since(&w->st.ns_parse, t1);
+    if (rc) {
+        wres_dlq(r, code ? code : REQ_ERR_NOT_JSON, err);
+        wout_send(w, r);
+        goto out;
+    }
+    r->parsed = 1;
+    rc = apply_headers(w, r, &code, err, sizeof err);
+    if (rc == -2) {
+        /* as for prepare_prompt's -2 below: r goes to the inbox, which is not served once
+         * fatal is set, and worker_run frees it */
+        wfatal_set(w, "out of memory reading headers");
+        goto enqueue;
+    }
+    if (rc) {
+        wres_dlq(r, code, err);
+        wout_send(w, r);
+        goto out;
+    }
+    r->wait_ms = ts > 0 && wall_ms() > ts ? (double)(wall_ms() - ts) : 0;
+    r->cls = w->default_class;
+    if (r->req.class_name) {
+        r->cls = -1;
+        for (int i = 0; i < w->n_classes; i++)
+            if (!strcmp(w->classes[i].name, r->req.class_name)) r->cls = i;
+        if (r->cls < 0) {
+            snprintf(err, sizeof err, "class: \"%s\" is not a class of this worker", r->req.class_name);
+            r->cls = w->default_class;
+            wres_dlq(r, REQ_ERR_UNKNOWN_CLASS, err);
+            wout_send(w, r);
+            goto out;
+        }
+    }
+    rc = check_claims(w, r, &code, err, sizeof err);
+    if (rc == -2) {
+        wfatal_set(w, "out of memory checking claims"); /* as for apply_headers' -2 above */
+        goto enqueue;
+    }
+    if (rc) {
+        wres_dlq(r, code, err);
+        wout_send(w, r);
+        goto out;
+    }
+    /* the model: a current version (a retired one keeps only what it already holds) */
+    const char *mname = r->req.model ? r->req.model : w->default_model;
+    if (!(r->model = wmodel_acquire(w, mname))) {
+        snprintf(err, sizeof err, "model: \"%s\" is not a model this worker serves", mname);
+        wres_dlq(r, REQ_ERR_UNKNOWN_MODEL, err);
+        wout_send(w, r);
+        goto out;
+    }
+    const worker_class_t *cl = &w->classes[r->cls];
+    int from_deferral = *w->cfg.deferral_topic && !strcmp(rd_kafka_topic_name(m->rkt), w->cfg.deferral_topic);
+    if (!from_deferral) {
+        int64_t now_ms = mono_ms();
+        w->wait_ewma_ms = w->wait_at_ms ? 0.9 * w->wait_ewma_ms + 0.1 * r->wait_ms : r->wait_ms;
+        w->wait_at_ms = now_ms;
+        if (r->cls == w->top_class) w->top_seen_ms = now_ms;
+    }
+    if (wreq_deadline_passed(r) || (cl->max_queue_ms > 0 && r->wait_ms > cl->max_queue_ms)) {
+        if (!wreq_deadline_passed(r)) atomic_fetch_add(&w->st.class_expired, 1);
+        wstream_finish(w, r, "", 0, 0, "expired");
+        wres_result(w, r, NULL, "expired");
+        wout_send(w, r);
+        goto out;
+    }
+    if (r->cls != w->top_class && w->ov_level > 0) {
+        if (r->cls == w->low_class && *w->cfg.deferral_topic && !from_deferral) {
+            r->is_shed = 1; /* step 1: to the deferral topic, unprocessed */
+            wout_send(w, r);
+            goto out;
+        }
+        if (w->ov_level >= 3 && !from_deferral) { /* deferred once: served, never refused */
+            wstream_finish(w, r, "", 0, 0, "overloaded");
+            wres_result(w, r, NULL, "overloaded");
+            wout_send(w, r);
+            goto out;
+        }
+        if (w->ov_level >= 2 && r->req.max_tokens > w->cfg.overload_cap_tokens) {
+            r->capped_from = r->req.max_tokens;
+            r->req.max_tokens = w->cfg.overload_cap_tokens;
+        }
+    }
+    rc = prepare_prompt(w, r, &code, err, sizeof err);
+    add_since(&w->st.ns_tokenize, t1);
+    if (rc == -2) {
+        /* Not the message's fault: stop rather than dead-letter it (a restart retries it).
+         * r still goes to the inbox, which the engine thread no longer takes from once fatal
+         * is set; worker_run frees it after the consumer dropped it. */
+        wfatal_set(w, "out of memory preparing a prompt");
+    } else if (rc) {
+        wres_dlq(r, code, err);
+        wout_send(w, r);
+        goto out;
+    }
+enqueue:
+    w->inflight_tokens += r->cost;
+    atomic_fetch_add(&w->st.cost_sum, (uint64_t)r->cost);
+    atomic_fetch_add(&w->st.cost_n, 1);
+    r->next = NULL;
+    pthread_mutex_lock(&w->mu);
+    if (w->inbox_tail) w->inbox_tail->next = r;
+    else w->inbox = r;
+    w->inbox_tail = r;
+    atomic_fetch_add(&w->st.inbox_n, 1);
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+out:
+    add_since(&w->st.ns_intake, t0);
+}
+
+/* Overload pressure, percent: the largest of (a) the top class's recent time to first token as
+ * its producers see it (wait in Kafka + time to first token, averaged; counts for
+ * overload.cooldown_ms after its last result) and (b) how long messages of any class wait in
+ * Kafka before this worker takes them (averaged over the input topics other than the deferral
+ * topic; counts for a second after the last one: a backlog ahead of the top class's next
+ * message), both as percent of the top class's ttft_ms, and (c) the fullest in-flight limit
+ * (messages, tokens) in percent: intake pauses at 100%, which would hold the top class's next
+ * message in Kafka. 0 while no top-class message arrived within overload.window_ms: without
+ * such traffic a backlog is just bulk work draining at full speed. */
