@@ -40,6 +40,11 @@ FIXTURES = [
     ("quant-fixtures", "pure-Q8_0.gguf", "quant"),
     ("quant-fixtures", "pure-Q4_0.gguf", "quant"),
     ("quant-fixtures", "pure-Q4_K.gguf", "quant"),
+    ("quant-fixtures", "pure-Q4_1.gguf", "quant"),
+    ("quant-fixtures", "pure-Q5_0.gguf", "quant"),
+    ("quant-fixtures", "pure-Q5_1.gguf", "quant"),
+    ("quant-fixtures", "pure-IQ4_NL.gguf", "quant"),
+    ("quant-fixtures", "pure-IQ4_XS.gguf", "quant"),
 ]
 F32_KLD, F32_TOP1 = 1e-4, 0.99
 QUANT_SHARE, QUANT_PPL = 0.5, 0.005
