@@ -5,7 +5,8 @@
  *   (a separate multiply and add, no fused FMA, so the result does not depend on -ffp-contract
  *   or libm), then ((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7)).
  * F16 and BF16 weights are widened to F32 exactly. Q4_K, Q8_0 and Q4_0 take int8 activations
- * (kernels.h): sc_q4k, sc_b32. */
+ * (kernels.h): sc_q4k, sc_b32; Q4_1, Q5_0, Q5_1, IQ4_NL and IQ4_XS too (engine/cpu/qleg*.c,
+ * every ISA's matmul and dequant_row hand them over). */
 #include "engine/cpu/kernels.h"
 
 #include <float.h>

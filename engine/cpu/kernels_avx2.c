@@ -5,7 +5,8 @@
  *   acc = fma(w[k..k+7], x[k..k+7], acc), the last partial chunk zero-padded;
  *   then h[i] = acc[i] + acc[i+4];  p[i] = h[i] + h[i+2];  y = p[0] + p[1].
  * F16 and BF16 weights are widened to F32 exactly (see kernels_avx512.c). Q4_K, Q8_0 and Q4_0
- * take int8 activations (kernels.h; their own sections below). Tiles are R = 3 rows x C <= 4
+ * take int8 activations (kernels.h; their own sections below); Q4_1, Q5_0, Q5_1, IQ4_NL and
+ * IQ4_XS too, in engine/cpu/qleg_avx2.c (dequant_row: the portable widening). Tiles are R = 3 rows x C <= 4
  * tokens (12 accumulators of the 16 ymm registers; measured ~90% of the FMA peak in L2), 8 rows
  * x 1 token for decode; other tile shapes do the same per-element arithmetic. */
 /* Every function of this file is compiled for the ISA (no global -m flags). */

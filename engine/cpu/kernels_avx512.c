@@ -7,7 +7,8 @@
  *   p[i] = q[i] + q[i+2];  y = p[0] + p[1].
  * Weights are widened to F32 exactly in registers: F16 by vcvtph2ps, BF16 by a 16-bit shift
  * (dequant_row also widens Q8_0, Q4_0 and Q4_K, as engine/dtype.h defines them). Q4_K, Q8_0 and
- * Q4_0 take int8 activations (kernels.h; their own sections below).
+ * Q4_0 take int8 activations (kernels.h; their own sections below); Q4_1, Q5_0, Q5_1, IQ4_NL and
+ * IQ4_XS too, in engine/cpu/qleg_avx512.c (dequant_row: the portable widening).
  *
  * Blocking: a tile is R = 4 rows x C <= 6 tokens (24 accumulators in zmm registers); each weight
  * vector is widened once per tile and used for C tokens, each x vector is used for R rows. The
