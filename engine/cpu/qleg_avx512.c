@@ -17,8 +17,9 @@
  * IQ4_XS, per super-block and token: per 64 weights (sub-blocks 2c, 2c+1) vpmaddubsw of |kv[q]|
  * and the signed xq, then vpmaddwd (VNNI: vpdpwssd) with ls_j - 32 in the 16-bit lanes of
  * sub-block j, added over the four: 16 exact int32 lanes (|lane| <= 4 * 2 * 127 * 127 * 32 <
- * 2^24, exact in F32); acc = fma(float(lanes), d * dx, acc) for the super-blocks in order;
- * y = hsum(acc).
+ * 2^24, exact in F32) -- one token with VNNI: vpdpbusd of kv[q] + 128 and xq started from
+ * -128 * xq's sums of 4, times ls_j - 32 (vpmulld): the same lanes; acc = fma(float(lanes),
+ * d * dx, acc) for the super-blocks in order; y = hsum(acc).
  * Tiles: R rows x C tokens, each with its own accumulators: the per-element arithmetic does not
  * depend on the tile shape. */
 #if defined(__clang__)
@@ -288,7 +289,21 @@ AI void iq4xs_tile(const int vnni, const int R, const int C, const char *row, si
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 8
         for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
+    /* one token with VNNI: vpdpbusd of kv[q] + 128 and xq (started from -128 * xq's sums of 4,
+     * once per super-block for all R rows), times the sub-block's ls - 32 (vpmulld): the same
+     * int32 lanes as vpmaddubsw + vpdpwssd */
+    const int dp = vnni && C == 1;
+    const __m512i ku = ql_table(1);
     for (int64_t s = 0; s < nsb; s++) {
+        __m512i X[4], NC[4];
+        if (dp) {
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) {
+                X[j] = _mm512_loadu_si512(xq[s].q + 64 * j);
+                NC[j] = _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_set1_epi8(1), X[j]),
+                                          _mm512_set1_epi16(-128));
+            }
+        }
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const block_iq4_xs *b = (const block_iq4_xs *)(row + (size_t)r * wrb) + s;
@@ -297,7 +312,29 @@ AI void iq4xs_tile(const int vnni, const int R, const int C, const char *row, si
                 _mm_prefetch((const char *)b + pfd + 64, _MM_HINT_T0);
                 _mm_prefetch((const char *)b + pfd + 128, _MM_HINT_T0);
             }
-            const __m512i sc = _mm512_castsi128_si512(iq4xs_scales16(b));
+            const __m128i sc16 = iq4xs_scales16(b);
+            const __m512i sc = _mm512_castsi128_si512(sc16);
+            const __m512i sc32 = _mm512_castsi256_si512(_mm256_cvtepi16_epi32(sc16));
+            const float d = _cvtsh_ss(b->d);
+            if (dp) {
+                __m512i isum = _mm512_setzero_si512();
+#pragma GCC unroll 4
+                for (int j = 0; j < 4; j++) {
+                    __m512i v = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b->qs + 32 * j)));
+                    v = _mm512_shuffle_i64x2(v, v, _MM_SHUFFLE(1, 1, 0, 0));
+                    const __m512i u = _mm512_shuffle_epi8(ku, _mm512_and_si512(_mm512_srlv_epi64(v, shv), m4));
+                    const __m512i idx = _mm512_setr_epi32(2 * j, 2 * j, 2 * j, 2 * j, 2 * j, 2 * j,
+                                                          2 * j, 2 * j, 2 * j + 1, 2 * j + 1,
+                                                          2 * j + 1, 2 * j + 1, 2 * j + 1,
+                                                          2 * j + 1, 2 * j + 1, 2 * j + 1);
+                    __m512i p = NC[j];
+                    __asm__("vpdpbusd %2, %1, %0" : "+v"(p) : "v"(u), "v"(X[j]));
+                    isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(p, _mm512_permutexvar_epi32(idx, sc32)));
+                }
+                const __m512 dd = _mm512_set1_ps(d * xq[s].d);
+                acc[r][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), dd, acc[r][0]);
+                continue;
+            }
             __m512i A[4], S[4];
             __mmask64 N[4];
 #pragma GCC unroll 4
@@ -313,7 +350,6 @@ AI void iq4xs_tile(const int vnni, const int R, const int C, const char *row, si
                     _mm256_set1_epi16((short)(2 * j + 1)), 1);
                 S[j] = _mm512_permutexvar_epi16(idx, sc);
             }
-            const float d = _cvtsh_ss(b->d);
 #pragma GCC unroll 8
             for (int c = 0; c < C; c++) {
                 const kern_q8k_t *xb = xq + c * nsb + s;
