@@ -109,7 +109,12 @@ int cli_mkmodel(int argc, char **argv)
             else if (!strcmp(optarg, "q4_k") || !strcmp(optarg, "q4_K")) p.dtype = DT_Q4_K;
             else if (!strcmp(optarg, "q5_k") || !strcmp(optarg, "q5_K")) p.dtype = DT_Q5_K;
             else if (!strcmp(optarg, "q6_k") || !strcmp(optarg, "q6_K")) p.dtype = DT_Q6_K;
-            else { fprintf(stderr, "spillway: --dtype: f32, f16, bf16, q8_0, q4_0, q4_k, q5_k or q6_k\n"); return 2; }
+            else if (!strcmp(optarg, "q4_1")) p.dtype = DT_Q4_1;
+            else if (!strcmp(optarg, "q5_0")) p.dtype = DT_Q5_0;
+            else if (!strcmp(optarg, "q5_1")) p.dtype = DT_Q5_1;
+            else if (!strcmp(optarg, "iq4_nl")) p.dtype = DT_IQ4_NL;
+            else if (!strcmp(optarg, "iq4_xs")) p.dtype = DT_IQ4_XS;
+            else { fprintf(stderr, "spillway: --dtype: f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k, q4_1, q5_0, q5_1, iq4_nl or iq4_xs\n"); return 2; }
             dtype_given = 1;
             break;
         case 4016: from = optarg; break;
@@ -134,9 +139,10 @@ int cli_mkmodel(int argc, char **argv)
                    "  --arch A        llama | qwen2 | qwen3 | gemma2 | gemma3 | phi3 | qwen2moe |\n"
                    "                  qwen3moe\n"
                    "  --dim N --layers N --heads N --kv-heads N --ffn N --vocab N --ctx N\n"
-                   "  --dtype T       f32 | f16 | bf16 | q8_0 | q4_0 | q4_k | q5_k | q6_k (matrices;\n"
-                   "                  norms stay f32; q4_k matrices whose rows are not a multiple\n"
-                   "                  of 256 are written as q4_0, q5_k and q6_k ones as q8_0)\n"
+                   "  --dtype T       f32 | f16 | bf16 | q8_0 | q4_0 | q4_k | q5_k | q6_k | q4_1 |\n"
+                   "                  q5_0 | q5_1 | iq4_nl | iq4_xs (matrices; norms stay f32;\n"
+                   "                  K-quant matrices whose rows are not a multiple of 256 fall\n"
+                   "                  back: q4_k to q4_0, q5_k and q6_k to q8_0, iq4_xs to iq4_nl)\n"
                    "  --tied | --untied   share the output matrix with the embedding or not\n"
                    "  --seed N --rope-theta F --norm-eps F\n"
                    "  optional keys (not written unless given; the architecture's defaults apply):\n"
@@ -155,7 +161,7 @@ int cli_mkmodel(int argc, char **argv)
                    "                [--quantiser Q]\n"
                    "  converts an existing model: every 2-D matrix re-rounded to T; a matrix whose\n"
                    "  rows do not fit T's block falls back (q4_k -> q4_0, q5_k and q6_k -> q8_0,\n"
-                   "  then its own type), each\n"
+                   "  iq4_xs -> iq4_nl, then its own type), each\n"
                    "  one reported on stderr.\n"
                    "  --pad N         pad embedding and FFN sizes with zeros to multiples of N (an\n"
                    "                  equivalent model whose matrices fit the blocks, e.g. 256)\n"

@@ -27,6 +27,7 @@
 #include "gguf.h"
 #include "mkmodel_q56k.h"
 #include "model.h"
+#include "qleg_quant.h"
 
 /* ---------------------------------------------------------------- presets */
 
@@ -491,6 +492,8 @@ int mkmodel_quantize_row(int t, const float *x, void *dst, int64_t n)
     case DT_Q4_K: quantize_q4_k(x, dst, n); break;
     case DT_Q5_K: mkmodel_quantize_q5_k(x, dst, n); break;
     case DT_Q6_K: mkmodel_quantize_q6_k(x, dst, n); break;
+    case DT_Q4_1: case DT_Q5_0: case DT_Q5_1: case DT_IQ4_NL: case DT_IQ4_XS:
+        return qleg_quantize_row(t, x, dst, n);
     default: return -1;
     }
     return 0;
@@ -501,6 +504,7 @@ int mkmodel_matrix_type(int want, int64_t ne0, int keep)
     if (dtype_row_bytes(want, ne0)) return want;
     if (want == DT_Q4_K && dtype_row_bytes(DT_Q4_0, ne0)) return DT_Q4_0;
     if ((want == DT_Q5_K || want == DT_Q6_K) && dtype_row_bytes(DT_Q8_0, ne0)) return DT_Q8_0;
+    if (want == DT_IQ4_XS && dtype_row_bytes(DT_IQ4_NL, ne0)) return DT_IQ4_NL;
     return keep;
 }
 
@@ -702,9 +706,7 @@ static int check_params(const mkmodel_params_t *p, char *errstr, size_t errlen)
     if (!dtype_supported(p->dtype))
         return seterr(errstr, errlen, "mkmodel: dtype %s not supported; supported: %s",
                       dtype_name(p->dtype), DTYPE_SUPPORTED_LIST);
-    if ((p->dtype == DT_Q8_0 || p->dtype == DT_Q4_0 || p->dtype == DT_Q4_K ||
-         p->dtype == DT_Q5_K || p->dtype == DT_Q6_K) &&
-        (p->dim % 32 || p->ffn_dim % 32))
+    if (dtype_block_elems(p->dtype) > 1 && (p->dim % 32 || p->ffn_dim % 32))
         return seterr(errstr, errlen, "mkmodel: %s needs dim (%d) and ffn_dim (%d) to be "
                       "multiples of 32", dtype_name(p->dtype), p->dim, p->ffn_dim);
     if ((p->dtype == DT_Q8_0 || p->dtype == DT_Q4_0 || p->dtype == DT_Q4_K) && p->head_dim &&
@@ -726,6 +728,11 @@ static int file_type_of(int dtype)
     case DT_Q4_K: return 14; /* LLAMA_FTYPE_MOSTLY_Q4_K_S */
     case DT_Q5_K: return 16; /* LLAMA_FTYPE_MOSTLY_Q5_K_S */
     case DT_Q6_K: return 18; /* LLAMA_FTYPE_MOSTLY_Q6_K */
+    case DT_Q4_1: return 3;   /* LLAMA_FTYPE_MOSTLY_Q4_1 */
+    case DT_Q5_0: return 8;   /* LLAMA_FTYPE_MOSTLY_Q5_0 */
+    case DT_Q5_1: return 9;   /* LLAMA_FTYPE_MOSTLY_Q5_1 */
+    case DT_IQ4_NL: return 25; /* LLAMA_FTYPE_MOSTLY_IQ4_NL */
+    case DT_IQ4_XS: return 30; /* LLAMA_FTYPE_MOSTLY_IQ4_XS */
     case DT_BF16: return 32; /* LLAMA_FTYPE_MOSTLY_BF16 */
     default: return 0;       /* LLAMA_FTYPE_ALL_F32 */
     }

@@ -10,7 +10,8 @@ synthetic models made by `spillway mkmodel` covering GQA (4 heads / 2 kv) and MQ
 untied output, qwen2 with Q/K/V biases, mixture-of-experts models (llama MoE, qwen2moe with its
 shared expert, qwen3moe with Q/K norms; F32, Q8_0 and Q4_K experts), and weight dtypes F32, F16, BF16, Q8_0, Q4_0 and Q4_K (one
 with every matrix Q4_K, one mixing Q4_K with Q4_0 where ffn_down's rows of 96 do not fit Q4_K's
-256), Q6_K (every matrix, tied) and Q5_K (ffn_down in its Q8_0 fallback), and the other
+256), Q6_K (every matrix, tied) and Q5_K (ffn_down in its Q8_0 fallback), Q4_1, Q5_0, Q5_1,
+IQ4_NL, and IQ4_XS (mixed with IQ4_NL where ffn_down's rows of 96 do not fit), and the other
 architectures and RoPE / attention variants (qwen3, gemma2, gemma3, phi3, sliding windows,
 soft-caps, YaRN, LongRoPE, linear and Llama 3 scaling: see SYNTH) -- and, when
 <models-dir>/quant-fixtures holds them, llama.cpp's own Q6_K / Q5_K files (QUANT_FIXTURES) --
@@ -49,6 +50,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "reference"))
 import forward_ref  # noqa: E402
 import gguf_ref  # noqa: E402
+import qleg_ref  # noqa: E402
 
 # Sequences, in file order: random ids of these lengths (different, so chunk/decode steps mix
 # prefill, decode and finished sequences), then one that repeats the first SHARED_PREFIX tokens of
@@ -93,7 +95,9 @@ ARGMAX_MARGIN = 1e-3
 # Q4_0 matrices up to 5.8e-4. Q6_K and Q5_K (x in blocks of 256, as Q4_K), observed 2026-12-02
 # over two sets of sequences: the synthetic models 1.2e-7 .. 4.7e-5 (f32 KV), 4.0e-4 .. 6.2e-4
 # (f16 KV); llama-quantize's pure-Q6_K and mix-Q5_K_M 1.2e-14 .. 2.1e-4 (f32), 5.0e-4 .. 6.2e-4
-# (f16). Bounds ~10x over the worst observed; the kernels' own arithmetic is
+# (f16). Q4_1, Q5_0, Q5_1, IQ4_NL (x in blocks of 32) and IQ4_XS (256), observed 2026-12-02
+# (AVX-512): 5.9e-14 .. 1.0e-4 (f32 KV), 2.2e-4 .. 4.3e-4 (f16 KV). Bounds ~10x over the worst
+# observed; the kernels' own arithmetic is
 # checked to its rounding bound by test_kernels, and every mode must still be bit-identical.
 BOUNDS_I8 = {"f32": 2e-3, "f16": 6e-3}
 ARGMAX_MARGIN_I8 = 5e-2
@@ -152,6 +156,16 @@ SYNTH = [
     ("qwen3moe-4x2-q4_k-untied", dict(arch="qwen3moe", heads=4, kv_heads=2, dtype="q4_k", tied=False,
                                       seed=24, dim=256, experts=4, experts_used=2, expert_ffn=256,
                                       rope_theta=1000000.0, norm_eps=1e-6)),
+    # Q4_1, Q5_0, Q5_1, IQ4_NL: blocks of 32, int8 activations in blocks of 32
+    ("llama-gqa-q4_1-untied", dict(arch="llama", heads=4, kv_heads=2, dtype="q4_1", tied=False, seed=21)),
+    ("qwen2-mqa-q5_0-tied", dict(arch="qwen2", heads=4, kv_heads=1, dtype="q5_0", tied=True, seed=22,
+                                 rope_theta=1000000.0, norm_eps=1e-6)),
+    ("llama-gqa-q5_1-tied", dict(arch="llama", heads=4, kv_heads=2, dtype="q5_1", tied=True, seed=23)),
+    ("llama-mqa-iq4_nl-untied", dict(arch="llama", heads=4, kv_heads=1, dtype="iq4_nl", tied=False,
+                                     seed=24)),
+    # IQ4_XS's super-blocks of 256 (dim 256); ffn 96: ffn_down falls back to IQ4_NL
+    ("llama-gqa-iq4_xs-untied", dict(arch="llama", heads=4, kv_heads=2, dtype="iq4_xs", tied=False,
+                                     seed=25, dim=256)),
 ]
 # The other architectures and RoPE / attention variants (engine/model_arch.h), each with what
 # makes it differ from llama made large enough to show: head_dim 32 with dim 64 (n_heads x
@@ -239,12 +253,15 @@ def mkmodel(spillway, path, opts):
 
 def check_synth(m, opts):
     """The file really has what the case claims to cover."""
-    want_dt = {"f32": gguf_ref.DT_F32, "f16": gguf_ref.DT_F16, "bf16": gguf_ref.DT_BF16,
-               "q8_0": gguf_ref.DT_Q8_0, "q4_0": gguf_ref.DT_Q4_0, "q4_k": gguf_ref.DT_Q4_K,
-               "q5_k": gguf_ref.DT_Q5_K, "q6_k": gguf_ref.DT_Q6_K}[opts["dtype"]]
-    # K-quant matrices whose rows are not a multiple of 256 fall back (mkmodel_matrix_type)
+    names = {"f32": gguf_ref.DT_F32, "f16": gguf_ref.DT_F16, "bf16": gguf_ref.DT_BF16,
+             "q8_0": gguf_ref.DT_Q8_0, "q4_0": gguf_ref.DT_Q4_0, "q4_k": gguf_ref.DT_Q4_K,
+             "q5_k": gguf_ref.DT_Q5_K, "q6_k": gguf_ref.DT_Q6_K}
+    names.update({v: k for k, v in qleg_ref.NAMES.items()})
+    want_dt = names[opts["dtype"]]
+    # the 256-block types' matrices whose rows are not a multiple of 256 fall back
+    # (mkmodel_matrix_type)
     fallback = {gguf_ref.DT_Q4_K: gguf_ref.DT_Q4_0, gguf_ref.DT_Q5_K: gguf_ref.DT_Q8_0,
-                gguf_ref.DT_Q6_K: gguf_ref.DT_Q8_0}
+                gguf_ref.DT_Q6_K: gguf_ref.DT_Q8_0, qleg_ref.DT_IQ4_XS: qleg_ref.DT_IQ4_NL}
     dim = opts.get("dim", BASE["dim"])
     kquant = want_dt in fallback
     if kquant and dim % 256:
@@ -253,8 +270,7 @@ def check_synth(m, opts):
     if kquant:
         # every matrix of the type where its rows fit 256, the fallback elsewhere (MoE routers
         # stay F32; expert tensors are 3-D)
-        kt = {"q4_k": gguf_ref.DT_Q4_K, "q5_k": gguf_ref.DT_Q5_K,
-              "q6_k": gguf_ref.DT_Q6_K}[opts["dtype"]]
+        kt = names[opts["dtype"]]
         for name, t in m.g.tensors.items():
             if len(t.ne) in (2, 3) and "ffn_gate_inp" not in name:
                 want = kt if t.ne[0] % 256 == 0 else fallback[kt]
@@ -325,10 +341,10 @@ def engine_logits(spillway, model, seqs_path, out_path, mode, kv, n_vocab, n_pos
 
 
 def has_i8(m):
-    """1 when a matmul of m takes int8 activations (Q4_K, Q5_K, Q6_K, Q8_0, Q4_0 matrices:
-    kernels.h)."""
+    """1 when a matmul of m takes int8 activations (Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
+    IQ4_NL and IQ4_XS matrices: kernels.h)."""
     return any(t.dtype in (gguf_ref.DT_Q4_K, gguf_ref.DT_Q5_K, gguf_ref.DT_Q6_K, gguf_ref.DT_Q8_0,
-                           gguf_ref.DT_Q4_0)
+                           gguf_ref.DT_Q4_0) + tuple(qleg_ref.NAMES)
                for n, t in m.g.tensors.items()
                if n != "token_embd.weight" or m.tied)
 

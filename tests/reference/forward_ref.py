@@ -66,6 +66,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gguf_ref  # noqa: E402
+import qleg_ref  # noqa: E402
 
 ROPE_NORM, ROPE_NEOX = 0, 1
 ARCH_ROPE = {"llama": ROPE_NORM, "qwen2": ROPE_NEOX, "qwen3": ROPE_NEOX, "gemma2": ROPE_NEOX,
@@ -84,9 +85,9 @@ def yarn_corr_dim(n_dims, n_ctx_orig, n_rot, base):
 
 
 class I8Linear:
-    """A matrix whose matmul takes int8 activations (engine/cpu/kernels.h: Q4_K, Q5_K and Q6_K
-    with x in blocks of 256, Q8_0 and Q4_0 with x in blocks of 32): its exact weight values,
-    (out, in) float64."""
+    """A matrix whose matmul takes int8 activations (engine/cpu/kernels.h: Q4_K, Q5_K, Q6_K and
+    IQ4_XS with x in blocks of 256, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL with x in blocks of
+    32): its exact weight values, (out, in) float64."""
 
     def __init__(self, w, block):
         self.w = w
@@ -186,10 +187,12 @@ class RefModel:
         T = g.tensor
 
         def M(name):  # a matrix used by a matmul
-            if g.tensor_dtype(name) in (gguf_ref.DT_Q4_K, gguf_ref.DT_Q5_K, gguf_ref.DT_Q6_K):
+            if g.tensor_dtype(name) in (gguf_ref.DT_Q4_K, gguf_ref.DT_Q5_K, gguf_ref.DT_Q6_K,
+                                        qleg_ref.DT_IQ4_XS):
                 return I8Linear(g.tensor(name, exact_q4k=True), 256)
-            if g.tensor_dtype(name) in (gguf_ref.DT_Q8_0, gguf_ref.DT_Q4_0):
-                return I8Linear(g.tensor(name), 32)
+            if g.tensor_dtype(name) in (gguf_ref.DT_Q8_0, gguf_ref.DT_Q4_0, qleg_ref.DT_Q4_1,
+                                        qleg_ref.DT_Q5_0, qleg_ref.DT_Q5_1, qleg_ref.DT_IQ4_NL):
+                return I8Linear(g.tensor(name, exact_q4k=True), 32)
             return g.tensor(name)
 
         self.tok_embd = T("token_embd.weight")                       # (vocab, dim)
