@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
-"""tests/batch_make_input.py N BAD OUT: writes an OpenAI Batch input file of N lines for
+"""tests/batch_make_input.py N BAD OUT [MAX_TOKENS]: writes an OpenAI Batch input file of N lines for
 tests/test_batch.sh: chat and completions requests (some sharing a prefix, some with logprobs,
 stop, seed, content parts, metadata, unknown fields), of which BAD are lines spillway must
 answer with an error line, of varied kinds (refused by the mapping, dead-lettered by the worker,
-expired). Prints the kinds used, one per line, to stderr. Deterministic."""
+expired). OUT.expect gets one line per custom_id: "ok", or "error KIND" for a bad line. Prints
+the kinds used, with their counts, to stderr. Deterministic."""
 import json
 import sys
 
 n, n_bad, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+mt = int(sys.argv[4]) if len(sys.argv) > 4 else 6
 
 # each bad kind: a function of i -> (url, body)
 BAD = [
@@ -37,7 +39,7 @@ PROMPTS = ["Once upon a time", "Once upon a time, there was a little", "The dog"
            "One day, a big"]
 
 kinds = {}
-with open(out, "w") as f:
+with open(out, "w") as f, open(out + ".expect", "w") as ex:
     bad_at = set(range(3, n, max(1, n // n_bad))[:n_bad]) if n_bad else set()
     k = 0
     for i in range(n):
@@ -47,6 +49,7 @@ with open(out, "w") as f:
             k += 1
             url, body = fn(i)
             kinds[name] = kinds.get(name, 0) + 1
+            ex.write("%s error %s\n" % (cid, name))
         elif i % 2 == 0:
             url = "/v1/chat/completions"
             content = PROMPTS[i % len(PROMPTS)]
@@ -54,7 +57,7 @@ with open(out, "w") as f:
                 content = [{"type": "text", "text": content[:5]}, {"type": "text", "text": content[5:]}]
             body = {"model": "stories260K", "messages": [{"role": "system", "content": "Be brief."},
                                                           {"role": "user", "content": content}],
-                    "max_completion_tokens": 6, "temperature": 0.8, "seed": i, "user": "u%d" % (i % 3),
+                    "max_completion_tokens": mt, "temperature": 0.8, "seed": i, "user": "u%d" % (i % 3),
                     "some_future_field": {"x": 1}}
             if i % 6 == 0:
                 body["logprobs"] = True
@@ -63,10 +66,12 @@ with open(out, "w") as f:
                 body["metadata"] = {"n": i, "tag": "t"}
         else:
             url = "/v1/completions"
-            body = {"model": "stories260K", "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": 6,
+            body = {"model": "stories260K", "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": mt,
                     "top_p": 0.9, "stop": ["\n"], "presence_penalty": 0.1, "frequency_penalty": 0.1}
             if i % 7 == 0:
                 body["logprobs"] = 2
+        if i not in bad_at:
+            ex.write("%s ok\n" % cid)
         f.write(json.dumps({"custom_id": cid, "method": "POST", "url": url, "body": body}) + "\n")
 for name in sorted(kinds):
     print(name, kinds[name], file=sys.stderr)
