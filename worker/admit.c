@@ -164,7 +164,7 @@ static int prepare_prompt(worker_t *w, wreq_t *r, const char **code, char *err, 
         *code = REQ_ERR_PROMPT_TOKENS;
         return -1;
     }
-    r->cost = (long)n + q->max_tokens;
+    r->cost = (long)n + (long)q->max_tokens * q->n;
     return 0;
 }
 
