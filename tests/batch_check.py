@@ -4,7 +4,8 @@
   * every line of both files validates against schemas/batch_output.schema.json;
   * the custom_ids over both files are exactly the input's, each once;
   * the lines INPUT.expect calls ok are in OUTPUT with status 200 and the object of their url
-    (chat.completion / text_completion), completion_tokens within max tokens, usage.total_tokens
+    (chat.completion / text_completion), n choices indexed 0..n-1, completion_tokens within
+    n * max tokens, usage.total_tokens
     = prompt + completion; chat logprobs asked -> logprobs.content with top_logprobs of the
     asked size; completions logprobs K -> K alternatives per token;
   * the bad lines are in ERRORS, the expired ones with error.code batch_expired and response
@@ -86,27 +87,33 @@ for o in out:
         fail(f"{cid}: object {body['object']}, expected {want}")
     u = body["usage"]
     mt = req.get("max_completion_tokens", req.get("max_tokens"))
-    if u["total_tokens"] != u["prompt_tokens"] + u["completion_tokens"] or u["completion_tokens"] > mt:
+    if u["total_tokens"] != u["prompt_tokens"] + u["completion_tokens"] or \
+            u["completion_tokens"] > mt * req.get("n", 1):
         fail(f"{cid}: usage {u}")
-    ch = body["choices"][0]
+    if len(body["choices"]) != req.get("n", 1) or \
+            [c["index"] for c in body["choices"]] != list(range(req.get("n", 1))):
+        fail(f"{cid}: {len(body['choices'])} choice(s) for n = {req.get('n', 1)}")
+    lps = [c["logprobs"] for c in body["choices"]]
     if want == "chat.completion":
-        lp = ch["logprobs"]
         if req.get("logprobs"):
-            if lp is None or len(lp["content"]) != u["completion_tokens"]:
-                fail(f"{cid}: chat logprobs {lp}")
-            if any(len(t["top_logprobs"]) != req.get("top_logprobs", 0) for t in lp["content"]):
+            if any(lp is None for lp in lps) or \
+                    sum(len(lp["content"]) for lp in lps) != u["completion_tokens"]:
+                fail(f"{cid}: chat logprobs {lps}")
+            if any(len(t["top_logprobs"]) != req.get("top_logprobs", 0)
+                   for lp in lps for t in lp["content"]):
                 fail(f"{cid}: top_logprobs sizes differ from {req.get('top_logprobs')}")
-        elif lp is not None:
+        elif any(lp is not None for lp in lps):
             fail(f"{cid}: logprobs not asked but present")
     else:
-        lp = ch["logprobs"]
         if req.get("logprobs"):
-            if lp is None or len(lp["tokens"]) != u["completion_tokens"] or \
-                    any(len(t) > req["logprobs"] for t in lp["top_logprobs"]):
-                fail(f"{cid}: completion logprobs {lp}")
-            if "".join(lp["tokens"]) != ch["text"] and ch["finish_reason"] == "length":
-                fail(f"{cid}: logprob tokens do not spell the text")
-        elif lp is not None:
+            if any(lp is None for lp in lps) or \
+                    sum(len(lp["tokens"]) for lp in lps) != u["completion_tokens"] or \
+                    any(len(t) > req["logprobs"] for lp in lps for t in lp["top_logprobs"]):
+                fail(f"{cid}: completion logprobs {lps}")
+            for c in body["choices"]:
+                if "".join(c["logprobs"]["tokens"]) != c["text"] and c["finish_reason"] == "length":
+                    fail(f"{cid}: logprob tokens do not spell the text")
+        elif any(lp is not None for lp in lps):
             fail(f"{cid}: logprobs not asked but present")
 for o in err:
     cid = o["custom_id"]

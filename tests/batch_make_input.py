@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """tests/batch_make_input.py N BAD OUT [MAX_TOKENS]: writes an OpenAI Batch input file of N lines for
 tests/test_batch.sh: chat and completions requests (some sharing a prefix, some with logprobs,
-stop, seed, content parts, metadata, unknown fields), of which BAD are lines spillway must
+stop, seed, n, content parts, metadata, unknown fields), of which BAD are lines spillway must
 answer with an error line, of varied kinds (refused by the mapping, dead-lettered by the worker,
 expired). OUT.expect gets one line per custom_id: "ok", or "error KIND" for a bad line. Prints
 the kinds used, with their counts, to stderr. Deterministic."""
@@ -64,12 +64,17 @@ with open(out, "w") as f, open(out + ".expect", "w") as ex:
                 body["top_logprobs"] = 2
             if i % 8 == 0:
                 body["metadata"] = {"n": i, "tag": "t"}
+            if i % 50 == 20:
+                body["n"] = 2
         else:
             url = "/v1/completions"
             body = {"model": "stories260K", "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": mt,
                     "top_p": 0.9, "stop": ["\n"], "presence_penalty": 0.1, "frequency_penalty": 0.1}
             if i % 7 == 0:
                 body["logprobs"] = 2
+            if i % 50 == 11:
+                body["n"] = 3
+                body["seed"] = i
         if i not in bad_at:
             ex.write("%s ok\n" % cid)
         f.write(json.dumps({"custom_id": cid, "method": "POST", "url": url, "body": body}) + "\n")
