@@ -2,7 +2,7 @@
  *
  * Input lines are spillway requests (JSONL, sent unchanged) or OpenAI Batch API lines
  * ({"custom_id", "method", "url", "body"}, converted by consumer/openai_batch.h with id =
- * custom_id; a line it refuses is reported and not sent). Each
+ * custom_id; a line it refuses is reported, not sent, and makes the exit status 1). Each
  * message is keyed by a hash of its prompt's first --key-prefix bytes (default 64), so
  * requests sharing a prefix land on one partition (one worker's KV cache); --key-prefix 0 keys
  * by id. A progress line (count, rate, ETA) is shown on a terminal, a summary at the end. */
@@ -100,7 +100,7 @@ int cli_produce(int argc, char **argv)
     char *line = NULL;
     size_t cap = 0;
     ssize_t len;
-    long sent = 0, bad = 0, lineno = 0;
+    long sent = 0, bad = 0, refused = 0, lineno = 0;
     long long bytes = 0;
     double t0 = now_s(), last = 0;
     while ((len = getline(&line, &cap, in)) > 0) {
@@ -133,7 +133,7 @@ int cli_produce(int argc, char **argv)
                 fprintf(stderr, "spillway produce: line %ld not sent: out of memory\n", lineno);
             oai_line_free(&ol);
             if (crc) {
-                bad++;
+                refused++;
                 json_decref(o);
                 continue;
             }
@@ -188,11 +188,12 @@ int cli_produce(int argc, char **argv)
     int flushed = rd_kafka_flush(rk, 60000) == 0;
     double secs = now_s() - t0;
     if (tty) fputc('\n', stderr);
-    fprintf(stderr, "produced %ld message(s) to %s in %.2fs (%.0f msg/s): %ld delivered, %ld failed%s%s\n",
-            sent, topic, secs, (double)sent / (secs + 1e-9), dc.delivered, dc.failed,
-            bad ? ", some lines not JSON or refused" : "", flushed ? "" : ", flush timed out");
+    fprintf(stderr, "produced %ld message(s) to %s in %.2fs (%.0f msg/s): %ld delivered, %ld failed, "
+            "%ld Batch line(s) refused%s%s\n", sent, topic, secs, (double)sent / (secs + 1e-9),
+            dc.delivered, dc.failed, refused, bad ? ", some lines not JSON" : "",
+            flushed ? "" : ", flush timed out");
     rd_kafka_destroy(rk);
-    return dc.failed || !flushed ? 1 : 0;
+    return dc.failed || refused || !flushed ? 1 : 0;
 usage_err:
     rd_kafka_conf_destroy(conf);
     fprintf(stderr, "usage: spillway produce -b BROKERS -t TOPIC [--key-prefix BYTES] [-X PROP=V] [FILE|-]\n");
