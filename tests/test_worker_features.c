@@ -308,7 +308,8 @@ static void test_no_template(rd_kafka_mock_cluster_t *mc, const char *brokers)
     int ndl = COLLECT("dlq-b", 1, dl);
     int nres = COLLECT("out-b", 1, res);
     CHECKF(ndl == 1 && !strcmp(dl[0].code, "unknown_template") &&
-               strstr(dl[0].message, "no chat template"),
+               strstr(dl[0].message, "no chat template") &&
+               strstr(dl[0].message, "chat.template key"),
            "DLQ %s: %s", ndl ? dl[0].code : "-", ndl ? dl[0].message : "-");
     CHECK(nres == 1 && tk_find_json(res, nres, "plain"));
     tk_recs_free(dl, ndl);
