@@ -135,6 +135,11 @@ static int parse_line(engine_t *e, json_t *o, const engine_request_t *defaults, 
         rq->sampling.seed = (uint64_t)json_integer_value(v);
     }
 #undef NUM
+    if ((v = json_object_get(o, "n")) && !json_is_null(v) &&
+        !(json_is_integer(v) && json_integer_value(v) == 1)) {
+        snprintf(err, errlen, "\"n\": generate -f runs one choice per line (the worker serves n > 1)");
+        return -1;
+    }
     if ((v = json_object_get(o, "stop"))) {
         if (json_is_string(v)) {
             stops[rq->n_stop++] = json_string_value(v);

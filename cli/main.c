@@ -30,6 +30,7 @@ static void usage(FILE *f)
             "  demo      [-m MODEL] [-n N]                    worker on an in-process mock Kafka cluster\n"
             "  produce   -b BROKERS -t TOPIC [FILE|-]         send spillway / OpenAI Batch JSONL prompts\n"
             "  collect   -b BROKERS -t TOPIC (--ids F|--count N) [-o F] [--openai]  read results\n"
+            "  batch     -b BROKERS FILE  run an OpenAI Batch file: output + error files, resumable\n"
             "  top       [URL] [--interval S] [--once]        live view of a worker's /metrics\n"
 #endif
             "  plan      -m MODEL [--gpu-mem S] [--kv-mem S] [--host-arena S] [--json]  memory plan\n"
@@ -61,6 +62,7 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "demo")) return cli_demo(argc - 1, argv + 1);
     if (!strcmp(cmd, "produce")) return cli_produce(argc - 1, argv + 1);
     if (!strcmp(cmd, "collect")) return cli_collect(argc - 1, argv + 1);
+    if (!strcmp(cmd, "batch")) return cli_batch(argc - 1, argv + 1);
     if (!strcmp(cmd, "top")) return cli_top(argc - 1, argv + 1);
 #endif
     fprintf(stderr, "spillway: unknown command '%s'\n", cmd);

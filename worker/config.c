@@ -193,6 +193,7 @@ static const key_t_ KEYS[] = {
      "most entries of input_ids"},
     {"limits.max_messages", K_INT, F(max_messages), "256", 1, 1 << 20, "most chat messages"},
     {"limits.max_stop", K_INT, F(max_stop), "16", 0, 1024, "most stop strings (0 = none accepted)"},
+    {"limits.max_n", K_INT, F(max_n), "16", 1, 256, "most choices per request (\"n\")"},
     {"limits.max_stop_bytes", K_INT, F(max_stop_bytes), "256", 1, 65536,
      "longest stop string in bytes"},
     {"limits.max_metadata_bytes", K_LONG, F(max_metadata_bytes), "16384", 0, LONG_MAX,

@@ -129,6 +129,7 @@ typedef struct {
     int max_input_ids;         /* input_ids entries */
     int max_messages;          /* chat messages */
     int max_stop;              /* stop strings */
+    int max_n;                 /* choices per request ("n") */
     int max_stop_bytes;        /* bytes per stop string */
     long max_metadata_bytes;   /* metadata, compact JSON */
     int max_id_bytes;          /* id length */
