@@ -30,6 +30,7 @@ int main(void)
 #else
 
 #include "engine/backend.h"
+#include "engine/cuda/cuda_blas.h"
 #include "engine/cuda/cuda_kernels.h"
 #include "engine/dtype.h"
 #include "engine/mkmodel.h"
@@ -72,7 +73,8 @@ static int ceilings(double *bw, double *flops)
     void *a = NULL, *b = NULL, *w = NULL, *x = NULL;
     float *y = NULL;
     cudaEvent_t e0 = NULL, e1 = NULL;
-    cublasHandle_t h = NULL;
+    cuda_blas_t *h = NULL;
+    char err[1024];
     int rc = -1;
     float ms = 0;
     CK(cudaEventCreate(&e0), "event");
@@ -91,8 +93,8 @@ static int ceilings(double *bw, double *flops)
     cudaFree(b);
     a = b = NULL;
 
-    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) {
-        fprintf(stderr, "bench_cuda: cublasCreate failed\n");
+    if (!(h = cuda_blas_new(0, NULL, 0, err, sizeof err))) {
+        fprintf(stderr, "bench_cuda: %s\n", err);
         goto fail;
     }
     CK(cudaMalloc(&w, (size_t)M * M * 2), "gemm buffer");
@@ -102,8 +104,9 @@ static int ceilings(double *bw, double *flops)
     CK(cuk_fill_random(DT_BF16, x, (size_t)M * M, 2, -1, 1, 0), "fill");
     for (int i = 0; i < reps + 2; i++) {
         if (i == 2) CK(cudaEventRecord(e0, 0), "event");
-        if (cuk_gemm(h, DT_BF16, w, M, M, x, M, y, M, 0.0f) != CUBLAS_STATUS_SUCCESS) {
-            fprintf(stderr, "bench_cuda: gemm failed\n");
+        int st = cuda_blas_gemm(h, DT_BF16, w, M, M, x, M, y, M, 0.0f);
+        if (st != 0) {
+            fprintf(stderr, "bench_cuda: gemm: cuBLAS %s\n", cuda_blas_status(h, st));
             goto fail;
         }
     }
@@ -113,7 +116,7 @@ static int ceilings(double *bw, double *flops)
     *flops = 2.0 * M * (double)M * M * reps / (ms * 1e-3);
     rc = 0;
 fail:
-    if (h) cublasDestroy(h);
+    cuda_blas_free(h);
     cudaFree(a);
     cudaFree(b);
     cudaFree(w);

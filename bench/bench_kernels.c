@@ -7,10 +7,13 @@
  * tied 49152-row head).
  *
  * Usage: bench_kernels [threads (2)] [rounds (3)] [seconds per cell per round (0.2)] [--ceilings]
- *                      [--json FILE]
+ *                      [--json FILE] [--types LIST]
  *   --ceilings   measure only the machine's ceilings: read and copy bandwidth, OpenBLAS sgemm and
  *                our matmul at T = 512 (no tpool, small-T or whole-model cells)
  *   --kquant     measure only the K-quant table (below)
+ *   --types LIST only these weight types' matmul cells (comma-separated dtype names, e.g.
+ *                q4_1,iq4_xs); the 256-block types (q4_K, iq4_xs) run K rounded up to 256s
+ *                (576 -> 768), as a model padded by `mkmodel --pad 256`
  *   --json FILE  also write the ceilings as one JSON object to FILE (read by bench/run.py):
  *                read_bw_gbs_1t, read_bw_gbs, copy_bw_gbs (GB/s, 1e9 bytes), sgemm_gflops and
  *                matmul_t512_gflops (per shape "NxK", M = T = 512), sgemm_best_gflops,
@@ -35,6 +38,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 #include "engine/cpu/kernels.h"
@@ -101,8 +105,18 @@ static double bench_copy(tpool_t *pool, const void *src, void *dst, size_t bytes
 
 /* ---- weights ---- */
 
-static const int WT[] = {DT_F32, DT_F16, DT_BF16, DT_Q8_0};
-#define N_WT 4
+/* F32 and F16 first: their pools also serve the bandwidth measurements. */
+static const int WT[] = {DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0, DT_Q4_K,
+                         DT_Q4_1, DT_Q5_0, DT_Q5_1, DT_IQ4_NL, DT_IQ4_XS};
+#define N_WT ((int)(sizeof WT / sizeof WT[0]))
+
+/* K for type t: K rounded up to t's block (576 -> 768 for the 256-blocks: the shapes of a model
+ * padded as `mkmodel --pad 256` does). */
+static int64_t kfit(int t, int64_t K)
+{
+    const int64_t b = dtype_block_elems(t);
+    return (K + b - 1) / b * b;
+}
 
 /* Random finite weights of type t filling `bytes` (a multiple of the row size used). */
 static char *make_pool(int t, size_t bytes)
@@ -119,7 +133,7 @@ static char *make_pool(int t, size_t bytes)
     case DT_BF16:
         for (size_t i = 0; i < bytes / 2; i++) ((uint16_t *)w)[i] = f32_to_bf16(frand());
         break;
-    default:
+    case DT_Q8_0:
         for (size_t i = 0; i < bytes / sizeof(block_q8_0); i++) {
             block_q8_0 *b = (block_q8_0 *)w + i;
             uint64_t r = rnext();
@@ -127,6 +141,19 @@ static char *make_pool(int t, size_t bytes)
             for (int k = 0; k < QK8_0; k++) b->qs[k] = (int8_t)(r >> (k % 8 * 8));
         }
         break;
+    default: { /* other block types: random bytes, the fp16 scale (and min) at 0 (and 2) finite */
+        const size_t bs = dtype_block_bytes(t);
+        const int two = t == DT_Q4_K || t == DT_Q4_1 || t == DT_Q5_1;
+        for (size_t i = 0; i < bytes / 8; i++) {
+            uint64_t r = rnext();
+            memcpy(w + 8 * i, &r, 8);
+        }
+        for (size_t i = 0; i < bytes / bs; i++) {
+            uint16_t h[2] = {f32_to_fp16(0.01f), f32_to_fp16(0.001f)};
+            memcpy(w + i * bs, h, two ? 4 : 2);
+        }
+        break;
+    }
     }
     return w;
 }
@@ -217,9 +244,9 @@ static size_t model_bytes(int t)
 {
     size_t total = 0;
     for (size_t s = 0; s < N_MODEL; s++)
-        total += (size_t)MODEL[s].per_layer * MODEL_LAYERS * dtype_row_bytes(t, MODEL[s].K) *
-                 (size_t)MODEL[s].N;
-    return total + dtype_row_bytes(t, 576) * MODEL_VOCAB;
+        total += (size_t)MODEL[s].per_layer * MODEL_LAYERS *
+                 dtype_row_bytes(t, kfit(t, MODEL[s].K)) * (size_t)MODEL[s].N;
+    return total + dtype_row_bytes(t, kfit(t, 576)) * MODEL_VOCAB;
 }
 
 /* Seconds for one forward's matmuls over T tokens (logits for every token when T <= 16, for the
@@ -232,13 +259,13 @@ static double time_model(tpool_t *pool, const kern_table_t *kt, int t, const cha
     for (int l = 0; l < MODEL_LAYERS; l++)
         for (size_t s = 0; s < N_MODEL; s++)
             for (int r = 0; r < MODEL[s].per_layer; r++) {
-                size_t rb = dtype_row_bytes(t, MODEL[s].K);
-                mm_job_t j = {kt, t, wpool + off, rb, MODEL[s].K, MODEL[s].N, x, y, T};
+                size_t rb = dtype_row_bytes(t, kfit(t, MODEL[s].K));
+                mm_job_t j = {kt, t, wpool + off, rb, kfit(t, MODEL[s].K), MODEL[s].N, x, y, T};
                 tpool_run(pool, mm_fn, &j);
                 off += rb * (size_t)MODEL[s].N;
             }
-    mm_job_t j = {kt, t, wpool + off, dtype_row_bytes(t, 576), 576, MODEL_VOCAB, x, y,
-                  T > 16 ? 1 : T};
+    mm_job_t j = {kt, t, wpool + off, dtype_row_bytes(t, kfit(t, 576)), kfit(t, 576), MODEL_VOCAB,
+                  x, y, T > 16 ? 1 : T};
     tpool_run(pool, mm_fn, &j);
     return now_s() - t0;
 }
@@ -423,10 +450,22 @@ int main(int argc, char **argv)
     int nth = 2, rounds = 3, npos = 0, ceilings = 0, kquant = 0;
     double budget = 0.2;
     const char *json = NULL;
+    int on[N_WT]; /* the types measured (--types) */
+    for (int wi = 0; wi < N_WT; wi++) on[wi] = 1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--ceilings")) ceilings = 1;
         else if (!strcmp(argv[i], "--kquant")) kquant = 1;
         else if (!strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
+        else if (!strcmp(argv[i], "--types") && i + 1 < argc) {
+            const char *list = argv[++i];
+            for (int wi = 0; wi < N_WT; wi++) {
+                const char *nm = dtype_name(WT[wi]), *p = list;
+                size_t n = strlen(nm);
+                on[wi] = 0;
+                for (; *p; p = strchr(p, ',') ? strchr(p, ',') + 1 : p + strlen(p))
+                    if (!strncasecmp(p, nm, n) && (p[n] == ',' || p[n] == 0)) on[wi] = 1;
+            }
+        }
         else if (argv[i][0] != '-' && npos < 3) { /* threads, rounds, seconds, in this order */
             if (npos == 0) nth = atoi(argv[i]);
             else if (npos == 1) rounds = atoi(argv[i]);
@@ -434,7 +473,7 @@ int main(int argc, char **argv)
             npos++;
         } else {
             fprintf(stderr, "usage: bench_kernels [threads] [rounds] [seconds per cell] [--ceilings] "
-                            "[--kquant] [--json FILE]\n");
+                            "[--kquant] [--json FILE] [--types T1,T2,...]\n");
             return 2;
         }
     }
@@ -471,8 +510,8 @@ int main(int argc, char **argv)
     size_t pool_bytes[N_WT];
     for (int wi = 0; wi < N_WT; wi++) {
         pool_bytes[wi] = model_bytes(WT[wi]);
-        wpool[wi] = make_pool(WT[wi], pool_bytes[wi]);
-        if (!wpool[wi]) {
+        wpool[wi] = on[wi] || wi < 2 ? make_pool(WT[wi], pool_bytes[wi]) : NULL;
+        if (!wpool[wi] && (on[wi] || wi < 2)) {
             fprintf(stderr, "bench_kernels: out of memory\n");
             return 1;
         }
@@ -509,10 +548,12 @@ int main(int argc, char **argv)
         for (int s = 0; s < N_SH; s++)
             keep_min(&blas[s], time_sgemm(512, SH[s][0], SH[s][1], x, bb, y, budget));
         for (int wi = 0; wi < N_WT; wi++) {
+            if (!on[wi]) continue;
             for (int s = 0; s < N_SH; s++)
                 for (int ti = ceilings ? N_TS - 1 : 0; ti < N_TS; ti++)
-                    keep_min(&mm[wi][s][ti], time_matmul(pool, kt, WT[wi], wpool[wi], pool_bytes[wi],
-                                                         SH[s][0], SH[s][1], TS[ti], x, y, budget));
+                    keep_min(&mm[wi][s][ti],
+                             time_matmul(pool, kt, WT[wi], wpool[wi], pool_bytes[wi], SH[s][0],
+                                         kfit(WT[wi], SH[s][1]), TS[ti], x, y, budget));
             for (int i = 0; i < 3 && !ceilings; i++)
                 keep_min(&model[wi][i], time_model(pool, kt, WT[wi], wpool[wi], MT[i], x, y));
         }
@@ -538,8 +579,8 @@ int main(int argc, char **argv)
     printf("\n| wtype | N x K | T=1 GFLOP/s | T=1 W GB/s (%% of bw) | T=4 | T=16 | T=64 | T=512 | "
            "T=512 vs sgemm |\n|---|---|---|---|---|---|---|---|---|\n");
     for (int wi = 0; wi < N_WT; wi++)
-        for (int s = 0; s < N_SH; s++) {
-            int64_t N = SH[s][0], K = SH[s][1];
+        for (int s = 0; s < N_SH && on[wi]; s++) {
+            int64_t N = SH[s][0], K = kfit(WT[wi], SH[s][1]);
             printf("| %s | %lldx%lld ", dtype_name(WT[wi]), (long long)N, (long long)K);
             double g512 = 0;
             for (int ti = 0; ti < N_TS; ti++) {
@@ -576,10 +617,13 @@ int main(int argc, char **argv)
             keep_max(&sg_best, blas[s]);
         }
         fprintf(jf, "}, \"matmul_t512_gflops\": {");
-        for (int wi = 0; wi < N_WT; wi++) {
-            fprintf(jf, "%s\"%s\": {", wi ? ", " : "", dtype_name(WT[wi]));
+        for (int wi = 0, first = 1; wi < N_WT; wi++) {
+            if (!on[wi]) continue;
+            fprintf(jf, "%s\"%s\": {", first ? "" : ", ", dtype_name(WT[wi]));
+            first = 0;
             for (int s = 0; s < N_SH; s++) {
-                double gf = 2.0 * 512 * (double)SH[s][0] * (double)SH[s][1] / mm[wi][s][N_TS - 1] / 1e9;
+                double gf = 2.0 * 512 * (double)SH[s][0] * (double)kfit(WT[wi], SH[s][1]) /
+                            mm[wi][s][N_TS - 1] / 1e9;
                 fprintf(jf, "%s\"%lldx%lld\": %.3f", s ? ", " : "", (long long)SH[s][0],
                         (long long)SH[s][1], gf);
                 if (gf > mm_best) {
@@ -601,6 +645,7 @@ int main(int argc, char **argv)
         printf("\n| SmolLM2-135M shapes, matmuls only | weights MB | T=1 tok/s (W GB/s) | T=16 tok/s | "
                "T=512 tok/s |\n|---|---|---|---|---|\n");
     for (int wi = 0; wi < N_WT && !ceilings; wi++) {
+        if (!on[wi]) continue;
         double mb = (double)model_bytes(WT[wi]) / 1e6;
         printf("| %s | %.0f | %.0f (%.1f) | %.0f | %.0f |\n", dtype_name(WT[wi]), mb,
                1.0 / model[wi][0], mb / 1e3 / model[wi][0], 16.0 / model[wi][1],

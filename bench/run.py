@@ -66,7 +66,18 @@ Dtypes (--dtypes, default f16,q8_0,q4_k): f32, f16, bf16, q8_0, q4_0 come straig
 converts the F32 model with `mkmodel --from F32 --dtype q4_k --pad 256` (--q4k-pad; dim padded to
 768 with zeros, an equivalent model; attn_output stays Q4_0: its rows are n_heads x head_dim =
 576): a true Q4_K model, a bit larger than SmolLM2-135M. --q4k-pad 0 uses the unpadded file.
-Both sides always read the same GGUF file.
+Both sides always read the same GGUF file. llama.cpp's own mixes and K-quants (--dtypes q4_k_m,
+q6_k, or any other llama-quantize type name in lower case, e.g. q5_k_m, iq4_xs) are made by
+`llama-quantize MODEL-f16.gguf OUT TYPE` (--llama-quantize, or llama-quantize in --llama-dir) from
+the preset's F16 file; without llama-quantize those dtypes are skipped with a note.
+
+Presets (--preset): 135m (= smollm2-135m, the default: dim 576, 30 layers, 9/3 heads, ffn 1536,
+vocab 49152, tied) and llama-1b (= llama-3.2-1b: the Llama-3.2-1B shape, dim 2048, 16 layers,
+32/8 heads, ffn 8192, vocab 128256, tied; defaults --dtypes f16,q8_0,q4_k_m,q6_k --batches 16
+and no shared-prefix workload, which would take hours at this size on 2 threads); any other
+`spillway mkmodel --preset` name is passed through. A dtype spillway refuses to load (a weight
+type it does not support yet) is reported as "refused" rows with llama.cpp's figures alone; the
+run goes on.
 
 Goals (issue 8, SmolLM2-135M-shaped synthetic model, 2 threads; printed whatever the settings):
 F16 prefill >= 1.0x llama.cpp, F16 single-stream decode >= 1.0x, F16 decode at 16 sequences
@@ -369,7 +380,16 @@ def table(rows, have_peer):
 # ---------------------------------------------------------------------------- main
 
 
-def make_model(spillway, bd, preset, dt, pad):
+# --preset aliases -> spillway mkmodel presets; per-preset defaults of the other options
+PRESETS = {"135m": "smollm2-135m", "llama-1b": "llama-3.2-1b"}
+PRESET_DEFAULTS = {"llama-3.2-1b": {"dtypes": "f16,q8_0,q4_k_m,q6_k", "batches": "16", "no_prefix": True}}
+# dtypes spillway mkmodel writes itself; any other name is a llama-quantize type
+MKMODEL_DTYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_k")
+
+
+def make_model(spillway, bd, preset, dt, pad, llama_quantize=None, threads=2):
+    """The model file of dtype dt (made once, reused); None when dt needs llama-quantize and
+    llama_quantize is None."""
     d = os.path.join(bd, "models")
     os.makedirs(d, exist_ok=True)
 
@@ -380,6 +400,15 @@ def make_model(spillway, bd, preset, dt, pad):
             os.replace(path + ".tmp", path)
         return path
 
+    if dt not in MKMODEL_DTYPES:  # llama.cpp's type (e.g. q4_k_m, q6_k), from the F16 file
+        if not llama_quantize:
+            return None
+        path = os.path.join(d, f"{preset}-{dt}-llama-quantize.gguf")
+        if not os.path.exists(path):
+            sh([llama_quantize, direct("f16"), path + ".tmp", dt.upper(), str(threads)],
+               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            os.replace(path + ".tmp", path)
+        return path
     if dt != "q4_k" or not pad:
         return direct(dt)
     path = os.path.join(d, f"{preset}-q4_k-pad{pad}.gguf")
@@ -397,7 +426,7 @@ def make_model(spillway, bd, preset, dt, pad):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--preset", default="smollm2-135m")
+    ap.add_argument("--preset", default="135m", help="135m (default), llama-1b, or a mkmodel preset")
     ap.add_argument("--dtypes", default="f16,q8_0,q4_k")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=3, help="repetitions of each figure (default 3)")
@@ -420,21 +449,26 @@ def main():
     ap.add_argument("--llama-dir", help="directory holding llama-bench and llama-batched-bench")
     ap.add_argument("--llama-bench", help="path of llama.cpp's llama-bench")
     ap.add_argument("--llama-batched-bench", help="path of llama.cpp's llama-batched-bench")
+    ap.add_argument("--llama-quantize", help="path of llama.cpp's llama-quantize (dtypes it makes)")
     ap.add_argument("--llama-kvu", action="store_true", help="-pps runs with -kvu (unified KV cache)")
     ap.add_argument("--llama-args", default="", help="extra arguments for both llama.cpp tools, e.g. '-fa on'")
     ap.add_argument("--timeout", type=float, default=None, help="seconds allowed to each llama.cpp run")
     ap.add_argument("--build-dir", default=os.path.join(ROOT, "build-bench"))
     ap.add_argument("--no-build", action="store_true")
     ap.add_argument("--no-record", action="store_true", help="do not append to bench/RESULTS.md")
+    pre = ap.parse_known_args()[0].preset
+    ap.set_defaults(**PRESET_DEFAULTS.get(PRESETS.get(pre, pre), {}))
     if "--quick" in sys.argv[1:]:  # smaller defaults; flags given explicitly still win
         ap.set_defaults(reps=1, reps_long=1, prompt=128, gen=32, batches="4,16", prefix_requests=8,
                         prefix_len=256, suffix_len=16, prefix_gen=16, kernel_rounds=1, kernel_seconds=0.05)
     args = ap.parse_args()
+    args.preset = PRESETS.get(args.preset, args.preset)
     if args.llama_dir:
+        args.llama_quantize = args.llama_quantize or os.path.join(args.llama_dir, "llama-quantize")
         args.llama_bench = args.llama_bench or os.path.join(args.llama_dir, "llama-bench")
         args.llama_batched_bench = args.llama_batched_bench or os.path.join(args.llama_dir, "llama-batched-bench")
     notes = []
-    for attr in ("llama_bench", "llama_batched_bench"):
+    for attr in ("llama_bench", "llama_batched_bench", "llama_quantize"):
         p = getattr(args, attr)
         if p and not os.access(p, os.X_OK):
             notes.append(f"{p}: not an executable: llama.cpp side skipped")
@@ -471,7 +505,10 @@ def main():
     models = {}
 
     for dt in dtypes:
-        model = make_model(spillway, bd, args.preset, dt, args.q4k_pad)
+        model = make_model(spillway, bd, args.preset, dt, args.q4k_pad, args.llama_quantize, args.threads)
+        if model is None:
+            notes.append(f"{dt}: made by llama-quantize, which was not given (--llama-quantize or --llama-dir): skipped")
+            continue
         models[dt] = model
         mf = model_figures(model)
         census = ", ".join(f"{n} {t}" for t, n in sorted(mf["census"].items(), key=lambda x: -x[1]))
@@ -480,11 +517,20 @@ def main():
                      f"parameters, {mf['total_bytes'] / 1e6:.1f} MB; matrices: {census}; decode reads "
                      f"{mf['bytes_per_token'] / 1e6:.1f} MB per token")
         jf = os.path.join(tmp.name, f"engine-{dt}.jsonl")
-        sh([os.path.join(bd, "bench_engine"), model, "--threads", str(args.threads), "--reps", str(args.reps),
-            "--prompt", str(args.prompt), "--gen", str(args.gen), "--batches", args.batches, "--json", jf],
-           stdout=sys.stderr)
-        with open(jf) as f:
-            ours = [json.loads(l) for l in f if l.strip()]
+        refused = None
+        try:  # a model spillway does not load (a weight type it lacks): refused rows, the run goes on
+            sh([os.path.join(bd, "bench_engine"), model, "--threads", str(args.threads), "--reps", str(args.reps),
+                "--prompt", str(args.prompt), "--gen", str(args.gen), "--batches", args.batches, "--json", jf],
+               stdout=sys.stderr, stderr=subprocess.PIPE)
+        except subprocess.CalledProcessError as e:
+            sys.stderr.write(e.stderr or "")
+            lines = [l for l in (e.stderr or "").splitlines() if l.strip()]
+            refused = (lines[-1] if lines else f"exit {e.returncode}").strip()
+            notes.append(f"{dt}: spillway refused {os.path.basename(model)}: {refused}")
+        ours = []
+        if refused is None:
+            with open(jf) as f:
+                ours = [json.loads(l) for l in f if l.strip()]
         peer = {}
         if args.llama_bench:
             pi = {}
@@ -504,6 +550,16 @@ def main():
                     speeds.setdefault(r["pl"], []).append(r["speed_tg"])
             for pl, v in speeds.items():
                 peer[("decode", pl)] = mmm(v)
+        if refused is not None:
+            lab = f"{dt} (spillway: refused)"
+            gb = mf["bytes_per_token"] / 1e9
+            rows.append(Row(f"{lab} prefill {args.prompt} tokens (tokens/s)", None, peer.get(("prefill", args.prompt))))
+            for n in [1] + [b for b in batches if b != 1]:
+                rows.append(Row(f"{lab} decode {'1 sequence' if n == 1 else f'{n} sequences'} x {args.gen} "
+                                f"tokens (tokens/s)", None, peer.get(("decode", n))))
+                if n == 1:
+                    rows.append(Row(f"{lab} decode 1 sequence (GB/s of weights)", None,
+                                    scale(peer.get(("decode", 1)), gb), ("ceil", 0.80), (ceil, "read bw")))
         for r in ours:
             if r["workload"] == "info":
                 if r["weight_bytes"] != mf["total_bytes"]:
@@ -513,7 +569,8 @@ def main():
             if r["workload"] == "read_bw":  # after the decode-1 figure it was measured with
                 rows.append(Row(f"{dt}: read bandwidth measured between the decode-1 repetitions (GB/s)", o))
                 rows.append(Row(f"{dt} decode 1 sequence (GB/s of weights), against that bandwidth", dec1,
-                                None, ("ceil", 0.80), ({"read bw": o[1]}, "read bw")))
+                                scale(peer.get(("decode", 1)), mf["bytes_per_token"] / 1e9), ("ceil", 0.80),
+                                ({"read bw": o[1]}, "read bw")))
                 continue
             if r["workload"] == "prefill":
                 key = ("prefill", r["n"])
@@ -540,7 +597,11 @@ def main():
 
     # ---- (d) shared prefix
     for dt in prefix_dtypes:
-        model = models.get(dt) or make_model(spillway, bd, args.preset, dt, args.q4k_pad)
+        model = models.get(dt) or make_model(spillway, bd, args.preset, dt, args.q4k_pad, args.llama_quantize,
+                                             args.threads)
+        if model is None:
+            notes.append(f"shared prefix {dt}: made by llama-quantize, which was not given: skipped")
+            continue
         N, P, S, G = args.prefix_requests, args.prefix_len, args.suffix_len, args.prefix_gen
         jf = os.path.join(tmp.name, f"prefix-{dt}.jsonl")
         sh([os.path.join(bd, "bench_prefix"), model, "--threads", str(args.threads), "--workloads", "shared",
@@ -600,6 +661,9 @@ def main():
     if args.preset != "smollm2-135m" or args.threads != 2 or args.quick:
         notes.append("the goals are set for smollm2-135m, 2 threads and the full workloads: "
                      "this run differs, so read the goal column as indicative")
+    if os.environ.get("OMP_WAIT_POLICY"):
+        notes.append(f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']} in the environment (llama.cpp's OpenMP "
+                     f"threads; spillway does not use OpenMP)")
     load1 = os.getloadavg()[0]
     notes.append(f"load average (1 min) {load0:.1f} at the start, {load1:.1f} at the end (the run's own "
                  f"{args.threads} threads included), {os.cpu_count()} CPUs"

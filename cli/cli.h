@@ -3,6 +3,8 @@
 #ifndef SPILLWAY_CLI_H
 #define SPILLWAY_CLI_H
 
+#include <stdio.h>
+
 #include "engine/engine.h"
 
 int cli_generate(int argc, char **argv);
@@ -15,19 +17,23 @@ int cli_worker(int argc, char **argv);
 int cli_demo(int argc, char **argv);
 int cli_produce(int argc, char **argv);
 int cli_collect(int argc, char **argv);
+int cli_batch(int argc, char **argv);
 int cli_top(int argc, char **argv);
 int cli_plan(int argc, char **argv);
 
 /* The worker's configuration from the command line (cli/config.c): defaults, then -c FILE, then
  * SPILLWAY_* environment, then options. 0: cfg filled (caller frees with worker_config_free);
- * 1: --help printed (exit 0); 2: usage or value error (printed). *list_keys (may be NULL) is set
- * when --keys was given. */
+ * 1: --help printed (exit 0); 2: usage or value error (printed). *list_keys (may be NULL) gets
+ * 1 for --keys, 2 for --check, 4 for --markdown (`spillway config` only). */
 #include "worker/worker.h"
 int cli_worker_config(int argc, char **argv, worker_config_t *cfg, int *list_keys);
 
-/* Shared engine options (--threads, --kv-type, ...): returns 1 if opt was one and stored it in
- * cfg, 0 if not, -1 for a bad value (message printed). */
+/* Shared engine options (--threads, --kv-type, ...), each the flag of one worker key (the key
+ * table, worker/config.c: same range, choices and help): returns 1 if opt was one and stored it
+ * in cfg (kv_type points into arg), 0 if not, -1 for a bad value (message printed). */
 int cli_engine_opt(engine_config_t *cfg, int opt, const char *arg);
+/* Prints the help lines of the engine options, from the key table. */
+void cli_engine_help(FILE *f);
 /* getopt_long entries for cli_engine_opt, to append to a command's table. */
 #define CLI_ENGINE_LONGOPTS                                 \
     {"threads", required_argument, 0, 1001},                \
@@ -39,19 +45,25 @@ int cli_engine_opt(engine_config_t *cfg, int opt, const char *arg);
     {"kv-blocks", required_argument, 0, 1007},              \
     {"ctx", required_argument, 0, 1008},                    \
     {"no-prefix-cache", no_argument, 0, 1009}
-#define CLI_ENGINE_HELP                                                                   \
-    "  --threads N        compute threads (default: one per CPU)\n"                       \
-    "  --kv-type T        KV cache type f16|f32 (default f16)\n"                         \
-    "  --block-tokens B   tokens per KV block (default 16)\n"                            \
-    "  --batch-tokens N   tokens per forward step (default 512)\n"                       \
-    "  --max-seqs N       sequences running at once (default 64)\n"                      \
-    "  --kv-mem-mb N      KV pool size in MiB (default 1024)\n"                          \
-    "  --kv-blocks N      KV pool size in blocks (overrides --kv-mem-mb)\n"              \
-    "  --ctx N            context limit per sequence (default: the model's)\n"           \
-    "  --no-prefix-cache  do not reuse cached prompt blocks\n"
+
+/* A flag that sets worker key `key`: parses arg as worker_config_set would (range, choices),
+ * printing an error naming flag and the key; 0 and *num (may be NULL), or -1. */
+int cli_parse_key(const char *flag, const char *key, const char *arg, long *num);
+/* Prints lead, then text from column indent on, wrapped at 100 columns (continuation lines
+ * indented by indent; text on the next line when lead reaches indent). */
+void cli_wrap(FILE *f, const char *lead, int indent, const char *text);
+/* Prints the help line of such a flag ("--flag ARG"): the key's help (or meaning, when not NULL),
+ * then "[key; default D; values]". */
+void cli_key_help(FILE *f, const char *flag, const char *key, const char *meaning);
 
 /* Parses a non-negative int / double; 0 ok, -1 bad (message printed naming opt). */
 int cli_parse_int(const char *opt, const char *s, long lo, long hi, long *out);
 int cli_parse_double(const char *opt, const char *s, double *out);
+
+/* The Kafka key of request r for prefix affinity: XXH64 of the first `prefix` bytes of its prompt
+ * (prompt text, or "role\x1fcontent\x1e" per message), as 16 hex digits into key (cap >= 17).
+ * 0, or -1 when r has neither prompt nor messages. */
+#include <jansson.h>
+int cli_prompt_key(const json_t *r, long prefix, char *key, size_t cap);
 
 #endif

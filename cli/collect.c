@@ -2,11 +2,14 @@
  * [--openai] [--timeout S]`: reads results (read_committed, from the beginning, a throwaway
  * consumer group, nothing committed) until every wanted id is in or the timeout passes. Results
  * are de-duplicated by id (at-least-once delivery may repeat one). Output: the result lines, or
- * OpenAI Batch output lines with --openai. Exit 0 when all arrived, 1 on timeout. */
+ * OpenAI Batch output lines with --openai (chat.completion bodies; an expired result is a
+ * batch_expired error line; `spillway batch` writes both files in full). Exit 0 when all
+ * arrived, 1 on timeout. */
 #include <getopt.h>
 #include <jansson.h>
 #include <librdkafka/rdkafka.h>
 #include <search.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +17,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "consumer/openai_batch.h"
 
 static double now_s(void)
 {
@@ -28,23 +32,24 @@ static int cmp_pstr(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* One OpenAI Batch output line for result o (new reference). */
+/* One OpenAI Batch output line for result o (new reference; consumer/openai_batch.h shapes): a
+ * chat.completion, or a batch_expired error line for an expired result. */
 static json_t *to_openai(json_t *o, long n)
 {
     char rid[32];
     snprintf(rid, sizeof rid, "batch_req_%ld", n);
-    json_t *usage = json_object_get(o, "usage");
-    json_t *pt = json_object_get(usage, "prompt_tokens"), *ct = json_object_get(usage, "completion_tokens");
-    json_t *body = json_pack("{s:s, s:s, s:O?, s:[{s:i, s:{s:s, s:O?}, s:O?}], s:{s:O?, s:O?, s:I}}",
-                             "object", "chat.completion", "id", rid, "model", json_object_get(o, "model"),
-                             "choices", "index", 0, "message", "role", "assistant", "content",
-                             json_object_get(o, "text"), "finish_reason",
-                             json_object_get(o, "finish_reason"), "usage", "prompt_tokens", pt,
-                             "completion_tokens", ct, "total_tokens",
-                             (json_int_t)(json_integer_value(pt) + json_integer_value(ct)));
-    return json_pack("{s:s, s:O?, s:{s:i, s:s, s:o}, s:n}", "id", rid, "custom_id",
-                     json_object_get(o, "id"), "response", "status_code", 200, "request_id", rid,
-                     "body", body, "error");
+    const char *id = json_string_value(json_object_get(o, "id"));
+    const char *fin = json_string_value(json_object_get(o, "finish_reason"));
+    if (fin && !strcmp(fin, "expired"))
+        return oai_error_line(rid, id, 0, NULL, "batch_expired", NULL,
+                              "This request could not be executed before its deadline passed.");
+    oai_line_t l;
+    memset(&l, 0, sizeof l);
+    l.kind = OAI_CHAT;
+    l.chat_top = -1;
+    l.completion_lp = -1;
+    l.custom_id = (char *)(uintptr_t)id; /* borrowed: l is not freed */
+    return oai_output_line(&l, rid, o, (long long)time(NULL));
 }
 
 int cli_collect(int argc, char **argv)

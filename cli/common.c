@@ -1,9 +1,12 @@
-/* cli/common.c: option parsing shared by the subcommands. */
+/* cli/common.c: option parsing and request keys shared by the subcommands. */
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <xxhash.h>
 
 #include "cli.h"
 
@@ -33,49 +36,136 @@ int cli_parse_double(const char *opt, const char *s, double *out)
     return 0;
 }
 
+int cli_parse_key(const char *flag, const char *key, const char *arg, long *num)
+{
+    char err[256];
+    int i = worker_config_find_key(key);
+    if (worker_config_parse_value(i, arg, num, err, sizeof err)) {
+        fprintf(stderr, "spillway: %s: %s\n", flag, err);
+        return -1;
+    }
+    return 0;
+}
+
+void cli_wrap(FILE *f, const char *lead, int indent, const char *text)
+{
+    enum { WIDTH = 100 };
+    int col = fprintf(f, "%s", lead);
+    if (col >= indent) {
+        fputc('\n', f);
+        col = 0;
+    }
+    fprintf(f, "%*s", indent - col, "");
+    col = indent;
+    for (const char *p = text; *p;) {
+        while (*p == ' ') p++;
+        size_t n = strcspn(p, " ");
+        if (!n) break;
+        if (col > indent && col + 1 + (int)n > WIDTH) {
+            fprintf(f, "\n%*s", indent, "");
+            col = indent;
+        } else if (col > indent) {
+            fputc(' ', f);
+            col++;
+        }
+        fwrite(p, 1, n, f);
+        col += (int)n;
+        p += n;
+    }
+    fputc('\n', f);
+}
+
+void cli_key_help(FILE *f, const char *flag, const char *key, const char *meaning)
+{
+    worker_config_key_t k;
+    if (worker_config_key(worker_config_find_key(key), &k)) return;
+    char values[160] = "", lead[64], text[1024];
+    if (k.integer && k.hi == LONG_MAX) snprintf(values, sizeof values, "; >= %ld", k.lo);
+    else if (k.integer) snprintf(values, sizeof values, "; %ld..%ld", k.lo, k.hi);
+    else if (k.real) snprintf(values, sizeof values, "; %g..%g", k.real_lo, k.real_hi);
+    else if (k.choices) snprintf(values, sizeof values, "; %s", k.choices);
+    snprintf(lead, sizeof lead, "  %s", flag);
+    snprintf(text, sizeof text, "%s [%s; default %s%s]", meaning ? meaning : k.help, k.name,
+             *k.def ? k.def : "\"\"", values);
+    cli_wrap(f, lead, 23, text);
+}
+
+/* The engine flags: each sets the engine_config_t field of one worker key, with that key's
+ * range, choices and help (engine_config_default holds the same defaults as the key table;
+ * test_worker_config checks it). */
+static const struct {
+    int opt;
+    const char *flag, *key;
+} ENGINE_FLAGS[] = {
+    {1001, "--threads N", "threads"},
+    {1002, "--kv-type T", "kv.type"},
+    {1003, "--block-tokens B", "kv.block_tokens"},
+    {1004, "--batch-tokens N", "batch.max_tokens"},
+    {1005, "--max-seqs N", "batch.max_seqs"},
+    {1006, "--kv-mem-mb N", "kv.mem_mb"},
+    {1007, "--kv-blocks N", "kv.blocks"},
+    {1008, "--ctx N", "ctx"},
+    {1009, "--no-prefix-cache", "prefix_cache"},
+};
+
+void cli_engine_help(FILE *f)
+{
+    for (size_t i = 0; i < sizeof ENGINE_FLAGS / sizeof ENGINE_FLAGS[0]; i++)
+        cli_key_help(f, ENGINE_FLAGS[i].flag, ENGINE_FLAGS[i].key,
+                     ENGINE_FLAGS[i].opt == 1009 ? "prefix_cache=false: do not reuse cached "
+                                                   "prompt blocks" : NULL);
+}
+
 int cli_engine_opt(engine_config_t *cfg, int opt, const char *arg)
 {
-    long v;
+    size_t i = 0, n = sizeof ENGINE_FLAGS / sizeof ENGINE_FLAGS[0];
+    while (i < n && ENGINE_FLAGS[i].opt != opt) i++;
+    if (i == n) return 0;
+    char flag[32];
+    long v = 0;
+    snprintf(flag, sizeof flag, "%s", ENGINE_FLAGS[i].flag);
+    flag[strcspn(flag, " ")] = 0;
+    if (opt != 1009 && cli_parse_key(flag, ENGINE_FLAGS[i].key, arg, &v)) return -1;
     switch (opt) {
-    case 1001:
-        if (cli_parse_int("--threads", arg, 0, 1024, &v)) return -1;
-        cfg->threads = (int)v;
-        return 1;
-    case 1002:
-        if (strcmp(arg, "f16") && strcmp(arg, "f32")) {
-            fprintf(stderr, "spillway: --kv-type must be f16 or f32\n");
-            return -1;
-        }
-        cfg->kv_type = arg;
-        return 1;
-    case 1003:
-        if (cli_parse_int("--block-tokens", arg, 1, 4096, &v)) return -1;
-        cfg->block_tokens = (int)v;
-        return 1;
-    case 1004:
-        if (cli_parse_int("--batch-tokens", arg, 1, 1 << 20, &v)) return -1;
-        cfg->max_batch_tokens = (int)v;
-        return 1;
-    case 1005:
-        if (cli_parse_int("--max-seqs", arg, 1, 1 << 16, &v)) return -1;
-        cfg->max_seqs = (int)v;
-        return 1;
-    case 1006:
-        if (cli_parse_int("--kv-mem-mb", arg, 1, 1 << 24, &v)) return -1;
-        cfg->kv_mem_mb = (int)v;
-        return 1;
-    case 1007:
-        if (cli_parse_int("--kv-blocks", arg, 1, 1 << 30, &v)) return -1;
-        cfg->kv_blocks = (int)v;
-        return 1;
-    case 1008:
-        if (cli_parse_int("--ctx", arg, 1, 1 << 30, &v)) return -1;
-        cfg->max_ctx = (int)v;
-        return 1;
-    case 1009:
-        cfg->prefix_cache = 0;
-        return 1;
-    default:
-        return 0;
+    case 1001: cfg->threads = (int)v; break;
+    case 1002: cfg->kv_type = arg; break;
+    case 1003: cfg->block_tokens = (int)v; break;
+    case 1004: cfg->max_batch_tokens = (int)v; break;
+    case 1005: cfg->max_seqs = (int)v; break;
+    case 1006: cfg->kv_mem_mb = (int)v; break;
+    case 1007: cfg->kv_blocks = (int)v; break;
+    case 1008: cfg->max_ctx = (int)v; break;
+    case 1009: cfg->prefix_cache = 0; break;
     }
+    return 1;
+}
+
+int cli_prompt_key(const json_t *r, long prefix, char *key, size_t cap)
+{
+    char buf[4096];
+    size_t n = 0;
+    json_t *p = json_object_get(r, "prompt"), *msgs = json_object_get(r, "messages");
+    if (json_is_string(p)) {
+        n = json_string_length(p) < sizeof buf ? json_string_length(p) : sizeof buf;
+        memcpy(buf, json_string_value(p), n);
+    } else if (json_is_array(msgs)) {
+        size_t i;
+        json_t *m;
+        json_array_foreach(msgs, i, m) {
+            const char *role = json_string_value(json_object_get(m, "role"));
+            const char *content = json_string_value(json_object_get(m, "content"));
+            int k = snprintf(buf + n, sizeof buf - n, "%s\x1f%s\x1e", role ? role : "",
+                             content ? content : "");
+            if (k < 0 || (size_t)k >= sizeof buf - n) {
+                n = sizeof buf;
+                break;
+            }
+            n += (size_t)k;
+        }
+    } else {
+        return -1;
+    }
+    if ((size_t)prefix < n) n = (size_t)prefix;
+    snprintf(key, cap, "%016llx", (unsigned long long)XXH64(buf, n, 0));
+    return 0;
 }

@@ -4,6 +4,7 @@
  *
  * Precedence, lowest first: defaults, -c FILE, SPILLWAY_* environment, command-line options. */
 #include <getopt.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,24 +18,40 @@ typedef struct {
     const char *arg;
 } pending_t;
 
+/* The options that set one key each: their help is the key's, from the key table. */
+static const struct {
+    const char *opt, *key;
+} SHORTCUTS[] = {
+    {"-b, --brokers BROKERS", "brokers"},    {"-t, --topics TOPICS", "input.topics"},
+    {"-o, --output TOPIC", "output.topic"},  {"-d, --dlq TOPIC", "dlq.topic"},
+    {"-g, --group GROUP", "group.id"},       {"-m, --model MODEL", "model"},
+    {"-i, --id NAME", "worker.id"},          {"--exactly-once", "delivery"},
+};
+
 static void config_usage(FILE *f, const char *cmd)
 {
     int is_config = !strcmp(cmd, "config");
     fprintf(f,
             "usage: spillway %s [options]\n"
-            "  -c FILE          key=value config file (kafka.* keys pass to librdkafka)\n"
-            "  -X PROP=VALUE    librdkafka property (consumer.PROP / producer.PROP for one client)\n"
-            "  -s KEY=VALUE     set a worker key (see 'spillway config --keys')\n"
-            "  -b BROKERS       brokers            -t TOPICS   input.topics\n"
-            "  -o TOPIC         output.topic       -d TOPIC    dlq.topic\n"
-            "  -g GROUP         group.id           -m MODEL    model\n"
-            "  -i NAME          worker.id: this worker's name, stable across restarts and unique\n"
-            "                   in the group (exactly-once derives its transactional id from it)\n"
-            "  --exactly-once   delivery=exactly-once\n",
+            "  -c FILE                  key=value config file (kafka.* keys pass to librdkafka)\n"
+            "  -X PROP=VALUE            librdkafka property (consumer.PROP / producer.PROP for\n"
+            "                           one client)\n"
+            "  -s KEY=VALUE             set a worker key (see 'spillway config --keys')\n",
             cmd);
+    for (size_t i = 0; i < sizeof SHORTCUTS / sizeof SHORTCUTS[0]; i++) {
+        worker_config_key_t k;
+        if (worker_config_key(worker_config_find_key(SHORTCUTS[i].key), &k)) continue;
+        char lead[64], text[1024];
+        snprintf(lead, sizeof lead, "  %s", SHORTCUTS[i].opt);
+        if (!strcmp(k.name, "delivery")) snprintf(text, sizeof text, "delivery=exactly-once");
+        else snprintf(text, sizeof text, "%s: %s", k.name, k.help);
+        cli_wrap(f, lead, 27, text);
+    }
     if (is_config)
-        fprintf(f, "  --keys           list the keys and their meaning\n"
-                   "  --check          also validate the values as the worker would; exit 1 if not\n");
+        fprintf(f, "  --keys                   list the keys: key = default  # meaning [values]\n"
+                   "  --markdown               the keys as the README's configuration reference\n"
+                   "  --check                  also validate the values as the worker would; exit 1\n"
+                   "                           if not\n");
     fprintf(f, "Environment: SPILLWAY_<KEY> (upper case, '.' -> '_'), e.g. SPILLWAY_BATCH_MAX_SEQS.\n");
 }
 
@@ -47,7 +64,7 @@ int cli_worker_config(int argc, char **argv, worker_config_t *cfg, int *list_key
         {"group", required_argument, 0, 'g'}, {"model", required_argument, 0, 'm'},
         {"exactly-once", no_argument, 0, 'E'}, {"id", required_argument, 0, 'i'},
         {"keys", no_argument, 0, 'K'},
-        {"check", no_argument, 0, 'C'},
+        {"check", no_argument, 0, 'C'}, {"markdown", no_argument, 0, 'M'},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0},
     };
     char err[512];
@@ -77,11 +94,12 @@ int cli_worker_config(int argc, char **argv, worker_config_t *cfg, int *list_key
         case 'E': *p = (pending_t){2, "delivery", "exactly-once"}; n_ops++; break;
         case 'K':
         case 'C':
+        case 'M':
             if (!list_keys) { /* `spillway config` only */
                 config_usage(stderr, argv[0]);
                 goto fail;
             }
-            *list_keys |= opt == 'K' ? 1 : 2;
+            *list_keys |= opt == 'K' ? 1 : opt == 'C' ? 2 : 4;
             break;
         case 'h': config_usage(stdout, argv[0]); rc = 1; goto fail;
         default: config_usage(stderr, argv[0]); goto fail;
@@ -120,15 +138,84 @@ fail:
     return rc;
 }
 
+/* The values column of key k: its range, or its choices. */
+static void key_values(const worker_config_key_t *k, const char *bar, char *buf, size_t cap)
+{
+    buf[0] = 0;
+    if (k->integer) {
+        if (k->hi == LONG_MAX) snprintf(buf, cap, ">= %ld", k->lo);
+        else snprintf(buf, cap, "%ld..%ld", k->lo, k->hi);
+    } else if (k->real) {
+        snprintf(buf, cap, "%g..%g", k->real_lo, k->real_hi);
+    } else if (k->choices) {
+        size_t j = 0;
+        for (const char *p = k->choices; *p && j + 8 < cap; p++)
+            j += (size_t)snprintf(buf + j, cap - j, "%s", *p == '|' ? bar : (char[2]){*p, 0});
+    }
+}
+
+/* text with '|' escaped for a Markdown table cell */
+static void md_cell(FILE *out, const char *text)
+{
+    for (const char *p = text; *p; p++) {
+        if (*p == '|') fputc('\\', out);
+        fputc(*p, out);
+    }
+}
+
+/* One table per module section, in table order: key, default, values, meaning. */
+static void print_markdown(FILE *out)
+{
+    const char *section = NULL;
+    char values[256];
+    for (int i = 0; i < worker_config_n_keys(); i++) {
+        worker_config_key_t k;
+        worker_config_key(i, &k);
+        if (!section || strcmp(section, k.section)) {
+            section = k.section;
+            fprintf(out, "%s#### %s\n\n| key | default | values | meaning |\n|---|---|---|---|\n",
+                    i ? "\n" : "", section);
+        }
+        key_values(&k, " | ", values, sizeof values);
+        fprintf(out, "| `%s` | ", k.name);
+        if (*k.def) {
+            fputc('`', out);
+            md_cell(out, k.def);
+            fputc('`', out);
+        } else {
+            fputs("(empty)", out);
+        }
+        fputs(" | ", out);
+        md_cell(out, values);
+        fputs(" | ", out);
+        md_cell(out, k.help);
+        fputs(" |\n", out);
+    }
+}
+
+/* key = default  # meaning [values] */
+static void print_keys(FILE *out)
+{
+    char values[256];
+    for (int i = 0; i < worker_config_n_keys(); i++) {
+        worker_config_key_t k;
+        worker_config_key(i, &k);
+        key_values(&k, "|", values, sizeof values);
+        fprintf(out, "%-31s = %-16s # %s%s%s%s\n", k.name, *k.def ? k.def : "\"\"", k.help,
+                *values ? " [" : "", values, *values ? "]" : "");
+    }
+}
+
 int cli_config(int argc, char **argv)
 {
     worker_config_t cfg;
     int keys = 0;
     int rc = cli_worker_config(argc, argv, &cfg, &keys);
     if (rc) return rc == 1 ? 0 : rc;
-    if (keys & 1) {
-        for (int i = 0; i < worker_config_n_keys(); i++)
-            printf("%-28s %s\n", worker_config_key_name(i), worker_config_key_help(i));
+    if (keys & 4) {
+        print_markdown(stdout);
+    } else if (keys & 1) {
+        print_keys(stdout);
     } else {
         worker_config_print(&cfg, stdout);
     }

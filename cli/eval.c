@@ -120,7 +120,9 @@ int cli_eval(int argc, char **argv)
                    "  starts every S tokens and scores its last S tokens (the first window all of\n"
                    "  its own), so each is predicted from at least N - S tokens.\n"
                    "  Prints tokens scored, mean NLL (nats) and perplexity = exp(mean NLL).\n"
-                   CLI_ENGINE_HELP, EVAL_DEFAULT_CTX);
+                   "Engine options (the workers' keys of the same name; --ctx: the window):\n",
+                   EVAL_DEFAULT_CTX);
+            cli_engine_help(stdout);
             return 0;
         default: return 2;
         }

@@ -135,6 +135,11 @@ static int parse_line(engine_t *e, json_t *o, const engine_request_t *defaults, 
         rq->sampling.seed = (uint64_t)json_integer_value(v);
     }
 #undef NUM
+    if ((v = json_object_get(o, "n")) && !json_is_null(v) &&
+        !(json_is_integer(v) && json_integer_value(v) == 1)) {
+        snprintf(err, errlen, "\"n\": generate -f runs one choice per line (the worker serves n > 1)");
+        return -1;
+    }
     if ((v = json_object_get(o, "stop"))) {
         if (json_is_string(v)) {
             stops[rq->n_stop++] = json_string_value(v);
@@ -219,7 +224,7 @@ int cli_generate(int argc, char **argv)
         case 'm': cfg.model_path = optarg; break;
         case 'p': prompt = optarg; break;
         case 'f': file = optarg; break;
-        case 'n': if (cli_parse_int("-n", optarg, 1, 1 << 30, &v)) return 2; dr.max_tokens = (int)v; break;
+        case 'n': if (cli_parse_key("-n", "limits.default_max_tokens", optarg, &v)) return 2; dr.max_tokens = (int)v; break;
         case 't': if (cli_parse_double("-t", optarg, &d)) return 2; dr.sampling.temperature = (float)d; break;
         case 2001: if (cli_parse_double("--top-p", optarg, &d)) return 2; dr.sampling.top_p = (float)d; break;
         case 2002: if (cli_parse_int("--top-k", optarg, 0, 1 << 30, &v)) return 2; dr.sampling.top_k = (int)v; break;
@@ -243,15 +248,15 @@ int cli_generate(int argc, char **argv)
             char *colon = strrchr(redis_host, ':');
             if (colon) {
                 *colon = 0;
-                if (cli_parse_int("--cache-redis port", colon + 1, 1, 65535, &v)) return 2;
+                if (cli_parse_key("--cache-redis PORT", "cache.redis.port", colon + 1, &v)) return 2;
                 kc.redis_port = (int)v;
             }
             kc.redis_host = redis_host;
             break;
         }
         case 2010: kc.arena_path = optarg; break;
-        case 2011: if (cli_parse_int("--cache-arena-mb", optarg, 1, 1L << 30, &v)) return 2; kc.arena_mb = v; break;
-        case 2012: if (cli_parse_int("--cache-timeout-ms", optarg, 1, 600000, &v)) return 2; kc.cmd_timeout_ms = (int)v; break;
+        case 2011: if (cli_parse_key("--cache-arena-mb", "cache.arena.mb", optarg, &v)) return 2; kc.arena_mb = v; break;
+        case 2012: if (cli_parse_key("--cache-timeout-ms", "cache.redis.timeout_ms", optarg, &v)) return 2; kc.cmd_timeout_ms = (int)v; break;
         case 2013: kc.secret_path = optarg; break;
         case 'h':
             printf("usage: spillway generate -m MODEL [-p PROMPT | -f PROMPTS.jsonl] [options]\n"
@@ -261,24 +266,24 @@ int cli_generate(int argc, char **argv)
                    "  -f, --file FILE      JSONL, one request per line: {\"id\", \"prompt\", \"max_tokens\",\n"
                    "                       \"temperature\", \"top_p\", \"top_k\", \"min_p\", \"seed\", \"stop\",\n"
                    "                       \"repeat_penalty\", \"presence_penalty\", \"frequency_penalty\",\n"
-                   "                       \"logprobs\", \"priority\"}; prints one JSON result per line\n"
-                   "  -n, --max-tokens N   tokens to generate at most (default 256)\n"
-                   "  -t, --temp T         temperature, 0 = greedy (default 1)\n"
+                   "                       \"logprobs\", \"priority\"}; prints one JSON result per line\n");
+            cli_key_help(stdout, "-n, --max-tokens N", "limits.default_max_tokens",
+                         "tokens to generate at most (-f: for a line without \"max_tokens\")");
+            printf("  -t, --temp T         temperature, 0 = greedy (default 1)\n"
                    "  --top-p P, --top-k K, --min-p P, --seed S, --repeat-penalty R\n"
                    "  --stop STR           stop string (repeatable, at most %d)\n"
                    "  --ignore-eos         keep generating past end-of-generation tokens\n"
                    "  --no-echo            -p mode: do not print the prompt\n"
-                   "  --stats              print throughput figures to stderr\n"
-                   "  --cache-redis HOST[:PORT]  prefix cache tier 2: Redis index (password from\n"
-                   "                       SPILLWAY_CACHE_REDIS_PASSWORD)\n"
-                   "  --cache-arena PATH   its host arena file (default\n"
-                   "                       /dev/shm/spillway-UID/spillway.arena)\n"
-                   "  --cache-arena-mb N   its size in MiB (default 1024)\n"
-                   "  --cache-timeout-ms N each Redis command's timeout (default 50)\n"
-                   "  --cache-secret PATH  the file keying the block names, shared with the\n"
-                   "                       workers (default /dev/shm/spillway.secret; created\n"
-                   "                       0600 when absent)\n"
-                   CLI_ENGINE_HELP, MAX_STOP);
+                   "  --stats              print throughput figures to stderr\n", MAX_STOP);
+            printf("The prefix cache's tier 2 (the workers' cache.* keys; PORT as cache.redis.port;\n"
+                   "Redis password from SPILLWAY_CACHE_REDIS_PASSWORD):\n");
+            cli_key_help(stdout, "--cache-redis HOST[:PORT]", "cache.redis.host", NULL);
+            cli_key_help(stdout, "--cache-arena PATH", "cache.arena.path", NULL);
+            cli_key_help(stdout, "--cache-arena-mb N", "cache.arena.mb", NULL);
+            cli_key_help(stdout, "--cache-timeout-ms N", "cache.redis.timeout_ms", NULL);
+            cli_key_help(stdout, "--cache-secret PATH", "cache.secret_file", NULL);
+            printf("Engine options (the workers' keys of the same name):\n");
+            cli_engine_help(stdout);
             return 0;
         default: return 2;
         }

@@ -102,7 +102,9 @@ int cli_logits(int argc, char **argv)
                    "  OUT.f32: float32 logits, for each sequence, for each position, n_vocab values.\n"
                    "  alone: each sequence prefilled alone; batch: all prefilled in one step;\n"
                    "  decode: one token per sequence per step; chunk: N tokens per sequence per step.\n"
-                   CLI_ENGINE_HELP);
+                   "Engine options (the workers' keys of the same name; here --kv-mem-mb is 64\n"
+                   "unless given):\n");
+            cli_engine_help(stdout);
             return 0;
         default: return 2;
         }

@@ -42,6 +42,9 @@ int cli_mkmodel(int argc, char **argv)
         {"rope-factor", required_argument, 0, 4026},
         {"rope-orig-ctx", required_argument, 0, 4027},
         {"rope-attn-factor", required_argument, 0, 4028},
+        {"experts", required_argument, 0, 4029},
+        {"experts-used", required_argument, 0, 4030},
+        {"expert-ffn", required_argument, 0, 4031},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -72,8 +75,11 @@ int cli_mkmodel(int argc, char **argv)
             else if (!strcmp(optarg, "gemma2")) p.arch = ARCH_GEMMA2;
             else if (!strcmp(optarg, "gemma3")) p.arch = ARCH_GEMMA3;
             else if (!strcmp(optarg, "phi3")) p.arch = ARCH_PHI3;
+            else if (!strcmp(optarg, "qwen2moe")) p.arch = ARCH_QWEN2MOE;
+            else if (!strcmp(optarg, "qwen3moe")) p.arch = ARCH_QWEN3MOE;
             else {
-                fprintf(stderr, "spillway: --arch: llama, qwen2, qwen3, gemma2, gemma3 or phi3\n");
+                fprintf(stderr, "spillway: --arch: llama, qwen2, qwen3, gemma2, gemma3, phi3, "
+                        "qwen2moe or qwen3moe\n");
                 return 2;
             }
             break;
@@ -103,9 +109,14 @@ int cli_mkmodel(int argc, char **argv)
             else if (!strcmp(optarg, "q4_k") || !strcmp(optarg, "q4_K")) p.dtype = DT_Q4_K;
             else if (!strcmp(optarg, "q5_k") || !strcmp(optarg, "q5_K")) p.dtype = DT_Q5_K;
             else if (!strcmp(optarg, "q6_k") || !strcmp(optarg, "q6_K")) p.dtype = DT_Q6_K;
+            else if (!strcmp(optarg, "q4_1")) p.dtype = DT_Q4_1;
+            else if (!strcmp(optarg, "q5_0")) p.dtype = DT_Q5_0;
+            else if (!strcmp(optarg, "q5_1")) p.dtype = DT_Q5_1;
+            else if (!strcmp(optarg, "iq4_nl")) p.dtype = DT_IQ4_NL;
+            else if (!strcmp(optarg, "iq4_xs")) p.dtype = DT_IQ4_XS;
             else if (!strcmp(optarg, "q3_k") || !strcmp(optarg, "q3_K")) p.dtype = DT_Q3_K;
             else if (!strcmp(optarg, "q2_k") || !strcmp(optarg, "q2_K")) p.dtype = DT_Q2_K;
-            else { fprintf(stderr, "spillway: --dtype: f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k, q3_k or q2_k\n"); return 2; }
+            else { fprintf(stderr, "spillway: --dtype: f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k, q4_1, q5_0, q5_1, iq4_nl, iq4_xs, q3_k or q2_k\n"); return 2; }
             dtype_given = 1;
             break;
         case 4016: from = optarg; break;
@@ -116,6 +127,9 @@ int cli_mkmodel(int argc, char **argv)
             else { fprintf(stderr, "spillway: --quantiser: importance or ggml\n"); return 2; }
             quant_given = 1;
             break;
+        case 4029: if (cli_parse_int("--experts", optarg, 0, MODEL_MAX_EXPERTS, &v)) return 2; p.n_expert = (int)v; break;
+        case 4030: if (cli_parse_int("--experts-used", optarg, 1, MODEL_MAX_EXPERTS_USED, &v)) return 2; p.n_expert_used = (int)v; break;
+        case 4031: if (cli_parse_int("--expert-ffn", optarg, 1, 1 << 20, &v)) return 2; p.expert_ffn_dim = (int)v; break;
         case 4011: p.tied = 1; break;
         case 4012: p.tied = 0; break;
         case 4013: if (cli_parse_int("--seed", optarg, 0, 1L << 62, &v)) return 2; p.seed = (uint64_t)v; break;
@@ -124,12 +138,14 @@ int cli_mkmodel(int argc, char **argv)
         case 'h':
             printf("usage: spillway mkmodel -o FILE [--preset NAME] [options]\n"
                    "  --preset NAME   %s (default tiny); later flags override it\n"
-                   "  --arch A        llama | qwen2 | qwen3 | gemma2 | gemma3 | phi3\n"
+                   "  --arch A        llama | qwen2 | qwen3 | gemma2 | gemma3 | phi3 | qwen2moe |\n"
+                   "                  qwen3moe\n"
                    "  --dim N --layers N --heads N --kv-heads N --ffn N --vocab N --ctx N\n"
-                   "  --dtype T       f32 | f16 | bf16 | q8_0 | q4_0 | q4_k | q5_k | q6_k | q3_k |\n"
-                   "                  q2_k (matrices; norms stay f32; q4_k, q3_k and q2_k matrices\n"
-                   "                  whose rows are not a multiple of 256 are written as q4_0,\n"
-                   "                  q5_k and q6_k ones as q8_0)\n"
+                   "  --dtype T       f32 | f16 | bf16 | q8_0 | q4_0 | q4_k | q5_k | q6_k | q4_1 |\n"
+                   "                  q5_0 | q5_1 | iq4_nl | iq4_xs | q3_k | q2_k (matrices; norms\n"
+                   "                  stay f32; K-quant matrices whose rows are not a multiple of\n"
+                   "                  256 fall back: q4_k, q3_k and q2_k to q4_0, q5_k and q6_k to\n"
+                   "                  q8_0, iq4_xs to iq4_nl)\n"
                    "  --tied | --untied   share the output matrix with the embedding or not\n"
                    "  --seed N --rope-theta F --norm-eps F\n"
                    "  optional keys (not written unless given; the architecture's defaults apply):\n"
@@ -139,12 +155,16 @@ int cli_mkmodel(int argc, char **argv)
                    "  --rope-scaling linear|yarn|llama3|longrope (longrope writes seeded\n"
                    "                  rope_factors_long/short) --rope-factor F --rope-orig-ctx N\n"
                    "  --rope-attn-factor F\n"
+                   "  --experts N --experts-used K [--expert-ffn N]   mixture of experts: N\n"
+                   "                  experts, top-K routing (llama: Mixtral-style, experts of\n"
+                   "                  --ffn; qwen2moe/qwen3moe: experts of --expert-ffn, default\n"
+                   "                  --ffn; qwen2moe's shared expert has --ffn)\n"
                    "\n"
                    "usage: spillway mkmodel --from MODEL.gguf --dtype T -o FILE [--pad N]\n"
                    "                [--quantiser Q]\n"
                    "  converts an existing model: every 2-D matrix re-rounded to T; a matrix whose\n"
                    "  rows do not fit T's block falls back (q4_k, q3_k, q2_k -> q4_0, q5_k and\n"
-                   "  q6_k -> q8_0, then its own type), each\n"
+                   "  q6_k -> q8_0, iq4_xs -> iq4_nl, then its own type), each\n"
                    "  one reported on stderr.\n"
                    "  --pad N         pad embedding and FFN sizes with zeros to multiples of N (an\n"
                    "                  equivalent model whose matrices fit the blocks, e.g. 256)\n"
@@ -156,7 +176,7 @@ int cli_mkmodel(int argc, char **argv)
             return 0;
         default: return 2;
         }
-        if ((opt >= 4001 && opt <= 4015 && opt != 4010) || (opt >= 4019 && opt <= 4028))
+        if ((opt >= 4001 && opt <= 4015 && opt != 4010) || (opt >= 4019 && opt <= 4031))
             shape_given = 1;
     }
     if (from) {

@@ -21,6 +21,9 @@
  *                    4 x batch_tokens x (3 dim + 2 q_dim + 2 kv_dim + 2 ffn + rope_dim)
  *                    (residual, normed input, tmp; q, attention out; k, v; gate, up; rope
  *                    cos/sin: the per-token buffers of a forward step, engine/cpu/cpu_backend.c)
+ *                    + with experts (n_expert > 0): 4 x batch_tokens x (k x (dim + 2 eff + 3) +
+ *                    n_expert [+ 1 + 2 sff + dim with a shared expert]), k experts used per
+ *                    token of eff FFN rows, sff the shared expert's (engine/cpu/moe.h)
  *                    + 4 x max_seqs x n_vocab (one logits row per running sequence, engine.c)
  *   reserve        = device runtime overhead outside the engine's buffers (CUDA context, BLAS
  *                    workspace, allocator slack): --reserve, default 512 MiB; --gpu-mem only
@@ -29,7 +32,8 @@
  *                    name and token ids) rounded up to 4096               (cache/arena.c)
  *   prefix tokens  = slots x block_tokens
  *   total          = pool + scratch [+ reserve with --gpu-mem] [+ weights with --weights-on-device]
- * Weights count against --gpu-mem only with --weights-on-device (the CPU backend reads them in
+ * A mixture-of-experts model's weights are all its experts' (all are resident; a token reads only
+ * k of them). Weights count against --gpu-mem only with --weights-on-device (the CPU backend reads them in
  * place from the file mapping, i.e. host page cache, not from the pool's budget). */
 #include <getopt.h>
 #include <jansson.h>
@@ -62,6 +66,7 @@ typedef struct {
     char arch[32];
     int arch_supported;        /* 1: an architecture model_load runs (MODEL_ARCH_SUPPORTED) */
     int n_layers, n_heads, n_kv_heads, head_dim, dim, ffn_dim, n_vocab, ctx_len, rope_dim;
+    int n_expert, n_expert_used, expert_ffn_dim, shexp_ffn_dim; /* 0 for a dense model */
     uint64_t weight_bytes;     /* sum of every tensor's bytes (as model_t.weight_bytes) */
     uint64_t by_dtype[DT_COUNT_]; /* weight_bytes split by tensor type */
     int unsupported_dtype;     /* a tensor type the engine cannot compute with (-1 none) */
@@ -142,6 +147,45 @@ bad:
     return -1;
 }
 
+/* Mixture-of-experts keys, defaults and limits of model_load (engine/model.c moe_hparams):
+ * qwen2moe and qwen3moe always have experts, llama when llama.expert_count > 0. 0, or -1 +
+ * errstr. */
+static int read_experts(const gguf_t *g, const char *path, plan_model_t *m, int64_t ffn,
+                        char *errstr, size_t errlen)
+{
+    const char *a = m->arch;
+    const int moe_arch = !strcmp(a, "qwen2moe") || !strcmp(a, "qwen3moe");
+    int64_t ne, nu, eff, sff = 0;
+    if (model_arch_int(g, a, "expert_count", 0, &ne) || ne < 0 || ne > MODEL_MAX_EXPERTS) {
+        seterr(errstr, errlen, "%s: %s.expert_count must be 0..%d", path, a, MODEL_MAX_EXPERTS);
+        return -1;
+    }
+    if (ne == 0 && !moe_arch) return 0;
+    if (ne == 0) {
+        seterr(errstr, errlen, "%s: %s without experts", path, a);
+        return -1;
+    }
+    if (model_arch_int(g, a, "expert_used_count", 0, &nu) || nu <= 0 || nu > ne ||
+        nu > MODEL_MAX_EXPERTS_USED) {
+        seterr(errstr, errlen, "%s: %s.expert_used_count must be 1..min(expert_count %lld, %d)",
+               path, a, (long long)ne, MODEL_MAX_EXPERTS_USED);
+        return -1;
+    }
+    if (model_arch_int(g, a, "expert_feed_forward_length", moe_arch ? ffn / nu : ffn, &eff) ||
+        eff <= 0 || eff > 1 << 20 ||
+        (!strcmp(a, "qwen2moe") &&
+         (model_arch_int(g, a, "expert_shared_feed_forward_length", ffn, &sff) || sff <= 0 ||
+          sff > 1 << 20))) {
+        seterr(errstr, errlen, "%s: bad %s expert FFN size", path, a);
+        return -1;
+    }
+    m->n_expert = (int)ne;
+    m->n_expert_used = (int)nu;
+    m->expert_ffn_dim = (int)eff;
+    m->shexp_ffn_dim = (int)sff;
+    return 0;
+}
+
 /* Reads path's hyper-parameters (keys, defaults and limits of model_load) and tensor bytes into
  * m. Maps the file only while reading; touches no tensor data. 0, or -1 + errstr. */
 static int read_model(const char *path, plan_model_t *m, char *errstr, size_t errlen)
@@ -214,6 +258,7 @@ static int read_model(const char *path, plan_model_t *m, char *errstr, size_t er
     m->ctx_len = ctx > INT32_MAX / 2 ? INT32_MAX / 2 : (int)ctx;
     m->rope_dim = (int)rope_dim;
     m->n_vocab = (int)te->ne[1];
+    if (read_experts(g, path, m, ffn, errstr, errlen)) goto fail;
     for (int64_t i = 0; i < gguf_n_tensors(g); i++) {
         const gguf_tensor_t *t = gguf_tensor(g, i);
         m->weight_bytes += t->nbytes;
@@ -253,6 +298,14 @@ static int plan_compute(const plan_model_t *m, plan_t *p, char *errstr, size_t e
     p->act_bytes = 4ull * (uint64_t)p->batch_tokens *
                    (3ull * (uint64_t)m->dim + 2 * q_dim + 2 * kv_dim + 2ull * (uint64_t)m->ffn_dim +
                     (uint64_t)m->rope_dim);
+    if (m->n_expert > 0)
+        p->act_bytes += 4ull * (uint64_t)p->batch_tokens *
+                        ((uint64_t)m->n_expert_used *
+                             ((uint64_t)m->dim + 2ull * (uint64_t)m->expert_ffn_dim + 3) +
+                         (uint64_t)m->n_expert +
+                         (m->shexp_ffn_dim > 0
+                              ? 1 + 2ull * (uint64_t)m->shexp_ffn_dim + (uint64_t)m->dim
+                              : 0));
     p->logits_bytes = 4ull * (uint64_t)p->max_seqs * (uint64_t)m->n_vocab;
     p->scratch_bytes = p->act_bytes + p->logits_bytes;
 
@@ -338,6 +391,13 @@ static void print_table(FILE *out, const char *path, const plan_model_t *m, cons
     ROW("", "%s: %d layers, %d heads, %d kv heads, head dim %d, dim %d, ffn %d, vocab %d, "
         "context %d", m->arch, m->n_layers, m->n_heads, m->n_kv_heads, m->head_dim, m->dim,
         m->ffn_dim, m->n_vocab, m->ctx_len);
+    if (m->n_expert > 0) {
+        char shared[48] = "";
+        if (m->shexp_ffn_dim > 0)
+            snprintf(shared, sizeof shared, ", shared expert ffn %d", m->shexp_ffn_dim);
+        ROW("", "mixture of experts: %d experts of ffn %d, %d used per token%s; all resident",
+            m->n_expert, m->expert_ffn_dim, m->n_expert_used, shared);
+    }
     ROW("weights", "%14llu B  %10s  %s", (unsigned long long)m->weight_bytes,
         human(m->weight_bytes, h1, sizeof h1), p->on_device ? "on the device" : "on the host");
     for (int t = 0; t < DT_COUNT_; t++)
@@ -416,6 +476,10 @@ static json_t *plan_json(const char *path, const plan_model_t *m, const plan_t *
     e |= json_object_set_new(jm, "ffn_dim", jint((uint64_t)m->ffn_dim));
     e |= json_object_set_new(jm, "n_vocab", jint((uint64_t)m->n_vocab));
     e |= json_object_set_new(jm, "ctx_len", jint((uint64_t)m->ctx_len));
+    e |= json_object_set_new(jm, "n_expert", jint((uint64_t)m->n_expert));
+    e |= json_object_set_new(jm, "n_expert_used", jint((uint64_t)m->n_expert_used));
+    e |= json_object_set_new(jm, "expert_ffn_dim", jint((uint64_t)m->expert_ffn_dim));
+    e |= json_object_set_new(jm, "shexp_ffn_dim", jint((uint64_t)m->shexp_ffn_dim));
 
     for (int t = 0; t < DT_COUNT_; t++)
         if (m->by_dtype[t]) e |= json_object_set_new(jd, dtype_name(t), jint(m->by_dtype[t]));
@@ -485,6 +549,13 @@ fail:
     return NULL;
 }
 
+/* The table default of worker key name, as text. */
+static const char *key_default(const char *name)
+{
+    worker_config_key_t k;
+    return worker_config_key(worker_config_find_key(name), &k) ? "?" : k.def;
+}
+
 static void plan_usage(FILE *f)
 {
     fprintf(f,
@@ -493,19 +564,24 @@ static void plan_usage(FILE *f)
             "weights, KV bytes per token and block, the KV pool's blocks, tokens and sequences\n"
             "at a context, step scratch, and the host arena's slots and prefix tokens.\n"
             "  -m, --model FILE     GGUF model\n"
-            "  --kv-mem SIZE        KV pool size (default kv.mem_mb, 1024 MiB)\n"
+            "  --kv-mem SIZE        KV pool size (default kv.mem_mb, %s MiB)\n"
             "  --gpu-mem SIZE       size the pool from device memory instead: SIZE minus the\n"
             "                       scratch estimate, --reserve and, with --weights-on-device,\n"
             "                       the weights (not with --kv-mem)\n"
             "  --weights-on-device  the weights take device memory too\n"
             "  --reserve SIZE       device runtime overhead for --gpu-mem (default 512M)\n"
-            "  --host-arena SIZE    tier-2 host arena size (default cache.arena.mb, 1024 MiB)\n"
-            "  --ctx N              context per sequence (default: the model's)\n"
-            "  --block-tokens B     tokens per KV block (default 16)\n"
-            "  --kv-type T          f16 | f32 (default f16)\n"
-            "  --batch-tokens N     tokens per forward step, for the scratch (default 512)\n"
-            "  --max-seqs N         sequences at once, for the scratch (default 64)\n"
-            "  --json               one JSON object: model, weights {bytes, by_dtype, on_device},\n"
+            "  --host-arena SIZE    tier-2 host arena size (default cache.arena.mb, %s MiB)\n",
+            key_default("kv.mem_mb"), key_default("cache.arena.mb"));
+    /* the engine flags, with their keys' help, defaults and ranges */
+    cli_key_help(f, "--ctx N", "ctx", NULL);
+    cli_key_help(f, "--block-tokens B", "kv.block_tokens", NULL);
+    cli_key_help(f, "--kv-type T", "kv.type", NULL);
+    cli_key_help(f, "--batch-tokens N", "batch.max_tokens", "tokens per forward step, for the scratch");
+    cli_key_help(f, "--max-seqs N", "batch.max_seqs", "sequences at once, for the scratch");
+    fprintf(f,
+            "  --json               one JSON object: model {arch, dims, n_expert, n_expert_used,\n"
+            "                       expert_ffn_dim, shexp_ffn_dim, ...},\n"
+            "                       weights {bytes, by_dtype, on_device},\n"
             "                       kv {bytes_per_token, block_bytes, ...}, scratch {bytes, ...},\n"
             "                       pool {kv_mem_mb, bytes, blocks, tokens, ctx, max_seqs_at_ctx,\n"
             "                       ...}, arena {mb, slot_bytes, slots, prefix_tokens, ...},\n"

@@ -1,8 +1,8 @@
 /* cli/produce.c: `spillway produce -b BROKERS -t TOPIC [FILE|-]`: sends prompt requests to Kafka.
  *
  * Input lines are spillway requests (JSONL, sent unchanged) or OpenAI Batch API lines
- * ({"custom_id", "body": {messages|prompt, parameters}}, converted: id = custom_id, the body's
- * fields become request fields, max_completion_tokens -> max_tokens, "model" dropped). Each
+ * ({"custom_id", "method", "url", "body"}, converted by consumer/openai_batch.h with id =
+ * custom_id; a line it refuses is reported, not sent, and makes the exit status 1). Each
  * message is keyed by a hash of its prompt's first --key-prefix bytes (default 64), so
  * requests sharing a prefix land on one partition (one worker's KV cache); --key-prefix 0 keys
  * by id. A progress line (count, rate, ETA) is shown on a terminal, a summary at the end. */
@@ -15,10 +15,9 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include "cli.h"
-#include "consumer/json_text.h"
+#include "consumer/openai_batch.h"
 
 static double now_s(void)
 {
@@ -36,52 +35,6 @@ static void on_dr(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
     dr_count_t *c = opaque;
     if (m->err) c->failed++;
     else c->delivered++;
-}
-
-/* Converts an OpenAI Batch line to a spillway request (new reference) or returns NULL when o
- * is not one. */
-static json_t *from_openai(json_t *o)
-{
-    json_t *cid = json_object_get(o, "custom_id"), *body = json_object_get(o, "body");
-    if (!json_is_string(cid) || !json_is_object(body)) return NULL;
-    json_t *r = json_deep_copy(body);
-    json_object_del(r, "model");
-    json_t *mct = json_object_get(r, "max_completion_tokens");
-    if (mct && !json_object_get(r, "max_tokens")) json_object_set(r, "max_tokens", mct);
-    json_object_del(r, "max_completion_tokens");
-    json_object_set(r, "id", cid);
-    return r;
-}
-
-/* The key: XXH64 of the prompt's first prefix bytes, as 16 hex digits. */
-static int prompt_key(json_t *r, long prefix, char *key, size_t cap)
-{
-    char buf[4096];
-    size_t n = 0;
-    json_t *p = json_object_get(r, "prompt"), *msgs = json_object_get(r, "messages");
-    if (json_is_string(p)) {
-        n = json_string_length(p) < sizeof buf ? json_string_length(p) : sizeof buf;
-        memcpy(buf, json_string_value(p), n);
-    } else if (json_is_array(msgs)) {
-        size_t i;
-        json_t *m;
-        json_array_foreach(msgs, i, m) {
-            const char *role = json_string_value(json_object_get(m, "role"));
-            const char *content = json_string_value(json_object_get(m, "content"));
-            int k = snprintf(buf + n, sizeof buf - n, "%s\x1f%s\x1e", role ? role : "",
-                             content ? content : "");
-            if (k < 0 || (size_t)k >= sizeof buf - n) {
-                n = sizeof buf;
-                break;
-            }
-            n += (size_t)k;
-        }
-    } else {
-        return -1;
-    }
-    if ((size_t)prefix < n) n = (size_t)prefix;
-    snprintf(key, cap, "%016llx", (unsigned long long)XXH64(buf, n, 0));
-    return 0;
 }
 
 int cli_produce(int argc, char **argv)
@@ -147,7 +100,7 @@ int cli_produce(int argc, char **argv)
     char *line = NULL;
     size_t cap = 0;
     ssize_t len;
-    long sent = 0, bad = 0, lineno = 0;
+    long sent = 0, bad = 0, refused = 0, lineno = 0;
     long long bytes = 0;
     double t0 = now_s(), last = 0;
     while ((len = getline(&line, &cap, in)) > 0) {
@@ -163,17 +116,34 @@ int cli_produce(int argc, char **argv)
         char *val = line;
         size_t vlen = (size_t)len;
         char *owned = NULL;
-        if (o && (r = from_openai(o))) {
-            owned = json_text_dump(r); /* 0.8 stays 0.8 */
-            val = owned;
-            vlen = strlen(owned);
+        if (json_is_object(o) && json_object_get(o, "custom_id")) {
+            oai_line_t ol;
+            int crc = oai_line_convert(line, (size_t)len, NULL, &ol);
+            if (crc == 0) {
+                owned = ol.request; /* numbers in their shortest form: 0.8 stays 0.8 */
+                ol.request = NULL;
+                r = json_loads(owned, 0, NULL);
+                val = owned;
+                vlen = strlen(owned);
+            }
+            if (crc == -1)
+                fprintf(stderr, "spillway produce: line %ld (custom_id %s) not sent: %s\n", lineno,
+                        ol.custom_id ? ol.custom_id : "?", ol.err_msg);
+            else if (crc == -2)
+                fprintf(stderr, "spillway produce: line %ld not sent: out of memory\n", lineno);
+            oai_line_free(&ol);
+            if (crc) {
+                refused++;
+                json_decref(o);
+                continue;
+            }
         } else if (o) {
             r = json_incref(o);
         } else {
             fprintf(stderr, "spillway produce: line %ld is not JSON (%s); sent as is\n", lineno, je.text);
             bad++;
         }
-        if (r && prefix > 0 && prompt_key(r, prefix, key, sizeof key) == 0) {
+        if (r && prefix > 0 && cli_prompt_key(r, prefix, key, sizeof key) == 0) {
             k = key;
             klen = strlen(key);
         } else if (r && json_is_string(json_object_get(r, "id"))) {
@@ -218,11 +188,12 @@ int cli_produce(int argc, char **argv)
     int flushed = rd_kafka_flush(rk, 60000) == 0;
     double secs = now_s() - t0;
     if (tty) fputc('\n', stderr);
-    fprintf(stderr, "produced %ld message(s) to %s in %.2fs (%.0f msg/s): %ld delivered, %ld failed%s%s\n",
-            sent, topic, secs, (double)sent / (secs + 1e-9), dc.delivered, dc.failed,
-            bad ? ", some lines not JSON" : "", flushed ? "" : ", flush timed out");
+    fprintf(stderr, "produced %ld message(s) to %s in %.2fs (%.0f msg/s): %ld delivered, %ld failed, "
+            "%ld Batch line(s) refused%s%s\n", sent, topic, secs, (double)sent / (secs + 1e-9),
+            dc.delivered, dc.failed, refused, bad ? ", some lines not JSON" : "",
+            flushed ? "" : ", flush timed out");
     rd_kafka_destroy(rk);
-    return dc.failed || !flushed ? 1 : 0;
+    return dc.failed || refused || !flushed ? 1 : 0;
 usage_err:
     rd_kafka_conf_destroy(conf);
     fprintf(stderr, "usage: spillway produce -b BROKERS -t TOPIC [--key-prefix BYTES] [-X PROP=V] [FILE|-]\n");

@@ -45,6 +45,7 @@ void request_limits_default(request_limits_t *l)
     l->max_tokens_limit = 4096;
     l->default_max_tokens = 256;
     l->max_stop = 16;
+    l->max_n = 16;
     l->max_stop_bytes = 256;
     l->max_metadata_bytes = 16 << 10;
     l->max_id_bytes = 256;
@@ -121,7 +122,9 @@ static const field_t FIELDS[] = {
     {"prompt", F_FORM, 0, 0, 0, 0},
     {"messages", F_FORM, 0, 0, 0, 0},
     {"input_ids", F_FORM, 0, 0, 0, 0},
-    {"max_tokens", F_INT, 1, -1, 0, OFF(max_tokens)},
+    {"max_tokens", F_INT, 1, -1, 0, OFF(max_tokens)}, /* hi -1: limits.max_tokens_limit */
+    /* OpenAI's newer name; read after max_tokens, so it wins when both are set */
+    {"max_completion_tokens", F_INT, 1, -1, 0, OFF(max_tokens)},
     {"temperature", F_FLOAT, 0, 100, 0, OFF(temperature)},
     {"top_p", F_FLOAT, 0, 1, 1, OFF(top_p)},
     {"top_k", F_INT, 0, 1000000, 0, OFF(top_k)},
@@ -131,7 +134,9 @@ static const field_t FIELDS[] = {
     {"repeat_penalty", F_FLOAT, 0, 100, 1, OFF(repeat_penalty)},
     {"presence_penalty", F_FLOAT, -100, 100, 0, OFF(presence_penalty)},
     {"frequency_penalty", F_FLOAT, -100, 100, 0, OFF(frequency_penalty)},
-    {"logprobs", F_INT, 0, 20, 0, OFF(n_logprobs)},
+    {"logprobs", F_INT, 0, 20, 0, OFF(n_logprobs)}, /* or true/false: chat shape */
+    {"top_logprobs", F_INT, 0, 20, 0, OFF(top_logprobs)},
+    {"n", F_INT, 1, -2, 0, OFF(n)},           /* hi -2: limits.max_n */
     {"priority", F_INT, -1000, 1000, 0, OFF(priority)},
     {"deadline", F_DEADLINE, 0, 0, 0, 0},
     {"ttl_ms", F_TTL, 0, 0, 0, 0},
@@ -174,7 +179,7 @@ static const char *accepted(const field_t *f, const request_limits_t *l, char *b
         break;
     case F_INT:
         snprintf(buf, n, "an integer in %.0f..%.0f", f->lo,
-                 f->hi < 0 ? (double)l->max_tokens_limit : f->hi);
+                 f->hi == -2 ? (double)l->max_n : f->hi < 0 ? (double)l->max_tokens_limit : f->hi);
         break;
     case F_FLOAT:
         snprintf(buf, n, "a number in %s%g, %g]", f->lo_open ? "(" : "[", f->lo, f->hi);
@@ -589,7 +594,7 @@ static int read_int(pctx_t *c, const field_t *f, const json_t *v, request_t *r)
     int64_t x = 0;
     int rc = get_int64(v, &x);
     if (rc == -1) return wrong_type(c, f, v);
-    double hi = f->hi < 0 ? (double)c->lim->max_tokens_limit : f->hi;
+    double hi = f->hi == -2 ? (double)c->lim->max_n : f->hi < 0 ? (double)c->lim->max_tokens_limit : f->hi;
     if (rc == -2 || (double)x < f->lo || (double)x > hi) return out_of_range(c, f, rc == -2, x);
     *(int *)((char *)r + f->off) = (int)x;
     return 0;
@@ -762,6 +767,49 @@ static int read_prompt(pctx_t *c, const field_t *f, const json_t *v, request_t *
     return 0;
 }
 
+/* The byte length of a message content: a string, or an array of {"type": "text", "text":
+ * string} parts (OpenAI's form; joined without separator). 0 and *len set, or -1 (failed). */
+static int content_len(pctx_t *c, size_t i, const json_t *content, size_t *len)
+{
+    if (json_is_string(content)) {
+        *len = json_string_length(content);
+        return 0;
+    }
+    if (!json_is_array(content))
+        return fail(c, REQ_ERR_WRONG_TYPE, "messages[%zu].content: %s%s; expected a string or an "
+                    "array of {\"type\": \"text\", \"text\": string} parts", i,
+                    content ? "got " : "missing", content ? json_type_name(content) : "");
+    size_t total = 0, k;
+    const json_t *p;
+    json_array_foreach(content, k, p) {
+        const char *type = json_string_value(json_object_get(p, "type"));
+        const json_t *t = json_object_get(p, "text");
+        if (!type || strcmp(type, "text") || !json_is_string(t))
+            return fail(c, REQ_ERR_WRONG_TYPE, "messages[%zu].content[%zu]: expected a part "
+                        "{\"type\": \"text\", \"text\": string} (text is all spillway reads)", i, k);
+        total += json_string_length(t);
+    }
+    *len = total;
+    return 0;
+}
+
+/* A copy of a content checked by content_len (parts joined). NULL on out of memory. */
+static char *content_dup(const json_t *content, size_t len)
+{
+    if (json_is_string(content)) return dup_n(json_string_value(content), len);
+    char *d = malloc(len + 1);
+    if (!d) return NULL;
+    size_t n = 0, k;
+    const json_t *p;
+    json_array_foreach(content, k, p) {
+        const json_t *t = json_object_get(p, "text");
+        memcpy(d + n, json_string_value(t), json_string_length(t));
+        n += json_string_length(t);
+    }
+    d[n] = 0;
+    return d;
+}
+
 static int read_messages(pctx_t *c, const field_t *f, const json_t *v, request_t *r)
 {
     char acc[128];
@@ -784,14 +832,13 @@ static int read_messages(pctx_t *c, const field_t *f, const json_t *v, request_t
             return fail(c, REQ_ERR_WRONG_TYPE, "messages[%zu].role: %s%s; expected a string such "
                         "as \"user\"", i, role ? "got " : "missing",
                         role ? json_type_name(role) : "");
-        if (!json_is_string(content))
-            return fail(c, REQ_ERR_WRONG_TYPE, "messages[%zu].content: %s%s; expected a string", i,
-                        content ? "got " : "missing", content ? json_type_name(content) : "");
+        size_t cl;
+        if (content_len(c, i, content, &cl)) return -1;
         size_t rl = json_string_length(role);
         if (rl == 0 || rl > MAX_ROLE_BYTES)
             return fail(c, REQ_ERR_BAD_PARAM, "messages[%zu].role: %zu bytes; expected 1..%d",
                         i, rl, MAX_ROLE_BYTES);
-        total += rl + json_string_length(content);
+        total += rl + cl;
     }
     if (total > c->lim->max_prompt_bytes)
         return fail(c, REQ_ERR_PROMPT_BYTES, "messages: %zu bytes of roles and contents, over the "
@@ -804,7 +851,9 @@ static int read_messages(pctx_t *c, const field_t *f, const json_t *v, request_t
         const json_t *content = json_object_get(m, "content");
         request_message_t *dst = &r->messages[i];
         dst->role = dup_n(json_string_value(role), json_string_length(role));
-        dst->content = dup_n(json_string_value(content), json_string_length(content));
+        size_t cl = 0;
+        content_len(c, i, content, &cl); /* checked above */
+        dst->content = content_dup(content, cl);
         r->n_messages = (int)i + 1;
         if (!dst->role || !dst->content) return oom(c);
     }
@@ -1053,12 +1102,22 @@ static int read_fields(pctx_t *c, const json_t *root, const char *doc, size_t le
     if (mv && read_messages(c, field_find("messages"), mv, r)) return -1;
     if (iv && read_input_ids(c, field_find("input_ids"), iv, r)) return -1;
 
+    const json_t *lpv = opt(root, "logprobs");
     for (size_t i = 0; i < N_FIELDS; i++) {
         const field_t *f = &FIELDS[i];
         if (f->type != F_INT && f->type != F_FLOAT) continue;
         v = opt(root, f->name);
-        if (!v) continue;
+        if (!v || (v == lpv && json_is_boolean(v))) continue;
         if (f->type == F_INT ? read_int(c, f, v, r) : read_float(c, f, v, r)) return -1;
+    }
+    /* OpenAI's chat shape: "logprobs": true with "top_logprobs": K (0..20) alternatives */
+    if (r->top_logprobs >= 0 && !json_is_true(lpv))
+        return fail(c, REQ_ERR_BAD_PARAM, "top_logprobs: needs \"logprobs\": true (with an "
+                    "integer logprobs, that integer is the number of alternatives)");
+    if (json_is_boolean(lpv)) {
+        if (json_is_false(lpv)) r->n_logprobs = 0;
+        else if (r->top_logprobs < 0) r->top_logprobs = 0;
+        if (json_is_true(lpv)) r->n_logprobs = r->top_logprobs > 0 ? r->top_logprobs : 1;
     }
     if ((v = opt(root, "seed")) && read_seed(c, field_find("seed"), v, r)) return -1;
     if ((v = opt(root, "stop")) && read_stop(c, field_find("stop"), v, r)) return -1;
@@ -1087,6 +1146,9 @@ static int read_fields(pctx_t *c, const json_t *root, const char *doc, size_t le
             return -1;
         }
     }
+    if (r->n > 1 && r->stream)
+        return fail(c, REQ_ERR_BAD_PARAM, "stream: a request with n > 1 cannot stream; send n "
+                    "requests, or stream false");
     return 0;
 }
 
@@ -1105,6 +1167,8 @@ static void set_defaults(request_t *r, const request_limits_t *l)
     r->frequency_penalty = d.sampling.frequency_penalty;
     r->seed = d.sampling.seed;
     r->n_logprobs = d.sampling.n_logprobs;
+    r->n = 1;
+    r->top_logprobs = -1;
     r->priority = d.priority;
     r->enable_thinking = 1;
 }

@@ -63,6 +63,7 @@ typedef struct {
     int max_tokens_limit;       /* largest max_tokens accepted (4096) */
     int default_max_tokens;     /* when the request has none (256) */
     int max_stop;               /* stop strings (16) */
+    int max_n;                  /* choices per request, "n" (16) */
     size_t max_stop_bytes;      /* bytes per stop string (256) */
     size_t max_metadata_bytes;  /* serialized metadata (16 KiB) */
     size_t max_id_bytes;        /* id length (256) */
@@ -96,7 +97,12 @@ typedef struct {
     float repeat_penalty, presence_penalty, frequency_penalty;
     uint64_t seed;
     int has_seed;
-    int n_logprobs;
+    int n_logprobs;             /* alternatives computed per token; > 0: logprobs in the
+                                   result. "logprobs": true sets max(top_logprobs, 1) */
+    int top_logprobs;           /* "logprobs": true: the alternatives reported per token (0..20;
+                                   the result's top_logprobs are cut to it); -1 otherwise */
+    int n;                      /* choices: n sequences sharing the prompt, choice i sampled
+                                   with seed + i; default 1 */
     char **stop;                /* [n_stop] owned strings */
     int n_stop;
     int priority;               /* higher first; default 0 */

@@ -70,7 +70,8 @@ const char *dtype_name(int t)
 int dtype_supported(int t)
 {
     return t == DT_F32 || t == DT_F16 || t == DT_BF16 || t == DT_Q8_0 || t == DT_Q4_0 ||
-           t == DT_Q4_K || t == DT_Q5_K || t == DT_Q6_K || t == DT_Q2_K || t == DT_Q3_K;
+           t == DT_Q4_K || t == DT_Q5_K || t == DT_Q6_K || t == DT_Q4_1 || t == DT_Q5_0 ||
+           t == DT_Q5_1 || t == DT_IQ4_NL || t == DT_IQ4_XS || t == DT_Q2_K || t == DT_Q3_K;
 }
 
 /* Q6_K rows (engine/dtype.h): (d * sc) * (q - 32), in ggml's order. */
@@ -166,7 +167,7 @@ void dtype_dequant_row(int t, const void *row, float *out, int64_t n)
     case DT_Q5_K: dequant_q5_k(row, out, n / QK_K); break;
     case DT_Q6_K: dequant_q6_k(row, out, n / QK_K); break;
     default:
-        memset(out, 0, (size_t)n * sizeof(float));
+        if (!dtype_qleg_dequant_row(t, row, out, n)) memset(out, 0, (size_t)n * sizeof(float));
         break;
     }
 }

@@ -23,6 +23,8 @@ enum dtype {
     DT_Q5_K = 13,
     DT_Q6_K = 14,
     DT_Q8_K = 15,
+    DT_IQ4_NL = 20,
+    DT_IQ4_XS = 23,
     DT_BF16 = 30,
     DT_COUNT_ = 43, /* one past the highest ggml type number this build knows */
 };
@@ -154,6 +156,67 @@ static inline int q5k_quant(const block_q5_K *b, int k)
     return (j & 1 ? lo >> 4 : lo & 0x0f) | ((b->qh[l] >> j) & 1) << 4;
 }
 
+/* ---- Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS (ggml's layouts; engine/dtype_qleg.c) ----
+ * In every 32-weight block below, weight i < 16 takes the low nibble of qs[i] and weight i + 16
+ * its high nibble. Every product named is exact in F32 unless said otherwise; each weight is
+ * rounded at most once, so its F32 value does not depend on FMA contraction. */
+
+/* Q4_1: 32 weights = fp16 scale d, fp16 min m, 4-bit q in [0, 15]; w = RN_f32(d*q + m) (d*q
+ * exact: 4 x 11 significant bits). */
+#define QK4_1 32
+typedef struct {
+    uint16_t d;     /* fp16 */
+    uint16_t m;     /* fp16 */
+    uint8_t qs[QK4_1 / 2];
+} block_q4_1;
+
+/* Q5_0: 32 weights = fp16 scale d, 32 fifth bits qh (bit i of the little-endian word qh is the
+ * fifth bit of weight i), 4 low bits in qs; q in [0, 31]; w = d * (q - 16), exact. */
+#define QK5_0 32
+typedef struct {
+    uint16_t d;     /* fp16 */
+    uint8_t qh[4];  /* little-endian uint32, bit i: weight i's bit 4 */
+    uint8_t qs[QK5_0 / 2];
+} block_q5_0;
+
+/* Q5_1: as Q5_0 with an fp16 min m; q in [0, 31]; w = RN_f32(d*q + m) (d*q exact). */
+#define QK5_1 32
+typedef struct {
+    uint16_t d;     /* fp16 */
+    uint16_t m;     /* fp16 */
+    uint8_t qh[4];
+    uint8_t qs[QK5_1 / 2];
+} block_q5_1;
+
+/* The fixed non-linear 4-bit grid of IQ4_NL and IQ4_XS (ggml's kvalues_iq4nl): -127, -104, -83,
+ * -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113. */
+extern const int8_t dtype_iq4nl_values[16];
+
+/* IQ4_NL: 32 weights = fp16 scale d, 4-bit indices q into dtype_iq4nl_values;
+ * w = d * kv[q], exact (8 x 11 significant bits). */
+#define QK4_NL 32
+typedef struct {
+    uint16_t d;     /* fp16 */
+    uint8_t qs[QK4_NL / 2];
+} block_iq4_nl;
+
+/* IQ4_XS super-block: 256 weights in 8 sub-blocks of 32, fp16 d, a 6-bit scale ls[j] per
+ * sub-block (iq4xs_scale) and 4-bit indices into dtype_iq4nl_values; sub-block j's bytes are
+ * qs[16j .. 16j+15] (nibble order as the 32-blocks above). w = RN_f32(dl * kv[q]) with
+ * dl = d * (ls[j] - 32) exact (17 bits): one rounding (ggml computes dl first). */
+typedef struct {
+    uint16_t d;         /* fp16 */
+    uint16_t scales_h;  /* bits 2j, 2j+1: bits 4, 5 of ls[j] */
+    uint8_t scales_l[4]; /* byte j/2, nibble j%2 (low first): bits 0..3 of ls[j] */
+    uint8_t qs[QK_K / 2];
+} block_iq4_xs;
+
+/* The 6-bit scale ls (0..63; the sub-block's multiplier is ls - 32) of IQ4_XS sub-block j. */
+static inline int iq4xs_scale(const block_iq4_xs *b, int j)
+{
+    return ((b->scales_l[j / 2] >> 4 * (j % 2)) & 0x0f) | ((b->scales_h >> 2 * j) & 3) << 4;
+}
+
 /* Elements per block and bytes per block of a type; 0 when unsupported. */
 static inline int dtype_block_elems(int t)
 {
@@ -163,6 +226,8 @@ static inline int dtype_block_elems(int t)
     case DT_Q4_0: return QK4_0;
     case DT_Q4_K: return QK_K;
     case DT_Q5_K: case DT_Q6_K: case DT_Q2_K: case DT_Q3_K: return QK_K;
+    case DT_Q4_1: case DT_Q5_0: case DT_Q5_1: case DT_IQ4_NL: return 32;
+    case DT_IQ4_XS: return QK_K;
     default: return 0;
     }
 }
@@ -178,6 +243,11 @@ static inline size_t dtype_block_bytes(int t)
     case DT_Q3_K: return sizeof(block_q3_K);
     case DT_Q5_K: return sizeof(block_q5_K);
     case DT_Q6_K: return sizeof(block_q6_K);
+    case DT_Q4_1: return sizeof(block_q4_1);
+    case DT_Q5_0: return sizeof(block_q5_0);
+    case DT_Q5_1: return sizeof(block_q5_1);
+    case DT_IQ4_NL: return sizeof(block_iq4_nl);
+    case DT_IQ4_XS: return sizeof(block_iq4_xs);
     default: return 0;
     }
 }
@@ -195,11 +265,16 @@ const char *dtype_name(int t);               /* "f32", "q8_0", ... or "unknown" 
  * supported types. */
 int dtype_ggml_block_elems(int t);
 size_t dtype_ggml_block_bytes(int t);
-int dtype_supported(int t);                  /* 1 for DTYPE_SUPPORTED_LIST */
-#define DTYPE_SUPPORTED_LIST "F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, Q3_K, Q2_K"
+/* 1 for the types of DTYPE_SUPPORTED_LIST */
+int dtype_supported(int t);
+#define DTYPE_SUPPORTED_LIST \
+    "F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, Q3_K, Q2_K"
 /* The reference (portable C) widening of a row of n elements of a supported type to F32, in the
  * exact values the kernels use (see the block types above). n a multiple of the block size. */
 void dtype_dequant_row(int t, const void *row, float *out, int64_t n);
+/* dtype_dequant_row of Q4_1, Q5_0, Q5_1, IQ4_NL and IQ4_XS (engine/dtype_qleg.c); 1 when t is
+ * one of them (out written), 0 otherwise (nothing written). */
+int dtype_qleg_dequant_row(int t, const void *row, float *out, int64_t n);
 /* dtype_dequant_row of Q2_K and Q3_K (engine/dtype_q23k.c): n a multiple of 256. */
 void dtype_dequant_q2_k(const void *row, float *out, int64_t n);
 void dtype_dequant_q3_k(const void *row, float *out, int64_t n);

@@ -3,12 +3,15 @@
  * A sequence holds tokens = prompt + generated; positions [0, n_computed) have KV in its blocks.
  * Every step gives each running sequence min(n_tokens - n_computed, budget left) tokens (one
  * for a decoding sequence, a chunk for one still in prefill); a sequence whose chunk reaches
- * n_tokens gets logits and samples its next token. Waiting sequences are admitted in order of
- * (priority desc, arrival asc) while sequences, batch tokens and KV blocks allow, after reusing
- * the longest run of their full prompt blocks that the pool has cached by name. When a running
- * sequence cannot get a block, the lowest-priority, newest running sequence is preempted: its
- * full blocks are published (so its recompute can hit them), its blocks released, and it goes
- * back to the waiting queue keeping its tokens, sampler and text. */
+ * n_tokens gets logits and samples its next token (when every such sequence of a step is plainly
+ * greedy and the backend has forward_argmax, the backend returns the argmax ids instead of the
+ * logits: for finite logits the same tokens, as the sampler's greedy pick is the argmax with the
+ * lowest id winning ties, without moving [n][n_vocab] floats off the device). Waiting sequences
+ * are admitted in order of (priority desc, arrival asc) while sequences, batch tokens and KV
+ * blocks allow, after reusing the longest run of their full prompt blocks that the pool has cached
+ * by name. When a running sequence cannot get a block, the lowest-priority, newest running
+ * sequence is preempted: its full blocks are published (so its recompute can hit them), its blocks
+ * released, and it goes back to the waiting queue keeping its tokens, sampler and text. */
 #include "engine.h"
 
 #include <errno.h>
@@ -54,6 +57,8 @@ typedef struct seq {
     int n_pnames;
 
     sampler_params_t sp;      /* validated at submit */
+    int plain_greedy;         /* temperature <= 0, no penalties, no logprobs: the next token is
+                                 the argmax of the raw logits (the backend may pick it) */
     sampler_t *sampler;       /* created at first admission (its scratch is per-vocabulary:
                                  waiting requests hold none), kept across preemption */
     stop_matcher_t *stop;
@@ -101,6 +106,7 @@ struct engine {
     const int32_t **b_tables;
     seq_t **b_seqs;
     float *logits;            /* [max_seqs][n_vocab] */
+    int32_t *b_ids;           /* [max_batch_tokens] ids of forward_argmax */
     char piece[4096];
     seq_t **cand;             /* [sched_window + 1] admission candidates of a step */
     int64_t *cand_prio, *cand_cached; /* [sched_window + 1] their sort keys */
@@ -338,6 +344,7 @@ void engine_free(engine_t *e)
     free(e->b_pos);
     free(e->b_seq_start);
     free(e->b_logits_idx);
+    free(e->b_ids);
     free(e->b_tables);
     free(e->b_seqs);
     free(e->logits);
@@ -472,6 +479,7 @@ engine_t *engine_new(const engine_config_t *cfg, char *errstr, size_t errlen)
     e->b_pos = malloc(T * sizeof *e->b_pos);
     e->b_seq_start = malloc((T + 1) * sizeof *e->b_seq_start);
     e->b_logits_idx = malloc(T * sizeof *e->b_logits_idx);
+    e->b_ids = malloc(T * sizeof *e->b_ids);
     e->b_tables = malloc(T * sizeof *e->b_tables);
     e->b_seqs = malloc(T * sizeof *e->b_seqs);
     e->logits = malloc((size_t)c->max_seqs * hp->n_vocab * sizeof *e->logits);
@@ -479,7 +487,7 @@ engine_t *engine_new(const engine_config_t *cfg, char *errstr, size_t errlen)
     e->cand_prio = malloc(sizeof *e->cand_prio * ((size_t)c->sched_window + 1));
     e->cand_cached = malloc(sizeof *e->cand_cached * ((size_t)c->sched_window + 1));
     if (!e->cand || !e->cand_prio || !e->cand_cached || !e->waiting || !e->running || !e->b_tokens || !e->b_pos || !e->b_seq_start ||
-        !e->b_logits_idx || !e->b_tables || !e->b_seqs || !e->logits) {
+        !e->b_logits_idx || !e->b_ids || !e->b_tables || !e->b_seqs || !e->logits) {
         seterr(errstr, errlen, "engine: out of memory");
         goto fail;
     }
@@ -564,6 +572,11 @@ int engine_submit(engine_t *e, const engine_request_t *req, engine_done_fn done,
     s->sp.seed = req->sampling.seed;
     s->sp.n_logprobs = req->sampling.n_logprobs;
     if (sampler_params_validate(&s->sp, errstr, errlen) != 0) goto fail;
+    /* penalties count when the sampler turns them on (sampler.c: pen_on) */
+    s->plain_greedy = s->sp.temperature <= 0.0f && s->sp.n_logprobs == 0 &&
+                      !(s->sp.repeat_last_n != 0 &&
+                        (s->sp.repeat_penalty != 1.0f || s->sp.presence_penalty != 0.0f ||
+                         s->sp.frequency_penalty != 0.0f));
     if (req->n_stop > 0) {
         s->stop = stop_matcher_new(req->stop, req->n_stop, errstr, errlen);
         if (!s->stop) goto fail;
@@ -877,12 +890,14 @@ static int is_stop_id(const seq_t *s, int32_t id)
     return 0;
 }
 
-/* Samples the next token of s from logits; returns 1 when s finished (and was freed). */
-static int seq_advance(engine_t *e, seq_t *s, float *logits, int *finish_out)
+/* Appends the next token of s: sampled from logits, or `picked` (a plain-greedy sequence's
+ * argmax from the backend) when logits is NULL. Returns 1 when s finished. */
+static int seq_advance(engine_t *e, seq_t *s, float *logits, int32_t picked, int *finish_out)
 {
     sampler_logprob_t top[SAMPLER_MAX_LOGPROBS], chosen;
-    int32_t tok = sampler_sample(s->sampler, logits, s->n_logprobs ? top : NULL,
-                                 s->n_logprobs ? &chosen : NULL);
+    int32_t tok = logits ? sampler_sample(s->sampler, logits, s->n_logprobs ? top : NULL,
+                                          s->n_logprobs ? &chosen : NULL)
+                         : picked;
     sampler_accept(s->sampler, tok);
     if (s->n_logprobs) {
         s->lp[s->n_generated].id = chosen.id;
@@ -956,11 +971,20 @@ int engine_step(engine_t *e, char *errstr, size_t errlen)
         .n_logits = n_logits,
         .logits_idx = e->b_logits_idx,
     };
+    /* ids instead of logits when every sequence that samples this step is plainly greedy */
+    int by_id = n_logits > 0 && e->be->ops->forward_argmax != NULL;
+    for (int i = 0; i < n && by_id; i++) {
+        const seq_t *s = e->b_seqs[i];
+        if (s->n_computed + s->step_tokens == s->n_tokens && !s->plain_greedy) by_id = 0;
+    }
     int64_t t0 = now_ns();
-    if (e->be->ops->forward(e->be, &batch, e->logits, errstr, errlen) != 0) return -1;
+    if (by_id ? e->be->ops->forward_argmax(e->be, &batch, e->b_ids, errstr, errlen)
+              : e->be->ops->forward(e->be, &batch, e->logits, errstr, errlen))
+        return -1;
     int64_t dt = now_ns() - t0;
     e->st.forward_seconds += (double)dt * 1e-9;
     e->st.steps++;
+    if (by_id) e->st.argmax_steps++;
     for (int i = 0; i < n; i++)
         e->b_seqs[i]->compute_ns += dt * e->b_seqs[i]->step_tokens / T;
 
@@ -973,7 +997,9 @@ int engine_step(engine_t *e, char *errstr, size_t errlen)
         seq_drop_old_blocks(e, s);
         if (s->n_computed != s->n_tokens) continue;
         int finish;
-        if (!seq_advance(e, s, e->logits + (size_t)li++ * n_vocab, &finish)) {
+        const int k = li++;
+        if (!seq_advance(e, s, by_id ? NULL : e->logits + (size_t)k * n_vocab,
+                         by_id ? e->b_ids[k] : -1, &finish)) {
             if (s->progress) {
                 engine_progress_t p = {.id = s->id, .user = s->user,
                                        .text = s->text ? s->text : "",

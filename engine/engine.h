@@ -206,6 +206,8 @@ typedef struct {
                                 same prefix block (it is shared once published) */
     int kv_blocks_used, kv_blocks_total;
     double forward_seconds;
+    uint64_t argmax_steps;   /* steps whose sampled tokens were all plainly greedy and came back
+                                from the backend as ids (forward_argmax), not as logits */
 } engine_stats_t;
 void engine_stats(const engine_t *e, engine_stats_t *st);
 

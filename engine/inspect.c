@@ -52,6 +52,14 @@ int engine_inspect(const char *path, FILE *out, char *errstr, size_t errlen)
             hp->rope_kind == ROPE_NORM ? "norm" : "neox", hp->rope_theta, hp->rope_dim,
             hp->rope_freq_scale != 1.0f ? " (linear scaling)" : "",
             m->tied_output ? "tied" : "separate", dtype_name(m->weight_type));
+    if (hp->n_expert > 0) {
+        char shared[48] = "";
+        if (hp->shexp_ffn_dim > 0)
+            snprintf(shared, sizeof shared, ", shared expert ffn %d", hp->shexp_ffn_dim);
+        fprintf(out, "  mixture of experts: %d experts of ffn %d, %d per token (weights %s)%s\n",
+                hp->n_expert, hp->expert_ffn_dim, hp->n_expert_used,
+                hp->moe_norm_topk ? "renormalised" : "not renormalised", shared);
+    }
     if (!model_is_plain_llama(m)) {
         int n_local = 0;
         for (int l = 0; l < hp->n_layers; l++) n_local += m->layers[l].window > 0;

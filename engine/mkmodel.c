@@ -4,7 +4,8 @@
  * standard normal number (sum of four 16-bit uniforms, centred and scaled to unit variance)
  * drawn from a splitmix64 stream seeded by (seed, FNV-1a of T's name, r). Matrices of input
  * size `in` get std 1/sqrt(in) (so a matmul keeps the activation scale), token_embd std 0.02,
- * RMSNorm weights 1 + 0.05 n, qwen2 biases std 0.02. Rows are generated on demand by the
+ * RMSNorm weights 1 + 0.05 n (also qwen3moe's Q/K norms), qwen2 / qwen2moe biases std 0.02, MoE
+ * routers std 1/sqrt(dim); a 3-D expert tensor's rows are numbered expert by expert. Rows are generated on demand by the
  * writer's fill callback and converted to the file dtype there (Q8_0: per 32-block scale
  * d = amax / 127 stored as fp16, q = round-to-nearest(x / d)).
  *
@@ -27,6 +28,7 @@
 #include "mkmodel_q56k.h"
 #include "model.h"
 #include "quant_q23k.h"
+#include "qleg_quant.h"
 
 /* ---------------------------------------------------------------- presets */
 
@@ -98,7 +100,7 @@ typedef struct {
     char name[64];
     int type;           /* enum dtype in the file */
     int n_dims;
-    int64_t ne[2];      /* {in, out} or {n} */
+    int64_t ne[3];      /* {in, out}, {in, out, n_expert} or {n} */
     float mean, std;
     uint64_t seed;      /* per tensor */
     float *scratch;     /* [max ne0] shared by all specs (the writer fills one row at a time) */
@@ -493,6 +495,8 @@ int mkmodel_quantize_row(int t, const float *x, void *dst, int64_t n)
     case DT_Q3_K: quant_q3_k_row(x, dst, n); break;
     case DT_Q5_K: mkmodel_quantize_q5_k(x, dst, n); break;
     case DT_Q6_K: mkmodel_quantize_q6_k(x, dst, n); break;
+    case DT_Q4_1: case DT_Q5_0: case DT_Q5_1: case DT_IQ4_NL: case DT_IQ4_XS:
+        return qleg_quantize_row(t, x, dst, n);
     default: return -1;
     }
     return 0;
@@ -504,6 +508,7 @@ int mkmodel_matrix_type(int want, int64_t ne0, int keep)
     if ((want == DT_Q4_K || want == DT_Q2_K || want == DT_Q3_K) && dtype_row_bytes(DT_Q4_0, ne0))
         return DT_Q4_0;
     if ((want == DT_Q5_K || want == DT_Q6_K) && dtype_row_bytes(DT_Q8_0, ne0)) return DT_Q8_0;
+    if (want == DT_IQ4_XS && dtype_row_bytes(DT_IQ4_NL, ne0)) return DT_IQ4_NL;
     return keep;
 }
 
@@ -656,9 +661,10 @@ static int seterr(char *errstr, size_t errlen, const char *fmt, ...)
 
 static int check_params(const mkmodel_params_t *p, char *errstr, size_t errlen)
 {
-    if (p->arch < ARCH_LLAMA || p->arch > ARCH_PHI3)
-        return seterr(errstr, errlen, "mkmodel: arch must be llama, qwen2, qwen3, gemma2, gemma3 "
-                      "or phi3");
+    const int moe_arch = p->arch == ARCH_QWEN2MOE || p->arch == ARCH_QWEN3MOE;
+    if ((p->arch < ARCH_LLAMA || p->arch > ARCH_PHI3) && !moe_arch)
+        return seterr(errstr, errlen, "mkmodel: arch must be llama, qwen2, qwen3, gemma2, gemma3, "
+                      "phi3, qwen2moe or qwen3moe");
     if (p->head_dim < 0 || p->head_dim % 2 || p->head_dim > 1024 || p->swa_window < 0 ||
         p->swa_pattern < 0 || p->rope_orig_ctx < 0 || !(p->rope_theta_swa >= 0) ||
         !(p->attn_softcap >= 0) || !(p->logit_softcap >= 0) || !(p->rope_factor >= 0) ||
@@ -669,6 +675,23 @@ static int check_params(const mkmodel_params_t *p, char *errstr, size_t errlen)
         strcmp(p->rope_scaling, "llama3") && strcmp(p->rope_scaling, "longrope"))
         return seterr(errstr, errlen, "mkmodel: rope scaling must be linear, yarn, llama3 or "
                       "longrope");
+    if (p->n_expert < 0 || p->n_expert > MODEL_MAX_EXPERTS || (moe_arch && p->n_expert == 0) ||
+        (!moe_arch && p->arch != ARCH_LLAMA && p->n_expert))
+        return seterr(errstr, errlen, "mkmodel: n_expert %d: qwen2moe and qwen3moe need 1..%d "
+                      "experts, llama 0..%d, the other architectures none", p->n_expert,
+                      MODEL_MAX_EXPERTS, MODEL_MAX_EXPERTS);
+    if (p->n_expert && (p->n_expert_used < 1 || p->n_expert_used > p->n_expert ||
+                        p->n_expert_used > MODEL_MAX_EXPERTS_USED))
+        return seterr(errstr, errlen, "mkmodel: n_expert_used %d not in 1..min(n_expert %d, %d)",
+                      p->n_expert_used, p->n_expert, MODEL_MAX_EXPERTS_USED);
+    if (p->expert_ffn_dim < 0 || p->expert_ffn_dim > 1 << 20 ||
+        (p->expert_ffn_dim && (!moe_arch || !p->n_expert)))
+        return seterr(errstr, errlen, "mkmodel: expert_ffn_dim %d: 0, or 1..%d for qwen2moe and "
+                      "qwen3moe", p->expert_ffn_dim, 1 << 20);
+    if ((p->dtype == DT_Q8_0 || p->dtype == DT_Q4_0 || p->dtype == DT_Q4_K) &&
+        p->expert_ffn_dim % 32)
+        return seterr(errstr, errlen, "mkmodel: %s needs expert_ffn_dim (%d) to be a multiple of "
+                      "32", dtype_name(p->dtype), p->expert_ffn_dim);
     if (p->dim <= 0 || p->dim > 65536 || p->n_heads <= 0 || p->n_heads > 1024 ||
         (!p->head_dim && (p->dim % p->n_heads || (p->dim / p->n_heads) % 2)))
         return seterr(errstr, errlen, "mkmodel: dim %d must be a positive multiple of n_heads %d "
@@ -687,10 +710,7 @@ static int check_params(const mkmodel_params_t *p, char *errstr, size_t errlen)
     if (!dtype_supported(p->dtype))
         return seterr(errstr, errlen, "mkmodel: dtype %s not supported; supported: %s",
                       dtype_name(p->dtype), DTYPE_SUPPORTED_LIST);
-    if ((p->dtype == DT_Q8_0 || p->dtype == DT_Q4_0 || p->dtype == DT_Q4_K ||
-         p->dtype == DT_Q5_K || p->dtype == DT_Q6_K || p->dtype == DT_Q2_K ||
-         p->dtype == DT_Q3_K) &&
-        (p->dim % 32 || p->ffn_dim % 32))
+    if (dtype_block_elems(p->dtype) > 1 && (p->dim % 32 || p->ffn_dim % 32))
         return seterr(errstr, errlen, "mkmodel: %s needs dim (%d) and ffn_dim (%d) to be "
                       "multiples of 32", dtype_name(p->dtype), p->dim, p->ffn_dim);
     if ((p->dtype == DT_Q8_0 || p->dtype == DT_Q4_0 || p->dtype == DT_Q4_K ||
@@ -715,6 +735,11 @@ static int file_type_of(int dtype)
     case DT_Q3_K: return 11; /* LLAMA_FTYPE_MOSTLY_Q3_K_S */
     case DT_Q5_K: return 16; /* LLAMA_FTYPE_MOSTLY_Q5_K_S */
     case DT_Q6_K: return 18; /* LLAMA_FTYPE_MOSTLY_Q6_K */
+    case DT_Q4_1: return 3;   /* LLAMA_FTYPE_MOSTLY_Q4_1 */
+    case DT_Q5_0: return 8;   /* LLAMA_FTYPE_MOSTLY_Q5_0 */
+    case DT_Q5_1: return 9;   /* LLAMA_FTYPE_MOSTLY_Q5_1 */
+    case DT_IQ4_NL: return 25; /* LLAMA_FTYPE_MOSTLY_IQ4_NL */
+    case DT_IQ4_XS: return 30; /* LLAMA_FTYPE_MOSTLY_IQ4_XS */
     case DT_BF16: return 32; /* LLAMA_FTYPE_MOSTLY_BF16 */
     default: return 0;       /* LLAMA_FTYPE_ALL_F32 */
     }
@@ -725,14 +750,18 @@ int mkmodel_write(const mkmodel_params_t *p, const char *path, char *errstr, siz
     if (!p || !path) return seterr(errstr, errlen, "mkmodel: NULL argument");
     if (check_params(p, errstr, errlen)) return -1;
     static const char *const names[] = {"llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"};
-    const char *arch = names[p->arch];
+    const char *arch = p->arch == ARCH_QWEN2MOE   ? "qwen2moe"
+                       : p->arch == ARCH_QWEN3MOE ? "qwen3moe"
+                                                  : names[p->arch];
     const int hd = p->head_dim ? p->head_dim : p->dim / p->n_heads;
     const int q_dim = p->n_heads * hd, kv_dim = p->n_kv_heads * hd;
-    const int qk_norm = p->arch == ARCH_QWEN3 || p->arch == ARCH_GEMMA3;
+    const int qk_norm = p->arch == ARCH_QWEN3 || p->arch == ARCH_GEMMA3 || p->arch == ARCH_QWEN3MOE;
     const int post_norms = p->arch == ARCH_GEMMA2 || p->arch == ARCH_GEMMA3;
     const int fused = p->arch == ARCH_PHI3;
     const int longrope = p->rope_scaling && !strcmp(p->rope_scaling, "longrope");
-    const int n_t = 5 + 16 * p->n_layers; /* at most */
+    const int biases = p->arch == ARCH_QWEN2 || p->arch == ARCH_QWEN2MOE;
+    const int eff = p->arch == ARCH_LLAMA ? p->ffn_dim : p->expert_ffn_dim ? p->expert_ffn_dim : p->ffn_dim;
+    const int n_t = 5 + 20 * p->n_layers; /* at most */
     int n_written = 0;
     int rc = -1;
     gguf_writer_t *w = NULL;
@@ -743,6 +772,7 @@ int mkmodel_write(const mkmodel_params_t *p, const char *path, char *errstr, siz
     const char **strs = NULL;
     tspec_t *ts = calloc((size_t)n_t, sizeof *ts);
     int64_t max_in = p->dim > p->ffn_dim ? p->dim : p->ffn_dim;
+    if (eff > max_in) max_in = eff;
     if (q_dim > max_in) max_in = q_dim;
     scratch = malloc((size_t)max_in * sizeof *scratch);
     w = gguf_writer_new();
@@ -783,6 +813,12 @@ int mkmodel_write(const mkmodel_params_t *p, const char *path, char *errstr, siz
     ARCH_F32("rope.freq_base", p->rope_theta);
     ARCH_U32("rope.dimension_count", hd);
     ARCH_U32("vocab_size", p->n_vocab);
+    if (p->n_expert) {
+        ARCH_U32("expert_count", p->n_expert);
+        ARCH_U32("expert_used_count", p->n_expert_used);
+        if (p->arch != ARCH_LLAMA) ARCH_U32("expert_feed_forward_length", eff);
+        if (p->arch == ARCH_QWEN2MOE) ARCH_U32("expert_shared_feed_forward_length", p->ffn_dim);
+    }
     if (p->head_dim) {
         ARCH_U32("attention.key_length", hd);
         ARCH_U32("attention.value_length", hd);
@@ -844,6 +880,7 @@ int mkmodel_write(const mkmodel_params_t *p, const char *path, char *errstr, siz
         t_->n_dims = (nd);                                                           \
         t_->ne[0] = (ne0);                                                           \
         t_->ne[1] = (ne1);                                                           \
+        t_->ne[2] = 1;                                                               \
         t_->mean = (mean_);                                                          \
         t_->std = (std_);                                                            \
     } while (0)
@@ -875,20 +912,37 @@ int mkmodel_write(const mkmodel_params_t *p, const char *path, char *errstr, siz
         }
         LSPEC("attn_output.weight", p->dtype, 2, q_dim, p->dim, 0.0f, 1.0f / sqrtf((float)q_dim));
         if (post_norms) LSPEC("post_attention_norm.weight", DT_F32, 1, p->dim, 1, 1.0f, 0.1f);
-        if (p->arch == ARCH_QWEN2) {
+        if (biases) {
             LSPEC("attn_q.bias", DT_F32, 1, q_dim, 1, 0.0f, 0.02f);
             LSPEC("attn_k.bias", DT_F32, 1, kv_dim, 1, 0.0f, 0.02f);
             LSPEC("attn_v.bias", DT_F32, 1, kv_dim, 1, 0.0f, 0.02f);
         }
         LSPEC("ffn_norm.weight", DT_F32, 1, p->dim, 1, 1.0f, 0.05f);
-        if (fused) {
-            LSPEC("ffn_up.weight", p->dtype, 2, p->dim, 2 * p->ffn_dim, 0.0f, mat_std_dim);
+        if (p->n_expert) {
+            LSPEC("ffn_gate_inp.weight", DT_F32, 2, p->dim, p->n_expert, 0.0f, mat_std_dim);
+            LSPEC("ffn_gate_exps.weight", p->dtype, 3, p->dim, eff, 0.0f, mat_std_dim);
+            ts[k - 1].ne[2] = p->n_expert;
+            LSPEC("ffn_up_exps.weight", p->dtype, 3, p->dim, eff, 0.0f, mat_std_dim);
+            ts[k - 1].ne[2] = p->n_expert;
+            LSPEC("ffn_down_exps.weight", p->dtype, 3, eff, p->dim, 0.0f, 1.0f / sqrtf((float)eff));
+            ts[k - 1].ne[2] = p->n_expert;
+            if (p->arch == ARCH_QWEN2MOE) {
+                LSPEC("ffn_gate_inp_shexp.weight", DT_F32, 1, p->dim, 1, 0.0f, mat_std_dim);
+                LSPEC("ffn_gate_shexp.weight", p->dtype, 2, p->dim, p->ffn_dim, 0.0f, mat_std_dim);
+                LSPEC("ffn_up_shexp.weight", p->dtype, 2, p->dim, p->ffn_dim, 0.0f, mat_std_dim);
+                LSPEC("ffn_down_shexp.weight", p->dtype, 2, p->ffn_dim, p->dim, 0.0f,
+                      1.0f / sqrtf((float)p->ffn_dim));
+            }
         } else {
-            LSPEC("ffn_gate.weight", p->dtype, 2, p->dim, p->ffn_dim, 0.0f, mat_std_dim);
-            LSPEC("ffn_up.weight", p->dtype, 2, p->dim, p->ffn_dim, 0.0f, mat_std_dim);
+            if (fused) {
+                LSPEC("ffn_up.weight", p->dtype, 2, p->dim, 2 * p->ffn_dim, 0.0f, mat_std_dim);
+            } else {
+                LSPEC("ffn_gate.weight", p->dtype, 2, p->dim, p->ffn_dim, 0.0f, mat_std_dim);
+                LSPEC("ffn_up.weight", p->dtype, 2, p->dim, p->ffn_dim, 0.0f, mat_std_dim);
+            }
+            LSPEC("ffn_down.weight", p->dtype, 2, p->ffn_dim, p->dim, 0.0f,
+                  1.0f / sqrtf((float)p->ffn_dim));
         }
-        LSPEC("ffn_down.weight", p->dtype, 2, p->ffn_dim, p->dim, 0.0f,
-              1.0f / sqrtf((float)p->ffn_dim));
         if (post_norms) LSPEC("post_ffw_norm.weight", DT_F32, 1, p->dim, 1, 1.0f, 0.1f);
 #undef LSPEC
     }
@@ -898,7 +952,7 @@ int mkmodel_write(const mkmodel_params_t *p, const char *path, char *errstr, siz
     seed_mix = splitmix64(&seed_mix);
     for (int i = 0; i < n_written; i++) {
         tspec_t *t = &ts[i];
-        if (t->n_dims == 2) t->type = mkmodel_matrix_type(t->type, t->ne[0], t->type);
+        if (t->n_dims >= 2) t->type = mkmodel_matrix_type(t->type, t->ne[0], t->type);
         t->seed = seed_mix ^ fnv1a(t->name);
         t->scratch = scratch;
         if (gguf_writer_add_tensor_stream(w, t->name, t->type, t->n_dims, t->ne, fill_row, t)) {

@@ -18,9 +18,9 @@
 
 typedef struct {
     int arch;        /* enum model_arch (engine/model.h): ARCH_LLAMA, ARCH_QWEN2, ARCH_QWEN3,
-                      * ARCH_GEMMA2, ARCH_GEMMA3 or ARCH_PHI3, with that architecture's tensors
-                      * (qwen3 / gemma3 Q/K norms, gemma post-norms, phi3's fused attn_qkv and
-                      * gate+up ffn_up) */
+                      * ARCH_GEMMA2, ARCH_GEMMA3, ARCH_PHI3, ARCH_QWEN2MOE or ARCH_QWEN3MOE, with that
+                      * architecture's tensors (qwen3 / gemma3 / qwen3moe Q/K norms, gemma
+                      * post-norms, phi3's fused attn_qkv and gate+up ffn_up, qwen2moe biases) */
     int dim;         /* embedding length; a multiple of n_heads, head_dim = dim / n_heads even,
                       * unless head_dim is given */
     int n_layers;
@@ -30,11 +30,11 @@ typedef struct {
     int n_vocab;     /* >= MKMODEL_MIN_VOCAB */
     int ctx_len;     /* trained context length (metadata only) */
     int dtype;       /* enum dtype of every matrix incl. token_embd/output: DT_F32, DT_F16,
-                      * DT_BF16, DT_Q8_0, DT_Q4_0, DT_Q4_K, DT_Q5_K, DT_Q6_K, DT_Q3_K or DT_Q2_K
-                      * (the block types: dim and ffn_dim multiples of 32; K-quant matrices whose
-                      * rows are not a multiple of 256 are written as Q4_0 (Q4_K, Q3_K, Q2_K) or
-                      * Q8_0 (Q5_K, Q6_K), see mkmodel_matrix_type). Norms and biases are always
-                      * F32. */
+                      * DT_BF16, DT_Q8_0, DT_Q4_0, DT_Q4_K, DT_Q5_K, DT_Q6_K, DT_Q4_1, DT_Q5_0,
+                      * DT_Q5_1, DT_IQ4_NL, DT_IQ4_XS, DT_Q3_K or DT_Q2_K (the block types: dim
+                      * and ffn_dim multiples of 32; K-quant matrices whose rows are not a multiple
+                      * of 256 are written as Q4_0 (Q4_K, Q3_K, Q2_K), Q8_0 (Q5_K, Q6_K) or IQ4_NL
+                      * (IQ4_XS), see mkmodel_matrix_type). Norms and biases are always F32. */
     int tied;        /* 1: no output.weight, the output projection shares token_embd */
     uint64_t seed;   /* weights are a function of (seed, tensor name, row) */
     float rope_theta;
@@ -52,6 +52,13 @@ typedef struct {
     float rope_factor;     /* rope.scaling.factor */
     int rope_orig_ctx;     /* rope.scaling.original_context_length */
     float rope_attn_factor; /* rope.scaling.attn_factor */
+    /* Mixture of experts: n_expert > 0 makes every FFN routed (llama: Mixtral-style, expert
+     * size ffn_dim; qwen2moe / qwen3moe need it, expert size expert_ffn_dim, and qwen2moe adds a
+     * shared expert of size ffn_dim). Router ffn_gate_inp (and qwen2moe's ffn_gate_inp_shexp)
+     * F32 with std 1/sqrt(dim); qwen3moe adds F32 attn_q_norm / attn_k_norm weights. */
+    int n_expert;        /* 0 (dense) or 1..MODEL_MAX_EXPERTS */
+    int n_expert_used;   /* top-k, 1..n_expert (when n_expert > 0) */
+    int expert_ffn_dim;  /* qwen*moe: each expert's FFN size (0: ffn_dim) */
 } mkmodel_params_t;
 
 /* Fills p with a named preset (MKMODEL_PRESETS); 0, or -1 for an unknown name (p untouched).
@@ -75,6 +82,8 @@ int mkmodel_write(const mkmodel_params_t *p, const char *path, char *errstr, siz
  *         either quantiser of mkmodel_convert.
  *   Q2_K, Q3_K  our own quantisers too (engine/quant_q23k.h), with either quantiser of
  *         mkmodel_convert: the bytes differ from llama-quantize's.
+ * Q4_1, Q5_0, Q5_1, IQ4_NL and IQ4_XS use spillway's own simple quantisers (engine/qleg_quant.h;
+ * not ggml's bytes).
  * 0, or -1 for another type or n not a multiple of the block. Pure; thread-safe. */
 int mkmodel_quantize_row(int t, const float *x, void *dst, int64_t n);
 
@@ -92,8 +101,8 @@ int mkmodel_quantize_row_weighted(int t, const float *x, const float *w, void *d
 
 /* The type a matrix with rows of ne0 elements is written in when `want` is asked for: want when
  * ne0 is a multiple of its block; for Q4_K, Q3_K and Q2_K otherwise Q4_0 when ne0 is a multiple
- * of 32 (llama.cpp falls back to Q5_0, which spillway does not compute), for Q5_K and Q6_K Q8_0 (the
- * 8-bit fallback, where llama.cpp takes Q5_1 / Q8_0); otherwise `keep` (the
+ * of 32 (llama.cpp falls back to Q5_0), for Q5_K and Q6_K Q8_0 (the 8-bit fallback, where
+ * llama.cpp takes Q5_1 / Q8_0), for IQ4_XS IQ4_NL (as llama.cpp); otherwise `keep` (the
  * synthetic writer refuses such shapes; conversion keeps the source type). */
 int mkmodel_matrix_type(int want, int64_t ne0, int keep);
 

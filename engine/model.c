@@ -107,6 +107,114 @@ static void to_f32(weight_t *w, float *dst)
     w->row_bytes = (size_t)w->cols * 4;
 }
 
+/* Mixture-of-experts hyper-parameters of hp's architecture (hp->n_expert stays 0 for a dense
+ * model). qwen2moe and qwen3moe are always MoE; llama is when llama.expert_count > 0. Defaults
+ * are llama.cpp's: an expert's FFN size is <arch>.expert_feed_forward_length, else ffn (llama)
+ * or ffn / expert_used_count (qwen*moe); qwen2moe's shared expert is
+ * <arch>.expert_shared_feed_forward_length, else ffn. The k routing weights are renormalised
+ * for llama and qwen3moe, not for qwen2moe. */
+static int moe_hparams(const gguf_t *g, hparams_t *hp, int64_t ffn, char *errstr, size_t errlen)
+{
+    const char *a = hp->arch_name;
+    int moe_arch = hp->arch == ARCH_QWEN2MOE || hp->arch == ARCH_QWEN3MOE;
+    int64_t ne, nu, eff, sff = 0;
+    if (model_arch_int(g, a, "expert_count", 0, &ne) || ne < 0 || ne > MODEL_MAX_EXPERTS) {
+        seterr(errstr, errlen, "model: %s.expert_count must be 0..%d", a, MODEL_MAX_EXPERTS);
+        return -1;
+    }
+    if (ne == 0 && !moe_arch) return 0;
+    if (ne == 0) {
+        seterr(errstr, errlen, "model: %s needs %s.expert_count >= 1", a, a);
+        return -1;
+    }
+    if (hp->arch == ARCH_QWEN2) {
+        seterr(errstr, errlen, "model: %s.expert_count %lld: mixture of experts is supported for "
+               "llama, qwen2moe and qwen3moe, not %s", a, (long long)ne, a);
+        return -1;
+    }
+    if (model_arch_int(g, a, "expert_used_count", 0, &nu) || nu <= 0 || nu > ne ||
+        nu > MODEL_MAX_EXPERTS_USED) {
+        seterr(errstr, errlen, "model: %s.expert_used_count must be 1..min(expert_count %lld, %d)",
+               a, (long long)ne, MODEL_MAX_EXPERTS_USED);
+        return -1;
+    }
+    if (model_arch_int(g, a, "expert_feed_forward_length",
+                       hp->arch == ARCH_LLAMA ? ffn : ffn / nu, &eff) ||
+        eff <= 0 || eff > 1 << 20) {
+        seterr(errstr, errlen, "model: bad %s.expert_feed_forward_length", a);
+        return -1;
+    }
+    if (hp->arch == ARCH_QWEN2MOE &&
+        (model_arch_int(g, a, "expert_shared_feed_forward_length", ffn, &sff) || sff <= 0 ||
+         sff > 1 << 20)) {
+        seterr(errstr, errlen, "model: bad %s.expert_shared_feed_forward_length", a);
+        return -1;
+    }
+    hp->n_expert = (int)ne;
+    hp->n_expert_used = (int)nu;
+    hp->expert_ffn_dim = (int)eff;
+    hp->shexp_ffn_dim = (int)sff;
+    hp->moe_norm_topk = hp->arch != ARCH_QWEN2MOE;
+    return 0;
+}
+
+/* Binds a 3-D expert tensor {cols, rows, n_expert} as n_expert * rows rows of cols. */
+static int bind_exps(const model_t *m, weight_t *w, const char *name, int64_t cols, int64_t rows,
+                     char *errstr, size_t errlen)
+{
+    const gguf_tensor_t *t = gguf_find_tensor(m->gguf, name);
+    const int64_t ne = m->hp.n_expert;
+    if (t && (t->n_dims != 3 || t->ne[0] != cols || t->ne[1] != rows || t->ne[2] != ne)) {
+        seterr(errstr, errlen, "model: tensor '%s' is not {%lld, %lld, %lld} (in, out, experts)",
+               name, (long long)cols, (long long)rows, (long long)ne);
+        return -1;
+    }
+    return bind(m, w, name, cols, rows * ne, 1, errstr, errlen);
+}
+
+/* The MoE FFN tensors of layer l (llama.cpp's names). Files that store each expert as its own
+ * 2-D tensor (blk.N.ffn_gate.E.weight, old Mixtral conversions) are refused by name. */
+static int moe_bind_layer(model_t *m, int l, char *errstr, size_t errlen)
+{
+    const hparams_t *hp = &m->hp;
+    layer_weights_t *L = &m->layers[l];
+    const int64_t dim = hp->dim, eff = hp->expert_ffn_dim, sff = hp->shexp_ffn_dim;
+    char name[96];
+    snprintf(name, sizeof name, "blk.%d.ffn_gate_exps.weight", l);
+    if (!gguf_find_tensor(m->gguf, name)) {
+        char old[96];
+        snprintf(old, sizeof old, "blk.%d.ffn_gate.0.weight", l);
+        if (gguf_find_tensor(m->gguf, old)) {
+            seterr(errstr, errlen, "model: experts stored as separate tensors ('%s') are not "
+                   "supported; re-convert the model so that they are merged into '%s'", old, name);
+            return -1;
+        }
+    }
+#define MOE_BIND(field, suffix, cols, rows, req)                                           \
+    do {                                                                                    \
+        snprintf(name, sizeof name, "blk.%d.%s", l, suffix);                                \
+        if (bind(m, &L->field, name, cols, rows, req, errstr, errlen)) return -1;           \
+    } while (0)
+#define MOE_BIND3(field, suffix, cols, rows)                                                \
+    do {                                                                                    \
+        snprintf(name, sizeof name, "blk.%d.%s", l, suffix);                                \
+        if (bind_exps(m, &L->field, name, cols, rows, errstr, errlen)) return -1;           \
+    } while (0)
+    MOE_BIND(ffn_gate_inp, "ffn_gate_inp.weight", dim, hp->n_expert, 1);
+    MOE_BIND3(gate_exps, "ffn_gate_exps.weight", dim, eff);
+    MOE_BIND3(up_exps, "ffn_up_exps.weight", dim, eff);
+    MOE_BIND3(down_exps, "ffn_down_exps.weight", eff, dim);
+    if (sff > 0) {
+        MOE_BIND(gate_inp_shexp, "ffn_gate_inp_shexp.weight", dim, 1, 1);
+        MOE_BIND(gate_shexp, "ffn_gate_shexp.weight", dim, sff, 1);
+        MOE_BIND(up_shexp, "ffn_up_shexp.weight", dim, sff, 1);
+        MOE_BIND(down_shexp, "ffn_down_shexp.weight", sff, dim, 1);
+    }
+#undef MOE_BIND
+#undef MOE_BIND3
+    return 0;
+}
+
 void model_free(model_t *m)
 {
     if (!m) return;
@@ -122,7 +230,7 @@ int model_is_plain_llama(const model_t *m)
 {
     const hparams_t *hp = &m->hp;
     if (hp->arch != ARCH_LLAMA && hp->arch != ARCH_QWEN2) return 0;
-    if (hp->qk_norm || hp->post_norms || hp->ffn_act != FFN_SILU || hp->embd_scale != 1.0f ||
+    if (hp->n_expert > 0 || hp->qk_norm || hp->post_norms || hp->ffn_act != FFN_SILU || hp->embd_scale != 1.0f ||
         hp->attn_softcap > 0 || hp->logit_softcap > 0 || hp->swa_window > 0 ||
         hp->attn_scale != 1.0f / sqrtf((float)hp->head_dim))
         return 0;
@@ -217,6 +325,8 @@ model_t *model_load(const char *path, char *errstr, size_t errlen)
     if (model_arch_hparams(g, hp, errstr, errlen)) goto fail;
     if (model_rope_init(m, errstr, errlen)) goto fail;
 
+    if (moe_hparams(g, hp, ffn, errstr, errlen)) goto fail;
+
     /* Token embedding decides the vocabulary size. */
     const gguf_tensor_t *te = gguf_find_tensor(g, "token_embd.weight");
     if (!te || te->n_dims != 2 || te->ne[0] != dim || te->ne[1] <= 0 || te->ne[1] > (1 << 24)) {
@@ -302,16 +412,20 @@ model_t *model_load(const char *path, char *errstr, size_t errlen)
         BIND(ffn_norm, "ffn_norm.weight", dim, 1, 1);
         to_f32(&L->ffn_norm, f32p);
         f32p += dim;
-        if (fused) {
-            weight_t gu;
-            BIND_TO(gu, "ffn_up.weight", dim, 2 * ffn);
-            L->w_gate = model_weight_rows(&gu, 0, ffn);
-            L->w_up = model_weight_rows(&gu, ffn, ffn);
+        if (hp->n_expert > 0) {
+            if (moe_bind_layer(m, l, errstr, errlen)) goto fail;
         } else {
-            BIND(w_gate, "ffn_gate.weight", dim, ffn, 1);
-            BIND(w_up, "ffn_up.weight", dim, ffn, 1);
+            if (fused) {
+                weight_t gu;
+                BIND_TO(gu, "ffn_up.weight", dim, 2 * ffn);
+                L->w_gate = model_weight_rows(&gu, 0, ffn);
+                L->w_up = model_weight_rows(&gu, ffn, ffn);
+            } else {
+                BIND(w_gate, "ffn_gate.weight", dim, ffn, 1);
+                BIND(w_up, "ffn_up.weight", dim, ffn, 1);
+            }
+            BIND(w_down, "ffn_down.weight", ffn, dim, 1);
         }
-        BIND(w_down, "ffn_down.weight", ffn, dim, 1);
 #undef BIND
 #undef BIND_TO
     }

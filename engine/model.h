@@ -21,8 +21,14 @@ enum model_arch {
     ARCH_GEMMA2 = 3,
     ARCH_GEMMA3 = 4,
     ARCH_PHI3 = 5,
+    ARCH_QWEN2MOE = 10,  /* qwen2 attention, routed experts + a sigmoid-gated shared expert */
+    ARCH_QWEN3MOE = 11,  /* qwen3 attention (Q/K norms), routed experts, renormalised top-k */
 };
-#define MODEL_ARCH_SUPPORTED "llama, qwen2, qwen3, gemma2, gemma3, phi3"
+/* Limits model_load accepts for <arch>.expert_count and .expert_used_count. */
+#define MODEL_MAX_EXPERTS 1024
+#define MODEL_MAX_EXPERTS_USED 64
+/* "llama" covers Mixtral-style llama files too (llama.expert_count > 0, *_exps tensors). */
+#define MODEL_ARCH_SUPPORTED "llama, qwen2, qwen3, gemma2, gemma3, phi3, qwen2moe, qwen3moe"
 
 /* Activation of the gated FFN: down(act(gate x) * up x). */
 enum ffn_act { FFN_SILU = 0, FFN_GELU_TANH = 1 };
@@ -60,6 +66,17 @@ typedef struct {
     /* phi3's fused ffn_up (gate rows, then up rows) is bound as w_gate and w_up row ranges. */
     weight_t post_ffn_norm; /* F32 [dim]: RMSNorm of the FFN branch before its residual add
                                (gemma2, gemma3), or data NULL */
+    /* Mixture of experts (hp.n_expert > 0; w_gate/w_up/w_down are then unbound). The 3-D
+     * GGUF tensors {in, out, n_expert} are bound as matrices of n_expert * out rows: expert e's
+     * matrix is rows [e * out, (e + 1) * out). eff = hp.expert_ffn_dim, sff = hp.shexp_ffn_dim. */
+    weight_t ffn_gate_inp;    /* router [n_expert][dim] */
+    weight_t gate_exps;       /* [n_expert * eff][dim] */
+    weight_t up_exps;         /* [n_expert * eff][dim] */
+    weight_t down_exps;       /* [n_expert * dim][eff] */
+    weight_t gate_inp_shexp;  /* [1][dim] shared expert's gate (qwen2moe), data NULL when absent */
+    weight_t gate_shexp;      /* [sff][dim] */
+    weight_t up_shexp;        /* [sff][dim] */
+    weight_t down_shexp;      /* [dim][sff] */
 } layer_weights_t;
 
 /* One RoPE table (engine/model_arch.c). Pair i of a head at position p is rotated by
@@ -107,6 +124,12 @@ typedef struct {
     float rope_theta_swa; /* RoPE base of the local layers (gemma3; = rope_theta otherwise) */
     int rope_long;       /* Phi-3 LongRoPE: 1 = rope_factors_long in use, 0 = the short ones
                             (or none) */
+    /* Mixture of experts (engine/cpu/moe.h); all 0 for a dense model. */
+    int n_expert;        /* experts per layer (<arch>.expert_count); 0 = dense FFN */
+    int n_expert_used;   /* experts per token, top-k (<arch>.expert_used_count) */
+    int expert_ffn_dim;  /* FFN size of one expert */
+    int shexp_ffn_dim;   /* FFN size of the shared expert; 0 = none */
+    int moe_norm_topk;   /* 1: the k routing weights are divided by their sum */
 } hparams_t;
 
 typedef struct model {

@@ -38,6 +38,9 @@ static const arch_row_t ARCHS[] = {
     {"gemma2", ARCH_GEMMA2, ROPE_NEOX, 0,  1, FFN_GELU_TANH, 1,  0,   0,    2},
     {"gemma3", ARCH_GEMMA3, ROPE_NEOX, 1,  1, FFN_GELU_TANH, 1,  0,   0,    6},
     {"phi3",   ARCH_PHI3,   ROPE_NEOX, 0,  0, FFN_SILU,      0,  0,   1,    0},
+    /* mixture of experts (engine/cpu/moe.h): the FFN is routed, see model.c moe_hparams */
+    {"qwen2moe", ARCH_QWEN2MOE, ROPE_NEOX, 0, 0, FFN_SILU,  0,  1,   0,    0},
+    {"qwen3moe", ARCH_QWEN3MOE, ROPE_NEOX, 1, 0, FFN_SILU,  0,  0,   0,    0},
 };
 
 static const arch_row_t *row_of(int arch)

@@ -6,6 +6,9 @@
 #   SPILLWAY_FUZZ_SECONDS  seconds per fuzz target (default 60; 0 skips fuzzing)
 #   SPILLWAY_TEST_JOBS     tests run at once (default: the number of CPUs)
 #   SPILLWAY_SHARED_DIR    folder holding models/ (default: ../shared next to the checkout)
+#   SPILLWAY_REQUIRE_CUDA  1: fail when no nvcc is found (CI sets it: its machines have the CUDA
+#                          toolkit in /usr/local/cuda); otherwise the CUDA backend is built when
+#                          nvcc is found and left out with a note when not
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -20,8 +23,22 @@ scripts/install-deps.sh
 # Kafka broker jars for the integration tests, fetched once from Maven Central (cached).
 scripts/kafka-broker.sh fetch
 
-echo "=== build: Release, -Werror === [${SECONDS}s]"
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DSPILLWAY_WERROR=ON -DSPILLWAY_SHARED_DIR="$SHARED" >/dev/null
+# The CUDA backend (kernels for sm_80 and sm_90 plus PTX, and its host code) is compiled in the
+# Release stage only: no GPU runs anything here (test_cuda checks the refusal without a device,
+# then skips), and the sanitizer and fuzz stages would only compile the same kernels again.
+# nvcc comes with NVIDIA's CUDA toolkit (/usr/local/cuda), not from a Debian package.
+CUDA=OFF
+if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then
+  CUDA=ON
+elif [ "${SPILLWAY_REQUIRE_CUDA:-0}" = 1 ]; then
+  echo "test.sh: SPILLWAY_REQUIRE_CUDA=1 but no nvcc (PATH or /usr/local/cuda/bin)" >&2
+  exit 1
+else
+  echo "test.sh: no nvcc: the CUDA backend is not built (install NVIDIA's CUDA toolkit)"
+fi
+echo "=== build: Release, -Werror, CUDA backend $CUDA === [${SECONDS}s]"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DSPILLWAY_WERROR=ON -DSPILLWAY_CUDA=$CUDA \
+  -DSPILLWAY_SHARED_DIR="$SHARED" >/dev/null
 cmake --build build -j"$JOBS"
 echo "=== tests: Release === [${SECONDS}s]"
 # The four real-broker fault scenarios (test_faults_*.sh, ~7 min of test time) run once, in the
@@ -34,7 +51,7 @@ echo "=== tests: Release === [${SECONDS}s]"
 
 echo "=== build: ASan+UBSan === [${SECONDS}s]"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPILLWAY_WERROR=ON -DSPILLWAY_SANITIZE=ON \
-  -DSPILLWAY_SHARED_DIR="$SHARED" >/dev/null
+  -DSPILLWAY_CUDA=OFF -DSPILLWAY_SHARED_DIR="$SHARED" >/dev/null
 cmake --build build-asan -j"$JOBS"
 echo "=== tests: ASan+UBSan === [${SECONDS}s]"
 # The sanitized run takes the same paths with fewer messages in the overload test (a 2,000-request
@@ -46,7 +63,7 @@ echo "=== tests: ASan+UBSan === [${SECONDS}s]"
 
 echo "=== build: ThreadSanitizer === [${SECONDS}s]"
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPILLWAY_WERROR=ON -DSPILLWAY_TSAN=ON \
-  -DSPILLWAY_SHARED_DIR="$SHARED" >/dev/null
+  -DSPILLWAY_CUDA=OFF -DSPILLWAY_SHARED_DIR="$SHARED" >/dev/null
 # only what the stage runs: the threaded parts' tests and the spillway command (test_cache_tier.sh)
 # the tests labelled "threaded" (CMakeLists.txt) and what they run (test_cache_tier.sh: spillway)
 cmake --build build-tsan -j"$JOBS" --target spillway test_engine test_kvpool test_metrics test_cache \
@@ -59,7 +76,7 @@ echo "=== tests: ThreadSanitizer (the threaded parts: scheduler and thread pool,
 if [ "$FUZZ_SECONDS" -gt 0 ]; then
   echo "=== fuzz: ${FUZZ_SECONDS}s per target === [${SECONDS}s]"
   CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPILLWAY_FUZZ=ON \
-    -DSPILLWAY_SHARED_DIR="$SHARED" >/dev/null
+    -DSPILLWAY_CUDA=OFF -DSPILLWAY_SHARED_DIR="$SHARED" >/dev/null
   targets=$(for src in tests/fuzz/fuzz_*.c; do basename "$src" .c; done)
   # shellcheck disable=SC2086 # one word per target
   cmake --build build-fuzz -j"$JOBS" --target $targets

@@ -15,7 +15,10 @@ evaluated, and compares the two distributions at every scored position.
     n_vocab uint16 q with log p(i) = min_log_prob + scale * q(i) (clipped 16 nats below the top).
 
 Figures (llama-perplexity's --kl-divergence definitions): KLD(llama.cpp || spillway) =
-sum_i p_ref(i) (log p_ref(i) - log p(i)) per position, its mean; top-1 agreement = share of
+sum_i p_ref(i) (log p_ref(i) - log p(i)) per position over the ids whose stored log p_ref(i) is
+above -16 (as llama.cpp sums: the stored values are clipped at 16 nats below the top, so below
+that they are not p_ref's; on a peaked model, e.g. stories260K, summing the clipped ids too adds
+~2e-4 nats of bias), its mean; top-1 agreement = share of
 positions whose argmax is the same (ties broken to the lowest id on both sides); also the mean
 NLL of the actual next tokens under each side (-> perplexity over the same scored positions).
 
@@ -102,13 +105,18 @@ def run_spillway(spillway, model, kld, kv_type="f16", threads=None, mode="batch"
     return log_softmax(lg[:, first:first + kld.n_scored, :])
 
 
+def kl_div(lp, lq):
+    """KLD(p || q) per position from log-probs lp (llama.cpp's, as stored) and lq, over the last
+    axis, summing only the ids with lp > -16 (llama-perplexity's --kl-divergence convention)."""
+    return np.where(lp > -16.0, np.exp(lp) * (lp - lq), 0.0).sum(axis=-1)
+
+
 def compare(model, kld_path, spillway, kv_type="f16", threads=None):
     """Figures of spillway on model against llama.cpp's kld_path, as a dict."""
     kld = KldFile(kld_path)
     lq = run_spillway(spillway, model, kld, kv_type=kv_type, threads=threads)
     lp = kld.logp
-    p = np.exp(lp)
-    per_pos = (p * (lp - lq)).sum(axis=-1)  # [n_chunk][n_scored]
+    per_pos = kl_div(lp, lq)  # [n_chunk][n_scored]
     top_ref = lp.argmax(axis=-1)
     top_sp = lq.argmax(axis=-1)
     first = kld.n_ctx // 2

@@ -8,13 +8,16 @@
  * generation on stories260K with the CUDA backend in F32 (weights and KV) must produce the CPU
  * backend's tokens exactly.
  *
- * Exit 77 (skipped) when the build has no CUDA backend or the machine has no CUDA device. */
+ * Exit 77 (skipped) when the build has no CUDA backend or the machine has no CUDA device; before
+ * skipping for want of a device it checks that the engine refuses the CUDA backend there with a
+ * message naming the reason (exit 1 if not): what a GPU-less host running a CUDA build sees. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "check.h"
 
@@ -26,6 +29,7 @@ int main(void)
 }
 #else
 
+#include "engine/cuda/cuda_blas.h"
 #include "engine/cuda/cuda_kernels.h"
 #include "engine/dtype.h"
 #include "engine/engine.h"
@@ -225,7 +229,7 @@ static void test_embed_rmsnorm_swiglu(int t)
     cudaFree(dgu); cudaFree(dh);
 }
 
-static void test_gemm(cublasHandle_t h, int t)
+static void test_gemm(cuda_blas_t *h, int t)
 {
     const int N = 131, K = 96, T = 9;
     float *W = rand_vec((size_t)N * K, -1, 1), *X = rand_vec((size_t)T * K, -1, 1);
@@ -238,7 +242,7 @@ static void test_gemm(cublasHandle_t h, int t)
         if (!beta)
             for (int i = 0; i < T; i++)
                 CU(cudaMemset(dY + (size_t)i * (N + 3), 0xff, (size_t)N * 4));
-        CHECK(cuk_gemm(h, t, dW, N, K, dX, T, dY, N + 3, (float)beta) == CUBLAS_STATUS_SUCCESS);
+        CHECK(cuda_blas_gemm(h, t, dW, N, K, dX, T, dY, N + 3, (float)beta) == 0);
         float *y = fetch(dY, (size_t)T * (N + 3), DT_F32);
         for (int i = 0; i < T; i++)
             for (int o = 0; o < N + 3; o++) {
@@ -511,6 +515,107 @@ static int generate(const char *backend, const char *dtype, const char *kv, cons
     return rc;
 }
 
+/* engine_run over a batch of requests (shared prompt prefixes, prefill chunks and decodes in
+ * the same steps); the generated ids of request i go to out[i] (n_out[i] of them). */
+enum { ER_REQS = 4, ER_MAX = 40 };
+typedef struct {
+    int32_t out[ER_REQS][ER_MAX];
+    int n_out[ER_REQS];
+} er_results_t;
+
+static void er_done(void *arg, const engine_result_t *r)
+{
+    er_results_t *res = arg;
+    int i = (int)(intptr_t)r->user;
+    res->n_out[i] = r->n_tokens < ER_MAX ? r->n_tokens : ER_MAX;
+    memcpy(res->out[i], r->tokens, (size_t)res->n_out[i] * 4);
+}
+
+/* Runs the requests (the last one sampled at temperature 0.9 when `mixed`, else greedy too) on
+ * `backend` in F32; stats to *st. 0 or -1. */
+static int engine_requests(const char *backend, int mixed, er_results_t *res, engine_stats_t *st)
+{
+    /* stories260K's tokens of "Once upon a time", "Once upon a time, there was a little girl
+     * named Lily. She loved to play", "The cat sat", "Once upon a time, there was" */
+    static const int32_t p0[] = {1, 403, 407, 261, 378};
+    static const int32_t p1[] = {1, 403, 407, 261, 378, 432, 383, 286, 261, 376, 298,
+                                 315, 421, 395, 317, 426, 338, 401, 396, 267, 337};
+    static const int32_t p2[] = {1, 291, 280, 294, 262, 294};
+    static const int32_t p3[] = {1, 403, 407, 261, 378, 432, 383, 286};
+    const int32_t *prompts[ER_REQS] = {p0, p1, p2, p3};
+    const int lens[ER_REQS] = {5, 21, 6, 8};
+    engine_config_t cfg;
+    engine_config_default(&cfg);
+    cfg.model_path = MODEL;
+    cfg.backend = backend;
+    cfg.cuda_dtype = "f32";
+    cfg.kv_type = "f32";
+    cfg.threads = 1;
+    cfg.kv_blocks = 256;
+    cfg.max_batch_tokens = 16; /* the 21-token prompt is prefilled in chunks beside decodes */
+    cfg.max_seqs = 8;
+    char err[512];
+    engine_t *e = engine_new(&cfg, err, sizeof err);
+    CHECKF(e != NULL, "engine_new(%s): %s", backend, err);
+    if (!e) return -1;
+    memset(res, 0, sizeof *res);
+    int rc = 0;
+    for (int i = 0; i < ER_REQS && rc == 0; i++) {
+        engine_request_t rq;
+        engine_request_default(&rq);
+        rq.prompt = prompts[i];
+        rq.n_prompt = lens[i];
+        rq.max_tokens = ER_MAX;
+        rq.ignore_eos = 1;
+        rq.sampling.temperature = mixed && i == ER_REQS - 1 ? 0.9f : 0.0f;
+        rq.sampling.seed = 7;
+        rq.user = (void *)(intptr_t)i;
+        uint64_t id;
+        rc = engine_submit(e, &rq, er_done, res, &id, err, sizeof err);
+        CHECKF(rc == 0, "submit (%s): %s", backend, err);
+    }
+    if (rc == 0) {
+        rc = engine_run(e, err, sizeof err);
+        CHECKF(rc == 0, "engine_run (%s): %s", backend, err);
+    }
+    engine_stats(e, st);
+    engine_free(e);
+    return rc;
+}
+
+/* The engine's greedy steps through forward_argmax (ids, not logits) give the CPU backend's
+ * tokens in F32; a batch with a sampled sequence in it falls back to logits for those steps. */
+static void test_engine_argmax(void)
+{
+    er_results_t cpu, gpu;
+    engine_stats_t sc, sg;
+    if (engine_requests("cpu", 0, &cpu, &sc) || engine_requests("cuda", 0, &gpu, &sg)) return;
+    CHECKF(sc.argmax_steps == 0, "cpu backend: %llu argmax steps",
+           (unsigned long long)sc.argmax_steps);
+    /* every step that samples is greedy: all of them but pure prefill steps go by id */
+    CHECKF(sg.argmax_steps > 0 && sg.argmax_steps <= sg.steps,
+           "cuda, all greedy: %llu argmax steps of %llu", (unsigned long long)sg.argmax_steps,
+           (unsigned long long)sg.steps);
+    for (int i = 0; i < ER_REQS; i++) {
+        int same = 0;
+        while (same < cpu.n_out[i] && same < gpu.n_out[i] && cpu.out[i][same] == gpu.out[i][same])
+            same++;
+        CHECKF(cpu.n_out[i] == ER_MAX && gpu.n_out[i] == ER_MAX && same == ER_MAX,
+               "engine greedy request %d: cuda (by id) vs cpu: %d/%d tokens equal", i, same,
+               ER_MAX);
+    }
+    uint64_t all_greedy_id_steps = sg.argmax_steps;
+    if (engine_requests("cuda", 1, &gpu, &sg)) return;
+    CHECKF(sg.argmax_steps < all_greedy_id_steps, "cuda, one sampled request: %llu argmax steps "
+           "(all greedy: %llu)", (unsigned long long)sg.argmax_steps,
+           (unsigned long long)all_greedy_id_steps);
+    for (int i = 0; i < ER_REQS - 1; i++)
+        CHECKF(memcmp(cpu.out[i], gpu.out[i], sizeof cpu.out[i]) == 0,
+               "engine greedy request %d beside a sampled one: cuda differs from cpu", i);
+    printf("engine: greedy through forward_argmax matches the cpu backend (%llu id steps)\n",
+           (unsigned long long)all_greedy_id_steps);
+}
+
 static void test_end_to_end(void)
 {
     FILE *f = fopen(MODEL, "rb");
@@ -520,7 +625,7 @@ static void test_end_to_end(void)
         return;
     }
     fclose(f);
-    const int32_t prompt[] = {1, 365, 1371, 372, 263, 931};
+    const int32_t prompt[] = {1, 403, 407, 261, 378}; /* "Once upon a time" (n_vocab 512) */
     enum { N = 48 };
     int32_t ref[N], got[N];
     int n_prompt = (int)(sizeof prompt / sizeof prompt[0]);
@@ -534,11 +639,86 @@ static void test_end_to_end(void)
     CHECK(generate("cuda", "bf16", "f16", prompt, n_prompt, N, got) == 0);
 }
 
+/* The cuBLAS loader's refusals (they need no device): SPILLWAY_CUBLAS naming nothing, a folder
+ * without cuBLAS, a file that is no library. Each must give NULL and a message that names the
+ * cause. 0 or -1. */
+static int blas_loader_refusals(void)
+{
+    char dir[] = "/tmp/spillway-test-cuda-XXXXXX";
+    if (!mkdtemp(dir)) return -1;
+    char file[sizeof dir + 16];
+    snprintf(file, sizeof file, "%s/libcublas.so", dir);
+    FILE *f = fopen(file, "w");
+    if (f) {
+        fputs("not a library\n", f);
+        fclose(f);
+    }
+    const struct {
+        const char *env, *want;
+    } cases[] = {
+        {"/nonexistent/libcublas.so.13", "names no such file"},
+        {dir, "libcublas.so"}, /* a folder: its libcublas.so is no ELF file */
+        {file, file},
+    };
+    int rc = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char err[1024] = "";
+        setenv("SPILLWAY_CUBLAS", cases[i].env, 1);
+        cuda_blas_t *b = cuda_blas_new(0, NULL, 0, err, sizeof err);
+        if (b || !strstr(err, "cuBLAS not found") || !strstr(err, cases[i].want)) {
+            fprintf(stderr, "FAIL: SPILLWAY_CUBLAS=%s: %s '%s'\n", cases[i].env,
+                    b ? "loaded:" : "message", b ? cuda_blas_describe(b) : err);
+            cuda_blas_free(b);
+            rc = -1;
+        } else {
+            printf("  SPILLWAY_CUBLAS=%s: %s\n", cases[i].env, err);
+        }
+    }
+    unsetenv("SPILLWAY_CUBLAS");
+    unlink(file);
+    rmdir(dir);
+    if (rc == 0) printf("the cuBLAS loader refuses bad SPILLWAY_CUBLAS values with the cause\n");
+    return rc;
+}
+
+/* No device: engine_new with backend "cuda" must fail cleanly, saying so. 0 or -1. */
+static int refused_without_device(void)
+{
+    FILE *f = fopen(MODEL, "rb");
+    if (!f) {
+        printf("(%s missing: the refusal without a device is not checked)\n", MODEL);
+        return 0;
+    }
+    fclose(f);
+    engine_config_t cfg;
+    engine_config_default(&cfg);
+    cfg.model_path = MODEL;
+    cfg.backend = "cuda";
+    cfg.threads = 1;
+    char err[512] = "";
+    engine_t *e = engine_new(&cfg, err, sizeof err);
+    if (e) {
+        engine_free(e);
+        fprintf(stderr, "FAIL: engine_new(backend cuda) succeeded without a CUDA device\n");
+        return -1;
+    }
+    if (!strstr(err, "no CUDA device")) {
+        fprintf(stderr, "FAIL: engine_new(backend cuda) without a device: '%s' does not say "
+                "'no CUDA device'\n", err);
+        return -1;
+    }
+    printf("without a device, the CUDA backend is refused: %s\n", err);
+    return 0;
+}
+
 int main(void)
 {
     int n_dev = 0;
-    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev < 1) {
-        printf("SKIP: no CUDA device\n");
+    cudaError_t drc = cudaGetDeviceCount(&n_dev);
+    if (drc != cudaSuccess || n_dev < 1) {
+        if (refused_without_device() || blas_loader_refusals()) return 1;
+        printf("SKIP: no CUDA device (%s)\n",
+               drc != cudaSuccess ? cudaGetErrorString(drc) : "device count 0");
         return 77;
     }
     const char *s = getenv("SPILLWAY_TEST_SEED");
@@ -546,9 +726,13 @@ int main(void)
     if (!rng_state) rng_state = 1;
     fprintf(stderr, "seed %llu (SPILLWAY_TEST_SEED repeats it)\n", (unsigned long long)rng_state);
     CHECK(cudaStreamCreate(&S) == cudaSuccess);
-    cublasHandle_t h = NULL;
-    CHECK(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS);
-    CHECK(cublasSetStream(h, S) == CUBLAS_STATUS_SUCCESS);
+    char err[1024];
+    cuda_blas_t *h = cuda_blas_new(S, NULL, 0, err, sizeof err);
+    if (!h) { /* a device without cuBLAS is a failure here, not a skip */
+        fprintf(stderr, "FAIL: %s\n", err);
+        return 1;
+    }
+    fprintf(stderr, "cuBLAS: %s\n", cuda_blas_describe(h));
 
     test_convert_fill();
     test_argmax();
@@ -564,8 +748,9 @@ int main(void)
     test_rope_attention(16, 2, 128, ROPE_NEOX, DT_F16, DT_BF16, 1);
     test_rope_attention(8, 8, 96, ROPE_NORM, DT_F32, DT_BF16, 0);
     test_end_to_end();
+    test_engine_argmax();
 
-    cublasDestroy(h);
+    cuda_blas_free(h);
     cudaStreamDestroy(S);
     return check_exit();
 }

@@ -54,6 +54,16 @@ FIXTURES = [
     ("arch-fixtures", "gemma2-tiny.gguf", "f32"),
     ("arch-fixtures", "gemma3-tiny.gguf", "f32"),
     ("arch-fixtures", "phi3-tiny.gguf", "f32"),
+    # mixture of experts (engine/cpu/moe.h)
+    ("arch-fixtures", "qwen3moe-tiny.gguf", "f32"),
+    ("arch-fixtures", "qwen2moe-tiny.gguf", "f32"),
+    ("arch-fixtures", "llama-moe-tiny.gguf", "f32"),
+    ("quant-fixtures", "pure-Q4_1.gguf", "quant"),
+    ("quant-fixtures", "pure-Q5_0.gguf", "quant"),
+    ("quant-fixtures", "pure-Q5_1.gguf", "quant"),
+    ("quant-fixtures", "pure-IQ4_NL.gguf", "quant"),
+    ("quant-fixtures", "pure-IQ4_XS.gguf", "quant"),
+    ("quant-fixtures", "mix-IQ4_XS.gguf", "quant"),
 ]
 F32_KLD, F32_TOP1 = 1e-4, 0.99
 QUANT_SHARE, QUANT_PPL = 0.5, 0.005

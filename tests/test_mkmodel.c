@@ -7,8 +7,10 @@
  * quantisers against hashes of ggml's reference quantisers' output, the weighted ones against
  * ggml's error; conversion of a model (mkmodel_convert) with and without padding, with both
  * quantisers. Also: determinism, parameter validation,
- * presets, a 128256-token vocabulary with unique pieces, and the qwen3 / gemma2 / gemma3 / phi3
- * writers and options as model_load binds them. */
+ * presets, a 128256-token vocabulary with unique pieces, the qwen3 / gemma2 / gemma3 / phi3
+ * writers and options as model_load binds them, and mixture-of-experts files (llama MoE,
+ * qwen2moe, qwen3moe: keys, 3-D expert tensors, routers, shared expert, Q/K norms, read back by
+ * model_load). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -767,6 +769,112 @@ static void test_convert(void)
     unlink(pf);
 }
 
+/* MoE models: what mkmodel writes, and what model_load makes of it. */
+static void test_moe(void)
+{
+    static const struct {
+        int arch, n_expert, used, eff, dtype;
+    } cases[] = {
+        {ARCH_LLAMA, 4, 2, 0, DT_F32},
+        {ARCH_QWEN2MOE, 4, 2, 64, DT_Q8_0},
+        {ARCH_QWEN3MOE, 8, 3, 32, DT_F16},
+    };
+    char err[256], path[128], name[96];
+    snprintf(path, sizeof path, "%s/moe.gguf", tmpdir);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        mkmodel_params_t p = small_params(ARCH_LLAMA, cases[i].dtype, 0);
+        p.arch = cases[i].arch;
+        p.n_expert = cases[i].n_expert;
+        p.n_expert_used = cases[i].used;
+        p.expert_ffn_dim = cases[i].eff;
+        CHECKF(mkmodel_write(&p, path, err, sizeof err) == 0, "%s", err);
+        const int eff = cases[i].eff ? cases[i].eff : p.ffn_dim, hd = p.dim / p.n_heads;
+        const char *arch = p.arch == ARCH_LLAMA ? "llama" : p.arch == ARCH_QWEN2MOE ? "qwen2moe"
+                                                                                   : "qwen3moe";
+        gguf_t *g = gguf_open(path, err, sizeof err);
+        CHECKF(g != NULL, "%s", err);
+        if (!g) continue;
+        gguf_str_t a;
+        uint32_t u;
+        CHECK(gguf_get_str(g, "general.architecture", &a) == 0 && str_eq(a, arch));
+        snprintf(name, sizeof name, "%s.expert_count", arch);
+        CHECK(gguf_get_u32(g, name, &u) == 0 && u == (uint32_t)p.n_expert);
+        snprintf(name, sizeof name, "%s.expert_used_count", arch);
+        CHECK(gguf_get_u32(g, name, &u) == 0 && u == (uint32_t)p.n_expert_used);
+        snprintf(name, sizeof name, "%s.expert_feed_forward_length", arch);
+        CHECK(p.arch == ARCH_LLAMA ? gguf_find_key(g, name) < 0
+                                   : gguf_get_u32(g, name, &u) == 0 && u == (uint32_t)eff);
+        for (int l = 0; l < p.n_layers; l++) {
+            static const char *const exps[] = {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"};
+            for (int k = 0; k < 3; k++) {
+                snprintf(name, sizeof name, "blk.%d.%s.weight", l, exps[k]);
+                const gguf_tensor_t *t = gguf_find_tensor(g, name);
+                int64_t in = k < 2 ? p.dim : eff, out = k < 2 ? eff : p.dim;
+                CHECKF(t && t->n_dims == 3 && t->ne[0] == in && t->ne[1] == out &&
+                           t->ne[2] == p.n_expert && t->type == cases[i].dtype,
+                       "%s %s", arch, name);
+            }
+            snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.weight", l);
+            const gguf_tensor_t *t = gguf_find_tensor(g, name);
+            CHECKF(t && t->n_dims == 2 && t->ne[0] == p.dim && t->ne[1] == p.n_expert &&
+                       t->type == DT_F32, "%s %s", arch, name);
+            snprintf(name, sizeof name, "blk.%d.ffn_gate.weight", l);
+            CHECKF(!gguf_find_tensor(g, name), "%s: dense %s in a MoE file", arch, name);
+            snprintf(name, sizeof name, "blk.%d.ffn_down_shexp.weight", l);
+            t = gguf_find_tensor(g, name);
+            CHECKF(p.arch == ARCH_QWEN2MOE ? t && t->ne[0] == p.ffn_dim && t->ne[1] == p.dim : !t,
+                   "%s %s", arch, name);
+            snprintf(name, sizeof name, "blk.%d.ffn_gate_inp_shexp.weight", l);
+            t = gguf_find_tensor(g, name);
+            CHECKF(p.arch == ARCH_QWEN2MOE ? t && t->n_dims == 1 && t->ne[0] == p.dim : !t,
+                   "%s %s", arch, name);
+            snprintf(name, sizeof name, "blk.%d.attn_k_norm.weight", l);
+            t = gguf_find_tensor(g, name);
+            CHECKF(p.arch == ARCH_QWEN3MOE ? t && t->n_dims == 1 && t->ne[0] == hd : !t, "%s %s",
+                   arch, name);
+        }
+        gguf_close(g);
+        model_t *m = model_load(path, err, sizeof err);
+        CHECKF(m != NULL, "model_load %s: %s", arch, err);
+        if (m) {
+            const hparams_t *hp = &m->hp;
+            CHECK(hp->n_expert == p.n_expert && hp->n_expert_used == p.n_expert_used &&
+                  hp->expert_ffn_dim == eff);
+            CHECK(hp->shexp_ffn_dim == (p.arch == ARCH_QWEN2MOE ? p.ffn_dim : 0));
+            CHECK(hp->moe_norm_topk == (p.arch != ARCH_QWEN2MOE));
+            CHECK(m->layers[1].down_exps.rows == (int64_t)p.n_expert * p.dim &&
+                  m->layers[1].down_exps.cols == eff && !m->layers[1].w_gate.data);
+            CHECK(!m->layers[0].q_norm.data == (p.arch != ARCH_QWEN3MOE));
+            CHECK(!m->layers[0].bq.data == (p.arch != ARCH_QWEN2MOE));
+            model_free(m);
+        }
+        unlink(path);
+    }
+    /* parameter validation */
+    static const struct {
+        int arch, n_expert, used, eff;
+    } bad[] = {
+        {ARCH_QWEN3MOE, 0, 0, 0},  {ARCH_QWEN2MOE, 0, 0, 0},  {ARCH_QWEN2, 4, 2, 0},
+        {ARCH_LLAMA, 4, 0, 0},     {ARCH_LLAMA, 4, 5, 0},     {ARCH_LLAMA, 4, 2, 64},
+        {ARCH_LLAMA, -1, 1, 0},    {ARCH_LLAMA, MODEL_MAX_EXPERTS + 1, 2, 0},
+        {ARCH_QWEN3MOE, 4, 2, -1}, {ARCH_LLAMA, 128, MODEL_MAX_EXPERTS_USED + 1, 0},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        mkmodel_params_t p = small_params(ARCH_LLAMA, DT_F32, 0);
+        p.arch = bad[i].arch;
+        p.n_expert = bad[i].n_expert;
+        p.n_expert_used = bad[i].used;
+        p.expert_ffn_dim = bad[i].eff;
+        CHECKF(mkmodel_write(&p, path, err, sizeof err) != 0, "bad MoE case %zu accepted", i);
+    }
+    mkmodel_params_t p = small_params(ARCH_LLAMA, DT_Q8_0, 0);
+    p.arch = ARCH_QWEN3MOE;
+    p.n_expert = 4;
+    p.n_expert_used = 2;
+    p.expert_ffn_dim = 48; /* Q8_0 rows of 48 */
+    CHECK(mkmodel_write(&p, path, err, sizeof err) != 0);
+}
+
 /* The other architectures: mkmodel writes each with its tensors and keys, and model_load binds
  * them into the features of engine/model_arch.h. */
 static void test_archs(void)
@@ -893,6 +1001,7 @@ int main(void)
     test_determinism();
     test_validation_and_presets();
     test_big_vocab();
+    test_moe();
     if (rmdir(tmpdir) != 0) {
         fprintf(stderr, "temp dir %s not empty\n", tmpdir);
         check_failures_++;

@@ -201,6 +201,7 @@ static int check_field(const request_t *r, const char *key, const char *val)
     if (!strcmp(key, "seed")) return r->seed == strtoull(val, NULL, 10);
     if (!strcmp(key, "has_seed")) return r->has_seed == atoi(val);
     if (!strcmp(key, "logprobs")) return r->n_logprobs == atoi(val);
+    if (!strcmp(key, "n")) return r->n == atoi(val);
     if (!strcmp(key, "n_stop")) return r->n_stop == atoi(val);
     if (!strncmp(key, "stop.", 5)) {
         int i = atoi(key + 5);

@@ -1,11 +1,15 @@
 /* tests/test_worker_config.c: worker configuration: defaults, key=value file, SPILLWAY_*
- * environment, -X pass-through, precedence and errors; the claims key's parser and rules. */
+ * environment, -X pass-through, precedence and errors; the claims key's parser and rules; the
+ * key table (sections, ranges, choices) and the engine's and cache's own defaults against it. */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "cache/cache.h"
 #include "check.h"
+#include "engine/engine.h"
 #include "consumer/request.h"
 #include "worker/claims.h"
 #include "worker/worker.h"
@@ -133,9 +137,125 @@ static void test_claims(void)
     worker_config_free(&k);
 }
 
+/* The key table: every key in a section (each section one run of keys), its default a valid
+ * value, its bounds accepted and one beyond refused, its choices accepted and others refused;
+ * and the modules' own defaults (engine_config_default, cache_config_default: what `spillway
+ * generate` starts from) equal to the table's. */
+static void test_key_table(void)
+{
+    char err[512], seen[64][96];
+    int n_seen = 0;
+    const char *prev = NULL;
+    worker_config_key_t k;
+    CHECK(worker_config_key(-1, &k) == -1 && worker_config_key(worker_config_n_keys(), &k) == -1);
+    CHECK(worker_config_find_key("no.such.key") == -1);
+    for (int i = 0; i < worker_config_n_keys(); i++) {
+        CHECK(worker_config_key(i, &k) == 0 && worker_config_find_key(k.name) == i);
+        CHECKF(k.section && *k.help && k.def, "%s", k.name);
+        if (!k.section) continue;
+        if (!prev || strcmp(prev, k.section)) { /* a new section: not one seen before */
+            for (int j = 0; j < n_seen; j++) CHECKF(strcmp(seen[j], k.section), "%s", k.section);
+            if (n_seen < 64) snprintf(seen[n_seen++], sizeof seen[0], "%s", k.section);
+            prev = k.section;
+        }
+        long v = -7;
+        CHECKF(worker_config_parse_value(i, k.def, &v, err, sizeof err) == 0, "%s", err);
+        if (k.integer) {
+            char t[32];
+            CHECK(k.lo <= v && v <= k.hi);
+            snprintf(t, sizeof t, "%ld", k.lo);
+            CHECK(worker_config_parse_value(i, t, &v, err, sizeof err) == 0 && v == k.lo);
+            snprintf(t, sizeof t, "%ld", k.hi);
+            CHECK(worker_config_parse_value(i, t, &v, err, sizeof err) == 0 && v == k.hi);
+            if (k.lo > LONG_MIN) {
+                snprintf(t, sizeof t, "%ld", k.lo - 1);
+                CHECK(worker_config_parse_value(i, t, NULL, err, sizeof err) == -1 &&
+                      strstr(err, k.name));
+            }
+            if (k.hi < LONG_MAX) {
+                snprintf(t, sizeof t, "%ld", k.hi + 1);
+                CHECK(worker_config_parse_value(i, t, NULL, err, sizeof err) == -1);
+            }
+            CHECK(worker_config_parse_value(i, "12x", NULL, err, sizeof err) == -1);
+        }
+        if (k.choices) {
+            char buf[128];
+            snprintf(buf, sizeof buf, "%s", k.choices);
+            for (char *save = NULL, *c = strtok_r(buf, "|", &save); c; c = strtok_r(NULL, "|", &save))
+                CHECKF(worker_config_parse_value(i, c, NULL, err, sizeof err) == 0, "%s", err);
+            CHECK(worker_config_parse_value(i, "bogus", NULL, err, sizeof err) == -1 &&
+                  strstr(err, k.name) && strstr(err, "must be"));
+        }
+    }
+    CHECK(n_seen >= 5);
+    /* choices are checked when set, as ranges are */
+    worker_config_t c;
+    CHECK(worker_config_default(&c) == 0);
+    CHECK(worker_config_set(&c, "kv.type", "q8", "cli", err, sizeof err) == -1 &&
+          strstr(err, "kv.type must be f16 or f32"));
+    CHECK(worker_config_set(&c, "log.format", "yaml", "cli", err, sizeof err) == -1 &&
+          strstr(err, "log.format must be text or json"));
+    CHECK(worker_config_set(&c, "cache.isolation", "none", "cli", err, sizeof err) == 0 &&
+          !strcmp(c.cache_isolation, "none"));
+    CHECK(worker_config_set(&c, "cache.isolation", "tenant", "cli", err, sizeof err) == 0);
+    /* a real key: its range, and `spillway config` prints the shortest form that reads back */
+    CHECK(worker_config_set(&c, "cuda.mem_fraction", "0", "cli", err, sizeof err) == -1 &&
+          strstr(err, "[0.01, 1]"));
+    CHECK(worker_config_set(&c, "cuda.mem_fraction", "1.5", "cli", err, sizeof err) == -1);
+    CHECK(worker_config_set(&c, "cuda.mem_fraction", "nan", "cli", err, sizeof err) == -1);
+    CHECK(worker_config_set(&c, "cuda.mem_fraction", "0.8x", "cli", err, sizeof err) == -1);
+    static const char *const reals[][2] = {
+        {"0.8", "0.8"}, {"0.80000000000000004", "0.8"}, {"8e-1", "0.8"}, {"1", "1"},
+        {"0.30000000000000004", "0.30000000000000004"}, {"0.123456789", "0.123456789"},
+    };
+    for (size_t r = 0; r < sizeof reals / sizeof reals[0]; r++) {
+        CHECK(worker_config_set(&c, "cuda.mem_fraction", reals[r][0], "cli", err, sizeof err) == 0);
+        char *buf = NULL, want[96];
+        size_t len = 0;
+        FILE *m = open_memstream(&buf, &len);
+        worker_config_print(&c, m);
+        fclose(m);
+        snprintf(want, sizeof want, "\n%-28s = %-24s #", "cuda.mem_fraction", reals[r][1]);
+        CHECKF(buf && strstr(buf, want), "%s: want \"%s\"", reals[r][0], want);
+        free(buf);
+    }
+    CHECK(worker_config_set(&c, "cuda.mem_fraction", "0.9", "cli", err, sizeof err) == 0);
+
+    /* c holds the table's defaults; the engine's and the cache's own must be the same */
+    engine_config_t e;
+    engine_config_default(&e);
+    CHECK(!strcmp(e.backend, c.backend));
+    CHECK(e.threads == c.threads && e.max_seqs == c.max_seqs &&
+          e.max_batch_tokens == c.max_batch_tokens);
+    CHECK(e.kv_blocks == c.kv_blocks && e.kv_mem_mb == c.kv_mem_mb &&
+          !strcmp(e.kv_type, c.kv_type) && e.block_tokens == c.block_tokens);
+    CHECK(e.max_ctx == c.max_ctx && e.prefix_cache == c.prefix_cache);
+    CHECK(e.sched_window == c.sched_window && e.sched_aging_ms == c.sched_aging_ms &&
+          e.sched_urgent_ms == c.sched_urgent_ms);
+    CHECK(!strcmp(e.cuda_dtype, c.cuda_dtype) && e.cuda_mem_fraction == (float)c.cuda_mem_fraction);
+    engine_request_t rq; /* generate -n: the default max_tokens */
+    engine_request_default(&rq);
+    CHECK(rq.max_tokens == c.default_max_tokens);
+    cache_config_t kc;
+    cache_config_default(&kc);
+    CHECK(!strcmp(kc.arena_path, c.cache_arena_path) && kc.arena_mb == c.cache_arena_mb);
+    CHECK(!strcmp(kc.secret_path, c.cache_secret_file));
+    CHECK(!strcmp(kc.redis_host, c.cache_redis_host) && kc.redis_port == c.cache_redis_port);
+    CHECK(!strcmp(kc.redis_user, c.cache_redis_user) &&
+          !strcmp(kc.redis_password, c.cache_redis_password) && kc.redis_db == c.cache_redis_db);
+    CHECK(!strcmp(kc.namespace_, c.cache_namespace) && !strcmp(kc.host_id, c.cache_host_id));
+    CHECK(kc.connect_timeout_ms == c.cache_connect_timeout_ms &&
+          kc.cmd_timeout_ms == c.cache_cmd_timeout_ms);
+    CHECK(kc.backoff_min_ms == c.cache_backoff_min_ms &&
+          kc.backoff_max_ms == c.cache_backoff_max_ms && kc.health_ms == c.cache_health_ms);
+    CHECK(kc.write_queue == c.cache_write_queue);
+    worker_config_free(&c);
+}
+
 int main(void)
 {
     test_claims();
+    test_key_table();
 
     char err[512];
     worker_config_t c;

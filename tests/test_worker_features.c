@@ -13,6 +13,7 @@
  *  - `logprobs`: one entry per generated token, each with `logprobs` alternatives, most likely
  *    first, the greedy choice being the first; no `logprobs` field when not asked;
  *  - the token bound (max.inflight.tokens) pauses intake and loses nothing;
+ *  - "n": 3 choices in one result, choice 0 equal to n = 1 with the same seed, usage summed;
  *  - the phase counters of worker_stats move, and worker_log_stats prints them. */
 #include <jansson.h>
 #include <librdkafka/rdkafka.h>
@@ -289,6 +290,57 @@ static void test_arena_refused(rd_kafka_mock_cluster_t *mc, const char *brokers)
     rmdir(dir);
 }
 
+/* "n": 3 choices in one result (choice i with seed + i: choice 0 is what n = 1 gives with the
+ * same seed), usage summing them, the chat form of logprobs with top_logprobs; a request past its
+ * deadline keeps the single-choice shape (finish_reason expired). */
+static void test_n_choices(rd_kafka_mock_cluster_t *mc, const char *brokers)
+{
+    rd_kafka_mock_topic_create(mc, "in-n", 1, 1);
+    rd_kafka_mock_topic_create(mc, "out-n", 1, 1);
+    rd_kafka_mock_topic_create(mc, "dlq-n", 1, 1);
+    const char *reqs[] = {
+        "{\"id\":\"n3\",\"prompt\":\"Tom and his dog\",\"max_tokens\":6,\"n\":3,\"seed\":7,"
+        "\"temperature\":1,\"logprobs\":true,\"top_logprobs\":2}",
+        "{\"id\":\"n1\",\"prompt\":\"Tom and his dog\",\"max_tokens\":6,\"seed\":7,\"temperature\":1}",
+        "{\"id\":\"old\",\"prompt\":\"Tom\",\"n\":2,\"deadline\":\"2001-01-01T00:00:00Z\"}"};
+    CHECK(tk_produce_values(brokers, "in-n", reqs, NULL, 3, 1, 0) == 0);
+    worker_t *w = make_worker(brokers, "n", NULL, 0);
+    if (!w) return;
+    worker_stats_t st;
+    run_until(w, 3, &st);
+    worker_free(w);
+    tk_rec_t res[3];
+    int nres = COLLECT("out-n", 3, res);
+    json_t *n3 = tk_find_json(res, nres, "n3"), *n1 = tk_find_json(res, nres, "n1");
+    json_t *old = tk_find_json(res, nres, "old");
+    CHECK(nres == 3 && n3 && n1 && old);
+    if (n3 && n1 && old) {
+        json_t *ch = json_object_get(n3, "choices");
+        CHECK(json_array_size(ch) == 3);
+        long sum = 0;
+        for (size_t i = 0; i < json_array_size(ch); i++) {
+            json_t *c = json_array_get(ch, i), *lp = json_object_get(c, "logprobs");
+            CHECK(json_integer_value(json_object_get(c, "index")) == (json_int_t)i);
+            CHECK(json_is_string(json_object_get(c, "text")));
+            sum += (long)json_array_size(lp);
+            for (size_t k = 0; k < json_array_size(lp); k++)
+                CHECK(json_array_size(json_object_get(json_array_get(lp, k), "top_logprobs")) == 2);
+        }
+        CHECKF(json_integer_value(json_object_get(json_object_get(n3, "usage"), "completion_tokens")) == sum,
+               "completion_tokens is not the sum over the choices (%ld)", sum);
+        CHECK(!json_object_get(n3, "logprobs"));
+        CHECK(json_equal(json_object_get(n3, "text"), json_object_get(json_array_get(ch, 0), "text")));
+        CHECKF(json_equal(json_object_get(n1, "text"), json_object_get(json_array_get(ch, 0), "text")),
+               "choice 0 \"%s\" differs from n = 1 with the same seed \"%s\"",
+               json_string_value(json_object_get(json_array_get(ch, 0), "text")),
+               json_string_value(json_object_get(n1, "text")));
+        CHECK(!json_object_get(n1, "choices"));
+        CHECK(!strcmp(json_string_value(json_object_get(old, "finish_reason")), "expired"));
+        CHECK(!json_object_get(old, "choices"));
+    }
+    tk_recs_free(res, nres);
+}
+
 /* No template configured and none in the model: a chat request is a dead letter. */
 static void test_no_template(rd_kafka_mock_cluster_t *mc, const char *brokers)
 {
@@ -308,7 +360,8 @@ static void test_no_template(rd_kafka_mock_cluster_t *mc, const char *brokers)
     int ndl = COLLECT("dlq-b", 1, dl);
     int nres = COLLECT("out-b", 1, res);
     CHECKF(ndl == 1 && !strcmp(dl[0].code, "unknown_template") &&
-               strstr(dl[0].message, "no chat template"),
+               strstr(dl[0].message, "no chat template") &&
+               strstr(dl[0].message, "chat.template key"),
            "DLQ %s: %s", ndl ? dl[0].code : "-", ndl ? dl[0].message : "-");
     CHECK(nres == 1 && tk_find_json(res, nres, "plain"));
     tk_recs_free(dl, ndl);
@@ -373,6 +426,7 @@ int main(void)
     test_chat_injection(mc, brokers, e);
     test_arena_refused(mc, brokers);
     test_token_bound(mc, brokers);
+    test_n_choices(mc, brokers);
     free(brokers);
     rd_kafka_mock_cluster_destroy(mc);
     rd_kafka_destroy(mk);

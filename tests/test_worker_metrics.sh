@@ -290,11 +290,13 @@ WPID=
 [ "$rc" = 0 ] || fail "worker exit status $rc after SIGTERM"
 
 # ---- 2, 3, 4, 5, 6: the checks ----
-python3 - "$WORK" "$README" "$N1" "$N2" "$N_NOTJSON" "$N_NOPROMPT" <<'PY' || fail "see above"
+FP=$("$SPILLWAY" inspect "$MODEL" 2>/dev/null | awk '/fingerprint/ {print $2; exit}')
+[ -n "$FP" ] || fail "no fingerprint from spillway inspect"
+python3 - "$WORK" "$README" "$FP" "$N1" "$N2" "$N_NOTJSON" "$N_NOPROMPT" <<'PY' || fail "see above"
 import json, re, sys
 from collections import Counter, defaultdict
-work, readme = sys.argv[1], sys.argv[2]
-n1, n2, n_notjson, n_noprompt = map(int, sys.argv[3:])
+work, readme, fp = sys.argv[1], sys.argv[2], sys.argv[3]
+n1, n2, n_notjson, n_noprompt = map(int, sys.argv[4:])
 errors = []
 def check(cond, msg):
     if not cond:
@@ -415,7 +417,7 @@ check(S.get("spillway:num_requests_running") == 0 and S.get("spillway:num_reques
 kv = [s["samples"].get("spillway:kv_cache_usage_perc", -1) for s in scrapes]
 check(all(0 <= x <= 1 for x in kv), f"kv_cache_usage_perc outside 0..1: {sorted(kv)[-1]}")
 check(max(kv) > 0, "kv_cache_usage_perc stayed 0")
-check([v for k, v in S.items() if k.startswith('spillway:model_loaded{model="stories260K",fingerprint="ad3823f10a4bf63d"')] == [1],
+check([v for k, v in S.items() if k.startswith('spillway:model_loaded{model="stories260K",fingerprint="%s"' % fp)] == [1],
       "model_loaded{model=\"stories260K\",fingerprint=...} 1")
 check(S.get("spillway:model_swaps_total") == 0, "model_swaps_total without a reload")
 tot, used = S.get('spillway:host_arena_slots{state="total"}'), S.get('spillway:host_arena_slots{state="used"}')

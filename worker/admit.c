@@ -128,6 +128,14 @@ static int prepare_prompt(worker_t *w, wreq_t *r, const char **code, char *err, 
         if (crc == ENGINE_CHAT_ENOMEM) return -2;
         if (crc != 0) {
             *code = crc == ENGINE_CHAT_EROLE ? REQ_ERR_BAD_ROLE : REQ_ERR_TEMPLATE;
+            if (!name && crc != ENGINE_CHAT_EROLE) {
+                /* the model's own template failed: say which keys choose another */
+                char *why = strdup(err);
+                if (!why) return -2;
+                snprintf(err, errlen, "set the worker's chat.template key or the request's "
+                         "chat_template: %s", why);
+                free(why);
+            }
             return -1;
         }
         if (len > (size_t)w->cfg.max_prompt_bytes) {
@@ -156,7 +164,7 @@ static int prepare_prompt(worker_t *w, wreq_t *r, const char **code, char *err, 
         *code = REQ_ERR_PROMPT_TOKENS;
         return -1;
     }
-    r->cost = (long)n + q->max_tokens;
+    r->cost = (long)n + (long)q->max_tokens * q->n;
     return 0;
 }
 

@@ -1,6 +1,8 @@
 /* worker/config.c: the worker's settings. KEYS below is the one place that holds every key,
- * its type, its default and its help; defaults, the file reader, environment overrides and
- * `spillway config` all walk it. */
+ * its type, its default, range and help, grouped by the module that owns it (SECTIONS);
+ * defaults, the file reader, environment overrides, `spillway config` (--keys, and --markdown:
+ * the README's configuration reference) and the engine flags of `spillway generate` all walk
+ * it. */
 #include <ctype.h>
 #include <errno.h>
 #include <limits.h>
@@ -12,7 +14,8 @@
 #include "worker/claims.h"
 #include "worker/worker.h"
 
-enum { K_STR, K_INT, K_LONG, K_BOOL, K_DELIVERY, K_LOGLEVEL };
+enum { K_STR, K_INT, K_LONG, K_BOOL, K_DELIVERY, K_LOGLEVEL, K_CHOICE, K_DOUBLE };
+/* K_CHOICE: a string, one of CHOICES' values for the key; K_DOUBLE: a double in REALS' range */
 
 typedef struct {
     const char *name;
@@ -25,42 +28,27 @@ typedef struct {
 
 #define F(x) offsetof(worker_config_t, x)
 static const key_t_ KEYS[] = {
+    /* ---- Kafka, delivery and flow control (consumer/, producer/, worker/) ---- */
     {"brokers", K_STR, F(brokers), "localhost:9092", 0, 0, "Kafka bootstrap servers"},
     {"input.topics", K_STR, F(input_topics), "prompts", 0, 0, "input topics, comma-separated"},
     {"output.topic", K_STR, F(output_topic), "results", 0, 0, "result topic"},
     {"dlq.topic", K_STR, F(dlq_topic), "prompts.dlq", 0, 0, "dead-letter topic"},
     {"reply.topics", K_STR, F(reply_topics), "", 0, 0,
-     "topics a request may name in reply_to, comma-separated (\"\" = none: reply_to -> DLQ "
-     "reply_not_allowed)"},
-    {"stream.topic", K_STR, F(stream_topic), "", 0, 0,
-     "topic of the partial results of requests with \"stream\": true (\"\" = off: final result "
-     "only)"},
-    {"stream.every_tokens", K_INT, F(stream_every_tokens), "8", 0, 1 << 20,
-     "a chunk once this many tokens were generated since the last one (0 = by time only)"},
-    {"stream.every_ms", K_INT, F(stream_every_ms), "250", 0, 3600000,
-     "a chunk once this many ms passed since the last one (0 = by tokens only)"},
-    {"usage.topic", K_STR, F(usage_topic), "", 0, 0,
-     "topic of the periodic per-tenant usage records (\"\" = none)"},
-    {"usage.interval.ms", K_INT, F(usage_interval_ms), "60000", 100, 86400000,
-     "period of the usage records"},
-    {"usage.max_tenants", K_INT, F(usage_max_tenants), "100", 1, 100000,
-     "distinct tenants counted by name; later ones count as _other"},
-    {"usage.max_classes", K_INT, F(usage_max_classes), "16", 1, 10000,
-     "distinct classes counted by name; later ones count as _other"},
-    {"autoscale.avg_results", K_INT, F(autoscale_avg_results), "100", 1, 1000000,
-     "results in the moving average of tokens per message (lag_tokens)"},
-    {"autoscale.avg_seconds", K_INT, F(autoscale_avg_seconds), "30", 1, 86400,
-     "busy seconds in the moving average of token_throughput"},
+     "topics a request may name in `reply_to`, comma-separated (\"\" = none: `reply_to` -> DLQ "
+     "`reply_not_allowed`)"},
     {"group.id", K_STR, F(group_id), "spillway", 0, 0, "consumer group"},
-    {"worker.id", K_STR, F(worker_id), "", 0, 0, "name in results and DLQ headers (\"\" = host-pid)"},
+    {"worker.id", K_STR, F(worker_id), "", 0, 0,
+     "name in results and DLQ headers, stable across restarts and unique in the group; "
+     "exactly-once derives its `transactional.id` from it (\"\" = host-pid)"},
     {"transactional.id", K_STR, F(transactional_id), "", 0, 0,
      "exactly-once producer id (\"\" = spillway-<group>-<worker.id>)"},
     {"delivery", K_DELIVERY, F(delivery), "at-least-once", 0, 0, "at-least-once | exactly-once"},
     {"commit.interval.ms", K_INT, F(commit_interval_ms), "500", 1, 3600000,
      "offset commit / transaction period"},
     {"transaction.commit.timeout.ms", K_INT, F(txn_commit_timeout_ms), "30000", 100, 3600000,
-     "exactly-once: a transaction commit or abort not done in this long has an unknown outcome: "
-     "the producer is replaced and the input rewound"},
+     "exactly-once: a transaction commit (or abort) not done in this long has an unknown "
+     "outcome: the producer instance is replaced (same `transactional.id`, new epoch) and the "
+     "input rewound to the committed offsets (see \"Delivery guarantees\")"},
     {"output.max_retries", K_INT, F(output_max_retries), "3", 0, 1000000,
      "an output the broker refuses with a permanent error is produced again at most this many "
      "times, then dead-lettered"},
@@ -70,7 +58,9 @@ static const key_t_ KEYS[] = {
     {"drain.timeout.ms", K_INT, F(drain_timeout_ms), "30000", 0, 86400000,
      "on SIGTERM, time to finish in-flight work"},
     {"shutdown.timeout.ms", K_INT, F(shutdown_timeout_ms), "15000", 1000, 86400000,
-     "closing Kafka clients after the drain (or a fatal error) may take this long; then exit 1"},
+     "after the drain (or at once after a fatal error), time to close the Kafka clients; past "
+     "it the worker logs the step that blocked and exits with status 1 (uncommitted work is "
+     "consumed again)"},
     {"max.inflight", K_INT, F(max_inflight), "2048", 1, 1 << 24,
      "accepted messages without a durable result; partitions pause above it"},
     {"max.inflight.bytes", K_LONG, F(max_inflight_bytes), "67108864", 1, LONG_MAX,
@@ -78,20 +68,48 @@ static const key_t_ KEYS[] = {
     {"max.inflight.tokens", K_LONG, F(max_inflight_tokens), "262144", 1, LONG_MAX,
      "prompt tokens + max_tokens of the requests given to the engine, at most"},
     {"poll.ms", K_INT, F(poll_ms), "20", 0, 10000, "longest consumer poll wait"},
+    /* ---- Streaming, usage records and autoscaling signals (worker/) ---- */
+    {"stream.topic", K_STR, F(stream_topic), "", 0, 0,
+     "topic of the partial results of requests with `\"stream\": true` (\"\" = off: final "
+     "result only)"},
+    {"stream.every_tokens", K_INT, F(stream_every_tokens), "8", 0, 1 << 20,
+     "a chunk once this many tokens were generated since the last one (0 = by time only)"},
+    {"stream.every_ms", K_INT, F(stream_every_ms), "250", 0, 3600000,
+     "a chunk once this many ms passed since the last one (0 = by tokens only)"},
+    {"usage.topic", K_STR, F(usage_topic), "", 0, 0,
+     "topic of the periodic per-tenant usage records (\"\" = none)"},
+    {"usage.interval.ms", K_INT, F(usage_interval_ms), "60000", 100, 86400000,
+     "period of the usage records"},
+    {"usage.max_tenants", K_INT, F(usage_max_tenants), "100", 1, 100000,
+     "distinct tenants counted by name; later ones count as `_other`"},
+    {"usage.max_classes", K_INT, F(usage_max_classes), "16", 1, 10000,
+     "distinct classes counted by name; later ones count as `_other`"},
+    {"autoscale.avg_results", K_INT, F(autoscale_avg_results), "100", 1, 1000000,
+     "results in the moving average of tokens per message (`lag_tokens`)"},
+    {"autoscale.avg_seconds", K_INT, F(autoscale_avg_seconds), "30", 1, 86400,
+     "busy seconds in the moving average of `token_throughput`"},
+    /* ---- Models and engine (engine/; the same keys as `spillway generate`'s flags) ---- */
     {"model", K_STR, F(model), "", 0, 0,
-     "GGUF model path, served under its file name without .gguf (see models)"},
+     "GGUF model path, served under its file name without `.gguf` (see `models`)"},
     {"models", K_STR, F(models), "", 0, 0,
-     "models served: name=path, comma-separated (a request picks one with \"model\"; SIGHUP "
-     "reloads)"},
+     "models served: `name=path`, comma-separated (a request picks one with `\"model\"`; see "
+     "Models and versions; `kill -HUP` reloads)"},
     {"model.default", K_STR, F(model_default), "", 0, 0,
-     "model of a request without \"model\" (\"\" = the first of models, else model's)"},
-    {"backend", K_STR, F(backend), "cpu", 0, 0, "compute backend"},
+     "model of a request without `model` (\"\" = the first of `models`, else `model`'s)"},
+    {"backend", K_STR, F(backend), "cpu", 0, 0,
+     "compute backend: `cpu`, or `cuda` in a build with the CUDA backend (see GPU deployment)"},
+    {"cuda.dtype", K_CHOICE, F(cuda_dtype), "bf16", 0, 0,
+     "CUDA backend: device weight type; `f32` with `kv.type` f32 computes like the CPU backend"},
+    {"cuda.mem_fraction", K_DOUBLE, F(cuda_mem_fraction), "0.9", 0, 0,
+     "CUDA backend: share of the free device memory at start for weights, activations and the "
+     "KV pool (with `kv.blocks` 0 the pool takes what is left)"},
     {"threads", K_INT, F(threads), "0", 0, 1024, "compute threads (0 = one per CPU)"},
     {"batch.max_seqs", K_INT, F(max_seqs), "64", 1, 1 << 16, "sequences per batch"},
     {"batch.max_tokens", K_INT, F(max_batch_tokens), "512", 1, 1 << 20, "tokens per forward step"},
-    {"kv.blocks", K_INT, F(kv_blocks), "0", 0, 1 << 30, "KV blocks (0 = from kv.mem_mb)"},
+    {"kv.blocks", K_INT, F(kv_blocks), "0", 0, 1 << 30,
+     "KV pool size in blocks (0 = from `kv.mem_mb`)"},
     {"kv.mem_mb", K_INT, F(kv_mem_mb), "1024", 1, 1 << 24, "KV pool size in MiB"},
-    {"kv.type", K_STR, F(kv_type), "f16", 0, 0, "KV cache type f16 | f32"},
+    {"kv.type", K_CHOICE, F(kv_type), "f16", 0, 0, "KV cache type f16 | f32"},
     {"kv.block_tokens", K_INT, F(block_tokens), "16", 1, 4096, "tokens per KV block"},
     {"ctx", K_INT, F(max_ctx), "0", 0, 1 << 30, "context limit per sequence (0 = the model's)"},
     {"prefix_cache", K_BOOL, F(prefix_cache), "true", 0, 1, "reuse cached prompt blocks"},
@@ -101,30 +119,37 @@ static const key_t_ KEYS[] = {
      "a waiting request gains one priority level per this many ms (0 = no aging)"},
     {"sched.urgent_ms", K_INT, F(sched_urgent_ms), "2000", 0, 86400000,
      "one more priority level when the deadline is closer than this"},
+    {"chat.template", K_STR, F(chat_template), "", 0, 0,
+     "chat template name (\"\" = the model's tokenizer.chat_template)"},
+    /* ---- Service classes and overload (worker/) ---- */
     {"classes", K_STR, F(classes), "interactive:priority=100:ttft_ms=1000:max_queue_ms=30000,batch:priority=0", 0, 0,
-     "service classes: name:priority=P:ttft_ms=T:max_queue_ms=Q, comma-separated"},
-    {"class.default", K_STR, F(class_default), "batch", 0, 0, "class of a request without \"class\""},
+     "service classes: `name:priority=P:ttft_ms=T:max_queue_ms=Q`, comma-separated (see Service "
+     "classes)"},
+    {"class.default", K_STR, F(class_default), "batch", 0, 0, "class of a request without `class`"},
     {"claims", K_STR, F(claims), "", 0, 0,
-     "tenants and classes each input topic may claim: TOPIC tenants=T,... classes=C,... "
-     "tenant=T class=C; ... (\"\" = unchecked; see worker/claims.h)"},
+     "tenants and classes each input topic may claim: `TOPIC tenants=T,... classes=C,... "
+     "tenant=T class=C; ...` (see Tenants and usage; \"\" = unchecked)"},
     {"overload.deferral.topic", K_STR, F(deferral_topic), "", 0, 0,
-     "overload step 1 moves lowest-class messages here, consumed again later (\"\" = no shedding)"},
+     "overload step 1 moves lowest-class messages here, consumed again later (\"\" = no "
+     "shedding; the worker subscribes to it)"},
     {"overload.shed_at", K_INT, F(overload_shed_at), "50", 1, 100000,
      "pressure (percent of the top class's ttft_ms) of step 1: shed the lowest class"},
     {"overload.cap_at", K_INT, F(overload_cap_at), "75", 1, 100000,
      "pressure of step 2: cap max_tokens of classes below the top one"},
     {"overload.refuse_at", K_INT, F(overload_refuse_at), "100", 1, 100000,
-     "pressure of step 3: refuse them with an \"overloaded\" result"},
+     "pressure of step 3: refuse them with an `overloaded` result"},
     {"overload.cap_tokens", K_INT, F(overload_cap_tokens), "64", 1, 1 << 20, "max_tokens cap of step 2"},
     {"overload.cooldown_ms", K_INT, F(overload_cooldown_ms), "2000", 0, 3600000,
      "pressure below a step's threshold this long before stepping down"},
     {"overload.window_ms", K_INT, F(overload_window_ms), "60000", 1, 86400000,
      "steps only while a top-class message arrived within this"},
+    /* ---- Prefix cache (cache/: tier 2, the Redis index and the host arena) ---- */
     {"cache.redis.host", K_STR, F(cache_redis_host), "", 0, 0,
      "Redis of the prefix-cache index (\"\" = tier 2 off)"},
     {"cache.redis.port", K_INT, F(cache_redis_port), "6379", 1, 65535, "its port"},
     {"cache.redis.user", K_STR, F(cache_redis_user), "", 0, 0, "ACL user (\"\" = password only)"},
-    {"cache.redis.password", K_STR, F(cache_redis_password), "", 0, 0, "AUTH password (\"\" = none)"},
+    {"cache.redis.password", K_STR, F(cache_redis_password), "", 0, 0,
+     "AUTH password (\"\" = none); prefer `SPILLWAY_CACHE_REDIS_PASSWORD`"},
     {"cache.redis.db", K_INT, F(cache_redis_db), "0", 0, 1 << 16, "database number"},
     {"cache.redis.namespace", K_STR, F(cache_namespace), "spillway", 0, 0, "key prefix"},
     {"cache.redis.connect_timeout_ms", K_INT, F(cache_connect_timeout_ms), "200", 1, 600000,
@@ -136,21 +161,25 @@ static const key_t_ KEYS[] = {
     {"cache.redis.backoff_max_ms", K_INT, F(cache_backoff_max_ms), "5000", 1, 3600000,
      "largest reconnect delay"},
     {"cache.redis.health_ms", K_INT, F(cache_health_ms), "1000", 0, 3600000,
-     "an idle worker pings Redis this often, so spillway:redis_up follows it (0 = never)"},
+     "an idle worker pings Redis this often (and reconnects), so `spillway:redis_up` follows "
+     "Redis between lookups; 0 = never"},
     {"cache.arena.path", K_STR, F(cache_arena_path), "", 0, 0,
-     "host arena file (shared by the host's workers; empty: "
-     "/dev/shm/spillway-UID/spillway.arena)"},
+     "host arena file (shared by the host's workers); empty: "
+     "`/dev/shm/spillway-UID/spillway.arena`, UID the effective user id, its folder created "
+     "0700 and refused unless it is that user's with mode 0700"},
     {"cache.arena.mb", K_LONG, F(cache_arena_mb), "1024", 1, 1L << 30, "host arena size in MiB"},
     {"cache.host_id", K_STR, F(cache_host_id), "", 0, 0, "this host in the index (\"\" = hostname)"},
     {"cache.write_queue", K_INT, F(cache_write_queue), "64", 1, 1 << 20,
      "blocks waiting to be written to the arena, at most (more are not cached)"},
     {"cache.secret_file", K_STR, F(cache_secret_file), "", 0, 0,
-     "32 random bytes keying the KV block names (created 0600 when absent; the host's workers "
-     "share tier 2 only with the same file)"},
-    {"cache.isolation", K_STR, F(cache_isolation), "tenant", 0, 0,
-     "tenant (a prefix cached for one tenant serves only that tenant) | none (shared by all)"},
-    {"chat.template", K_STR, F(chat_template), "", 0, 0,
-     "chat template name (\"\" = the model's tokenizer.chat_template)"},
+     "empty: `spillway.secret` in the arena's per-user folder `/dev/shm/spillway-UID` (created "
+     "0700, refused unless it is that user's); 32 random bytes keying the KV block names, "
+     "created 0600 when absent; read only with tier 2, and the host's workers share tier 2 "
+     "only with the same file (see The prefix cache)"},
+    {"cache.isolation", K_CHOICE, F(cache_isolation), "tenant", 0, 0,
+     "`tenant`: a prefix cached for one tenant serves (and shows in `cached_tokens` of) that "
+     "tenant only; `none`: shared by all tenants (see The prefix cache for the side channel)"},
+    /* ---- Request limits (consumer/request.c) ---- */
     {"limits.max_message_bytes", K_LONG, F(max_message_bytes), "1048576", 1, LONG_MAX,
      "largest message value"},
     {"limits.max_prompt_bytes", K_LONG, F(max_prompt_bytes), "262144", 1, LONG_MAX,
@@ -164,17 +193,19 @@ static const key_t_ KEYS[] = {
      "most entries of input_ids"},
     {"limits.max_messages", K_INT, F(max_messages), "256", 1, 1 << 20, "most chat messages"},
     {"limits.max_stop", K_INT, F(max_stop), "16", 0, 1024, "most stop strings (0 = none accepted)"},
+    {"limits.max_n", K_INT, F(max_n), "16", 1, 256, "most choices per request (\"n\")"},
     {"limits.max_stop_bytes", K_INT, F(max_stop_bytes), "256", 1, 65536,
      "longest stop string in bytes"},
     {"limits.max_metadata_bytes", K_LONG, F(max_metadata_bytes), "16384", 0, LONG_MAX,
      "largest metadata (compact JSON) echoed into results"},
     {"limits.max_id_bytes", K_INT, F(max_id_bytes), "256", 1, 65536, "longest id in bytes"},
+    /* ---- Logs and metrics (worker/) ---- */
     {"log.level", K_LOGLEVEL, F(log_level), "info", 0, 0, "error | warn | info | debug"},
-    {"log.format", K_STR, F(log_format), "text", 0, 0, "text | json (one JSON object per line)"},
+    {"log.format", K_CHOICE, F(log_format), "text", 0, 0, "text | json (one JSON object per line)"},
     {"metrics.port", K_INT, F(metrics_port), "0", 0, 65535,
      "Prometheus endpoint port (/metrics, /healthz, /readyz; 0 = off)"},
     {"metrics.bind", K_STR, F(metrics_bind), "127.0.0.1", 0, 0,
-     "numeric address the endpoint listens on (0.0.0.0 or :: = every interface)"},
+     "numeric address the endpoint listens on (`0.0.0.0` or `::` = every interface)"},
     {"metrics.health_port", K_INT, F(metrics_health_port), "0", 0, 65535,
      "a second port serving only /healthz and /readyz, with its own thread and connections "
      "(0 = none; they are served on metrics.port either way)"},
@@ -191,17 +222,194 @@ static const key_t_ KEYS[] = {
 #undef F
 #define NKEYS ((int)(sizeof KEYS / sizeof KEYS[0]))
 
+/* The module sections of KEYS, in table order: each starts at the key named first and runs to
+ * the next one's. The README's configuration reference has one table per section. */
+static const struct {
+    const char *first, *title;
+} SECTIONS[] = {
+    {"brokers", "Kafka, delivery and flow control"},
+    {"stream.topic", "Streaming, usage records and autoscaling signals"},
+    {"model", "Models and engine"},
+    {"classes", "Service classes and overload"},
+    {"cache.redis.host", "Prefix cache"},
+    {"limits.max_message_bytes", "Request limits"},
+    {"log.level", "Logs and metrics"},
+};
+
+/* The values a K_CHOICE key takes ('|'-separated), and those of the enumerated types. */
+static const struct {
+    const char *key, *choices;
+} CHOICES[] = {
+    {"kv.type", "f16|f32"},
+    {"cache.isolation", "tenant|none"},
+    {"log.format", "text|json"},
+    {"cuda.dtype", "bf16|f16|f32"},
+};
+
+/* The range of each K_DOUBLE key, bounds included. */
+static const struct {
+    const char *key;
+    double lo, hi;
+} REALS[] = {
+    {"cuda.mem_fraction", 0.01, 1.0},
+};
+
 static const char *const LOG_LEVELS[] = {"error", "warn", "info", "debug"};
 
 int worker_config_n_keys(void) { return NKEYS; }
 const char *worker_config_key_name(int i) { return i >= 0 && i < NKEYS ? KEYS[i].name : NULL; }
 const char *worker_config_key_help(int i) { return i >= 0 && i < NKEYS ? KEYS[i].help : NULL; }
 
-static int find_key(const char *name)
+static int is_string(int type) { return type == K_STR || type == K_CHOICE; }
+
+/* The '|'-separated values key i takes, or NULL. */
+static const char *key_choices(int i)
+{
+    switch (KEYS[i].type) {
+    case K_BOOL: return "true|false";
+    case K_DELIVERY: return "at-least-once|exactly-once";
+    case K_LOGLEVEL: return "error|warn|info|debug";
+    case K_CHOICE:
+        for (size_t j = 0; j < sizeof CHOICES / sizeof CHOICES[0]; j++)
+            if (!strcmp(CHOICES[j].key, KEYS[i].name)) return CHOICES[j].choices;
+        return NULL;
+    default: return NULL;
+    }
+}
+
+/* The range of K_DOUBLE key i (empty when REALS lacks it). */
+static void real_range(int i, double *lo, double *hi)
+{
+    *lo = 1, *hi = 0;
+    for (size_t j = 0; j < sizeof REALS / sizeof REALS[0]; j++)
+        if (!strcmp(REALS[j].key, KEYS[i].name)) *lo = REALS[j].lo, *hi = REALS[j].hi;
+}
+
+/* v in the shortest "%.*g" form that strtod reads back as v (0.8, not 0.80000000000000004). */
+static const char *shortest_double(double v, char *buf, size_t cap)
+{
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(buf, cap, "%.*g", prec, v);
+        if (strtod(buf, NULL) == v) break;
+    }
+    return buf;
+}
+
+int worker_config_find_key(const char *name)
 {
     for (int i = 0; i < NKEYS; i++)
         if (!strcmp(KEYS[i].name, name)) return i;
     return -1;
+}
+
+int worker_config_key(int i, worker_config_key_t *out)
+{
+    if (i < 0 || i >= NKEYS) return -1;
+    const key_t_ *k = &KEYS[i];
+    const char *section = NULL;
+    for (size_t s = 0; s < sizeof SECTIONS / sizeof SECTIONS[0]; s++) {
+        int first = worker_config_find_key(SECTIONS[s].first);
+        if (first >= 0 && first <= i) section = SECTIONS[s].title;
+    }
+    *out = (worker_config_key_t){.name = k->name, .section = section, .def = k->def,
+                                 .help = k->help, .choices = key_choices(i),
+                                 .integer = k->type == K_INT || k->type == K_LONG,
+                                 .lo = k->lo, .hi = k->hi, .real = k->type == K_DOUBLE};
+    if (k->type == K_DOUBLE) real_range(i, &out->real_lo, &out->real_hi);
+    return 0;
+}
+
+/* 1 when value is one of the '|'-separated choices. */
+static int is_choice(const char *choices, const char *value)
+{
+    size_t n = strlen(value);
+    for (const char *p = choices; p;) {
+        const char *bar = strchr(p, '|');
+        size_t len = bar ? (size_t)(bar - p) : strlen(p);
+        if (len == n && !memcmp(p, value, n)) return 1;
+        p = bar ? bar + 1 : NULL;
+    }
+    return 0;
+}
+
+/* "a, b or c" from "a|b|c" into buf. */
+static const char *choices_text(const char *choices, char *buf, size_t cap)
+{
+    size_t j = 0;
+    for (const char *p = choices; *p && j + 4 < cap; p++) {
+        if (*p != '|') {
+            buf[j++] = *p;
+            continue;
+        }
+        const char *rest = strchr(p + 1, '|') ? ", " : " or ";
+        j += (size_t)snprintf(buf + j, cap - j, "%s", rest);
+    }
+    buf[j < cap ? j : cap - 1] = 0;
+    return buf;
+}
+
+int worker_config_parse_value(int i, const char *value, long *num, char *errstr, size_t errlen)
+{
+    if (i < 0 || i >= NKEYS) {
+        snprintf(errstr, errlen, "no key %d", i);
+        return -1;
+    }
+    const key_t_ *k = &KEYS[i];
+    long v = 0;
+    switch (k->type) {
+    case K_STR: break;
+    case K_INT:
+    case K_LONG: {
+        char *end;
+        errno = 0;
+        v = strtol(value, &end, 10);
+        if (errno || end == value || *end || v < k->lo || v > k->hi) {
+            snprintf(errstr, errlen, "%s: '%s' is not an integer in [%ld, %ld]", k->name, value,
+                     k->lo, k->hi);
+            return -1;
+        }
+        break;
+    }
+    case K_BOOL:
+        if (!strcmp(value, "true") || !strcmp(value, "1") || !strcmp(value, "yes")) v = 1;
+        else if (!strcmp(value, "false") || !strcmp(value, "0") || !strcmp(value, "no")) v = 0;
+        else {
+            snprintf(errstr, errlen, "%s must be true or false (not '%s')", k->name, value);
+            return -1;
+        }
+        break;
+    case K_DOUBLE: {
+        char *end, a[32], b[32];
+        double lo, hi;
+        real_range(i, &lo, &hi);
+        errno = 0;
+        double d = strtod(value, &end);
+        if (errno || end == value || *end || !(d >= lo && d <= hi)) {
+            snprintf(errstr, errlen, "%s: '%s' is not a number in [%s, %s]", k->name, value,
+                     shortest_double(lo, a, sizeof a), shortest_double(hi, b, sizeof b));
+            return -1;
+        }
+        break;
+    }
+    case K_DELIVERY:
+    case K_LOGLEVEL:
+    case K_CHOICE: {
+        const char *ch = key_choices(i);
+        if (!ch || !is_choice(ch, value)) {
+            char buf[128];
+            snprintf(errstr, errlen, "%s must be %s (not '%s')", k->name,
+                     ch ? choices_text(ch, buf, sizeof buf) : "valid", value);
+            return -1;
+        }
+        if (k->type == K_DELIVERY) v = !strcmp(value, "exactly-once") ? WORKER_EOS : WORKER_ALO;
+        else if (k->type == K_LOGLEVEL)
+            for (int l = 0; l < 4; l++)
+                if (!strcmp(value, LOG_LEVELS[l])) v = l;
+        break;
+    }
+    }
+    if (num) *num = v;
+    return 0;
 }
 
 static int set_source(worker_config_t *c, int i, const char *source)
@@ -217,57 +425,24 @@ static int set_value(worker_config_t *c, int i, const char *value, char *errstr,
 {
     const key_t_ *k = &KEYS[i];
     void *p = (char *)c + k->off;
-    switch (k->type) {
-    case K_STR: {
+    long v;
+    if (worker_config_parse_value(i, value, &v, errstr, errlen)) return -1;
+    if (is_string(k->type)) {
         char *s = strdup(value);
-        if (!s) goto oom;
+        if (!s) {
+            snprintf(errstr, errlen, "out of memory");
+            return -1;
+        }
         free(*(char **)p);
         *(char **)p = s;
-        return 0;
+    } else if (k->type == K_DOUBLE) {
+        *(double *)p = strtod(value, NULL);
+    } else if (k->type == K_LONG) {
+        *(long *)p = v;
+    } else {
+        *(int *)p = (int)v;
     }
-    case K_INT:
-    case K_LONG: {
-        char *end;
-        errno = 0;
-        long v = strtol(value, &end, 10);
-        if (errno || end == value || *end || v < k->lo || v > k->hi) {
-            snprintf(errstr, errlen, "%s: '%s' is not an integer in [%ld, %ld]", k->name, value,
-                     k->lo, k->hi);
-            return -1;
-        }
-        if (k->type == K_INT) *(int *)p = (int)v;
-        else *(long *)p = v;
-        return 0;
-    }
-    case K_BOOL:
-        if (!strcmp(value, "true") || !strcmp(value, "1") || !strcmp(value, "yes")) *(int *)p = 1;
-        else if (!strcmp(value, "false") || !strcmp(value, "0") || !strcmp(value, "no")) *(int *)p = 0;
-        else {
-            snprintf(errstr, errlen, "%s: '%s' is not true or false", k->name, value);
-            return -1;
-        }
-        return 0;
-    case K_DELIVERY:
-        if (!strcmp(value, "at-least-once")) *(int *)p = WORKER_ALO;
-        else if (!strcmp(value, "exactly-once")) *(int *)p = WORKER_EOS;
-        else {
-            snprintf(errstr, errlen, "%s: '%s' is not at-least-once or exactly-once", k->name, value);
-            return -1;
-        }
-        return 0;
-    case K_LOGLEVEL:
-        for (int l = 0; l < 4; l++)
-            if (!strcmp(value, LOG_LEVELS[l])) {
-                *(int *)p = l;
-                return 0;
-            }
-        snprintf(errstr, errlen, "%s: '%s' is not error, warn, info or debug", k->name, value);
-        return -1;
-    }
-    return -1;
-oom:
-    snprintf(errstr, errlen, "out of memory");
-    return -1;
+    return 0;
 }
 
 int worker_config_default(worker_config_t *c)
@@ -288,7 +463,7 @@ void worker_config_free(worker_config_t *c)
 {
     if (!c) return;
     for (int i = 0; i < NKEYS; i++)
-        if (KEYS[i].type == K_STR) free(*(char **)((char *)c + KEYS[i].off));
+        if (is_string(KEYS[i].type)) free(*(char **)((char *)c + KEYS[i].off));
     if (c->source)
         for (int i = 0; i < NKEYS; i++) free(c->source[i]);
     free(c->source);
@@ -347,11 +522,11 @@ int worker_config_copy(worker_config_t *dst, const worker_config_t *src)
     dst->kafka = NULL;
     dst->n_kafka = 0;
     for (int i = 0; i < NKEYS; i++)
-        if (KEYS[i].type == K_STR) *(char **)((char *)dst + KEYS[i].off) = NULL;
+        if (is_string(KEYS[i].type)) *(char **)((char *)dst + KEYS[i].off) = NULL;
     if (!dst->source) goto fail;
     for (int i = 0; i < NKEYS; i++) {
         if (!(dst->source[i] = strdup(src->source[i]))) goto fail;
-        if (KEYS[i].type == K_STR) {
+        if (is_string(KEYS[i].type)) {
             char **d = (char **)((char *)dst + KEYS[i].off);
             if (!(*d = strdup(*(char *const *)((const char *)src + KEYS[i].off)))) goto fail;
         }
@@ -369,7 +544,7 @@ fail:
 int worker_config_set(worker_config_t *c, const char *key, const char *value, const char *source,
                       char *errstr, size_t errlen)
 {
-    int i = find_key(key);
+    int i = worker_config_find_key(key);
     if (i < 0) {
         snprintf(errstr, errlen, "unknown key '%s' (librdkafka properties go in -X or kafka.*)", key);
         return -1;
@@ -502,18 +677,6 @@ int worker_config_check(const worker_config_t *c, char *errstr, size_t errlen)
     }
     if (c->stream_every_tokens == 0 && c->stream_every_ms == 0) {
         snprintf(errstr, errlen, "stream.every_tokens and stream.every_ms are both 0");
-        return -1;
-    }
-    if (strcmp(c->kv_type, "f16") && strcmp(c->kv_type, "f32")) {
-        snprintf(errstr, errlen, "kv.type must be f16 or f32");
-        return -1;
-    }
-    if (strcmp(c->cache_isolation, "tenant") && strcmp(c->cache_isolation, "none")) {
-        snprintf(errstr, errlen, "cache.isolation must be tenant or none");
-        return -1;
-    }
-    if (strcmp(c->log_format, "text") && strcmp(c->log_format, "json")) {
-        snprintf(errstr, errlen, "log.format must be text or json");
         return -1;
     }
     if (c->default_max_tokens > c->max_tokens) {
@@ -776,10 +939,12 @@ void worker_config_print(const worker_config_t *c, FILE *out)
         char val[64];
         const char *v = val;
         switch (k->type) {
-        case K_STR: v = *(char *const *)p; break;
+        case K_STR:
+        case K_CHOICE: v = *(char *const *)p; break;
         case K_INT:
         case K_BOOL: snprintf(val, sizeof val, "%d", *(const int *)p); break;
         case K_LONG: snprintf(val, sizeof val, "%ld", *(const long *)p); break;
+        case K_DOUBLE: shortest_double(*(const double *)p, val, sizeof val); break;
         case K_DELIVERY: v = *(const int *)p == WORKER_EOS ? "exactly-once" : "at-least-once"; break;
         case K_LOGLEVEL: v = LOG_LEVELS[*(const int *)p & 3]; break;
         }

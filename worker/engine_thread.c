@@ -41,18 +41,52 @@ static void on_engine_progress(void *arg, const engine_progress_t *p)
                    NULL);
 }
 
-/* engine_step / engine_cancel callback, on the engine thread. */
+int weng_cancel(worker_t *w, wreq_t *r)
+{
+    if (!r->choice_ids) return engine_cancel(r->model->eng, r->engine_id);
+    /* r may be freed by the last cancel: work on copies */
+    engine_t *eng = r->model->eng;
+    int n = r->req.n, known = 0;
+    uint64_t *ids = malloc(sizeof *ids * (size_t)n);
+    if (!ids) return engine_cancel(eng, r->engine_id);
+    memcpy(ids, r->choice_ids, sizeof *ids * (size_t)n);
+    for (int k = 0; k < n; k++)
+        if (engine_cancel(eng, ids[k]) == 0) known = 1;
+    free(ids);
+    return known ? 0 : -1;
+}
+
+/* engine_step / engine_cancel callback, on the engine thread. With req.n > 1 every choice's
+ * sequence ends here; the request finishes with the last one. */
 static void on_engine_done(void *arg, const engine_result_t *res)
 {
     worker_t *w = arg;
     wreq_t *r = res->user;
+    if (r->choice_ids) {
+        int k = 0;
+        while (k < r->req.n - 1 && r->choice_ids[k] != res->id) k++;
+        if (!atomic_load(&r->cancelled) && !r->choice_fail &&
+            wres_choice(w, r, res, r->expire ? "expired" : engine_finish_name(res->finish), k)) {
+            r->choice_fail = 1;
+            snprintf(r->dlq_msg, sizeof r->dlq_msg, "out of memory building the result");
+        }
+        if (--r->n_left > 0) return;
+    }
     weng_active_remove(w, r);
     if (atomic_load(&r->cancelled)) {
         wreq_free(w, r);
         return;
     }
     const char *finish = r->expire ? "expired" : engine_finish_name(res->finish);
-    wstream_finish(w, r, res->text, res->text_len, res->n_tokens, finish);
+    if (r->choice_fail) {
+        char msg[sizeof r->dlq_msg];
+        memcpy(msg, r->dlq_msg, sizeof msg);
+        wres_dlq(r, REQ_ERR_BAD_PARAM, msg);
+        wmodel_release(w, r);
+        woutbox_push(w, r);
+        return;
+    }
+    if (!r->choice_ids) wstream_finish(w, r, res->text, res->text_len, res->n_tokens, finish);
     int64_t t0 = mono_ns();
     wres_result(w, r, res, finish);
     add_since(&w->st.ns_result, t0);
@@ -114,9 +148,55 @@ static void engine_start(worker_t *w, wreq_t *r)
         w->active = a;
         w->cap_active = cap;
     }
+    if (r->req.n > 1) {
+        r->choice_ids = calloc((size_t)r->req.n, sizeof *r->choice_ids);
+        r->choices = json_array();
+        for (int k = 0; r->choices && k < r->req.n; k++)
+            if (json_array_append_new(r->choices, json_null())) break;
+        if (!r->choice_ids || !r->choices || (int)json_array_size(r->choices) != r->req.n) {
+            wres_dlq(r, REQ_ERR_BAD_PARAM, "out of memory");
+            wmodel_release(w, r);
+            woutbox_push(w, r);
+            return;
+        }
+    }
     r->active_ix = w->n_active;
     w->active[w->n_active++] = r;
     r->model->n_active++;
+    if (r->req.n > 1) {
+        /* the n choices are submitted together: the engine computes their shared prompt blocks
+         * once (a sequence waits for a block another is computing, then shares it); choice k
+         * samples with seed + k */
+        uint64_t seed = q.sampling.seed;
+        int k;
+        r->n_left = 0;
+        for (k = 0; k < r->req.n; k++) {
+            q.sampling.seed = seed + (uint64_t)k;
+            if (engine_submit(r->model->eng, &q, on_engine_done, w, &r->choice_ids[k], err,
+                              sizeof err))
+                break;
+            r->n_left++;
+        }
+        r->engine_id = r->choice_ids[0];
+        if (k < r->req.n) {
+            if (k == 0) {
+                weng_active_remove(w, r);
+                wres_dlq(r, strstr(err, "context") ? REQ_ERR_PROMPT_TOKENS : REQ_ERR_BAD_PARAM, err);
+                wmodel_release(w, r);
+                woutbox_push(w, r);
+                return;
+            }
+            /* the ones submitted finish through on_engine_done, which dead-letters r */
+            r->choice_fail = 1;
+            int m = snprintf(r->dlq_msg, sizeof r->dlq_msg, "choice %d: ", k);
+            snprintf(r->dlq_msg + m, sizeof r->dlq_msg - (size_t)m, "%.200s", err);
+            weng_cancel(w, r);
+            return;
+        }
+        free(r->toks);
+        r->toks = NULL;
+        return;
+    }
     if (engine_submit(r->model->eng, &q, on_engine_done, w, &r->engine_id, err, sizeof err)) {
         weng_active_remove(w, r);
         wres_dlq(r, strstr(err, "context") ? REQ_ERR_PROMPT_TOKENS : REQ_ERR_BAD_PARAM, err);
@@ -249,10 +329,10 @@ void *weng_main(void *arg)
             wreq_t *r = w->active[i];
             if (stopping) atomic_store(&r->cancelled, 1);
             if (atomic_load(&r->cancelled)) {
-                engine_cancel(r->model->eng, r->engine_id);
+                weng_cancel(w, r);
             } else if (wreq_deadline_passed(r)) {
                 r->expire = 1;
-                engine_cancel(r->model->eng, r->engine_id);
+                weng_cancel(w, r);
             }
         }
         t0 = add_since(&w->st.ns_submit, t0);

@@ -89,9 +89,9 @@ static json_t *logprob_entry(engine_t *eng, const engine_logprob_t *lp)
     return json_pack("{s:i, s:s, s:f}", "id", (int)lp->id, "text", text, "logprob", v);
 }
 
-/* The result's "logprobs" array (schemas/result.schema.json): one entry per generated token.
- * NULL on out of memory. */
-static json_t *logprobs_json(engine_t *eng, const engine_result_t *er)
+/* The result's "logprobs" array (schemas/result.schema.json): one entry per generated token,
+ * with at most max_top alternatives each (max_top < 0: all the engine computed). NULL on out of memory. */
+static json_t *logprobs_json(engine_t *eng, const engine_result_t *er, int max_top)
 {
     json_t *arr = json_array();
     if (!arr) return NULL;
@@ -101,7 +101,7 @@ static json_t *logprobs_json(engine_t *eng, const engine_result_t *er)
             json_decref(e);
             goto oom;
         }
-        for (int j = 0; j < er->n_logprobs; j++) {
+        for (int j = 0; j < er->n_logprobs && (max_top < 0 || j < max_top); j++) {
             const engine_logprob_t *t = &er->top_logprobs[(size_t)i * (size_t)er->n_logprobs + (size_t)j];
             if (t->id < 0) continue; /* fewer candidates than asked (tiny vocabulary) */
             if (json_array_append_new(top, logprob_entry(eng, t))) {
@@ -115,6 +115,27 @@ static json_t *logprobs_json(engine_t *eng, const engine_result_t *er)
 oom:
     json_decref(arr);
     return NULL;
+}
+
+int wres_choice(worker_t *w, wreq_t *r, const engine_result_t *er, const char *finish, int index)
+{
+    (void)w;
+    json_t *c = json_pack("{s:i, s:s%, s:s}", "index", index, "text", er->text ? er->text : "",
+                          er->text ? er->text_len : (size_t)0, "finish_reason", finish);
+    if (!c) return -1;
+    if (r->model && r->req.n_logprobs > 0 && er->logprobs) {
+        json_t *lp = logprobs_json(r->model->eng, er, r->req.top_logprobs);
+        if (!lp || json_object_set_new(c, "logprobs", lp)) {
+            json_decref(c);
+            return -1;
+        }
+    }
+    if (json_array_set_new(r->choices, (size_t)index, c)) return -1;
+    r->n_completion += er->n_tokens;
+    r->compute_ns += er->compute_ns;
+    if (index == 0) r->choice0_cached = er->n_cached;
+    if (er->n_prompt > r->n_prompt) r->n_prompt = er->n_prompt;
+    return 0;
 }
 
 /* obj (a compact JSON object text ending in '}', malloc'd; consumed) with "key":value appended as
@@ -160,12 +181,23 @@ int wres_result(worker_t *w, wreq_t *r, const engine_result_t *er, const char *f
     if (r->req.correlation_id)
         json_object_set_new(o, "correlation_id", json_string(r->req.correlation_id));
     if (r->req.tenant) json_object_set_new(o, "tenant", json_string(r->req.tenant));
-    json_object_set_new(o, "text", er ? json_stringn(er->text, er->text_len) : json_string(""));
-    json_object_set_new(o, "finish_reason", json_string(finish));
-    r->n_prompt = er ? er->n_prompt : 0;
-    r->n_completion = er ? er->n_tokens : 0;
-    r->n_cached = er ? er->n_cached : 0;
-    r->compute_ns = er ? er->compute_ns : 0;
+    const json_t *c0 = r->choices ? json_array_get(r->choices, 0) : NULL;
+    if (c0 && json_is_object(c0)) {
+        /* n > 1: text and finish_reason of choice 0 at the top (the n = 1 shape), every choice
+         * in "choices"; usage sums the choices' tokens and compute (wres_choice) */
+        finish = json_string_value(json_object_get(c0, "finish_reason"));
+        json_object_set(o, "text", json_object_get(c0, "text"));
+        json_object_set_new(o, "finish_reason", json_string(finish));
+        json_object_set(o, "choices", r->choices);
+        r->n_cached = r->choice0_cached;
+    } else {
+        json_object_set_new(o, "text", er ? json_stringn(er->text, er->text_len) : json_string(""));
+        json_object_set_new(o, "finish_reason", json_string(finish));
+        r->n_prompt = er ? er->n_prompt : 0;
+        r->n_completion = er ? er->n_tokens : 0;
+        r->n_cached = er ? er->n_cached : 0;
+        r->compute_ns = er ? er->compute_ns : 0;
+    }
     json_object_set_new(u, "prompt_tokens", json_integer(r->n_prompt));
     json_object_set_new(u, "cached_tokens", json_integer(r->n_cached));
     json_object_set_new(u, "completion_tokens", json_integer(r->n_completion));
@@ -197,8 +229,8 @@ int wres_result(worker_t *w, wreq_t *r, const engine_result_t *er, const char *f
     json_object_set_new(in, "offset", json_integer(r->msg->offset));
     json_object_set_new(o, "input", in);
     in = NULL;
-    if (er && r->model && r->req.n_logprobs > 0 && er->logprobs) {
-        json_t *lp = logprobs_json(r->model->eng, er);
+    if (!c0 && er && r->model && r->req.n_logprobs > 0 && er->logprobs) {
+        json_t *lp = logprobs_json(r->model->eng, er, r->req.top_logprobs);
         if (!lp || json_object_set_new(o, "logprobs", lp)) goto oom;
     }
     char *s = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(6));

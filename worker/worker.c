@@ -172,6 +172,7 @@ worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen)
     w->limits.max_input_ids = w->cfg.max_input_ids;
     w->limits.max_messages = w->cfg.max_messages;
     w->limits.max_stop = w->cfg.max_stop;
+    w->limits.max_n = w->cfg.max_n;
     w->limits.max_stop_bytes = (size_t)w->cfg.max_stop_bytes;
     w->limits.max_metadata_bytes = (size_t)w->cfg.max_metadata_bytes;
     w->limits.max_id_bytes = (size_t)w->cfg.max_id_bytes;
@@ -554,7 +555,7 @@ int worker_run(worker_t *w, const volatile sig_atomic_t *stop, char *errstr, siz
     while (w->n_active > 0) {
         wreq_t *r = w->active[w->n_active - 1];
         atomic_store(&r->cancelled, 1);
-        if (engine_cancel(r->model->eng, r->engine_id)) { /* unknown to the engine: free it */
+        if (weng_cancel(w, r)) { /* unknown to the engine: free it */
             weng_active_remove(w, r);
             wreq_free(w, r);
         }

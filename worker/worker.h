@@ -87,6 +87,8 @@ typedef struct {
     char *models;              /* "name=path,..." (worker_models_parse) */
     char *model_default;       /* name of the model of a request without "model"; "" = first */
     char *backend;             /* "cpu" */
+    char *cuda_dtype;          /* CUDA backend: device weight type "bf16" | "f16" | "f32" */
+    double cuda_mem_fraction;  /* CUDA backend: share of the free device memory (0.9) */
     int threads;               /* 0 = one per CPU */
     int max_seqs;              /* sequences per batch */
     int max_batch_tokens;      /* tokens per forward step */
@@ -127,6 +129,7 @@ typedef struct {
     int max_input_ids;         /* input_ids entries */
     int max_messages;          /* chat messages */
     int max_stop;              /* stop strings */
+    int max_n;                 /* choices per request ("n") */
     int max_stop_bytes;        /* bytes per stop string */
     long max_metadata_bytes;   /* metadata, compact JSON */
     int max_id_bytes;          /* id length */
@@ -195,13 +198,37 @@ typedef struct {
  * On success *out is malloc'd (caller frees); -1 + errstr otherwise. */
 int worker_models_parse(const worker_config_t *c, worker_model_spec_t **out, int *n, int *def,
                         char *errstr, size_t errlen);
-/* Prints "key = value  # source" for every key, then the pass-through properties. */
+/* Prints "key = value  # source" for every key (a real number in the shortest form that reads
+ * back as the same double: 0.8, not 0.80000000000000004), then the pass-through properties. */
 void worker_config_print(const worker_config_t *c, FILE *out);
 
 int worker_config_n_keys(void);
 /* Name and help of key i (0 <= i < worker_config_n_keys()). */
 const char *worker_config_key_name(int i);
 const char *worker_config_key_help(int i);
+
+/* Key i's entry in the key table (worker/config.c), the one source of its default, range and
+ * help: the README's configuration reference, `spillway config --keys` and the engine flags of
+ * `spillway generate` are printed from it. Pointers are to static text. */
+typedef struct {
+    const char *name;
+    const char *section; /* heading of the module that owns the key, e.g. "Prefix cache" */
+    const char *def;     /* default, as text ("" for an empty string) */
+    const char *help;    /* its meaning (Markdown: `code` spans) */
+    const char *choices; /* the values it takes, '|'-separated, or NULL (any text / a number) */
+    int integer;         /* 1: an integer in [lo, hi] */
+    long lo, hi;
+    int real;            /* 1: a number in [real_lo, real_hi] (printed in its shortest form) */
+    double real_lo, real_hi;
+} worker_config_key_t;
+/* 0 and *out filled, or -1 when i is out of range. */
+int worker_config_key(int i, worker_config_key_t *out);
+/* Index of the key named name, or -1. */
+int worker_config_find_key(const char *name);
+/* Checks text as a value of key i exactly as worker_config_set would; for an integer (or
+ * boolean: 0/1) key stores the value in *num (may be NULL; untouched for a real key). 0, or -1 +
+ * errstr naming the key. */
+int worker_config_parse_value(int i, const char *text, long *num, char *errstr, size_t errlen);
 
 /* ---- the worker ---------------------------------------------------------------------------- */
 

@@ -98,7 +98,12 @@ struct wreq {
                                     max.inflight.tokens (0 when never given to the engine) */
     atomic_int cancelled;        /* set by the poll thread only */
     /* engine thread */
-    uint64_t engine_id;
+    uint64_t engine_id;          /* choice 0's when req.n > 1 */
+    uint64_t *choice_ids;        /* req.n > 1: [req.n] engine ids, choice i = index i (owned) */
+    int n_left;                  /* req.n > 1: choices not finished yet */
+    int choice_fail;             /* req.n > 1: a choice could not be submitted (dlq_msg) */
+    json_t *choices;             /* req.n > 1: [req.n] finished choices (wres_choice; owned) */
+    int choice0_cached;          /* req.n > 1: choice 0's n_cached */
     int active_ix;               /* index in w->active, -1 when not submitted */
     int expire;                  /* cancelled because the deadline passed */
     /* the output: a result (out = JSON) or a DLQ record (out NULL: the original bytes) */
@@ -388,9 +393,15 @@ void wmodel_reload_finish(worker_t *w);
 void woutbox_push(worker_t *w, wreq_t *r);
 void wres_dlq(wreq_t *r, const char *code, const char *msg);
 int wres_result(worker_t *w, wreq_t *r, const engine_result_t *er, const char *finish);
+/* req.n > 1: records choice `index` of r from er (text, finish, logprobs; tokens and compute
+ * summed into r) for wres_result. 0 or -1 (out of memory). Engine thread. */
+int wres_choice(worker_t *w, wreq_t *r, const engine_result_t *er, const char *finish, int index);
 
 /* ---- worker/engine_thread.c ---- */
 void weng_active_remove(worker_t *w, wreq_t *r);
+/* engine_cancel of every engine sequence of r (its choices); each one's done callback runs, and
+ * the last may free r. 0 when the engine knew one of them, -1 when none. Engine thread. */
+int weng_cancel(worker_t *w, wreq_t *r);
 void *weng_main(void *arg);
 
 /* ---- worker/stream.c ---- */

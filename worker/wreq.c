@@ -23,6 +23,8 @@ void wreq_free(worker_t *w, wreq_t *r)
     if (r->msg) rd_kafka_message_destroy(r->msg);
     free(r->toks);
     free(r->out);
+    free(r->choice_ids);
+    json_decref(r->choices);
     free(r);
 }
 

@@ -16,6 +16,7 @@
 #include "arch_ops.h"
 #include "attention.h"
 #include "kernels.h"
+#include "moe.h"
 #include "threadpool.h"
 
 /* Up to this many tokens, every thread normalises all rows itself inside the matmul phase
@@ -57,6 +58,7 @@ typedef struct {
     int32_t *apos;           /* [n_threads][ATT_QT * group] query positions */
     int32_t *items;          /* [max_T * n_kv][3]: (seq, first token, tokens) x kv head */
     size_t scores_per_thread;
+    moe_t *moe;              /* mixture-of-experts FFN (moe.h); NULL for a dense model */
 } cpu_t;
 
 static void seterr(char *errstr, size_t errlen, const char *fmt, ...)
@@ -405,6 +407,32 @@ static void ph_down(void *arg, int ith, int nth)
     for (int t = 0; t < j->T; t++) c->k->add(c->x + (size_t)t * dim + lo, c->tmp + (size_t)t * dim + lo, hi - lo);
 }
 
+/* MoE FFN (moe.h): this thread's tokens normalised into the shared xn, then routed. */
+static void ph_moe_route(void *arg, int ith, int nth)
+{
+    job_t *j = arg;
+    const cpu_t *c = j->c;
+    const int dim = c->base.model->hp.dim;
+    long lo, hi;
+    tpool_split(j->T, ith, nth, &lo, &hi);
+    for (long t = lo; t < hi; t++)
+        c->k->rmsnorm(c->x + t * dim, j->L->ffn_norm.data, c->base.model->hp.norm_eps,
+                      c->xn + t * dim, dim);
+    moe_route(c->moe, j->L, c->xn, (int)lo, (int)hi);
+}
+
+static void ph_moe_gate_up(void *arg, int ith, int nth)
+{
+    job_t *j = arg;
+    moe_gate_up(j->c->moe, j->L, j->c->xn, j->T, ith, nth);
+}
+
+static void ph_moe_down(void *arg, int ith, int nth)
+{
+    job_t *j = arg;
+    moe_down(j->c->moe, j->L, j->c->x, j->T, ith, nth);
+}
+
 static void ph_out_norm(void *arg, int ith, int nth)
 {
     job_t *j = arg;
@@ -460,6 +488,13 @@ static int cpu_forward(backend_t *be, const backend_batch_t *b, float *logits, c
         tpool_run(c->pool, ph_attention, &j);
         tpool_run(c->pool, ph_wo, &j);
         if (j.L->post_attn_norm.data) tpool_run(c->pool, ph_post_attn_norm, &j);
+        if (c->moe) {
+            tpool_run(c->pool, ph_moe_route, &j);
+            moe_group(c->moe, c->xn, j.T);
+            tpool_run(c->pool, ph_moe_gate_up, &j);
+            tpool_run(c->pool, ph_moe_down, &j);
+            continue;
+        }
         if (!j.fuse_norm) tpool_run(c->pool, ph_ffn_norm, &j);
         tpool_run(c->pool, ph_gate_up, &j);
         tpool_run(c->pool, ph_down, &j);
@@ -510,6 +545,7 @@ static void cpu_free(backend_t *be)
     cpu_t *c = (cpu_t *)be;
     if (!c) return;
     tpool_free(c->pool);
+    moe_free(c->moe);
     free(c->kv);
     free(c->x);
     free(c->xn);
@@ -574,7 +610,7 @@ backend_t *backend_cpu_new(const model_t *model, const backend_params_t *params,
             const layer_weights_t *L = &model->layers[l];
             const weight_t *lw[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
             memcpy(ws, lw, sizeof lw);
-            nw = 7;
+            nw = model->hp.n_expert > 0 ? 4 : 7; /* MoE matrices: moe_new checks them */
         }
         for (int i = 0; i < nw; i++)
             if (c->k->matmul(ws[i]->type, ws[i]->data, ws[i]->row_bytes, ws[i]->cols, NULL,
@@ -592,6 +628,7 @@ backend_t *backend_cpu_new(const model_t *model, const backend_params_t *params,
     c->max_T = params->max_batch_tokens;
     c->pool = tpool_new(params->threads, errstr, errlen);
     if (!c->pool) goto fail;
+    if (hp->n_expert > 0 && !(c->moe = moe_new(model, c->k, c->max_T, errstr, errlen))) goto fail;
 
     const size_t T = (size_t)c->max_T, dim = hp->dim, hd = hp->head_dim;
     const size_t qd = (size_t)hp->n_heads * hd, kvd = (size_t)hp->n_kv_heads * hd;

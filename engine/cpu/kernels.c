@@ -5,7 +5,8 @@
  *   (a separate multiply and add, no fused FMA, so the result does not depend on -ffp-contract
  *   or libm), then ((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7)).
  * F16 and BF16 weights are widened to F32 exactly. Q4_K, Q8_0 and Q4_0 take int8 activations
- * (kernels.h): sc_q4k, sc_b32; Q2_K and Q3_K too, in engine/cpu/q23k.c. */
+ * (kernels.h): sc_q4k, sc_b32; Q4_1, Q5_0, Q5_1, IQ4_NL and IQ4_XS too (engine/cpu/qleg*.c,
+ * every ISA's matmul and dequant_row hand them over); Q2_K and Q3_K in engine/cpu/q23k.c. */
 #include "engine/cpu/kernels.h"
 
 #include <float.h>
@@ -19,6 +20,7 @@
 #include "engine/cpu/kernels_impl.h"
 #include "engine/cpu/q23k.h"
 #include "engine/cpu/kernels_q56k.h"
+#include "engine/cpu/qleg.h"
 #include "engine/dtype.h"
 
 #define SC_LANES 8
@@ -291,6 +293,8 @@ static int sc_matmul(int wtype, const void *W, size_t w_row_bytes, int64_t K, co
         return kern_q23k_matmul_scalar(wtype, W, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
     if (wtype == DT_Q6_K || wtype == DT_Q5_K)
         return kern_q56k_matmul_scalar(wtype, W, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
+    if (kern_qleg_type(wtype))
+        return kern_qleg_matmul(&kern_qleg_scalar, wtype, W, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
     if (wtype == DT_Q8_0 || wtype == DT_Q4_0)
         return kern_b32_matmul(wtype, wtype == DT_Q8_0 ? sc_q80 : sc_q40, kern_q8_quantize, W,
                                w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
@@ -326,6 +330,7 @@ static void sc_dequant_row(int wtype, const void *row, float *out, int64_t K)
         dtype_dequant_row(wtype, row, out, K);
         return;
     }
+    if (dtype_qleg_dequant_row(wtype, row, out, K)) return;
     for (int64_t k = 0; k < K; k += SC_CHUNK) {
         int n = K - k < SC_CHUNK ? (int)(K - k) : SC_CHUNK;
         sc_widen(wtype, row, k, n, out + k);

@@ -60,7 +60,26 @@
  * or Q4_0's nibbles - 8, and in F32 y = sum_b fl(d_b * dx_b) * P_b in an
  * ISA-specific but fixed order, within (K/32 + 8) * 2^-24 * sum_b |d_b dx_b| sum_k |q_k xq_k| of
  * the exact value of that formula; x's rounding adds at most dx_b / 2 = max|x over the 32| / 254
- * per element. Batch invariance holds (xq depends on x[t] only). */
+ * per element. Batch invariance holds (xq depends on x[t] only).
+ *
+ * Q4_1, Q5_0, Q5_1 and IQ4_NL take int8 activations in blocks of 32 as Q4_0 does (engine/cpu/
+ * qleg*.c; llama.cpp's routes for them also quantise x, to Q8_0 / Q8_1): xq and dx_b from
+ * kern_q8_quantize, S_b = sum_{k in b} xq_k (exact, computed from xq), per block b and token,
+ * exactly in integers, P_b = sum_{k in b} w_k * xq_k with w_k Q4_1's / Q5_1's q, Q5_0's q - 16
+ * or IQ4_NL's kv[q] (the 16-entry table, looked up with a byte shuffle), and in F32
+ *     y = sum_b fl(d_b * dx_b) * P_b  [+ sum_b fl(m_b * dx_b) * S_b for Q4_1 and Q5_1]
+ * in an ISA-specific but fixed order, within (K/32 + 8) * 2^-24 * sum_b (|d_b dx_b| sum_k
+ * |w_k xq_k| + |m_b dx_b S_b|) of the exact value of that formula (which uses the exact d*q + m,
+ * before the weight's own F32 rounding); x's rounding adds at most dx_b / 2 per element.
+ * IQ4_XS takes them in super-blocks of 256 as Q4_K does (kern_q8k_quantize; llama.cpp's IQ4_XS
+ * route uses Q8_K too, and one F32 scale per 256 weights keeps the F32 work at one multiply-add
+ * per super-block): per super-block s and token, exactly in integers,
+ *     isum_s = sum_j (ls_j - 32) * sum_{k in sub-block j} kv[q_k] * xq_k,
+ * and in F32 y = sum_s fl(d_s * dx_s) * isum_s in an ISA-specific but fixed order, within
+ * (K/256 + 8) * 2^-24 * sum_s |d_s dx_s| sum_j |ls_j - 32| sum_k |kv[q_k] xq_k| of the exact
+ * value; x's rounding adds at most dx_s / 2 = max|x over the 256| / 254 per element. Batch
+ * invariance holds for all five (xq depends on x[t] only; tiles of every shape do the same
+ * per-element arithmetic). */
 #ifndef SPILLWAY_ENGINE_CPU_KERNELS_H
 #define SPILLWAY_ENGINE_CPU_KERNELS_H
 
@@ -71,8 +90,9 @@ typedef struct {
     const char *name; /* "avx512", "avx2", "scalar" */
     /* y[t * ldy + o] = sum_{i<K} W[o][i] * x[t * ldx + i], for t in [0, T), o in [o0, o1).
      * W: rows of K elements of dtype wtype (DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0, DT_Q4_K,
-     * DT_Q5_K, DT_Q6_K, DT_Q2_K, DT_Q3_K), row o starting at (const char *)W + o * w_row_bytes.
-     * x: F32. K is a multiple of 32 for Q8_0 and Q4_0, of 256 for the K-quants.
+     * DT_Q5_K, DT_Q6_K, DT_Q4_1, DT_Q5_0, DT_Q5_1, DT_IQ4_NL, DT_IQ4_XS, DT_Q2_K, DT_Q3_K), row o
+     * starting at (const char *)W + o * w_row_bytes. x: F32. K is a multiple of 32 for Q8_0, Q4_0,
+     * Q4_1, Q5_0, Q5_1 and IQ4_NL, of 256 for the K-quants and IQ4_XS.
      * Returns -1 when wtype is unsupported, else 0. */
     int (*matmul)(int wtype, const void *W, size_t w_row_bytes, int64_t K, const float *x,
                   int64_t ldx, float *y, int64_t ldy, int T, int64_t o0, int64_t o1);

@@ -5,7 +5,8 @@
  *   acc = fma(w[k..k+7], x[k..k+7], acc), the last partial chunk zero-padded;
  *   then h[i] = acc[i] + acc[i+4];  p[i] = h[i] + h[i+2];  y = p[0] + p[1].
  * F16 and BF16 weights are widened to F32 exactly (see kernels_avx512.c). Q4_K, Q8_0 and Q4_0
- * take int8 activations (kernels.h; their own sections below). Tiles are R = 3 rows x C <= 4
+ * take int8 activations (kernels.h; their own sections below); Q4_1, Q5_0, Q5_1, IQ4_NL and
+ * IQ4_XS too, in engine/cpu/qleg_avx2.c (dequant_row: the portable widening). Tiles are R = 3 rows x C <= 4
  * tokens (12 accumulators of the 16 ymm registers; measured ~90% of the FMA peak in L2), 8 rows
  * x 1 token for decode; other tile shapes do the same per-element arithmetic. */
 /* Every function of this file is compiled for the ISA (no global -m flags). */
@@ -24,6 +25,7 @@
 #include "engine/cpu/kernels_impl.h"
 #include "engine/cpu/q23k.h"
 #include "engine/cpu/kernels_q56k.h"
+#include "engine/cpu/qleg.h"
 
 #define AI static inline __attribute__((always_inline))
 
@@ -546,6 +548,8 @@ static int v_matmul(int wtype, const void *W, size_t w_row_bytes, int64_t K, con
         return kern_q23k_matmul_avx2(wtype, W, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
     if (wtype == DT_Q6_K || wtype == DT_Q5_K)
         return kern_q56k_matmul_avx2(wtype, W, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
+    if (kern_qleg_type(wtype))
+        return kern_qleg_matmul(&kern_qleg_avx2, wtype, W, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
     if (wtype == DT_Q8_0 || wtype == DT_Q4_0)
         return kern_b32_matmul(wtype, wtype == DT_Q8_0 ? q80_rows : q40_rows, q8_quantize, W,
                                w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
@@ -590,7 +594,8 @@ static void v_dequant_row(int wtype, const void *row, float *out, int64_t K)
     case DT_Q6_K: case DT_Q5_K: case DT_Q2_K: case DT_Q3_K: /* dtype.h values (embeddings) */
         dtype_dequant_row(wtype, row, out, K);
         return;
-    default:
+    default: /* Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS: the portable widening */
+        dtype_qleg_dequant_row(wtype, row, out, K);
         return;
     }
 }

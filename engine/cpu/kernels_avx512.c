@@ -7,7 +7,8 @@
  *   p[i] = q[i] + q[i+2];  y = p[0] + p[1].
  * Weights are widened to F32 exactly in registers: F16 by vcvtph2ps, BF16 by a 16-bit shift
  * (dequant_row also widens Q8_0, Q4_0 and Q4_K, as engine/dtype.h defines them). Q4_K, Q8_0 and
- * Q4_0 take int8 activations (kernels.h; their own sections below).
+ * Q4_0 take int8 activations (kernels.h; their own sections below); Q4_1, Q5_0, Q5_1, IQ4_NL and
+ * IQ4_XS too, in engine/cpu/qleg_avx512.c (dequant_row: the portable widening).
  *
  * Blocking: a tile is R = 4 rows x C <= 6 tokens (24 accumulators in zmm registers); each weight
  * vector is widened once per tile and used for C tokens, each x vector is used for R rows. The
@@ -30,6 +31,7 @@
 #include "engine/cpu/kernels_impl.h"
 #include "engine/cpu/q23k.h"
 #include "engine/cpu/kernels_q56k.h"
+#include "engine/cpu/qleg.h"
 
 #define AI static inline __attribute__((always_inline))
 
@@ -830,6 +832,9 @@ AI int matmul_isa(const int vnni, int wtype, const void *W, size_t w_row_bytes, 
     if (wtype == DT_Q4_0)
         return kern_b32_matmul(DT_Q4_0, vnni ? q40_rows_vnni : q40_rows, q8_quantize, W,
                                w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
+    if (kern_qleg_type(wtype))
+        return kern_qleg_matmul(vnni ? &kern_qleg_avx512_vnni : &kern_qleg_avx512, wtype, W,
+                                w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
     if (!kern_wtype_ok(wtype, K)) return -1;
     if (T <= 0 || o1 <= o0) return 0;
     const char *w = W;
@@ -890,7 +895,8 @@ static void v_dequant_row(int wtype, const void *row, float *out, int64_t K)
     case DT_Q6_K: case DT_Q5_K: case DT_Q2_K: case DT_Q3_K: /* dtype.h values (embeddings) */
         dtype_dequant_row(wtype, row, out, K);
         return;
-    default:
+    default: /* Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS: the portable widening */
+        dtype_qleg_dequant_row(wtype, row, out, K);
         return;
     }
 }

@@ -25,6 +25,7 @@
  * <CUDA error string>"), never an abort. After a failed step the backend must not be used for
  * further steps (the device state is unknown). Threads: one driving thread at a time
  * (engine/backend.h). */
+#include <dlfcn.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -33,6 +34,7 @@
 
 #include "engine/backend.h"
 #include "engine/dtype.h"
+#include "engine/cuda/cuda_blas.h"
 #include "engine/cuda/cuda_kernels.h"
 
 /* Host staging slots for KV block transfers (a ring: a slot is reused once its copy is done). */
@@ -68,7 +70,7 @@ typedef struct {
     cudaEvent_t ev_compute, ev_kv_written, ev_meta;
     cudaEvent_t ev_stage[KV_STAGE_SLOTS];
     int stage_next;
-    cublasHandle_t blas;
+    cuda_blas_t *blas;     /* cuBLAS, loaded at creation, bound to cs */
     void *blas_ws;         /* [BLAS_WORKSPACE] bytes */
 
     /* device weights, owned */
@@ -119,13 +121,15 @@ static int ck(cudaError_t rc, const char *what, char *errstr, size_t errlen)
     return -1;
 }
 
-static int ckb(cublasStatus_t rc, const char *what, char *errstr, size_t errlen)
+/* One GEMM (cuda_blas_gemm, on cs): 0, or -1 with "cuda: what: cuBLAS <status>". */
+static int gemm(cu_t *c, const void *W, int N, int K, const void *X, int T, float *Y, int ldy,
+                float beta, const char *what, char *errstr, size_t errlen)
 {
-    if (rc == CUBLAS_STATUS_SUCCESS) return 0;
-    seterr(errstr, errlen, "cuda: %s: cuBLAS %s", what, cublasGetStatusString(rc));
+    int rc = cuda_blas_gemm(c->blas, c->wtype, W, N, K, X, T, Y, ldy, beta);
+    if (rc == 0) return 0;
+    seterr(errstr, errlen, "cuda: %s: cuBLAS %s", what, cuda_blas_status(c->blas, rc));
     return -1;
 }
-
 static double mib(size_t b)
 {
     return (double)b / (1024.0 * 1024.0);
@@ -428,26 +432,24 @@ static int cu_step(backend_t *be, const backend_batch_t *b, float *logits, int32
         };
         if (ck(cuk_rmsnorm(c->x, NULL, T, dim, L->attn_norm, hp->norm_eps, wt, c->xn, c->cs),
                "attention norm", errstr, errlen) ||
-            ckb(cuk_gemm(c->blas, wt, L->wqkv, c->qkvd, dim, c->xn, T, c->qkv, c->qkvd, 0.0f),
-                "qkv gemm", errstr, errlen) ||
+            gemm(c, L->wqkv, c->qkvd, dim, c->xn, T, c->qkv, c->qkvd, 0.0f, "qkv gemm", errstr,
+                 errlen) ||
             ck(cuk_qkv_rope_store(&qa, c->cs), "rope/kv store", errstr, errlen) ||
             ck(cuk_attention(&aa, c->cs), "attention", errstr, errlen) ||
-            ckb(cuk_gemm(c->blas, wt, L->wo, dim, c->qd, c->att, T, c->x, dim, 1.0f),
-                "wo gemm", errstr, errlen) ||
+            gemm(c, L->wo, dim, c->qd, c->att, T, c->x, dim, 1.0f, "wo gemm", errstr, errlen) ||
             ck(cuk_rmsnorm(c->x, NULL, T, dim, L->ffn_norm, hp->norm_eps, wt, c->xn, c->cs),
                "ffn norm", errstr, errlen) ||
-            ckb(cuk_gemm(c->blas, wt, L->wgu, 2 * ffn, dim, c->xn, T, c->gu, 2 * ffn, 0.0f),
-                "gate/up gemm", errstr, errlen) ||
+            gemm(c, L->wgu, 2 * ffn, dim, c->xn, T, c->gu, 2 * ffn, 0.0f, "gate/up gemm", errstr,
+                 errlen) ||
             ck(cuk_swiglu(c->gu, T, ffn, wt, c->hbuf, c->cs), "swiglu", errstr, errlen) ||
-            ckb(cuk_gemm(c->blas, wt, L->wdown, dim, ffn, c->hbuf, T, c->x, dim, 1.0f),
-                "down gemm", errstr, errlen))
+            gemm(c, L->wdown, dim, ffn, c->hbuf, T, c->x, dim, 1.0f, "down gemm", errstr, errlen))
             return -1;
     }
     if (b->n_logits > 0) {
         if (ck(cuk_rmsnorm(c->x, d_lidx, b->n_logits, dim, c->out_norm, hp->norm_eps, wt, c->xn,
                            c->cs), "output norm", errstr, errlen) ||
-            ckb(cuk_gemm(c->blas, wt, c->output, hp->n_vocab, dim, c->xn, b->n_logits, c->logits,
-                         hp->n_vocab, 0.0f), "output gemm", errstr, errlen))
+            gemm(c, c->output, hp->n_vocab, dim, c->xn, b->n_logits, c->logits, hp->n_vocab, 0.0f,
+                 "output gemm", errstr, errlen))
             return -1;
         if (ids) {
             if (ck(cuk_argmax(c->logits, b->n_logits, hp->n_vocab, c->d_ids, c->cs), "argmax",
@@ -590,7 +592,7 @@ static void cu_free(backend_t *be)
     cudaFree(c->blas_ws);
     if (c->h_meta) cudaFreeHost(c->h_meta);
     if (c->h_stage) cudaFreeHost(c->h_stage);
-    if (c->blas) cublasDestroy(c->blas);
+    cuda_blas_free(c->blas);
     for (int i = 0; i < KV_STAGE_SLOTS; i++)
         if (c->ev_stage[i]) cudaEventDestroy(c->ev_stage[i]);
     if (c->ev_compute) cudaEventDestroy(c->ev_compute);
@@ -632,6 +634,11 @@ backend_t *backend_cuda_new(const model_t *model, const backend_params_t *params
                dtype_name(wt), (double)params->mem_fraction);
         return NULL;
     }
+    if (hp->n_expert > 0) {
+        seterr(errstr, errlen, "cuda: %s with %d experts: the CUDA backend has no mixture-of-experts "
+               "FFN; use backend cpu", hp->arch_name, hp->n_expert);
+        return NULL;
+    }
     if (hp->head_dim > CUK_MAX_HEAD_DIM || hp->head_dim % 2 || hp->n_kv_heads < 1 ||
         hp->n_heads % hp->n_kv_heads || hp->n_heads / hp->n_kv_heads > CUK_MAX_GROUP) {
         seterr(errstr, errlen, "cuda: unsupported attention shape (head_dim %d <= %d and even, "
@@ -648,8 +655,20 @@ backend_t *backend_cuda_new(const model_t *model, const backend_params_t *params
     int n_dev = 0;
     cudaError_t drc = cudaGetDeviceCount(&n_dev);
     if (drc != cudaSuccess || n_dev < 1) {
-        seterr(errstr, errlen, "cuda: no CUDA device (%s)",
-               drc != cudaSuccess ? cudaGetErrorString(drc) : "device count 0");
+        /* The static runtime opens the driver library itself; not loaded = not on this host
+         * (the runtime then reports an "insufficient driver", which reads as a version
+         * problem). */
+        void *drv = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+        int rt = 0;
+        cudaRuntimeGetVersion(&rt);
+        if (drc == cudaErrorInsufficientDriver && !drv)
+            seterr(errstr, errlen, "cuda: no CUDA device (no NVIDIA driver: libcuda.so.1 is not "
+                   "installed; this build's CUDA runtime is %d.%d)", rt / 1000, rt % 1000 / 10);
+        else
+            seterr(errstr, errlen, "cuda: no CUDA device (%s; CUDA runtime %d.%d)",
+                   drc != cudaSuccess ? cudaGetErrorString(drc) : "device count 0", rt / 1000,
+                   rt % 1000 / 10);
+        if (drv) dlclose(drv);
         cudaGetLastError(); /* the failed query is not an error of later calls */
         return NULL;
     }
@@ -715,11 +734,8 @@ backend_t *backend_cuda_new(const model_t *model, const backend_params_t *params
         if (ck(cudaEventCreateWithFlags(&c->ev_stage[i], cudaEventDisableTiming), "event", errstr,
                errlen))
             goto fail;
-    if (ckb(cublasCreate(&c->blas), "cublasCreate", errstr, errlen) ||
-        ckb(cublasSetStream(c->blas, c->cs), "cublasSetStream", errstr, errlen) ||
-        dmalloc(&c->blas_ws, BLAS_WORKSPACE, "cuBLAS workspace", errstr, errlen) ||
-        ckb(cublasSetWorkspace(c->blas, c->blas_ws, BLAS_WORKSPACE), "cublasSetWorkspace", errstr,
-            errlen))
+    if (dmalloc(&c->blas_ws, BLAS_WORKSPACE, "cuBLAS workspace", errstr, errlen) ||
+        !(c->blas = cuda_blas_new(c->cs, c->blas_ws, BLAS_WORKSPACE, errstr, errlen)))
         goto fail;
     if (load_weights(c, params, errstr, errlen)) goto fail;
 

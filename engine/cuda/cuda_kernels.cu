@@ -451,28 +451,3 @@ extern "C" int cuk_argmax(const float *d_logits, int T, int n_vocab, int32_t *d_
     k_argmax<<<T, 1024, 0, stream>>>(d_logits, n_vocab, d_ids);
     return launched();
 }
-
-/* ---- GEMM ---- */
-
-extern "C" int cuk_gemm(cublasHandle_t h, int wtype, const void *d_W, int N, int K,
-                        const void *d_X, int T, float *d_Y, int ldy, float beta)
-{
-    const float alpha = 1.0f;
-    cudaDataType_t dt;
-    cublasComputeType_t ct = CUBLAS_COMPUTE_32F;
-    if (wtype == DT_F32) {
-        dt = CUDA_R_32F;
-        ct = CUBLAS_COMPUTE_32F_PEDANTIC; /* no TF32: the F32 mode tracks the CPU backend */
-    } else if (wtype == DT_F16) {
-        dt = CUDA_R_16F;
-    } else if (wtype == DT_BF16) {
-        dt = CUDA_R_16BF;
-    } else {
-        return (int)CUBLAS_STATUS_INVALID_VALUE;
-    }
-    if (T <= 0) return 0;
-    /* Row-major Y [T][N] = X [T][K] W^T is column-major Y^T (N x T) = W^T (N x K) X^T (K x T),
-     * W read as a column-major K x N matrix, transposed. */
-    return (int)cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &alpha, d_W, dt, K, d_X, dt,
-                             K, &beta, d_Y, CUDA_R_32F, ldy, ct, CUBLAS_GEMM_DEFAULT);
-}

@@ -1,20 +1,20 @@
-/* engine/cuda/cuda_kernels.h: the CUDA backend's device kernels and its GEMM, behind a C
- * interface (implemented in cuda_kernels.cu, compiled by nvcc). Internal to engine/cuda, and
- * used by tests/test_cuda.c, which checks every one against a CPU reference.
+/* engine/cuda/cuda_kernels.h: the CUDA backend's device kernels, behind a C interface
+ * (implemented in cuda_kernels.cu, compiled by nvcc). Internal to engine/cuda, and used by
+ * tests/test_cuda.c, which checks every one against a CPU reference.
  *
  * Conventions: pointers named d_* are device memory, owned by the caller. Every call only
  * enqueues work on `stream` and returns at once; the cuk_* launchers return the cudaError_t of
  * cudaGetLastError() after their launch (0 = cudaSuccess; errors of the kernel itself surface at
- * the next synchronisation), cuk_gemm a cublasStatus_t. Device element types are the engine's
- * enum dtype values: DT_F32, DT_F16 and DT_BF16 ("wtype"); the residual stream, GEMM outputs
- * and all reductions are F32. Threads: stateless; callable from any host thread. */
+ * the next synchronisation). The GEMMs are cuBLAS's, loaded at run time (cuda_blas.h). Device
+ * element types are the engine's enum dtype values: DT_F32, DT_F16 and DT_BF16 ("wtype"); the
+ * residual stream, GEMM outputs and all reductions are F32. Threads: stateless; callable from
+ * any host thread. */
 #ifndef SPILLWAY_ENGINE_CUDA_KERNELS_H
 #define SPILLWAY_ENGINE_CUDA_KERNELS_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #ifdef __cplusplus
@@ -110,12 +110,6 @@ int cuk_attention(const cuk_attn_args_t *a, cudaStream_t stream);
 /* d_ids[t] = the index of the largest of d_logits[t][0..n_vocab) (the lowest on ties; NaN never
  * wins), t < T. d_logits: [T][n_vocab] F32; d_ids: [T] int32. */
 int cuk_argmax(const float *d_logits, int T, int n_vocab, int32_t *d_ids, cudaStream_t stream);
-
-/* Y[t][o] = sum_k W[o][k] X[t][k] + beta * Y[t][o], t < T, o < N: W [N][K] and X [T][K] of
- * wtype (row-major, rows contiguous), Y F32 with row stride ldy >= N, accumulation in F32
- * (cuBLAS, on the handle's stream). beta 1 adds the product into Y (the residual adds). */
-int cuk_gemm(cublasHandle_t h, int wtype, const void *d_W, int N, int K, const void *d_X, int T,
-             float *d_Y, int ldy, float beta);
 
 #ifdef __cplusplus
 }

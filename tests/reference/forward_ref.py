@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Float64 reference forward pass of GGUF `llama`, `qwen2`, `qwen3`, `gemma2`, `gemma3` and `phi3`
-models (numpy only).
+"""Float64 reference forward pass of GGUF `llama`, `qwen2`, `qwen3`, `gemma2`, `gemma3`, `phi3`,
+`qwen2moe` and `qwen3moe` models (numpy only), dense or mixture-of-experts.
 
 Independent of the engine: it reads the GGUF with gguf_ref.py and computes everything in float64
 from the dequantised stored weights, whole-sequence at a time (no KV cache, no batching), so it
@@ -21,7 +21,8 @@ Per sequence of n tokens at positions 0..n-1:
     logits = (rmsnorm(x) * output_norm) Wout^T      Wout = output.weight, or token_embd.weight if absent
 
 Architecture additions (llama.cpp's definitions; keys under "<arch>."):
-    qwen3, gemma3   per head, q = rmsnorm(q) * attn_q_norm, k = rmsnorm(k) * attn_k_norm before RoPE
+    qwen3, gemma3, qwen3moe
+                    per head, q = rmsnorm(q) * attn_q_norm, k = rmsnorm(k) * attn_k_norm before RoPE
     gemma2, gemma3  x = token_embd[tokens] * sqrt(dim); tied output; FFN down(gelu_tanh(h Wg^T) * h Wu^T);
                     each branch b is added as rmsnorm(b) * post_attention_norm / post_ffw_norm;
                     scores scaled by attn_scale = 1/sqrt(head_dim) (1/sqrt(dim/n_heads) for the 27B
@@ -39,7 +40,13 @@ Architecture additions (llama.cpp's definitions; keys under "<arch>."):
                     inv_freq_i /= rope_freqs_i, or Phi-3's rope_factors_long_i (context > the original
                     context) / rope_factors_short_i, or Llama 3's factor computed from the keys
 
-Weights of GGUF shape ne = {in, out} are (out, in) arrays here, so y = x @ W.T.
+Mixture of experts (<arch>.expert_count > 0; llama.cpp's build_moe_ffn), in place of the dense FFN:
+        p = softmax(h Wr^T) over the n experts; the k = expert_used_count largest (ties: lowest id)
+        w = p[sel], divided by sum(w) for llama and qwen3moe (not qwen2moe)
+        x += sum_r w_r * (silu(h Wg_e^T) * (h Wu_e^T)) Wd_e^T           e = sel_r
+             [+ sigmoid(h . w_shexp) * (silu(h Wg_s^T) * (h Wu_s^T)) Wd_s^T]   qwen2moe's shared expert
+Weights of GGUF shape ne = {in, out} are (out, in) arrays here, so y = x @ W.T; a 3-D expert tensor
+{in, out, n} is n such arrays.
 
 Q4_K, Q2_K and Q3_K matrices are multiplied as the engine's int8 route defines it
 (engine/cpu/kernels.h): x, rounded to float32, is quantised per 256 elements to int8 (d = max|x| /
@@ -60,11 +67,12 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gguf_ref  # noqa: E402
+import qleg_ref  # noqa: E402
 
 ROPE_NORM, ROPE_NEOX = 0, 1
 ARCH_ROPE = {"llama": ROPE_NORM, "qwen2": ROPE_NEOX, "qwen3": ROPE_NEOX, "gemma2": ROPE_NEOX,
-             "gemma3": ROPE_NEOX, "phi3": ROPE_NEOX}
-QK_NORM = ("qwen3", "gemma3")
+             "gemma3": ROPE_NEOX, "phi3": ROPE_NEOX, "qwen2moe": ROPE_NEOX, "qwen3moe": ROPE_NEOX}
+QK_NORM = ("qwen3", "gemma3", "qwen3moe")
 GEMMA = ("gemma2", "gemma3")
 SWA_PATTERN = {"gemma2": 2, "gemma3": 6, "llama": 0}  # architectures that honour the window
 
@@ -78,9 +86,9 @@ def yarn_corr_dim(n_dims, n_ctx_orig, n_rot, base):
 
 
 class I8Linear:
-    """A matrix whose matmul takes int8 activations (engine/cpu/kernels.h: Q4_K, Q5_K and Q6_K
-    with x in blocks of 256, Q8_0 and Q4_0 with x in blocks of 32): its exact weight values,
-    (out, in) float64."""
+    """A matrix whose matmul takes int8 activations (engine/cpu/kernels.h: Q4_K, Q5_K, Q6_K and
+    IQ4_XS with x in blocks of 256, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_NL with x in blocks of
+    32): its exact weight values, (out, in) float64."""
 
     def __init__(self, w, block):
         self.w = w
@@ -167,15 +175,25 @@ class RefModel:
                                      (self.n_heads, self.n_kv_heads))
         if self.rope_dim % 2 or self.rope_dim > self.head_dim:
             raise gguf_ref.GGUFError("bad rope dimension %d" % self.rope_dim)
+        self.n_expert = int(hp("expert_count", 0))
+        self.n_expert_used = int(hp("expert_used_count", 0)) if self.n_expert else 0
+        if arch in ("qwen2moe", "qwen3moe") and not self.n_expert:
+            raise gguf_ref.GGUFError("%s: %s without experts" % (path, arch))
+        if self.n_expert and not 0 < self.n_expert_used <= self.n_expert:
+            raise gguf_ref.GGUFError("bad expert_used_count %d" % self.n_expert_used)
+        self.moe_norm_topk = arch != "qwen2moe"
+        # a list to make route() append each call's per-token margins to (see route), else None
+        self.route_margins = None
 
         T = g.tensor
 
         def M(name):  # a matrix used by a matmul
             if g.tensor_dtype(name) in (gguf_ref.DT_Q4_K, gguf_ref.DT_Q5_K, gguf_ref.DT_Q6_K,
-                                        gguf_ref.DT_Q2_K, gguf_ref.DT_Q3_K):
+                                        qleg_ref.DT_IQ4_XS, gguf_ref.DT_Q2_K, gguf_ref.DT_Q3_K):
                 return I8Linear(g.tensor(name, exact_q4k=True), 256)
-            if g.tensor_dtype(name) in (gguf_ref.DT_Q8_0, gguf_ref.DT_Q4_0):
-                return I8Linear(g.tensor(name), 32)
+            if g.tensor_dtype(name) in (gguf_ref.DT_Q8_0, gguf_ref.DT_Q4_0, qleg_ref.DT_Q4_1,
+                                        qleg_ref.DT_Q5_0, qleg_ref.DT_Q5_1, qleg_ref.DT_IQ4_NL):
+                return I8Linear(g.tensor(name, exact_q4k=True), 32)
             return g.tensor(name)
 
         self.tok_embd = T("token_embd.weight")                       # (vocab, dim)
@@ -209,6 +227,13 @@ class RefModel:
         def opt(name):
             return T(name) if g.has_tensor(name) else None
 
+        def M3(name):  # a 3-D expert tensor: one matrix per expert
+            w = g.tensor(name, exact_q4k=True) if g.tensor_dtype(name) == gguf_ref.DT_Q4_K else g.tensor(name)
+            if w.ndim != 3 or w.shape[0] != self.n_expert:
+                raise gguf_ref.GGUFError("%s: shape %s, want (%d, out, in)" % (name, w.shape, self.n_expert))
+            blk = {gguf_ref.DT_Q4_K: 256, gguf_ref.DT_Q8_0: 32, gguf_ref.DT_Q4_0: 32}.get(g.tensor_dtype(name))
+            return [I8Linear(w[e], blk) if blk else w[e] for e in range(self.n_expert)]
+
         self.layers = []
         qd, kvd = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
         for i in range(self.n_layers):
@@ -220,7 +245,6 @@ class RefModel:
                 "bk": opt(p + "attn_k.bias"),
                 "bv": opt(p + "attn_v.bias"),
                 "ffn_norm": T(p + "ffn_norm.weight"),
-                "w_down": M(p + "ffn_down.weight"),  # (dim, ffn)
                 "q_norm": T(p + "attn_q_norm.weight") if self.qk_norm else None,
                 "k_norm": T(p + "attn_k_norm.weight") if self.qk_norm else None,
                 "post_attn_norm": T(p + "post_attention_norm.weight") if self.gemma else None,
@@ -235,15 +259,29 @@ class RefModel:
                 L["wq"] = M(p + "attn_q.weight")    # (n_heads*hd, dim)
                 L["wk"] = M(p + "attn_k.weight")    # (n_kv*hd, dim)
                 L["wv"] = M(p + "attn_v.weight")    # (n_kv*hd, dim)
-            if arch == "phi3":
+            if self.n_expert:
+                L["router"] = M(p + "ffn_gate_inp.weight")        # (n_expert, dim)
+                L["gate_exps"] = M3(p + "ffn_gate_exps.weight")   # n_expert x (eff, dim)
+                L["up_exps"] = M3(p + "ffn_up_exps.weight")
+                L["down_exps"] = M3(p + "ffn_down_exps.weight")   # n_expert x (dim, eff)
+                if g.has_tensor(p + "ffn_gate_inp_shexp.weight"):
+                    L["shexp_gate"] = T(p + "ffn_gate_inp_shexp.weight").reshape(1, -1)  # (1, dim)
+                    L["w_gate"] = M(p + "ffn_gate_shexp.weight")
+                    L["w_up"] = M(p + "ffn_up_shexp.weight")
+                    L["w_down"] = M(p + "ffn_down_shexp.weight")
+                elif arch == "qwen2moe":
+                    raise gguf_ref.GGUFError("%s: qwen2moe layer %d without a shared expert" % (path, i))
+            elif arch == "phi3":
                 w = M(p + "ffn_up.weight")
                 if isinstance(w, I8Linear):
                     raise gguf_ref.GGUFError("fused ffn_up with int8 activations not supported by the reference")
                 nf = w.shape[0] // 2
                 L["w_gate"], L["w_up"] = w[:nf], w[nf:]
+                L["w_down"] = M(p + "ffn_down.weight")  # (dim, ffn)
             else:
                 L["w_gate"] = M(p + "ffn_gate.weight")  # (ffn, dim)
                 L["w_up"] = M(p + "ffn_up.weight")      # (ffn, dim)
+                L["w_down"] = M(p + "ffn_down.weight")  # (dim, ffn)
             self.layers.append(L)
 
     def rmsnorm(self, x, w):
@@ -342,10 +380,13 @@ class RefModel:
                 o = self.rmsnorm(o, L["post_attn_norm"])
             x = x + o
             h = self.rmsnorm(x, L["ffn_norm"])
-            gt = lin(h, L["w_gate"])
-            up = lin(h, L["w_up"])
-            act = gelu_tanh(gt) if self.gemma else gt / (1.0 + np.exp(-gt))
-            o = lin(act * up, L["w_down"])
+            if self.n_expert:
+                o = self.moe(h, L)
+            else:
+                gt = lin(h, L["w_gate"])
+                up = lin(h, L["w_up"])
+                act = gelu_tanh(gt) if self.gemma else gt / (1.0 + np.exp(-gt))
+                o = lin(act * up, L["w_down"])
             if L["post_ffn_norm"] is not None:
                 o = self.rmsnorm(o, L["post_ffn_norm"])
             x = x + o
@@ -353,6 +394,41 @@ class RefModel:
         out = lin(h, self.output)                                     # (n, vocab)
         if self.logit_softcap > 0:
             out = self.logit_softcap * np.tanh(out / self.logit_softcap)
+        return out
+
+    @staticmethod
+    def ffn(h, wg, wu, wd):
+        gt = lin(h, wg)
+        return lin(gt / (1.0 + np.exp(-gt)) * lin(h, wu), wd)
+
+    def route(self, h, L):
+        """-> (sel, w): per token the k chosen experts in rank order (descending probability, ties
+        to the lowest id) and their weights."""
+        lg = lin(h, L["router"])                                      # (n, n_expert)
+        p = np.exp(lg - lg.max(axis=1, keepdims=True))
+        p = p / p.sum(axis=1, keepdims=True)
+        order = np.argsort(-p, axis=1, kind="stable")
+        sel = order[:, :self.n_expert_used]
+        if self.route_margins is not None and self.n_expert_used < self.n_expert:
+            # margin of the choice: k-th largest probability minus the (k+1)-th
+            ps = np.take_along_axis(p, order, axis=1)
+            self.route_margins.append(ps[:, self.n_expert_used - 1] - ps[:, self.n_expert_used])
+        w = np.take_along_axis(p, sel, axis=1)
+        if self.moe_norm_topk:
+            w = w / w.sum(axis=1, keepdims=True)
+        return sel, w
+
+    def moe(self, h, L):
+        sel, w = self.route(h, L)
+        out = np.zeros_like(h)
+        for e in range(self.n_expert):
+            rows, ranks = np.nonzero(sel == e)
+            if rows.size:
+                y = self.ffn(h[rows], L["gate_exps"][e], L["up_exps"][e], L["down_exps"][e])
+                out[rows] += w[rows, ranks][:, None] * y
+        if "shexp_gate" in L:
+            s = lin(h, L["shexp_gate"])                               # (n, 1)
+            out = out + self.ffn(h, L["w_gate"], L["w_up"], L["w_down"]) / (1.0 + np.exp(-s))
         return out
 
     def new_cache(self):

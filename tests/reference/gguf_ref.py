@@ -17,6 +17,7 @@ dimension), so a matrix of ne = {in, out} is an (out, in) array. Supported dtype
 Q8_0 (blocks of 32: fp16 scale d + 32 int8 q, w = d * q, exact in float64),
 Q4_0 (blocks of 32, 18 bytes: fp16 d + 16 bytes; weight i < 16 is the low nibble of byte i, weight
 i + 16 its high nibble; w = d * (q - 8), exact in float64),
+Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS (qleg_ref.py: their float32 values, exact in float64),
 Q4_K (super-blocks of 256, 144 bytes: fp16 d, fp16 dmin, 12 bytes of packed 6-bit sub-block scales
 and mins, 128 bytes of nibbles; 8 sub-blocks of 32; w = d*sc*q - dmin*m. ggml defines the weight as
 that expression evaluated in float32, where every product is exact and only the difference is
@@ -39,6 +40,7 @@ import sys
 import numpy as np
 
 import q23k_ref
+import qleg_ref  # Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS
 
 GGUF_MAGIC = b"GGUF"
 
@@ -72,6 +74,8 @@ _BLOCKS = {DT_Q8_0: (QK8_0, Q8_0_BLOCK_BYTES), DT_Q4_0: (QK4_0, Q4_0_BLOCK_BYTES
            DT_Q4_K: (QK_K, Q4_K_BLOCK_BYTES), DT_Q5_K: (QK_K, Q5_K_BLOCK_BYTES),
            DT_Q6_K: (QK_K, Q6_K_BLOCK_BYTES), DT_Q2_K: (QK_K, q23k_ref.BLOCK_BYTES[DT_Q2_K]),
            DT_Q3_K: (QK_K, q23k_ref.BLOCK_BYTES[DT_Q3_K])}
+DTYPE_NAMES.update(qleg_ref.NAMES)
+_BLOCKS.update(qleg_ref.BLOCKS)
 
 
 def q4k_scales_mins(sc):
@@ -143,7 +147,8 @@ class Tensor:
     def array(self, exact_q4k=False):
         """exact_q4k: K-quant (Q4_K, Q5_K, Q6_K, Q2_K) weights as their exact values (d*sc*q -
         dmin*m, (d*sc) * (q - 32)), not rounded to float32 (the values the engine's int8 route
-        multiplies with: engine/cpu/kernels.h, kernels_q56k.h, q23k.h); Q3_K's are exact anyway."""
+        multiplies with: engine/cpu/kernels.h, kernels_q56k.h, q23k.h; Q3_K's are exact anyway);
+        the same for Q4_1, Q5_1 (d*q + m) and IQ4_XS (d*(ls - 32)*KV[q])."""
         n = 1
         for d in self.ne:
             n *= d
@@ -189,6 +194,8 @@ class Tensor:
             blocks = np.frombuffer(self.raw, dtype=np.uint8, count=nb * bb).reshape(nb, bb)
             w = q5k_values(blocks) if self.dtype == DT_Q5_K else q6k_values(blocks)
             flat = (w if exact_q4k else w.astype(np.float32).astype(np.float64)).reshape(n)
+        elif self.dtype in qleg_ref.BLOCKS:
+            flat = qleg_ref.dequant(self.dtype, self.raw, n, exact=exact_q4k).astype(np.float64)
         else:
             raise GGUFError("tensor %s: unsupported dtype %d" % (self.name, self.dtype))
         return flat.reshape(self.shape)

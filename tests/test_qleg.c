@@ -1,0 +1,378 @@
+/* tests/test_qleg.c: Q4_1, Q5_0, Q5_1, IQ4_NL and IQ4_XS weights -- their F32 values
+ * (dtype_dequant_row and every ISA's dequant_row against a decoding written here from the
+ * layouts in engine/dtype.h), every ISA's matmul (the int8 routes of kernels.h) against the
+ * route's formula evaluated in double within the bound kernels.h states, that formula against
+ * the exact product of the widened weights within x's 8-bit rounding, batch invariance
+ * (bit-identical alone and batched, odd row ranges), VNNI against plain AVX-512 (the same
+ * bits), and mkmodel's quantisers (round trip within each type's step).
+ *
+ * Blocks are random bytes (every bit pattern of quants, fifth bits and 6-bit scales) with
+ * random finite fp16 scales and mins of both signs. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "engine/cpu/kernels.h"
+#include "engine/dtype.h"
+#include "engine/mkmodel.h"
+
+static const int TYPES[] = {DT_Q4_1, DT_Q5_0, DT_Q5_1, DT_IQ4_NL, DT_IQ4_XS};
+#define N_TYPES 5
+static const char *const ISAS[] = {"scalar", "avx2", "avx512", "avx512-vnni"};
+#define N_ISAS 4
+
+/* The non-linear grid, written out independently of dtype.c. */
+static const int KV[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+static uint64_t rng_state = 0x2545f4914f6cdd1dull;
+static uint64_t rng_next(void)
+{
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return rng_state * 0x2545f4914f6cdd1dull;
+}
+static float rng_unif(void) /* [-1, 1) */
+{
+    return (float)((double)(rng_next() >> 40) / (double)(1ull << 23) - 1.0);
+}
+
+static uint16_t rand_half(float scale)
+{
+    return f32_to_fp16(rng_unif() * scale);
+}
+
+/* Random rows of type t: random bytes, then the fp16 fields set to finite values. */
+static void *make_weights(int t, int64_t rows, int64_t K, size_t *row_bytes)
+{
+    const size_t rb = dtype_row_bytes(t, K), bs = dtype_block_bytes(t);
+    uint8_t *w = malloc(rb * (size_t)rows + 64);
+    for (size_t i = 0; i < rb * (size_t)rows; i++) w[i] = (uint8_t)(rng_next() >> 56);
+    for (size_t b = 0; b < rb * (size_t)rows / bs; b++) {
+        uint8_t *blk = w + b * bs;
+        uint16_t d = rand_half(t == DT_IQ4_XS ? 0.001f : 0.02f), m = rand_half(0.2f);
+        memcpy(blk, &d, 2); /* d is every block's first member */
+        if (t == DT_Q4_1 || t == DT_Q5_1) memcpy(blk + 2, &m, 2);
+    }
+    *row_bytes = rb;
+    return w;
+}
+
+/* Weight k of a row decoded here: its integer part (*iq: Q4_1 / Q5_1 q, Q5_0 q - 16, IQ4_NL
+ * kv[q], IQ4_XS kv[q]), multiplier (*im: IQ4_XS ls - 32, else 1), scale d and min m (0 without
+ * one); the F32 value is the one rounding of d * im * iq + m (exact in double). */
+static float ref_weight(int t, const void *row, int64_t k, int *iq, int *im, double *d, double *m)
+{
+    const uint8_t *p = row;
+    uint16_t hd, hm = 0;
+    int q, mul = 1;
+    if (t == DT_IQ4_XS) {
+        const uint8_t *b = p + (size_t)(k / 256) * 136;
+        const int j = (int)(k % 256) / 32, l = (int)(k % 32);
+        memcpy(&hd, b, 2);
+        const uint16_t sh = (uint16_t)(b[2] | b[3] << 8);
+        const int ls = ((b[4 + j / 2] >> (j % 2 ? 4 : 0)) & 15) | ((sh >> (2 * j)) & 3) << 4;
+        const uint8_t byte = b[8 + 16 * j + l % 16];
+        q = KV[l < 16 ? byte & 15 : byte >> 4];
+        mul = ls - 32;
+    } else {
+        const size_t bs = t == DT_Q4_1 ? 20 : t == DT_Q5_0 ? 22 : t == DT_Q5_1 ? 24 : 18;
+        const size_t qs_off = t == DT_Q4_1 ? 4 : t == DT_Q5_0 ? 6 : t == DT_Q5_1 ? 8 : 2;
+        const uint8_t *b = p + (size_t)(k / 32) * bs;
+        const int l = (int)(k % 32);
+        memcpy(&hd, b, 2);
+        if (t == DT_Q4_1 || t == DT_Q5_1) memcpy(&hm, b + 2, 2);
+        const uint8_t byte = b[qs_off + l % 16];
+        q = l < 16 ? byte & 15 : byte >> 4;
+        if (t == DT_Q5_0 || t == DT_Q5_1) {
+            const uint8_t *qh = b + (t == DT_Q5_0 ? 2 : 4);
+            q += ((qh[l / 8] >> (l % 8)) & 1) * 16;
+        }
+        if (t == DT_Q5_0) q -= 16;
+        if (t == DT_IQ4_NL) q = KV[q];
+    }
+    *iq = q;
+    *im = mul;
+    *d = fp16_to_f32(hd);
+    *m = fp16_to_f32(hm);
+    /* d * mul * q is exact in double; the types without a min add nothing (keeping -0.0) */
+    if (t == DT_Q4_1 || t == DT_Q5_1) return (float)(*d * mul * q + *m);
+    return (float)(*d * mul * q);
+}
+
+static float ref_w(int t, const void *row, int64_t k)
+{
+    int iq, im;
+    double d, m;
+    return ref_weight(t, row, k, &iq, &im, &d, &m);
+}
+
+static int blk_of(int t)
+{
+    return t == DT_IQ4_XS ? 256 : 32;
+}
+
+/* The route's formula (kernels.h) in double for one row and token: 32-block types
+ * sum_b d_b dx_b P_b + m_b dx_b S_b, IQ4_XS sum_s d_s dx_s isum_s; *mag the sum of |terms|
+ * that the F32 bound scales with; *qerr a bound on its distance from the exact product of the
+ * widened weights with x (x's 8-bit rounding, dx / 2 per element, and the weights' rounding). */
+static double ref_route(int t, const void *row, const float *x, int64_t K, double *mag,
+                        double *qerr)
+{
+    const int bl = blk_of(t);
+    const int64_t nb = K / bl;
+    int8_t *xq = malloc((size_t)K);
+    float *xd = malloc((size_t)nb * sizeof(float));
+    if (t == DT_IQ4_XS) {
+        kern_q8k_t *x8 = malloc((size_t)nb * sizeof *x8);
+        kern_q8k_quantize(x, K, x8);
+        for (int64_t s = 0; s < nb; s++) {
+            memcpy(xq + 256 * s, x8[s].q, 256);
+            xd[s] = x8[s].d;
+        }
+        free(x8);
+    } else {
+        kern_q8_quantize(x, K, xq, xd);
+    }
+    double ref = 0, mg = 0, qe = 0;
+    for (int64_t b = 0; b < nb; b++) {
+        double p = 0, ap = 0, S = 0, d = 0, m = 0;
+        for (int l = 0; l < bl; l++) {
+            const int64_t k = (int64_t)bl * b + l;
+            int iq, im;
+            const double w = ref_weight(t, row, k, &iq, &im, &d, &m);
+            p += (double)im * iq * xq[k];
+            ap += fabs((double)im * iq * xq[k]);
+            S += xq[k];
+            qe += fabs(w) * (0.5001 * xd[b]) + ldexp(1.0, -23) * fabs(w * xd[b] * xq[k]);
+        }
+        ref += d * xd[b] * p + m * xd[b] * S;
+        mg += fabs(d * xd[b]) * ap + fabs(m * xd[b] * S);
+    }
+    free(xq);
+    free(xd);
+    *mag = mg;
+    if (qerr) *qerr = qe;
+    return ref;
+}
+
+static float *make_vec(int64_t n)
+{
+    float *v = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    for (int64_t i = 0; i < n; i++) v[i] = rng_unif();
+    return v;
+}
+
+static void test_dequant(const kern_table_t *kt, int t)
+{
+    const int64_t K = t == DT_IQ4_XS ? 2048 : 1600;
+    size_t rb;
+    void *W = make_weights(t, 3, K, &rb);
+    float *a = malloc((size_t)K * 4), *b = malloc((size_t)K * 4);
+    int bad = 0;
+    for (int r = 0; r < 3; r++) {
+        const char *row = (const char *)W + (size_t)r * rb;
+        dtype_dequant_row(t, row, a, K);
+        kt->dequant_row(t, row, b, K);
+        for (int64_t k = 0; k < K; k++) {
+            float want = ref_w(t, row, k);
+            if (memcmp(&want, &a[k], 4) || memcmp(&want, &b[k], 4)) bad++;
+        }
+    }
+    CHECKF(bad == 0, "%s dequant %s: %d values differ from the reference", kt->name,
+           dtype_name(t), bad);
+    free(W);
+    free(a);
+    free(b);
+}
+
+static void test_accuracy(const kern_table_t *kt, int t, int64_t K, int T)
+{
+    const int64_t N = 23, ldx = K + 5, ldy = N + 3;
+    size_t rb;
+    void *W = make_weights(t, N, K, &rb);
+    float *x = make_vec(ldx * T);
+    float *y = malloc((size_t)(ldy * T) * sizeof(float));
+    for (int64_t i = 0; i < ldy * T; i++) y[i] = NAN;
+    CHECK(kt->matmul(t, W, rb, K, x, ldx, y, ldy, T, 0, N) == 0);
+    int bad = 0, badq = 0;
+    double se = 0, sr = 0;
+    for (int tk = 0; tk < T; tk++) {
+        for (int64_t o = 0; o < N; o++) {
+            const void *row = (const char *)W + (size_t)o * rb;
+            double exact = 0, mag, qerr;
+            for (int64_t k = 0; k < K; k++) exact += (double)ref_w(t, row, k) * x[tk * ldx + k];
+            const double ref = ref_route(t, row, x + tk * ldx, K, &mag, &qerr);
+            if (!(fabs(ref - exact) <= qerr)) badq++;
+            const double bound = (double)(K / blk_of(t) + 8) * ldexp(1.0, -24) * mag;
+            const double got = y[tk * ldy + o];
+            if (!(fabs(got - ref) <= bound)) bad++;
+            se += (got - ref) * (got - ref);
+            sr += ref * ref;
+        }
+        for (int64_t o = N; o < ldy; o++)
+            if (!isnan(y[tk * ldy + o])) bad++;
+    }
+    const double nmse = sr > 0 ? se / sr : se;
+    CHECKF(bad == 0 && badq == 0 && nmse < 1e-12, "%s %s K=%lld T=%d: %d beyond the bound, %d "
+           "formula off the exact product, nmse %.3g", kt->name, dtype_name(t), (long long)K, T,
+           bad, badq, nmse);
+    free(W);
+    free(x);
+    free(y);
+}
+
+static void test_batch_invariance(const kern_table_t *kt, int t, int64_t K, int maxT)
+{
+    const int64_t N = 27;
+    const int pool = maxT + 2;
+    size_t rb;
+    void *W = make_weights(t, N, K, &rb);
+    float *x = make_vec(K * pool);
+    float *alone = malloc((size_t)(pool * N) * sizeof(float));
+    for (int tok = 0; tok < pool; tok++)
+        for (int64_t o = 0; o < N; o++)
+            CHECK(kt->matmul(t, W, rb, K, x + tok * K, K, alone + tok * N, N, 1, o, o + 1) == 0);
+    float *y = malloc((size_t)(maxT * N) * sizeof(float));
+    int bad = 0;
+    for (int T = 1; T <= maxT; T++) {
+        const int s = T % 3;
+        const int64_t o0 = T % 2 ? 1 : 0, o1 = N - (T % 4 == 1 ? 2 : 0);
+        CHECK(kt->matmul(t, W, rb, K, x + s * K, K, y, N, T, o0, o1) == 0);
+        for (int tk = 0; tk < T; tk++)
+            for (int64_t o = o0; o < o1; o++)
+                if (memcmp(&y[tk * N + o], &alone[(s + tk) * N + o], sizeof(float)) != 0) bad++;
+    }
+    CHECKF(bad == 0, "%s %s K=%lld: %d outputs differ between batch and alone", kt->name,
+           dtype_name(t), (long long)K, bad);
+    free(W);
+    free(x);
+    free(alone);
+    free(y);
+}
+
+static void test_same_bits(const kern_table_t *a, const kern_table_t *b, int t)
+{
+    const int64_t N = 19, K = t == DT_IQ4_XS ? 768 : 608;
+    const int maxT = 20;
+    size_t rb;
+    void *W = make_weights(t, N, K, &rb);
+    float *x = make_vec(K * maxT);
+    float *ya = malloc((size_t)(N * maxT) * 4), *yb = malloc((size_t)(N * maxT) * 4);
+    int bad = 0;
+    for (int T = 1; T <= maxT; T++) {
+        CHECK(a->matmul(t, W, rb, K, x, K, ya, N, T, 0, N) == 0);
+        CHECK(b->matmul(t, W, rb, K, x, K, yb, N, T, 0, N) == 0);
+        if (memcmp(ya, yb, (size_t)(N * T) * 4) != 0) bad++;
+    }
+    CHECKF(bad == 0, "%s vs %s %s: %d batch sizes differ", a->name, b->name, dtype_name(t), bad);
+    free(W);
+    free(x);
+    free(ya);
+    free(yb);
+}
+
+/* Non-finite x: the token's outputs are NaN (its block scales are NaN), the others finite. */
+static void test_nonfinite(const kern_table_t *kt, int t)
+{
+    const int64_t N = 9, K = 512;
+    size_t rb;
+    void *W = make_weights(t, N, K, &rb);
+    float *x = make_vec(K * 3), y[3 * 9];
+    x[K + 37] = INFINITY;
+    CHECK(kt->matmul(t, W, rb, K, x, K, y, N, 3, 0, N) == 0);
+    int bad = 0;
+    for (int64_t o = 0; o < N; o++)
+        if (!isfinite(y[o]) || !isnan(y[N + o]) || !isfinite(y[2 * N + o])) bad++;
+    CHECKF(bad == 0, "%s %s: non-finite x", kt->name, dtype_name(t));
+    free(W);
+    free(x);
+}
+
+/* mkmodel's quantiser: every weight written is the grid point of its block (the stored d, m
+ * and sub-block scale) nearest to its input, up to ties within 0.1% of the step; the relative
+ * RMS error of Gaussian-like rows is in each type's expected range; a zero block stays zero. */
+static void test_quantiser(int t)
+{
+    const int64_t K = 1024;
+    float *x = malloc(K * sizeof(float)), *back = malloc(K * sizeof(float));
+    void *q = malloc(dtype_row_bytes(t, K));
+    double se = 0, sx = 0;
+    int bad = 0;
+    for (int rep = 0; rep < 8; rep++) {
+        for (int64_t k = 0; k < K; k++) /* sums of uniforms; a few outliers; a zero block */
+            x[k] = k >= 256 && k < 288 ? 0.0f
+                                       : 0.05f * (rng_unif() + rng_unif() + rng_unif()) *
+                                             (k % 97 == 5 ? 6.0f : 1.0f) + (rep == 3 ? 0.03f : 0.0f);
+        CHECK(mkmodel_quantize_row(t, x, q, K) == 0);
+        dtype_dequant_row(t, q, back, K);
+        for (int64_t k = 0; k < K; k++) {
+            int iq, im;
+            double d, m;
+            const float w = ref_weight(t, q, k, &iq, &im, &d, &m);
+            if (memcmp(&w, &back[k], 4)) bad++;
+            const double e = fabs((double)w - x[k]), step = fabs(d * im);
+            double best = INFINITY;
+            for (int g = 0; g < (t == DT_Q5_0 || t == DT_Q5_1 ? 32 : 16); g++) {
+                const int gi = t == DT_Q5_0 ? g - 16 : t == DT_IQ4_NL || t == DT_IQ4_XS ? KV[g] : g;
+                const double e2 = fabs(d * im * gi + m - x[k]);
+                best = e2 < best ? e2 : best;
+            }
+            if (!(e <= best + 1e-3 * step + 1e-7 * fabs(x[k]))) bad++;
+            se += e * e;
+            sx += (double)x[k] * x[k];
+        }
+        for (int64_t k = 256; k < 288; k++)
+            if (back[k] != 0.0f) bad++;
+    }
+    const double rel = sqrt(se / sx);
+    const double max_rel = t == DT_Q5_0 || t == DT_Q5_1 ? 0.06 : 0.12;
+    CHECKF(bad == 0 && rel < max_rel, "quantiser %s: %d values off the nearest grid point, "
+           "relative RMS error %.4f", dtype_name(t), bad, rel);
+    fprintf(stderr, "quantiser %s: relative RMS error %.4f\n", dtype_name(t), rel);
+    free(x);
+    free(back);
+    free(q);
+}
+
+int main(void)
+{
+    const kern_table_t *tabs[N_ISAS];
+    for (int i = 0; i < N_ISAS; i++) {
+        tabs[i] = kern_get(ISAS[i]);
+        if (!tabs[i]) fprintf(stderr, "%s: not supported here, skipped\n", ISAS[i]);
+    }
+    for (int ti = 0; ti < N_TYPES; ti++) CHECK(dtype_supported(TYPES[ti]));
+    CHECK(dtype_block_bytes(DT_Q4_1) == 20 && dtype_block_bytes(DT_Q5_0) == 22 &&
+          dtype_block_bytes(DT_Q5_1) == 24 && dtype_block_bytes(DT_IQ4_NL) == 18 &&
+          dtype_block_bytes(DT_IQ4_XS) == 136 && dtype_block_elems(DT_IQ4_XS) == 256);
+    for (int ti = 0; ti < N_TYPES; ti++)
+        CHECK(dtype_block_bytes(TYPES[ti]) == dtype_ggml_block_bytes(TYPES[ti]) &&
+              dtype_block_elems(TYPES[ti]) == dtype_ggml_block_elems(TYPES[ti]));
+    static const int64_t KS32[] = {32, 96, 608, 2048};
+    static const int64_t KS256[] = {256, 768, 2304};
+    for (int i = 0; i < N_ISAS; i++) {
+        const kern_table_t *kt = tabs[i];
+        if (!kt) continue;
+        for (int ti = 0; ti < N_TYPES; ti++) {
+            const int t = TYPES[ti];
+            test_dequant(kt, t);
+            const int64_t *ks = t == DT_IQ4_XS ? KS256 : KS32;
+            const int nk = t == DT_IQ4_XS ? 3 : 4;
+            for (int ki = 0; ki < nk; ki++)
+                for (int T = 1; T <= 13; T += 3) test_accuracy(kt, t, ks[ki], T);
+            test_batch_invariance(kt, t, t == DT_IQ4_XS ? 256 : 96, i == 0 ? 12 : 40);
+            test_batch_invariance(kt, t, t == DT_IQ4_XS ? 1536 : 1568, i == 0 ? 4 : 12);
+            test_nonfinite(kt, t);
+            /* K not a multiple of the block: refused */
+            CHECK(kt->matmul(t, NULL, 0, t == DT_IQ4_XS ? 288 : 48, NULL, 288, NULL, 1, 1, 0, 1) == -1);
+        }
+    }
+    if (tabs[2] && tabs[3])
+        for (int ti = 0; ti < N_TYPES; ti++) test_same_bits(tabs[2], tabs[3], TYPES[ti]);
+    for (int ti = 0; ti < N_TYPES; ti++) test_quantiser(TYPES[ti]);
+    return check_exit();
+}
