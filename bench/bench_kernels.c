@@ -314,7 +314,7 @@ static void keep_max(double *best, double v)
 
 /* ---- K-quants ---- */
 
-static const int KQ_T[] = {DT_Q4_K, DT_Q5_K, DT_Q6_K};
+static const int KQ_T[] = {DT_Q4_K, DT_Q5_K, DT_Q6_K, DT_Q3_K, DT_Q2_K};
 #define N_KQ_T (sizeof KQ_T / sizeof KQ_T[0])
 static const int64_t KQ_SH[][2] = {{2048, 2048}, {5632, 2048}, {2048, 5632}};
 #define N_KQ_SH 3
@@ -337,6 +337,11 @@ static char *make_kq_pool(int t, size_t bytes)
         char *b = w + o;
         if (t == DT_Q6_K) {
             memcpy(b + offsetof(block_q6_K, d), &d, 2);
+        } else if (t == DT_Q3_K) {
+            memcpy(b + offsetof(block_q3_K, d), &d, 2);
+        } else if (t == DT_Q2_K) {
+            memcpy(b + offsetof(block_q2_K, d), &d, 2);
+            memcpy(b + offsetof(block_q2_K, dmin), &d, 2);
         } else { /* Q4_K, Q5_K (and the other K-quants): d and dmin first */
             memcpy(b, &d, 2);
             memcpy(b + 2, &d, 2);

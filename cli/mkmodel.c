@@ -114,7 +114,9 @@ int cli_mkmodel(int argc, char **argv)
             else if (!strcmp(optarg, "q5_1")) p.dtype = DT_Q5_1;
             else if (!strcmp(optarg, "iq4_nl")) p.dtype = DT_IQ4_NL;
             else if (!strcmp(optarg, "iq4_xs")) p.dtype = DT_IQ4_XS;
-            else { fprintf(stderr, "spillway: --dtype: f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k, q4_1, q5_0, q5_1, iq4_nl or iq4_xs\n"); return 2; }
+            else if (!strcmp(optarg, "q3_k") || !strcmp(optarg, "q3_K")) p.dtype = DT_Q3_K;
+            else if (!strcmp(optarg, "q2_k") || !strcmp(optarg, "q2_K")) p.dtype = DT_Q2_K;
+            else { fprintf(stderr, "spillway: --dtype: f32, f16, bf16, q8_0, q4_0, q4_k, q5_k, q6_k, q4_1, q5_0, q5_1, iq4_nl, iq4_xs, q3_k or q2_k\n"); return 2; }
             dtype_given = 1;
             break;
         case 4016: from = optarg; break;
@@ -140,9 +142,10 @@ int cli_mkmodel(int argc, char **argv)
                    "                  qwen3moe\n"
                    "  --dim N --layers N --heads N --kv-heads N --ffn N --vocab N --ctx N\n"
                    "  --dtype T       f32 | f16 | bf16 | q8_0 | q4_0 | q4_k | q5_k | q6_k | q4_1 |\n"
-                   "                  q5_0 | q5_1 | iq4_nl | iq4_xs (matrices; norms stay f32;\n"
-                   "                  K-quant matrices whose rows are not a multiple of 256 fall\n"
-                   "                  back: q4_k to q4_0, q5_k and q6_k to q8_0, iq4_xs to iq4_nl)\n"
+                   "                  q5_0 | q5_1 | iq4_nl | iq4_xs | q3_k | q2_k (matrices; norms\n"
+                   "                  stay f32; K-quant matrices whose rows are not a multiple of\n"
+                   "                  256 fall back: q4_k, q3_k and q2_k to q4_0, q5_k and q6_k to\n"
+                   "                  q8_0, iq4_xs to iq4_nl)\n"
                    "  --tied | --untied   share the output matrix with the embedding or not\n"
                    "  --seed N --rope-theta F --norm-eps F\n"
                    "  optional keys (not written unless given; the architecture's defaults apply):\n"
@@ -160,8 +163,8 @@ int cli_mkmodel(int argc, char **argv)
                    "usage: spillway mkmodel --from MODEL.gguf --dtype T -o FILE [--pad N]\n"
                    "                [--quantiser Q]\n"
                    "  converts an existing model: every 2-D matrix re-rounded to T; a matrix whose\n"
-                   "  rows do not fit T's block falls back (q4_k -> q4_0, q5_k and q6_k -> q8_0,\n"
-                   "  iq4_xs -> iq4_nl, then its own type), each\n"
+                   "  rows do not fit T's block falls back (q4_k, q3_k, q2_k -> q4_0, q5_k and\n"
+                   "  q6_k -> q8_0, iq4_xs -> iq4_nl, then its own type), each\n"
                    "  one reported on stderr.\n"
                    "  --pad N         pad embedding and FFN sizes with zeros to multiples of N (an\n"
                    "                  equivalent model whose matrices fit the blocks, e.g. 256)\n"

@@ -50,6 +50,8 @@ static const dtype_desc_t dtype_table[DT_COUNT_] = {
 _Static_assert(sizeof(block_q8_0) == 34, "block_q8_0 must be packed to 34 bytes");
 _Static_assert(sizeof(block_q4_0) == 18, "block_q4_0 must be packed to 18 bytes");
 _Static_assert(sizeof(block_q4_K) == 144, "block_q4_K must be packed to 144 bytes");
+_Static_assert(sizeof(block_q2_K) == 84, "block_q2_K must be packed to 84 bytes");
+_Static_assert(sizeof(block_q3_K) == 110, "block_q3_K must be packed to 110 bytes");
 _Static_assert(sizeof(block_q5_K) == 176, "block_q5_K must be packed to 176 bytes");
 _Static_assert(sizeof(block_q6_K) == 210, "block_q6_K must be packed to 210 bytes");
 
@@ -69,7 +71,7 @@ int dtype_supported(int t)
 {
     return t == DT_F32 || t == DT_F16 || t == DT_BF16 || t == DT_Q8_0 || t == DT_Q4_0 ||
            t == DT_Q4_K || t == DT_Q5_K || t == DT_Q6_K || t == DT_Q4_1 || t == DT_Q5_0 ||
-           t == DT_Q5_1 || t == DT_IQ4_NL || t == DT_IQ4_XS;
+           t == DT_Q5_1 || t == DT_IQ4_NL || t == DT_IQ4_XS || t == DT_Q2_K || t == DT_Q3_K;
 }
 
 /* Q6_K rows (engine/dtype.h): (d * sc) * (q - 32), in ggml's order. */
@@ -155,6 +157,12 @@ void dtype_dequant_row(int t, const void *row, float *out, int64_t n)
                 }
             }
         }
+        break;
+    case DT_Q2_K:
+        dtype_dequant_q2_k(row, out, n);
+        break;
+    case DT_Q3_K:
+        dtype_dequant_q3_k(row, out, n);
         break;
     case DT_Q5_K: dequant_q5_k(row, out, n / QK_K); break;
     case DT_Q6_K: dequant_q6_k(row, out, n / QK_K); break;

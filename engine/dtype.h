@@ -76,6 +76,43 @@ static inline void q4k_scale_min(int j, const uint8_t *scales, int *sc, int *m)
     }
 }
 
+/* Q2_K super-block: 256 weights in 16 sub-blocks of 16. fp16 d and dmin; scales[j] holds
+ * sub-block j's 4-bit scale sc[j] (low nibble) and 4-bit min m[j] (high nibble); 2-bit q in
+ * [0, 3]. w = RN_f32(d*sc[j] * q - dmin*m[j]): d*sc[j] (15 bits), times q (17 bits) and dmin*m[j]
+ * (15 bits) are exact in F32, so the one rounding of the difference is the only one (ggml's
+ * dequantize_row_q2_K). Layout of qs: 2 chunks of 128 weights, chunk c in qs[32c .. 32c+31]:
+ * weight 128c + 32p + l (p < 4, l < 32) is bits 2p and 2p+1 of qs[32c + l]; its sub-block is
+ * 8c + 2p + l/16. */
+typedef struct {
+    uint8_t scales[QK_K / 16]; /* sc | m << 4 per sub-block */
+    uint8_t qs[QK_K / 4];
+    uint16_t d;     /* fp16 super-block scale of the sub-block scales */
+    uint16_t dmin;  /* fp16 super-block scale of the sub-block mins */
+} block_q2_K;
+
+/* Q3_K super-block: 256 weights in 16 sub-blocks of 16. fp16 d; per sub-block j a 6-bit signed
+ * scale sc[j] in [-32, 31] packed in scales[12] (q3k_scale); 3-bit q in [-4, 3] from 2 low bits
+ * u (qs, laid out as Q2_K's) and a high bit h: weight 128c + 32p + l has h = bit 4c + p of
+ * hmask[l], and q = u when h is set, u - 4 when it is clear. w = d*sc[j] * q, exact in F32 (an
+ * 11-bit significand times 6 bits times 3 bits: no rounding at all; ggml's dequantize_row_q3_K
+ * computes (d * sc[j]) * q, the same value). */
+typedef struct {
+    uint8_t hmask[QK_K / 8];
+    uint8_t qs[QK_K / 4];
+    uint8_t scales[12]; /* 16 packed 6-bit fields (q3k_scale) */
+    uint16_t d;     /* fp16 super-block scale of the sub-block scales */
+} block_q3_K;
+
+/* The scale of sub-block j (0..15) of a Q3_K super-block: its low 4 bits are the low nibble of
+ * scales[j] (j < 8) or the high nibble of scales[j - 8] (j >= 8); its high 2 bits are bits
+ * 2 (j / 4) and 2 (j / 4) + 1 of scales[8 + j % 4]; the 6-bit field minus 32. */
+static inline int q3k_scale(int j, const uint8_t *scales)
+{
+    int lo = j < 8 ? scales[j] & 0x0f : scales[j - 8] >> 4;
+    int hi = (scales[8 + j % 4] >> (2 * (j / 4))) & 3;
+    return (lo | hi << 4) - 32;
+}
+
 /* Q6_K super-block: 256 weights in 16 sub-blocks of 16; fp16 d, per sub-block an int8 scale
  * scales[j]; 6-bit q in [0, 63]. Weight 128h + 32i + l (h < 2, i < 4, l < 32) has its low 4 bits
  * in ql[64h + 32(i & 1) + l] (the low nibble for i < 2, the high nibble for i >= 2) and its top 2
@@ -188,7 +225,7 @@ static inline int dtype_block_elems(int t)
     case DT_Q8_0: return QK8_0;
     case DT_Q4_0: return QK4_0;
     case DT_Q4_K: return QK_K;
-    case DT_Q5_K: case DT_Q6_K: return QK_K;
+    case DT_Q5_K: case DT_Q6_K: case DT_Q2_K: case DT_Q3_K: return QK_K;
     case DT_Q4_1: case DT_Q5_0: case DT_Q5_1: case DT_IQ4_NL: return 32;
     case DT_IQ4_XS: return QK_K;
     default: return 0;
@@ -202,6 +239,8 @@ static inline size_t dtype_block_bytes(int t)
     case DT_Q8_0: return sizeof(block_q8_0);
     case DT_Q4_0: return sizeof(block_q4_0);
     case DT_Q4_K: return sizeof(block_q4_K);
+    case DT_Q2_K: return sizeof(block_q2_K);
+    case DT_Q3_K: return sizeof(block_q3_K);
     case DT_Q5_K: return sizeof(block_q5_K);
     case DT_Q6_K: return sizeof(block_q6_K);
     case DT_Q4_1: return sizeof(block_q4_1);
@@ -229,13 +268,16 @@ size_t dtype_ggml_block_bytes(int t);
 /* 1 for the types of DTYPE_SUPPORTED_LIST */
 int dtype_supported(int t);
 #define DTYPE_SUPPORTED_LIST \
-    "F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS"
+    "F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, Q3_K, Q2_K"
 /* The reference (portable C) widening of a row of n elements of a supported type to F32, in the
  * exact values the kernels use (see the block types above). n a multiple of the block size. */
 void dtype_dequant_row(int t, const void *row, float *out, int64_t n);
 /* dtype_dequant_row of Q4_1, Q5_0, Q5_1, IQ4_NL and IQ4_XS (engine/dtype_qleg.c); 1 when t is
  * one of them (out written), 0 otherwise (nothing written). */
 int dtype_qleg_dequant_row(int t, const void *row, float *out, int64_t n);
+/* dtype_dequant_row of Q2_K and Q3_K (engine/dtype_q23k.c): n a multiple of 256. */
+void dtype_dequant_q2_k(const void *row, float *out, int64_t n);
+void dtype_dequant_q3_k(const void *row, float *out, int64_t n);
 
 static inline float fp16_to_f32(uint16_t h)
 {

@@ -27,6 +27,7 @@
 #include "gguf.h"
 #include "mkmodel_q56k.h"
 #include "model.h"
+#include "quant_q23k.h"
 #include "qleg_quant.h"
 
 /* ---------------------------------------------------------------- presets */
@@ -490,6 +491,8 @@ int mkmodel_quantize_row(int t, const float *x, void *dst, int64_t n)
     case DT_Q8_0: quantize_q8_0(x, dst, n); break;
     case DT_Q4_0: quantize_q4_0(x, dst, n); break;
     case DT_Q4_K: quantize_q4_k(x, dst, n); break;
+    case DT_Q2_K: quant_q2_k_row(x, dst, n); break; /* engine/quant_q23k.c */
+    case DT_Q3_K: quant_q3_k_row(x, dst, n); break;
     case DT_Q5_K: mkmodel_quantize_q5_k(x, dst, n); break;
     case DT_Q6_K: mkmodel_quantize_q6_k(x, dst, n); break;
     case DT_Q4_1: case DT_Q5_0: case DT_Q5_1: case DT_IQ4_NL: case DT_IQ4_XS:
@@ -502,7 +505,8 @@ int mkmodel_quantize_row(int t, const float *x, void *dst, int64_t n)
 int mkmodel_matrix_type(int want, int64_t ne0, int keep)
 {
     if (dtype_row_bytes(want, ne0)) return want;
-    if (want == DT_Q4_K && dtype_row_bytes(DT_Q4_0, ne0)) return DT_Q4_0;
+    if ((want == DT_Q4_K || want == DT_Q2_K || want == DT_Q3_K) && dtype_row_bytes(DT_Q4_0, ne0))
+        return DT_Q4_0;
     if ((want == DT_Q5_K || want == DT_Q6_K) && dtype_row_bytes(DT_Q8_0, ne0)) return DT_Q8_0;
     if (want == DT_IQ4_XS && dtype_row_bytes(DT_IQ4_NL, ne0)) return DT_IQ4_NL;
     return keep;
@@ -709,7 +713,8 @@ static int check_params(const mkmodel_params_t *p, char *errstr, size_t errlen)
     if (dtype_block_elems(p->dtype) > 1 && (p->dim % 32 || p->ffn_dim % 32))
         return seterr(errstr, errlen, "mkmodel: %s needs dim (%d) and ffn_dim (%d) to be "
                       "multiples of 32", dtype_name(p->dtype), p->dim, p->ffn_dim);
-    if ((p->dtype == DT_Q8_0 || p->dtype == DT_Q4_0 || p->dtype == DT_Q4_K) && p->head_dim &&
+    if ((p->dtype == DT_Q8_0 || p->dtype == DT_Q4_0 || p->dtype == DT_Q4_K ||
+         p->dtype == DT_Q2_K || p->dtype == DT_Q3_K) && p->head_dim &&
         (p->n_heads * p->head_dim) % 32)
         return seterr(errstr, errlen, "mkmodel: %s needs n_heads x head_dim (%d) to be a "
                       "multiple of 32", dtype_name(p->dtype), p->n_heads * p->head_dim);
@@ -726,6 +731,8 @@ static int file_type_of(int dtype)
     case DT_Q8_0: return 7;  /* LLAMA_FTYPE_MOSTLY_Q8_0 */
     case DT_Q4_0: return 2;  /* LLAMA_FTYPE_MOSTLY_Q4_0 */
     case DT_Q4_K: return 14; /* LLAMA_FTYPE_MOSTLY_Q4_K_S */
+    case DT_Q2_K: return 10; /* LLAMA_FTYPE_MOSTLY_Q2_K */
+    case DT_Q3_K: return 11; /* LLAMA_FTYPE_MOSTLY_Q3_K_S */
     case DT_Q5_K: return 16; /* LLAMA_FTYPE_MOSTLY_Q5_K_S */
     case DT_Q6_K: return 18; /* LLAMA_FTYPE_MOSTLY_Q6_K */
     case DT_Q4_1: return 3;   /* LLAMA_FTYPE_MOSTLY_Q4_1 */

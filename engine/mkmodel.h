@@ -31,10 +31,10 @@ typedef struct {
     int ctx_len;     /* trained context length (metadata only) */
     int dtype;       /* enum dtype of every matrix incl. token_embd/output: DT_F32, DT_F16,
                       * DT_BF16, DT_Q8_0, DT_Q4_0, DT_Q4_K, DT_Q5_K, DT_Q6_K, DT_Q4_1, DT_Q5_0,
-                      * DT_Q5_1, DT_IQ4_NL or DT_IQ4_XS (the block types: dim and ffn_dim
-                      * multiples of 32; K-quant matrices whose rows are not a multiple of 256 are
-                      * written as Q4_0 (Q4_K), Q8_0 (Q5_K, Q6_K) or IQ4_NL (IQ4_XS), see
-                      * mkmodel_matrix_type). Norms and biases are always F32. */
+                      * DT_Q5_1, DT_IQ4_NL, DT_IQ4_XS, DT_Q3_K or DT_Q2_K (the block types: dim
+                      * and ffn_dim multiples of 32; K-quant matrices whose rows are not a multiple
+                      * of 256 are written as Q4_0 (Q4_K, Q3_K, Q2_K), Q8_0 (Q5_K, Q6_K) or IQ4_NL
+                      * (IQ4_XS), see mkmodel_matrix_type). Norms and biases are always F32. */
     int tied;        /* 1: no output.weight, the output projection shares token_embd */
     uint64_t seed;   /* weights are a function of (seed, tensor name, row) */
     float rope_theta;
@@ -80,6 +80,8 @@ int mkmodel_write(const mkmodel_params_t *p, const char *path, char *errstr, siz
  *         the quants recomputed from the stored 6-bit values.
  *   Q5_K, Q6_K  spillway's own simpler rounding, not ggml's (engine/mkmodel_q56k.h), with
  *         either quantiser of mkmodel_convert.
+ *   Q2_K, Q3_K  our own quantisers too (engine/quant_q23k.h), with either quantiser of
+ *         mkmodel_convert: the bytes differ from llama-quantize's.
  * Q4_1, Q5_0, Q5_1, IQ4_NL and IQ4_XS use spillway's own simple quantisers (engine/qleg_quant.h;
  * not ggml's bytes).
  * 0, or -1 for another type or n not a multiple of the block. Pure; thread-safe. */
@@ -98,9 +100,9 @@ int mkmodel_quantize_row(int t, const float *x, void *dst, int64_t n);
 int mkmodel_quantize_row_weighted(int t, const float *x, const float *w, void *dst, int64_t n);
 
 /* The type a matrix with rows of ne0 elements is written in when `want` is asked for: want when
- * ne0 is a multiple of its block; for Q4_K otherwise Q4_0 when ne0 is a multiple of 32
- * (llama.cpp falls back to Q5_0), for Q5_K and Q6_K Q8_0 (the 8-bit fallback, where llama.cpp
- * takes Q5_1 / Q8_0), for IQ4_XS IQ4_NL (as llama.cpp); otherwise `keep` (the
+ * ne0 is a multiple of its block; for Q4_K, Q3_K and Q2_K otherwise Q4_0 when ne0 is a multiple
+ * of 32 (llama.cpp falls back to Q5_0), for Q5_K and Q6_K Q8_0 (the 8-bit fallback, where
+ * llama.cpp takes Q5_1 / Q8_0), for IQ4_XS IQ4_NL (as llama.cpp); otherwise `keep` (the
  * synthetic writer refuses such shapes; conversion keeps the source type). */
 int mkmodel_matrix_type(int want, int64_t ne0, int keep);
 

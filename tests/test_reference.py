@@ -11,7 +11,8 @@ untied output, qwen2 with Q/K/V biases, mixture-of-experts models (llama MoE, qw
 shared expert, qwen3moe with Q/K norms; F32, Q8_0 and Q4_K experts), and weight dtypes F32, F16, BF16, Q8_0, Q4_0 and Q4_K (one
 with every matrix Q4_K, one mixing Q4_K with Q4_0 where ffn_down's rows of 96 do not fit Q4_K's
 256), Q6_K (every matrix, tied) and Q5_K (ffn_down in its Q8_0 fallback), Q4_1, Q5_0, Q5_1,
-IQ4_NL, and IQ4_XS (mixed with IQ4_NL where ffn_down's rows of 96 do not fit), and the other
+IQ4_NL, and IQ4_XS (mixed with IQ4_NL where ffn_down's rows of 96 do not fit), Q3_K (every
+matrix) and Q2_K (ffn_down in the Q4_0 fallback), and the other
 architectures and RoPE / attention variants (qwen3, gemma2, gemma3, phi3, sliding windows,
 soft-caps, YaRN, LongRoPE, linear and Llama 3 scaling: see SYNTH) -- and, when
 <models-dir>/quant-fixtures holds them, llama.cpp's own Q6_K / Q5_K files (QUANT_FIXTURES) --
@@ -21,7 +22,7 @@ a prefix longer than one KV block with the first) are run through
 compared with the reference:
   * NMSE = sum((engine - ref)^2) / sum(ref^2) per sequence; the max over sequences must stay under
     the bound for the KV type (see BOUNDS for the justification and the values observed;
-    BOUNDS_I8 for models with Q4_K, Q8_0 or Q4_0 matrices, whose matmuls take int8
+    BOUNDS_I8 for models with Q4_K, Q3_K, Q2_K, Q8_0 or Q4_0 matrices, whose matmuls take int8
     activations);
   * the argmax must agree at every position where the reference's top-1 / top-2 margin is clear
     (> ARGMAX_MARGIN * max|ref|); overall agreement is reported;
@@ -166,6 +167,13 @@ SYNTH = [
     # IQ4_XS's super-blocks of 256 (dim 256); ffn 96: ffn_down falls back to IQ4_NL
     ("llama-gqa-iq4_xs-untied", dict(arch="llama", heads=4, kv_heads=2, dtype="iq4_xs", tied=False,
                                      seed=25, dim=256)),
+    # Q3_K and Q2_K (super-blocks of 256, sub-blocks of 16; our own quantisers): every matrix in
+    # the type, token_embd included (the embedding lookup widens it); the Q2_K model's ffn_down
+    # (rows of 96) falls back to Q4_0
+    ("llama-gqa-q3_k-untied", dict(arch="llama", heads=4, kv_heads=2, dtype="q3_k", tied=False, seed=51,
+                                   dim=256, ffn=512)),
+    ("qwen2-mqa-q2_k-tied", dict(arch="qwen2", heads=4, kv_heads=1, dtype="q2_k", tied=True, seed=52,
+                                 dim=256, rope_theta=1000000.0, norm_eps=1e-6)),
 ]
 # The other architectures and RoPE / attention variants (engine/model_arch.h), each with what
 # makes it differ from llama made large enough to show: head_dim 32 with dim 64 (n_heads x
@@ -255,13 +263,15 @@ def check_synth(m, opts):
     """The file really has what the case claims to cover."""
     names = {"f32": gguf_ref.DT_F32, "f16": gguf_ref.DT_F16, "bf16": gguf_ref.DT_BF16,
              "q8_0": gguf_ref.DT_Q8_0, "q4_0": gguf_ref.DT_Q4_0, "q4_k": gguf_ref.DT_Q4_K,
-             "q5_k": gguf_ref.DT_Q5_K, "q6_k": gguf_ref.DT_Q6_K}
+             "q5_k": gguf_ref.DT_Q5_K, "q6_k": gguf_ref.DT_Q6_K, "q3_k": gguf_ref.DT_Q3_K,
+             "q2_k": gguf_ref.DT_Q2_K}
     names.update({v: k for k, v in qleg_ref.NAMES.items()})
     want_dt = names[opts["dtype"]]
     # the 256-block types' matrices whose rows are not a multiple of 256 fall back
     # (mkmodel_matrix_type)
     fallback = {gguf_ref.DT_Q4_K: gguf_ref.DT_Q4_0, gguf_ref.DT_Q5_K: gguf_ref.DT_Q8_0,
-                gguf_ref.DT_Q6_K: gguf_ref.DT_Q8_0, qleg_ref.DT_IQ4_XS: qleg_ref.DT_IQ4_NL}
+                gguf_ref.DT_Q6_K: gguf_ref.DT_Q8_0, qleg_ref.DT_IQ4_XS: qleg_ref.DT_IQ4_NL,
+                gguf_ref.DT_Q3_K: gguf_ref.DT_Q4_0, gguf_ref.DT_Q2_K: gguf_ref.DT_Q4_0}
     dim = opts.get("dim", BASE["dim"])
     kquant = want_dt in fallback
     if kquant and dim % 256:
@@ -341,10 +351,10 @@ def engine_logits(spillway, model, seqs_path, out_path, mode, kv, n_vocab, n_pos
 
 
 def has_i8(m):
-    """1 when a matmul of m takes int8 activations (Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
-    IQ4_NL and IQ4_XS matrices: kernels.h)."""
-    return any(t.dtype in (gguf_ref.DT_Q4_K, gguf_ref.DT_Q5_K, gguf_ref.DT_Q6_K, gguf_ref.DT_Q8_0,
-                           gguf_ref.DT_Q4_0) + tuple(qleg_ref.NAMES)
+    """1 when a matmul of m takes int8 activations (Q4_K, Q5_K, Q6_K, Q3_K, Q2_K, Q8_0, Q4_0,
+    Q4_1, Q5_0, Q5_1, IQ4_NL and IQ4_XS matrices: kernels.h)."""
+    return any(t.dtype in (gguf_ref.DT_Q4_K, gguf_ref.DT_Q5_K, gguf_ref.DT_Q6_K, gguf_ref.DT_Q3_K,
+                           gguf_ref.DT_Q2_K, gguf_ref.DT_Q8_0, gguf_ref.DT_Q4_0) + tuple(qleg_ref.NAMES)
                for n, t in m.g.tensors.items()
                if n != "token_embd.weight" or m.tied)
 

@@ -6,7 +6,7 @@
  *   or libm), then ((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7)).
  * F16 and BF16 weights are widened to F32 exactly. Q4_K, Q8_0 and Q4_0 take int8 activations
  * (kernels.h): sc_q4k, sc_b32; Q4_1, Q5_0, Q5_1, IQ4_NL and IQ4_XS too (engine/cpu/qleg*.c,
- * every ISA's matmul and dequant_row hand them over). */
+ * every ISA's matmul and dequant_row hand them over); Q2_K and Q3_K in engine/cpu/q23k.c. */
 #include "engine/cpu/kernels.h"
 
 #include <float.h>
@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "engine/cpu/kernels_impl.h"
+#include "engine/cpu/q23k.h"
 #include "engine/cpu/kernels_q56k.h"
 #include "engine/cpu/qleg.h"
 #include "engine/dtype.h"
@@ -288,6 +289,8 @@ static int sc_matmul(int wtype, const void *W, size_t w_row_bytes, int64_t K, co
 {
     if (wtype == DT_Q4_K)
         return kern_q4k_matmul(sc_q4k, kern_q8k_quantize, W, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
+    if (wtype == DT_Q2_K || wtype == DT_Q3_K) /* engine/cpu/q23k.c */
+        return kern_q23k_matmul_scalar(wtype, W, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
     if (wtype == DT_Q6_K || wtype == DT_Q5_K)
         return kern_q56k_matmul_scalar(wtype, W, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
     if (kern_qleg_type(wtype))
@@ -322,7 +325,8 @@ static int sc_matmul(int wtype, const void *W, size_t w_row_bytes, int64_t K, co
 
 static void sc_dequant_row(int wtype, const void *row, float *out, int64_t K)
 {
-    if (wtype == DT_Q6_K || wtype == DT_Q5_K) { /* engine/dtype.h's values (embedding rows) */
+    if (wtype == DT_Q6_K || wtype == DT_Q5_K || wtype == DT_Q2_K || wtype == DT_Q3_K) {
+        /* engine/dtype.h values (embedding rows: one per token at most) */
         dtype_dequant_row(wtype, row, out, K);
         return;
     }

@@ -38,6 +38,18 @@
  * sum_k |q_k - 32| |xq_k| of the exact value of that formula; Q5_K Q4_K's formula and bound with
  * its 5-bit q. Against the exact dot product of the widened weights, x's rounding adds at most
  * dx_s / 2 per element, as for Q4_K. Batch invariance holds.
+ * Q2_K and Q3_K take int8 activations the same way (engine/cpu/q23k.h gives the formulas): xq
+ * from kern_q8k_quantize, and, for their sub-blocks of 16, the sums bsum16_j of q over each 16
+ * elements, computed from q exactly. Per super-block s and token, exactly in integers, isum_s =
+ * sum_j sc_j sum_{k in j} q_k xq_k (Q3_K: sc_j signed, q_k in [-4, 3], summed as
+ * sc_j (sum_k (q_k + 4) xq_k - 4 bsum16_j)) and, Q2_K, msum_s = sum_j m_j bsum16_j; in F32
+ * y = sum_s (d_s dx_s) isum_s [- (dmin_s dx_s) msum_s], in an ISA-specific but fixed order,
+ * within (K/256 + 8) * 2^-24 * sum_s (|d_s dx_s| sum_j |sc_j| sum_k c_k |xq_k| + |dmin_s dx_s|
+ * sum_j m_j |bsum16_j|) of the exact value of that formula, c_k = q_k (Q2_K) or q_k + 8 (Q3_K,
+ * whose lanes carry the two parts of the sum separately), the dmin term Q2_K's only. Against the
+ * exact dot product of the widened weights x's rounding adds at most dx_s / 2 per element, and
+ * Q2_K's weights their one F32 rounding (the formula uses the exact d sc q - dmin m). Batch
+ * invariance holds (xq and bsum16 depend on x[t] only).
  *
  * Q8_0 and Q4_0 take int8 activations too (llama.cpp's Q8_0 x Q8_0 and Q4_0 x Q8_0), because
  * one integer dot product replaces widening, scaling and an F32 multiply per weight (measured on
@@ -78,9 +90,9 @@ typedef struct {
     const char *name; /* "avx512", "avx2", "scalar" */
     /* y[t * ldy + o] = sum_{i<K} W[o][i] * x[t * ldx + i], for t in [0, T), o in [o0, o1).
      * W: rows of K elements of dtype wtype (DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0, DT_Q4_K,
-     * DT_Q5_K, DT_Q6_K, DT_Q4_1, DT_Q5_0, DT_Q5_1, DT_IQ4_NL, DT_IQ4_XS), row o starting at
-     * (const char *)W + o * w_row_bytes. x: F32. K is a multiple of 32 for Q8_0, Q4_0, Q4_1,
-     * Q5_0, Q5_1 and IQ4_NL, of 256 for the K-quants and IQ4_XS.
+     * DT_Q5_K, DT_Q6_K, DT_Q4_1, DT_Q5_0, DT_Q5_1, DT_IQ4_NL, DT_IQ4_XS, DT_Q2_K, DT_Q3_K), row o
+     * starting at (const char *)W + o * w_row_bytes. x: F32. K is a multiple of 32 for Q8_0, Q4_0,
+     * Q4_1, Q5_0, Q5_1 and IQ4_NL, of 256 for the K-quants and IQ4_XS.
      * Returns -1 when wtype is unsupported, else 0. */
     int (*matmul)(int wtype, const void *W, size_t w_row_bytes, int64_t K, const float *x,
                   int64_t ldx, float *y, int64_t ldy, int T, int64_t o0, int64_t o1);

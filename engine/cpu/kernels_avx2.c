@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "engine/cpu/kernels_impl.h"
+#include "engine/cpu/q23k.h"
 #include "engine/cpu/kernels_q56k.h"
 #include "engine/cpu/qleg.h"
 
@@ -543,6 +544,8 @@ static int v_matmul(int wtype, const void *W, size_t w_row_bytes, int64_t K, con
 {
     if (wtype == DT_Q4_K)
         return kern_q4k_matmul(q4k_rows, q8k_quantize, W, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
+    if (wtype == DT_Q2_K || wtype == DT_Q3_K) /* engine/cpu/q23k_avx2.c */
+        return kern_q23k_matmul_avx2(wtype, W, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
     if (wtype == DT_Q6_K || wtype == DT_Q5_K)
         return kern_q56k_matmul_avx2(wtype, W, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
     if (kern_qleg_type(wtype))
@@ -588,7 +591,7 @@ static void v_dequant_row(int wtype, const void *row, float *out, int64_t K)
     case DT_Q4_K:
         for (; k + 8 <= K; k += 8) _mm256_storeu_ps(out + k, w_load(DT_Q4_K, r, k));
         return;
-    case DT_Q6_K: case DT_Q5_K: /* engine/dtype.h's values (embedding rows) */
+    case DT_Q6_K: case DT_Q5_K: case DT_Q2_K: case DT_Q3_K: /* dtype.h values (embeddings) */
         dtype_dequant_row(wtype, row, out, K);
         return;
     default: /* Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS: the portable widening */

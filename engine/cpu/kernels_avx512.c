@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include "engine/cpu/kernels_impl.h"
+#include "engine/cpu/q23k.h"
 #include "engine/cpu/kernels_q56k.h"
 #include "engine/cpu/qleg.h"
 
@@ -821,6 +822,8 @@ AI int matmul_isa(const int vnni, int wtype, const void *W, size_t w_row_bytes, 
     if (wtype == DT_Q4_K)
         return kern_q4k_matmul(vnni ? q4k_rows_vnni : q4k_rows, q8k_quantize, W, w_row_bytes, K,
                                x, ldx, y, ldy, T, o0, o1);
+    if (wtype == DT_Q2_K || wtype == DT_Q3_K) /* engine/cpu/q23k_avx512.c */
+        return kern_q23k_matmul_avx512(vnni, wtype, W, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
     if (wtype == DT_Q6_K || wtype == DT_Q5_K)
         return kern_q56k_matmul_avx512(vnni, wtype, W, w_row_bytes, K, x, ldx, y, ldy, T, o0, o1);
     if (wtype == DT_Q8_0)
@@ -889,7 +892,7 @@ static void v_dequant_row(int wtype, const void *row, float *out, int64_t K)
     case DT_Q4_K:
         for (; k + 16 <= K; k += 16) _mm512_storeu_ps(out + k, w_load(DT_Q4_K, r, k));
         return;
-    case DT_Q6_K: case DT_Q5_K: /* engine/dtype.h's values (embedding rows) */
+    case DT_Q6_K: case DT_Q5_K: case DT_Q2_K: case DT_Q3_K: /* dtype.h values (embeddings) */
         dtype_dequant_row(wtype, row, out, K);
         return;
     default: /* Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS: the portable widening */

@@ -25,7 +25,7 @@ static inline int kern_wtype_ok(int t, int64_t K)
     case DT_F32: case DT_F16: case DT_BF16: return K >= 0;
     case DT_Q8_0: return K >= 0 && K % QK8_0 == 0 && K <= KERN_Q8_STACK;
     case DT_Q4_0: return K >= 0 && K % QK4_0 == 0 && K <= KERN_Q8_STACK;
-    case DT_Q4_K: case DT_Q5_K: case DT_Q6_K: case DT_IQ4_XS:
+    case DT_Q4_K: case DT_Q5_K: case DT_Q6_K: case DT_IQ4_XS: case DT_Q2_K: case DT_Q3_K:
         return K >= 0 && K % QK_K == 0 && K <= (int64_t)KERN_Q8K_STACK * QK_K;
     case DT_Q4_1: case DT_Q5_0: case DT_Q5_1: case DT_IQ4_NL:
         return K >= 0 && K % 32 == 0 && K <= KERN_Q8_STACK;

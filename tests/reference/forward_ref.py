@@ -48,9 +48,10 @@ Mixture of experts (<arch>.expert_count > 0; llama.cpp's build_moe_ffn), in plac
 Weights of GGUF shape ne = {in, out} are (out, in) arrays here, so y = x @ W.T; a 3-D expert tensor
 {in, out, n} is n such arrays.
 
-Q4_K matrices are multiplied as the engine's int8 route defines it (engine/cpu/kernels.h): x,
-rounded to float32, is quantised per 256 elements to int8 (d = max|x| / 127, q = round-half-even
-of x * (127 / max|x|), in float32) and multiplied by the weights' exact values d*sc*q - dmin*m.
+Q4_K, Q2_K and Q3_K matrices are multiplied as the engine's int8 route defines it
+(engine/cpu/kernels.h): x, rounded to float32, is quantised per 256 elements to int8 (d = max|x| /
+127, q = round-half-even of x * (127 / max|x|), in float32) and multiplied by the weights' exact
+values d*sc*q - dmin*m (Q3_K: d*sc*q).
 Token embeddings are looked up as float32-rounded weights either way.
 
 Usage as a script:
@@ -188,7 +189,7 @@ class RefModel:
 
         def M(name):  # a matrix used by a matmul
             if g.tensor_dtype(name) in (gguf_ref.DT_Q4_K, gguf_ref.DT_Q5_K, gguf_ref.DT_Q6_K,
-                                        qleg_ref.DT_IQ4_XS):
+                                        qleg_ref.DT_IQ4_XS, gguf_ref.DT_Q2_K, gguf_ref.DT_Q3_K):
                 return I8Linear(g.tensor(name, exact_q4k=True), 256)
             if g.tensor_dtype(name) in (gguf_ref.DT_Q8_0, gguf_ref.DT_Q4_0, qleg_ref.DT_Q4_1,
                                         qleg_ref.DT_Q5_0, qleg_ref.DT_Q5_1, qleg_ref.DT_IQ4_NL):

@@ -29,7 +29,8 @@ Q6_K (super-blocks of 256, 210 bytes: 128 bytes ql of low nibbles, 64 bytes qh o
 int8 scales of sub-blocks of 16, fp16 d last; in each half of 128 weights, weight 32i + l takes
 the low (i < 2) or high (i >= 2) nibble of ql[l + 32 (i % 2)] of that half and bits 2i, 2i+1 of
 qh[l]; w = (d*sc) * (q - 32): exact in float64, one float32 rounding, the sign of a zero that of
-d*sc as ggml's float32 arithmetic gives it).
+d*sc as ggml's float32 arithmetic gives it),
+Q2_K and Q3_K (super-blocks of 256 in sub-blocks of 16: q23k_ref.py).
 
 Usage as a script: gguf_ref.py FILE  prints the metadata and tensor list.
 """
@@ -38,6 +39,7 @@ import sys
 
 import numpy as np
 
+import q23k_ref
 import qleg_ref  # Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS
 
 GGUF_MAGIC = b"GGUF"
@@ -56,8 +58,9 @@ _NP_SCALAR = {
 # tensor dtypes (ggml numbering)
 DT_F32, DT_F16, DT_Q4_0, DT_Q8_0, DT_Q4_K, DT_BF16 = 0, 1, 2, 8, 12, 30
 DT_Q5_K, DT_Q6_K = 13, 14
+DT_Q2_K, DT_Q3_K = q23k_ref.DT_Q2_K, q23k_ref.DT_Q3_K
 DTYPE_NAMES = {DT_F32: "f32", DT_F16: "f16", DT_Q4_0: "q4_0", DT_Q8_0: "q8_0", DT_Q4_K: "q4_K",
-               DT_BF16: "bf16", DT_Q5_K: "q5_K", DT_Q6_K: "q6_K"}
+               DT_BF16: "bf16", DT_Q5_K: "q5_K", DT_Q6_K: "q6_K", DT_Q2_K: "q2_K", DT_Q3_K: "q3_K"}
 QK8_0 = 32
 Q8_0_BLOCK_BYTES = 2 + QK8_0
 QK4_0 = 32
@@ -69,7 +72,8 @@ Q6_K_BLOCK_BYTES = QK_K // 2 + QK_K // 4 + QK_K // 16 + 2
 # block size and bytes of the block types
 _BLOCKS = {DT_Q8_0: (QK8_0, Q8_0_BLOCK_BYTES), DT_Q4_0: (QK4_0, Q4_0_BLOCK_BYTES),
            DT_Q4_K: (QK_K, Q4_K_BLOCK_BYTES), DT_Q5_K: (QK_K, Q5_K_BLOCK_BYTES),
-           DT_Q6_K: (QK_K, Q6_K_BLOCK_BYTES)}
+           DT_Q6_K: (QK_K, Q6_K_BLOCK_BYTES), DT_Q2_K: (QK_K, q23k_ref.BLOCK_BYTES[DT_Q2_K]),
+           DT_Q3_K: (QK_K, q23k_ref.BLOCK_BYTES[DT_Q3_K])}
 DTYPE_NAMES.update(qleg_ref.NAMES)
 _BLOCKS.update(qleg_ref.BLOCKS)
 
@@ -141,10 +145,10 @@ class Tensor:
         return tuple(reversed(self.ne))
 
     def array(self, exact_q4k=False):
-        """exact_q4k: K-quant (Q4_K, Q5_K, Q6_K) weights as their exact values (d*sc*q - dmin*m,
-        (d*sc) * (q - 32)), not rounded to float32 (the values the engine's int8 route multiplies
-        with: engine/cpu/kernels.h, kernels_q56k.h); the same for Q4_1, Q5_1 (d*q + m) and IQ4_XS
-        (d*(ls - 32)*KV[q])."""
+        """exact_q4k: K-quant (Q4_K, Q5_K, Q6_K, Q2_K) weights as their exact values (d*sc*q -
+        dmin*m, (d*sc) * (q - 32)), not rounded to float32 (the values the engine's int8 route
+        multiplies with: engine/cpu/kernels.h, kernels_q56k.h, q23k.h; Q3_K's are exact anyway);
+        the same for Q4_1, Q5_1 (d*q + m) and IQ4_XS (d*(ls - 32)*KV[q])."""
         n = 1
         for d in self.ne:
             n *= d
@@ -182,6 +186,8 @@ class Tensor:
             q = np.stack([qs & 15, qs >> 4], axis=2).reshape(nb, 8, 32)       # (nb, sub, 32)
             w = (d[:, :, None] * scales[:, :, None]) * q - (dmin[:, :, None] * mins[:, :, None])
             flat = (w if exact_q4k else w.astype(np.float32).astype(np.float64)).reshape(n)
+        elif self.dtype in (DT_Q2_K, DT_Q3_K):
+            flat = q23k_ref.dequant(self.dtype, self.raw, n, exact_q4k)
         elif self.dtype in (DT_Q5_K, DT_Q6_K):
             nb = n // QK_K
             bb = _BLOCKS[self.dtype][1]
