@@ -9,9 +9,8 @@
  * For every tensor whose type this build supports (dtype_supported), the test dequantises it
  * with the portable reference (dtype_dequant_row) and with every kernel table this CPU runs
  * (kern_get: avx512, avx2, scalar), and checks both against the recorded hash and the recorded
- * first 32 values. Tensors of a type this build does not support are counted and listed, never
- * passed: the test fails unless at least one quantised (non-F32) tensor was checked, and a tensor
- * whose type name in the JSON disagrees with the file's type is a failure. Exits 77 when the
+ * first 32 values. Every tensor's type must be supported (the fixtures hold every common type
+ * and mix), and a tensor whose type name in the JSON disagrees with the file's type is a failure. Exits 77 when the
  * fixtures are absent. */
 #include <dirent.h>
 #include <inttypes.h>
@@ -172,5 +171,7 @@ int main(void)
             "support (supported: %s)\n", tl.tensors_checked, tl.quant_checked, tl.unsupported,
             DTYPE_SUPPORTED_LIST);
     CHECK(tl.quant_checked > 0);
+    /* every type in the fixtures (all of llama.cpp's common types and mixes) is supported */
+    CHECKF(tl.unsupported == 0, "%d tensors of types this build does not support", tl.unsupported);
     return check_exit();
 }
