@@ -1083,6 +1083,8 @@ void grammar_state_free(grammar_state_t *st)
     free(st);
 }
 
+grammar_t *grammar_state_grammar(const grammar_state_t *st) { return st->g; }
+
 int grammar_state_can_end(const grammar_state_t *st) { return st->cur.accept && st->cur.need == 0; }
 
 int grammar_state_done(const grammar_state_t *st)

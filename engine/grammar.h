@@ -62,6 +62,8 @@ int grammar_vocab_is_eog(const grammar_vocab_t *v, int32_t id);
 typedef struct grammar_state grammar_state_t;
 grammar_state_t *grammar_state_new(grammar_t *g, char *errstr, size_t errlen);
 void grammar_state_free(grammar_state_t *st);
+/* The grammar st follows (borrowed). */
+grammar_t *grammar_state_grammar(const grammar_state_t *st);
 /* Consumes bytes[0..n). 0 when the grammar accepts them as a continuation (state advanced),
  * -1 when it does not (state unchanged), -2 out of memory (state unchanged). */
 int grammar_state_advance(grammar_state_t *st, const char *bytes, size_t n);
