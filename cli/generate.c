@@ -336,7 +336,7 @@ int cli_generate(int argc, char **argv)
             free(buf);
         } else {
             json_error_t je;
-            json_t *sc = json_load_file(schema_file, 0, &je);
+            json_t *sc = json_load_file(schema_file, JSON_DECODE_ANY, &je);
             if (!sc) {
                 fprintf(stderr, "spillway: %s:%d: %s\n", schema_file, je.line, je.text);
                 return 1;

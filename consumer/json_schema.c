@@ -196,7 +196,8 @@ static int is_known(const char *k)
                                      "enum", "const", "items", "minItems", "maxItems", "anyOf",
                                      "allOf", "$ref", "pattern", "format", "minimum", "maximum",
                                      "exclusiveMinimum", "exclusiveMaximum", "minLength",
-                                     "maxLength", NULL};
+                                     "maxLength", "propertyNames", "minProperties",
+                                     "maxProperties", NULL};
     for (int i = 0; kw[i]; i++)
         if (strcmp(k, kw[i]) == 0) return 1;
     return is_annotation(k);
@@ -883,6 +884,21 @@ static void gen_object(cx_t *c, sb_t *b, const json_t *s, const char *path)
         return;
     }
     size_t np = props ? json_object_size(props) : 0;
+    const json_t *pn = json_object_get(s, "propertyNames");
+    long minp = 0, maxp = -1;
+    int hminp = get_count(c, s, "minProperties", path, &minp);
+    int hmaxp = get_count(c, s, "maxProperties", path, &maxp);
+    if (hminp < 0 || hmaxp < 0) return;
+    if ((pn || hminp || hmaxp) && (np > 0 || (addl && json_is_false(addl)))) {
+        fail(c, path, "propertyNames/minProperties/maxProperties are supported only on objects "
+                      "without properties whose members come from additionalProperties");
+        return;
+    }
+    if (hmaxp && maxp < minp) {
+        fail(c, path, "maxProperties is below minProperties");
+        return;
+    }
+    if ((pn || hminp || hmaxp) && !addl) addl = json_true(); /* (a singleton: no reference) */
     const char **keys = calloc(np + 1, sizeof *keys);
     int *vrule = calloc(np + 1, sizeof *vrule);
     char *isreq = calloc(np + 1, 1);
@@ -933,7 +949,26 @@ static void gen_object(cx_t *c, sb_t *b, const json_t *s, const char *path)
             if (vr < 0) goto out;
         }
         int keyr = -1;
-        if (np > 0) {
+        if (pn) {
+            char sub[512];
+            snprintf(sub, sizeof sub, "%s/propertyNames", path);
+            const json_t *pt = json_is_object(pn) ? json_object_get(pn, "type") : NULL;
+            if (!json_is_object(pn) || (pt && !(json_is_string(pt) &&
+                                               strcmp(json_string_value(pt), "string") == 0))) {
+                fail(c, sub, "propertyNames must be a string schema");
+                goto out;
+            }
+            json_t *ps = json_deep_copy(pn);
+            if (!ps || json_object_set_new(ps, "type", json_string("string"))) {
+                json_decref(ps);
+                c->out.oom = 1;
+                goto out;
+            }
+            int pr = gen(c, ps, sub);
+            json_decref(ps);
+            if (pr < 0) goto out;
+            keyr = pr;
+        } else if (np > 0) {
             for (size_t j = 0; j < np; j++) {
                 knode_t *node = root;
                 for (const char *p = keys[j]; *p;) {
@@ -958,7 +993,8 @@ static void gen_object(cx_t *c, sb_t *b, const json_t *s, const char *path)
         }
         int ar = new_rule(c);
         sb_t ab = {0};
-        if (keyr >= 0) sb_addf(&ab, "\"\\\"\" r%d \"\\\"\"", keyr);
+        if (keyr >= 0 && pn) sb_addf(&ab, "r%d", keyr);
+        else if (keyr >= 0) sb_addf(&ab, "\"\\\"\" r%d \"\\\"\"", keyr);
         else sb_add(&ab, "string");
         if (vr >= 0) sb_addf(&ab, " ws \":\" ws r%d ws", vr);
         else sb_add(&ab, " ws \":\" ws value ws");
@@ -968,7 +1004,19 @@ static void gen_object(cx_t *c, sb_t *b, const json_t *s, const char *path)
     /* F_i / N_i chain, built from the end */
     int F = new_rule(c), N = new_rule(c);
     sb_t fb = {0}, nb = {0};
-    if (addkv[0]) {
+    if (addkv[0] && (hminp || hmaxp)) {
+        sb_addf(&fb, "%s%s ( \",\" ws %s )", minp == 0 ? "( " : "", addkv, addkv);
+        if (hmaxp && maxp == 0) {
+            free(fb.s);
+            memset(&fb, 0, sizeof fb);
+            sb_add(&fb, "\"\"");
+        } else {
+            if (hmaxp) sb_addf(&fb, "{%ld,%ld}", minp > 0 ? minp - 1 : 0, maxp - 1);
+            else sb_addf(&fb, "{%ld,}", minp > 0 ? minp - 1 : 0);
+            if (minp == 0) sb_add(&fb, " )?");
+        }
+        sb_add(&nb, "\"\"");
+    } else if (addkv[0]) {
         sb_addf(&fb, "( %s ( \",\" ws %s )* )?", addkv, addkv);
         sb_addf(&nb, "( \",\" ws %s )*", addkv);
     } else {

@@ -51,7 +51,14 @@ typedef struct {
     float rope_factor;     /* rope.scaling.factor */
     int rope_orig_ctx;     /* rope.scaling.original_context_length */
     float rope_attn_factor; /* rope.scaling.attn_factor */
+    const char *vocab_from; /* NULL: the SPM vocabulary above. Else a GGUF file whose
+                             * tokenizer.* keys are copied as they are (e.g. a GPT-2 BPE
+                             * vocabulary); n_vocab must equal its token count
+                             * (mkmodel_vocab_size) */
 } mkmodel_params_t;
+
+/* Number of tokens (tokenizer.ggml.tokens) of the GGUF file at path; -1 with errstr. */
+int mkmodel_vocab_size(const char *path, char *errstr, size_t errlen);
 
 /* Fills p with a named preset (MKMODEL_PRESETS); 0, or -1 for an unknown name (p untouched).
  * Presets use F32 for the tiny models and F16 for the real-size ones; seed 1. */
