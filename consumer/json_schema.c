@@ -77,6 +77,14 @@ typedef struct {
     int rule;
 } ref_t;
 
+static char *dupstr(const char *s)
+{
+    size_t n = strlen(s) + 1;
+    char *d = malloc(n);
+    if (d) memcpy(d, s, n);
+    return d;
+}
+
 typedef struct {
     const json_t *doc;
     sb_t out;
@@ -1185,7 +1193,7 @@ static int gen(cx_t *c, const json_t *s, const char *path)
             c->cap_refs = cap;
         }
         r = new_rule(c);
-        c->refs[c->n_refs].ptr = strdup(rs);
+        c->refs[c->n_refs].ptr = dupstr(rs);
         c->refs[c->n_refs++].rule = r;
         if (!c->refs[c->n_refs - 1].ptr) c->out.oom = 1;
         int t = gen(c, target, rs);

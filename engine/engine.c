@@ -948,6 +948,7 @@ static int seq_advance(engine_t *e, seq_t *s, float *logits, int *finish_out)
 {
     sampler_logprob_t top[SAMPLER_MAX_LOGPROBS], chosen;
     const int at_start = s->stream.at_start;
+    int64_t tg0 = s->gstate ? now_ns() : 0;
     if (s->gstate) {
         const int n_vocab = e->model->hp.n_vocab;
         int ok = grammar_state_mask(s->gstate, e->gvocab, at_start, e->gmask) == 0;
@@ -960,6 +961,7 @@ static int seq_advance(engine_t *e, seq_t *s, float *logits, int *finish_out)
                                                            : ENGINE_FINISH_ABORT;
             return 1;
         }
+        e->st.grammar_seconds += (double)(now_ns() - tg0) * 1e-9;
     }
     int32_t tok = sampler_sample(s->sampler, logits, s->n_logprobs ? top : NULL,
                                  s->n_logprobs ? &chosen : NULL);
@@ -981,7 +983,9 @@ static int seq_advance(engine_t *e, seq_t *s, float *logits, int *finish_out)
     if (s->gstate && !(!s->ignore_eos && tokenizer_is_eog(e->tok, tok))) {
         size_t n;
         const char *p = grammar_vocab_piece(e->gvocab, tok, at_start, &n);
+        int64_t tg1 = now_ns();
         if (grammar_state_advance(s->gstate, p, n) != 0) finish = ENGINE_FINISH_ABORT;
+        e->st.grammar_seconds += (double)(now_ns() - tg1) * 1e-9;
     }
     if (finish >= 0) {
     } else if ((!s->ignore_eos && tokenizer_is_eog(e->tok, tok)) || is_stop_id(s, tok)) {

@@ -214,6 +214,8 @@ typedef struct {
                                 same prefix block (it is shared once published) */
     int kv_blocks_used, kv_blocks_total;
     double forward_seconds;
+    double grammar_seconds;  /* structured output: computing and applying token masks and
+                                advancing grammar states (on the step thread) */
 } engine_stats_t;
 void engine_stats(const engine_t *e, engine_stats_t *st);
 

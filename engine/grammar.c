@@ -345,7 +345,7 @@ static int cmp_range(const void *a, const void *b)
 /* Appends a CHAR element for ranges tmp[0..2n) (sorted and merged here). */
 static int push_charset(parser_t *p, evec_t *out, uint32_t *tmp, size_t n, int neg)
 {
-    qsort(tmp, n, 2 * sizeof *tmp, cmp_range);
+    if (n) qsort(tmp, n, 2 * sizeof *tmp, cmp_range);
     size_t m = 0;
     for (size_t i = 0; i < n; i++) {
         if (m > 0 && tmp[2 * i] <= tmp[2 * (m - 1) + 1] + 1) {
@@ -361,7 +361,7 @@ static int push_charset(parser_t *p, evec_t *out, uint32_t *tmp, size_t n, int n
         return -1;
     }
     elem_t e = {E_CHAR, (uint8_t)neg, (uint32_t)p->n_ranges, (uint32_t)m};
-    memcpy(p->ranges + 2 * p->n_ranges, tmp, 2 * m * sizeof *tmp);
+    if (m) memcpy(p->ranges + 2 * p->n_ranges, tmp, 2 * m * sizeof *tmp);
     p->n_ranges += m;
     return evec_push(p, out, e);
 }
@@ -714,7 +714,7 @@ grammar_t *grammar_parse(const char *text, size_t len, char *errstr, size_t errl
     atomic_init(&g->refs, 1);
     g->text = malloc(len + 1);
     if (!g->text) goto oom;
-    memcpy(g->text, text, len);
+    if (len) memcpy(g->text, text, len);
     g->text[len] = 0;
     g->text_len = len;
     g->text_hash = fnv64(text, len);
@@ -730,14 +730,15 @@ grammar_t *grammar_parse(const char *text, size_t len, char *errstr, size_t errl
     g->rule_alt = malloc((p.n_rules + 1) * sizeof *g->rule_alt);
     g->ranges = malloc((p.n_ranges ? 2 * p.n_ranges : 1) * sizeof *g->ranges);
     if (!g->el || !g->alt_start || !g->rule_alt || !g->ranges) goto oom;
-    memcpy(g->ranges, p.ranges, 2 * p.n_ranges * sizeof *g->ranges);
+    if (p.n_ranges) memcpy(g->ranges, p.ranges, 2 * p.n_ranges * sizeof *g->ranges);
     g->n_ranges = (uint32_t)p.n_ranges;
     uint32_t ai = 0, ei = 0;
     for (size_t i = 0; i < p.n_rules; i++) {
         g->rule_alt[i] = ai;
         for (size_t k = 0; k < p.rules[i].n_alts; k++) {
             g->alt_start[ai++] = ei;
-            memcpy(g->el + ei, p.rules[i].alts[k].v, p.rules[i].alts[k].n * sizeof *g->el);
+            if (p.rules[i].alts[k].n)
+                memcpy(g->el + ei, p.rules[i].alts[k].v, p.rules[i].alts[k].n * sizeof *g->el);
             ei += (uint32_t)p.rules[i].alts[k].n;
             g->el[ei++] = (elem_t){E_END, 0, 0, 0};
         }
@@ -852,6 +853,7 @@ typedef struct {
      * the character's total length */
     uint32_t cp;
     int need, len;
+    uint64_t hash;   /* of the set (mask walks only): order-independent over the tops' hashes */
 } sset_t;
 
 typedef struct {
@@ -1040,6 +1042,16 @@ static int step_byte(mctx_t *c, const sset_t *in, unsigned b, sset_t *out)
     return out->n > 0 || out->accept;
 }
 
+/* A mask walk's transition memo: (set hash, byte) -> the set it leads to. */
+typedef struct {
+    uint64_t key, out_hash;
+    uint32_t gen, cp;
+    int32_t off, n;          /* tops in the walk's pool */
+    int8_t alive, accept, need, len;
+} memo_t;
+
+#define MEMO_SLOTS 8192
+
 struct grammar_state {
     grammar_t *g;
     arena_t ar;
@@ -1050,6 +1062,10 @@ struct grammar_state {
     size_t n_lvl;
     int32_t *key;
     size_t key_cap;
+    memo_t *memo;            /* [MEMO_SLOTS] */
+    uint32_t memo_gen;       /* entries of other generations are empty */
+    int32_t *pool;
+    size_t pool_n, pool_cap;
 };
 
 grammar_state_t *grammar_state_new(grammar_t *g, char *errstr, size_t errlen)
@@ -1080,6 +1096,8 @@ void grammar_state_free(grammar_state_t *st)
     for (size_t i = 0; i < st->n_lvl; i++) free(st->lvl[i].tops);
     free(st->lvl);
     free(st->key);
+    free(st->memo);
+    free(st->pool);
     free(st);
 }
 
@@ -1149,7 +1167,7 @@ static void sset_copy(mctx_t *c, sset_t *dst, const sset_t *src)
         c->oom = 1;
         return;
     }
-    memcpy(dst->tops, src->tops, src->n * sizeof *src->tops);
+    if (src->n) memcpy(dst->tops, src->tops, src->n * sizeof *src->tops);
     dst->n = src->n;
     dst->accept = src->accept;
     dst->cp = src->cp;
@@ -1195,12 +1213,16 @@ struct grammar_vocab {
     int strip;
     int32_t *space_ids;    /* tokens starting with ' ' (their at-start text differs) */
     int n_space;
-    /* trie: node 0 is the root */
+    /* trie while building: node 0 is the root, children in linked lists */
     int32_t *first_child, *next_sib, *tok_first;
     uint8_t *byte;
     int32_t n_nodes, cap_nodes;
     int32_t *tok_next;     /* [n] next token ending at the same node */
     int32_t root_child[256];
+    /* the same trie in depth-first preorder (walked): node i's subtree is [i, i + size[i]),
+     * its children follow it, each after the previous child's subtree */
+    int32_t *d_size, *d_tok;
+    uint8_t *d_byte;
 };
 
 static int trie_node(grammar_vocab_t *v, uint8_t b)
@@ -1227,6 +1249,50 @@ static int trie_node(grammar_vocab_t *v, uint8_t b)
     return i;
 }
 
+/* Lays the linked trie out in depth-first preorder (d_size, d_tok, d_byte). 0 or -1. */
+static int vocab_preorder(grammar_vocab_t *v)
+{
+    size_t n = (size_t)v->n_nodes;
+    int32_t *stack = malloc(n * sizeof *stack), *pos = malloc(n * sizeof *pos);
+    v->d_size = malloc(n * sizeof *v->d_size);
+    v->d_tok = malloc(n * sizeof *v->d_tok);
+    v->d_byte = malloc(n);
+    if (!stack || !pos || !v->d_size || !v->d_tok || !v->d_byte) {
+        free(stack);
+        free(pos);
+        return -1;
+    }
+    /* preorder numbering with an explicit stack; sizes from the numbering afterwards */
+    int32_t sp = 0, next = 0;
+    stack[sp++] = 0;
+    while (sp > 0) {
+        int32_t x = stack[--sp];
+        pos[x] = next;
+        v->d_tok[next] = v->tok_first[x];
+        v->d_byte[next] = v->byte[x];
+        next++;
+        for (int32_t c = v->first_child[x]; c >= 0; c = v->next_sib[c]) stack[sp++] = c;
+    }
+    /* size = 1 + sizes of the children: children have larger preorder numbers, so a pass in
+     * decreasing preorder (nodes listed by position) accumulates them */
+    int32_t *order = stack; /* order[pos] = node */
+    for (size_t x = 0; x < n; x++) order[pos[x]] = (int32_t)x;
+    for (size_t i = n; i-- > 0;) {
+        int32_t x = order[i], s = 1;
+        for (int32_t c = v->first_child[x]; c >= 0; c = v->next_sib[c]) s += v->d_size[pos[c]];
+        v->d_size[i] = s;
+    }
+    free(stack);
+    free(pos);
+    free(v->first_child);
+    free(v->next_sib);
+    free(v->tok_first);
+    free(v->byte);
+    v->first_child = v->next_sib = v->tok_first = NULL;
+    v->byte = NULL;
+    return 0;
+}
+
 grammar_vocab_t *grammar_vocab_new(int n_vocab, const char *const *pieces, const size_t *lens,
                                    const unsigned char *eog, int strip_start_space,
                                    char *errstr, size_t errlen)
@@ -1251,7 +1317,7 @@ grammar_vocab_t *grammar_vocab_new(int n_vocab, const char *const *pieces, const
     uint64_t h = 1469598103934665603ull ^ (uint64_t)n_vocab;
     size_t at = 0;
     for (int i = 0; i < n_vocab; i++) {
-        memcpy(v->pool + at, pieces[i], lens[i]);
+        if (lens[i]) memcpy(v->pool + at, pieces[i], lens[i]);
         v->off[i] = at;
         v->len[i] = lens[i];
         at += lens[i];
@@ -1287,6 +1353,7 @@ grammar_vocab_t *grammar_vocab_new(int n_vocab, const char *const *pieces, const
         v->tok_next[i] = v->tok_first[node];
         v->tok_first[node] = i;
     }
+    if (vocab_preorder(v)) goto oom;
     return v;
 oom:
     seterr(errstr, errlen, "out of memory");
@@ -1307,6 +1374,9 @@ void grammar_vocab_free(grammar_vocab_t *v)
     free(v->next_sib);
     free(v->tok_first);
     free(v->byte);
+    free(v->d_size);
+    free(v->d_tok);
+    free(v->d_byte);
     free(v);
 }
 
@@ -1350,21 +1420,64 @@ static sset_t *level(grammar_state_t *st, size_t d, mctx_t *c)
     return &st->lvl[d];
 }
 
+static void set_hash(const arena_t *a, sset_t *s)
+{
+    uint64_t h = 0;
+    for (size_t i = 0; i < s->n; i++) h += a->v[s->tops[i]].hash;
+    h = mix64(h ^ ((uint64_t)s->cp << 16 | (uint64_t)s->need << 8 | (uint64_t)s->len << 4 |
+                   (uint64_t)s->accept));
+    s->hash = h;
+}
+
+/* out = in advanced by byte b, through the memo: a set reached again (whatever the path) is
+ * advanced once per walk. Nodes made during a walk stay until its end (memo entries point at
+ * them). Returns 1 when alive. */
+static int step_memo(grammar_state_t *st, mctx_t *c, const sset_t *in, unsigned b, sset_t *out)
+{
+    uint64_t key = mix64(in->hash + 0x9e3779b97f4a7c15ull * (b + 1));
+    memo_t *m = &st->memo[key & (MEMO_SLOTS - 1)];
+    if (m->gen == st->memo_gen && m->key == key) {
+        if (grow((void **)&out->tops, &out->cap, (size_t)m->n + 1, sizeof *out->tops)) {
+            c->oom = 1;
+            return 0;
+        }
+        if (m->n) memcpy(out->tops, st->pool + m->off, (size_t)m->n * sizeof *out->tops);
+        out->n = (size_t)m->n;
+        out->accept = m->accept;
+        out->cp = m->cp;
+        out->need = m->need;
+        out->len = m->len;
+        out->hash = m->out_hash;
+        return m->alive;
+    }
+    int alive = step_byte(c, in, b, out);
+    if (c->oom) return 0;
+    if (!alive) out->n = 0;
+    set_hash(c->ar, out);
+    if (grow((void **)&st->pool, &st->pool_cap, st->pool_n + out->n + 1, sizeof *st->pool)) {
+        c->oom = 1;
+        return 0;
+    }
+    if (out->n) memcpy(st->pool + st->pool_n, out->tops, out->n * sizeof *out->tops);
+    *m = (memo_t){key, out->hash, st->memo_gen, out->cp, (int32_t)st->pool_n, (int32_t)out->n,
+                  (int8_t)alive, (int8_t)out->accept, (int8_t)out->need, (int8_t)out->len};
+    st->pool_n += out->n;
+    return alive;
+}
+
 static void walk(grammar_state_t *st, const grammar_vocab_t *v, mctx_t *c, int32_t node,
                  size_t depth, uint32_t *mask)
 {
-    const sset_t *in = &st->lvl[depth];
-    for (int32_t ch = v->first_child[node]; ch >= 0; ch = v->next_sib[ch]) {
-        sset_t *out = level(st, depth + 1, c);
-        if (!out) return;
-        in = &st->lvl[depth];
-        size_t mark = st->ar.n;
-        if (step_byte(c, in, v->byte[ch], out)) {
-            for (int32_t t = v->tok_first[ch]; t >= 0; t = v->tok_next[t])
+    if (!level(st, depth + 1, c)) return;
+    const int32_t end = node + v->d_size[node];
+    for (int32_t ch = node + 1; ch < end; ch += v->d_size[ch]) {
+        sset_t *out = &st->lvl[depth + 1];
+        const sset_t *in = &st->lvl[depth];
+        if (step_memo(st, c, in, v->d_byte[ch], out)) {
+            for (int32_t t = v->d_tok[ch]; t >= 0; t = v->tok_next[t])
                 mask[t >> 5] |= 1u << (t & 31);
-            if (v->first_child[ch] >= 0) walk(st, v, c, ch, depth + 1, mask);
+            if (v->d_size[ch] > 1) walk(st, v, c, ch, depth + 1, mask);
         }
-        st->ar.n = mark;
         if (c->oom) return;
     }
 }
@@ -1509,6 +1622,13 @@ int grammar_state_mask(grammar_state_t *st, const grammar_vocab_t *v, int at_sta
     if (!l0) return -1;
     sset_copy(&c, l0, &st->cur);
     if (c.oom) return -1;
+    if (!st->memo && !(st->memo = calloc(MEMO_SLOTS, sizeof *st->memo))) return -1;
+    if (++st->memo_gen == 0) { /* wrapped: forget every entry */
+        memset(st->memo, 0, MEMO_SLOTS * sizeof *st->memo);
+        st->memo_gen = 1;
+    }
+    st->pool_n = 0;
+    set_hash(&st->ar, l0);
     size_t mark = st->ar.n;
     walk(st, v, &c, 0, 0, mask);
     st->ar.n = mark;
