@@ -358,6 +358,7 @@ int cli_generate(int argc, char **argv)
     if (*redis_host && cfg.prefix_cache) { /* tier 2: name blocks like the host's workers */
         if (cache_secret_load(kc.secret_path, secret, err, sizeof err)) {
             fprintf(stderr, "spillway: %s\n", err);
+            grammar_release(dgram);
             return 1;
         }
         cfg.kv_secret = secret;
@@ -366,6 +367,7 @@ int cli_generate(int argc, char **argv)
     memset(secret, 0, sizeof secret);
     if (!e) {
         fprintf(stderr, "spillway: %s\n", err);
+        grammar_release(dgram);
         return 1;
     }
     if (*redis_host && cfg.prefix_cache) {
@@ -379,6 +381,7 @@ int cli_generate(int argc, char **argv)
         if (!(cache = cache_new(&kc, &geo, err, sizeof err))) {
             fprintf(stderr, "spillway: %s\n", err);
             engine_free(e);
+            grammar_release(dgram);
             return 1;
         }
         cache_engine_tier(cache, &tier);
@@ -386,6 +389,7 @@ int cli_generate(int argc, char **argv)
             fprintf(stderr, "spillway: %s\n", err);
             engine_free(e);
             cache_free(cache);
+            grammar_release(dgram);
             return 1;
         }
     }

@@ -32,7 +32,7 @@ typedef struct grammar grammar_t;
 #define GRAMMAR_MAX_RULES 100000
 #define GRAMMAR_MAX_ELEMS 2000000
 /* Bytes of mask cache per grammar before the cache is cleared and refilled. */
-#define GRAMMAR_MASK_CACHE_BYTES (32u << 20)
+#define GRAMMAR_MASK_CACHE_BYTES (16u << 20)
 
 /* Parses text[0..len) (need not be NUL-terminated). Returns a grammar with one reference, or NULL
  * with errstr giving the reason and the line:column. */
