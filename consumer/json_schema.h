@@ -1,8 +1,7 @@
 /* consumer/json_schema.h: JSON Schema to EBNF grammar (engine/grammar.h's dialect).
  *
- * The grammar matches JSON text (compact or with bounded whitespace: at most 20 of space, tab,
- * newline between tokens; none before the value or after it) whose value validates against the
- * schema. The supported subset and how each keyword is enforced are in the README
+ * The grammar matches JSON text (between tokens at most one space, or a newline and up to 4
+ * spaces; nothing before the value or after it) whose value validates against the schema. The supported subset and how each keyword is enforced are in the README
  * ("Structured output"); any other keyword (annotations aside) is an error naming it and its
  * location, never ignored. Thread-safe (no shared state). */
 #ifndef SPILLWAY_CONSUMER_JSON_SCHEMA_H
