@@ -22,7 +22,7 @@ int cli_mkmodel(int argc, char **argv)
         {"kv-heads", required_argument, 0, 4006},
         {"ffn", required_argument, 0, 4007},
         {"vocab", required_argument, 0, 4008},
-        {"vocab-from", required_argument, 0, 4029},
+        {"vocab-from", required_argument, 0, 4090},
         {"ctx", required_argument, 0, 4009},
         {"dtype", required_argument, 0, 4010},
         {"tied", no_argument, 0, 4011},
@@ -94,7 +94,7 @@ int cli_mkmodel(int argc, char **argv)
         case 4006: if (cli_parse_int("--kv-heads", optarg, 1, 1024, &v)) return 2; p.n_kv_heads = (int)v; break;
         case 4007: if (cli_parse_int("--ffn", optarg, 1, 1 << 20, &v)) return 2; p.ffn_dim = (int)v; break;
         case 4008: if (cli_parse_int("--vocab", optarg, MKMODEL_MIN_VOCAB, 1 << 24, &v)) return 2; p.n_vocab = (int)v; break;
-        case 4029: {
+        case 4090: {
             char verr[256];
             int nv = mkmodel_vocab_size(optarg, verr, sizeof verr);
             if (nv < 0) { fprintf(stderr, "spillway: --vocab-from: %s\n", verr); return 2; }
