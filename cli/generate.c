@@ -8,6 +8,8 @@
 #include <time.h>
 
 #include "cache/cache.h"
+#include "consumer/json_schema.h"
+#include "engine/grammar.h"
 #include "cli.h"
 
 #define MAX_STOP 16
@@ -94,11 +96,20 @@ static void on_done(void *arg, const engine_result_t *r)
 
 /* Request fields that a JSONL line may carry; everything else is ignored. */
 static int parse_line(engine_t *e, json_t *o, const engine_request_t *defaults, engine_request_t *rq,
-                      int32_t **toks, const char **stops, char *err, size_t errlen)
+                      int32_t **toks, const char **stops, grammar_t **line_grammar, char *err,
+                      size_t errlen)
 {
     *rq = *defaults;
     rq->n_stop = 0;
     json_t *v;
+    const json_t *gv = json_object_get(o, "grammar"), *rv = json_object_get(o, "response_format");
+    if (gv && json_is_null(gv)) gv = NULL;
+    if (rv && json_is_null(rv)) rv = NULL;
+    if (gv || rv) { /* the line's own structured output replaces --grammar / --json-schema */
+        int kind;
+        if (json_schema_request_grammar(gv, rv, line_grammar, &kind, err, errlen) != 0) return -1;
+        rq->grammar = *line_grammar;
+    }
     const char *prompt = NULL;
     size_t plen = 0;
     v = json_object_get(o, "prompt");
@@ -197,6 +208,8 @@ int cli_generate(int argc, char **argv)
         {"cache-arena-mb", required_argument, 0, 2011},
         {"cache-timeout-ms", required_argument, 0, 2012},
         {"cache-secret", required_argument, 0, 2013},
+        {"grammar", required_argument, 0, 2014},
+        {"json-schema", required_argument, 0, 2015},
         {"help", no_argument, 0, 'h'},
         CLI_ENGINE_LONGOPTS,
         {0, 0, 0, 0},
@@ -205,7 +218,7 @@ int cli_generate(int argc, char **argv)
     engine_config_default(&cfg);
     engine_request_t dr;
     engine_request_default(&dr);
-    const char *prompt = NULL, *file = NULL;
+    const char *prompt = NULL, *file = NULL, *grammar_file = NULL, *schema_file = NULL;
     const char *stops[MAX_STOP];
     int n_stop = 0, echo = 1, stats = 0;
     cache_config_t kc;
@@ -258,6 +271,8 @@ int cli_generate(int argc, char **argv)
         case 2011: if (cli_parse_key("--cache-arena-mb", "cache.arena.mb", optarg, &v)) return 2; kc.arena_mb = v; break;
         case 2012: if (cli_parse_key("--cache-timeout-ms", "cache.redis.timeout_ms", optarg, &v)) return 2; kc.cmd_timeout_ms = (int)v; break;
         case 2013: kc.secret_path = optarg; break;
+        case 2014: grammar_file = optarg; break;
+        case 2015: schema_file = optarg; break;
         case 'h':
             printf("usage: spillway generate -m MODEL [-p PROMPT | -f PROMPTS.jsonl] [options]\n"
                    "  -m, --model FILE     GGUF model\n"
@@ -266,7 +281,11 @@ int cli_generate(int argc, char **argv)
                    "  -f, --file FILE      JSONL, one request per line: {\"id\", \"prompt\", \"max_tokens\",\n"
                    "                       \"temperature\", \"top_p\", \"top_k\", \"min_p\", \"seed\", \"stop\",\n"
                    "                       \"repeat_penalty\", \"presence_penalty\", \"frequency_penalty\",\n"
-                   "                       \"logprobs\", \"priority\"}; prints one JSON result per line\n");
+                   "                       \"logprobs\", \"priority\", \"grammar\", \"response_format\"};\n"
+                   "                       prints one JSON result per line\n"
+                   "  --grammar FILE       constrain every request to the EBNF grammar in FILE\n"
+                   "  --json-schema FILE   constrain every request to JSON valid against the JSON\n"
+                   "                       Schema in FILE (a line's grammar/response_format wins)\n");
             cli_key_help(stdout, "-n, --max-tokens N", "limits.default_max_tokens",
                          "tokens to generate at most (-f: for a line without \"max_tokens\")");
             printf("  -t, --temp T         temperature, 0 = greedy (default 1)\n"
@@ -295,10 +314,56 @@ int cli_generate(int argc, char **argv)
     dr.stop = stops;
     dr.n_stop = n_stop;
     char err[512];
+    grammar_t *dgram = NULL;
+    if (grammar_file && schema_file) {
+        fprintf(stderr, "spillway: --grammar and --json-schema: give one\n");
+        return 2;
+    }
+    if (grammar_file || schema_file) {
+        json_t *gs = NULL, *rf = NULL;
+        if (grammar_file) {
+            FILE *gf = fopen(grammar_file, "rb");
+            char *buf = NULL;
+            size_t n = 0;
+            if (gf) {
+                fseek(gf, 0, SEEK_END);
+                long sz = ftell(gf);
+                fseek(gf, 0, SEEK_SET);
+                buf = sz >= 0 ? malloc((size_t)sz + 1) : NULL;
+                if (buf) n = fread(buf, 1, (size_t)sz, gf);
+                fclose(gf);
+            }
+            if (!buf) {
+                perror(grammar_file);
+                return 1;
+            }
+            gs = json_stringn_nocheck(buf, n);
+            free(buf);
+        } else {
+            json_error_t je;
+            json_t *sc = json_load_file(schema_file, JSON_DECODE_ANY, &je);
+            if (!sc) {
+                fprintf(stderr, "spillway: %s:%d: %s\n", schema_file, je.line, je.text);
+                return 1;
+            }
+            rf = json_pack("{s:s, s:{s:s, s:o}}", "type", "json_schema", "json_schema", "name",
+                           "cli", "schema", sc);
+        }
+        int kind;
+        int grc = json_schema_request_grammar(gs, rf, &dgram, &kind, err, sizeof err);
+        json_decref(gs);
+        json_decref(rf);
+        if (grc != 0) {
+            fprintf(stderr, "spillway: %s: %s\n", grammar_file ? grammar_file : schema_file, err);
+            return 1;
+        }
+        dr.grammar = dgram;
+    }
     unsigned char secret[CACHE_SECRET_BYTES];
     if (*redis_host && cfg.prefix_cache) { /* tier 2: name blocks like the host's workers */
         if (cache_secret_load(kc.secret_path, secret, err, sizeof err)) {
             fprintf(stderr, "spillway: %s\n", err);
+            grammar_release(dgram);
             return 1;
         }
         cfg.kv_secret = secret;
@@ -307,6 +372,7 @@ int cli_generate(int argc, char **argv)
     memset(secret, 0, sizeof secret);
     if (!e) {
         fprintf(stderr, "spillway: %s\n", err);
+        grammar_release(dgram);
         return 1;
     }
     if (*redis_host && cfg.prefix_cache) {
@@ -320,6 +386,7 @@ int cli_generate(int argc, char **argv)
         if (!(cache = cache_new(&kc, &geo, err, sizeof err))) {
             fprintf(stderr, "spillway: %s\n", err);
             engine_free(e);
+            grammar_release(dgram);
             return 1;
         }
         cache_engine_tier(cache, &tier);
@@ -327,6 +394,7 @@ int cli_generate(int argc, char **argv)
             fprintf(stderr, "spillway: %s\n", err);
             engine_free(e);
             cache_free(cache);
+            grammar_release(dgram);
             return 1;
         }
     }
@@ -382,13 +450,14 @@ int cli_generate(int argc, char **argv)
             json_t *o = json_loadb(line, (size_t)len, 0, &jerr);
             const char *lstops[MAX_STOP];
             int32_t *toks = NULL;
+            grammar_t *lgram = NULL;
             engine_request_t rq;
             char msg[256];
             if (!o || !json_is_object(o)) {
                 fprintf(stderr, "spillway: %s:%ld: not a JSON object: %s\n", file, lineno,
                         o ? "wrong type" : jerr.text);
                 bad++;
-            } else if (parse_line(e, o, &dr, &rq, &toks, lstops, msg, sizeof msg) != 0) {
+            } else if (parse_line(e, o, &dr, &rq, &toks, lstops, &lgram, msg, sizeof msg) != 0) {
                 fprintf(stderr, "spillway: %s:%ld: %s\n", file, lineno, msg);
                 bad++;
             } else {
@@ -408,6 +477,7 @@ int cli_generate(int argc, char **argv)
                 }
             }
             free(toks);
+            grammar_release(lgram);
             json_decref(o);
         }
         free(line);
@@ -448,6 +518,7 @@ out:
                 (unsigned long long)st.kv_mismatches);
     }
     engine_free(e);
+    grammar_release(dgram);
     cache_free(cache); /* after the engine; waits for the queued stores */
     return rc;
 }

@@ -22,6 +22,7 @@ int cli_mkmodel(int argc, char **argv)
         {"kv-heads", required_argument, 0, 4006},
         {"ffn", required_argument, 0, 4007},
         {"vocab", required_argument, 0, 4008},
+        {"vocab-from", required_argument, 0, 4090},
         {"ctx", required_argument, 0, 4009},
         {"dtype", required_argument, 0, 4010},
         {"tied", no_argument, 0, 4011},
@@ -99,6 +100,14 @@ int cli_mkmodel(int argc, char **argv)
         case 4006: if (cli_parse_int("--kv-heads", optarg, 1, 1024, &v)) return 2; p.n_kv_heads = (int)v; break;
         case 4007: if (cli_parse_int("--ffn", optarg, 1, 1 << 20, &v)) return 2; p.ffn_dim = (int)v; break;
         case 4008: if (cli_parse_int("--vocab", optarg, MKMODEL_MIN_VOCAB, 1 << 24, &v)) return 2; p.n_vocab = (int)v; break;
+        case 4090: {
+            char verr[256];
+            int nv = mkmodel_vocab_size(optarg, verr, sizeof verr);
+            if (nv < 0) { fprintf(stderr, "spillway: --vocab-from: %s\n", verr); return 2; }
+            p.vocab_from = optarg;
+            p.n_vocab = nv;
+            break;
+        }
         case 4009: if (cli_parse_int("--ctx", optarg, 1, 1 << 30, &v)) return 2; p.ctx_len = (int)v; break;
         case 4010:
             if (!strcmp(optarg, "f32")) p.dtype = DT_F32;
@@ -141,6 +150,8 @@ int cli_mkmodel(int argc, char **argv)
                    "  --arch A        llama | qwen2 | qwen3 | gemma2 | gemma3 | phi3 | qwen2moe |\n"
                    "                  qwen3moe\n"
                    "  --dim N --layers N --heads N --kv-heads N --ffn N --vocab N --ctx N\n"
+                   "  --vocab-from GGUF  copy that file's tokenizer (e.g. a BPE vocabulary of\n"
+                   "                  /work/shared/models/tokenizer-vectors); sets --vocab\n"
                    "  --dtype T       f32 | f16 | bf16 | q8_0 | q4_0 | q4_k | q5_k | q6_k | q4_1 |\n"
                    "                  q5_0 | q5_1 | iq4_nl | iq4_xs | q3_k | q2_k (matrices; norms\n"
                    "                  stay f32; K-quant matrices whose rows are not a multiple of\n"

@@ -26,6 +26,8 @@
 #include <jansson.h>
 
 #include "engine/engine.h"
+#include "engine/grammar.h"
+#include "consumer/json_schema.h"
 
 #define MAX_PATCHES 16                     /* unknown-field tokens overwritten, at most */
 #define MAX_ROLE_BYTES 64
@@ -71,6 +73,7 @@ void request_free(request_t *r)
     free(r->tenant);
     free(r->class_name);
     free(r->model);
+    grammar_release(r->grammar);
     memset(r, 0, sizeof *r);
 }
 
@@ -106,7 +109,7 @@ static int oom(pctx_t *c)
 /* ---- fields: names, accepted values ---- */
 
 enum ftype { F_ID, F_TEXT, F_FORM, F_INT, F_FLOAT, F_SEED, F_STOP, F_DEADLINE, F_TTL, F_META, F_TMPL,
-             F_STR, F_BOOL };
+             F_STR, F_BOOL, F_GRAMMAR };
 
 typedef struct {
     const char *name;
@@ -150,6 +153,9 @@ static const field_t FIELDS[] = {
     {"tenant", F_STR, 0, 0, 0, OFF(tenant)},
     {"class", F_STR, 0, 0, 0, OFF(class_name)},
     {"model", F_STR, 0, 0, 0, OFF(model)},
+    /* structured output (consumer/json_schema.h): at most one of them constrains */
+    {"grammar", F_GRAMMAR, 0, 0, 0, 0},
+    {"response_format", F_GRAMMAR, 0, 0, 0, 0},
 };
 #define N_FIELDS (sizeof FIELDS / sizeof FIELDS[0])
 
@@ -210,6 +216,14 @@ static const char *accepted(const field_t *f, const request_limits_t *l, char *b
         break;
     case F_BOOL:
         snprintf(buf, n, "true or false");
+        break;
+    case F_GRAMMAR:
+        if (strcmp(f->name, "grammar") == 0)
+            snprintf(buf, n, "a string: an EBNF grammar with a root rule");
+        else
+            snprintf(buf, n, "{\"type\": \"text\"}, {\"type\": \"json_object\"} or "
+                             "{\"type\": \"json_schema\", \"json_schema\": {\"name\", "
+                             "\"schema\", \"strict\"}}");
         break;
     case F_STR:
         if (strcmp(f->name, "reply_to") == 0)
@@ -1149,6 +1163,15 @@ static int read_fields(pctx_t *c, const json_t *root, const char *doc, size_t le
     if (r->n > 1 && r->stream)
         return fail(c, REQ_ERR_BAD_PARAM, "stream: a request with n > 1 cannot stream; send n "
                     "requests, or stream false");
+    const json_t *gv = opt(root, "grammar"), *rv = opt(root, "response_format");
+    if (gv || rv) {
+        char msg[512];
+        int rc = json_schema_request_grammar(gv, rv, &r->grammar, &r->grammar_kind, msg,
+                                             sizeof msg);
+        if (rc == -3) return oom(c);
+        if (rc == -2) return fail(c, REQ_ERR_WRONG_TYPE, "%s", msg);
+        if (rc == -1) return fail(c, REQ_ERR_BAD_GRAMMAR, "%s", msg);
+    }
     return 0;
 }
 

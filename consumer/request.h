@@ -50,6 +50,11 @@
                                                       may claim (worker key claims) */
 #define REQ_ERR_CLASS_NOT_ALLOWED "class_not_allowed" /* "class" is not one the input topic may
                                                       claim (worker key claims) */
+#define REQ_ERR_BAD_GRAMMAR     "bad_grammar"      /* grammar is not a valid EBNF grammar, or
+                                                      response_format's JSON Schema uses an
+                                                      unsupported keyword or is malformed, or
+                                                      both grammar and response_format json are
+                                                      set (the message says why) */
 /* Not a dead-letter reason: an allocation failed while parsing. The message itself may be fine;
  * the caller should retry or stop, not dead-letter it. */
 #define REQ_ERR_NO_MEMORY       "out_of_memory"
@@ -126,6 +131,12 @@ typedef struct {
     char *class_name;           /* "class" */
     char *model;                /* "model": a model name of the worker (same charset as class;
                                    JSON field, else header); NULL = the worker's model.default */
+    /* Structured output: "grammar" (EBNF text) or "response_format" (json_object /
+     * json_schema), compiled at parse time; NULL = unconstrained. One reference, owned
+     * (request_free releases it); grammar_kind is a JSON_SCHEMA_* value of
+     * consumer/json_schema.h. */
+    struct grammar *grammar;
+    int grammar_kind;
 } request_t;
 
 /* Parses value[0..len) of a message whose Kafka timestamp is msg_timestamp_ms (used for

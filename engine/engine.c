@@ -31,6 +31,7 @@
 #include "sampler.h"
 #include "tokenizer.h"
 #include "engine_internal.h"
+#include "grammar.h"
 
 typedef struct seq {
     uint64_t id;
@@ -67,6 +68,7 @@ typedef struct seq {
     int max_tokens;
     int ignore_eos;
     int n_logprobs;
+    grammar_state_t *gstate;  /* structured output (NULL: none); its grammar is referenced */
 
     int n_generated;
     int n_cached;
@@ -110,6 +112,9 @@ struct engine {
     char piece[4096];
     seq_t **cand;             /* [sched_window + 1] admission candidates of a step */
     int64_t *cand_prio, *cand_cached; /* [sched_window + 1] their sort keys */
+
+    grammar_vocab_t *gvocab;  /* token texts for grammar masks, built at the first grammar */
+    uint32_t *gmask;          /* [GRAMMAR_MASK_WORDS(n_vocab)] mask scratch of the step */
 
     engine_kv_tier_t tier;    /* tier 2; tier.lookup NULL = none */
     void *kv_stage;           /* [kv_block_bytes] tier 2 fetch staging */
@@ -198,6 +203,7 @@ static void seq_free(seq_t *s)
     free(s->text);
     free(s->lp);
     free(s->top);
+    grammar_state_free(s->gstate);
     free(s);
 }
 
@@ -353,6 +359,8 @@ void engine_free(engine_t *e)
     free(e->cand_cached);
     free(e->kv_stage);
     free(e->tok_stage);
+    grammar_vocab_free(e->gvocab);
+    free(e->gmask);
     kvpool_free(e->pool);
     backend_free(e->be);
     tokenizer_free(e->tok);
@@ -501,6 +509,59 @@ fail:
 
 /* ---- requests ---- */
 
+/* Builds the vocabulary's token texts for grammar masks (once). */
+static int engine_grammar_init(engine_t *e, char *errstr, size_t errlen)
+{
+    if (e->gvocab) return 0;
+    const int n = e->model->hp.n_vocab;
+    char **pieces = calloc((size_t)n, sizeof *pieces);
+    size_t *lens = calloc((size_t)n, sizeof *lens);
+    unsigned char *eog = calloc((size_t)n, 1);
+    int rc = -1;
+    if (!pieces || !lens || !eog) goto oom;
+    for (int i = 0; i < n; i++) {
+        int len = tokenizer_token_to_piece(e->tok, i, 0, e->piece, sizeof e->piece);
+        if (len < 0) len = 0;
+        if ((size_t)len > sizeof e->piece) len = (int)sizeof e->piece;
+        pieces[i] = malloc((size_t)len + 1);
+        if (!pieces[i]) goto oom;
+        memcpy(pieces[i], e->piece, (size_t)len);
+        lens[i] = (size_t)len;
+        eog[i] = (unsigned char)tokenizer_is_eog(e->tok, i);
+    }
+    e->gmask = malloc(GRAMMAR_MASK_WORDS(n) * sizeof *e->gmask);
+    if (!e->gmask) goto oom;
+    e->gvocab = grammar_vocab_new(n, (const char *const *)pieces, lens, eog,
+                                  tokenizer_strips_start_space(e->tok), errstr, errlen);
+    rc = e->gvocab ? 0 : -1;
+    goto out;
+oom:
+    seterr(errstr, errlen, "out of memory");
+out:
+    if (pieces)
+        for (int i = 0; i < n; i++) free(pieces[i]);
+    free(pieces);
+    free(lens);
+    free(eog);
+    return rc;
+}
+
+/* The grammar a new sequence uses: one already in use with the same text (so the sequences
+ * share its mask cache), else g. Borrowed. */
+static grammar_t *engine_grammar_intern(engine_t *e, grammar_t *g)
+{
+    for (int q = 0; q < 2; q++) {
+        seq_t **v = q ? e->running : e->waiting;
+        int n = q ? e->n_running : e->n_waiting;
+        for (int i = 0; i < n; i++) {
+            if (!v[i]->gstate) continue;
+            grammar_t *h = grammar_state_grammar(v[i]->gstate);
+            if (grammar_same_text(h, g)) return h;
+        }
+    }
+    return g;
+}
+
 int engine_submit(engine_t *e, const engine_request_t *req, engine_done_fn done, void *cb_arg,
                   uint64_t *id_out, char *errstr, size_t errlen)
 {
@@ -573,7 +634,8 @@ int engine_submit(engine_t *e, const engine_request_t *req, engine_done_fn done,
     s->sp.n_logprobs = req->sampling.n_logprobs;
     if (sampler_params_validate(&s->sp, errstr, errlen) != 0) goto fail;
     /* penalties count when the sampler turns them on (sampler.c: pen_on) */
-    s->plain_greedy = s->sp.temperature <= 0.0f && s->sp.n_logprobs == 0 &&
+    /* a grammar masks the logits on the host first: never by the backend's argmax */
+    s->plain_greedy = !req->grammar && s->sp.temperature <= 0.0f && s->sp.n_logprobs == 0 &&
                       !(s->sp.repeat_last_n != 0 &&
                         (s->sp.repeat_penalty != 1.0f || s->sp.presence_penalty != 0.0f ||
                          s->sp.frequency_penalty != 0.0f));
@@ -588,6 +650,11 @@ int engine_submit(engine_t *e, const engine_request_t *req, engine_done_fn done,
         s->n_stop_ids = req->n_stop_ids;
     }
     tokenizer_stream_init(&s->stream, req->text_at_start);
+    if (req->grammar) {
+        if (engine_grammar_init(e, errstr, errlen) != 0) goto fail;
+        s->gstate = grammar_state_new(engine_grammar_intern(e, req->grammar), errstr, errlen);
+        if (!s->gstate) goto fail;
+    }
     if (e->n_waiting == e->cap_waiting) {
         int cap = e->cap_waiting * 2;
         seq_t **w = realloc(e->waiting, sizeof *w * (size_t)cap);
@@ -895,6 +962,22 @@ static int is_stop_id(const seq_t *s, int32_t id)
 static int seq_advance(engine_t *e, seq_t *s, float *logits, int32_t picked, int *finish_out)
 {
     sampler_logprob_t top[SAMPLER_MAX_LOGPROBS], chosen;
+    const int at_start = s->stream.at_start;
+    int64_t tg0 = s->gstate ? now_ns() : 0;
+    if (s->gstate && logits) {
+        const int n_vocab = e->model->hp.n_vocab;
+        int ok = grammar_state_mask(s->gstate, e->gvocab, at_start, e->gmask) == 0;
+        if (ok && s->ignore_eos)
+            for (int i = 0; i < n_vocab; i++)
+                if (tokenizer_is_eog(e->tok, i)) e->gmask[i >> 5] &= ~(1u << (i & 31));
+        if (!ok || sampler_mask_logits(logits, n_vocab, e->gmask) == 0) {
+            /* out of memory, or no token of this vocabulary continues the grammar */
+            *finish_out = grammar_state_can_end(s->gstate) ? ENGINE_FINISH_STOP
+                                                           : ENGINE_FINISH_ABORT;
+            return 1;
+        }
+        e->st.grammar_seconds += (double)(now_ns() - tg0) * 1e-9;
+    }
     int32_t tok = logits ? sampler_sample(s->sampler, logits, s->n_logprobs ? top : NULL,
                                           s->n_logprobs ? &chosen : NULL)
                          : picked;
@@ -913,7 +996,15 @@ static int seq_advance(engine_t *e, seq_t *s, float *logits, int32_t picked, int
     e->st.generated_tokens++;
 
     int finish = -1;
-    if ((!s->ignore_eos && tokenizer_is_eog(e->tok, tok)) || is_stop_id(s, tok)) {
+    if (s->gstate && !(!s->ignore_eos && tokenizer_is_eog(e->tok, tok))) {
+        size_t n;
+        const char *p = grammar_vocab_piece(e->gvocab, tok, at_start, &n);
+        int64_t tg1 = now_ns();
+        if (grammar_state_advance(s->gstate, p, n) != 0) finish = ENGINE_FINISH_ABORT;
+        e->st.grammar_seconds += (double)(now_ns() - tg1) * 1e-9;
+    }
+    if (finish >= 0) {
+    } else if ((!s->ignore_eos && tokenizer_is_eog(e->tok, tok)) || is_stop_id(s, tok)) {
         finish = ENGINE_FINISH_STOP;
     } else {
         int n = tokenizer_stream_push(e->tok, &s->stream, tok, e->piece, sizeof e->piece);
@@ -929,6 +1020,7 @@ static int seq_advance(engine_t *e, seq_t *s, float *logits, int32_t picked, int
             s->text_final = s->text_len;
         }
     }
+    if (finish < 0 && s->gstate && grammar_state_done(s->gstate)) finish = ENGINE_FINISH_STOP;
     if (finish < 0 && (s->n_generated >= s->max_tokens || s->n_tokens >= e->max_ctx))
         finish = ENGINE_FINISH_LENGTH;
     *finish_out = finish;

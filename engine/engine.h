@@ -19,6 +19,7 @@
 #include <stdio.h>
 
 typedef struct engine engine_t;
+struct grammar; /* engine/grammar.h */
 
 /* Every tunable number of the engine, with its default in engine_config_default(). */
 typedef struct {
@@ -122,6 +123,13 @@ typedef struct {
     void *user;                     /* passed back in the result */
     engine_progress_fn progress;    /* optional (NULL): see engine_progress_t; gets the cb_arg
                                        of engine_submit */
+    struct grammar *grammar;        /* optional (NULL): structured output. Every generated token
+                                       keeps the text a prefix of a sentence of the grammar (its
+                                       mask is applied before sampling); EOG tokens are allowed
+                                       only where the grammar may end, and the request finishes
+                                       with "stop" as soon as nothing can follow. engine_submit
+                                       takes its own reference (the caller keeps its own); the
+                                       grammar is then used on the step thread only */
 } engine_request_t;
 
 void engine_request_default(engine_request_t *r);
@@ -208,6 +216,8 @@ typedef struct {
     double forward_seconds;
     uint64_t argmax_steps;   /* steps whose sampled tokens were all plainly greedy and came back
                                 from the backend as ids (forward_argmax), not as logits */
+    double grammar_seconds;  /* structured output: computing and applying token masks and
+                                advancing grammar states (on the step thread) */
 } engine_stats_t;
 void engine_stats(const engine_t *e, engine_stats_t *st);
 

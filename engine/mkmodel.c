@@ -745,6 +745,108 @@ static int file_type_of(int dtype)
     }
 }
 
+int mkmodel_vocab_size(const char *path, char *errstr, size_t errlen)
+{
+    gguf_t *g = gguf_open(path, errstr, errlen);
+    if (!g) return -1;
+    int et;
+    uint64_t n = 0;
+    int rc = gguf_get_arr(g, "tokenizer.ggml.tokens", &et, &n) == 0 && et == GGUF_STRING &&
+                     n > 0 && n <= (1u << 22)
+                 ? (int)n
+                 : -1;
+    if (rc < 0) seterr(errstr, errlen, "mkmodel: %s has no tokenizer.ggml.tokens", path);
+    gguf_close(g);
+    return rc;
+}
+
+/* Copies every tokenizer.* key of the GGUF file at path into w. 0, or -1 with errstr. */
+static int copy_vocab(gguf_writer_t *w, const char *path, int n_vocab, char *errstr,
+                      size_t errlen)
+{
+    gguf_t *g = gguf_open(path, errstr, errlen);
+    if (!g) return -1;
+    int rc = -1;
+    const char **strs = NULL;
+    uint64_t *lens = NULL;
+    char *sbuf = NULL;
+    if (mkmodel_vocab_size(path, errstr, errlen) != n_vocab) {
+        seterr(errstr, errlen, "mkmodel: %s does not have %d tokens", path, n_vocab);
+        goto out;
+    }
+    for (int64_t i = 0; i < gguf_n_kv(g); i++) {
+        const char *key = gguf_kv_key(g, i);
+        if (strncmp(key, "tokenizer.", 10) != 0) continue;
+        int type = gguf_kv_type(g, i), e = 0;
+        if (type == GGUF_STRING) {
+            gguf_str_t s;
+            e = gguf_get_str(g, key, &s);
+            free(sbuf);
+            sbuf = e ? NULL : malloc(s.len + 1);
+            if (!e && !sbuf) goto oom;
+            if (!e) {
+                memcpy(sbuf, s.ptr, s.len);
+                sbuf[s.len] = 0;
+                e = gguf_writer_add_str(w, key, sbuf);
+            }
+        } else if (type == GGUF_ARRAY) {
+            int et;
+            uint64_t n;
+            e = gguf_get_arr(g, key, &et, &n);
+            if (!e && et == GGUF_STRING) {
+                free(strs);
+                free(lens);
+                strs = malloc((n ? n : 1) * sizeof *strs);
+                lens = malloc((n ? n : 1) * sizeof *lens);
+                if (!strs || !lens) goto oom;
+                for (uint64_t j = 0; j < n && !e; j++) {
+                    gguf_str_t s;
+                    e = gguf_get_arr_str(g, key, j, &s);
+                    strs[j] = s.ptr;
+                    lens[j] = s.len;
+                }
+                if (!e) e = gguf_writer_add_arr_str(w, key, strs, lens, n);
+            } else if (!e) {
+                e = gguf_writer_add_arr(w, key, et, gguf_get_arr_data(g, key), n);
+            }
+        } else if (type == GGUF_UINT32) {
+            uint32_t x;
+            e = gguf_get_u32(g, key, &x) || gguf_writer_add_u32(w, key, x);
+        } else if (type == GGUF_FLOAT32) {
+            float x;
+            e = gguf_get_f32(g, key, &x) || gguf_writer_add_f32(w, key, x);
+        } else if (type == GGUF_BOOL) {
+            int x;
+            e = gguf_get_bool(g, key, &x) || gguf_writer_add_bool(w, key, x);
+        } else {
+            int64_t x;
+            e = gguf_get_i64(g, key, &x);
+            if (!e && type == GGUF_INT32) {
+                int32_t y = (int32_t)x;
+                e = gguf_writer_add_scalar(w, key, type, &y);
+            } else if (!e && (type == GGUF_INT64 || type == GGUF_UINT64)) {
+                e = gguf_writer_add_scalar(w, key, type, &x);
+            } else {
+                e = 1;
+            }
+        }
+        if (e) {
+            seterr(errstr, errlen, "mkmodel: cannot copy %s from %s", key, path);
+            goto out;
+        }
+    }
+    rc = 0;
+    goto out;
+oom:
+    seterr(errstr, errlen, "mkmodel: out of memory");
+out:
+    free(strs);
+    free(lens);
+    free(sbuf);
+    gguf_close(g);
+    return rc;
+}
+
 int mkmodel_write(const mkmodel_params_t *p, const char *path, char *errstr, size_t errlen)
 {
     if (!p || !path) return seterr(errstr, errlen, "mkmodel: NULL argument");
@@ -839,6 +941,10 @@ int mkmodel_write(const mkmodel_params_t *p, const char *path, char *errstr, siz
 #undef ARCH_F32
 
     /* Tokenizer. */
+    if (p->vocab_from) {
+        if (copy_vocab(w, p->vocab_from, p->n_vocab, errstr, errlen)) goto fail;
+        goto tensors;
+    }
     if (build_vocab(&v, p->n_vocab)) {
         seterr(errstr, errlen, "mkmodel: out of memory building the vocabulary");
         goto fail;
@@ -869,6 +975,7 @@ int mkmodel_write(const mkmodel_params_t *p, const char *path, char *errstr, siz
         goto fail;
     }
 
+tensors:;
     /* Tensors, in llama.cpp's order. */
     int k = 0;
     const float mat_std_dim = 1.0f / sqrtf((float)p->dim);

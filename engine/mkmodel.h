@@ -59,7 +59,14 @@ typedef struct {
     int n_expert;        /* 0 (dense) or 1..MODEL_MAX_EXPERTS */
     int n_expert_used;   /* top-k, 1..n_expert (when n_expert > 0) */
     int expert_ffn_dim;  /* qwen*moe: each expert's FFN size (0: ffn_dim) */
+    const char *vocab_from; /* NULL: the SPM vocabulary above. Else a GGUF file whose
+                             * tokenizer.* keys are copied as they are (e.g. a GPT-2 BPE
+                             * vocabulary); n_vocab must equal its token count
+                             * (mkmodel_vocab_size) */
 } mkmodel_params_t;
+
+/* Number of tokens (tokenizer.ggml.tokens) of the GGUF file at path; -1 with errstr. */
+int mkmodel_vocab_size(const char *path, char *errstr, size_t errlen);
 
 /* Fills p with a named preset (MKMODEL_PRESETS); 0, or -1 for an unknown name (p untouched).
  * Presets use F32 for the tiny models and F16 for the real-size ones; seed 1. */

@@ -279,6 +279,24 @@ void sampler_free(sampler_t *s)
     free(s);
 }
 
+int sampler_mask_logits(float *logits, int n_vocab, const uint32_t *mask)
+{
+    int allowed = 0;
+    for (int w = 0; w * 32 < n_vocab; w++) {
+        uint32_t m = mask[w];
+        int n = n_vocab - w * 32 < 32 ? n_vocab - w * 32 : 32;
+        if (n == 32 && m == 0xffffffffu) {
+            allowed += 32;
+            continue;
+        }
+        for (int b = 0; b < n; b++) {
+            if ((m >> b) & 1u) allowed++;
+            else logits[w * 32 + b] = -INFINITY;
+        }
+    }
+    return allowed;
+}
+
 void sampler_accept(sampler_t *s, int32_t id)
 {
     if (!s->pen_on || id < 0 || id >= s->n_vocab)

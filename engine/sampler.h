@@ -55,6 +55,12 @@ void sampler_free(sampler_t *s);
 int32_t sampler_sample(sampler_t *s, float *logits, sampler_logprob_t *top,
                        sampler_logprob_t *chosen);
 
+/* Grammar constraint (engine/grammar.h masks): sets logits[i] = -INFINITY for every token whose
+ * bit (i & 31) of mask[i >> 5] is clear. Called before sampler_sample, so penalties, temperature,
+ * top-k, top-p, min-p and greedy all choose among the allowed tokens only (and logprobs are
+ * those of the constrained logits). Returns the number of allowed tokens. */
+int sampler_mask_logits(float *logits, int n_vocab, const uint32_t *mask);
+
 /* Records a token into the penalty history (prompt tokens and each sampled token). Ids outside
  * [0, n_vocab) are ignored. No allocation. */
 void sampler_accept(sampler_t *s, int32_t id);

@@ -1038,6 +1038,8 @@ int tokenizer_is_eog(const tokenizer_t *t, int32_t id)
     return id >= 0 && id < t->n_vocab && t->eog[id];
 }
 
+int tokenizer_strips_start_space(const tokenizer_t *t) { return t->add_space_prefix ? 1 : 0; }
+
 /* Control and unknown tokens: the ones token_to_piece renders as "" without render_special. */
 int tokenizer_is_control(const tokenizer_t *t, int32_t id)
 {

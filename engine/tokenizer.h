@@ -36,6 +36,9 @@ int tokenizer_add_bos(const tokenizer_t *t);   /* file's tokenizer.ggml.add_bos_
 int tokenizer_add_eos(const tokenizer_t *t);
 /* 1 for end-of-generation tokens (EOS, EOT, and the file's eog ids such as <|im_end|>). */
 int tokenizer_is_eog(const tokenizer_t *t, int32_t id);
+/* 1 when the streaming decoder drops one leading ' ' of the text's first piece (SentencePiece's
+ * dummy prefix: tokenizer_stream_init's at_text_start). */
+int tokenizer_strips_start_space(const tokenizer_t *t);
 /* 1 for control tokens (BOS, EOS, ...) that render as nothing in output text. */
 int tokenizer_is_control(const tokenizer_t *t, int32_t id);
 /* Id of a token whose text is exactly s, or -1. */

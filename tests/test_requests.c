@@ -210,6 +210,11 @@ static int check_field(const request_t *r, const char *key, const char *val)
     if (!strcmp(key, "priority")) return r->priority == atoi(val);
     if (!strcmp(key, "stream")) return r->stream == atoi(val);
     if (!strcmp(key, "enable_thinking")) return r->enable_thinking == atoi(val);
+    if (!strcmp(key, "grammar")) { /* the structured-output kind, and a grammar iff not none */
+        static const char *const kinds[] = {"none", "ebnf", "json_object", "json_schema"};
+        int k = r->grammar_kind;
+        return k >= 0 && k < 4 && !strcmp(kinds[k], val) && (k == 0) == (r->grammar == NULL);
+    }
     if (!strcmp(key, "deadline_ms")) return r->deadline_ms == strtoll(val, NULL, 10);
     if (!strcmp(key, "metadata"))
         return !strcmp(val, "(null)") ? r->metadata_json == NULL

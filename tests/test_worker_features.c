@@ -12,6 +12,8 @@
  *    from tier 1 only, output equal to a worker without tier 2, arena_refused counted;
  *  - `logprobs`: one entry per generated token, each with `logprobs` alternatives, most likely
  *    first, the greedy choice being the first; no `logprobs` field when not asked;
+ *  - structured output: response_format json_schema and grammar honoured, a bad grammar is a
+ *    dead letter bad_grammar with its reason;
  *  - the token bound (max.inflight.tokens) pauses intake and loses nothing;
  *  - "n": 3 choices in one result, choice 0 equal to n = 1 with the same seed, usage summed;
  *  - the phase counters of worker_stats move, and worker_log_stats prints them. */
@@ -368,6 +370,58 @@ static void test_no_template(rd_kafka_mock_cluster_t *mc, const char *brokers)
     tk_recs_free(res, nres);
 }
 
+/* Structured output: response_format json_schema and grammar are honoured (finish stop, the
+ * text parses and has the schema's members); a bad grammar is a dead letter bad_grammar whose
+ * message gives the reason. */
+static void test_structured(rd_kafka_mock_cluster_t *mc, const char *brokers)
+{
+    rd_kafka_mock_topic_create(mc, "in-s", 1, 1);
+    rd_kafka_mock_topic_create(mc, "out-s", 1, 1);
+    rd_kafka_mock_topic_create(mc, "dlq-s", 1, 1);
+    const char *reqs[] = {
+        "{\"id\":\"js\",\"prompt\":\"Tom and his dog\",\"max_tokens\":200,\"temperature\":0,"
+        "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"p\",\"strict\":"
+        "true,\"schema\":{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\","
+        "\"maxLength\":10},\"n\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":9}},"
+        "\"required\":[\"name\",\"n\"],\"additionalProperties\":false}}}}",
+        "{\"id\":\"gr\",\"prompt\":\"Tom and his dog\",\"max_tokens\":20,\"temperature\":1,"
+        "\"seed\":3,\"grammar\":\"root ::= (\\\"yes\\\" | \\\"no\\\") \\\".\\\"\"}",
+        "{\"id\":\"badg\",\"prompt\":\"x\",\"grammar\":\"root ::= nowhere\"}",
+    };
+    CHECK(tk_produce_values(brokers, "in-s", reqs, NULL, 3, 1, 0) == 0);
+    worker_t *w = make_worker(brokers, "s", NULL, 0);
+    if (!w) return;
+    worker_stats_t st;
+    run_until(w, 3, &st);
+    worker_free(w);
+    CHECK(st.results == 2 && st.dlq == 1);
+    tk_rec_t dl[2], res[4];
+    int ndl = COLLECT("dlq-s", 1, dl);
+    int nres = COLLECT("out-s", 2, res);
+    CHECKF(ndl == 1 && !strcmp(dl[0].code, "bad_grammar") &&
+               strstr(dl[0].message, "rule nowhere is used but not defined"),
+           "DLQ %s: %s", ndl ? dl[0].code : "-", ndl ? dl[0].message : "-");
+    json_t *js = tk_find_json(res, nres, "js"), *gr = tk_find_json(res, nres, "gr");
+    CHECK(js && gr);
+    if (js) {
+        const char *text = json_string_value(json_object_get(js, "text"));
+        json_t *doc = text ? json_loads(text, 0, NULL) : NULL;
+        CHECKF(doc && json_is_string(json_object_get(doc, "name")) &&
+                   json_integer_value(json_object_get(doc, "n")) >= 1 &&
+                   json_integer_value(json_object_get(doc, "n")) <= 9 && json_object_size(doc) == 2,
+               "text %s", text ? text : "-");
+        CHECK(!strcmp(json_string_value(json_object_get(js, "finish_reason")), "stop"));
+        json_decref(doc);
+    }
+    if (gr) {
+        const char *text = json_string_value(json_object_get(gr, "text"));
+        CHECKF(text && (!strcmp(text, "yes.") || !strcmp(text, "no.")), "text %s", text ? text : "-");
+        CHECK(!strcmp(json_string_value(json_object_get(gr, "finish_reason")), "stop"));
+    }
+    tk_recs_free(dl, ndl);
+    tk_recs_free(res, nres);
+}
+
 /* max.inflight.tokens far below the backlog: intake pauses on tokens, nothing is lost. */
 static void test_token_bound(rd_kafka_mock_cluster_t *mc, const char *brokers)
 {
@@ -423,6 +477,7 @@ int main(void)
     char *brokers = strdup(rd_kafka_mock_cluster_bootstraps(mc));
     test_chat_and_logprobs(mc, brokers, e);
     test_no_template(mc, brokers);
+    test_structured(mc, brokers);
     test_chat_injection(mc, brokers, e);
     test_arena_refused(mc, brokers);
     test_token_bound(mc, brokers);

@@ -127,6 +127,8 @@ static void engine_start(worker_t *w, wreq_t *r)
     q.sampling.n_logprobs = r->req.n_logprobs;
     q.stop = (const char *const *)r->req.stop;
     q.n_stop = r->req.n_stop;
+    q.grammar = r->req.grammar; /* compiled at intake (request_parse); the engine takes a
+                                   reference */
     q.priority = w->classes[r->cls].priority * 2001 + r->req.priority;
     /* cache.isolation tenant: a tenant's prefixes are its own (NULL tenant: the shared scope of
      * requests without one) */
