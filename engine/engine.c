@@ -23,6 +23,7 @@
 #include <unistd.h>
 #include <sodium.h>
 
+#include "common/err.h"
 #include "backend.h"
 #include "cpu/kernels.h"
 #include "dtype.h"
@@ -118,15 +119,6 @@ struct engine {
 
     engine_stats_t st;
 };
-
-static void seterr(char *errstr, size_t errlen, const char *fmt, ...)
-{
-    if (!errstr || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(errstr, errlen, fmt, ap);
-    va_end(ap);
-}
 
 static int64_t now_ns(void)
 {
@@ -364,13 +356,13 @@ engine_t *engine_new(const engine_config_t *cfg, char *errstr, size_t errlen)
 {
     engine_t *e = calloc(1, sizeof *e);
     if (!e) {
-        seterr(errstr, errlen, "engine: out of memory");
+        sw_seterr(errstr, errlen, "engine: out of memory");
         return NULL;
     }
     e->cfg = *cfg;
     engine_config_t *c = &e->cfg;
     if (!c->model_path) {
-        seterr(errstr, errlen, "engine: no model path");
+        sw_seterr(errstr, errlen, "engine: no model path");
         goto fail;
     }
     int use_cuda = 0, cuda_wtype = DT_BF16;
@@ -378,13 +370,13 @@ engine_t *engine_new(const engine_config_t *cfg, char *errstr, size_t errlen)
 #ifdef SPILLWAY_HAVE_CUDA
         use_cuda = 1;
 #else
-        seterr(errstr, errlen, "engine: backend 'cuda' is not built in (configure with "
-               "-DSPILLWAY_CUDA=ON); available: %s", engine_backends());
+        sw_seterr(errstr, errlen, "engine: backend 'cuda' is not built in (configure with "
+                  "-DSPILLWAY_CUDA=ON); available: %s", engine_backends());
         goto fail;
 #endif
     } else if (c->backend && strcmp(c->backend, "cpu") != 0) {
-        seterr(errstr, errlen, "engine: backend '%s' is not available; available: %s", c->backend,
-               engine_backends());
+        sw_seterr(errstr, errlen, "engine: backend '%s' is not available; available: %s", c->backend,
+                  engine_backends());
         goto fail;
     }
     if (use_cuda) {
@@ -392,18 +384,18 @@ engine_t *engine_new(const engine_config_t *cfg, char *errstr, size_t errlen)
         else if (c->cuda_dtype && strcmp(c->cuda_dtype, "f16") == 0) cuda_wtype = DT_F16;
         else if (c->cuda_dtype && strcmp(c->cuda_dtype, "f32") == 0) cuda_wtype = DT_F32;
         else {
-            seterr(errstr, errlen, "engine: cuda_dtype must be bf16, f16 or f32");
+            sw_seterr(errstr, errlen, "engine: cuda_dtype must be bf16, f16 or f32");
             goto fail;
         }
         if (!(c->cuda_mem_fraction > 0.0f && c->cuda_mem_fraction <= 1.0f)) {
-            seterr(errstr, errlen, "engine: cuda_mem_fraction must be in (0, 1]");
+            sw_seterr(errstr, errlen, "engine: cuda_mem_fraction must be in (0, 1]");
             goto fail;
         }
     }
     if (c->kv_type && strcmp(c->kv_type, "f16") == 0) e->kv_type = DT_F16;
     else if (c->kv_type && strcmp(c->kv_type, "f32") == 0) e->kv_type = DT_F32;
     else {
-        seterr(errstr, errlen, "engine: kv_type must be f16 or f32");
+        sw_seterr(errstr, errlen, "engine: kv_type must be f16 or f32");
         goto fail;
     }
     if (c->threads <= 0) {
@@ -414,8 +406,8 @@ engine_t *engine_new(const engine_config_t *cfg, char *errstr, size_t errlen)
         c->max_seqs < 1 || c->max_seqs > c->max_batch_tokens || c->kv_blocks < 0 ||
         c->kv_mem_mb < 0 || c->max_ctx < 0 || c->threads > 1024 || c->sched_window < 1 ||
         c->sched_window > 65536 || c->sched_aging_ms < 0 || c->sched_urgent_ms < 0) {
-        seterr(errstr, errlen, "engine: bad limits (block_tokens 1..4096, max_batch_tokens >= "
-               "max_seqs >= 1, threads <= 1024, sched_window 1..65536, sched_*_ms >= 0)");
+        sw_seterr(errstr, errlen, "engine: bad limits (block_tokens 1..4096, max_batch_tokens >= "
+                  "max_seqs >= 1, threads <= 1024, sched_window 1..65536, sched_*_ms >= 0)");
         goto fail;
     }
     e->model = model_load(c->model_path, errstr, errlen);
@@ -435,7 +427,7 @@ engine_t *engine_new(const engine_config_t *cfg, char *errstr, size_t errlen)
         n_blocks = nb > (1u << 30) ? (1 << 30) : (int)nb;
     }
     if (n_blocks < 1 && !use_cuda) {
-        seterr(errstr, errlen, "engine: the KV pool holds no block of %zu bytes", block_bytes);
+        sw_seterr(errstr, errlen, "engine: the KV pool holds no block of %zu bytes", block_bytes);
         goto fail;
     }
     backend_params_t bp = {
@@ -458,7 +450,7 @@ engine_t *engine_new(const engine_config_t *cfg, char *errstr, size_t errlen)
     if (per_seq > n_blocks) e->max_ctx = n_blocks * c->block_tokens; /* one sequence must fit */
     unsigned char secret[ENGINE_KV_SECRET_BYTES];
     if (sodium_init() < 0) {
-        seterr(errstr, errlen, "engine: libsodium failed to initialise");
+        sw_seterr(errstr, errlen, "engine: libsodium failed to initialise");
         goto fail;
     }
     if (c->kv_secret) memcpy(secret, c->kv_secret, sizeof secret);
@@ -488,7 +480,7 @@ engine_t *engine_new(const engine_config_t *cfg, char *errstr, size_t errlen)
     e->cand_cached = malloc(sizeof *e->cand_cached * ((size_t)c->sched_window + 1));
     if (!e->cand || !e->cand_prio || !e->cand_cached || !e->waiting || !e->running || !e->b_tokens || !e->b_pos || !e->b_seq_start ||
         !e->b_logits_idx || !e->b_ids || !e->b_tables || !e->b_seqs || !e->logits) {
-        seterr(errstr, errlen, "engine: out of memory");
+        sw_seterr(errstr, errlen, "engine: out of memory");
         goto fail;
     }
     e->next_id = 1;
@@ -505,28 +497,29 @@ int engine_submit(engine_t *e, const engine_request_t *req, engine_done_fn done,
                   uint64_t *id_out, char *errstr, size_t errlen)
 {
     const int n_vocab = e->model->hp.n_vocab;
+    int rc = -SW_EINVAL;
     if (req->n_prompt < 1) {
-        seterr(errstr, errlen, "empty prompt (at least one token is needed)");
+        sw_seterr(errstr, errlen, "empty prompt (at least one token is needed)");
         return -1;
     }
     if (req->n_prompt >= e->max_ctx) {
-        seterr(errstr, errlen, "prompt of %d tokens leaves no room in the context of %d tokens",
-               req->n_prompt, e->max_ctx);
-        return -1;
+        sw_seterr(errstr, errlen, "prompt of %d tokens leaves no room in the context of %d tokens",
+                  req->n_prompt, e->max_ctx);
+        return -SW_ERANGE;
     }
     if (req->max_tokens < 1) {
-        seterr(errstr, errlen, "max_tokens must be at least 1");
+        sw_seterr(errstr, errlen, "max_tokens must be at least 1");
         return -1;
     }
     for (int i = 0; i < req->n_prompt; i++)
         if (req->prompt[i] < 0 || req->prompt[i] >= n_vocab) {
-            seterr(errstr, errlen, "prompt token %d (id %d) is outside the vocabulary [0, %d)", i,
-                   req->prompt[i], n_vocab);
+            sw_seterr(errstr, errlen, "prompt token %d (id %d) is outside the vocabulary [0, %d)", i,
+                      req->prompt[i], n_vocab);
             return -1;
         }
     if (req->n_stop < 0 || req->n_stop_ids < 0 || req->sampling.n_logprobs < 0 ||
         req->sampling.n_logprobs > SAMPLER_MAX_LOGPROBS) {
-        seterr(errstr, errlen, "bad stop list or n_logprobs (0..%d)", SAMPLER_MAX_LOGPROBS);
+        sw_seterr(errstr, errlen, "bad stop list or n_logprobs (0..%d)", SAMPLER_MAX_LOGPROBS);
         return -1;
     }
     seq_t *s = calloc(1, sizeof *s);
@@ -602,10 +595,11 @@ int engine_submit(engine_t *e, const engine_request_t *req, engine_done_fn done,
     if (id_out) *id_out = s->id;
     return 0;
 oom:
-    seterr(errstr, errlen, "out of memory");
+    sw_seterr(errstr, errlen, "out of memory");
+    rc = -SW_ENOMEM;
 fail:
     seq_free(s);
-    return -1;
+    return rc;
 }
 
 int engine_cancel(engine_t *e, uint64_t id)
@@ -1052,20 +1046,20 @@ int engine_set_kv_tier(engine_t *e, const engine_kv_tier_t *tier, char *errstr, 
         return 0;
     }
     if (!tier->lookup || !tier->fetch || !tier->store_begin || !tier->store_commit) {
-        seterr(errstr, errlen, "engine: tier 2 needs all four callbacks");
+        sw_seterr(errstr, errlen, "engine: tier 2 needs all four callbacks");
         return -1;
     }
     if (!e->be->ops->kv_block_read || !e->be->ops->kv_block_write) {
-        seterr(errstr, errlen, "engine: backend %s cannot copy KV blocks", e->be->ops->name);
+        sw_seterr(errstr, errlen, "engine: backend %s cannot copy KV blocks", e->be->ops->name);
         return -1;
     }
     if (!e->tok_stage &&
         !(e->tok_stage = malloc((size_t)e->cfg.block_tokens * sizeof *e->tok_stage))) {
-        seterr(errstr, errlen, "engine: out of memory");
+        sw_seterr(errstr, errlen, "engine: out of memory");
         return -1;
     }
     if (!e->kv_stage && !(e->kv_stage = malloc(e->be->kv_block_bytes))) {
-        seterr(errstr, errlen, "engine: out of memory");
+        sw_seterr(errstr, errlen, "engine: out of memory");
         return -1;
     }
     e->tier = *tier;
@@ -1138,8 +1132,8 @@ int engine_raw_forward(engine_t *e, int n_seqs, const int32_t *const *tokens, co
     int T = 0;
     for (int s = 0; s < n_seqs; s++) T += n[s];
     if (n_seqs < 1 || T > e->cfg.max_batch_tokens) {
-        seterr(errstr, errlen, "raw forward: %d tokens in %d sequences (limit %d tokens)", T,
-               n_seqs, e->cfg.max_batch_tokens);
+        sw_seterr(errstr, errlen, "raw forward: %d tokens in %d sequences (limit %d tokens)", T,
+                  n_seqs, e->cfg.max_batch_tokens);
         return -1;
     }
     int t = 0;

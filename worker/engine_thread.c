@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/err.h"
 #include "worker/worker_int.h"
 
 void weng_active_remove(worker_t *w, wreq_t *r)
@@ -117,9 +118,15 @@ static void engine_start(worker_t *w, wreq_t *r)
     r->active_ix = w->n_active;
     w->active[w->n_active++] = r;
     r->model->n_active++;
-    if (engine_submit(r->model->eng, &q, on_engine_done, w, &r->engine_id, err, sizeof err)) {
+    int rc = engine_submit(r->model->eng, &q, on_engine_done, w, &r->engine_id, err, sizeof err);
+    if (rc != 0) {
+        const char *code;
+        switch (-rc) {
+        case SW_ERANGE: code = REQ_ERR_PROMPT_TOKENS; break; /* no room in the context */
+        default: code = REQ_ERR_BAD_PARAM; break; /* SW_EINVAL; SW_ENOMEM as the realloc above */
+        }
         weng_active_remove(w, r);
-        wres_dlq(r, strstr(err, "context") ? REQ_ERR_PROMPT_TOKENS : REQ_ERR_BAD_PARAM, err);
+        wres_dlq(r, code, err);
         wmodel_release(w, r);
         woutbox_push(w, r);
         return;
