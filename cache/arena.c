@@ -370,13 +370,13 @@ int arena_open(arena_t *a, const char *path, long arena_mb, const cache_geometry
     const char *field = header_mismatch(a, why, sizeof why);
     if (field) {
         if (st.st_size == 0 || all_zero(a->base, ARENA_HDR_BYTES))
-            CACHE_LOG(log, CLOG_INFO, "arena %s: new, %u slots of %zu bytes", path, a->n_slots,
+            CACHE_LOG(log, SW_LOG_INFO, "arena %s: new, %u slots of %zu bytes", path, a->n_slots,
                       a->block_bytes);
         else
-            CACHE_LOG(log, CLOG_WARN, "arena %s: %s: re-initialising", path, why);
+            CACHE_LOG(log, SW_LOG_WARN, "arena %s: %s: re-initialising", path, why);
         initialise(a);
     } else {
-        CACHE_LOG(log, CLOG_INFO, "arena %s: attached, %u slots of %zu bytes, id %016llx", path,
+        CACHE_LOG(log, SW_LOG_INFO, "arena %s: attached, %u slots of %zu bytes, id %016llx", path,
                   a->n_slots, a->block_bytes,
                   (unsigned long long)atomic_load(&hdr(a)->arena_id));
     }

@@ -41,7 +41,7 @@ void cache_config_default(cache_config_t *c)
     c->backoff_max_ms = 5000;
     c->health_ms = 1000;
     c->write_queue = 64;
-    c->log_level = 2;
+    c->log_level = SW_LOG_INFO;
     c->log_fn = NULL;
     c->log_arg = NULL;
 }
@@ -160,7 +160,7 @@ static void write_one(cache_t *c, uint64_t name, const void *buf)
     int w = arena_write(&c->arena, (uint32_t)slot, name, gen, buf,
                         (const uint8_t *)buf + c->arena.block_bytes);
     if (w != ARENA_OK) {
-        CACHE_LOG(&c->log, CLOG_DEBUG, "store %s: slot %lld %s", nm, slot,
+        CACHE_LOG(&c->log, SW_LOG_DEBUG, "store %s: slot %lld %s", nm, slot,
                   w == ARENA_BUSY ? "busy (another writer)"
                                     : "taken over, or written by a later allocation");
         if (w == ARENA_BUSY) { /* nothing written: give the slot back */
@@ -204,7 +204,7 @@ static void *writer_main(void *arg)
     /* background work: on a host whose cores all compute, the writer takes what they leave
      * (Linux: a thread's nice value is its own; failure only costs throughput) */
     if (setpriority(PRIO_PROCESS, (id_t)gettid(), 10) != 0)
-        CACHE_LOG(&c->log, CLOG_DEBUG, "writer thread: setpriority: %s", strerror(errno));
+        CACHE_LOG(&c->log, SW_LOG_DEBUG, "writer thread: setpriority: %s", strerror(errno));
     pthread_mutex_lock(&c->mu);
     int64_t next_ping = cache_now_ms() + c->ix.health_ms;
     for (;;) {
@@ -270,7 +270,7 @@ cache_t *cache_new(const cache_config_t *cfg, const cache_geometry_t *geo, char 
                          errlen);
     if (arc == -2) {
         /* a file or folder we do not trust: serve without tier 2 rather than stop */
-        CACHE_LOG(&c->log, CLOG_ERROR, "%s; tier 2 off, serving from tier 1 only", errstr);
+        CACHE_LOG(&c->log, SW_LOG_ERROR, "%s; tier 2 off, serving from tier 1 only", errstr);
         if (errlen) errstr[0] = 0;
         c->arena_refused = 1;
         atomic_store(&c->st_arena_used, -1);
@@ -283,7 +283,7 @@ cache_t *cache_new(const cache_config_t *cfg, const cache_geometry_t *geo, char 
     rconn_init(&c->wr, &c->ix, "writer");
     atomic_store(&c->st_arena_used, -1);
     if (!c->tier2) {
-        CACHE_LOG(&c->log, CLOG_INFO, "no redis_host: tier 2 off (arena mapped, unused)");
+        CACHE_LOG(&c->log, SW_LOG_INFO, "no redis_host: tier 2 off (arena mapped, unused)");
         return c;
     }
 
@@ -358,7 +358,7 @@ int cache_tier2_usable(cache_t *c)
     if (!c->tier2 || atomic_load_explicit(&c->stale, memory_order_relaxed)) return 0;
     if (arena_still_ours(&c->arena)) return 1;
     if (!atomic_exchange(&c->stale, 1))
-        CACHE_LOG(&c->log, CLOG_WARN,
+        CACHE_LOG(&c->log, SW_LOG_WARN,
                   "arena %s was re-initialised by another process (other model or geometry?): "
                   "tier 2 off for this handle", c->arena.path);
     return 0;

@@ -10,6 +10,7 @@
 #include <sys/types.h>
 
 #include "cache/cache.h"
+#include "common/log.h"
 
 /* ---- logging ---- */
 
@@ -20,8 +21,6 @@ typedef struct {
     void (*fn)(void *arg, int level, const char *msg);
     void *arg;
 } cache_log_t;
-
-enum { CLOG_ERROR = 0, CLOG_WARN = 1, CLOG_INFO = 2, CLOG_DEBUG = 3 };
 
 void cache_log_emit(const cache_log_t *log, int level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

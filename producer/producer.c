@@ -5,6 +5,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/log.h"
 #include "producer/producer.h"
 
 struct producer {
@@ -16,16 +17,7 @@ struct producer {
     void (*log)(void *arg, int level, const char *msg);
 };
 
-static void plog(producer_t *p, int level, const char *fmt, ...)
-{
-    if (!p->log) return;
-    char buf[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    p->log(p->dr_arg, level, buf);
-}
+#define plog(p, level, ...) sw_logf((p)->log, (p)->dr_arg, (level), __VA_ARGS__)
 
 /* Runs on the thread calling producer_poll / producer_flush. */
 static void on_dr(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
@@ -37,7 +29,7 @@ static void on_dr(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
 static void on_log(const rd_kafka_t *rk, int level, const char *fac, const char *buf)
 {
     producer_t *p = rd_kafka_opaque(rk);
-    if (p) plog(p, level <= 3 ? 0 : level <= 4 ? 1 : level <= 6 ? 2 : 3, "rdkafka %s: %s", fac, buf);
+    if (p) plog(p, sw_log_from_syslog(level), "rdkafka %s: %s", fac, buf);
 }
 
 /* init_transactions on a new instance: fences older instances with the same transactional.id
@@ -111,7 +103,7 @@ fail:
 static void destroy_rk(producer_t *p, rd_kafka_t *rk, int timeout_ms)
 {
     if (rd_kafka_flush(rk, timeout_ms)) {
-        plog(p, 1, "producer %s closed with %d record(s) undelivered", rd_kafka_name(rk),
+        plog(p, SW_LOG_WARN, "producer %s closed with %d record(s) undelivered", rd_kafka_name(rk),
              rd_kafka_outq_len(rk));
         /* rd_kafka_destroy would drop them without a delivery report, and so leak whatever
          * their opaques own: purge them, so that each one's report runs (with an error) */
@@ -322,7 +314,7 @@ int producer_txn_commit(producer_t *p, const rd_kafka_topic_partition_list_t *of
             return PRODUCER_TXN_UNCERTAIN;
         }
         if (abortable || !retriable) {
-            plog(p, 1, "%s; aborting the transaction", errstr);
+            plog(p, SW_LOG_WARN, "%s; aborting the transaction", errstr);
             char e2[256];
             int rc = producer_txn_abort(p, timeout_ms, e2, sizeof e2);
             if (rc != PRODUCER_TXN_OK) {
@@ -331,7 +323,7 @@ int producer_txn_commit(producer_t *p, const rd_kafka_topic_partition_list_t *of
             }
             return PRODUCER_TXN_ABORTED;
         }
-        plog(p, 1, "%s; retrying", errstr);
+        plog(p, SW_LOG_WARN, "%s; retrying", errstr);
     }
 }
 

@@ -189,8 +189,8 @@ static void model_gc(worker_t *w)
         engine_stats_t es;
         engine_stats(dead->eng, &es);
         stats_add(&w->gone, &es);
-        wlog(w, 2, "model %s: version %s (%s) drained and unloaded", dead->name, dead->fp_hex,
-             dead->path);
+        wlog(w, SW_LOG_INFO, "model %s: version %s (%s) drained and unloaded", dead->name,
+             dead->fp_hex, dead->path);
         wmodel_free(dead);
         atomic_fetch_sub(&w->st.models_loaded, 1);
     }

@@ -46,6 +46,7 @@
 #include <sodium.h>
 
 #include "cache/cache.h"
+#include "common/log.h"
 #include "consumer/consumer.h"
 #include "engine/engine.h"
 #include "producer/producer.h"
