@@ -63,13 +63,6 @@ void cache_log_emit(const cache_log_t *log, int level, const char *fmt, ...)
         fprintf(stderr, "spillway cache %s: %s\n", LEVEL_NAME[level & 3], buf);
 }
 
-int64_t cache_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* ---- names known to be indexed (or being stored) by this process ---- */
 
 static _Atomic uint64_t *recent_entry(cache_t *c, uint64_t name)
@@ -206,19 +199,19 @@ static void *writer_main(void *arg)
     if (setpriority(PRIO_PROCESS, (id_t)gettid(), 10) != 0)
         CACHE_LOG(&c->log, SW_LOG_DEBUG, "writer thread: setpriority: %s", strerror(errno));
     pthread_mutex_lock(&c->mu);
-    int64_t next_ping = cache_now_ms() + c->ix.health_ms;
+    int64_t next_ping = sw_mono_ms() + c->ix.health_ms;
     for (;;) {
         while (!c->fifo_len && !c->stopping) {
             if (!c->ix.health_ms) {
                 pthread_cond_wait(&c->cv, &c->mu);
                 continue;
             }
-            int64_t now = cache_now_ms();
+            int64_t now = sw_mono_ms();
             if (now >= next_ping) { /* idle: keep redis_up current (and reconnect) */
                 pthread_mutex_unlock(&c->mu);
                 if (cache_tier2_usable(c)) rconn_ping(c, &c->wr);
                 pthread_mutex_lock(&c->mu);
-                next_ping = cache_now_ms() + c->ix.health_ms;
+                next_ping = sw_mono_ms() + c->ix.health_ms;
                 continue;
             }
             struct timespec ts;
@@ -229,7 +222,7 @@ static void *writer_main(void *arg)
             pthread_cond_timedwait(&c->cv, &c->mu, &ts);
         }
         if (!c->fifo_len) break; /* stopping and drained */
-        next_ping = cache_now_ms() + c->ix.health_ms;
+        next_ping = sw_mono_ms() + c->ix.health_ms;
         int idx = c->fifo[c->fifo_head];
         c->fifo_head = (c->fifo_head + 1) % c->n_bufs;
         c->fifo_len--;
@@ -448,7 +441,7 @@ void *cache_store_begin(cache_t *c, uint64_t name, uint64_t parent, const int32_
 {
     if (!cache_tier2_usable(c) || recent_has(c, name)) return NULL;
     /* Redis known down: the writer's connection, or the step thread's own (same server) */
-    int64_t now = cache_now_ms();
+    int64_t now = sw_mono_ms();
     int64_t wr_retry = atomic_load_explicit(&c->wr_retry_at_ms, memory_order_relaxed);
     if ((wr_retry && now < wr_retry) || (!c->step.ctx && now < c->step.retry_at_ms)) {
         atomic_fetch_add_explicit(&c->st_dropped, 1, memory_order_relaxed);

@@ -10,6 +10,7 @@
 #include <sys/types.h>
 
 #include "cache/cache.h"
+#include "common/clock.h"
 #include "common/log.h"
 
 /* ---- logging ---- */
@@ -29,9 +30,6 @@ void cache_log_emit(const cache_log_t *log, int level, const char *fmt, ...)
     do {                                                                           \
         if ((lvl) <= (log)->level) cache_log_emit((log), (lvl), __VA_ARGS__);      \
     } while (0)
-
-/* Milliseconds of CLOCK_MONOTONIC (backoff deadlines, within one process). */
-int64_t cache_now_ms(void);
 
 /* ---- arena (arena.c) ---- */
 

@@ -233,7 +233,7 @@ static const char *ctx_error(const cache_t *c, const redisContext *ctx, char *bu
 void rconn_fail(cache_t *c, rconn_t *r, const char *what, const char *detail)
 {
     atomic_fetch_add_explicit(&c->st_redis_errors, 1, memory_order_relaxed);
-    int64_t retry_at = cache_now_ms() + r->backoff_ms;
+    int64_t retry_at = sw_mono_ms() + r->backoff_ms;
     /* detail may point into the context: log before freeing it */
     CACHE_LOG(&c->log, r->failures ? SW_LOG_DEBUG : SW_LOG_WARN,
               "redis %s:%d (%s connection): %s: %s (tier 2 off, retrying in %d ms)", c->ix.host,
@@ -366,7 +366,7 @@ io_fail:
 int rconn_ready(cache_t *c, rconn_t *r)
 {
     if (r->ctx) return 0;
-    if (cache_now_ms() < r->retry_at_ms) return -1;
+    if (sw_mono_ms() < r->retry_at_ms) return -1;
     return rconn_connect(c, r);
 }
 

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "consumer/consumer.h"
 
@@ -75,13 +76,6 @@ struct consumer {
 static int is_held(const consumer_t *c, const char *topic)
 {
     return c->held && c->held_topic && !strcmp(c->held_topic, topic);
-}
-
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 #define logf_(c, level, ...) sw_logf((c)->hooks.log, (c)->hooks.arg, (level), __VA_ARGS__)
@@ -170,17 +164,16 @@ static int64_t committable(const part_t *p)
 /* ---- rebalances ---- */
 
 static void commit_started(consumer_t *c);
-static int64_t mono_ns_(void);
 
 /* rd_kafka_commit, synchronous, timed for hooks.committed. */
 static rd_kafka_resp_err_t sync_commit(consumer_t *c, const rd_kafka_topic_partition_list_t *l)
 {
-    int64_t t0 = mono_ns_();
+    int64_t t0 = sw_mono_ns();
     c->in_sync_commit = 1;
     rd_kafka_resp_err_t err = rd_kafka_commit(c->rk, l, 0);
     c->in_sync_commit = 0;
     if (c->hooks.committed && err != RD_KAFKA_RESP_ERR__NO_OFFSET)
-        c->hooks.committed(c->hooks.arg, err == RD_KAFKA_RESP_ERR_NO_ERROR, mono_ns_() - t0);
+        c->hooks.committed(c->hooks.arg, err == RD_KAFKA_RESP_ERR_NO_ERROR, sw_mono_ns() - t0);
     return err;
 }
 
@@ -249,7 +242,7 @@ static void on_rebalance(rd_kafka_t *rk, rd_kafka_resp_err_t err,
         /* cooperative: the assignment that completes this revocation, then the one ending the
          * re-join after it */
         c->hold_commits = coop && !lost ? 2 : 0;
-        c->hold_until_ms = mono_ms() + 10000;
+        c->hold_until_ms = sw_mono_ms() + 10000;
         int dropped = 0;
         for (int i = 0; i < parts->cnt; i++) {
             part_t *p = find_part(c, parts->elems[i].topic, parts->elems[i].partition);
@@ -278,20 +271,13 @@ static void on_rebalance(rd_kafka_t *rk, rd_kafka_resp_err_t err,
     }
 }
 
-static int64_t mono_ns_(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
 static void commit_started(consumer_t *c)
 {
     if (c->commit_n == 16) { /* results not seen (should not happen): forget the oldest */
         c->commit_head = (c->commit_head + 1) % 16;
         c->commit_n--;
     }
-    c->commit_t0[(c->commit_head + c->commit_n++) % 16] = mono_ns_();
+    c->commit_t0[(c->commit_head + c->commit_n++) % 16] = sw_mono_ns();
 }
 
 static void on_commit(rd_kafka_t *rk, rd_kafka_resp_err_t err,
@@ -303,7 +289,7 @@ static void on_commit(rd_kafka_t *rk, rd_kafka_resp_err_t err,
         c->commit_head = (c->commit_head + 1) % 16;
         c->commit_n--;
         if (c->hooks.committed && err != RD_KAFKA_RESP_ERR__NO_OFFSET)
-            c->hooks.committed(c->hooks.arg, err == RD_KAFKA_RESP_ERR_NO_ERROR, mono_ns_() - t0);
+            c->hooks.committed(c->hooks.arg, err == RD_KAFKA_RESP_ERR_NO_ERROR, sw_mono_ns() - t0);
     }
     if (err == RD_KAFKA_RESP_ERR__NO_OFFSET) return;
     if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {
@@ -675,7 +661,7 @@ static rd_kafka_topic_partition_list_t *moved(consumer_t *c, int all)
 
 int consumer_commit(consumer_t *c, int async)
 {
-    if (async && c->hold_commits > 0 && mono_ms() < c->hold_until_ms) return 0; /* see struct */
+    if (async && c->hold_commits > 0 && sw_mono_ms() < c->hold_until_ms) return 0; /* see struct */
     if (async && atomic_load(&c->rejoining)) return 0;                        /* see struct */
     /* A synchronous commit (a forced one: stop, leave) sends every partition, not only those
      * that moved: a commit lost without a report (none was seen, but a partition once stayed

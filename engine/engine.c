@@ -23,6 +23,7 @@
 #include <unistd.h>
 #include <sodium.h>
 
+#include "common/clock.h"
 #include "common/err.h"
 #include "backend.h"
 #include "cpu/kernels.h"
@@ -119,13 +120,6 @@ struct engine {
 
     engine_stats_t st;
 };
-
-static int64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
 
 void engine_config_default(engine_config_t *c)
 {
@@ -306,7 +300,7 @@ static void seq_finish(engine_t *e, seq_t *s, int finish)
         .t_submit = s->t_submit,
         .t_first_scheduled = s->t_first_scheduled,
         .t_first_token = s->t_first_token,
-        .t_finish = now_ns(),
+        .t_finish = sw_mono_ns(),
         .compute_ns = s->compute_ns,
         .logprobs = s->n_logprobs ? s->lp : NULL,
         .top_logprobs = s->n_logprobs ? s->top : NULL,
@@ -590,7 +584,7 @@ int engine_submit(engine_t *e, const engine_request_t *req, engine_done_fn done,
     }
     s->id = e->next_id++;
     s->arrival = e->next_arrival++;
-    s->t_submit = now_ns();
+    s->t_submit = sw_mono_ns();
     queue_insert(e->waiting, &e->n_waiting, s);
     if (id_out) *id_out = s->id;
     return 0;
@@ -740,13 +734,6 @@ static int prefix_in_flight(const engine_t *e, const seq_t *s, int cached)
     return 0;
 }
 
-static int64_t wall_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* Admission candidates of this step, best first (see engine_config_t.sched_*): fills e->cand and
  * returns their number. */
 static int pick_candidates(engine_t *e)
@@ -760,7 +747,7 @@ static int pick_candidates(engine_t *e)
         if (!oldest || e->waiting[i]->arrival < oldest->arrival) oldest = e->waiting[i];
     if (oldest) e->cand[n++] = oldest;
     if (n <= 1) return n;
-    int64_t now = now_ns(), wall = e->cfg.sched_urgent_ms > 0 ? wall_ms() : 0;
+    int64_t now = sw_mono_ns(), wall = e->cfg.sched_urgent_ms > 0 ? sw_wall_ms() : 0;
     int64_t *key_prio = e->cand_prio, *key_cached = e->cand_cached;
     for (int i = 0; i < n; i++) {
         seq_t *s = e->cand[i];
@@ -869,7 +856,7 @@ static int plan_step(engine_t *e)
             e->st.cached_tokens += (uint64_t)s->n_computed;
             e->st.prompt_tokens += (uint64_t)s->n_prompt;
         }
-        if (!s->t_first_scheduled) s->t_first_scheduled = now_ns();
+        if (!s->t_first_scheduled) s->t_first_scheduled = sw_mono_ns();
         s->step_tokens = want;
         budget -= want;
         e->b_seqs[n++] = s;
@@ -901,7 +888,7 @@ static int seq_advance(engine_t *e, seq_t *s, float *logits, int32_t picked, int
             s->top[(size_t)s->n_generated * s->n_logprobs + i].logprob = top[i].logprob;
         }
     }
-    if (s->n_generated == 0) s->t_first_token = now_ns();
+    if (s->n_generated == 0) s->t_first_token = sw_mono_ns();
     s->tokens[s->n_tokens++] = tok;
     s->n_generated++;
     e->st.generated_tokens++;
@@ -971,11 +958,11 @@ int engine_step(engine_t *e, char *errstr, size_t errlen)
         const seq_t *s = e->b_seqs[i];
         if (s->n_computed + s->step_tokens == s->n_tokens && !s->plain_greedy) by_id = 0;
     }
-    int64_t t0 = now_ns();
+    int64_t t0 = sw_mono_ns();
     if (by_id ? e->be->ops->forward_argmax(e->be, &batch, e->b_ids, errstr, errlen)
               : e->be->ops->forward(e->be, &batch, e->logits, errstr, errlen))
         return -1;
-    int64_t dt = now_ns() - t0;
+    int64_t dt = sw_mono_ns() - t0;
     e->st.forward_seconds += (double)dt * 1e-9;
     e->st.steps++;
     if (by_id) e->st.argmax_steps++;

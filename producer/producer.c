@@ -5,6 +5,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "producer/producer.h"
 
@@ -252,13 +253,6 @@ int producer_txn_begin(producer_t *p, char *errstr, size_t errlen)
     return -1;
 }
 
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 int producer_txn_abort(producer_t *p, int timeout_ms, char *errstr, size_t errlen)
 {
     rd_kafka_error_t *e = rd_kafka_abort_transaction(p->rk, timeout_ms);
@@ -275,7 +269,7 @@ int producer_txn_commit(producer_t *p, const rd_kafka_topic_partition_list_t *of
                         const rd_kafka_consumer_group_metadata_t *cgmd, int timeout_ms,
                         char *errstr, size_t errlen)
 {
-    int64_t end = now_ms() + timeout_ms;
+    int64_t end = sw_mono_ms() + timeout_ms;
     int sent = offsets == NULL || offsets->cnt == 0;
     /* Flush before sending the offsets, so no ProduceRequest is in flight while they go out.
      * librdkafka (2.0.2, and still upstream) leaks the request of send_offsets_to_transaction (an
@@ -288,7 +282,7 @@ int producer_txn_commit(producer_t *p, const rd_kafka_topic_partition_list_t *of
      * request is done. commit_transaction flushes anyway; a timeout here is reported by it. */
     if (!sent) rd_kafka_flush(p->rk, timeout_ms);
     for (;;) {
-        int left = (int)(end - now_ms());
+        int left = (int)(end - sw_mono_ms());
         if (left < 1) left = 1;
         const char *what = sent ? "commit_transaction" : "send_offsets_to_transaction";
         rd_kafka_error_t *e = sent ? rd_kafka_commit_transaction(p->rk, left)
@@ -305,7 +299,7 @@ int producer_txn_commit(producer_t *p, const rd_kafka_topic_partition_list_t *of
         int retriable = rd_kafka_error_is_retriable(e);
         rd_kafka_error_destroy(e);
         if (fatal) return PRODUCER_TXN_FATAL;
-        if (retriable && !abortable && now_ms() >= end) {
+        if (retriable && !abortable && sw_mono_ms() >= end) {
             /* timed out (librdkafka: ERR__TIMED_OUT, retriable, the call resumable): the
              * flush, the TxnOffsetCommit or the EndTxn is still in flight and the broker may
              * yet apply it. Aborting on this instance is refused while the call is resumable,

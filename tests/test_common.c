@@ -1,8 +1,9 @@
 /* tests/test_common.c: the base layer (common/): error messages and code names, the log hook
- * and levels. */
+ * and levels, the clocks. */
 #include <string.h>
 
 #include "check.h"
+#include "common/clock.h"
 #include "common/err.h"
 #include "common/log.h"
 
@@ -52,5 +53,12 @@ int main(void)
     static const int syslog_to[8] = {SW_LOG_ERROR, SW_LOG_ERROR, SW_LOG_ERROR, SW_LOG_ERROR,
                                       SW_LOG_WARN,  SW_LOG_INFO,  SW_LOG_INFO,  SW_LOG_DEBUG};
     for (int l = 0; l < 8; l++) CHECKF(sw_log_from_syslog(l) == syslog_to[l], "syslog %d", l);
+
+    /* clocks: monotonic never goes back, the units agree, the wall clock is an epoch time */
+    int64_t ns0 = sw_mono_ns(), ms = sw_mono_ms(), ns1 = sw_mono_ns();
+    double sec = sw_mono_s();
+    CHECK(ns1 >= ns0 && ms >= ns0 / 1000000 && ms <= ns1 / 1000000);
+    CHECK(sec >= (double)ns1 * 1e-9 && sec < (double)ns1 * 1e-9 + 1.0);
+    CHECK(sw_wall_ms() > INT64_C(1577836800000)); /* after 2020-01-01 */
     return check_exit();
 }
