@@ -34,6 +34,7 @@
 #include <time.h>
 
 #include "common/err.h"
+#include "common/utf8.h"
 #include "engine_internal.h"
 #include "gguf.h"
 
@@ -445,22 +446,10 @@ static void raise_(sb_t *b, const char *msg)
  * U+10FFFF; such text never reaches a Jinja template, which works on Unicode strings). */
 static size_t utf8_at(const unsigned char *s, size_t n, uint32_t *cp)
 {
-    size_t k = s[0] < 0x80            ? 1
-               : (s[0] >> 5) == 0x06 ? 2
-               : (s[0] >> 4) == 0x0E ? 3
-               : (s[0] >> 3) == 0x1E ? 4
-                                     : 0;
+    size_t k = sw_utf8_decode(s, n, cp);
+    if (k) return k;
     *cp = 0xFFFFFFFFu;
-    if (k == 0 || k > n) return 1;
-    uint32_t c = k == 1 ? s[0] : k == 2 ? s[0] & 0x1Fu : k == 3 ? s[0] & 0x0Fu : s[0] & 0x07u;
-    for (size_t i = 1; i < k; i++) {
-        if ((s[i] & 0xC0) != 0x80) return 1;
-        c = c << 6 | (s[i] & 0x3Fu);
-    }
-    static const uint32_t MIN[5] = {0, 0, 0x80, 0x800, 0x10000};
-    if (c < MIN[k] || c > 0x10FFFF || (c >= 0xD800 && c <= 0xDFFF)) return 1;
-    *cp = c;
-    return k;
+    return 1;
 }
 
 /* Python's str.isspace() for one code point. */
