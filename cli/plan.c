@@ -37,7 +37,6 @@
  * place from the file mapping, i.e. host page cache, not from the pool's budget). */
 #include <getopt.h>
 #include <jansson.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -26,7 +26,6 @@
  * in the section "Jinja-exact templates" below. */
 #include "chat.h"
 
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>

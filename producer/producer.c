@@ -1,9 +1,7 @@
 /* producer/producer.c: idempotent / transactional producer for results and DLQ records. */
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "common/clock.h"
 #include "common/log.h"

@@ -6,7 +6,6 @@
  * items over threads. Every output value is computed in an order that does not depend on the
  * batch (see kernels.h), so results are bit-identical alone or batched. */
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

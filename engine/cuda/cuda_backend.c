@@ -27,7 +27,6 @@
  * (engine/backend.h). */
 #include <dlfcn.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

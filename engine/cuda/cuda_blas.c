@@ -8,7 +8,6 @@
 #include "engine/cuda/cuda_blas.h"
 
 #include <dlfcn.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
