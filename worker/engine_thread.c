@@ -62,6 +62,15 @@ static void on_engine_done(void *arg, const engine_result_t *res)
 }
 
 /* Submits one tokenised request, or finishes it at once (cancelled, expired, refused). */
+/* The dead-letter reason of a request engine_submit refused with rc (< 0, common/err.h). */
+static const char *submit_dlq_code(int rc)
+{
+    switch (-rc) {
+    case SW_ERANGE: return REQ_ERR_PROMPT_TOKENS; /* the prompt leaves no room in the context */
+    default: return REQ_ERR_BAD_PARAM; /* SW_EINVAL; SW_ENOMEM as an allocation failure here */
+    }
+}
+
 static void engine_start(worker_t *w, wreq_t *r)
 {
     char err[256];
@@ -120,13 +129,8 @@ static void engine_start(worker_t *w, wreq_t *r)
     r->model->n_active++;
     int rc = engine_submit(r->model->eng, &q, on_engine_done, w, &r->engine_id, err, sizeof err);
     if (rc != 0) {
-        const char *code;
-        switch (-rc) {
-        case SW_ERANGE: code = REQ_ERR_PROMPT_TOKENS; break; /* no room in the context */
-        default: code = REQ_ERR_BAD_PARAM; break; /* SW_EINVAL; SW_ENOMEM as the realloc above */
-        }
         weng_active_remove(w, r);
-        wres_dlq(r, code, err);
+        wres_dlq(r, submit_dlq_code(rc), err);
         wmodel_release(w, r);
         woutbox_push(w, r);
         return;
