@@ -10,7 +10,8 @@
  * Exceptions: engine_tokenize, engine_token_to_piece, engine_info and engine_chat_* only read the
  * immutable tokenizer and model metadata, so they may be called from any thread, concurrently
  * with each other and with engine_step / engine_submit on the step thread.
- * Errors: functions return 0 / -1 (or NULL) and fill the caller's errstr. */
+ * Errors: functions return 0 / -1 (or NULL) and fill the caller's errstr; where a caller must
+ * tell failures apart (engine_submit) the negative value is a code of common/err.h. */
 #ifndef SPILLWAY_ENGINE_H
 #define SPILLWAY_ENGINE_H
 
