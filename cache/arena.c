@@ -92,13 +92,6 @@ _Static_assert(sizeof(slot_header_t) == 64, "slot header must be 64 bytes");
 
 static size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
 
-static int64_t realtime_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static arena_header_t *hdr(const arena_t *a) { return (arena_header_t *)(void *)a->base; }
 
 static slot_header_t *slot_hdr(const arena_t *a, uint32_t slot)
@@ -370,13 +363,13 @@ int arena_open(arena_t *a, const char *path, long arena_mb, const cache_geometry
     const char *field = header_mismatch(a, why, sizeof why);
     if (field) {
         if (st.st_size == 0 || all_zero(a->base, ARENA_HDR_BYTES))
-            CACHE_LOG(log, CLOG_INFO, "arena %s: new, %u slots of %zu bytes", path, a->n_slots,
+            CACHE_LOG(log, SW_LOG_INFO, "arena %s: new, %u slots of %zu bytes", path, a->n_slots,
                       a->block_bytes);
         else
-            CACHE_LOG(log, CLOG_WARN, "arena %s: %s: re-initialising", path, why);
+            CACHE_LOG(log, SW_LOG_WARN, "arena %s: %s: re-initialising", path, why);
         initialise(a);
     } else {
-        CACHE_LOG(log, CLOG_INFO, "arena %s: attached, %u slots of %zu bytes, id %016llx", path,
+        CACHE_LOG(log, SW_LOG_INFO, "arena %s: attached, %u slots of %zu bytes, id %016llx", path,
                   a->n_slots, a->block_bytes,
                   (unsigned long long)atomic_load(&hdr(a)->arena_id));
     }
@@ -416,7 +409,7 @@ static int lock_abandoned(const slot_header_t *h, uint64_t s)
     pid_t owner = (pid_t)((s >> 1) & 0x7fffffffu);
     if (owner > 0 && kill(owner, 0) < 0 && errno == ESRCH) return 1;
     int64_t since = atomic_load_explicit(&h->lock_ms, memory_order_relaxed);
-    return realtime_ms() - since > ARENA_STALE_LOCK_MS;
+    return sw_wall_ms() - since > ARENA_STALE_LOCK_MS;
 }
 
 static uint64_t slot_sum(const arena_t *a, const void *kv, const void *meta)
@@ -440,7 +433,7 @@ int arena_write(arena_t *a, uint32_t slot, uint64_t name, uint64_t gen, const vo
     }
     /* Stored before the CAS so that a crash between the CAS and here cannot leave an old time
      * that would let the lock be taken over early; a loser's store only delays takeovers. */
-    atomic_store_explicit(&h->lock_ms, realtime_ms(), memory_order_relaxed);
+    atomic_store_explicit(&h->lock_ms, sw_wall_ms(), memory_order_relaxed);
     if (!atomic_compare_exchange_strong_explicit(&h->seq, &s, locked, memory_order_acquire,
                                                  memory_order_relaxed))
         return ARENA_BUSY;

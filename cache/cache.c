@@ -41,7 +41,7 @@ void cache_config_default(cache_config_t *c)
     c->backoff_max_ms = 5000;
     c->health_ms = 1000;
     c->write_queue = 64;
-    c->log_level = 2;
+    c->log_level = SW_LOG_INFO;
     c->log_fn = NULL;
     c->log_arg = NULL;
 }
@@ -61,13 +61,6 @@ void cache_log_emit(const cache_log_t *log, int level, const char *fmt, ...)
         log->fn(log->arg, level, buf);
     else
         fprintf(stderr, "spillway cache %s: %s\n", LEVEL_NAME[level & 3], buf);
-}
-
-int64_t cache_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 /* ---- names known to be indexed (or being stored) by this process ---- */
@@ -160,7 +153,7 @@ static void write_one(cache_t *c, uint64_t name, const void *buf)
     int w = arena_write(&c->arena, (uint32_t)slot, name, gen, buf,
                         (const uint8_t *)buf + c->arena.block_bytes);
     if (w != ARENA_OK) {
-        CACHE_LOG(&c->log, CLOG_DEBUG, "store %s: slot %lld %s", nm, slot,
+        CACHE_LOG(&c->log, SW_LOG_DEBUG, "store %s: slot %lld %s", nm, slot,
                   w == ARENA_BUSY ? "busy (another writer)"
                                     : "taken over, or written by a later allocation");
         if (w == ARENA_BUSY) { /* nothing written: give the slot back */
@@ -204,21 +197,21 @@ static void *writer_main(void *arg)
     /* background work: on a host whose cores all compute, the writer takes what they leave
      * (Linux: a thread's nice value is its own; failure only costs throughput) */
     if (setpriority(PRIO_PROCESS, (id_t)gettid(), 10) != 0)
-        CACHE_LOG(&c->log, CLOG_DEBUG, "writer thread: setpriority: %s", strerror(errno));
+        CACHE_LOG(&c->log, SW_LOG_DEBUG, "writer thread: setpriority: %s", strerror(errno));
     pthread_mutex_lock(&c->mu);
-    int64_t next_ping = cache_now_ms() + c->ix.health_ms;
+    int64_t next_ping = sw_mono_ms() + c->ix.health_ms;
     for (;;) {
         while (!c->fifo_len && !c->stopping) {
             if (!c->ix.health_ms) {
                 pthread_cond_wait(&c->cv, &c->mu);
                 continue;
             }
-            int64_t now = cache_now_ms();
+            int64_t now = sw_mono_ms();
             if (now >= next_ping) { /* idle: keep redis_up current (and reconnect) */
                 pthread_mutex_unlock(&c->mu);
                 if (cache_tier2_usable(c)) rconn_ping(c, &c->wr);
                 pthread_mutex_lock(&c->mu);
-                next_ping = cache_now_ms() + c->ix.health_ms;
+                next_ping = sw_mono_ms() + c->ix.health_ms;
                 continue;
             }
             struct timespec ts;
@@ -229,7 +222,7 @@ static void *writer_main(void *arg)
             pthread_cond_timedwait(&c->cv, &c->mu, &ts);
         }
         if (!c->fifo_len) break; /* stopping and drained */
-        next_ping = cache_now_ms() + c->ix.health_ms;
+        next_ping = sw_mono_ms() + c->ix.health_ms;
         int idx = c->fifo[c->fifo_head];
         c->fifo_head = (c->fifo_head + 1) % c->n_bufs;
         c->fifo_len--;
@@ -270,7 +263,7 @@ cache_t *cache_new(const cache_config_t *cfg, const cache_geometry_t *geo, char 
                          errlen);
     if (arc == -2) {
         /* a file or folder we do not trust: serve without tier 2 rather than stop */
-        CACHE_LOG(&c->log, CLOG_ERROR, "%s; tier 2 off, serving from tier 1 only", errstr);
+        CACHE_LOG(&c->log, SW_LOG_ERROR, "%s; tier 2 off, serving from tier 1 only", errstr);
         if (errlen) errstr[0] = 0;
         c->arena_refused = 1;
         atomic_store(&c->st_arena_used, -1);
@@ -283,7 +276,7 @@ cache_t *cache_new(const cache_config_t *cfg, const cache_geometry_t *geo, char 
     rconn_init(&c->wr, &c->ix, "writer");
     atomic_store(&c->st_arena_used, -1);
     if (!c->tier2) {
-        CACHE_LOG(&c->log, CLOG_INFO, "no redis_host: tier 2 off (arena mapped, unused)");
+        CACHE_LOG(&c->log, SW_LOG_INFO, "no redis_host: tier 2 off (arena mapped, unused)");
         return c;
     }
 
@@ -358,7 +351,7 @@ int cache_tier2_usable(cache_t *c)
     if (!c->tier2 || atomic_load_explicit(&c->stale, memory_order_relaxed)) return 0;
     if (arena_still_ours(&c->arena)) return 1;
     if (!atomic_exchange(&c->stale, 1))
-        CACHE_LOG(&c->log, CLOG_WARN,
+        CACHE_LOG(&c->log, SW_LOG_WARN,
                   "arena %s was re-initialised by another process (other model or geometry?): "
                   "tier 2 off for this handle", c->arena.path);
     return 0;
@@ -448,7 +441,7 @@ void *cache_store_begin(cache_t *c, uint64_t name, uint64_t parent, const int32_
 {
     if (!cache_tier2_usable(c) || recent_has(c, name)) return NULL;
     /* Redis known down: the writer's connection, or the step thread's own (same server) */
-    int64_t now = cache_now_ms();
+    int64_t now = sw_mono_ms();
     int64_t wr_retry = atomic_load_explicit(&c->wr_retry_at_ms, memory_order_relaxed);
     if ((wr_retry && now < wr_retry) || (!c->step.ctx && now < c->step.retry_at_ms)) {
         atomic_fetch_add_explicit(&c->st_dropped, 1, memory_order_relaxed);

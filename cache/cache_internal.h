@@ -10,6 +10,8 @@
 #include <sys/types.h>
 
 #include "cache/cache.h"
+#include "common/clock.h"
+#include "common/log.h"
 
 /* ---- logging ---- */
 
@@ -21,8 +23,6 @@ typedef struct {
     void *arg;
 } cache_log_t;
 
-enum { CLOG_ERROR = 0, CLOG_WARN = 1, CLOG_INFO = 2, CLOG_DEBUG = 3 };
-
 void cache_log_emit(const cache_log_t *log, int level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* Checks the level before anything is formatted. */
@@ -30,9 +30,6 @@ void cache_log_emit(const cache_log_t *log, int level, const char *fmt, ...)
     do {                                                                           \
         if ((lvl) <= (log)->level) cache_log_emit((log), (lvl), __VA_ARGS__);      \
     } while (0)
-
-/* Milliseconds of CLOCK_MONOTONIC (backoff deadlines, within one process). */
-int64_t cache_now_ms(void);
 
 /* ---- arena (arena.c) ---- */
 

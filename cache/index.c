@@ -233,9 +233,9 @@ static const char *ctx_error(const cache_t *c, const redisContext *ctx, char *bu
 void rconn_fail(cache_t *c, rconn_t *r, const char *what, const char *detail)
 {
     atomic_fetch_add_explicit(&c->st_redis_errors, 1, memory_order_relaxed);
-    int64_t retry_at = cache_now_ms() + r->backoff_ms;
+    int64_t retry_at = sw_mono_ms() + r->backoff_ms;
     /* detail may point into the context: log before freeing it */
-    CACHE_LOG(&c->log, r->failures ? CLOG_DEBUG : CLOG_WARN,
+    CACHE_LOG(&c->log, r->failures ? SW_LOG_DEBUG : SW_LOG_WARN,
               "redis %s:%d (%s connection): %s: %s (tier 2 off, retrying in %d ms)", c->ix.host,
               c->ix.port, r->who, what, detail && *detail ? detail : "error", r->backoff_ms);
     rconn_close(r);
@@ -348,7 +348,7 @@ static int rconn_connect(cache_t *c, rconn_t *r)
         freeReplyObject(rep);
         rep = NULL;
     }
-    CACHE_LOG(&c->log, CLOG_INFO, "redis %s:%d (%s connection): %s%s", ix->host, ix->port, r->who,
+    CACHE_LOG(&c->log, SW_LOG_INFO, "redis %s:%d (%s connection): %s%s", ix->host, ix->port, r->who,
               r->failures ? "reconnected" : "connected",
               reset ? "; index reset for this arena" : "");
     r->failures = 0;
@@ -366,7 +366,7 @@ io_fail:
 int rconn_ready(cache_t *c, rconn_t *r)
 {
     if (r->ctx) return 0;
-    if (cache_now_ms() < r->retry_at_ms) return -1;
+    if (sw_mono_ms() < r->retry_at_ms) return -1;
     return rconn_connect(c, r);
 }
 
@@ -395,7 +395,7 @@ void rconn_ping(cache_t *c, rconn_t *r)
 static int meta_mismatch(cache_t *c, rconn_t *r)
 {
     if (!cache_tier2_usable(c)) return -1;
-    CACHE_LOG(&c->log, CLOG_WARN,
+    CACHE_LOG(&c->log, SW_LOG_WARN,
               "redis index %s does not name this arena (flushed, or another arena's): resetting it",
               c->ix.keys[KEY_META]);
     const char **argv;

@@ -33,6 +33,7 @@
 #include <xxhash.h>
 
 #include "cli.h"
+#include "common/clock.h"
 #include "consumer/json_text.h"
 #include "consumer/openai_batch.h"
 
@@ -43,13 +44,6 @@ static void batch_on_signal(int sig)
 {
     (void)sig;
     batch_stop = 1;
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 typedef struct {
@@ -496,7 +490,7 @@ static int poll_once(batch_t *B, int timeout_ms)
 
 static void progress(batch_t *B, int tty, double t0, int final)
 {
-    double el = now_s() - t0;
+    double el = sw_mono_s() - t0;
     long new_done = B->done - B->done_before, left = B->n_lines - B->done;
     double rate = el > 0 ? (double)new_done / el : 0;
     char eta[32] = "--";
@@ -669,7 +663,7 @@ int cli_batch(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
 
     int tty = isatty(2);
-    double t0 = now_s(), last_prog = t0, last_ck = t0;
+    double t0 = sw_mono_s(), last_prog = t0, last_ck = t0;
     long to_send = 0, refused_now = 0;
     fprintf(stderr, "spillway batch %s: %ld line(s), %ld already done%s\n", B->batch_id, B->n_lines,
             B->done, st == 1 ? " (resuming)" : "");
@@ -713,7 +707,7 @@ int cli_batch(int argc, char **argv)
         json_decref(r);
         rd_kafka_poll(B->prod, 0);
         if (poll_once(B, 0)) goto out;
-        double t = now_s();
+        double t = sw_mono_s();
         if (t - last_ck > 1.0) {
             last_ck = t;
             if (checkpoint(B)) goto out;
@@ -723,10 +717,10 @@ int cli_batch(int argc, char **argv)
             B->in_topic, refused_now);
     double end = B->timeout ? t0 + (double)B->timeout : 0;
     int flushed = 0;
-    while (B->done < B->n_lines && !batch_stop && (!end || now_s() < end)) {
+    while (B->done < B->n_lines && !batch_stop && (!end || sw_mono_s() < end)) {
         if (poll_once(B, 100)) goto out;
         rd_kafka_poll(B->prod, 0);
-        double t = now_s();
+        double t = sw_mono_s();
         if (!flushed && rd_kafka_outq_len(B->prod) == 0) {
             flushed = 1;
             if (checkpoint(B)) goto out;

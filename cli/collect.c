@@ -17,14 +17,8 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "common/clock.h"
 #include "consumer/openai_batch.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static int cmp_str(const void *a, const void *b) { return strcmp(a, b); }
 static int cmp_pstr(const void *a, const void *b)
@@ -144,8 +138,8 @@ int cli_collect(int argc, char **argv)
     rd_kafka_topic_partition_list_destroy(sub);
     long got = 0, dups = 0, other = 0;
     int tty = isatty(2);
-    double t0 = now_s(), end = t0 + (double)timeout, last = 0;
-    while (got < count && now_s() < end) {
+    double t0 = sw_mono_s(), end = t0 + (double)timeout, last = 0;
+    while (got < count && sw_mono_s() < end) {
         rd_kafka_message_t *m = rd_kafka_consumer_poll(rk, 100);
         if (m && !m->err) {
             json_t *o = json_loadb(m->payload, m->len, 0, NULL);
@@ -188,7 +182,7 @@ int cli_collect(int argc, char **argv)
             json_decref(o);
         }
         if (m) rd_kafka_message_destroy(m);
-        double t = now_s();
+        double t = sw_mono_s();
         if (tty && t - last > 0.2) {
             last = t;
             fprintf(stderr, "\r%ld/%ld results  %.0f/s   ", got, count, (double)got / (t - t0 + 1e-9));
@@ -196,7 +190,7 @@ int cli_collect(int argc, char **argv)
     }
     if (tty) fputc('\n', stderr);
     fprintf(stderr, "collected %ld/%ld result(s) from %s in %.2fs (%ld duplicate(s) skipped, %ld other)\n",
-            got, count, topic, now_s() - t0, dups, other);
+            got, count, topic, sw_mono_s() - t0, dups, other);
     rc = got >= count ? 0 : 1;
 done:
     if (rk) {

@@ -14,19 +14,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "cli.h"
+#include "common/clock.h"
 #include "engine/mkmodel.h"
 #include "worker/worker.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 typedef struct {
     worker_t *w;
@@ -182,7 +175,7 @@ int cli_demo(int argc, char **argv)
     if (!w) goto cfg_err;
     demo_run_t run = {.w = w};
     pthread_t th;
-    double t0 = now_s();
+    double t0 = sw_mono_s();
     pthread_create(&th, NULL, demo_worker, &run);
 
     conf = rd_kafka_conf_new();
@@ -197,13 +190,13 @@ int cli_demo(int argc, char **argv)
     rd_kafka_assign(coll, l);
     rd_kafka_topic_partition_list_destroy(l);
     long got = 0, dlq = 0;
-    double first = 0, deadline = now_s() + 120;
-    while ((got < n || dlq < 1) && now_s() < deadline) {
+    double first = 0, deadline = sw_mono_s() + 120;
+    while ((got < n || dlq < 1) && sw_mono_s() < deadline) {
         rd_kafka_message_t *m = rd_kafka_consumer_poll(coll, 20);
         if (!first) {
             worker_stats_t s0;
             worker_stats(w, &s0);
-            if (s0.consumed) first = now_s();
+            if (s0.consumed) first = sw_mono_s();
         }
         if (!m) continue;
         if (!m->err && !strcmp(rd_kafka_topic_name(m->rkt), "prompts.dlq")) {
@@ -228,7 +221,7 @@ int cli_demo(int argc, char **argv)
         }
         rd_kafka_message_destroy(m);
     }
-    double last = now_s(), secs = last - t0, busy = first ? last - first : 0;
+    double last = sw_mono_s(), secs = last - t0, busy = first ? last - first : 0;
     worker_stats_t st;
     worker_stats(w, &st);
     worker_stop(w);

@@ -37,13 +37,13 @@
  * place from the file mapping, i.e. host page cache, not from the pool's budget). */
 #include <getopt.h>
 #include <jansson.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
+#include "common/err.h"
 #include "cache/cache.h"
 #include "cli.h"
 #include "engine/dtype.h"
@@ -93,15 +93,6 @@ typedef struct {
     uint64_t arena_mb, slot_bytes, arena_slots, arena_tokens, arena_used;
     uint64_t total_bytes;      /* pool + scratch [+ reserve with --gpu-mem] [+ weights on device] */
 } plan_t;
-
-__attribute__((format(printf, 3, 4)))
-static void seterr(char *errstr, size_t errlen, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(errstr, errlen, fmt, ap);
-    va_end(ap);
-}
 
 /* SIZE: a decimal number with at most 6 decimals and an optional unit, case-insensitive:
  * none or B (bytes; no decimals then), K/KB/KiB, M/MB/MiB, G/GB/GiB, T/TB/TiB, all powers of
@@ -157,18 +148,18 @@ static int read_experts(const gguf_t *g, const char *path, plan_model_t *m, int6
     const int moe_arch = !strcmp(a, "qwen2moe") || !strcmp(a, "qwen3moe");
     int64_t ne, nu, eff, sff = 0;
     if (model_arch_int(g, a, "expert_count", 0, &ne) || ne < 0 || ne > MODEL_MAX_EXPERTS) {
-        seterr(errstr, errlen, "%s: %s.expert_count must be 0..%d", path, a, MODEL_MAX_EXPERTS);
+        sw_seterr(errstr, errlen, "%s: %s.expert_count must be 0..%d", path, a, MODEL_MAX_EXPERTS);
         return -1;
     }
     if (ne == 0 && !moe_arch) return 0;
     if (ne == 0) {
-        seterr(errstr, errlen, "%s: %s without experts", path, a);
+        sw_seterr(errstr, errlen, "%s: %s without experts", path, a);
         return -1;
     }
     if (model_arch_int(g, a, "expert_used_count", 0, &nu) || nu <= 0 || nu > ne ||
         nu > MODEL_MAX_EXPERTS_USED) {
-        seterr(errstr, errlen, "%s: %s.expert_used_count must be 1..min(expert_count %lld, %d)",
-               path, a, (long long)ne, MODEL_MAX_EXPERTS_USED);
+        sw_seterr(errstr, errlen, "%s: %s.expert_used_count must be 1..min(expert_count %lld, %d)",
+                  path, a, (long long)ne, MODEL_MAX_EXPERTS_USED);
         return -1;
     }
     if (model_arch_int(g, a, "expert_feed_forward_length", moe_arch ? ffn / nu : ffn, &eff) ||
@@ -176,7 +167,7 @@ static int read_experts(const gguf_t *g, const char *path, plan_model_t *m, int6
         (!strcmp(a, "qwen2moe") &&
          (model_arch_int(g, a, "expert_shared_feed_forward_length", ffn, &sff) || sff <= 0 ||
           sff > 1 << 20))) {
-        seterr(errstr, errlen, "%s: bad %s expert FFN size", path, a);
+        sw_seterr(errstr, errlen, "%s: bad %s expert FFN size", path, a);
         return -1;
     }
     m->n_expert = (int)ne;
@@ -196,7 +187,7 @@ static int read_model(const char *path, plan_model_t *m, char *errstr, size_t er
     if (!g) return -1;
     gguf_str_t arch;
     if (gguf_get_str(g, "general.architecture", &arch) != 0) {
-        seterr(errstr, errlen, "%s: general.architecture is missing", path);
+        sw_seterr(errstr, errlen, "%s: general.architecture is missing", path);
         goto fail;
     }
     size_t alen = arch.len < sizeof m->arch ? (size_t)arch.len : sizeof m->arch - 1;
@@ -214,39 +205,39 @@ static int read_model(const char *path, plan_model_t *m, char *errstr, size_t er
         model_arch_int(g, a, "block_count", 0, &n_layers) || n_layers <= 0 || n_layers > 1024 ||
         model_arch_int(g, a, "attention.head_count", 0, &n_heads) || n_heads <= 0 ||
         n_heads > 1024) {
-        seterr(errstr, errlen, "%s: %s.embedding_length, .block_count and .attention.head_count "
-               "must be present and positive", path, a);
+        sw_seterr(errstr, errlen, "%s: %s.embedding_length, .block_count and .attention.head_count "
+                  "must be present and positive", path, a);
         goto fail;
     }
     if (model_arch_int(g, a, "attention.head_count_kv", n_heads, &n_kv) || n_kv <= 0 ||
         n_heads % n_kv) {
-        seterr(errstr, errlen, "%s: %s.attention.head_count_kv must divide head_count (%lld)",
-               path, a, (long long)n_heads);
+        sw_seterr(errstr, errlen, "%s: %s.attention.head_count_kv must divide head_count (%lld)",
+                  path, a, (long long)n_heads);
         goto fail;
     }
     if (model_arch_int(g, a, "feed_forward_length", 0, &ffn) || ffn <= 0 || ffn > 1 << 20) {
-        seterr(errstr, errlen, "%s: %s.feed_forward_length must be present and positive", path, a);
+        sw_seterr(errstr, errlen, "%s: %s.feed_forward_length must be present and positive", path, a);
         goto fail;
     }
     if (model_arch_int(g, a, "context_length", 2048, &ctx) || ctx <= 0) ctx = 2048;
     if (model_arch_int(g, a, "attention.key_length", dim / n_heads, &key_len) || key_len <= 0 ||
         key_len % 2 || key_len > 1024) {
-        seterr(errstr, errlen, "%s: bad head dimension (%s.attention.key_length)", path, a);
+        sw_seterr(errstr, errlen, "%s: bad head dimension (%s.attention.key_length)", path, a);
         goto fail;
     }
     if (model_arch_int(g, a, "attention.value_length", key_len, &val_len) || val_len != key_len) {
-        seterr(errstr, errlen, "%s: key and value head dimensions differ; not supported", path);
+        sw_seterr(errstr, errlen, "%s: key and value head dimensions differ; not supported", path);
         goto fail;
     }
     if (model_arch_int(g, a, "rope.dimension_count", key_len, &rope_dim) || rope_dim <= 0 ||
         rope_dim > key_len || rope_dim % 2) {
-        seterr(errstr, errlen, "%s: bad %s.rope.dimension_count", path, a);
+        sw_seterr(errstr, errlen, "%s: bad %s.rope.dimension_count", path, a);
         goto fail;
     }
     const gguf_tensor_t *te = gguf_find_tensor(g, "token_embd.weight");
     if (!te || te->n_dims != 2 || te->ne[0] != dim || te->ne[1] <= 0 || te->ne[1] > (1 << 24)) {
-        seterr(errstr, errlen, "%s: tensor 'token_embd.weight' is missing or not {%lld, vocab}",
-               path, (long long)dim);
+        sw_seterr(errstr, errlen, "%s: tensor 'token_embd.weight' is missing or not {%lld, vocab}",
+                  path, (long long)dim);
         goto fail;
     }
     m->dim = (int)dim;
@@ -312,12 +303,12 @@ static int plan_compute(const plan_model_t *m, plan_t *p, char *errstr, size_t e
     if (p->from_gpu) {
         uint64_t need = p->reserve_bytes + p->scratch_bytes + (p->on_device ? m->weight_bytes : 0);
         if (p->gpu_bytes < need + PLAN_MIB) {
-            seterr(errstr, errlen,
-                   "--gpu-mem %llu bytes leaves no MiB for the KV pool: %s%llu bytes of scratch "
-                   "and %llu of reserve take %llu",
-                   (unsigned long long)p->gpu_bytes, p->on_device ? "the weights, " : "",
-                   (unsigned long long)p->scratch_bytes, (unsigned long long)p->reserve_bytes,
-                   (unsigned long long)need);
+            sw_seterr(errstr, errlen,
+                      "--gpu-mem %llu bytes leaves no MiB for the KV pool: %s%llu bytes of scratch "
+                      "and %llu of reserve take %llu",
+                      (unsigned long long)p->gpu_bytes, p->on_device ? "the weights, " : "",
+                      (unsigned long long)p->scratch_bytes, (unsigned long long)p->reserve_bytes,
+                      (unsigned long long)need);
             return -1;
         }
         p->kv_mem_mb = (p->gpu_bytes - need) / PLAN_MIB;
@@ -331,8 +322,8 @@ static int plan_compute(const plan_model_t *m, plan_t *p, char *errstr, size_t e
     p->blocks = p->kv_mem_mb * PLAN_MIB / p->block_bytes;
     if (p->blocks > PLAN_MAX_BLOCKS) p->blocks = PLAN_MAX_BLOCKS;
     if (p->blocks < 1) {
-        seterr(errstr, errlen, "a KV pool of %llu MiB holds no block of %llu bytes",
-               (unsigned long long)p->kv_mem_mb, (unsigned long long)p->block_bytes);
+        sw_seterr(errstr, errlen, "a KV pool of %llu MiB holds no block of %llu bytes",
+                  (unsigned long long)p->kv_mem_mb, (unsigned long long)p->block_bytes);
         return -1;
     }
     p->pool_bytes = p->blocks * p->block_bytes;

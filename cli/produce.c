@@ -13,18 +13,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "cli.h"
+#include "common/clock.h"
+#include "consumer/json_text.h"
 #include "consumer/openai_batch.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 typedef struct {
     long delivered, failed;
@@ -102,7 +96,7 @@ int cli_produce(int argc, char **argv)
     ssize_t len;
     long sent = 0, bad = 0, refused = 0, lineno = 0;
     long long bytes = 0;
-    double t0 = now_s(), last = 0;
+    double t0 = sw_mono_s(), last = 0;
     while ((len = getline(&line, &cap, in)) > 0) {
         lineno++;
         bytes += len;
@@ -170,7 +164,7 @@ int cli_produce(int argc, char **argv)
         json_decref(r);
         json_decref(o);
         rd_kafka_poll(rk, 0);
-        double t = now_s();
+        double t = sw_mono_s();
         if (tty && t - last > 0.2) {
             last = t;
             double rate = (double)sent / (t - t0 + 1e-9);
@@ -186,7 +180,7 @@ int cli_produce(int argc, char **argv)
     free(line);
     if (in != stdin) fclose(in);
     int flushed = rd_kafka_flush(rk, 60000) == 0;
-    double secs = now_s() - t0;
+    double secs = sw_mono_s() - t0;
     if (tty) fputc('\n', stderr);
     fprintf(stderr, "produced %ld message(s) to %s in %.2fs (%.0f msg/s): %ld delivered, %ld failed, "
             "%ld Batch line(s) refused%s%s\n", sent, topic, secs, (double)sent / (secs + 1e-9),

@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "common/clock.h"
 #include "worker/worker.h"
 
 #define TOP_DEFAULT_URL "http://127.0.0.1:9464/metrics"
@@ -41,13 +42,6 @@ static void top_on_signal(int sig)
 {
     (void)sig;
     top_stop = 1;
-}
-
-static double top_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 /* ---- URL and HTTP client ------------------------------------------------------------------- */
@@ -109,7 +103,7 @@ bad:
 static int wait_fd(int fd, short events, double deadline)
 {
     for (;;) {
-        double left = deadline - top_now();
+        double left = deadline - sw_mono_s();
         if (left <= 0) {
             errno = ETIMEDOUT;
             return -1;
@@ -167,7 +161,7 @@ static int http_connect(const top_url_t *u, double deadline, char *err, size_t e
  * its length. -1 + err: connection failure, timeout, not HTTP, or a status other than 200. */
 static int http_get(const top_url_t *u, char **body, size_t *len, char *err, size_t errlen)
 {
-    double deadline = top_now() + TOP_HTTP_TIMEOUT_S;
+    double deadline = sw_mono_s() + TOP_HTTP_TIMEOUT_S;
     char *buf = NULL;
     size_t n = 0, cap = 0;
     *body = NULL;
@@ -785,7 +779,7 @@ static int scrape(const top_url_t *u, top_snap_t *out, char *err, size_t errlen)
     size_t len;
     memset(out, 0, sizeof *out);
     if (http_get(u, &body, &len, err, errlen)) return -1;
-    out->t = top_now();
+    out->t = sw_mono_s();
     int rc = parse_metrics(body, len, out, err, errlen);
     free(body);
     if (rc) snap_free(out);
@@ -796,7 +790,7 @@ static int scrape(const top_url_t *u, top_snap_t *out, char *err, size_t errlen)
 static void sleep_until(double until)
 {
     double left;
-    while (!top_stop && (left = until - top_now()) > 0) {
+    while (!top_stop && (left = until - sw_mono_s()) > 0) {
         struct timespec ts = {(time_t)left, (long)((left - (double)(time_t)left) * 1e9)};
         nanosleep(&ts, NULL);
     }
@@ -897,7 +891,7 @@ int cli_top(int argc, char **argv)
         sleep_until(next);
         if (top_stop) break;
         next += o.interval;
-        if (next < top_now()) next = top_now() + o.interval;
+        if (next < sw_mono_s()) next = sw_mono_s() + o.interval;
         char *frame = NULL;
         size_t flen = 0;
         FILE *f = open_memstream(&frame, &flen);

@@ -3,13 +3,13 @@
  *
  * Threads: everything here runs on the polling thread except consumer_wake. */
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "common/clock.h"
+#include "common/log.h"
 #include "consumer/consumer.h"
 
 /* Tracking state of one assigned partition. Offsets are tracked in increasing order in a ring;
@@ -76,23 +76,7 @@ static int is_held(const consumer_t *c, const char *topic)
     return c->held && c->held_topic && !strcmp(c->held_topic, topic);
 }
 
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void logf_(consumer_t *c, int level, const char *fmt, ...)
-{
-    if (!c->hooks.log) return;
-    char buf[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    c->hooks.log(c->hooks.arg, level, buf);
-}
+#define logf_(c, level, ...) sw_logf((c)->hooks.log, (c)->hooks.arg, (level), __VA_ARGS__)
 
 /* ---- partition table ---- */
 
@@ -178,17 +162,16 @@ static int64_t committable(const part_t *p)
 /* ---- rebalances ---- */
 
 static void commit_started(consumer_t *c);
-static int64_t mono_ns_(void);
 
 /* rd_kafka_commit, synchronous, timed for hooks.committed. */
 static rd_kafka_resp_err_t sync_commit(consumer_t *c, const rd_kafka_topic_partition_list_t *l)
 {
-    int64_t t0 = mono_ns_();
+    int64_t t0 = sw_mono_ns();
     c->in_sync_commit = 1;
     rd_kafka_resp_err_t err = rd_kafka_commit(c->rk, l, 0);
     c->in_sync_commit = 0;
     if (c->hooks.committed && err != RD_KAFKA_RESP_ERR__NO_OFFSET)
-        c->hooks.committed(c->hooks.arg, err == RD_KAFKA_RESP_ERR_NO_ERROR, mono_ns_() - t0);
+        c->hooks.committed(c->hooks.arg, err == RD_KAFKA_RESP_ERR_NO_ERROR, sw_mono_ns() - t0);
     return err;
 }
 
@@ -207,7 +190,7 @@ static void commit_parts(consumer_t *c, const rd_kafka_topic_partition_list_t *p
     }
     if (l->cnt) {
         rd_kafka_resp_err_t err = sync_commit(c, l);
-        if (err) logf_(c, 1, "commit on revoke: %s", rd_kafka_err2str(err));
+        if (err) logf_(c, SW_LOG_WARN, "commit on revoke: %s", rd_kafka_err2str(err));
     }
     rd_kafka_topic_partition_list_destroy(l);
 }
@@ -221,13 +204,13 @@ static void on_rebalance(rd_kafka_t *rk, rd_kafka_resp_err_t err,
         if (c->hold_commits > 0) c->hold_commits--;
         for (int i = 0; i < parts->cnt; i++)
             if (add_part(c, parts->elems[i].topic, parts->elems[i].partition))
-                logf_(c, 0, "out of memory tracking %s[%d]", parts->elems[i].topic,
+                logf_(c, SW_LOG_ERROR, "out of memory tracking %s[%d]", parts->elems[i].topic,
                       parts->elems[i].partition);
         rd_kafka_error_t *e = NULL;
         if (coop) e = rd_kafka_incremental_assign(rk, parts);
         else rd_kafka_assign(rk, parts);
         if (e) {
-            logf_(c, 0, "incremental assign: %s", rd_kafka_error_string(e));
+            logf_(c, SW_LOG_ERROR, "incremental assign: %s", rd_kafka_error_string(e));
             rd_kafka_error_destroy(e);
         }
         /* librdkafka keeps a partition's application pause flag across unassign/assign: one
@@ -241,11 +224,11 @@ static void on_rebalance(rd_kafka_t *rk, rd_kafka_resp_err_t err,
             if (hp->cnt) rd_kafka_pause_partitions(rk, hp);
             if (rp->cnt) rd_kafka_resume_partitions(rk, rp);
         } else {
-            logf_(c, 0, "out of memory pausing/resuming assigned partitions");
+            logf_(c, SW_LOG_ERROR, "out of memory pausing/resuming assigned partitions");
         }
         if (hp) rd_kafka_topic_partition_list_destroy(hp);
         if (rp) rd_kafka_topic_partition_list_destroy(rp);
-        logf_(c, 2, "assigned %d partition(s), %d now", parts->cnt, c->n_parts);
+        logf_(c, SW_LOG_INFO, "assigned %d partition(s), %d now", parts->cnt, c->n_parts);
         return;
     }
     if (err == RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS) {
@@ -257,7 +240,7 @@ static void on_rebalance(rd_kafka_t *rk, rd_kafka_resp_err_t err,
         /* cooperative: the assignment that completes this revocation, then the one ending the
          * re-join after it */
         c->hold_commits = coop && !lost ? 2 : 0;
-        c->hold_until_ms = mono_ms() + 10000;
+        c->hold_until_ms = sw_mono_ms() + 10000;
         int dropped = 0;
         for (int i = 0; i < parts->cnt; i++) {
             part_t *p = find_part(c, parts->elems[i].topic, parts->elems[i].partition);
@@ -269,15 +252,15 @@ static void on_rebalance(rd_kafka_t *rk, rd_kafka_resp_err_t err,
         if (coop) e = rd_kafka_incremental_unassign(rk, parts);
         else rd_kafka_assign(rk, NULL);
         if (e) {
-            logf_(c, 0, "incremental unassign: %s", rd_kafka_error_string(e));
+            logf_(c, SW_LOG_ERROR, "incremental unassign: %s", rd_kafka_error_string(e));
             rd_kafka_error_destroy(e);
         }
-        logf_(c, 2, "%s %d partition(s) (%d in-flight dropped), %d left", lost ? "lost" : "revoked",
-              parts->cnt, dropped, c->n_parts);
+        logf_(c, SW_LOG_INFO, "%s %d partition(s) (%d in-flight dropped), %d left",
+              lost ? "lost" : "revoked", parts->cnt, dropped, c->n_parts);
         if (lost && c->hooks.lost) c->hooks.lost(c->hooks.arg);
         return;
     }
-    logf_(c, 0, "rebalance error: %s", rd_kafka_err2str(err));
+    logf_(c, SW_LOG_ERROR, "rebalance error: %s", rd_kafka_err2str(err));
     if (coop) {
         rd_kafka_error_t *e = rd_kafka_incremental_unassign(rk, parts);
         if (e) rd_kafka_error_destroy(e);
@@ -286,20 +269,13 @@ static void on_rebalance(rd_kafka_t *rk, rd_kafka_resp_err_t err,
     }
 }
 
-static int64_t mono_ns_(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
 static void commit_started(consumer_t *c)
 {
     if (c->commit_n == 16) { /* results not seen (should not happen): forget the oldest */
         c->commit_head = (c->commit_head + 1) % 16;
         c->commit_n--;
     }
-    c->commit_t0[(c->commit_head + c->commit_n++) % 16] = mono_ns_();
+    c->commit_t0[(c->commit_head + c->commit_n++) % 16] = sw_mono_ns();
 }
 
 static void on_commit(rd_kafka_t *rk, rd_kafka_resp_err_t err,
@@ -311,7 +287,7 @@ static void on_commit(rd_kafka_t *rk, rd_kafka_resp_err_t err,
         c->commit_head = (c->commit_head + 1) % 16;
         c->commit_n--;
         if (c->hooks.committed && err != RD_KAFKA_RESP_ERR__NO_OFFSET)
-            c->hooks.committed(c->hooks.arg, err == RD_KAFKA_RESP_ERR_NO_ERROR, mono_ns_() - t0);
+            c->hooks.committed(c->hooks.arg, err == RD_KAFKA_RESP_ERR_NO_ERROR, sw_mono_ns() - t0);
     }
     if (err == RD_KAFKA_RESP_ERR__NO_OFFSET) return;
     if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {
@@ -319,14 +295,14 @@ static void on_commit(rd_kafka_t *rk, rd_kafka_resp_err_t err,
         for (int i = 0; offsets && i < offsets->cnt; i++) {
             rd_kafka_resp_err_t pe = offsets->elems[i].err;
             if (!pe) continue;
-            logf_(c, 1, "offset commit of %s[%d] failed: %s (will retry)", offsets->elems[i].topic,
-                  (int)offsets->elems[i].partition, rd_kafka_err2str(pe));
+            logf_(c, SW_LOG_WARN, "offset commit of %s[%d] failed: %s (will retry)",
+                  offsets->elems[i].topic, (int)offsets->elems[i].partition, rd_kafka_err2str(pe));
             part_t *p = find_part(c, offsets->elems[i].topic, offsets->elems[i].partition);
             if (p) p->committed = -1;
         }
         return;
     }
-    logf_(c, 1, "offset commit failed: %s (will retry)", rd_kafka_err2str(err));
+    logf_(c, SW_LOG_WARN, "offset commit failed: %s (will retry)", rd_kafka_err2str(err));
     if (!offsets || offsets->cnt == 0) { /* which partitions is unknown: resend them all */
         for (int i = 0; i < c->n_parts; i++) c->parts[i]->committed = -1;
         return;
@@ -360,7 +336,7 @@ static void on_log(const rd_kafka_t *rk, int level, const char *fac, const char 
         if (!strcmp(fac, "CGRPJOINSTATE")) note_join_state(c, buf);
         if (level >= 7) return; /* debug lines asked for only to watch the join state */
     }
-    logf_(c, level <= 3 ? 0 : level <= 4 ? 1 : level <= 6 ? 2 : 3, "rdkafka %s: %s", fac, buf);
+    logf_(c, sw_log_from_syslog(level), "rdkafka %s: %s", fac, buf);
 }
 
 /* ---- lifecycle ---- */
@@ -463,7 +439,7 @@ void consumer_leave(consumer_t *c)
     pthread_mutex_unlock(&c->wake_mu);
     if (c->commit_offsets) consumer_commit(c, 0);
     rd_kafka_resp_err_t err = rd_kafka_consumer_close(c->rk); /* revokes: drops what is left */
-    if (err) logf_(c, 1, "consumer close: %s", rd_kafka_err2str(err));
+    if (err) logf_(c, SW_LOG_WARN, "consumer close: %s", rd_kafka_err2str(err));
     while (c->n_parts) remove_part(c, c->parts[c->n_parts - 1]);
 }
 
@@ -589,7 +565,7 @@ static void wake_fetcher(consumer_t *c)
     if (!l) return;
     rd_kafka_error_t *e = rd_kafka_seek_partitions(c->rk, l, 0);
     if (e) {
-        logf_(c, 3, "seek after resume: %s", rd_kafka_error_string(e));
+        logf_(c, SW_LOG_DEBUG, "seek after resume: %s", rd_kafka_error_string(e));
         rd_kafka_error_destroy(e);
     }
     rd_kafka_topic_partition_list_destroy(l);
@@ -612,7 +588,7 @@ static int pause_some(consumer_t *c, int pause, int (*want)(const consumer_t *, 
     if (sel) rd_kafka_topic_partition_list_destroy(sel);
     if (l) rd_kafka_topic_partition_list_destroy(l);
     if (err) {
-        logf_(c, 1, "%s: %s", pause ? "pause" : "resume", rd_kafka_err2str(err));
+        logf_(c, SW_LOG_WARN, "%s: %s", pause ? "pause" : "resume", rd_kafka_err2str(err));
         return -1;
     }
     return 0;
@@ -683,7 +659,7 @@ static rd_kafka_topic_partition_list_t *moved(consumer_t *c, int all)
 
 int consumer_commit(consumer_t *c, int async)
 {
-    if (async && c->hold_commits > 0 && mono_ms() < c->hold_until_ms) return 0; /* see struct */
+    if (async && c->hold_commits > 0 && sw_mono_ms() < c->hold_until_ms) return 0; /* see struct */
     if (async && atomic_load(&c->rejoining)) return 0;                        /* see struct */
     /* A synchronous commit (a forced one: stop, leave) sends every partition, not only those
      * that moved: a commit lost without a report (none was seen, but a partition once stayed
@@ -708,7 +684,7 @@ int consumer_commit(consumer_t *c, int async)
             part_t *p = find_part(c, l->elems[i].topic, l->elems[i].partition);
             if (p) p->committed = -1;
         }
-        logf_(c, 1, "commit: %s", rd_kafka_err2str(err));
+        logf_(c, SW_LOG_WARN, "commit: %s", rd_kafka_err2str(err));
     }
     rd_kafka_topic_partition_list_destroy(l);
     return err ? -1 : 0;

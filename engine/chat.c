@@ -26,13 +26,14 @@
  * in the section "Jinja-exact templates" below. */
 #include "chat.h"
 
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "common/err.h"
+#include "common/utf8.h"
 #include "engine_internal.h"
 #include "gguf.h"
 
@@ -59,15 +60,6 @@ static const char NAME_LIST[] =
     "mistral-v3, mistral-v3-tekken, mistral-v7, mistral-v7-tekken, phi3, phi4, falcon3, zephyr, "
     "glmedge, gemma, llama-3, llama-3.1, llama-3.2, qwen2.5, qwen3, gemma-2, gemma-3, phi-3, "
     "phi-3.5, mistral-v0.3, mistral-nemo";
-
-static void seterr(char *errstr, size_t errlen, const char *fmt, ...)
-{
-    if (!errstr || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(errstr, errlen, fmt, ap);
-    va_end(ap);
-}
 
 const char *engine_chat_template_names(void)
 {
@@ -453,22 +445,10 @@ static void raise_(sb_t *b, const char *msg)
  * U+10FFFF; such text never reaches a Jinja template, which works on Unicode strings). */
 static size_t utf8_at(const unsigned char *s, size_t n, uint32_t *cp)
 {
-    size_t k = s[0] < 0x80            ? 1
-               : (s[0] >> 5) == 0x06 ? 2
-               : (s[0] >> 4) == 0x0E ? 3
-               : (s[0] >> 3) == 0x1E ? 4
-                                     : 0;
+    size_t k = sw_utf8_decode(s, n, cp);
+    if (k) return k;
     *cp = 0xFFFFFFFFu;
-    if (k == 0 || k > n) return 1;
-    uint32_t c = k == 1 ? s[0] : k == 2 ? s[0] & 0x1Fu : k == 3 ? s[0] & 0x0Fu : s[0] & 0x07u;
-    for (size_t i = 1; i < k; i++) {
-        if ((s[i] & 0xC0) != 0x80) return 1;
-        c = c << 6 | (s[i] & 0x3Fu);
-    }
-    static const uint32_t MIN[5] = {0, 0, 0x80, 0x800, 0x10000};
-    if (c < MIN[k] || c > 0x10FFFF || (c >= 0xD800 && c <= 0xDFFF)) return 1;
-    *cp = c;
-    return k;
+    return 1;
 }
 
 /* Python's str.isspace() for one code point. */
@@ -887,19 +867,19 @@ static int render(const char *name, const engine_chat_msg_t *msgs, int n,
     if (!opts) opts = &defaults;
     int t = name ? tmpl_index(name, strlen(name)) : -1;
     if (t < 0) {
-        seterr(errstr, errlen, "unknown chat template \"%s\" (supported: %s)",
-               name ? name : "(null)", NAME_LIST);
+        sw_seterr(errstr, errlen, "unknown chat template \"%s\" (supported: %s)",
+                  name ? name : "(null)", NAME_LIST);
         return CHAT_ETEMPLATE;
     }
     if (n < 0 || (n > 0 && !msgs)) {
-        seterr(errstr, errlen, "chat template %s: bad message list (%d messages)", name, n);
+        sw_seterr(errstr, errlen, "chat template %s: bad message list (%d messages)", name, n);
         return CHAT_ETEMPLATE;
     }
     for (int i = 0; check_roles && i < n; i++) {
         const char *role = msgs[i].role ? msgs[i].role : "";
         if (!role_allowed(t, role)) {
-            seterr(errstr, errlen, "messages[%d].role \"%.64s\" is not a role of chat template "
-                   "%s (allowed: %s)", i, role, name, chat_template_roles(name));
+            sw_seterr(errstr, errlen, "messages[%d].role \"%.64s\" is not a role of chat template "
+                      "%s (allowed: %s)", i, role, name, chat_template_roles(name));
             return CHAT_EROLE;
         }
     }
@@ -973,12 +953,12 @@ static int render(const char *name, const engine_chat_msg_t *msgs, int n,
         break;
     }
     if (b->raise) {
-        seterr(errstr, errlen, "chat template %s refuses the conversation: %s", name, b->raise);
+        sw_seterr(errstr, errlen, "chat template %s refuses the conversation: %s", name, b->raise);
         return b->raise == NO_MESSAGE ? CHAT_ETEMPLATE : CHAT_EROLE;
     }
     if (add_generation_prompt && opener) puts_(b, opener);
     if (b->oom) {
-        seterr(errstr, errlen, "chat template %s: out of memory", name);
+        sw_seterr(errstr, errlen, "chat template %s: out of memory", name);
         return CHAT_ENOMEM;
     }
     return 0;
@@ -1025,7 +1005,7 @@ int chat_render_segments_opts(const char *name, const engine_chat_msg_t *msgs, i
     int rc = render(name, msgs, n, add_generation_prompt, opts, 1, &b, errstr, errlen);
     tok_segment_t *sg = rc == 0 ? malloc(sizeof *sg * (size_t)(b.n_cut > 0 ? b.n_cut : 1)) : NULL;
     if (rc == 0 && !sg) {
-        seterr(errstr, errlen, "chat template %s: out of memory", name);
+        sw_seterr(errstr, errlen, "chat template %s: out of memory", name);
         rc = CHAT_ENOMEM;
     }
     if (rc != 0) {
@@ -1070,20 +1050,20 @@ static const char *resolve(const engine_t *e, const char *name, char *errstr, si
     if (name) return name;
     gguf_str_t s;
     if (!e || gguf_get_str(engine_gguf(e), CHAT_TEMPLATE_KEY, &s) != 0) {
-        seterr(errstr, errlen, "model has no chat template (no %s in its metadata); name one "
-               "of: %s", CHAT_TEMPLATE_KEY, NAME_LIST);
+        sw_seterr(errstr, errlen, "model has no chat template (no %s in its metadata); name one "
+                  "of: %s", CHAT_TEMPLATE_KEY, NAME_LIST);
         return NULL;
     }
     const char *other = NULL;
     name = chat_template_detect(s.ptr, (size_t)s.len, &other);
     if (!name) {
         if (other)
-            seterr(errstr, errlen, "unknown chat template: the model's %s is llama.cpp's "
-                   "\"%s\" format, which is not built in (supported: %s)", CHAT_TEMPLATE_KEY,
-                   other, NAME_LIST);
+            sw_seterr(errstr, errlen, "unknown chat template: the model's %s is llama.cpp's "
+                      "\"%s\" format, which is not built in (supported: %s)", CHAT_TEMPLATE_KEY,
+                      other, NAME_LIST);
         else
-            seterr(errstr, errlen, "unknown chat template: the model's %s matches none of "
-                   "the supported ones (%s)", CHAT_TEMPLATE_KEY, NAME_LIST);
+            sw_seterr(errstr, errlen, "unknown chat template: the model's %s matches none of "
+                      "the supported ones (%s)", CHAT_TEMPLATE_KEY, NAME_LIST);
     }
     return name;
 }
@@ -1139,7 +1119,7 @@ int chat_tokenize_opts(const tokenizer_t *t, const char *name, const engine_chat
     free(text);
     if (k < 0) {
         free(out);
-        seterr(errstr, errlen, "chat template %s: out of memory while tokenising", name);
+        sw_seterr(errstr, errlen, "chat template %s: out of memory while tokenising", name);
         return CHAT_ENOMEM;
     }
     *ids = out;
@@ -1164,7 +1144,7 @@ int engine_chat_tokenize_opts(const engine_t *e, const char *name, const engine_
     *ids = NULL;
     *n_ids = 0;
     if (!e) {
-        seterr(errstr, errlen, "no model to tokenise with");
+        sw_seterr(errstr, errlen, "no model to tokenise with");
         return CHAT_ETEMPLATE;
     }
     name = resolve(e, name, errstr, errlen);

@@ -15,14 +15,14 @@
 #include "engine.h"
 
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 #include <sodium.h>
 
+#include "common/clock.h"
+#include "common/err.h"
 #include "backend.h"
 #include "cpu/kernels.h"
 #include "dtype.h"
@@ -123,22 +123,6 @@ struct engine {
 
     engine_stats_t st;
 };
-
-static void seterr(char *errstr, size_t errlen, const char *fmt, ...)
-{
-    if (!errstr || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(errstr, errlen, fmt, ap);
-    va_end(ap);
-}
-
-static int64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
 
 void engine_config_default(engine_config_t *c)
 {
@@ -320,7 +304,7 @@ static void seq_finish(engine_t *e, seq_t *s, int finish)
         .t_submit = s->t_submit,
         .t_first_scheduled = s->t_first_scheduled,
         .t_first_token = s->t_first_token,
-        .t_finish = now_ns(),
+        .t_finish = sw_mono_ns(),
         .compute_ns = s->compute_ns,
         .logprobs = s->n_logprobs ? s->lp : NULL,
         .top_logprobs = s->n_logprobs ? s->top : NULL,
@@ -372,13 +356,13 @@ engine_t *engine_new(const engine_config_t *cfg, char *errstr, size_t errlen)
 {
     engine_t *e = calloc(1, sizeof *e);
     if (!e) {
-        seterr(errstr, errlen, "engine: out of memory");
+        sw_seterr(errstr, errlen, "engine: out of memory");
         return NULL;
     }
     e->cfg = *cfg;
     engine_config_t *c = &e->cfg;
     if (!c->model_path) {
-        seterr(errstr, errlen, "engine: no model path");
+        sw_seterr(errstr, errlen, "engine: no model path");
         goto fail;
     }
     int use_cuda = 0, cuda_wtype = DT_BF16;
@@ -386,13 +370,13 @@ engine_t *engine_new(const engine_config_t *cfg, char *errstr, size_t errlen)
 #ifdef SPILLWAY_HAVE_CUDA
         use_cuda = 1;
 #else
-        seterr(errstr, errlen, "engine: backend 'cuda' is not built in (configure with "
-               "-DSPILLWAY_CUDA=ON); available: %s", engine_backends());
+        sw_seterr(errstr, errlen, "engine: backend 'cuda' is not built in (configure with "
+                  "-DSPILLWAY_CUDA=ON); available: %s", engine_backends());
         goto fail;
 #endif
     } else if (c->backend && strcmp(c->backend, "cpu") != 0) {
-        seterr(errstr, errlen, "engine: backend '%s' is not available; available: %s", c->backend,
-               engine_backends());
+        sw_seterr(errstr, errlen, "engine: backend '%s' is not available; available: %s", c->backend,
+                  engine_backends());
         goto fail;
     }
     if (use_cuda) {
@@ -400,18 +384,18 @@ engine_t *engine_new(const engine_config_t *cfg, char *errstr, size_t errlen)
         else if (c->cuda_dtype && strcmp(c->cuda_dtype, "f16") == 0) cuda_wtype = DT_F16;
         else if (c->cuda_dtype && strcmp(c->cuda_dtype, "f32") == 0) cuda_wtype = DT_F32;
         else {
-            seterr(errstr, errlen, "engine: cuda_dtype must be bf16, f16 or f32");
+            sw_seterr(errstr, errlen, "engine: cuda_dtype must be bf16, f16 or f32");
             goto fail;
         }
         if (!(c->cuda_mem_fraction > 0.0f && c->cuda_mem_fraction <= 1.0f)) {
-            seterr(errstr, errlen, "engine: cuda_mem_fraction must be in (0, 1]");
+            sw_seterr(errstr, errlen, "engine: cuda_mem_fraction must be in (0, 1]");
             goto fail;
         }
     }
     if (c->kv_type && strcmp(c->kv_type, "f16") == 0) e->kv_type = DT_F16;
     else if (c->kv_type && strcmp(c->kv_type, "f32") == 0) e->kv_type = DT_F32;
     else {
-        seterr(errstr, errlen, "engine: kv_type must be f16 or f32");
+        sw_seterr(errstr, errlen, "engine: kv_type must be f16 or f32");
         goto fail;
     }
     if (c->threads <= 0) {
@@ -422,8 +406,8 @@ engine_t *engine_new(const engine_config_t *cfg, char *errstr, size_t errlen)
         c->max_seqs < 1 || c->max_seqs > c->max_batch_tokens || c->kv_blocks < 0 ||
         c->kv_mem_mb < 0 || c->max_ctx < 0 || c->threads > 1024 || c->sched_window < 1 ||
         c->sched_window > 65536 || c->sched_aging_ms < 0 || c->sched_urgent_ms < 0) {
-        seterr(errstr, errlen, "engine: bad limits (block_tokens 1..4096, max_batch_tokens >= "
-               "max_seqs >= 1, threads <= 1024, sched_window 1..65536, sched_*_ms >= 0)");
+        sw_seterr(errstr, errlen, "engine: bad limits (block_tokens 1..4096, max_batch_tokens >= "
+                  "max_seqs >= 1, threads <= 1024, sched_window 1..65536, sched_*_ms >= 0)");
         goto fail;
     }
     e->model = model_load(c->model_path, errstr, errlen);
@@ -443,7 +427,7 @@ engine_t *engine_new(const engine_config_t *cfg, char *errstr, size_t errlen)
         n_blocks = nb > (1u << 30) ? (1 << 30) : (int)nb;
     }
     if (n_blocks < 1 && !use_cuda) {
-        seterr(errstr, errlen, "engine: the KV pool holds no block of %zu bytes", block_bytes);
+        sw_seterr(errstr, errlen, "engine: the KV pool holds no block of %zu bytes", block_bytes);
         goto fail;
     }
     backend_params_t bp = {
@@ -466,7 +450,7 @@ engine_t *engine_new(const engine_config_t *cfg, char *errstr, size_t errlen)
     if (per_seq > n_blocks) e->max_ctx = n_blocks * c->block_tokens; /* one sequence must fit */
     unsigned char secret[ENGINE_KV_SECRET_BYTES];
     if (sodium_init() < 0) {
-        seterr(errstr, errlen, "engine: libsodium failed to initialise");
+        sw_seterr(errstr, errlen, "engine: libsodium failed to initialise");
         goto fail;
     }
     if (c->kv_secret) memcpy(secret, c->kv_secret, sizeof secret);
@@ -496,7 +480,7 @@ engine_t *engine_new(const engine_config_t *cfg, char *errstr, size_t errlen)
     e->cand_cached = malloc(sizeof *e->cand_cached * ((size_t)c->sched_window + 1));
     if (!e->cand || !e->cand_prio || !e->cand_cached || !e->waiting || !e->running || !e->b_tokens || !e->b_pos || !e->b_seq_start ||
         !e->b_logits_idx || !e->b_ids || !e->b_tables || !e->b_seqs || !e->logits) {
-        seterr(errstr, errlen, "engine: out of memory");
+        sw_seterr(errstr, errlen, "engine: out of memory");
         goto fail;
     }
     e->next_id = 1;
@@ -536,7 +520,7 @@ static int engine_grammar_init(engine_t *e, char *errstr, size_t errlen)
     rc = e->gvocab ? 0 : -1;
     goto out;
 oom:
-    seterr(errstr, errlen, "out of memory");
+    sw_seterr(errstr, errlen, "out of memory");
 out:
     if (pieces)
         for (int i = 0; i < n; i++) free(pieces[i]);
@@ -566,28 +550,29 @@ int engine_submit(engine_t *e, const engine_request_t *req, engine_done_fn done,
                   uint64_t *id_out, char *errstr, size_t errlen)
 {
     const int n_vocab = e->model->hp.n_vocab;
+    int rc = -SW_EINVAL;
     if (req->n_prompt < 1) {
-        seterr(errstr, errlen, "empty prompt (at least one token is needed)");
+        sw_seterr(errstr, errlen, "empty prompt (at least one token is needed)");
         return -1;
     }
     if (req->n_prompt >= e->max_ctx) {
-        seterr(errstr, errlen, "prompt of %d tokens leaves no room in the context of %d tokens",
-               req->n_prompt, e->max_ctx);
-        return -1;
+        sw_seterr(errstr, errlen, "prompt of %d tokens leaves no room in the context of %d tokens",
+                  req->n_prompt, e->max_ctx);
+        return -SW_ERANGE;
     }
     if (req->max_tokens < 1) {
-        seterr(errstr, errlen, "max_tokens must be at least 1");
+        sw_seterr(errstr, errlen, "max_tokens must be at least 1");
         return -1;
     }
     for (int i = 0; i < req->n_prompt; i++)
         if (req->prompt[i] < 0 || req->prompt[i] >= n_vocab) {
-            seterr(errstr, errlen, "prompt token %d (id %d) is outside the vocabulary [0, %d)", i,
-                   req->prompt[i], n_vocab);
+            sw_seterr(errstr, errlen, "prompt token %d (id %d) is outside the vocabulary [0, %d)", i,
+                      req->prompt[i], n_vocab);
             return -1;
         }
     if (req->n_stop < 0 || req->n_stop_ids < 0 || req->sampling.n_logprobs < 0 ||
         req->sampling.n_logprobs > SAMPLER_MAX_LOGPROBS) {
-        seterr(errstr, errlen, "bad stop list or n_logprobs (0..%d)", SAMPLER_MAX_LOGPROBS);
+        sw_seterr(errstr, errlen, "bad stop list or n_logprobs (0..%d)", SAMPLER_MAX_LOGPROBS);
         return -1;
     }
     seq_t *s = calloc(1, sizeof *s);
@@ -664,15 +649,16 @@ int engine_submit(engine_t *e, const engine_request_t *req, engine_done_fn done,
     }
     s->id = e->next_id++;
     s->arrival = e->next_arrival++;
-    s->t_submit = now_ns();
+    s->t_submit = sw_mono_ns();
     queue_insert(e->waiting, &e->n_waiting, s);
     if (id_out) *id_out = s->id;
     return 0;
 oom:
-    seterr(errstr, errlen, "out of memory");
+    sw_seterr(errstr, errlen, "out of memory");
+    rc = -SW_ENOMEM;
 fail:
     seq_free(s);
-    return -1;
+    return rc;
 }
 
 int engine_cancel(engine_t *e, uint64_t id)
@@ -813,13 +799,6 @@ static int prefix_in_flight(const engine_t *e, const seq_t *s, int cached)
     return 0;
 }
 
-static int64_t wall_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* Admission candidates of this step, best first (see engine_config_t.sched_*): fills e->cand and
  * returns their number. */
 static int pick_candidates(engine_t *e)
@@ -833,7 +812,7 @@ static int pick_candidates(engine_t *e)
         if (!oldest || e->waiting[i]->arrival < oldest->arrival) oldest = e->waiting[i];
     if (oldest) e->cand[n++] = oldest;
     if (n <= 1) return n;
-    int64_t now = now_ns(), wall = e->cfg.sched_urgent_ms > 0 ? wall_ms() : 0;
+    int64_t now = sw_mono_ns(), wall = e->cfg.sched_urgent_ms > 0 ? sw_wall_ms() : 0;
     int64_t *key_prio = e->cand_prio, *key_cached = e->cand_cached;
     for (int i = 0; i < n; i++) {
         seq_t *s = e->cand[i];
@@ -942,7 +921,7 @@ static int plan_step(engine_t *e)
             e->st.cached_tokens += (uint64_t)s->n_computed;
             e->st.prompt_tokens += (uint64_t)s->n_prompt;
         }
-        if (!s->t_first_scheduled) s->t_first_scheduled = now_ns();
+        if (!s->t_first_scheduled) s->t_first_scheduled = sw_mono_ns();
         s->step_tokens = want;
         budget -= want;
         e->b_seqs[n++] = s;
@@ -963,7 +942,7 @@ static int seq_advance(engine_t *e, seq_t *s, float *logits, int32_t picked, int
 {
     sampler_logprob_t top[SAMPLER_MAX_LOGPROBS], chosen;
     const int at_start = s->stream.at_start;
-    int64_t tg0 = s->gstate ? now_ns() : 0;
+    int64_t tg0 = s->gstate ? sw_mono_ns() : 0;
     if (s->gstate && logits) {
         const int n_vocab = e->model->hp.n_vocab;
         int ok = grammar_state_mask(s->gstate, e->gvocab, at_start, e->gmask) == 0;
@@ -976,7 +955,7 @@ static int seq_advance(engine_t *e, seq_t *s, float *logits, int32_t picked, int
                                                            : ENGINE_FINISH_ABORT;
             return 1;
         }
-        e->st.grammar_seconds += (double)(now_ns() - tg0) * 1e-9;
+        e->st.grammar_seconds += (double)(sw_mono_ns() - tg0) * 1e-9;
     }
     int32_t tok = logits ? sampler_sample(s->sampler, logits, s->n_logprobs ? top : NULL,
                                           s->n_logprobs ? &chosen : NULL)
@@ -990,7 +969,7 @@ static int seq_advance(engine_t *e, seq_t *s, float *logits, int32_t picked, int
             s->top[(size_t)s->n_generated * s->n_logprobs + i].logprob = top[i].logprob;
         }
     }
-    if (s->n_generated == 0) s->t_first_token = now_ns();
+    if (s->n_generated == 0) s->t_first_token = sw_mono_ns();
     s->tokens[s->n_tokens++] = tok;
     s->n_generated++;
     e->st.generated_tokens++;
@@ -999,9 +978,9 @@ static int seq_advance(engine_t *e, seq_t *s, float *logits, int32_t picked, int
     if (s->gstate && !(!s->ignore_eos && tokenizer_is_eog(e->tok, tok))) {
         size_t n;
         const char *p = grammar_vocab_piece(e->gvocab, tok, at_start, &n);
-        int64_t tg1 = now_ns();
+        int64_t tg1 = sw_mono_ns();
         if (grammar_state_advance(s->gstate, p, n) != 0) finish = ENGINE_FINISH_ABORT;
-        e->st.grammar_seconds += (double)(now_ns() - tg1) * 1e-9;
+        e->st.grammar_seconds += (double)(sw_mono_ns() - tg1) * 1e-9;
     }
     if (finish >= 0) {
     } else if ((!s->ignore_eos && tokenizer_is_eog(e->tok, tok)) || is_stop_id(s, tok)) {
@@ -1069,11 +1048,11 @@ int engine_step(engine_t *e, char *errstr, size_t errlen)
         const seq_t *s = e->b_seqs[i];
         if (s->n_computed + s->step_tokens == s->n_tokens && !s->plain_greedy) by_id = 0;
     }
-    int64_t t0 = now_ns();
+    int64_t t0 = sw_mono_ns();
     if (by_id ? e->be->ops->forward_argmax(e->be, &batch, e->b_ids, errstr, errlen)
               : e->be->ops->forward(e->be, &batch, e->logits, errstr, errlen))
         return -1;
-    int64_t dt = now_ns() - t0;
+    int64_t dt = sw_mono_ns() - t0;
     e->st.forward_seconds += (double)dt * 1e-9;
     e->st.steps++;
     if (by_id) e->st.argmax_steps++;
@@ -1144,20 +1123,20 @@ int engine_set_kv_tier(engine_t *e, const engine_kv_tier_t *tier, char *errstr, 
         return 0;
     }
     if (!tier->lookup || !tier->fetch || !tier->store_begin || !tier->store_commit) {
-        seterr(errstr, errlen, "engine: tier 2 needs all four callbacks");
+        sw_seterr(errstr, errlen, "engine: tier 2 needs all four callbacks");
         return -1;
     }
     if (!e->be->ops->kv_block_read || !e->be->ops->kv_block_write) {
-        seterr(errstr, errlen, "engine: backend %s cannot copy KV blocks", e->be->ops->name);
+        sw_seterr(errstr, errlen, "engine: backend %s cannot copy KV blocks", e->be->ops->name);
         return -1;
     }
     if (!e->tok_stage &&
         !(e->tok_stage = malloc((size_t)e->cfg.block_tokens * sizeof *e->tok_stage))) {
-        seterr(errstr, errlen, "engine: out of memory");
+        sw_seterr(errstr, errlen, "engine: out of memory");
         return -1;
     }
     if (!e->kv_stage && !(e->kv_stage = malloc(e->be->kv_block_bytes))) {
-        seterr(errstr, errlen, "engine: out of memory");
+        sw_seterr(errstr, errlen, "engine: out of memory");
         return -1;
     }
     e->tier = *tier;
@@ -1230,8 +1209,8 @@ int engine_raw_forward(engine_t *e, int n_seqs, const int32_t *const *tokens, co
     int T = 0;
     for (int s = 0; s < n_seqs; s++) T += n[s];
     if (n_seqs < 1 || T > e->cfg.max_batch_tokens) {
-        seterr(errstr, errlen, "raw forward: %d tokens in %d sequences (limit %d tokens)", T,
-               n_seqs, e->cfg.max_batch_tokens);
+        sw_seterr(errstr, errlen, "raw forward: %d tokens in %d sequences (limit %d tokens)", T,
+                  n_seqs, e->cfg.max_batch_tokens);
         return -1;
     }
     int t = 0;

@@ -10,7 +10,8 @@
  * Exceptions: engine_tokenize, engine_token_to_piece, engine_info and engine_chat_* only read the
  * immutable tokenizer and model metadata, so they may be called from any thread, concurrently
  * with each other and with engine_step / engine_submit on the step thread.
- * Errors: functions return 0 / -1 (or NULL) and fill the caller's errstr. */
+ * Errors: functions return 0 / -1 (or NULL) and fill the caller's errstr; where a caller must
+ * tell failures apart (engine_submit) the negative value is a code of common/err.h. */
 #ifndef SPILLWAY_ENGINE_H
 #define SPILLWAY_ENGINE_H
 
@@ -168,8 +169,10 @@ engine_t *engine_new(const engine_config_t *cfg, char *errstr, size_t errlen);
 void engine_free(engine_t *e);
 
 /* Adds a request to the waiting queue; *id_out gets its id. done is called once when it
- * finishes (from engine_step / engine_cancel). -1 + errstr for a bad request (empty or over
- * the context limit, bad sampling parameters, token ids out of range). */
+ * finishes (from engine_step / engine_cancel). On failure a negative code (common/err.h) +
+ * errstr: -SW_ERANGE for a prompt that leaves no room in the context limit, -SW_ENOMEM when out
+ * of memory, -SW_EINVAL (-1) for any other bad request (empty prompt, bad sampling parameters,
+ * stop list or max_tokens, token ids out of range). */
 int engine_submit(engine_t *e, const engine_request_t *req, engine_done_fn done, void *cb_arg,
                   uint64_t *id_out, char *errstr, size_t errlen);
 /* Runs one scheduler step. Returns 1 when a forward step ran, 0 when there was nothing to do,

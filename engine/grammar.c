@@ -27,14 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void seterr(char *errstr, size_t errlen, const char *fmt, ...)
-{
-    if (!errstr || errlen == 0) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(errstr, errlen, fmt, ap);
-    va_end(ap);
-}
+#include "common/err.h"
 
 enum { E_END = 0, E_CHAR = 1, E_REF = 2 };
 
@@ -127,12 +120,12 @@ static void perr(parser_t *p, size_t at, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    seterr(p->err, p->errlen, "grammar %d:%d: %s", line, col, msg);
+    sw_seterr(p->err, p->errlen, "grammar %d:%d: %s", line, col, msg);
 }
 
 static void poom(parser_t *p)
 {
-    if (!p->failed) seterr(p->err, p->errlen, "out of memory");
+    if (!p->failed) sw_seterr(p->err, p->errlen, "out of memory");
     p->failed = 1;
     p->oom = 1;
 }
@@ -673,7 +666,7 @@ grammar_t *grammar_parse(const char *text, size_t len, char *errstr, size_t errl
     grammar_t *g = NULL;
     uint8_t *nullable = NULL, *color = NULL;
     if (!text) {
-        seterr(errstr, errlen, "no grammar text");
+        sw_seterr(errstr, errlen, "no grammar text");
         return NULL;
     }
     for (;;) {
@@ -706,7 +699,7 @@ grammar_t *grammar_parse(const char *text, size_t len, char *errstr, size_t errl
         if (strcmp(p.rules[i].name, "root") == 0) root = (int)i;
     }
     if (root < 0) {
-        seterr(errstr, errlen, "grammar has no root rule (`root ::= ...`)");
+        sw_seterr(errstr, errlen, "grammar has no root rule (`root ::= ...`)");
         goto fail;
     }
     g = calloc(1, sizeof *g);
@@ -777,7 +770,7 @@ grammar_t *grammar_parse(const char *text, size_t len, char *errstr, size_t errl
     parser_free(&p);
     return g;
 oom:
-    seterr(errstr, errlen, "out of memory");
+    sw_seterr(errstr, errlen, "out of memory");
 fail:
     free(nullable);
     free(color);
@@ -1080,7 +1073,7 @@ grammar_state_t *grammar_state_new(grammar_t *g, char *errstr, size_t errlen)
     st->compact_at = st->ar.n * 2 + 4096;
     return st;
 oom:
-    seterr(errstr, errlen, "out of memory");
+    sw_seterr(errstr, errlen, "out of memory");
     grammar_state_free(st);
     return NULL;
 }
@@ -1298,7 +1291,7 @@ grammar_vocab_t *grammar_vocab_new(int n_vocab, const char *const *pieces, const
                                    char *errstr, size_t errlen)
 {
     if (n_vocab <= 0) {
-        seterr(errstr, errlen, "empty vocabulary");
+        sw_seterr(errstr, errlen, "empty vocabulary");
         return NULL;
     }
     grammar_vocab_t *v = calloc(1, sizeof *v);
@@ -1356,7 +1349,7 @@ grammar_vocab_t *grammar_vocab_new(int n_vocab, const char *const *pieces, const
     if (vocab_preorder(v)) goto oom;
     return v;
 oom:
-    seterr(errstr, errlen, "out of memory");
+    sw_seterr(errstr, errlen, "out of memory");
     grammar_vocab_free(v);
     return NULL;
 }

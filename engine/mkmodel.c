@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/err.h"
 #include "dtype.h"
 #include "gguf.h"
 #include "mkmodel_q56k.h"
@@ -645,82 +646,68 @@ static void vocab_free(vocab_t *v)
 
 /* ---------------------------------------------------------------- write */
 
-static int seterr(char *errstr, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static int seterr(char *errstr, size_t errlen, const char *fmt, ...)
-{
-    if (errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(errstr, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
-
 static int check_params(const mkmodel_params_t *p, char *errstr, size_t errlen)
 {
     const int moe_arch = p->arch == ARCH_QWEN2MOE || p->arch == ARCH_QWEN3MOE;
     if ((p->arch < ARCH_LLAMA || p->arch > ARCH_PHI3) && !moe_arch)
-        return seterr(errstr, errlen, "mkmodel: arch must be llama, qwen2, qwen3, gemma2, gemma3, "
+        return sw_seterr(errstr, errlen, "mkmodel: arch must be llama, qwen2, qwen3, gemma2, gemma3, "
                       "phi3, qwen2moe or qwen3moe");
     if (p->head_dim < 0 || p->head_dim % 2 || p->head_dim > 1024 || p->swa_window < 0 ||
         p->swa_pattern < 0 || p->rope_orig_ctx < 0 || !(p->rope_theta_swa >= 0) ||
         !(p->attn_softcap >= 0) || !(p->logit_softcap >= 0) || !(p->rope_factor >= 0) ||
         !(p->rope_attn_factor >= 0))
-        return seterr(errstr, errlen, "mkmodel: head_dim (even), window, pattern, original "
+        return sw_seterr(errstr, errlen, "mkmodel: head_dim (even), window, pattern, original "
                       "context, RoPE and soft-cap values must not be negative");
     if (p->rope_scaling && strcmp(p->rope_scaling, "linear") && strcmp(p->rope_scaling, "yarn") &&
         strcmp(p->rope_scaling, "llama3") && strcmp(p->rope_scaling, "longrope"))
-        return seterr(errstr, errlen, "mkmodel: rope scaling must be linear, yarn, llama3 or "
+        return sw_seterr(errstr, errlen, "mkmodel: rope scaling must be linear, yarn, llama3 or "
                       "longrope");
     if (p->n_expert < 0 || p->n_expert > MODEL_MAX_EXPERTS || (moe_arch && p->n_expert == 0) ||
         (!moe_arch && p->arch != ARCH_LLAMA && p->n_expert))
-        return seterr(errstr, errlen, "mkmodel: n_expert %d: qwen2moe and qwen3moe need 1..%d "
+        return sw_seterr(errstr, errlen, "mkmodel: n_expert %d: qwen2moe and qwen3moe need 1..%d "
                       "experts, llama 0..%d, the other architectures none", p->n_expert,
                       MODEL_MAX_EXPERTS, MODEL_MAX_EXPERTS);
     if (p->n_expert && (p->n_expert_used < 1 || p->n_expert_used > p->n_expert ||
                         p->n_expert_used > MODEL_MAX_EXPERTS_USED))
-        return seterr(errstr, errlen, "mkmodel: n_expert_used %d not in 1..min(n_expert %d, %d)",
+        return sw_seterr(errstr, errlen, "mkmodel: n_expert_used %d not in 1..min(n_expert %d, %d)",
                       p->n_expert_used, p->n_expert, MODEL_MAX_EXPERTS_USED);
     if (p->expert_ffn_dim < 0 || p->expert_ffn_dim > 1 << 20 ||
         (p->expert_ffn_dim && (!moe_arch || !p->n_expert)))
-        return seterr(errstr, errlen, "mkmodel: expert_ffn_dim %d: 0, or 1..%d for qwen2moe and "
+        return sw_seterr(errstr, errlen, "mkmodel: expert_ffn_dim %d: 0, or 1..%d for qwen2moe and "
                       "qwen3moe", p->expert_ffn_dim, 1 << 20);
     if ((p->dtype == DT_Q8_0 || p->dtype == DT_Q4_0 || p->dtype == DT_Q4_K) &&
         p->expert_ffn_dim % 32)
-        return seterr(errstr, errlen, "mkmodel: %s needs expert_ffn_dim (%d) to be a multiple of "
+        return sw_seterr(errstr, errlen, "mkmodel: %s needs expert_ffn_dim (%d) to be a multiple of "
                       "32", dtype_name(p->dtype), p->expert_ffn_dim);
     if (p->dim <= 0 || p->dim > 65536 || p->n_heads <= 0 || p->n_heads > 1024 ||
         (!p->head_dim && (p->dim % p->n_heads || (p->dim / p->n_heads) % 2)))
-        return seterr(errstr, errlen, "mkmodel: dim %d must be a positive multiple of n_heads %d "
+        return sw_seterr(errstr, errlen, "mkmodel: dim %d must be a positive multiple of n_heads %d "
                       "with an even head dimension", p->dim, p->n_heads);
     if (p->n_kv_heads <= 0 || p->n_heads % p->n_kv_heads)
-        return seterr(errstr, errlen, "mkmodel: n_kv_heads %d must divide n_heads %d",
+        return sw_seterr(errstr, errlen, "mkmodel: n_kv_heads %d must divide n_heads %d",
                       p->n_kv_heads, p->n_heads);
     if (p->n_layers <= 0 || p->n_layers > 1024)
-        return seterr(errstr, errlen, "mkmodel: n_layers %d not in 1..1024", p->n_layers);
+        return sw_seterr(errstr, errlen, "mkmodel: n_layers %d not in 1..1024", p->n_layers);
     if (p->ffn_dim <= 0 || p->ffn_dim > 1 << 20)
-        return seterr(errstr, errlen, "mkmodel: ffn_dim %d not in 1..%d", p->ffn_dim, 1 << 20);
+        return sw_seterr(errstr, errlen, "mkmodel: ffn_dim %d not in 1..%d", p->ffn_dim, 1 << 20);
     if (p->n_vocab < MKMODEL_MIN_VOCAB || p->n_vocab > 1 << 22)
-        return seterr(errstr, errlen, "mkmodel: n_vocab %d not in %d..%d", p->n_vocab,
+        return sw_seterr(errstr, errlen, "mkmodel: n_vocab %d not in %d..%d", p->n_vocab,
                       MKMODEL_MIN_VOCAB, 1 << 22);
-    if (p->ctx_len <= 0) return seterr(errstr, errlen, "mkmodel: ctx_len must be positive");
+    if (p->ctx_len <= 0) return sw_seterr(errstr, errlen, "mkmodel: ctx_len must be positive");
     if (!dtype_supported(p->dtype))
-        return seterr(errstr, errlen, "mkmodel: dtype %s not supported; supported: %s",
+        return sw_seterr(errstr, errlen, "mkmodel: dtype %s not supported; supported: %s",
                       dtype_name(p->dtype), DTYPE_SUPPORTED_LIST);
     if (dtype_block_elems(p->dtype) > 1 && (p->dim % 32 || p->ffn_dim % 32))
-        return seterr(errstr, errlen, "mkmodel: %s needs dim (%d) and ffn_dim (%d) to be "
+        return sw_seterr(errstr, errlen, "mkmodel: %s needs dim (%d) and ffn_dim (%d) to be "
                       "multiples of 32", dtype_name(p->dtype), p->dim, p->ffn_dim);
     if ((p->dtype == DT_Q8_0 || p->dtype == DT_Q4_0 || p->dtype == DT_Q4_K ||
          p->dtype == DT_Q2_K || p->dtype == DT_Q3_K) && p->head_dim &&
         (p->n_heads * p->head_dim) % 32)
-        return seterr(errstr, errlen, "mkmodel: %s needs n_heads x head_dim (%d) to be a "
+        return sw_seterr(errstr, errlen, "mkmodel: %s needs n_heads x head_dim (%d) to be a "
                       "multiple of 32", dtype_name(p->dtype), p->n_heads * p->head_dim);
     if (!(p->rope_theta > 0) || !(p->norm_eps > 0) || !isfinite(p->rope_theta) ||
         !isfinite(p->norm_eps))
-        return seterr(errstr, errlen, "mkmodel: rope_theta and norm_eps must be positive");
+        return sw_seterr(errstr, errlen, "mkmodel: rope_theta and norm_eps must be positive");
     return 0;
 }
 
@@ -755,7 +742,7 @@ int mkmodel_vocab_size(const char *path, char *errstr, size_t errlen)
                      n > 0 && n <= (1u << 22)
                  ? (int)n
                  : -1;
-    if (rc < 0) seterr(errstr, errlen, "mkmodel: %s has no tokenizer.ggml.tokens", path);
+    if (rc < 0) sw_seterr(errstr, errlen, "mkmodel: %s has no tokenizer.ggml.tokens", path);
     gguf_close(g);
     return rc;
 }
@@ -771,7 +758,7 @@ static int copy_vocab(gguf_writer_t *w, const char *path, int n_vocab, char *err
     uint64_t *lens = NULL;
     char *sbuf = NULL;
     if (mkmodel_vocab_size(path, errstr, errlen) != n_vocab) {
-        seterr(errstr, errlen, "mkmodel: %s does not have %d tokens", path, n_vocab);
+        sw_seterr(errstr, errlen, "mkmodel: %s does not have %d tokens", path, n_vocab);
         goto out;
     }
     for (int64_t i = 0; i < gguf_n_kv(g); i++) {
@@ -831,14 +818,14 @@ static int copy_vocab(gguf_writer_t *w, const char *path, int n_vocab, char *err
             }
         }
         if (e) {
-            seterr(errstr, errlen, "mkmodel: cannot copy %s from %s", key, path);
+            sw_seterr(errstr, errlen, "mkmodel: cannot copy %s from %s", key, path);
             goto out;
         }
     }
     rc = 0;
     goto out;
 oom:
-    seterr(errstr, errlen, "mkmodel: out of memory");
+    sw_seterr(errstr, errlen, "mkmodel: out of memory");
 out:
     free(strs);
     free(lens);
@@ -849,7 +836,7 @@ out:
 
 int mkmodel_write(const mkmodel_params_t *p, const char *path, char *errstr, size_t errlen)
 {
-    if (!p || !path) return seterr(errstr, errlen, "mkmodel: NULL argument");
+    if (!p || !path) return sw_seterr(errstr, errlen, "mkmodel: NULL argument");
     if (check_params(p, errstr, errlen)) return -1;
     static const char *const names[] = {"llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"};
     const char *arch = p->arch == ARCH_QWEN2MOE   ? "qwen2moe"
@@ -879,7 +866,7 @@ int mkmodel_write(const mkmodel_params_t *p, const char *path, char *errstr, siz
     scratch = malloc((size_t)max_in * sizeof *scratch);
     w = gguf_writer_new();
     if (!ts || !scratch || !w) {
-        seterr(errstr, errlen, "mkmodel: out of memory");
+        sw_seterr(errstr, errlen, "mkmodel: out of memory");
         goto fail;
     }
 
@@ -946,14 +933,14 @@ int mkmodel_write(const mkmodel_params_t *p, const char *path, char *errstr, siz
         goto tensors;
     }
     if (build_vocab(&v, p->n_vocab)) {
-        seterr(errstr, errlen, "mkmodel: out of memory building the vocabulary");
+        sw_seterr(errstr, errlen, "mkmodel: out of memory building the vocabulary");
         goto fail;
     }
     strs = malloc((size_t)p->n_vocab * sizeof *strs);
     scores = malloc((size_t)p->n_vocab * sizeof *scores);
     types = malloc((size_t)p->n_vocab * sizeof *types);
     if (!strs || !scores || !types) {
-        seterr(errstr, errlen, "mkmodel: out of memory");
+        sw_seterr(errstr, errlen, "mkmodel: out of memory");
         goto fail;
     }
     for (int i = 0; i < p->n_vocab; i++) {
@@ -971,7 +958,7 @@ int mkmodel_write(const mkmodel_params_t *p, const char *path, char *errstr, siz
     e |= gguf_writer_add_bool(w, "tokenizer.ggml.add_bos_token", 1);
     e |= gguf_writer_add_bool(w, "tokenizer.ggml.add_eos_token", 0);
     if (e) {
-        seterr(errstr, errlen, "mkmodel: %s", gguf_writer_errstr(w));
+        sw_seterr(errstr, errlen, "mkmodel: %s", gguf_writer_errstr(w));
         goto fail;
     }
 
@@ -1063,12 +1050,12 @@ tensors:;
         t->seed = seed_mix ^ fnv1a(t->name);
         t->scratch = scratch;
         if (gguf_writer_add_tensor_stream(w, t->name, t->type, t->n_dims, t->ne, fill_row, t)) {
-            seterr(errstr, errlen, "mkmodel: %s", gguf_writer_errstr(w));
+            sw_seterr(errstr, errlen, "mkmodel: %s", gguf_writer_errstr(w));
             goto fail;
         }
     }
     if (gguf_writer_write(w, path)) {
-        seterr(errstr, errlen, "mkmodel: %s", gguf_writer_errstr(w));
+        sw_seterr(errstr, errlen, "mkmodel: %s", gguf_writer_errstr(w));
         goto fail;
     }
     rc = 0;
@@ -1132,7 +1119,7 @@ static int copy_kv(const gguf_t *g, int64_t i, gguf_writer_t *w, char *errstr, s
         gguf_str_t s;
         if (gguf_get_str(g, key, &s)) break;
         char *c = malloc(s.len + 1);
-        if (!c) return seterr(errstr, errlen, "mkmodel: out of memory");
+        if (!c) return sw_seterr(errstr, errlen, "mkmodel: out of memory");
         memcpy(c, s.ptr, s.len);
         c[s.len] = 0;
         rc = gguf_writer_add_str(w, key, c);
@@ -1149,7 +1136,7 @@ static int copy_kv(const gguf_t *g, int64_t i, gguf_writer_t *w, char *errstr, s
             if (!p || !l) {
                 free(p);
                 free(l);
-                return seterr(errstr, errlen, "mkmodel: out of memory");
+                return sw_seterr(errstr, errlen, "mkmodel: out of memory");
             }
             for (uint64_t j = 0; j < n; j++) {
                 gguf_str_t s = {"", 0};
@@ -1161,7 +1148,7 @@ static int copy_kv(const gguf_t *g, int64_t i, gguf_writer_t *w, char *errstr, s
             free(p);
             free(l);
         } else if (et == GGUF_ARRAY) {
-            return seterr(errstr, errlen, "mkmodel: key '%s': arrays of arrays are not copied", key);
+            return sw_seterr(errstr, errlen, "mkmodel: key '%s': arrays of arrays are not copied", key);
         } else {
             rc = gguf_writer_add_arr(w, key, et, gguf_get_arr_data(g, key), n);
         }
@@ -1184,7 +1171,7 @@ static int copy_kv(const gguf_t *g, int64_t i, gguf_writer_t *w, char *errstr, s
     default: { /* integers: through int64, stored back in their own width */
         int64_t v;
         if (gguf_get_i64(g, key, &v))
-            return seterr(errstr, errlen, "mkmodel: key '%s': value not copied", key);
+            return sw_seterr(errstr, errlen, "mkmodel: key '%s': value not copied", key);
         union { uint8_t u8; int8_t i8; uint16_t u16; int16_t i16; uint32_t u32; int32_t i32;
                 uint64_t u64; int64_t i64; } u;
         switch (type) {
@@ -1201,7 +1188,7 @@ static int copy_kv(const gguf_t *g, int64_t i, gguf_writer_t *w, char *errstr, s
         break;
     }
     }
-    if (rc) return seterr(errstr, errlen, "mkmodel: %s", gguf_writer_errstr(w));
+    if (rc) return sw_seterr(errstr, errlen, "mkmodel: %s", gguf_writer_errstr(w));
     return 0;
 }
 
@@ -1364,14 +1351,14 @@ fail:
 int mkmodel_convert(const char *src, const char *dst, const mkmodel_convert_t *c, FILE *log,
                     char *errstr, size_t errlen)
 {
-    if (!src || !dst || !c) return seterr(errstr, errlen, "mkmodel: NULL argument");
+    if (!src || !dst || !c) return sw_seterr(errstr, errlen, "mkmodel: NULL argument");
     if (!dtype_supported(c->dtype))
-        return seterr(errstr, errlen, "mkmodel: dtype %s not supported; supported: %s",
+        return sw_seterr(errstr, errlen, "mkmodel: dtype %s not supported; supported: %s",
                       dtype_name(c->dtype), DTYPE_SUPPORTED_LIST);
     if (c->pad < 0 || c->pad > 65536)
-        return seterr(errstr, errlen, "mkmodel: pad %d not in 0..65536", c->pad);
+        return sw_seterr(errstr, errlen, "mkmodel: pad %d not in 0..65536", c->pad);
     if (c->quant != MKMODEL_QUANT_IMPORTANCE && c->quant != MKMODEL_QUANT_GGML)
-        return seterr(errstr, errlen, "mkmodel: unknown quantiser %d", c->quant);
+        return sw_seterr(errstr, errlen, "mkmodel: unknown quantiser %d", c->quant);
     int rc = -1;
     gguf_writer_t *w = NULL;
     ctensor_t *ct = NULL;
@@ -1382,7 +1369,7 @@ int mkmodel_convert(const char *src, const char *dst, const mkmodel_convert_t *c
     int64_t nt = gguf_n_tensors(g);
     ct = calloc((size_t)(nt ? nt : 1), sizeof *ct);
     if (!w || !ct) {
-        seterr(errstr, errlen, "mkmodel: out of memory");
+        sw_seterr(errstr, errlen, "mkmodel: out of memory");
         goto fail;
     }
     char arch[64] = "";
@@ -1414,13 +1401,13 @@ int mkmodel_convert(const char *src, const char *dst, const mkmodel_convert_t *c
         if ((strcmp(arch, "llama") && strcmp(arch, "qwen2")) || gguf_get_i64(g, k_dim, &dim) ||
             gguf_get_i64(g, k_ffn, &ffn) || gguf_get_i64(g, k_h, &n_heads) || dim <= 0 ||
             ffn <= 0 || n_heads <= 0 || dim % n_heads) {
-            seterr(errstr, errlen, "mkmodel: --pad needs a llama or qwen2 model with its "
+            sw_seterr(errstr, errlen, "mkmodel: --pad needs a llama or qwen2 model with its "
                    "embedding_length, feed_forward_length and head_count");
             goto fail;
         }
         if (gguf_get_i64(g, k_kl, &head_dim)) head_dim = dim / n_heads;
         if (gguf_find_key(g, k_eps) >= 0 && gguf_get_f32(g, k_eps, &eps)) {
-            seterr(errstr, errlen, "mkmodel: bad %s", k_eps);
+            sw_seterr(errstr, errlen, "mkmodel: bad %s", k_eps);
             goto fail;
         }
         dim2 = round_up(dim, c->pad);
@@ -1459,7 +1446,7 @@ int mkmodel_convert(const char *src, const char *dst, const mkmodel_convert_t *c
         e |= gguf_writer_add_u32(w, k_vl, (uint32_t)head_dim);
     }
     if (e) {
-        seterr(errstr, errlen, "mkmodel: %s", gguf_writer_errstr(w));
+        sw_seterr(errstr, errlen, "mkmodel: %s", gguf_writer_errstr(w));
         goto fail;
     }
 
@@ -1499,7 +1486,7 @@ int mkmodel_convert(const char *src, const char *dst, const mkmodel_convert_t *c
             int64_t want1 = out_dim ? dim : out_ffn ? ffn : x->src_rows;
             if (t->ne[0] != want0 || x->src_rows != want1 || (norm && n_dims != 1) ||
                 ((in_dim || in_ffn || out_dim) && n_dims != 2)) {
-                seterr(errstr, errlen, "mkmodel: --pad: tensor '%s' has an unexpected shape", nm);
+                sw_seterr(errstr, errlen, "mkmodel: --pad: tensor '%s' has an unexpected shape", nm);
                 goto fail;
             }
             if (in_dim || norm) x->ne[0] = dim2;
@@ -1508,7 +1495,7 @@ int mkmodel_convert(const char *src, const char *dst, const mkmodel_convert_t *c
             if (out_ffn) x->ne[1] = ffn2;
             if (norm) x->scale = nscale;
             if ((x->ne[0] != t->ne[0] || norm) && !dtype_supported(t->type)) {
-                seterr(errstr, errlen, "mkmodel: --pad: tensor '%s' has type %s", nm,
+                sw_seterr(errstr, errlen, "mkmodel: --pad: tensor '%s' has type %s", nm,
                        dtype_name(t->type));
                 goto fail;
             }
@@ -1532,7 +1519,7 @@ int mkmodel_convert(const char *src, const char *dst, const mkmodel_convert_t *c
             if (!x->imp) { /* no estimate for this matrix: every column alike */
                 x->imp = malloc(sizeof *x->imp * (size_t)x->ne[0]);
                 if (!x->imp) {
-                    seterr(errstr, errlen, "mkmodel: out of memory");
+                    sw_seterr(errstr, errlen, "mkmodel: out of memory");
                     goto fail;
                 }
                 for (int64_t j = 0; j < x->ne[0]; j++) x->imp[j] = 1.0f;
@@ -1548,18 +1535,18 @@ int mkmodel_convert(const char *src, const char *dst, const mkmodel_convert_t *c
             for (int d = 1; d < GGUF_MAX_DIMS; d++) ne[d] = t->ne[d];
         }
         if (gguf_writer_add_tensor_stream(w, t->name, x->type, n_dims, ne, convert_row, x)) {
-            seterr(errstr, errlen, "mkmodel: %s", gguf_writer_errstr(w));
+            sw_seterr(errstr, errlen, "mkmodel: %s", gguf_writer_errstr(w));
             goto fail;
         }
     }
     scratch = malloc(sizeof *scratch * (size_t)max_ne0);
     if (!scratch) {
-        seterr(errstr, errlen, "mkmodel: out of memory");
+        sw_seterr(errstr, errlen, "mkmodel: out of memory");
         goto fail;
     }
     for (int64_t i = 0; i < nt; i++) ct[i].scratch = scratch;
     if (gguf_writer_write(w, dst)) {
-        seterr(errstr, errlen, "mkmodel: %s", gguf_writer_errstr(w));
+        sw_seterr(errstr, errlen, "mkmodel: %s", gguf_writer_errstr(w));
         goto fail;
     }
     if (log)

@@ -2,23 +2,14 @@
 #include "model.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
 
+#include "common/err.h"
 #include "dtype.h"
 #include "model_arch.h"
-
-static void seterr(char *errstr, size_t errlen, const char *fmt, ...)
-{
-    if (!errstr || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(errstr, errlen, fmt, ap);
-    va_end(ap);
-}
 
 int model_arch_int(const gguf_t *g, const char *arch, const char *suffix, int64_t def,
                         int64_t *out)
@@ -58,20 +49,20 @@ static int bind(const model_t *m, weight_t *w, const char *name, int64_t cols, i
     memset(w, 0, sizeof *w);
     if (!t) {
         if (!required) return 0;
-        seterr(errstr, errlen, "model: tensor '%s' is missing", name);
+        sw_seterr(errstr, errlen, "model: tensor '%s' is missing", name);
         return -1;
     }
     int64_t trows = 1;
     for (int d = 1; d < t->n_dims; d++) trows *= t->ne[d];
     if (t->ne[0] != cols || trows != rows) {
-        seterr(errstr, errlen,
-               "model: tensor '%s' has shape {%lld, %lld}, expected {%lld, %lld}", name,
-               (long long)t->ne[0], (long long)trows, (long long)cols, (long long)rows);
+        sw_seterr(errstr, errlen,
+                  "model: tensor '%s' has shape {%lld, %lld}, expected {%lld, %lld}", name,
+                  (long long)t->ne[0], (long long)trows, (long long)cols, (long long)rows);
         return -1;
     }
     if (!dtype_supported(t->type)) {
-        seterr(errstr, errlen, "model: tensor '%s' has type %s; supported types: %s", name,
-               dtype_name(t->type), DTYPE_SUPPORTED_LIST);
+        sw_seterr(errstr, errlen, "model: tensor '%s' has type %s; supported types: %s", name,
+                  dtype_name(t->type), DTYPE_SUPPORTED_LIST);
         return -1;
     }
     w->type = t->type;
@@ -80,8 +71,8 @@ static int bind(const model_t *m, weight_t *w, const char *name, int64_t cols, i
     w->cols = cols;
     w->row_bytes = dtype_row_bytes(t->type, cols);
     if (w->row_bytes == 0) {
-        seterr(errstr, errlen, "model: tensor '%s': row of %lld elements does not fit type %s",
-               name, (long long)cols, dtype_name(t->type));
+        sw_seterr(errstr, errlen, "model: tensor '%s': row of %lld elements does not fit type %s",
+                  name, (long long)cols, dtype_name(t->type));
         return -1;
     }
     return 0;
@@ -119,35 +110,35 @@ static int moe_hparams(const gguf_t *g, hparams_t *hp, int64_t ffn, char *errstr
     int moe_arch = hp->arch == ARCH_QWEN2MOE || hp->arch == ARCH_QWEN3MOE;
     int64_t ne, nu, eff, sff = 0;
     if (model_arch_int(g, a, "expert_count", 0, &ne) || ne < 0 || ne > MODEL_MAX_EXPERTS) {
-        seterr(errstr, errlen, "model: %s.expert_count must be 0..%d", a, MODEL_MAX_EXPERTS);
+        sw_seterr(errstr, errlen, "model: %s.expert_count must be 0..%d", a, MODEL_MAX_EXPERTS);
         return -1;
     }
     if (ne == 0 && !moe_arch) return 0;
     if (ne == 0) {
-        seterr(errstr, errlen, "model: %s needs %s.expert_count >= 1", a, a);
+        sw_seterr(errstr, errlen, "model: %s needs %s.expert_count >= 1", a, a);
         return -1;
     }
     if (hp->arch == ARCH_QWEN2) {
-        seterr(errstr, errlen, "model: %s.expert_count %lld: mixture of experts is supported for "
-               "llama, qwen2moe and qwen3moe, not %s", a, (long long)ne, a);
+        sw_seterr(errstr, errlen, "model: %s.expert_count %lld: mixture of experts is supported for "
+                  "llama, qwen2moe and qwen3moe, not %s", a, (long long)ne, a);
         return -1;
     }
     if (model_arch_int(g, a, "expert_used_count", 0, &nu) || nu <= 0 || nu > ne ||
         nu > MODEL_MAX_EXPERTS_USED) {
-        seterr(errstr, errlen, "model: %s.expert_used_count must be 1..min(expert_count %lld, %d)",
-               a, (long long)ne, MODEL_MAX_EXPERTS_USED);
+        sw_seterr(errstr, errlen, "model: %s.expert_used_count must be 1..min(expert_count %lld, %d)",
+                  a, (long long)ne, MODEL_MAX_EXPERTS_USED);
         return -1;
     }
     if (model_arch_int(g, a, "expert_feed_forward_length",
                        hp->arch == ARCH_LLAMA ? ffn : ffn / nu, &eff) ||
         eff <= 0 || eff > 1 << 20) {
-        seterr(errstr, errlen, "model: bad %s.expert_feed_forward_length", a);
+        sw_seterr(errstr, errlen, "model: bad %s.expert_feed_forward_length", a);
         return -1;
     }
     if (hp->arch == ARCH_QWEN2MOE &&
         (model_arch_int(g, a, "expert_shared_feed_forward_length", ffn, &sff) || sff <= 0 ||
          sff > 1 << 20)) {
-        seterr(errstr, errlen, "model: bad %s.expert_shared_feed_forward_length", a);
+        sw_seterr(errstr, errlen, "model: bad %s.expert_shared_feed_forward_length", a);
         return -1;
     }
     hp->n_expert = (int)ne;
@@ -165,8 +156,8 @@ static int bind_exps(const model_t *m, weight_t *w, const char *name, int64_t co
     const gguf_tensor_t *t = gguf_find_tensor(m->gguf, name);
     const int64_t ne = m->hp.n_expert;
     if (t && (t->n_dims != 3 || t->ne[0] != cols || t->ne[1] != rows || t->ne[2] != ne)) {
-        seterr(errstr, errlen, "model: tensor '%s' is not {%lld, %lld, %lld} (in, out, experts)",
-               name, (long long)cols, (long long)rows, (long long)ne);
+        sw_seterr(errstr, errlen, "model: tensor '%s' is not {%lld, %lld, %lld} (in, out, experts)",
+                  name, (long long)cols, (long long)rows, (long long)ne);
         return -1;
     }
     return bind(m, w, name, cols, rows * ne, 1, errstr, errlen);
@@ -185,8 +176,8 @@ static int moe_bind_layer(model_t *m, int l, char *errstr, size_t errlen)
         char old[96];
         snprintf(old, sizeof old, "blk.%d.ffn_gate.0.weight", l);
         if (gguf_find_tensor(m->gguf, old)) {
-            seterr(errstr, errlen, "model: experts stored as separate tensors ('%s') are not "
-                   "supported; re-convert the model so that they are merged into '%s'", old, name);
+            sw_seterr(errstr, errlen, "model: experts stored as separate tensors ('%s') are not "
+                      "supported; re-convert the model so that they are merged into '%s'", old, name);
             return -1;
         }
     }
@@ -249,7 +240,7 @@ model_t *model_load(const char *path, char *errstr, size_t errlen)
 {
     model_t *m = calloc(1, sizeof *m);
     if (!m) {
-        seterr(errstr, errlen, "model: out of memory");
+        sw_seterr(errstr, errlen, "model: out of memory");
         return NULL;
     }
     m->gguf = gguf_open(path, errstr, errlen);
@@ -259,16 +250,16 @@ model_t *model_load(const char *path, char *errstr, size_t errlen)
 
     gguf_str_t arch;
     if (gguf_get_str(g, "general.architecture", &arch) != 0) {
-        seterr(errstr, errlen, "model: general.architecture is missing; supported: %s",
-               MODEL_ARCH_SUPPORTED);
+        sw_seterr(errstr, errlen, "model: general.architecture is missing; supported: %s",
+                  MODEL_ARCH_SUPPORTED);
         goto fail;
     }
     if (arch.len >= sizeof hp->arch_name) arch.len = sizeof hp->arch_name - 1;
     memcpy(hp->arch_name, arch.ptr, arch.len);
     hp->arch_name[arch.len] = 0;
     if (model_arch_lookup(hp) != 0) {
-        seterr(errstr, errlen, "model: architecture '%s' is not supported; supported: %s",
-               hp->arch_name, MODEL_ARCH_SUPPORTED);
+        sw_seterr(errstr, errlen, "model: architecture '%s' is not supported; supported: %s",
+                  hp->arch_name, MODEL_ARCH_SUPPORTED);
         goto fail;
     }
     const char *a = hp->arch_name;
@@ -277,35 +268,35 @@ model_t *model_load(const char *path, char *errstr, size_t errlen)
         model_arch_int(g, a, "block_count", 0, &n_layers) || n_layers <= 0 || n_layers > 1024 ||
         model_arch_int(g, a, "attention.head_count", 0, &n_heads) || n_heads <= 0 ||
         n_heads > 1024) {
-        seterr(errstr, errlen,
-               "model: %s.embedding_length, .block_count and .attention.head_count must be "
-               "present and positive", a);
+        sw_seterr(errstr, errlen,
+                  "model: %s.embedding_length, .block_count and .attention.head_count must be "
+                  "present and positive", a);
         goto fail;
     }
     if (model_arch_int(g, a, "attention.head_count_kv", n_heads, &n_kv) || n_kv <= 0 ||
         n_heads % n_kv) {
-        seterr(errstr, errlen, "model: %s.attention.head_count_kv must divide head_count (%lld)",
-               a, (long long)n_heads);
+        sw_seterr(errstr, errlen, "model: %s.attention.head_count_kv must divide head_count (%lld)",
+                  a, (long long)n_heads);
         goto fail;
     }
     if (model_arch_int(g, a, "feed_forward_length", 0, &ffn) || ffn <= 0 || ffn > 1 << 20) {
-        seterr(errstr, errlen, "model: %s.feed_forward_length must be present and positive", a);
+        sw_seterr(errstr, errlen, "model: %s.feed_forward_length must be present and positive", a);
         goto fail;
     }
     if (model_arch_int(g, a, "context_length", 2048, &ctx) || ctx <= 0) ctx = 2048;
     if (model_arch_int(g, a, "attention.key_length", dim / n_heads, &key_len) || key_len <= 0 ||
         key_len % 2 || key_len > 1024) {
-        seterr(errstr, errlen, "model: bad head dimension (%s.attention.key_length)", a);
+        sw_seterr(errstr, errlen, "model: bad head dimension (%s.attention.key_length)", a);
         goto fail;
     }
     int64_t val_len;
     if (model_arch_int(g, a, "attention.value_length", key_len, &val_len) || val_len != key_len) {
-        seterr(errstr, errlen, "model: key and value head dimensions differ; not supported");
+        sw_seterr(errstr, errlen, "model: key and value head dimensions differ; not supported");
         goto fail;
     }
     if (model_arch_int(g, a, "rope.dimension_count", key_len, &rope_dim) || rope_dim <= 0 ||
         rope_dim > key_len || rope_dim % 2) {
-        seterr(errstr, errlen, "model: bad %s.rope.dimension_count", a);
+        sw_seterr(errstr, errlen, "model: bad %s.rope.dimension_count", a);
         goto fail;
     }
     hp->dim = (int)dim;
@@ -319,7 +310,7 @@ model_t *model_load(const char *path, char *errstr, size_t errlen)
     if (get_arch_f32(g, a, "attention.layer_norm_rms_epsilon", 1e-5f, &hp->norm_eps) ||
         !(hp->norm_eps > 0) || get_arch_f32(g, a, "rope.freq_base", 10000.0f, &hp->rope_theta) ||
         !(hp->rope_theta > 0)) {
-        seterr(errstr, errlen, "model: bad RMSNorm epsilon or RoPE base frequency");
+        sw_seterr(errstr, errlen, "model: bad RMSNorm epsilon or RoPE base frequency");
         goto fail;
     }
     if (model_arch_hparams(g, hp, errstr, errlen)) goto fail;
@@ -330,8 +321,8 @@ model_t *model_load(const char *path, char *errstr, size_t errlen)
     /* Token embedding decides the vocabulary size. */
     const gguf_tensor_t *te = gguf_find_tensor(g, "token_embd.weight");
     if (!te || te->n_dims != 2 || te->ne[0] != dim || te->ne[1] <= 0 || te->ne[1] > (1 << 24)) {
-        seterr(errstr, errlen, "model: tensor 'token_embd.weight' is missing or not {%lld, vocab}",
-               (long long)dim);
+        sw_seterr(errstr, errlen, "model: tensor 'token_embd.weight' is missing or not {%lld, vocab}",
+                  (long long)dim);
         goto fail;
     }
     hp->n_vocab = (int)te->ne[1];
@@ -343,7 +334,7 @@ model_t *model_load(const char *path, char *errstr, size_t errlen)
     m->owned_f32 = malloc(sizeof(float) * (per_layer * (size_t)n_layers + (size_t)dim));
     m->layers = calloc((size_t)n_layers, sizeof *m->layers);
     if (!m->owned_f32 || !m->layers) {
-        seterr(errstr, errlen, "model: out of memory");
+        sw_seterr(errstr, errlen, "model: out of memory");
         goto fail;
     }
     float *f32p = m->owned_f32;
@@ -436,7 +427,7 @@ model_t *model_load(const char *path, char *errstr, size_t errlen)
     {
         XXH3_state_t *st = XXH3_createState();
         if (!st) {
-            seterr(errstr, errlen, "model: out of memory");
+            sw_seterr(errstr, errlen, "model: out of memory");
             goto fail;
         }
         XXH3_64bits_reset(st);

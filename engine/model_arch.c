@@ -2,24 +2,12 @@
 #include "model_arch.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/err.h"
 #include "dtype.h"
-
-static void seterr(char *errstr, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void seterr(char *errstr, size_t errlen, const char *fmt, ...)
-{
-    if (!errstr || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(errstr, errlen, fmt, ap);
-    va_end(ap);
-}
 
 /* One row per architecture: the features it switches on over llama's forward pass. */
 typedef struct {
@@ -113,14 +101,14 @@ int model_arch_hparams(const gguf_t *g, hparams_t *hp, char *errstr, size_t errl
             !(hp->attn_softcap == 0 || hp->attn_softcap >= 1e-3f) ||
             !(hp->logit_softcap == 0 || hp->logit_softcap >= 1e-3f) || !isfinite(hp->attn_softcap) ||
             !isfinite(hp->logit_softcap)) {
-            seterr(errstr, errlen, "model: bad %s soft-capping values (0 = none, else >= 0.001)", a);
+            sw_seterr(errstr, errlen, "model: bad %s soft-capping values (0 = none, else >= 0.001)", a);
             return -1;
         }
     }
     if (hp->arch == ARCH_GEMMA3 &&
         (model_arch_f32(g, a, "rope.freq_base_swa", 10000.0f, &hp->rope_theta_swa) ||
          !(hp->rope_theta_swa > 0) || !isfinite(hp->rope_theta_swa))) {
-        seterr(errstr, errlen, "model: bad %s.rope.freq_base_swa", a);
+        sw_seterr(errstr, errlen, "model: bad %s.rope.freq_base_swa", a);
         return -1;
     }
     /* The sliding window: honoured by gemma2, gemma3 and llama (every layer local); phi3's is
@@ -128,7 +116,7 @@ int model_arch_hparams(const gguf_t *g, hparams_t *hp, char *errstr, size_t errl
     if (hp->arch == ARCH_GEMMA2 || hp->arch == ARCH_GEMMA3 || hp->arch == ARCH_LLAMA) {
         int64_t w, pat;
         if (model_arch_int(g, a, "attention.sliding_window", 0, &w) || w < 0 || w > INT32_MAX / 2) {
-            seterr(errstr, errlen, "model: bad %s.attention.sliding_window", a);
+            sw_seterr(errstr, errlen, "model: bad %s.attention.sliding_window", a);
             return -1;
         }
         hp->swa_window = (int)w;
@@ -139,7 +127,7 @@ int model_arch_hparams(const gguf_t *g, hparams_t *hp, char *errstr, size_t errl
         if (gguf_get_arr(g, key, &et, &n) != 0) {
             if (model_arch_int(g, a, "attention.sliding_window_pattern", hp->swa_pattern, &pat) ||
                 pat < 0 || pat > 1 << 20) {
-                seterr(errstr, errlen, "model: bad %s", key);
+                sw_seterr(errstr, errlen, "model: bad %s", key);
                 return -1;
             }
             hp->swa_pattern = (int)pat;
@@ -213,8 +201,8 @@ int model_arch_layers(model_t *m, char *errstr, size_t errlen)
             if (has_arr) {
                 local = layer_flag(m->gguf, key, l, hp->n_layers);
                 if (local < 0) {
-                    seterr(errstr, errlen, "model: %s must be an integer or one bool per layer",
-                           key);
+                    sw_seterr(errstr, errlen, "model: %s must be an integer or one bool per layer",
+                              key);
                     return -1;
                 }
             } else {
@@ -240,7 +228,7 @@ static const float *factor_tensor(const gguf_t *g, const char *name, int n, int 
     const gguf_tensor_t *t = gguf_find_tensor(g, name);
     if (!t) return NULL;
     if (t->type != DT_F32 || t->n_dims != 1 || t->ne[0] != n) {
-        seterr(errstr, errlen, "model: tensor '%s' must be F32 {%d}", name, n);
+        sw_seterr(errstr, errlen, "model: tensor '%s' must be F32 {%d}", name, n);
         *bad = 1;
         return NULL;
     }
@@ -248,7 +236,7 @@ static const float *factor_tensor(const gguf_t *g, const char *name, int n, int 
         float f;
         memcpy(&f, (const char *)t->data + 4 * (size_t)i, 4);
         if (!(f > 0) || !isfinite(f)) {
-            seterr(errstr, errlen, "model: %s[%d] is not a positive number", name, i);
+            sw_seterr(errstr, errlen, "model: %s[%d] is not a positive number", name, i);
             *bad = 1;
             return NULL;
         }
@@ -276,7 +264,7 @@ int model_rope_init(model_t *m, char *errstr, size_t errlen)
     snprintf(key, sizeof key, "%s.rope.scaling.type", a);
     if (gguf_find_key(g, key) >= 0) {
         if (gguf_get_str(g, key, &st) != 0) {
-            seterr(errstr, errlen, "model: %s must be a string", key);
+            sw_seterr(errstr, errlen, "model: %s must be a string", key);
             return -1;
         }
         if (str_is(st, "none")) type = SC_NONE;
@@ -285,8 +273,8 @@ int model_rope_init(model_t *m, char *errstr, size_t errlen)
         else if (str_is(st, "longrope")) type = SC_LONGROPE;
         else if (str_is(st, "llama3")) type = SC_LLAMA3;
         else {
-            seterr(errstr, errlen, "model: RoPE scaling type '%.*s' is not supported; supported: "
-                   "none, linear, yarn, longrope, llama3", (int)(st.len > 32 ? 32 : st.len), st.ptr);
+            sw_seterr(errstr, errlen, "model: RoPE scaling type '%.*s' is not supported; supported: "
+                      "none, linear, yarn, longrope, llama3", (int)(st.len > 32 ? 32 : st.len), st.ptr);
             return -1;
         }
     }
@@ -304,7 +292,7 @@ int model_rope_init(model_t *m, char *errstr, size_t errlen)
         !(beta_fast > 0) || !(beta_slow > 0) || !isfinite(beta_fast) || !isfinite(beta_slow) ||
         model_arch_int(g, a, "rope.scaling.original_context_length", hp->ctx_len, &orig_ctx) ||
         orig_ctx <= 0 || orig_ctx > INT32_MAX) {
-        seterr(errstr, errlen, "model: bad %s.rope.scaling values", a);
+        sw_seterr(errstr, errlen, "model: bad %s.rope.scaling values", a);
         return -1;
     }
     if (factor == 0.0f || type == SC_NONE || type == SC_LLAMA3) factor = 1.0f;
@@ -312,7 +300,7 @@ int model_rope_init(model_t *m, char *errstr, size_t errlen)
 
     m->rope_inv_freq = malloc(sizeof(float) * (size_t)half);
     if (!m->rope_inv_freq) {
-        seterr(errstr, errlen, "model: out of memory");
+        sw_seterr(errstr, errlen, "model: out of memory");
         return -1;
     }
     int bad = 0;
@@ -336,7 +324,7 @@ int model_rope_init(model_t *m, char *errstr, size_t errlen)
             model_arch_f32(g, a, "rope.scaling.low_freq_factor", 1.0f, &l3_low) ||
             model_arch_f32(g, a, "rope.scaling.high_freq_factor", 4.0f, &l3_high) ||
             !(l3_low > 0) || !(l3_high > l3_low) || !isfinite(l3_factor) || !isfinite(l3_high)) {
-            seterr(errstr, errlen, "model: bad %s llama3 RoPE scaling keys", a);
+            sw_seterr(errstr, errlen, "model: bad %s llama3 RoPE scaling keys", a);
             return -1;
         }
     }
@@ -383,7 +371,7 @@ int model_rope_init(model_t *m, char *errstr, size_t errlen)
     if (hp->rope_theta_swa != hp->rope_theta) {
         m->rope_inv_freq_swa = malloc(sizeof(float) * (size_t)half);
         if (!m->rope_inv_freq_swa) {
-            seterr(errstr, errlen, "model: out of memory");
+            sw_seterr(errstr, errlen, "model: out of memory");
             return -1;
         }
         for (int i = 0; i < half; i++)

@@ -57,23 +57,14 @@
 
 #include <float.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- errors ---- */
+#include "common/err.h"
 
-static void set_err(char *errstr, size_t errlen, const char *fmt, ...)
-{
-    if (!errstr || errlen == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(errstr, errlen, fmt, ap);
-    va_end(ap);
-}
+/* ---- errors ---- */
 
 /* ---- random numbers: splitmix64 seeding xoshiro256** ---- */
 
@@ -157,46 +148,46 @@ void sampler_params_default(sampler_params_t *p)
 int sampler_params_validate(const sampler_params_t *p, char *errstr, size_t errlen)
 {
     if (!p) {
-        set_err(errstr, errlen, "sampler: no parameters");
+        sw_seterr(errstr, errlen, "sampler: no parameters");
         return -1;
     }
     if (!isfinite(p->temperature)) {
-        set_err(errstr, errlen, "sampler: temperature must be a finite number");
+        sw_seterr(errstr, errlen, "sampler: temperature must be a finite number");
         return -1;
     }
     if (!(p->top_p > 0.0f && p->top_p <= 1.0f)) {
-        set_err(errstr, errlen, "sampler: top_p must be in (0, 1], got %g", (double)p->top_p);
+        sw_seterr(errstr, errlen, "sampler: top_p must be in (0, 1], got %g", (double)p->top_p);
         return -1;
     }
     if (!(p->min_p <= 1.0f)) { /* also rejects NaN */
-        set_err(errstr, errlen, "sampler: min_p must be at most 1, got %g", (double)p->min_p);
+        sw_seterr(errstr, errlen, "sampler: min_p must be at most 1, got %g", (double)p->min_p);
         return -1;
     }
     if (isinf(p->min_p)) {
-        set_err(errstr, errlen, "sampler: min_p must be finite");
+        sw_seterr(errstr, errlen, "sampler: min_p must be finite");
         return -1;
     }
     if (!(isfinite(p->repeat_penalty) && p->repeat_penalty > 0.0f)) {
-        set_err(errstr, errlen, "sampler: repeat_penalty must be finite and > 0, got %g",
-                (double)p->repeat_penalty);
+        sw_seterr(errstr, errlen, "sampler: repeat_penalty must be finite and > 0, got %g",
+                  (double)p->repeat_penalty);
         return -1;
     }
     if (p->repeat_last_n < -1 || p->repeat_last_n > SAMPLER_MAX_REPEAT_LAST_N) {
-        set_err(errstr, errlen, "sampler: repeat_last_n must be -1..%d, got %d",
-                SAMPLER_MAX_REPEAT_LAST_N, p->repeat_last_n);
+        sw_seterr(errstr, errlen, "sampler: repeat_last_n must be -1..%d, got %d",
+                  SAMPLER_MAX_REPEAT_LAST_N, p->repeat_last_n);
         return -1;
     }
     if (!isfinite(p->presence_penalty)) {
-        set_err(errstr, errlen, "sampler: presence_penalty must be finite");
+        sw_seterr(errstr, errlen, "sampler: presence_penalty must be finite");
         return -1;
     }
     if (!isfinite(p->frequency_penalty)) {
-        set_err(errstr, errlen, "sampler: frequency_penalty must be finite");
+        sw_seterr(errstr, errlen, "sampler: frequency_penalty must be finite");
         return -1;
     }
     if (p->n_logprobs < 0 || p->n_logprobs > SAMPLER_MAX_LOGPROBS) {
-        set_err(errstr, errlen, "sampler: n_logprobs must be 0..%d, got %d",
-                SAMPLER_MAX_LOGPROBS, p->n_logprobs);
+        sw_seterr(errstr, errlen, "sampler: n_logprobs must be 0..%d, got %d",
+                  SAMPLER_MAX_LOGPROBS, p->n_logprobs);
         return -1;
     }
     return 0;
@@ -208,7 +199,7 @@ sampler_t *sampler_new(const sampler_params_t *p, int n_vocab, char *errstr, siz
     if (sampler_params_validate(p, errstr, errlen) != 0)
         return NULL;
     if (n_vocab <= 0) {
-        set_err(errstr, errlen, "sampler: n_vocab must be > 0, got %d", n_vocab);
+        sw_seterr(errstr, errlen, "sampler: n_vocab must be > 0, got %d", n_vocab);
         return NULL;
     }
     const size_t nv = (size_t)n_vocab;
@@ -261,7 +252,7 @@ sampler_t *sampler_new(const sampler_params_t *p, int n_vocab, char *errstr, siz
     return s;
 
 oom:
-    set_err(errstr, errlen, "sampler: out of memory (n_vocab %d)", n_vocab);
+    sw_seterr(errstr, errlen, "sampler: out of memory (n_vocab %d)", n_vocab);
     sampler_free(s);
     return NULL;
 }
@@ -1053,13 +1044,13 @@ stop_matcher_t *stop_matcher_new(const char *const *strs, int n, char *errstr, s
 {
     stop_matcher_t *m = NULL;
     if (n < 0 || (n > 0 && !strs)) {
-        set_err(errstr, errlen, "stop: bad stop-string list");
+        sw_seterr(errstr, errlen, "stop: bad stop-string list");
         return NULL;
     }
     size_t sum = 0;
     for (int j = 0; j < n; j++) {
         if (!strs[j] || strs[j][0] == '\0') {
-            set_err(errstr, errlen, "stop: stop string %d is empty", j);
+            sw_seterr(errstr, errlen, "stop: stop string %d is empty", j);
             return NULL;
         }
         sum += strlen(strs[j]);
@@ -1099,7 +1090,7 @@ stop_matcher_t *stop_matcher_new(const char *const *strs, int n, char *errstr, s
     return m;
 
 oom:
-    set_err(errstr, errlen, "stop: out of memory");
+    sw_seterr(errstr, errlen, "stop: out of memory");
     stop_matcher_free(m);
     return NULL;
 }

@@ -30,11 +30,12 @@
 
 #include <limits.h>
 #include <pcre2.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
+
+#include "common/err.h"
 
 /* ---- token attributes (bit set; GGUF token_type values map onto one bit each) ---- */
 enum {
@@ -113,15 +114,6 @@ struct tokenizer {
     pcre2_code *re[MAX_PRE_REGEX];
     int n_re;
 };
-
-static void seterr(char *errstr, size_t errlen, const char *fmt, ...)
-{
-    if (!errstr || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(errstr, errlen, fmt, ap);
-    va_end(ap);
-}
 
 /* ---------------------------------------------------------------------------------------------
  * Pre-tokeniser definitions (regex stages applied in sequence; each stage splits every current
@@ -678,8 +670,8 @@ static int compile_pre(tokenizer_t *t, int pre, char *errstr, size_t errlen)
         if (!re) {
             PCRE2_UCHAR msg[160];
             pcre2_get_error_message(err, msg, sizeof msg);
-            seterr(errstr, errlen, "tokenizer: pre-tokenizer regex %d does not compile at %zu: %s",
-                   k, (size_t)eoff, (const char *)msg);
+            sw_seterr(errstr, errlen, "tokenizer: pre-tokenizer regex %d does not compile at %zu: %s",
+                      k, (size_t)eoff, (const char *)msg);
             return -1;
         }
         if (jit) (void)pcre2_jit_compile(re, PCRE2_JIT_COMPLETE); /* falls back to interpreter */
@@ -694,11 +686,11 @@ static int load_merges(tokenizer_t *t, const gguf_t *g, char *errstr, size_t err
     int et;
     uint64_t n;
     if (gguf_get_arr(g, "tokenizer.ggml.merges", &et, &n) != 0 || et != GGUF_STRING) {
-        seterr(errstr, errlen, "tokenizer: gpt2 model without a tokenizer.ggml.merges string array");
+        sw_seterr(errstr, errlen, "tokenizer: gpt2 model without a tokenizer.ggml.merges string array");
         return -1;
     }
     if (n > INT32_MAX / 4) {
-        seterr(errstr, errlen, "tokenizer: too many merges (%llu)", (unsigned long long)n);
+        sw_seterr(errstr, errlen, "tokenizer: too many merges (%llu)", (unsigned long long)n);
         return -1;
     }
     size_t pool = 0;
@@ -746,13 +738,13 @@ static int load_merges(tokenizer_t *t, const gguf_t *g, char *errstr, size_t err
     }
     return 0;
 bad:
-    seterr(errstr, errlen, "tokenizer: unreadable tokenizer.ggml.merges element");
+    sw_seterr(errstr, errlen, "tokenizer: unreadable tokenizer.ggml.merges element");
     return -1;
 big:
-    seterr(errstr, errlen, "tokenizer: tokenizer.ggml.merges too large");
+    sw_seterr(errstr, errlen, "tokenizer: tokenizer.ggml.merges too large");
     return -1;
 oom:
-    seterr(errstr, errlen, "tokenizer: out of memory");
+    sw_seterr(errstr, errlen, "tokenizer: out of memory");
     return -1;
 }
 
@@ -774,23 +766,23 @@ tokenizer_t *tokenizer_from_gguf(const gguf_t *g, char *errstr, size_t errlen)
     tokenizer_t *t = NULL;
     len_id_t *special = NULL;
     if (!g) {
-        seterr(errstr, errlen, "tokenizer: no GGUF");
+        sw_seterr(errstr, errlen, "tokenizer: no GGUF");
         return NULL;
     }
     gguf_str_t model;
     if (gguf_get_str(g, "tokenizer.ggml.model", &model) != 0) {
-        seterr(errstr, errlen, "tokenizer: tokenizer.ggml.model missing (supported: %s)",
-               TOKENIZER_MODELS_SUPPORTED);
+        sw_seterr(errstr, errlen, "tokenizer: tokenizer.ggml.model missing (supported: %s)",
+                  TOKENIZER_MODELS_SUPPORTED);
         return NULL;
     }
     int kind;
     if (str_eq(model, "llama")) kind = TOK_SPM;
     else if (str_eq(model, "gpt2")) kind = TOK_BPE;
     else {
-        seterr(errstr, errlen,
-               "tokenizer: unsupported tokenizer.ggml.model '%.*s' (supported: %s; "
-               "bert/WPM is a non-causal encoder vocabulary and is not supported)",
-               (int)(model.len > 64 ? 64 : model.len), model.ptr, TOKENIZER_MODELS_SUPPORTED);
+        sw_seterr(errstr, errlen,
+                  "tokenizer: unsupported tokenizer.ggml.model '%.*s' (supported: %s; "
+                  "bert/WPM is a non-causal encoder vocabulary and is not supported)",
+                  (int)(model.len > 64 ? 64 : model.len), model.ptr, TOKENIZER_MODELS_SUPPORTED);
         return NULL;
     }
     int pre = PRE_DEFAULT;
@@ -809,10 +801,10 @@ tokenizer_t *tokenizer_from_gguf(const gguf_t *g, char *errstr, size_t errlen)
                     if (r < 0 || (size_t)r >= sizeof list - w) break;
                     w += (size_t)r;
                 }
-                seterr(errstr, errlen,
-                       "tokenizer: unsupported pre-tokenizer tokenizer.ggml.pre '%.*s' "
-                       "(supported: %s)",
-                       (int)(ps.len > 64 ? 64 : ps.len), ps.ptr, list);
+                sw_seterr(errstr, errlen,
+                          "tokenizer: unsupported pre-tokenizer tokenizer.ggml.pre '%.*s' "
+                          "(supported: %s)",
+                          (int)(ps.len > 64 ? 64 : ps.len), ps.ptr, list);
                 return NULL;
             }
         }
@@ -821,11 +813,11 @@ tokenizer_t *tokenizer_from_gguf(const gguf_t *g, char *errstr, size_t errlen)
     int et;
     uint64_t n;
     if (gguf_get_arr(g, "tokenizer.ggml.tokens", &et, &n) != 0 || et != GGUF_STRING || n == 0) {
-        seterr(errstr, errlen, "tokenizer: tokenizer.ggml.tokens missing or not a string array");
+        sw_seterr(errstr, errlen, "tokenizer: tokenizer.ggml.tokens missing or not a string array");
         return NULL;
     }
     if (n > INT32_MAX / 4) {
-        seterr(errstr, errlen, "tokenizer: vocabulary too large (%llu)", (unsigned long long)n);
+        sw_seterr(errstr, errlen, "tokenizer: vocabulary too large (%llu)", (unsigned long long)n);
         return NULL;
     }
 
@@ -843,12 +835,12 @@ tokenizer_t *tokenizer_from_gguf(const gguf_t *g, char *errstr, size_t errlen)
     for (uint64_t j = 0; j < n; j++) {
         gguf_str_t s;
         if (gguf_get_arr_str(g, "tokenizer.ggml.tokens", j, &s) != 0) {
-            seterr(errstr, errlen, "tokenizer: unreadable token %llu", (unsigned long long)j);
+            sw_seterr(errstr, errlen, "tokenizer: unreadable token %llu", (unsigned long long)j);
             goto fail;
         }
         pool += s.len ? s.len : 24;
         if (pool > UINT32_MAX) {
-            seterr(errstr, errlen, "tokenizer: token texts too large");
+            sw_seterr(errstr, errlen, "tokenizer: token texts too large");
             goto fail;
         }
     }
@@ -876,9 +868,9 @@ tokenizer_t *tokenizer_from_gguf(const gguf_t *g, char *errstr, size_t errlen)
     if (gguf_get_arr(g, "tokenizer.ggml.scores", &et, &m) == 0) {
         const void *d = gguf_get_arr_data(g, "tokenizer.ggml.scores");
         if (m < n || (et != GGUF_FLOAT32 && et != GGUF_FLOAT64) || !d) {
-            seterr(errstr, errlen, "tokenizer: tokenizer.ggml.scores has %llu %s values for %llu "
-                   "tokens", (unsigned long long)m, et == GGUF_FLOAT32 ? "f32" : "non-float",
-                   (unsigned long long)n);
+            sw_seterr(errstr, errlen, "tokenizer: tokenizer.ggml.scores has %llu %s values for %llu "
+                      "tokens", (unsigned long long)m, et == GGUF_FLOAT32 ? "f32" : "non-float",
+                      (unsigned long long)n);
             goto fail;
         }
         for (uint64_t j = 0; j < n; j++) {
@@ -893,9 +885,9 @@ tokenizer_t *tokenizer_from_gguf(const gguf_t *g, char *errstr, size_t errlen)
     if (gguf_get_arr(g, "tokenizer.ggml.token_type", &et, &m) == 0) {
         const void *d = gguf_get_arr_data(g, "tokenizer.ggml.token_type");
         if (m < n || !is_int_type(et) || !d) {
-            seterr(errstr, errlen, "tokenizer: tokenizer.ggml.token_type has %llu values for "
-                   "%llu tokens (or is not an integer array)", (unsigned long long)m,
-                   (unsigned long long)n);
+            sw_seterr(errstr, errlen, "tokenizer: tokenizer.ggml.token_type has %llu values for "
+                      "%llu tokens (or is not an integer array)", (unsigned long long)m,
+                      (unsigned long long)n);
             goto fail;
         }
         for (uint64_t j = 0; j < n; j++) {
@@ -997,7 +989,7 @@ tokenizer_t *tokenizer_from_gguf(const gguf_t *g, char *errstr, size_t errlen)
     return t;
 
 oom:
-    seterr(errstr, errlen, "tokenizer: out of memory");
+    sw_seterr(errstr, errlen, "tokenizer: out of memory");
 fail:
     free(special);
     tokenizer_free(t);

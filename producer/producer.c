@@ -1,10 +1,10 @@
 /* producer/producer.c: idempotent / transactional producer for results and DLQ records. */
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "common/clock.h"
+#include "common/log.h"
 #include "producer/producer.h"
 
 struct producer {
@@ -16,16 +16,7 @@ struct producer {
     void (*log)(void *arg, int level, const char *msg);
 };
 
-static void plog(producer_t *p, int level, const char *fmt, ...)
-{
-    if (!p->log) return;
-    char buf[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    p->log(p->dr_arg, level, buf);
-}
+#define plog(p, level, ...) sw_logf((p)->log, (p)->dr_arg, (level), __VA_ARGS__)
 
 /* Runs on the thread calling producer_poll / producer_flush. */
 static void on_dr(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
@@ -37,7 +28,7 @@ static void on_dr(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
 static void on_log(const rd_kafka_t *rk, int level, const char *fac, const char *buf)
 {
     producer_t *p = rd_kafka_opaque(rk);
-    if (p) plog(p, level <= 3 ? 0 : level <= 4 ? 1 : level <= 6 ? 2 : 3, "rdkafka %s: %s", fac, buf);
+    if (p) plog(p, sw_log_from_syslog(level), "rdkafka %s: %s", fac, buf);
 }
 
 /* init_transactions on a new instance: fences older instances with the same transactional.id
@@ -111,7 +102,7 @@ fail:
 static void destroy_rk(producer_t *p, rd_kafka_t *rk, int timeout_ms)
 {
     if (rd_kafka_flush(rk, timeout_ms)) {
-        plog(p, 1, "producer %s closed with %d record(s) undelivered", rd_kafka_name(rk),
+        plog(p, SW_LOG_WARN, "producer %s closed with %d record(s) undelivered", rd_kafka_name(rk),
              rd_kafka_outq_len(rk));
         /* rd_kafka_destroy would drop them without a delivery report, and so leak whatever
          * their opaques own: purge them, so that each one's report runs (with an error) */
@@ -260,13 +251,6 @@ int producer_txn_begin(producer_t *p, char *errstr, size_t errlen)
     return -1;
 }
 
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 int producer_txn_abort(producer_t *p, int timeout_ms, char *errstr, size_t errlen)
 {
     rd_kafka_error_t *e = rd_kafka_abort_transaction(p->rk, timeout_ms);
@@ -283,7 +267,7 @@ int producer_txn_commit(producer_t *p, const rd_kafka_topic_partition_list_t *of
                         const rd_kafka_consumer_group_metadata_t *cgmd, int timeout_ms,
                         char *errstr, size_t errlen)
 {
-    int64_t end = now_ms() + timeout_ms;
+    int64_t end = sw_mono_ms() + timeout_ms;
     int sent = offsets == NULL || offsets->cnt == 0;
     /* Flush before sending the offsets, so no ProduceRequest is in flight while they go out.
      * librdkafka (2.0.2, and still upstream) leaks the request of send_offsets_to_transaction (an
@@ -296,7 +280,7 @@ int producer_txn_commit(producer_t *p, const rd_kafka_topic_partition_list_t *of
      * request is done. commit_transaction flushes anyway; a timeout here is reported by it. */
     if (!sent) rd_kafka_flush(p->rk, timeout_ms);
     for (;;) {
-        int left = (int)(end - now_ms());
+        int left = (int)(end - sw_mono_ms());
         if (left < 1) left = 1;
         const char *what = sent ? "commit_transaction" : "send_offsets_to_transaction";
         rd_kafka_error_t *e = sent ? rd_kafka_commit_transaction(p->rk, left)
@@ -313,7 +297,7 @@ int producer_txn_commit(producer_t *p, const rd_kafka_topic_partition_list_t *of
         int retriable = rd_kafka_error_is_retriable(e);
         rd_kafka_error_destroy(e);
         if (fatal) return PRODUCER_TXN_FATAL;
-        if (retriable && !abortable && now_ms() >= end) {
+        if (retriable && !abortable && sw_mono_ms() >= end) {
             /* timed out (librdkafka: ERR__TIMED_OUT, retriable, the call resumable): the
              * flush, the TxnOffsetCommit or the EndTxn is still in flight and the broker may
              * yet apply it. Aborting on this instance is refused while the call is resumable,
@@ -322,7 +306,7 @@ int producer_txn_commit(producer_t *p, const rd_kafka_topic_partition_list_t *of
             return PRODUCER_TXN_UNCERTAIN;
         }
         if (abortable || !retriable) {
-            plog(p, 1, "%s; aborting the transaction", errstr);
+            plog(p, SW_LOG_WARN, "%s; aborting the transaction", errstr);
             char e2[256];
             int rc = producer_txn_abort(p, timeout_ms, e2, sizeof e2);
             if (rc != PRODUCER_TXN_OK) {
@@ -331,7 +315,7 @@ int producer_txn_commit(producer_t *p, const rd_kafka_topic_partition_list_t *of
             }
             return PRODUCER_TXN_ABORTED;
         }
-        plog(p, 1, "%s; retrying", errstr);
+        plog(p, SW_LOG_WARN, "%s; retrying", errstr);
     }
 }
 

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "common/err.h"
 #include "engine/engine.h"
 #include "engine/mkmodel.h"
 
@@ -511,7 +512,7 @@ static void test_validation(void)
     rq.n_prompt = 0;
     CHECK(engine_submit(e, &rq, on_done, NULL, NULL, err, sizeof err) == -1);
     rq.n_prompt = 64;
-    CHECK(engine_submit(e, &rq, on_done, NULL, NULL, err, sizeof err) == -1);
+    CHECK(engine_submit(e, &rq, on_done, NULL, NULL, err, sizeof err) == -SW_ERANGE);
     CHECK(strstr(err, "context") != NULL);
     rq.n_prompt = 3;
     toks[1] = 512;

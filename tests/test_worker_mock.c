@@ -66,7 +66,7 @@ static void test_end_to_end(rd_kafka_mock_cluster_t *mc, const char *brokers, in
     rd_kafka_mock_topic_create(mc, in, 4, 1);
     rd_kafka_mock_topic_create(mc, out, 2, 1);
     rd_kafka_mock_topic_create(mc, dlq, 1, 1);
-    enum { NGOOD = 24, NBAD = 5, N = NGOOD + NBAD + 1 };
+    enum { NGOOD = 24, NBAD = 6, N = NGOOD + NBAD + 1 };
     char *vals[N];
     size_t lens[N];
     static const char *prefixes[] = {"Once upon a time, there was a little girl named Lily. She",
@@ -95,8 +95,17 @@ static void test_end_to_end(rd_kafka_mock_cluster_t *mc, const char *brokers, in
         "{\"id\":\"u8\",\"prompt\":\"bad \xff\xfe bytes\"}",
         "{\"id\":\"mt\",\"prompt\":\"x\",\"max_tokens\":-3}",
         "{\"id\":\"chat\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"chat_template\":\"nosuch\"}",
+        NULL, /* below */
     };
-    for (int i = 0; i < NBAD; i++) vals[NGOOD + i] = strdup(bad[i]);
+    for (int i = 0; i < NBAD - 1; i++) vals[NGOOD + i] = strdup(bad[i]);
+    /* 600 input ids: within limits.max_input_ids, over the model's 512-token context, which only
+     * the engine checks (engine_submit's -SW_ERANGE) */
+    char *ctx = malloc(64 + 600 * 4);
+    if (!ctx) abort();
+    int m = sprintf(ctx, "{\"id\":\"ctx\",\"input_ids\":[");
+    for (int k = 0; k < 600; k++) m += sprintf(ctx + m, k ? ",%d" : "%d", 100);
+    sprintf(ctx + m, "]}");
+    vals[NGOOD + NBAD - 1] = ctx;
     vals[N - 1] = strdup("{\"id\":\"late\",\"prompt\":\"Once upon\",\"deadline\":1000}");
     for (int i = 0; i < N; i++) lens[i] = strlen(vals[i]);
     CHECK(tk_produce_values(brokers, in, (const char *const *)vals, lens, N, 4, 1) == 0);
@@ -148,7 +157,7 @@ static void test_end_to_end(rd_kafka_mock_cluster_t *mc, const char *brokers, in
     }
     CHECKF(ndlq == NBAD, "%d DLQ records", ndlq);
     static const char *codes[NBAD] = {"not_json", "missing_prompt", "invalid_utf8", "bad_parameter",
-                                      "unknown_template"};
+                                      "unknown_template", "prompt_too_many_tokens"};
     for (int i = 0; i < NBAD; i++) {
         int found = 0;
         for (int j = 0; j < ndlq; j++)

@@ -172,7 +172,7 @@ void wadmit_intake(worker_t *w, rd_kafka_message_t *m)
 {
     if (m->err) {
         if (m->err != RD_KAFKA_RESP_ERR__PARTITION_EOF)
-            wlog(w, m->err == RD_KAFKA_RESP_ERR__FATAL ? 0 : 1, "consumer: %s",
+            wlog(w, m->err == RD_KAFKA_RESP_ERR__FATAL ? SW_LOG_ERROR : SW_LOG_WARN, "consumer: %s",
                  rd_kafka_message_errstr(m));
         if (m->err == RD_KAFKA_RESP_ERR__FATAL) wfatal_set(w, "consumer: %s", rd_kafka_message_errstr(m));
         rd_kafka_message_destroy(m);

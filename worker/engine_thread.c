@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/err.h"
 #include "worker/worker_int.h"
 
 void weng_active_remove(worker_t *w, wreq_t *r)
@@ -95,6 +96,15 @@ static void on_engine_done(void *arg, const engine_result_t *res)
 }
 
 /* Submits one tokenised request, or finishes it at once (cancelled, expired, refused). */
+/* The dead-letter reason of a request engine_submit refused with rc (< 0, common/err.h). */
+static const char *submit_dlq_code(int rc)
+{
+    switch (-rc) {
+    case SW_ERANGE: return REQ_ERR_PROMPT_TOKENS; /* the prompt leaves no room in the context */
+    default: return REQ_ERR_BAD_PARAM; /* SW_EINVAL; SW_ENOMEM as an allocation failure here */
+    }
+}
+
 static void engine_start(worker_t *w, wreq_t *r)
 {
     char err[256];
@@ -170,20 +180,20 @@ static void engine_start(worker_t *w, wreq_t *r)
          * once (a sequence waits for a block another is computing, then shares it); choice k
          * samples with seed + k */
         uint64_t seed = q.sampling.seed;
-        int k;
+        int k, rc = 0;
         r->n_left = 0;
         for (k = 0; k < r->req.n; k++) {
             q.sampling.seed = seed + (uint64_t)k;
-            if (engine_submit(r->model->eng, &q, on_engine_done, w, &r->choice_ids[k], err,
-                              sizeof err))
-                break;
+            rc = engine_submit(r->model->eng, &q, on_engine_done, w, &r->choice_ids[k], err,
+                               sizeof err);
+            if (rc != 0) break;
             r->n_left++;
         }
         r->engine_id = r->choice_ids[0];
         if (k < r->req.n) {
             if (k == 0) {
                 weng_active_remove(w, r);
-                wres_dlq(r, strstr(err, "context") ? REQ_ERR_PROMPT_TOKENS : REQ_ERR_BAD_PARAM, err);
+                wres_dlq(r, submit_dlq_code(rc), err);
                 wmodel_release(w, r);
                 woutbox_push(w, r);
                 return;
@@ -199,9 +209,11 @@ static void engine_start(worker_t *w, wreq_t *r)
         r->toks = NULL;
         return;
     }
-    if (engine_submit(r->model->eng, &q, on_engine_done, w, &r->engine_id, err, sizeof err)) {
+
+    int rc = engine_submit(r->model->eng, &q, on_engine_done, w, &r->engine_id, err, sizeof err);
+    if (rc != 0) {
         weng_active_remove(w, r);
-        wres_dlq(r, strstr(err, "context") ? REQ_ERR_PROMPT_TOKENS : REQ_ERR_BAD_PARAM, err);
+        wres_dlq(r, submit_dlq_code(rc), err);
         wmodel_release(w, r);
         woutbox_push(w, r);
         return;
@@ -264,8 +276,8 @@ static void model_gc(worker_t *w)
         engine_stats_t es;
         engine_stats(dead->eng, &es);
         stats_add(&w->gone, &es);
-        wlog(w, 2, "model %s: version %s (%s) drained and unloaded", dead->name, dead->fp_hex,
-             dead->path);
+        wlog(w, SW_LOG_INFO, "model %s: version %s (%s) drained and unloaded", dead->name,
+             dead->fp_hex, dead->path);
         wmodel_free(dead);
         atomic_fetch_sub(&w->st.models_loaded, 1);
     }

@@ -231,7 +231,7 @@ void wmodel_reload_start(worker_t *w)
         }
     }
     pthread_mutex_unlock(&w->models_mu);
-    wlog(w, 2, "reload: %d model(s) configured, %d to load", n, to_load);
+    wlog(w, SW_LOG_INFO, "reload: %d model(s) configured, %d to load", n, to_load);
     if (to_load == 0) {
         atomic_store(&j->done, 1); /* installed at once: names dropped, default changed */
     } else if (pthread_create(&j->th, NULL, reload_main, j)) {
@@ -246,7 +246,7 @@ failed:
     free(specs);
     wmodel_job_free(j);
     atomic_fetch_add(&w->st.reloads_failed, 1);
-    wlog(w, 0, "reload failed, serving on unchanged: %s", err);
+    wlog(w, SW_LOG_ERROR, "reload failed, serving on unchanged: %s", err);
 }
 
 /* Installs a finished load: each new version takes over its name; what it replaces, and names
@@ -259,7 +259,7 @@ void wmodel_reload_finish(worker_t *w)
     if (j->started) pthread_join(j->th, NULL);
     if (j->failed) {
         atomic_fetch_add(&w->st.reloads_failed, 1);
-        wlog(w, 0, "reload failed, serving on unchanged: %s", j->err);
+        wlog(w, SW_LOG_ERROR, "reload failed, serving on unchanged: %s", j->err);
         wmodel_job_free(j);
         return;
     }
@@ -277,11 +277,12 @@ void wmodel_reload_finish(worker_t *w)
         atomic_store(&m->retired, 1);
         if (nv) {
             swaps++;
-            wlog(w, 2, "model swap: %s: version %s (%s) -> %s (%s); the old one finishes the %d "
-                       "request(s) it holds",
+            wlog(w, SW_LOG_INFO,
+                 "model swap: %s: version %s (%s) -> %s (%s); the old one finishes the %d "
+                 "request(s) it holds",
                  m->name, m->fp_hex, m->path, nv->fp_hex, nv->path, atomic_load(&m->refs));
         } else {
-            wlog(w, 2, "model %s: no longer served; finishing the %d request(s) it holds",
+            wlog(w, SW_LOG_INFO, "model %s: no longer served; finishing the %d request(s) it holds",
                  m->name, atomic_load(&m->refs));
         }
     }
@@ -293,14 +294,14 @@ void wmodel_reload_finish(worker_t *w)
         while (*pp) pp = &(*pp)->next;
         *pp = nv;
         atomic_fetch_add(&w->st.models_loaded, 1);
-        wlog(w, 2, "model %s: %s (%s), fingerprint %s loaded", nv->name, nv->path, nv->arch,
-             nv->fp_hex);
+        wlog(w, SW_LOG_INFO, "model %s: %s (%s), fingerprint %s loaded", nv->name, nv->path,
+             nv->arch, nv->fp_hex);
     }
     snprintf(w->default_model, sizeof w->default_model, "%s", j->specs[j->def].name);
     pthread_mutex_unlock(&w->models_mu);
     atomic_fetch_add(&w->st.model_swaps, (uint64_t)swaps);
     atomic_fetch_add(&w->st.reloads_ok, 1);
-    wlog(w, 2, "reload done: %d swap(s), default model %s", swaps, w->default_model);
+    wlog(w, SW_LOG_INFO, "reload done: %d swap(s), default model %s", swaps, w->default_model);
     wmodel_job_free(j);
     pthread_mutex_lock(&w->mu);
     w->models_gc = 1;

@@ -184,7 +184,8 @@ static int output_refused(worker_t *w, wfate_t *f, int kind, const char *err, co
     if (kind == PRODUCER_ERR_PERMANENT) {
         atomic_fetch_add(&w->st.out_permanent, 1);
         if (f->attempts++ < w->cfg.output_max_retries) {
-            wlog(w, 1, "%s (offset %s[%d]@%" PRId64 "): a permanent error; retry %d of %d", err,
+            wlog(w, SW_LOG_WARN,
+                 "%s (offset %s[%d]@%" PRId64 "): a permanent error; retry %d of %d", err,
                  topic, (int)part, off, f->attempts, w->cfg.output_max_retries);
             return REFUSED_RETRY;
         }
@@ -193,8 +194,8 @@ static int output_refused(worker_t *w, wfate_t *f, int kind, const char *err, co
         const char *code = kind == PRODUCER_ERR_PERMANENT ? REQ_ERR_DELIVERY_FAILED
                            : f->is_shed                   ? REQ_ERR_MESSAGE_BYTES
                                                           : REQ_ERR_RESULT_TOO_LARGE;
-        wlog(w, 1, "%s (offset %s[%d]@%" PRId64 "): dead-lettering the message (%s)", err, topic,
-             (int)part, off, code);
+        wlog(w, SW_LOG_WARN, "%s (offset %s[%d]@%" PRId64 "): dead-lettering the message (%s)",
+             err, topic, (int)part, off, code);
         f->is_dlq = 1;
         f->is_shed = 0;
         f->dlq_code = code;
@@ -203,13 +204,15 @@ static int output_refused(worker_t *w, wfate_t *f, int kind, const char *err, co
         return REFUSED_RESEND;
     }
     if (kind == PRODUCER_ERR_SIZE && !f->truncated) {
-        wlog(w, 1, "%s (offset %s[%d]@%" PRId64 "): sending its dead letter with the value cut to "
+        wlog(w, SW_LOG_WARN,
+             "%s (offset %s[%d]@%" PRId64 "): sending its dead letter with the value cut to "
              "%ld bytes", err, topic, (int)part, off, w->cfg.dlq_truncate_bytes);
         f->truncated = 1;
         f->attempts = 0;
         return REFUSED_RESEND;
     }
-    wlog(w, 0, "%s (offset %s[%d]@%" PRId64 "): its dead letter cannot be delivered either; the "
+    wlog(w, SW_LOG_ERROR,
+         "%s (offset %s[%d]@%" PRId64 "): its dead letter cannot be delivered either; the "
          "message is LOST (acknowledged without an output, counted in "
          "spillway:messages_lost_total)", err, topic, (int)part, off);
     atomic_fetch_add(&w->st.out_lost, 1);
@@ -381,8 +384,8 @@ void wout_send(worker_t *w, wreq_t *r)
             return;
         }
         if (kind == PRODUCER_ERR_RETRIABLE)
-            wlog(w, 1, "%s (offset %s[%d]@%" PRId64 "), retrying", err, src, (int)m->partition,
-                 (int64_t)m->offset);
+            wlog(w, SW_LOG_WARN, "%s (offset %s[%d]@%" PRId64 "), retrying", err, src,
+                 (int)m->partition, (int64_t)m->offset);
         atomic_fetch_add(&w->st.produce_retries, 1);
         retry_later(w, r, 200);
         return;
@@ -403,7 +406,7 @@ void wout_on_delivery(void *arg, void *opaque, rd_kafka_resp_err_t err)
             free(e);
             return;
         }
-        wlog(w, 1, "transactional record not delivered: %s", rd_kafka_err2str(err));
+        wlog(w, SW_LOG_WARN, "transactional record not delivered: %s", rd_kafka_err2str(err));
         int kind = producer_err_kind(err);
         if (kind == PRODUCER_ERR_RETRIABLE) { /* produced again after the abort and rewind */
             free(e);
@@ -416,7 +419,8 @@ void wout_on_delivery(void *arg, void *opaque, rd_kafka_resp_err_t err)
     }
     if (atomic_load(&r->cancelled) || !w->cons) {
         if (err)
-            wlog(w, 2, "record for %s[%d]@%" PRId64 " not delivered: %s; its partition was "
+            wlog(w, SW_LOG_INFO,
+                 "record for %s[%d]@%" PRId64 " not delivered: %s; its partition was "
                  "revoked, its new owner computes it again", rd_kafka_topic_name(r->msg->rkt),
                  (int)r->msg->partition, (int64_t)r->msg->offset, rd_kafka_err2str(err));
         wreq_free(w, r);
@@ -440,7 +444,7 @@ void wout_on_delivery(void *arg, void *opaque, rd_kafka_resp_err_t err)
         }
     }
     if (err) {
-        wlog(w, 1, "record for %s[%d]@%" PRId64 " not delivered: %s; producing it again",
+        wlog(w, SW_LOG_WARN, "record for %s[%d]@%" PRId64 " not delivered: %s; producing it again",
              rd_kafka_topic_name(r->msg->rkt), (int)r->msg->partition, (int64_t)r->msg->offset,
              rd_kafka_err2str(err));
         atomic_fetch_add(&w->st.produce_retries, 1);
@@ -457,8 +461,8 @@ void wout_on_aux_delivery(void *arg, void *opaque, rd_kafka_resp_err_t err)
     worker_t *w = arg;
     if (opaque == AUX_CHUNK) atomic_fetch_add(err ? &w->st.chunks_failed : &w->st.chunks_ok, 1);
     if (err)
-        wlog(w, opaque == AUX_USAGE ? 1 : 3, "%s record not delivered: %s", (const char *)opaque,
-             rd_kafka_err2str(err));
+        wlog(w, opaque == AUX_USAGE ? SW_LOG_WARN : SW_LOG_DEBUG, "%s record not delivered: %s",
+             (const char *)opaque, rd_kafka_err2str(err));
 }
 
 void wout_drain(worker_t *w)
@@ -531,16 +535,18 @@ static int txn_renew(worker_t *w, const char *why)
 {
     char err[512];
     w->txn_open = 0;
-    wlog(w, 1, "exactly-once: %s; the transaction's outcome is unknown: replacing producer %s",
+    wlog(w, SW_LOG_WARN,
+         "exactly-once: %s; the transaction's outcome is unknown: replacing producer %s",
          why, producer_name(w->prod));
     if (producer_renew(w->prod, err, sizeof err)) {
         wfatal_set(w, "exactly-once: %s%s (stopping; restart the worker)", err, fenced_hint(err));
         return -1;
     }
     atomic_fetch_add(&w->st.producer_restarts, 1);
-    wlog(w, 1, "exactly-once: producer %s initialised (new epoch); rewinding to the committed "
+    wlog(w, SW_LOG_WARN,
+         "exactly-once: producer %s initialised (new epoch); rewinding to the committed "
          "offsets", producer_name(w->prod));
-    if (consumer_rewind(w->cons, err, sizeof err)) wlog(w, 0, "rewind: %s", err);
+    if (consumer_rewind(w->cons, err, sizeof err)) wlog(w, SW_LOG_ERROR, "rewind: %s", err);
     return 0;
 }
 
@@ -562,9 +568,9 @@ int wout_txn_commit(worker_t *w)
         atomic_fetch_add(&w->st.txn_commits, 1);
     } else if (rc == PRODUCER_TXN_ABORTED) {
         atomic_fetch_add(&w->st.txn_aborts, 1);
-        wlog(w, 1, "transaction aborted (%s); rewinding to the committed offsets", err);
+        wlog(w, SW_LOG_WARN, "transaction aborted (%s); rewinding to the committed offsets", err);
         char e2[256];
-        if (consumer_rewind(w->cons, e2, sizeof e2)) wlog(w, 0, "rewind: %s", e2);
+        if (consumer_rewind(w->cons, e2, sizeof e2)) wlog(w, SW_LOG_ERROR, "rewind: %s", e2);
     } else if (rc == PRODUCER_TXN_UNCERTAIN) {
         if (txn_renew(w, err)) rc = PRODUCER_TXN_FATAL;
     } else {
@@ -608,8 +614,9 @@ void wout_hook_lost(void *arg)
         return;
     }
     atomic_fetch_add(&w->st.txn_aborts, 1);
-    wlog(w, 1, "partitions lost: transaction aborted; rewinding to the committed offsets");
-    if (consumer_rewind(w->cons, err, sizeof err)) wlog(w, 0, "rewind: %s", err);
+    wlog(w, SW_LOG_WARN,
+         "partitions lost: transaction aborted; rewinding to the committed offsets");
+    if (consumer_rewind(w->cons, err, sizeof err)) wlog(w, SW_LOG_ERROR, "rewind: %s", err);
 }
 
 /* Produces the usage records of the period that ends now, when usage.interval.ms has passed
@@ -631,7 +638,7 @@ void wout_usage_records(worker_t *w, int force)
         if (!tenant) tenant = "";
         if (producer_send(w->aux, w->cfg.usage_topic, tenant, strlen(tenant), recs[i],
                           strlen(recs[i]), NULL, (void *)AUX_USAGE, err, sizeof err))
-            wlog(w, 1, "usage record not sent: %s", err);
+            wlog(w, SW_LOG_WARN, "usage record not sent: %s", err);
         json_decref(o);
         free(recs[i]);
     }

@@ -51,7 +51,7 @@ static void overload_eval(worker_t *w, int pending)
         int hold = w->ov_level > 0 || full;
         if (hold != consumer_topic_held(w->cons) &&
             consumer_hold_topic(w->cons, w->cfg.deferral_topic, hold))
-            wlog(w, 1, "cannot %s the deferral topic %s", hold ? "hold" : "release",
+            wlog(w, SW_LOG_WARN, "cannot %s the deferral topic %s", hold ? "hold" : "release",
                  w->cfg.deferral_topic);
     }
     int p = overload_pressure(w, now, pending);
@@ -73,8 +73,9 @@ static void overload_eval(worker_t *w, int pending)
         w->ov_below_since_ms = 0;
     }
     if (lvl == w->ov_level) return;
-    wlog(w, 2, "overload: step %s -> %s (pressure %d%% of class %s's ttft_ms %d: its time to "
-               "first token %.0f ms, wait in Kafka %.0f ms; %d in flight)",
+    wlog(w, SW_LOG_INFO,
+         "overload: step %s -> %s (pressure %d%% of class %s's ttft_ms %d: its time to "
+         "first token %.0f ms, wait in Kafka %.0f ms; %d in flight)",
          OV_STEP[w->ov_level], OV_STEP[lvl], p, w->classes[w->top_class].name,
          w->classes[w->top_class].ttft_ms, w->top_ttft_ewma_ms, w->wait_ewma_ms, pending);
     atomic_fetch_add(lvl > w->ov_level ? &w->st.ov_steps_up : &w->st.ov_steps_down, 1);
@@ -94,7 +95,7 @@ void wover_flow_control(worker_t *w)
             if (consumer_pause(w->cons) == 0) {
                 atomic_fetch_add(&w->st.pauses, 1);
                 atomic_store(&w->st.paused, 1);
-                wlog(w, 3, "paused intake: %d in flight, %ld bytes, %ld tokens", pending,
+                wlog(w, SW_LOG_DEBUG, "paused intake: %d in flight, %ld bytes, %ld tokens", pending,
                      w->inflight_bytes, w->inflight_tokens);
             }
         }
@@ -102,7 +103,7 @@ void wover_flow_control(worker_t *w)
         if (consumer_resume(w->cons) == 0) {
             atomic_fetch_add(&w->st.resumes, 1);
             atomic_store(&w->st.paused, 0);
-            wlog(w, 3, "resumed intake: %d in flight", pending);
+            wlog(w, SW_LOG_DEBUG, "resumed intake: %d in flight", pending);
         }
     }
 }

@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/utf8.h"
 #include "worker/worker_int.h"
 
 const char *const FINISH_NAMES[N_FINISH] = {"stop", "length", "abort", "expired",
@@ -50,18 +51,9 @@ static size_t utf8_sanitize(const unsigned char *src, size_t len, char *dst)
 {
     size_t o = 0;
     for (size_t i = 0; i < len;) {
-        unsigned c = src[i];
-        size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-        int ok = n > 0 && i + n <= len && (n != 2 || c >= 0xC2);
-        for (size_t k = 1; ok && k < n; k++) ok = (src[i + k] & 0xC0) == 0x80;
-        if (ok && n == 3) {
-            unsigned v = (c & 0x0F) << 12 | (src[i + 1] & 0x3Fu) << 6;
-            ok = v >= 0x800 && (v < 0xD800 || v > 0xDFFF);
-        } else if (ok && n == 4) {
-            unsigned v = (c & 0x07) << 18 | (src[i + 1] & 0x3Fu) << 12;
-            ok = v >= 0x10000 && v <= 0x10FFFF;
-        }
-        if (!ok) {
+        uint32_t cp;
+        size_t n = sw_utf8_decode(src + i, len - i, &cp);
+        if (!n) {
             memcpy(dst + o, "\xEF\xBF\xBD", 3);
             o += 3;
             i++;

@@ -68,7 +68,7 @@ void wstream_chunk(worker_t *w, wreq_t *r, const char *delta, size_t len, int n_
     free(js);
     if (rc) {
         atomic_fetch_add(&w->st.chunks_failed, 1);
-        wlog(w, 3, "stream chunk %d of %s not sent: %s", r->stream_seq, r->req.id, err);
+        wlog(w, SW_LOG_DEBUG, "stream chunk %d of %s not sent: %s", r->stream_seq, r->req.id, err);
         return;
     }
     r->stream_sent += len;

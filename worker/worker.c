@@ -47,7 +47,8 @@ static int split_props(worker_t *w)
 static void log_claims(worker_t *w)
 {
     if (!w->claims) {
-        wlog(w, 1, "claims is not set: requests name their own tenant and class unchecked "
+        wlog(w, SW_LOG_WARN,
+             "claims is not set: requests name their own tenant and class unchecked "
              "(README \"Tenants and usage\")");
         return;
     }
@@ -57,7 +58,8 @@ static void log_claims(worker_t *w)
         char topic[256];
         snprintf(topic, sizeof topic, "%.*s", (int)(n < sizeof topic ? n : sizeof topic - 1), t);
         if (*topic && !claims_covers(w->claims, topic))
-            wlog(w, 2, "claims: input topic %s has no entry of its own (the \"*\" entry, if any, "
+            wlog(w, SW_LOG_INFO,
+                 "claims: input topic %s has no entry of its own (the \"*\" entry, if any, "
                  "applies; with none its requests may claim no tenant or class)", topic);
         t = e ? e + 1 : t + n;
     }
@@ -138,7 +140,8 @@ worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen)
     wlog_json_escape(w->worker_id_json, sizeof w->worker_id_json, w->worker_id);
     log_claims(w); /* after worker_id: every log line names the worker */
     if (w->cfg.delivery == WORKER_EOS && !*w->cfg.worker_id && !*w->cfg.transactional_id)
-        wlog(w, 1, "exactly-once without worker.id: the transactional id is spillway-%s-%s, "
+        wlog(w, SW_LOG_WARN,
+             "exactly-once without worker.id: the transactional id is spillway-%s-%s, "
              "new at each restart, so a restarted worker cannot fence its previous instance's "
              "open transaction (it times out instead); set worker.id (-i NAME) to a name "
              "stable across restarts and unique in the group", w->cfg.group_id, w->worker_id);
@@ -157,10 +160,10 @@ worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen)
         mo.timeout_s = (unsigned)w->cfg.metrics_timeout_s;
         w->metrics = metrics_server_start(&mo, &mh, errstr, errlen);
         if (!w->metrics) goto fail;
-        wlog(w, 2, "metrics on http://%s:%d/metrics", w->cfg.metrics_bind,
+        wlog(w, SW_LOG_INFO, "metrics on http://%s:%d/metrics", w->cfg.metrics_bind,
              metrics_server_port(w->metrics));
         if (metrics_server_health_port(w->metrics) >= 0)
-            wlog(w, 2, "health on http://%s:%d/healthz", w->cfg.metrics_bind,
+            wlog(w, SW_LOG_INFO, "health on http://%s:%d/healthz", w->cfg.metrics_bind,
                  metrics_server_health_port(w->metrics));
     }
 
@@ -230,7 +233,7 @@ worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen)
         char e[256];
         if (producer_prepare_topic(w->prod, i < n_outs ? outs[i] : w->reply_allow[i - n_outs],
                                    5000, e, sizeof e))
-            wlog(w, 1, "%s (results wait until it exists)", e);
+            wlog(w, SW_LOG_WARN, "%s (results wait until it exists)", e);
     }
     if (*w->cfg.stream_topic || *w->cfg.usage_topic) {
         producer_config_t ac = pc;
@@ -241,10 +244,10 @@ worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen)
         char e[256];
         if (*w->cfg.stream_topic &&
             producer_prepare_topic(w->aux, w->cfg.stream_topic, 5000, e, sizeof e))
-            wlog(w, 1, "%s (stream chunks fail until it exists)", e);
+            wlog(w, SW_LOG_WARN, "%s (stream chunks fail until it exists)", e);
         if (*w->cfg.usage_topic &&
             producer_prepare_topic(w->aux, w->cfg.usage_topic, 5000, e, sizeof e))
-            wlog(w, 1, "%s (usage records fail until it exists)", e);
+            wlog(w, SW_LOG_WARN, "%s (usage records fail until it exists)", e);
     }
     /* the deferral topic is an input too: what step 1 moved there is consumed when no step is on */
     char *topics = NULL;
@@ -317,7 +320,7 @@ void worker_log_stats(worker_t *w)
     double busy = (double)st.ns_busy * 1e-9, s = 1e-9;
     uint64_t out = st.results + st.dlq;
     double per = out ? 1e-3 / (double)out : 0; /* ns sum -> us per output */
-    wlog(w, 2,
+    wlog(w, SW_LOG_INFO,
          "stats: busy_s=%.3f outputs=%" PRIu64 " results=%" PRIu64 " dlq=%" PRIu64
          " expired=%" PRIu64 " req_per_s=%.1f completion_tokens=%" PRIu64 " tok_per_s=%.1f"
          " prompt_tokens=%" PRIu64 " cached_tokens=%" PRIu64 " poll_cpu_s=%.3f engine_cpu_s=%.3f"
@@ -384,10 +387,11 @@ static void *watchdog_main(void *arg)
     char msg[sizeof w->fatal_msg];
     snprintf(msg, sizeof msg, "%s", w->fatal_msg);
     pthread_mutex_unlock(&w->mu);
-    wlog(w, 0, "shutdown blocked while %s for longer than shutdown.timeout.ms=%d: exiting now "
-               "(uncommitted work will be consumed again)",
+    wlog(w, SW_LOG_ERROR,
+         "shutdown blocked while %s for longer than shutdown.timeout.ms=%d: exiting now "
+         "(uncommitted work will be consumed again)",
          atomic_load(&d->stage), w->cfg.shutdown_timeout_ms);
-    if (fatal) wlog(w, 0, "fatal: %s", msg);
+    if (fatal) wlog(w, SW_LOG_ERROR, "fatal: %s", msg);
     fflush(stderr);
     _exit(1);
 }
@@ -420,7 +424,7 @@ static int watchdog_start(watchdog_t *d, pthread_t *th, worker_t *w, int64_t aft
 static void watchdog_stage(watchdog_t *d, worker_t *w, const char *stage)
 {
     atomic_store(&d->stage, stage);
-    wlog(w, 3, "shutdown: %s", stage);
+    wlog(w, SW_LOG_DEBUG, "shutdown: %s", stage);
 }
 
 static void watchdog_done(watchdog_t *d, pthread_t th)
@@ -445,16 +449,17 @@ int worker_run(worker_t *w, const volatile sig_atomic_t *stop, char *errstr, siz
     if (!pthread_getcpuclockid(pthread_self(), &w->st.poll_clock)) atomic_store(&w->st.poll_alive, 1);
     if (w->metrics) {
         if (pthread_create(&w->lag_th, NULL, wlag_main, w))
-            wlog(w, 1, "cannot start the lag thread: /metrics reports no consumer lag");
+            wlog(w, SW_LOG_WARN, "cannot start the lag thread: /metrics reports no consumer lag");
         else
             w->lag_th_on = 1;
     }
     for (wmodel_t *m = w->models; m; m = m->next)
-        wlog(w, 2, "model %s: %s (%s), fingerprint %s%s%s", m->name, m->path, m->arch, m->fp_hex,
-             strcmp(m->name, w->default_model) ? "" : ", the default",
+        wlog(w, SW_LOG_INFO, "model %s: %s (%s), fingerprint %s%s%s", m->name, m->path, m->arch,
+             m->fp_hex, strcmp(m->name, w->default_model) ? "" : ", the default",
              m->cache ? ", prefix cache tier 2" : "");
-    wlog(w, 2, "started: model %s, group %s, input %s -> %s (DLQ %s), %s", w->default_model,
-         w->cfg.group_id, w->cfg.input_topics, w->cfg.output_topic, w->cfg.dlq_topic,
+    wlog(w, SW_LOG_INFO, "started: model %s, group %s, input %s -> %s (DLQ %s), %s",
+         w->default_model, w->cfg.group_id, w->cfg.input_topics, w->cfg.output_topic,
+         w->cfg.dlq_topic,
          w->cfg.delivery == WORKER_EOS ? "exactly-once" : "at-least-once");
     w->last_commit_ms = mono_ms();
     w->usage_start_ms = wall_ms();
@@ -505,10 +510,11 @@ int worker_run(worker_t *w, const volatile sig_atomic_t *stop, char *errstr, siz
     int wd_on = !watchdog_start(&wd, &wd_th, w,
                                 (fatal ? 0 : (int64_t)w->cfg.drain_timeout_ms) +
                                     w->cfg.shutdown_timeout_ms);
-    if (!wd_on) wlog(w, 1, "cannot start the shutdown watchdog: shutdown is not bounded");
+    if (!wd_on) wlog(w, SW_LOG_WARN, "cannot start the shutdown watchdog: shutdown is not bounded");
     if (!fatal) {
         int pending = consumer_pending(w->cons);
-        wlog(w, 2, "draining %d in-flight request(s) (up to %d ms)", pending, w->cfg.drain_timeout_ms);
+        wlog(w, SW_LOG_INFO, "draining %d in-flight request(s) (up to %d ms)", pending,
+             w->cfg.drain_timeout_ms);
         consumer_pause(w->cons);
         int64_t end = mono_ms() + w->cfg.drain_timeout_ms;
         while (consumer_pending(w->cons) > 0 && mono_ms() < end && !wfatal_is(w)) {
@@ -526,7 +532,8 @@ int worker_run(worker_t *w, const volatile sig_atomic_t *stop, char *errstr, siz
             producer_poll(w->prod, 0);
         }
         if (consumer_pending(w->cons) > 0)
-            wlog(w, 1, "drain timeout: %d request(s) left uncommitted", consumer_pending(w->cons));
+            wlog(w, SW_LOG_WARN, "drain timeout: %d request(s) left uncommitted",
+                 consumer_pending(w->cons));
         fatal = wfatal_is(w);
     }
     if (wd_on) watchdog_stage(&wd, w, "aborting the open transaction");
@@ -592,14 +599,15 @@ int worker_run(worker_t *w, const volatile sig_atomic_t *stop, char *errstr, siz
     worker_log_stats(w);
     worker_stats_t st;
     worker_stats(w, &st);
-    wlog(w, 2, "stopped: %" PRIu64 " consumed, %" PRIu64 " results (%" PRIu64 " expired), %" PRIu64
-               " DLQ, %" PRIu64 " dropped",
+    wlog(w, SW_LOG_INFO,
+         "stopped: %" PRIu64 " consumed, %" PRIu64 " results (%" PRIu64 " expired), %" PRIu64
+         " DLQ, %" PRIu64 " dropped",
          st.consumed, st.results, st.expired, st.dlq, st.revoked_dropped);
     if (fatal) {
         pthread_mutex_lock(&w->mu);
         snprintf(errstr, errlen, "%s", w->fatal_msg);
         pthread_mutex_unlock(&w->mu);
-        wlog(w, 0, "fatal: %s", errstr);
+        wlog(w, SW_LOG_ERROR, "fatal: %s", errstr);
         return -1;
     }
     return 0;

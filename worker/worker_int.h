@@ -46,6 +46,8 @@
 #include <sodium.h>
 
 #include "cache/cache.h"
+#include "common/clock.h"
+#include "common/log.h"
 #include "consumer/consumer.h"
 #include "engine/engine.h"
 #include "producer/producer.h"
@@ -319,13 +321,8 @@ extern const char AUX_USAGE[];
 /* ---- small helpers (any thread) ---- */
 /* ---- small helpers ---- */
 
-static inline int64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-static inline int64_t mono_ms(void) { return mono_ns() / 1000000; }
+static inline int64_t mono_ns(void) { return sw_mono_ns(); }
+static inline int64_t mono_ms(void) { return sw_mono_ms(); }
 
 /* Adds the ns since t0 to counter c and returns now. */
 static inline int64_t add_since(atomic_uint_fast64_t *c, int64_t t0)
@@ -361,12 +358,7 @@ static inline int64_t thread_cpu_ns(clockid_t id)
     if (clock_gettime(id, &ts)) return -1;
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
-static inline int64_t wall_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
+static inline int64_t wall_ms(void) { return sw_wall_ms(); }
 
 /* ---- worker/log.c ---- */
 void wlog_json_escape(char *dst, size_t cap, const char *s);

@@ -6,11 +6,11 @@
  * items over threads. Every output value is computed in an order that does not depend on the
  * batch (see kernels.h), so results are bit-identical alone or batched. */
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/err.h"
 #include "../backend.h"
 #include "../dtype.h"
 #include "arch_ops.h"
@@ -60,15 +60,6 @@ typedef struct {
     size_t scores_per_thread;
     moe_t *moe;              /* mixture-of-experts FFN (moe.h); NULL for a dense model */
 } cpu_t;
-
-static void seterr(char *errstr, size_t errlen, const char *fmt, ...)
-{
-    if (!errstr || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(errstr, errlen, fmt, ap);
-    va_end(ap);
-}
 
 /* ---- per-step job shared by the phase functions ---- */
 typedef struct {
@@ -584,14 +575,14 @@ backend_t *backend_cpu_new(const model_t *model, const backend_params_t *params,
     const hparams_t *hp = &model->hp;
     if (params->threads < 1 || params->block_tokens < 1 || params->n_kv_blocks < 1 ||
         params->max_batch_tokens < 1 || (params->kv_type != DT_F32 && params->kv_type != DT_F16)) {
-        seterr(errstr, errlen, "cpu: bad parameters (threads %d, block tokens %d, blocks %d, "
-               "batch tokens %d, kv type %s)", params->threads, params->block_tokens,
-               params->n_kv_blocks, params->max_batch_tokens, dtype_name(params->kv_type));
+        sw_seterr(errstr, errlen, "cpu: bad parameters (threads %d, block tokens %d, blocks %d, "
+                  "batch tokens %d, kv type %s)", params->threads, params->block_tokens,
+                  params->n_kv_blocks, params->max_batch_tokens, dtype_name(params->kv_type));
         return NULL;
     }
     cpu_t *c = calloc(1, sizeof *c);
     if (!c) {
-        seterr(errstr, errlen, "cpu: out of memory");
+        sw_seterr(errstr, errlen, "cpu: out of memory");
         return NULL;
     }
     c->base.ops = &cpu_ops;
@@ -618,9 +609,9 @@ backend_t *backend_cpu_new(const model_t *model, const backend_params_t *params,
                 char where[32];
                 if (l < 0) snprintf(where, sizeof where, "output");
                 else snprintf(where, sizeof where, "layer %d", l);
-                seterr(errstr, errlen, "cpu: %s: a %s matrix with rows of %lld elements is not "
-                       "supported by the CPU kernels", where, dtype_name(ws[i]->type),
-                       (long long)ws[i]->cols);
+                sw_seterr(errstr, errlen, "cpu: %s: a %s matrix with rows of %lld elements is not "
+                          "supported by the CPU kernels", where, dtype_name(ws[i]->type),
+                          (long long)ws[i]->cols);
                 goto fail;
             }
     }
@@ -665,8 +656,8 @@ backend_t *backend_cpu_new(const model_t *model, const backend_params_t *params,
         goto oom;
     return &c->base;
 oom:
-    seterr(errstr, errlen, "cpu: out of memory (KV pool of %d blocks x %zu bytes, batch of %d tokens)",
-           params->n_kv_blocks, c->base.kv_block_bytes, c->max_T);
+    sw_seterr(errstr, errlen, "cpu: out of memory (KV pool of %d blocks x %zu bytes, batch of %d tokens)",
+              params->n_kv_blocks, c->base.kv_block_bytes, c->max_T);
 fail:
     cpu_free(&c->base);
     return NULL;

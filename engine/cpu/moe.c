@@ -2,12 +2,12 @@
 #include "moe.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/err.h"
 #include "../dtype.h"
 #include "threadpool.h"
 
@@ -35,15 +35,6 @@ struct moe {
     int32_t *active;      /* [n_expert] ids of the active experts, ascending */
 };
 
-static void seterr(char *errstr, size_t errlen, const char *fmt, ...)
-{
-    if (!errstr || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(errstr, errlen, fmt, ap);
-    va_end(ap);
-}
-
 void moe_free(moe_t *moe)
 {
     if (!moe) return;
@@ -69,7 +60,7 @@ moe_t *moe_new(const model_t *m, const kern_table_t *k, int max_T, char *errstr,
     const hparams_t *hp = &m->hp;
     if (hp->n_expert <= 0 || hp->n_expert_used <= 0 || hp->n_expert_used > hp->n_expert ||
         max_T <= 0) {
-        seterr(errstr, errlen, "cpu: moe: not a mixture-of-experts model");
+        sw_seterr(errstr, errlen, "cpu: moe: not a mixture-of-experts model");
         return NULL;
     }
     /* every MoE matrix must be one the kernels multiply; the probe touches no data */
@@ -80,16 +71,16 @@ moe_t *moe_new(const model_t *m, const kern_table_t *k, int max_T, char *errstr,
         for (int i = 0; i < 8; i++) {
             if (!ws[i]->data) {
                 if (i < 4 || hp->shexp_ffn_dim > 0) {
-                    seterr(errstr, errlen, "cpu: layer %d: a mixture-of-experts matrix is missing", l);
+                    sw_seterr(errstr, errlen, "cpu: layer %d: a mixture-of-experts matrix is missing", l);
                     return NULL;
                 }
                 continue;
             }
             if (k->matmul(ws[i]->type, ws[i]->data, ws[i]->row_bytes, ws[i]->cols, NULL,
                           ws[i]->cols, NULL, 1, 1, 0, 0) != 0) {
-                seterr(errstr, errlen, "cpu: layer %d: a %s expert matrix with rows of %lld "
-                       "elements is not supported by the CPU kernels", l, dtype_name(ws[i]->type),
-                       (long long)ws[i]->cols);
+                sw_seterr(errstr, errlen, "cpu: layer %d: a %s expert matrix with rows of %lld "
+                          "elements is not supported by the CPU kernels", l, dtype_name(ws[i]->type),
+                          (long long)ws[i]->cols);
                 return NULL;
             }
         }
@@ -124,7 +115,7 @@ moe_t *moe_new(const model_t *m, const kern_table_t *k, int max_T, char *errstr,
     }
     return moe;
 oom:
-    seterr(errstr, errlen, "cpu: out of memory (mixture-of-experts scratch for %d tokens)", max_T);
+    sw_seterr(errstr, errlen, "cpu: out of memory (mixture-of-experts scratch for %d tokens)", max_T);
     moe_free(moe);
     return NULL;
 }

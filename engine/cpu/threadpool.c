@@ -31,6 +31,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
+
 /* A waiter spins (pause: ~20 ns on Zen 4/5) for up to TPOOL_SPIN_NS, then sleeps. Past the
  * first TPOOL_YIELD_AFTER spins (~20 us: longer than the gaps between the parallel regions of
  * a decode step) it also yields every TPOOL_YIELD_EVERY spins, so on an oversubscribed core
@@ -85,23 +87,16 @@ static inline void cpu_relax(void)
 #endif
 }
 
-static long now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1000000000L + ts.tv_nsec;
-}
-
 /* Spins while *addr == val, for at most the spin budget. Returns 1 when it changed. */
 static int spin_while_equal(atomic_uint *addr, unsigned val)
 {
-    long t0 = 0;
+    int64_t t0 = 0;
     for (unsigned i = 1;; i++) {
         if (atomic_load_explicit(addr, memory_order_acquire) != val) return 1;
         cpu_relax();
         if (i >= TPOOL_YIELD_AFTER && i % TPOOL_YIELD_EVERY == 0) sched_yield();
         if (i % TPOOL_CLOCK_EVERY == 0) {
-            long t = now_ns();
+            int64_t t = sw_mono_ns();
             if (t0 == 0)
                 t0 = t;
             else if (t - t0 > TPOOL_SPIN_NS)

@@ -27,11 +27,11 @@
  * (engine/backend.h). */
 #include <dlfcn.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/err.h"
 #include "engine/backend.h"
 #include "engine/dtype.h"
 #include "engine/cuda/cuda_blas.h"
@@ -103,21 +103,12 @@ typedef struct {
     unsigned char *h_stage; /* pinned [KV_STAGE_SLOTS][kv_block_bytes] */
 } cu_t;
 
-static void seterr(char *errstr, size_t errlen, const char *fmt, ...)
-{
-    if (!errstr || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(errstr, errlen, fmt, ap);
-    va_end(ap);
-}
-
 /* Checks a CUDA runtime result: 0, or -1 with "cuda: what: <error>" in errstr. */
 static int ck(cudaError_t rc, const char *what, char *errstr, size_t errlen)
 {
     if (rc == cudaSuccess) return 0;
-    seterr(errstr, errlen, "cuda: %s: %s (%s)", what, cudaGetErrorString(rc),
-           cudaGetErrorName(rc));
+    sw_seterr(errstr, errlen, "cuda: %s: %s (%s)", what, cudaGetErrorString(rc),
+              cudaGetErrorName(rc));
     return -1;
 }
 
@@ -127,7 +118,7 @@ static int gemm(cu_t *c, const void *W, int N, int K, const void *X, int T, floa
 {
     int rc = cuda_blas_gemm(c->blas, c->wtype, W, N, K, X, T, Y, ldy, beta);
     if (rc == 0) return 0;
-    seterr(errstr, errlen, "cuda: %s: cuBLAS %s", what, cuda_blas_status(c->blas, rc));
+    sw_seterr(errstr, errlen, "cuda: %s: cuBLAS %s", what, cuda_blas_status(c->blas, rc));
     return -1;
 }
 static double mib(size_t b)
@@ -169,8 +160,8 @@ static int upload(loader_t *ld, const weight_t *w, int dst_type, void *d_dst, fl
     const int in_type = raw ? st : DT_F32;
     size_t rows_per = UPLOAD_CHUNK / row_in;
     if (rows_per < 1) {
-        seterr(ld->errstr, ld->errlen, "cuda: a weight row of %zu bytes exceeds the %zu-byte "
-               "upload buffer", row_in, UPLOAD_CHUNK);
+        sw_seterr(ld->errstr, ld->errlen, "cuda: a weight row of %zu bytes exceeds the %zu-byte "
+                  "upload buffer", row_in, UPLOAD_CHUNK);
         return -1;
     }
     for (int64_t r0 = 0; r0 < w->rows; r0 += (int64_t)rows_per) {
@@ -273,7 +264,7 @@ static int load_weights(cu_t *c, const backend_params_t *p, char *errstr, size_t
     }
     c->L = calloc((size_t)hp->n_layers, sizeof *c->L);
     if (!c->L) {
-        seterr(errstr, errlen, "cuda: out of memory");
+        sw_seterr(errstr, errlen, "cuda: out of memory");
         goto done;
     }
     float ea = 1.0f;
@@ -301,7 +292,7 @@ static int load_weights(cu_t *c, const backend_params_t *p, char *errstr, size_t
             size_t n = (size_t)c->qkvd;
             float *hb = calloc(n, sizeof *hb);
             if (!hb) {
-                seterr(errstr, errlen, "cuda: out of memory");
+                sw_seterr(errstr, errlen, "cuda: out of memory");
                 goto done;
             }
             if (W->bq.data) memcpy(hb, W->bq.data, (size_t)c->qd * 4);
@@ -628,28 +619,28 @@ backend_t *backend_cuda_new(const model_t *model, const backend_params_t *params
         (params->kv_type != DT_F32 && params->kv_type != DT_F16) ||
         (wt != DT_BF16 && wt != DT_F16 && wt != DT_F32) || !(params->mem_fraction > 0.0f) ||
         params->mem_fraction > 1.0f) {
-        seterr(errstr, errlen, "cuda: bad parameters (block tokens %d, blocks %d, batch tokens "
-               "%d, kv type %s, weight type %s, mem_fraction %g: (0, 1])", params->block_tokens,
-               params->n_kv_blocks, params->max_batch_tokens, dtype_name(params->kv_type),
-               dtype_name(wt), (double)params->mem_fraction);
+        sw_seterr(errstr, errlen, "cuda: bad parameters (block tokens %d, blocks %d, batch tokens "
+                  "%d, kv type %s, weight type %s, mem_fraction %g: (0, 1])", params->block_tokens,
+                  params->n_kv_blocks, params->max_batch_tokens, dtype_name(params->kv_type),
+                  dtype_name(wt), (double)params->mem_fraction);
         return NULL;
     }
     if (hp->n_expert > 0) {
-        seterr(errstr, errlen, "cuda: %s with %d experts: the CUDA backend has no mixture-of-experts "
-               "FFN; use backend cpu", hp->arch_name, hp->n_expert);
+        sw_seterr(errstr, errlen, "cuda: %s with %d experts: the CUDA backend has no mixture-of-experts "
+                  "FFN; use backend cpu", hp->arch_name, hp->n_expert);
         return NULL;
     }
     if (hp->head_dim > CUK_MAX_HEAD_DIM || hp->head_dim % 2 || hp->n_kv_heads < 1 ||
         hp->n_heads % hp->n_kv_heads || hp->n_heads / hp->n_kv_heads > CUK_MAX_GROUP) {
-        seterr(errstr, errlen, "cuda: unsupported attention shape (head_dim %d <= %d and even, "
-               "%d heads / %d kv heads <= %d)", hp->head_dim, CUK_MAX_HEAD_DIM, hp->n_heads,
-               hp->n_kv_heads, CUK_MAX_GROUP);
+        sw_seterr(errstr, errlen, "cuda: unsupported attention shape (head_dim %d <= %d and even, "
+                  "%d heads / %d kv heads <= %d)", hp->head_dim, CUK_MAX_HEAD_DIM, hp->n_heads,
+                  hp->n_kv_heads, CUK_MAX_GROUP);
         return NULL;
     }
     if (!model_is_plain_llama(model)) {
-        seterr(errstr, errlen, "cuda: architecture '%s' (or its RoPE scaling / sliding window) "
-               "runs on the CPU backend only; the CUDA backend runs llama and qwen2 without "
-               "them", hp->arch_name);
+        sw_seterr(errstr, errlen, "cuda: architecture '%s' (or its RoPE scaling / sliding window) "
+                  "runs on the CPU backend only; the CUDA backend runs llama and qwen2 without "
+                  "them", hp->arch_name);
         return NULL;
     }
     int n_dev = 0;
@@ -662,19 +653,19 @@ backend_t *backend_cuda_new(const model_t *model, const backend_params_t *params
         int rt = 0;
         cudaRuntimeGetVersion(&rt);
         if (drc == cudaErrorInsufficientDriver && !drv)
-            seterr(errstr, errlen, "cuda: no CUDA device (no NVIDIA driver: libcuda.so.1 is not "
-                   "installed; this build's CUDA runtime is %d.%d)", rt / 1000, rt % 1000 / 10);
+            sw_seterr(errstr, errlen, "cuda: no CUDA device (no NVIDIA driver: libcuda.so.1 is not "
+                      "installed; this build's CUDA runtime is %d.%d)", rt / 1000, rt % 1000 / 10);
         else
-            seterr(errstr, errlen, "cuda: no CUDA device (%s; CUDA runtime %d.%d)",
-                   drc != cudaSuccess ? cudaGetErrorString(drc) : "device count 0", rt / 1000,
-                   rt % 1000 / 10);
+            sw_seterr(errstr, errlen, "cuda: no CUDA device (%s; CUDA runtime %d.%d)",
+                      drc != cudaSuccess ? cudaGetErrorString(drc) : "device count 0", rt / 1000,
+                      rt % 1000 / 10);
         if (drv) dlclose(drv);
         cudaGetLastError(); /* the failed query is not an error of later calls */
         return NULL;
     }
     cu_t *c = calloc(1, sizeof *c);
     if (!c) {
-        seterr(errstr, errlen, "cuda: out of memory");
+        sw_seterr(errstr, errlen, "cuda: out of memory");
         return NULL;
     }
     c->base.ops = &cuda_ops;
@@ -700,21 +691,21 @@ backend_t *backend_cuda_new(const model_t *model, const backend_params_t *params
         const size_t bb = c->base.kv_block_bytes;
         size_t kvb = (size_t)params->n_kv_blocks * bb;
         if (wb + ab > budget || (params->n_kv_blocks > 0 && wb + ab + kvb > budget)) {
-            seterr(errstr, errlen, "cuda: the model does not fit: weights %.1f MiB (%s) + "
-                   "activations %.1f MiB (%d batch tokens) + KV pool %.1f MiB > budget %.1f MiB "
-                   "(cuda mem_fraction %.2f of %.1f MiB free, %.1f MiB total)", mib(wb),
-                   dtype_name(wt), mib(ab), c->max_T, mib(kvb), mib(budget),
-                   (double)params->mem_fraction, mib(free_b), mib(total_b));
+            sw_seterr(errstr, errlen, "cuda: the model does not fit: weights %.1f MiB (%s) + "
+                      "activations %.1f MiB (%d batch tokens) + KV pool %.1f MiB > budget %.1f MiB "
+                      "(cuda mem_fraction %.2f of %.1f MiB free, %.1f MiB total)", mib(wb),
+                      dtype_name(wt), mib(ab), c->max_T, mib(kvb), mib(budget),
+                      (double)params->mem_fraction, mib(free_b), mib(total_b));
             goto fail;
         }
         if (params->n_kv_blocks == 0) {
             size_t nb = (budget - wb - ab) / bb;
             if (nb < 1) {
-                seterr(errstr, errlen, "cuda: no room for a KV block of %.2f MiB: weights %.1f "
-                       "MiB + activations %.1f MiB leave %.1f MiB of the %.1f MiB budget "
-                       "(cuda mem_fraction %.2f of %.1f MiB free)", mib(bb), mib(wb), mib(ab),
-                       mib(budget - wb - ab), mib(budget), (double)params->mem_fraction,
-                       mib(free_b));
+                sw_seterr(errstr, errlen, "cuda: no room for a KV block of %.2f MiB: weights %.1f "
+                          "MiB + activations %.1f MiB leave %.1f MiB of the %.1f MiB budget "
+                          "(cuda mem_fraction %.2f of %.1f MiB free)", mib(bb), mib(wb), mib(ab),
+                          mib(budget - wb - ab), mib(budget), (double)params->mem_fraction,
+                          mib(free_b));
                 goto fail;
             }
             if (nb > (size_t)1 << 30) nb = (size_t)1 << 30;
@@ -760,8 +751,8 @@ backend_t *backend_cuda_new(const model_t *model, const backend_params_t *params
             goto fail;
         cudaError_t krc = cudaMalloc((void **)&c->kv, kv_total);
         if (krc != cudaSuccess) {
-            seterr(errstr, errlen, "cuda: KV pool of %d blocks, %.1f MiB: %s",
-                   c->base.params.n_kv_blocks, mib(kv_total), cudaGetErrorString(krc));
+            sw_seterr(errstr, errlen, "cuda: KV pool of %d blocks, %.1f MiB: %s",
+                      c->base.params.n_kv_blocks, mib(kv_total), cudaGetErrorString(krc));
             goto fail;
         }
     }

@@ -8,7 +8,6 @@
 #include "engine/cuda/cuda_blas.h"
 
 #include <dlfcn.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +15,7 @@
 
 #include <library_types.h>
 
+#include "common/err.h"
 #include "engine/dtype.h"
 
 typedef void *blas_handle_t; /* cublasHandle_t */
@@ -62,15 +62,6 @@ struct cuda_blas {
     blas_handle_t h;
     char desc[512];
 };
-
-static void seterr(char *errstr, size_t errlen, const char *fmt, ...)
-{
-    if (!errstr || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(errstr, errlen, fmt, ap);
-    va_end(ap);
-}
 
 /* Appends src to the NUL-terminated dst of capacity cap, cut off where it does not fit. */
 static void append(char *dst, size_t cap, const char *src)
@@ -161,22 +152,22 @@ cuda_blas_t *cuda_blas_new(cudaStream_t stream, void *workspace, size_t ws_bytes
 {
     cuda_blas_t *b = calloc(1, sizeof *b);
     if (!b) {
-        seterr(errstr, errlen, "cuda: out of memory");
+        sw_seterr(errstr, errlen, "cuda: out of memory");
         return NULL;
     }
     char trail[1024] = "", used[400] = "";
     b->so = open_cublas(used, sizeof used, trail, sizeof trail);
     if (!b->so) {
-        seterr(errstr, errlen, "cuda: cuBLAS not found (%s). Install cuBLAS 12 or 13, or set "
-               "SPILLWAY_CUBLAS to its libcublas.so.N or the folder holding it (for the "
-               "nvidia-cublas Python wheel, the wheel's lib folder)", trail);
+        sw_seterr(errstr, errlen, "cuda: cuBLAS not found (%s). Install cuBLAS 12 or 13, or set "
+                  "SPILLWAY_CUBLAS to its libcublas.so.N or the folder holding it (for the "
+                  "nvidia-cublas Python wheel, the wheel's lib folder)", trail);
         goto fail;
     }
     for (size_t i = 0; i < sizeof SYMS / sizeof SYMS[0]; i++) {
         void *p = dlsym(b->so, SYMS[i].name);
         if (!p) {
-            seterr(errstr, errlen, "cuda: %s has no %s (cuBLAS 12 or newer is needed)", used,
-                   SYMS[i].name);
+            sw_seterr(errstr, errlen, "cuda: %s has no %s (cuBLAS 12 or newer is needed)", used,
+                      SYMS[i].name);
             goto fail;
         }
         memcpy((char *)&b->fn + SYMS[i].off, &p, sizeof p);
@@ -189,13 +180,13 @@ cuda_blas_t *cuda_blas_new(cudaStream_t stream, void *workspace, size_t ws_bytes
     blas_status_t st = b->fn.create(&b->h);
     if (st != BLAS_STATUS_SUCCESS) {
         b->h = NULL;
-        seterr(errstr, errlen, "cuda: cublasCreate (%s): %s", b->desc, b->fn.status_string(st));
+        sw_seterr(errstr, errlen, "cuda: cublasCreate (%s): %s", b->desc, b->fn.status_string(st));
         goto fail;
     }
     if ((st = b->fn.set_stream(b->h, stream)) != BLAS_STATUS_SUCCESS ||
         (workspace && (st = b->fn.set_workspace(b->h, workspace, ws_bytes)) !=
                           BLAS_STATUS_SUCCESS)) {
-        seterr(errstr, errlen, "cuda: cuBLAS stream/workspace setup: %s", b->fn.status_string(st));
+        sw_seterr(errstr, errlen, "cuda: cuBLAS stream/workspace setup: %s", b->fn.status_string(st));
         goto fail;
     }
     return b;
