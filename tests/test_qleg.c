@@ -122,6 +122,8 @@ static int blk_of(int t)
 static double ref_route(int t, const void *row, const float *x, int64_t K, double *mag,
                         double *qerr)
 {
+    *mag = *qerr = 0;
+    if (K <= 0) return 0; /* (and tells the compiler the sizes below are positive) */
     const int bl = blk_of(t);
     const int64_t nb = K / bl;
     int8_t *xq = malloc((size_t)K);
