@@ -17,7 +17,8 @@
 #     kept (and its path printed) when BT_KEEP=1 or a $WORK/.failed file exists.
 # Also: say MESSAGE (timestamped since T0), fail MESSAGE (the default: the message and the end of
 # every $WORK/*.log, exit 1; a test may define its own after sourcing), bt_broker [DIR] (starts a
-# broker in $WORK/DIR, default broker, and sets BOOTSTRAP and PID).
+# broker in $WORK/DIR, default broker, and sets BOOTSTRAP and PID), bt_free_port (a free port for a
+# server the test starts).
 
 bt_init() {
   local name=$1 redis=${4:-}
@@ -64,6 +65,17 @@ fail() {
   local f
   for f in "$WORK"/*.log; do [ -f "$f" ] && { echo "--- $f (end)"; tail -n 20 "$f"; }; done
   exit 1
+}
+
+# bt_free_port [PORT...]: a loopback port free now (and none of the PORTs given), below the kernel's ephemeral range (scripts/svc-lib.sh's
+# svc_pick_port, as the test servers pick theirs), so no client connection of another process can
+# be given it before the test's server binds it (a port from bind(0) can be: it is ephemeral).
+bt_free_port() {
+  (
+    # shellcheck source=scripts/svc-lib.sh
+    . "$ROOT/scripts/svc-lib.sh"
+    svc_pick_port "$@"
+  )
 }
 
 bt_broker() {

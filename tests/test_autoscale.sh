@@ -24,7 +24,7 @@ echo "broker at $BOOTSTRAP"
 for t in prompts:2 results:2 prompts.dlq:1; do
   "$KB" topic "$WORK/broker" "${t%%:*}" "${t##*:}" >/dev/null
 done
-PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+PORT=$(bt_free_port)
 N=2000
 python3 - "$WORK" "$N" <<'PY'
 import json, sys

@@ -37,9 +37,8 @@ faults_init faults-redis
 STOP_S=${SPILLWAY_REDIS_STOP_S:-8}
 SHM=$("$(cd "$(dirname "$0")/.." && pwd)/scripts/shm-dir.sh" spillway-faults-redis)
 BT_RM+=("$SHM")
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-RP=$(free_port)
-MP=$(free_port)
+RP=$(bt_free_port)
+MP=$(bt_free_port "$RP")
 say "Redis port $RP (nothing listening yet), metrics port $MP, STOP phase ${STOP_S} s"
 
 broker_start

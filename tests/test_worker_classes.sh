@@ -42,7 +42,7 @@ for t in prompts:4 results:4 prompts.dlq:1 prompts.deferred:4; do
   "$KB" topic "$WORK/broker" "${t%%:*}" "${t##*:}" >/dev/null
 done
 say "broker at $BOOTSTRAP, topics created"
-MPORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+MPORT=$(bt_free_port)
 metric() { # NAME [LABELS]: the sample's value, 0 when absent
   python3 - "http://127.0.0.1:$MPORT/metrics" "$1" "${2:-}" <<'PY'
 import sys, urllib.request

@@ -27,23 +27,6 @@
 #define MODEL SPILLWAY_MODELS "/stories260K.gguf"
 #define NPARTS 4
 
-/* A port that was free a moment ago on 127.0.0.1 (bound to 0, read back, closed). */
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa;
-    socklen_t sl = sizeof sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sin_family = AF_INET;
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    int port = -1;
-    if (fd >= 0 && !bind(fd, (struct sockaddr *)&sa, sizeof sa) &&
-        !getsockname(fd, (struct sockaddr *)&sa, &sl))
-        port = ntohs(sa.sin_port);
-    if (fd >= 0) close(fd);
-    return port;
-}
-
 /* GET /metrics from 127.0.0.1:port (HTTP/1.0). The whole response (caller frees) or NULL. */
 static char *scrape(int port)
 {
@@ -128,7 +111,7 @@ int main(void)
     rd_kafka_mock_topic_create(mc, "lag.in", NPARTS, 1);
     rd_kafka_mock_topic_create(mc, "lag.out", 1, 1);
     rd_kafka_mock_topic_create(mc, "lag.dlq", 1, 1);
-    int port = free_port();
+    int port = tk_free_port();
     CHECK(port > 0);
 
     worker_config_t c;

@@ -65,7 +65,7 @@ echo "broker at $BOOTSTRAP, redis on port $REDIS_PORT ($(elapsed))"
 "$KB" topic "$WORK/broker" prompts 4 >/dev/null
 "$KB" topic "$WORK/broker" results 4 >/dev/null
 "$KB" topic "$WORK/broker" prompts.dlq 1 >/dev/null
-MPORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+MPORT=$(bt_free_port)
 URL=http://127.0.0.1:$MPORT
 
 N1=1500 N2=300 N_NOTJSON=15 N_NOPROMPT=10

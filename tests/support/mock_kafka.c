@@ -1,9 +1,12 @@
 /* tests/support/mock_kafka.c: see mock_kafka.h. */
 #include "tests/support/mock_kafka.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -12,6 +15,26 @@ int64_t tk_now_ms(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int tk_free_port(void)
+{
+    unsigned seed = (unsigned)getpid() * 2654435761u ^ (unsigned)tk_now_ms();
+    for (int i = 0; i < 200; i++) {
+        seed = seed * 1103515245u + 12345u;
+        int port = 20000 + (int)((seed >> 8) % 12768);
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        if (fd < 0) return -1;
+        struct sockaddr_in sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sin_family = AF_INET;
+        sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        sa.sin_port = htons((uint16_t)port);
+        int ok = bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
+        close(fd);
+        if (ok) return port;
+    }
+    return -1;
 }
 
 rd_kafka_t *tk_client(rd_kafka_type_t type, const char *brokers, const char *group,

@@ -19,6 +19,11 @@
 /* Monotonic milliseconds. */
 int64_t tk_now_ms(void);
 
+/* A loopback TCP port free now, below the kernel's ephemeral range (20000..32767, as
+ * scripts/svc-lib.sh picks the test servers'), so no client connection of another process can be
+ * given it before the test's server binds it; -1 when none was found in 200 tries. */
+int tk_free_port(void);
+
 /* A client of brokers (NULL: none set) at log_level 3. group: group.id, with auto commit off
  * (NULL: none); isolation: isolation.level (NULL: librdkafka's default). NULL on failure
  * (printed). Caller destroys. */
