@@ -33,8 +33,8 @@ int main(void)
 #include "engine/cuda/cuda_blas.h"
 #include "engine/cuda/cuda_kernels.h"
 #include "engine/dtype.h"
-#include "engine/mkmodel.h"
 #include "engine/model.h"
+#include "tools/mkmodel.h"
 
 #define BLOCK_TOKENS 16
 #define MAX_T 4096

@@ -18,7 +18,7 @@
 
 #include "cli.h"
 #include "common/clock.h"
-#include "engine/mkmodel.h"
+#include "tools/mkmodel.h"
 #include "worker/worker.h"
 
 typedef struct {

@@ -1,5 +1,5 @@
 /* cli/mkmodel.c: `spillway mkmodel`: writes a synthetic GGUF model with chosen shapes, dtype and
- * seeded random weights (engine/mkmodel.h), for tests and benchmarks; with --from, converts an
+ * seeded random weights (tools/mkmodel.h), for tests and benchmarks; with --from, converts an
  * existing model's matrices to another dtype (mkmodel_convert). */
 #include <getopt.h>
 #include <stdio.h>
@@ -7,8 +7,8 @@
 
 #include "cli.h"
 #include "engine/dtype.h"
-#include "engine/mkmodel.h"
 #include "engine/model.h"
+#include "tools/mkmodel.h"
 
 int cli_mkmodel(int argc, char **argv)
 {

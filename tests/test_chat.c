@@ -27,6 +27,7 @@
 #include "engine/engine.h"
 #include "engine/gguf.h"
 #include "engine/tokenizer.h"
+#include "tools/gguf_write.h"
 
 #define MODEL SPILLWAY_MODELS "/stories260K.gguf"
 #define PHI3_VOCAB SPILLWAY_MODELS "/tokenizer-vectors/ggml-vocab-phi-3.gguf"

@@ -11,7 +11,7 @@
 #include "check.h"
 #include "common/err.h"
 #include "engine/engine.h"
-#include "engine/mkmodel.h"
+#include "tools/mkmodel.h"
 
 #define MODEL SPILLWAY_MODELS "/stories260K.gguf"
 #define MAXR 64

@@ -19,6 +19,7 @@
 #include "engine/dtype.h"
 #include "engine/gguf.h"
 #include "tests/check.h"
+#include "tools/gguf_write.h"
 
 /* ---------------------------------------------------------------- byte builder */
 

@@ -19,9 +19,9 @@
 
 #include "engine/dtype.h"
 #include "engine/gguf.h"
-#include "engine/mkmodel.h"
 #include "engine/model.h"
 #include "tests/check.h"
+#include "tools/mkmodel.h"
 
 static char tmpdir[64];
 

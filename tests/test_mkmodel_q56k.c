@@ -1,4 +1,4 @@
-/* tests/test_mkmodel_q56k.c: the Q6_K and Q5_K quantisers (engine/mkmodel_q56k.h) and
+/* tests/test_mkmodel_q56k.c: the Q6_K and Q5_K quantisers (tools/mkmodel_q56k.h) and
  * `mkmodel` models of those types.
  *
  * Round trip: rows of approximately normal values (with outliers) quantised and dequantised
@@ -20,9 +20,9 @@
 
 #include "engine/dtype.h"
 #include "engine/gguf.h"
-#include "engine/mkmodel.h"
 #include "engine/model.h"
 #include "tests/check.h"
+#include "tools/mkmodel.h"
 
 static const int TYPES[] = {DT_Q6_K, DT_Q5_K};
 static char tmpdir[64];

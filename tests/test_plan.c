@@ -41,8 +41,9 @@
 #include "engine/dtype.h"
 #include "engine/engine.h"
 #include "engine/gguf.h"
-#include "engine/mkmodel.h"
 #include "engine/model.h"
+#include "tools/gguf_write.h"
+#include "tools/mkmodel.h"
 
 #define MIB (1ll << 20)
 

@@ -1,5 +1,5 @@
 /* tests/test_q23k.c: Q2_K and Q3_K -- dequantisation, the int8 matmul route of every ISA
- * (engine/cpu/q23k.h), and the quantisers of engine/quant_q23k.h.
+ * (engine/cpu/q23k.h), and the quantisers of tools/quant_q23k.h.
  *
  * Weights are random bytes (every bit pattern of the quants, scales, mins and high bits) with
  * random fp16 d and dmin of either sign, plus blocks of all-zero and all-one bytes. The reference
@@ -21,7 +21,7 @@
 #include "check.h"
 #include "engine/cpu/kernels.h"
 #include "engine/dtype.h"
-#include "engine/mkmodel.h"
+#include "tools/mkmodel.h"
 
 static const int TYPES[] = {DT_Q2_K, DT_Q3_K};
 static const char *const ISAS[] = {"scalar", "avx2", "avx512", "avx512-vnni"};

@@ -17,7 +17,7 @@
 #include "check.h"
 #include "engine/cpu/kernels.h"
 #include "engine/dtype.h"
-#include "engine/mkmodel.h"
+#include "tools/mkmodel.h"
 
 static const int TYPES[] = {DT_Q4_1, DT_Q5_0, DT_Q5_1, DT_IQ4_NL, DT_IQ4_XS};
 #define N_TYPES 5

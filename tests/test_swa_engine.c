@@ -16,9 +16,9 @@
 #include <unistd.h>
 
 #include "engine/engine.h"
-#include "engine/mkmodel.h"
 #include "engine/model.h"
 #include "tests/check.h"
+#include "tools/mkmodel.h"
 
 #define NQ 4
 #define NPROMPT 20

@@ -1,5 +1,5 @@
-/* engine/mkmodel_q56k.c: the Q6_K and Q5_K quantisers (engine/mkmodel_q56k.h). */
-#include "engine/mkmodel_q56k.h"
+/* tools/mkmodel_q56k.c: the Q6_K and Q5_K quantisers (tools/mkmodel_q56k.h). */
+#include "tools/mkmodel_q56k.h"
 
 #include <math.h>
 #include <string.h>

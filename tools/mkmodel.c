@@ -1,4 +1,4 @@
-/* engine/mkmodel.c: synthetic Llama-family GGUF models (see mkmodel.h).
+/* tools/mkmodel.c: synthetic Llama-family GGUF models (see mkmodel.h).
  *
  * Weights: element j of row r of tensor T is mean + std * n, where n is an approximately
  * standard normal number (sum of four 16-bit uniforms, centred and scaled to unit variance)
@@ -15,7 +15,7 @@
  * lowercase string of length 2, 3, ... in order until n_vocab. Piece k has score -k. qwen2 files
  * use the same SPM-style vocabulary (real Qwen2 uses a GPT-2 BPE one; the engine and llama.cpp
  * key the tokenizer on tokenizer.ggml.model, not on the architecture). */
-#include "mkmodel.h"
+#include "tools/mkmodel.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -24,12 +24,13 @@
 #include <string.h>
 
 #include "common/err.h"
-#include "dtype.h"
-#include "gguf.h"
-#include "mkmodel_q56k.h"
-#include "model.h"
-#include "quant_q23k.h"
-#include "qleg_quant.h"
+#include "engine/dtype.h"
+#include "engine/gguf.h"
+#include "engine/model.h"
+#include "tools/gguf_write.h"
+#include "tools/mkmodel_q56k.h"
+#include "tools/qleg_quant.h"
+#include "tools/quant_q23k.h"
 
 /* ---------------------------------------------------------------- presets */
 
@@ -492,7 +493,7 @@ int mkmodel_quantize_row(int t, const float *x, void *dst, int64_t n)
     case DT_Q8_0: quantize_q8_0(x, dst, n); break;
     case DT_Q4_0: quantize_q4_0(x, dst, n); break;
     case DT_Q4_K: quantize_q4_k(x, dst, n); break;
-    case DT_Q2_K: quant_q2_k_row(x, dst, n); break; /* engine/quant_q23k.c */
+    case DT_Q2_K: quant_q2_k_row(x, dst, n); break; /* tools/quant_q23k.c */
     case DT_Q3_K: quant_q3_k_row(x, dst, n); break;
     case DT_Q5_K: mkmodel_quantize_q5_k(x, dst, n); break;
     case DT_Q6_K: mkmodel_quantize_q6_k(x, dst, n); break;

@@ -1,12 +1,12 @@
-/* engine/mkmodel.h: synthetic Llama-family GGUF models (spillway mkmodel, tests, benchmarks).
+/* tools/mkmodel.h: synthetic Llama-family GGUF models (spillway mkmodel, tests, benchmarks).
  *
  * The file has llama.cpp's keys and tensor names, so llama.cpp loads it too: architecture
  * "llama" or "qwen2", hyper-parameters under "<arch>.", an SPM ("llama") tokenizer of the
  * requested size, and seeded random weights (deterministic: same params, same bytes, on every
  * machine). Tensors are generated row by row while the file is written, so even an 8B model
  * needs only a few MB of memory. Pure functions of their arguments; thread-safe. */
-#ifndef SPILLWAY_ENGINE_MKMODEL_H
-#define SPILLWAY_ENGINE_MKMODEL_H
+#ifndef SPILLWAY_TOOLS_MKMODEL_H
+#define SPILLWAY_TOOLS_MKMODEL_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -85,11 +85,11 @@ int mkmodel_write(const mkmodel_params_t *p, const char *path, char *errstr, siz
  *         small grid of candidate scales (weights |x| + rms of the sub-block), the scales and
  *         mins then quantised to 6 bits against their super-block maxima (fp16 d, dmin), and
  *         the quants recomputed from the stored 6-bit values.
- *   Q5_K, Q6_K  spillway's own simpler rounding, not ggml's (engine/mkmodel_q56k.h), with
+ *   Q5_K, Q6_K  spillway's own simpler rounding, not ggml's (tools/mkmodel_q56k.h), with
  *         either quantiser of mkmodel_convert.
- *   Q2_K, Q3_K  our own quantisers too (engine/quant_q23k.h), with either quantiser of
+ *   Q2_K, Q3_K  our own quantisers too (tools/quant_q23k.h), with either quantiser of
  *         mkmodel_convert: the bytes differ from llama-quantize's.
- * Q4_1, Q5_0, Q5_1, IQ4_NL and IQ4_XS use spillway's own simple quantisers (engine/qleg_quant.h;
+ * Q4_1, Q5_0, Q5_1, IQ4_NL and IQ4_XS use spillway's own simple quantisers (tools/qleg_quant.h;
  * not ggml's bytes).
  * 0, or -1 for another type or n not a multiple of the block. Pure; thread-safe. */
 int mkmodel_quantize_row(int t, const float *x, void *dst, int64_t n);

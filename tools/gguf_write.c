@@ -1,4 +1,4 @@
-/* engine/gguf_write.c: GGUF v3 writer (see gguf.h for the contract).
+/* tools/gguf_write.c: GGUF v3 writer (see gguf_write.h for the contract).
  *
  * Each kv's value is serialised into a byte blob when it is added; tensors keep either a copy of
  * their data or a row callback. gguf_writer_write lays out kvs, tensor infos, padding, then each
@@ -14,8 +14,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "dtype.h"
-#include "gguf.h"
+#include "engine/dtype.h"
+#include "engine/gguf.h"
+#include "tools/gguf_write.h"
 
 #define W_DEFAULT_ALIGNMENT 32u
 #define W_MAX_KEY_LEN 65535u  /* as the reader */

@@ -1,7 +1,7 @@
-/* engine/quant_q23k.h: our own quantisers to Q2_K and Q3_K (engine/dtype.h gives the formats).
- * Internal to the engine (mkmodel). Pure functions, thread-safe. */
-#ifndef SPILLWAY_ENGINE_QUANT_Q23K_H
-#define SPILLWAY_ENGINE_QUANT_Q23K_H
+/* tools/quant_q23k.h: our own quantisers to Q2_K and Q3_K (engine/dtype.h gives the formats).
+ * Internal to the tools module (mkmodel). Pure functions, thread-safe. */
+#ifndef SPILLWAY_TOOLS_QUANT_Q23K_H
+#define SPILLWAY_TOOLS_QUANT_Q23K_H
 
 #include <stdint.h>
 

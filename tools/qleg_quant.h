@@ -1,7 +1,7 @@
-/* engine/qleg_quant.h: spillway's own quantisers for Q4_1, Q5_0, Q5_1, IQ4_NL and IQ4_XS
- * (mkmodel_quantize_row). Internal to the engine module. Pure; thread-safe. */
-#ifndef SPILLWAY_ENGINE_QLEG_QUANT_H
-#define SPILLWAY_ENGINE_QLEG_QUANT_H
+/* tools/qleg_quant.h: spillway's own quantisers for Q4_1, Q5_0, Q5_1, IQ4_NL and IQ4_XS
+ * (mkmodel_quantize_row). Internal to the tools module. Pure; thread-safe. */
+#ifndef SPILLWAY_TOOLS_QLEG_QUANT_H
+#define SPILLWAY_TOOLS_QLEG_QUANT_H
 
 #include <stdint.h>
 

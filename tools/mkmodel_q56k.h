@@ -1,7 +1,7 @@
-/* engine/mkmodel_q56k.h: spillway's own Q6_K and Q5_K quantisers (engine/mkmodel.c's
- * mkmodel_quantize_row). Internal to the engine module. Pure functions, thread-safe. */
-#ifndef SPILLWAY_ENGINE_MKMODEL_Q56K_H
-#define SPILLWAY_ENGINE_MKMODEL_Q56K_H
+/* tools/mkmodel_q56k.h: spillway's own Q6_K and Q5_K quantisers (tools/mkmodel.c's
+ * mkmodel_quantize_row). Internal to the tools module. Pure functions, thread-safe. */
+#ifndef SPILLWAY_TOOLS_MKMODEL_Q56K_H
+#define SPILLWAY_TOOLS_MKMODEL_Q56K_H
 
 #include <stdint.h>
 

@@ -1,10 +1,10 @@
-/* engine/qleg_quant.c: quantisers for Q4_1, Q5_0, Q5_1, IQ4_NL and IQ4_XS (qleg_quant.h). */
-#include "qleg_quant.h"
+/* tools/qleg_quant.c: quantisers for Q4_1, Q5_0, Q5_1, IQ4_NL and IQ4_XS (qleg_quant.h). */
+#include "tools/qleg_quant.h"
 
 #include <math.h>
 #include <string.h>
 
-#include "dtype.h"
+#include "engine/dtype.h"
 
 static int nearest_int(float v)
 {

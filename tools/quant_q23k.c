@@ -1,5 +1,5 @@
-/* engine/quant_q23k.c: the Q2_K and Q3_K quantisers (engine/quant_q23k.h). */
-#include "engine/quant_q23k.h"
+/* tools/quant_q23k.c: the Q2_K and Q3_K quantisers (tools/quant_q23k.h). */
+#include "tools/quant_q23k.h"
 
 #include <math.h>
 #include <string.h>
