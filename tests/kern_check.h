@@ -1,6 +1,7 @@
 /* tests/kern_check.h: what the weight-type kernel tests share (test_kernels, test_q23k,
  * test_qleg, test_kernels_q56k): their random inputs and their matmul checks that do not depend
- * on the type -- batch invariance, two tables' bits, the tables of every ISA.
+ * on the type beyond its reference -- matmul accuracy against a double reference, batch
+ * invariance, two tables' bits -- and the tables of every ISA.
  *
  * Header-only on purpose: the checks count through check.h, whose counters live in each test's
  * own translation unit, so a test's "N checks" line counts these checks too. Single-threaded.
@@ -10,6 +11,7 @@
 #ifndef SPILLWAY_TESTS_KERN_CHECK_H
 #define SPILLWAY_TESTS_KERN_CHECK_H
 
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,6 +61,74 @@ static inline void kc_tables(const kern_table_t *tabs[KC_N_ISAS])
         tabs[i] = kern_get(isas[i]);
         if (!tabs[i]) fprintf(stderr, "%s: not supported here, skipped\n", isas[i]);
     }
+}
+
+/* What kc_matmul_accuracy needs of a weight type and of the test. */
+typedef struct {
+    int64_t N;            /* output rows */
+    int64_t x_pad, y_pad; /* x's row stride is K + x_pad, y's N + y_pad (padding must stay NaN) */
+    int zero_block;       /* T > 1: token 1's first 256 x set to zero (a block with dx = 0) */
+    int nmse;             /* also require NMSE < 1e-12 over each output */
+    kc_make_weights_fn make_weights;
+    uint64_t *rng;
+    /* The F32 value of weight k of a row (the type's one rounding, computed by the test). */
+    float (*weight)(int t, const void *row, int64_t k);
+    /* Where t's matmul takes int8 activations (kernels.h): returns 1 with *ref the route's formula
+     * in double over x as the route rounds it, *mag the sum of its terms' |.|, *qerr a bound on
+     * |*ref - the exact product of the widened weights|, *kbound the factor of u in the bound
+     * (blocks + 8). Else returns 0 and leaves them (F32 activations). */
+    int (*route)(int t, const void *row, const float *x, int64_t K, double *ref, double *mag,
+                 double *qerr, double *kbound);
+} kc_matmul_ref_t;
+
+/* One matmul of N rows of width K by T tokens (strided x and y) against the reference: for every
+ * output, exact = sum (double)weight * x; where t has an int8 route, its formula must lie within
+ * qerr of exact and the output within kbound u |formula terms| of the formula; else the output
+ * within (K + 4) u sum |w x| of exact (rigorous bounds, test_kernels.c); padding untouched; with
+ * spec->nmse the NMSE over the outputs < 1e-12. One CHECK (the call) and one CHECKF. Draws the
+ * weights, then x. */
+static inline void kc_matmul_accuracy(const kern_table_t *kt, int t, int64_t K, int T,
+                                      const kc_matmul_ref_t *spec)
+{
+    const int64_t N = spec->N, ldx = K + spec->x_pad, ldy = N + spec->y_pad;
+    size_t rb;
+    void *W = spec->make_weights(t, N, K, &rb);
+    float *x = kc_make_vec(spec->rng, ldx * T);
+    if (spec->zero_block && T > 1) memset(x + ldx, 0, 256 * sizeof(float));
+    float *y = malloc((size_t)(ldy * T) * sizeof(float));
+    for (int64_t i = 0; i < ldy * T; i++) y[i] = NAN;
+    CHECK(kt->matmul(t, W, rb, K, x, ldx, y, ldy, T, 0, N) == 0);
+    double se = 0, sr = 0;
+    int bad = 0, badq = 0;
+    for (int tk = 0; tk < T; tk++) {
+        for (int64_t o = 0; o < N; o++) {
+            const void *row = (const char *)W + (size_t)o * rb;
+            double ref = 0, mag = 0;
+            for (int64_t k = 0; k < K; k++) {
+                const double p = (double)spec->weight(t, row, k) * x[tk * ldx + k];
+                ref += p;
+                mag += fabs(p);
+            }
+            double kbound = (double)(K + 4), qerr, ri8;
+            if (spec->route(t, row, x + tk * ldx, K, &ri8, &mag, &qerr, &kbound)) {
+                if (!(fabs(ri8 - ref) <= qerr)) badq++;
+                ref = ri8;
+            }
+            const double got = y[tk * ldy + o];
+            if (!(fabs(got - ref) <= kbound * ldexp(1.0, -24) * mag)) bad++;
+            se += (got - ref) * (got - ref);
+            sr += ref * ref;
+        }
+        for (int64_t o = N; o < ldy; o++)
+            if (!isnan(y[tk * ldy + o])) bad++;
+    }
+    const double nmse = sr > 0 ? se / sr : se;
+    CHECKF(bad == 0 && badq == 0 && (!spec->nmse || nmse < 1e-12),
+           "%s %s K=%lld T=%d: %d beyond the bound, %d formula off the exact product, nmse %.3g",
+           kt->name, dtype_name(t), (long long)K, T, bad, badq, nmse);
+    free(W);
+    free(x);
+    free(y);
 }
 
 /* Bitwise batch invariance (kernels.h) over N rows of width K: every token of a pool of maxT + 2

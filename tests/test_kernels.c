@@ -233,49 +233,10 @@ static int ref_i8(int t, const void *row, const float *x, int64_t K, double *ref
     return 0;
 }
 
-/* Matmul against the double reference: N rows, T tokens, strided x and y. */
-static void test_matmul_accuracy(const kern_table_t *kt, int t, int64_t K, int T)
-{
-    const int64_t N = 37, ldx = K + 3, ldy = N + 5;
-    size_t rb;
-    void *W = make_weights(t, N, K, &rb);
-    float *x = make_vec(ldx * T);
-    float *y = malloc((size_t)(ldy * T) * sizeof(float));
-    for (int64_t i = 0; i < ldy * T; i++) y[i] = NAN;
-    CHECK(kt->matmul(t, W, rb, K, x, ldx, y, ldy, T, 0, N) == 0);
-    double se = 0, sr = 0;
-    int bad = 0;
-    for (int tk = 0; tk < T; tk++) {
-        for (int64_t o = 0; o < N; o++) {
-            const void *row = (const char *)W + (size_t)o * rb;
-            double ref = 0, mag = 0;
-            for (int64_t k = 0; k < K; k++) {
-                double p = (double)ref_weight(t, row, k) * x[tk * ldx + k];
-                ref += p;
-                mag += fabs(p);
-            }
-            double kbound = (double)(K + 4), qerr, ri8;
-            if (ref_i8(t, row, x + tk * ldx, K, &ri8, &mag, &qerr, &kbound)) {
-                /* the int8 formula, and its distance from the exact product */
-                if (!(fabs(ri8 - ref) <= qerr)) bad++;
-                ref = ri8;
-            }
-            double got = y[tk * ldy + o];
-            double bound = kbound * ldexp(1.0, -24) * mag;
-            if (!(fabs(got - ref) <= bound)) bad++;
-            se += (got - ref) * (got - ref);
-            sr += ref * ref;
-        }
-        for (int64_t o = N; o < ldy; o++) /* padding untouched */
-            if (!isnan(y[tk * ldy + o])) bad++;
-    }
-    double nmse = sr > 0 ? se / sr : se;
-    CHECKF(bad == 0 && nmse < 1e-12, "%s %s K=%lld T=%d: %d bad, nmse %.3g", kt->name,
-           dtype_name(t), (long long)K, T, bad, nmse);
-    free(W);
-    free(x);
-    free(y);
-}
+/* Matmul accuracy (kern_check.h): N rows, T tokens, strided x and y. */
+static const kc_matmul_ref_t ACC = {.N = 37, .x_pad = 3, .y_pad = 5, .nmse = 1,
+                                    .make_weights = make_weights, .rng = &rng_state,
+                                    .weight = ref_weight, .route = ref_i8};
 
 /* Two ISAs agree within the sum of their bounds. */
 static void test_isa_cross(const kern_table_t *a, const kern_table_t *b, int t, int64_t K)
@@ -647,14 +608,14 @@ int main(void)
             const int64_t bs = blk_of(t);
             if (t == DT_Q4_K) {
                 for (size_t ki = 0; ki < sizeof KS_K / sizeof KS_K[0]; ki++)
-                    for (int T = 1; T <= 13; T += 4) test_matmul_accuracy(kt, t, KS_K[ki], T);
+                    for (int T = 1; T <= 13; T += 4) kc_matmul_accuracy(kt, t, KS_K[ki], T, &ACC);
             } else {
                 for (size_t ki = 0; ki < sizeof KS / sizeof KS[0]; ki++)
-                    for (int T = 1; T <= 13; T += 4) test_matmul_accuracy(kt, t, KS[ki], T);
+                    for (int T = 1; T <= 13; T += 4) kc_matmul_accuracy(kt, t, KS[ki], T, &ACC);
             }
             if (bs == 1) {
                 for (size_t ki = 0; ki < sizeof KS_ODD / sizeof KS_ODD[0]; ki++)
-                    test_matmul_accuracy(kt, t, KS_ODD[ki], 7);
+                    kc_matmul_accuracy(kt, t, KS_ODD[ki], 7, &ACC);
             } else { /* K not a multiple of the block: rejected */
                 CHECK(kt->matmul(t, NULL, 0, 48, NULL, 48, NULL, 1, 1, 0, 1) == -1);
                 if (bs == 256) CHECK(kt->matmul(t, NULL, 0, 288, NULL, 288, NULL, 1, 1, 0, 1) == -1);

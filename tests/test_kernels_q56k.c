@@ -30,7 +30,6 @@ static const int TYPES[] = {DT_Q6_K, DT_Q5_K};
 static uint64_t rng_state = 0x2545f4914f6cdd1dull; /* the inputs: drawn by kern_check.h */
 static uint64_t rng_next(void) { return kc_rng_next(&rng_state); }
 static float rng_unif(void) { return kc_rng_unif(&rng_state); }
-static float *make_vec(int64_t n) { return kc_make_vec(&rng_state, n); }
 
 static void fill_bytes(uint8_t *p, size_t n)
 {
@@ -211,36 +210,19 @@ static void test_dequant(const kern_table_t *const *tabs)
     }
 }
 
-static void test_accuracy(const kern_table_t *kt, int t, int64_t K, int T)
+static int ref_route(int t, const void *row, const float *x, int64_t K, double *ref, double *mag,
+                     double *qerr, double *kbound)
 {
-    const int64_t N = 37, ldx = K + 3, ldy = N + 5;
-    size_t rb;
-    char *W = make_weights(t, N, K, &rb);
-    float *x = make_vec(ldx * T);
-    if (T > 1) memset(x + ldx, 0, 256 * sizeof(float)); /* a zero block: dx = 0 */
-    float *y = malloc((size_t)(ldy * T) * sizeof(float));
-    for (int64_t i = 0; i < ldy * T; i++) y[i] = NAN;
-    CHECK(kt->matmul(t, W, rb, K, x, ldx, y, ldy, T, 0, N) == 0);
-    int bad = 0, badq = 0;
-    for (int tk = 0; tk < T; tk++) {
-        for (int64_t o = 0; o < N; o++) {
-            const char *row = W + (size_t)o * rb;
-            double exact = 0, mag, qerr;
-            for (int64_t k = 0; k < K; k++) exact += (double)ref_weight(t, row, k) * x[tk * ldx + k];
-            double ref = ref_i8(t, row, x + tk * ldx, K, &mag, &qerr);
-            if (!(fabs(ref - exact) <= qerr)) badq++;
-            double bound = (double)(K / 256 + 8) * ldexp(1.0, -24) * mag;
-            if (!(fabs(y[tk * ldy + o] - ref) <= bound)) bad++;
-        }
-        for (int64_t o = N; o < ldy; o++)
-            if (!isnan(y[tk * ldy + o])) bad++;
-    }
-    CHECKF(bad == 0 && badq == 0, "%s %s K=%lld T=%d: %d outside the bound, %d formula off", kt->name,
-           dtype_name(t), (long long)K, T, bad, badq);
-    free(W);
-    free(x);
-    free(y);
+    *ref = ref_i8(t, row, x, K, mag, qerr);
+    *kbound = (double)(K / 256 + 8);
+    return 1;
 }
+
+/* matmul against the double reference (kern_check.h): N rows, T tokens, strided x and y; a
+ * zero block in token 1 (dx = 0). */
+static const kc_matmul_ref_t ACC = {.N = 37, .x_pad = 3, .y_pad = 5, .zero_block = 1,
+                                    .make_weights = make_weights, .rng = &rng_state,
+                                    .weight = ref_weight, .route = ref_route};
 
 int main(void)
 {
@@ -261,7 +243,7 @@ int main(void)
             const int t = TYPES[ti];
             for (size_t ki = 0; ki < sizeof KS / sizeof KS[0]; ki++)
                 for (size_t j = 0; j < sizeof TS / sizeof TS[0]; j++)
-                    if (ki < 2 || TS[j] % 4 == 1) test_accuracy(kt, t, KS[ki], TS[j]);
+                    if (ki < 2 || TS[j] % 4 == 1) kc_matmul_accuracy(kt, t, KS[ki], TS[j], &ACC);
             CHECK(kt->matmul(t, NULL, 0, 128, NULL, 128, NULL, 1, 1, 0, 1) == -1);
             CHECK(kt->matmul(t, NULL, 0, 288, NULL, 288, NULL, 1, 1, 0, 1) == -1);
             kc_batch_invariance(kt, t, 29, 256, i == 0 ? 12 : 40,

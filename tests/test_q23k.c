@@ -178,40 +178,23 @@ static void test_dequant(const kern_table_t *const *tabs)
     }
 }
 
-/* matmul against the double reference: N rows, T tokens, strided x and y. */
-static void test_accuracy(const kern_table_t *kt, int t, int64_t K, int T)
+static float ref_w(int t, const void *row, int64_t k)
 {
-    const int64_t N = 23, ldx = K + 5, ldy = N + 3;
-    size_t rb;
-    void *W = make_weights(t, N, K, &rb);
-    float *x = make_vec(ldx * T);
-    float *y = malloc((size_t)(ldy * T) * sizeof(float));
-    for (int64_t i = 0; i < ldy * T; i++) y[i] = NAN;
-    CHECK(kt->matmul(t, W, rb, K, x, ldx, y, ldy, T, 0, N) == 0);
-    double se = 0, sr = 0;
-    int bad = 0;
-    for (int tk = 0; tk < T; tk++) {
-        for (int64_t o = 0; o < N; o++) {
-            const void *row = (const char *)W + (size_t)o * rb;
-            double exact = 0, mag, qerr;
-            for (int64_t k = 0; k < K; k++) exact += (double)ref_weight(t, row, k, NULL) * x[tk * ldx + k];
-            const double ref = ref_i8(t, row, x + tk * ldx, K, &mag, &qerr);
-            if (!(fabs(ref - exact) <= qerr)) bad++;
-            const double got = y[tk * ldy + o];
-            if (!(fabs(got - ref) <= (double)(K / 256 + 8) * ldexp(1.0, -24) * mag)) bad++;
-            se += (got - ref) * (got - ref);
-            sr += ref * ref;
-        }
-        for (int64_t o = N; o < ldy; o++)
-            if (!isnan(y[tk * ldy + o])) bad++;
-    }
-    const double nmse = sr > 0 ? se / sr : se;
-    CHECKF(bad == 0 && nmse < 1e-12, "%s %s K=%lld T=%d: %d bad, nmse %.3g", kt->name,
-           dtype_name(t), (long long)K, T, bad, nmse);
-    free(W);
-    free(x);
-    free(y);
+    return ref_weight(t, row, k, NULL);
 }
+
+static int ref_route(int t, const void *row, const float *x, int64_t K, double *ref, double *mag,
+                     double *qerr, double *kbound)
+{
+    *ref = ref_i8(t, row, x, K, mag, qerr);
+    *kbound = (double)(K / 256 + 8);
+    return 1;
+}
+
+/* matmul against the double reference (kern_check.h): N rows, T tokens, strided x and y. */
+static const kc_matmul_ref_t ACC = {.N = 23, .x_pad = 5, .y_pad = 3, .nmse = 1,
+                                    .make_weights = make_weights, .rng = &rng_state,
+                                    .weight = ref_w, .route = ref_route};
 
 /* Shapes refused; x holding Inf or NaN gives NaN outputs; empty ranges write nothing. */
 static void test_edges(const kern_table_t *kt, int t)
@@ -296,7 +279,7 @@ int main(void)
         for (int ti = 0; ti < 2; ti++) {
             const int t = TYPES[ti];
             for (size_t ki = 0; ki < sizeof KS / sizeof KS[0]; ki++)
-                for (int T = 1; T <= 13; T += 4) test_accuracy(kt, t, KS[ki], T);
+                for (int T = 1; T <= 13; T += 4) kc_matmul_accuracy(kt, t, KS[ki], T, &ACC);
             kc_batch_invariance(kt, t, 29, 256, i == 0 ? 20 : 70,
                                 make_weights, &rng_state);
             kc_batch_invariance(kt, t, 29, 1024, i == 0 ? 8 : 40,

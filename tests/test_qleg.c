@@ -176,41 +176,18 @@ static void test_dequant(const kern_table_t *kt, int t)
     free(b);
 }
 
-static void test_accuracy(const kern_table_t *kt, int t, int64_t K, int T)
+static int ref_i8(int t, const void *row, const float *x, int64_t K, double *ref, double *mag,
+                  double *qerr, double *kbound)
 {
-    const int64_t N = 23, ldx = K + 5, ldy = N + 3;
-    size_t rb;
-    void *W = make_weights(t, N, K, &rb);
-    float *x = make_vec(ldx * T);
-    float *y = malloc((size_t)(ldy * T) * sizeof(float));
-    for (int64_t i = 0; i < ldy * T; i++) y[i] = NAN;
-    CHECK(kt->matmul(t, W, rb, K, x, ldx, y, ldy, T, 0, N) == 0);
-    int bad = 0, badq = 0;
-    double se = 0, sr = 0;
-    for (int tk = 0; tk < T; tk++) {
-        for (int64_t o = 0; o < N; o++) {
-            const void *row = (const char *)W + (size_t)o * rb;
-            double exact = 0, mag, qerr;
-            for (int64_t k = 0; k < K; k++) exact += (double)ref_w(t, row, k) * x[tk * ldx + k];
-            const double ref = ref_route(t, row, x + tk * ldx, K, &mag, &qerr);
-            if (!(fabs(ref - exact) <= qerr)) badq++;
-            const double bound = (double)(K / blk_of(t) + 8) * ldexp(1.0, -24) * mag;
-            const double got = y[tk * ldy + o];
-            if (!(fabs(got - ref) <= bound)) bad++;
-            se += (got - ref) * (got - ref);
-            sr += ref * ref;
-        }
-        for (int64_t o = N; o < ldy; o++)
-            if (!isnan(y[tk * ldy + o])) bad++;
-    }
-    const double nmse = sr > 0 ? se / sr : se;
-    CHECKF(bad == 0 && badq == 0 && nmse < 1e-12, "%s %s K=%lld T=%d: %d beyond the bound, %d "
-           "formula off the exact product, nmse %.3g", kt->name, dtype_name(t), (long long)K, T,
-           bad, badq, nmse);
-    free(W);
-    free(x);
-    free(y);
+    *ref = ref_route(t, row, x, K, mag, qerr);
+    *kbound = (double)(K / blk_of(t) + 8);
+    return 1;
 }
+
+/* matmul against the double reference (kern_check.h): N rows, T tokens, strided x and y. */
+static const kc_matmul_ref_t ACC = {.N = 23, .x_pad = 5, .y_pad = 3, .nmse = 1,
+                                    .make_weights = make_weights, .rng = &rng_state,
+                                    .weight = ref_w, .route = ref_i8};
 
 /* Non-finite x: the token's outputs are NaN (its block scales are NaN), the others finite. */
 static void test_nonfinite(const kern_table_t *kt, int t)
@@ -297,7 +274,7 @@ int main(void)
             const int64_t *ks = t == DT_IQ4_XS ? KS256 : KS32;
             const int nk = t == DT_IQ4_XS ? 3 : 4;
             for (int ki = 0; ki < nk; ki++)
-                for (int T = 1; T <= 13; T += 3) test_accuracy(kt, t, ks[ki], T);
+                for (int T = 1; T <= 13; T += 3) kc_matmul_accuracy(kt, t, ks[ki], T, &ACC);
             kc_batch_invariance(kt, t, 27, t == DT_IQ4_XS ? 256 : 96, i == 0 ? 12 : 40,
                                 make_weights, &rng_state);
             kc_batch_invariance(kt, t, 27, t == DT_IQ4_XS ? 1536 : 1568, i == 0 ? 4 : 12,
