@@ -110,9 +110,11 @@ static float ref_weight(int t, const void *row, int64_t k)
                    (double)fp16_to_f32(b->dmin) * k4_field(b->scales, 8 + sub));
 }
 
-/* The route's formula in double over kern_q8k_quantize(x); *mag: the sum its bound scales with;
- * *qerr: its allowed distance from the exact product of the widened weights with x. */
-static double ref_i8(int t, const void *row, const float *x, int64_t K, double *mag, double *qerr)
+/* kc_matmul_ref_t's route: the formula in double over kern_q8k_quantize(x) in *out; *mag: the
+ * sum its bound scales with, *kbound its factor of u; *qerr: its allowed distance from the exact
+ * product of the widened weights with x. */
+static int ref_i8(int t, const void *row, const float *x, int64_t K, double *out, double *mag,
+                  double *qerr, double *kbound)
 {
     const int64_t nsb = K / 256;
     kern_q8k_t *xq = malloc((size_t)nsb * sizeof *xq);
@@ -154,9 +156,11 @@ static double ref_i8(int t, const void *row, const float *x, int64_t K, double *
         }
     }
     free(xq);
+    *out = ref;
     *mag = m;
     *qerr = qe;
-    return ref;
+    *kbound = (double)(K / 256 + 8);
+    return 1;
 }
 
 static void test_dequant(const kern_table_t *const *tabs)
@@ -210,19 +214,11 @@ static void test_dequant(const kern_table_t *const *tabs)
     }
 }
 
-static int ref_route(int t, const void *row, const float *x, int64_t K, double *ref, double *mag,
-                     double *qerr, double *kbound)
-{
-    *ref = ref_i8(t, row, x, K, mag, qerr);
-    *kbound = (double)(K / 256 + 8);
-    return 1;
-}
-
 /* matmul against the double reference (kern_check.h): N rows, T tokens, strided x and y; a
  * zero block in token 1 (dx = 0). */
 static const kc_matmul_ref_t ACC = {.N = 37, .x_pad = 3, .y_pad = 5, .zero_block = 1,
                                     .make_weights = make_weights, .rng = &rng_state,
-                                    .weight = ref_weight, .route = ref_route};
+                                    .weight = ref_weight, .route = ref_i8};
 
 int main(void)
 {

@@ -113,10 +113,12 @@ static float ref_weight(int t, const void *row, int64_t k, double *exact)
     return (float)v;
 }
 
-/* The int8 route's formula in double (kernels.h), *mag its bound's sum, *qerr a bound on its
- * distance from the exact product of the widened weights (x's 8-bit rounding, at most dx/2 per
- * element, and Q2_K's weight rounding, which the formula does not make). */
-static double ref_i8(int t, const void *row, const float *x, int64_t K, double *mag, double *qerr)
+/* kc_matmul_ref_t's route: the int8 route's formula in double (kernels.h) in *out, *mag its
+ * bound's sum, *kbound its factor of u, *qerr a bound on its distance from the exact product of
+ * the widened weights (x's 8-bit rounding, at most dx/2 per element, and Q2_K's weight rounding,
+ * which the formula does not make). */
+static int ref_i8(int t, const void *row, const float *x, int64_t K, double *out, double *mag,
+                  double *qerr, double *kbound)
 {
     const int64_t nsb = K / 256;
     kern_q8k_t *xq = malloc((size_t)nsb * sizeof *xq);
@@ -144,9 +146,11 @@ static double ref_i8(int t, const void *row, const float *x, int64_t K, double *
         }
     }
     free(xq);
+    *out = ref;
     *mag = mg;
     *qerr = qe;
-    return ref;
+    *kbound = (double)(K / 256 + 8);
+    return 1;
 }
 
 /* Dequantisation: dtype_dequant_row and every table's dequant_row against ref_weight, bitwise. */
@@ -183,18 +187,10 @@ static float ref_w(int t, const void *row, int64_t k)
     return ref_weight(t, row, k, NULL);
 }
 
-static int ref_route(int t, const void *row, const float *x, int64_t K, double *ref, double *mag,
-                     double *qerr, double *kbound)
-{
-    *ref = ref_i8(t, row, x, K, mag, qerr);
-    *kbound = (double)(K / 256 + 8);
-    return 1;
-}
-
 /* matmul against the double reference (kern_check.h): N rows, T tokens, strided x and y. */
 static const kc_matmul_ref_t ACC = {.N = 23, .x_pad = 5, .y_pad = 3, .nmse = 1,
                                     .make_weights = make_weights, .rng = &rng_state,
-                                    .weight = ref_w, .route = ref_route};
+                                    .weight = ref_w, .route = ref_i8};
 
 /* Shapes refused; x holding Inf or NaN gives NaN outputs; empty ranges write nothing. */
 static void test_edges(const kern_table_t *kt, int t)
