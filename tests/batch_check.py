@@ -16,15 +16,11 @@ import json
 import os
 import sys
 
-try:
-    from jsonschema import Draft202012Validator
-except ImportError:
-    if (os.path.exists("/usr/bin/python3") and not os.environ.get("SPILLWAY_PY_REEXEC")
-            and os.path.realpath(sys.executable) != os.path.realpath("/usr/bin/python3")):
-        os.environ["SPILLWAY_PY_REEXEC"] = "1"
-        os.execv("/usr/bin/python3", ["/usr/bin/python3"] + sys.argv)
-    print("SKIP: python jsonschema not available (Debian: python3-jsonschema)")
-    sys.exit(77)
+import pycommon
+
+Draft202012Validator = pycommon.import_or_skip(
+    "jsonschema", "SKIP: python jsonschema not available (Debian: python3-jsonschema)",
+    needs=("Draft202012Validator",)).Draft202012Validator
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 schema = json.load(open(os.path.join(ROOT, "schemas", "batch_output.schema.json")))

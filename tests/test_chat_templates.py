@@ -11,16 +11,10 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-try:
-    import jinja2  # noqa: F401
-except ImportError:
-    # the first python3 on PATH may lack jinja2 while Debian's (python3-jinja2) has it
-    if (os.path.exists("/usr/bin/python3") and not os.environ.get("SPILLWAY_PY_REEXEC")
-            and os.path.realpath(sys.executable) != os.path.realpath("/usr/bin/python3")):
-        os.environ["SPILLWAY_PY_REEXEC"] = "1"
-        os.execv("/usr/bin/python3", ["/usr/bin/python3"] + sys.argv)
-    print("SKIP: python3-jinja2 is not installed (scripts/install-deps.sh installs it)")
-    sys.exit(77)
+import pycommon
+
+pycommon.import_or_skip(
+    "jinja2", "SKIP: python3-jinja2 is not installed (scripts/install-deps.sh installs it)")
 
 r = subprocess.run([sys.executable, os.path.join(HERE, "chat_templates", "gen.py"), "--check"],
                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

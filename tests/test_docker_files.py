@@ -49,16 +49,9 @@ import subprocess
 import sys
 import threading
 
-try:
-    import yaml
-except ImportError:
-    # the first python3 on PATH may lack PyYAML while Debian's (python3-yaml) has it
-    if (os.path.exists("/usr/bin/python3") and not os.environ.get("SPILLWAY_PY_REEXEC")
-            and os.path.realpath(sys.executable) != os.path.realpath("/usr/bin/python3")):
-        os.environ["SPILLWAY_PY_REEXEC"] = "1"
-        os.execv("/usr/bin/python3", ["/usr/bin/python3"] + sys.argv)
-    print("SKIP: python yaml module not available (Debian: python3-yaml)")
-    sys.exit(77)
+import pycommon
+
+yaml = pycommon.import_or_skip("yaml", "SKIP: python yaml module not available (Debian: python3-yaml)")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)

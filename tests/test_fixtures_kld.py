@@ -20,15 +20,9 @@ chunks llama.cpp scored (F16 KV cache, as llama-perplexity ran). Bounds:
 import os
 import sys
 
-try:
-    import numpy as np
-except ImportError:
-    if (os.path.exists("/usr/bin/python3") and not os.environ.get("SPILLWAY_PY_REEXEC")
-            and os.path.realpath(sys.executable) != os.path.realpath("/usr/bin/python3")):
-        os.environ["SPILLWAY_PY_REEXEC"] = "1"
-        os.execv("/usr/bin/python3", ["/usr/bin/python3"] + sys.argv)
-    print("SKIP: numpy not available")
-    sys.exit(77)
+import pycommon
+
+np = pycommon.numpy_or_skip()
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)

@@ -28,28 +28,19 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "kern_check.h"
 #include "engine/cpu/kernels.h"
 #include "engine/cpu/threadpool.h"
 #include "engine/dtype.h"
 
 static const int WTYPES[] = {DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0, DT_Q4_K};
 #define N_WTYPES 6
-static const char *const ISAS[] = {"scalar", "avx2", "avx512", "avx512-vnni"};
-#define N_ISAS 4
+#define N_ISAS KC_N_ISAS
 
-/* xorshift64*: deterministic test data */
-static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-static uint64_t rng_next(void)
-{
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return rng_state * 0x2545f4914f6cdd1dull;
-}
-static float rng_unif(void) /* [-1, 1) */
-{
-    return (float)((double)(rng_next() >> 40) / (double)(1ull << 23) - 1.0);
-}
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull; /* the inputs: drawn by kern_check.h */
+static uint64_t rng_next(void) { return kc_rng_next(&rng_state); }
+static float rng_unif(void) { return kc_rng_unif(&rng_state); }
+static float *make_vec(int64_t n) { return kc_make_vec(&rng_state, n); }
 
 /* Random weights: rows x K of type t, row_bytes = dtype_row_bytes(t, K). */
 static void *make_weights(int t, int64_t rows, int64_t K, size_t *row_bytes)
@@ -242,111 +233,10 @@ static int ref_i8(int t, const void *row, const float *x, int64_t K, double *ref
     return 0;
 }
 
-static float *make_vec(int64_t n)
-{
-    float *v = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
-    for (int64_t i = 0; i < n; i++) v[i] = rng_unif();
-    return v;
-}
-
-/* Matmul against the double reference: N rows, T tokens, strided x and y. */
-static void test_matmul_accuracy(const kern_table_t *kt, int t, int64_t K, int T)
-{
-    const int64_t N = 37, ldx = K + 3, ldy = N + 5;
-    size_t rb;
-    void *W = make_weights(t, N, K, &rb);
-    float *x = make_vec(ldx * T);
-    float *y = malloc((size_t)(ldy * T) * sizeof(float));
-    for (int64_t i = 0; i < ldy * T; i++) y[i] = NAN;
-    CHECK(kt->matmul(t, W, rb, K, x, ldx, y, ldy, T, 0, N) == 0);
-    double se = 0, sr = 0;
-    int bad = 0;
-    for (int tk = 0; tk < T; tk++) {
-        for (int64_t o = 0; o < N; o++) {
-            const void *row = (const char *)W + (size_t)o * rb;
-            double ref = 0, mag = 0;
-            for (int64_t k = 0; k < K; k++) {
-                double p = (double)ref_weight(t, row, k) * x[tk * ldx + k];
-                ref += p;
-                mag += fabs(p);
-            }
-            double kbound = (double)(K + 4), qerr, ri8;
-            if (ref_i8(t, row, x + tk * ldx, K, &ri8, &mag, &qerr, &kbound)) {
-                /* the int8 formula, and its distance from the exact product */
-                if (!(fabs(ri8 - ref) <= qerr)) bad++;
-                ref = ri8;
-            }
-            double got = y[tk * ldy + o];
-            double bound = kbound * ldexp(1.0, -24) * mag;
-            if (!(fabs(got - ref) <= bound)) bad++;
-            se += (got - ref) * (got - ref);
-            sr += ref * ref;
-        }
-        for (int64_t o = N; o < ldy; o++) /* padding untouched */
-            if (!isnan(y[tk * ldy + o])) bad++;
-    }
-    double nmse = sr > 0 ? se / sr : se;
-    CHECKF(bad == 0 && nmse < 1e-12, "%s %s K=%lld T=%d: %d bad, nmse %.3g", kt->name,
-           dtype_name(t), (long long)K, T, bad, nmse);
-    free(W);
-    free(x);
-    free(y);
-}
-
-/* Bitwise batch invariance for T = 1..maxT. */
-static void test_batch_invariance(const kern_table_t *kt, int t, int64_t K, int maxT)
-{
-    const int64_t N = 29;
-    const int pool = maxT + 2; /* token pool; a batch is a window of it */
-    size_t rb;
-    void *W = make_weights(t, N, K, &rb);
-    float *x = make_vec(K * pool);
-    /* alone[tok][o]: token alone, one row at a time */
-    float *alone = malloc((size_t)(pool * N) * sizeof(float));
-    for (int tok = 0; tok < pool; tok++)
-        for (int64_t o = 0; o < N; o++)
-            CHECK(kt->matmul(t, W, rb, K, x + tok * K, K, alone + tok * N, N, 1, o, o + 1) == 0);
-    float *y = malloc((size_t)(maxT * N) * sizeof(float));
-    int bad = 0;
-    for (int T = 1; T <= maxT; T++) {
-        int s = T % 3;                        /* first token of the window */
-        int64_t o0 = T % 2 ? 1 : 0;           /* odd and even starts */
-        int64_t o1 = N - (T % 4 == 1 ? 2 : 0); /* ends short of N at times */
-        CHECK(kt->matmul(t, W, rb, K, x + s * K, K, y, N, T, o0, o1) == 0);
-        for (int tk = 0; tk < T; tk++)
-            for (int64_t o = o0; o < o1; o++)
-                if (memcmp(&y[tk * N + o], &alone[(s + tk) * N + o], sizeof(float)) != 0) bad++;
-    }
-    CHECKF(bad == 0, "%s %s K=%lld: %d outputs differ between batch and alone", kt->name,
-           dtype_name(t), (long long)K, bad);
-    free(W);
-    free(x);
-    free(alone);
-    free(y);
-}
-
-/* Two tables give bit-identical matmuls, for every tile shape up to T = 20. */
-static void test_same_bits(const kern_table_t *a, const kern_table_t *b, int t)
-{
-    const int64_t N = 19, K = t == DT_Q4_K ? 768 : 576;
-    const int maxT = 20;
-    size_t rb;
-    void *W = make_weights(t, N, K, &rb);
-    float *x = make_vec(K * maxT);
-    float *ya = malloc((size_t)(N * maxT) * sizeof(float));
-    float *yb = malloc((size_t)(N * maxT) * sizeof(float));
-    int bad = 0;
-    for (int T = 1; T <= maxT; T++) {
-        CHECK(a->matmul(t, W, rb, K, x, K, ya, N, T, 0, N) == 0);
-        CHECK(b->matmul(t, W, rb, K, x, K, yb, N, T, 0, N) == 0);
-        if (memcmp(ya, yb, (size_t)(N * T) * sizeof(float)) != 0) bad++;
-    }
-    CHECKF(bad == 0, "%s vs %s %s: %d batch sizes differ", a->name, b->name, dtype_name(t), bad);
-    free(W);
-    free(x);
-    free(ya);
-    free(yb);
-}
+/* Matmul accuracy (kern_check.h): N rows, T tokens, strided x and y. */
+static const kc_matmul_ref_t ACC = {.N = 37, .x_pad = 3, .y_pad = 5, .nmse = 1,
+                                    .make_weights = make_weights, .rng = &rng_state,
+                                    .weight = ref_weight, .route = ref_i8};
 
 /* Two ISAs agree within the sum of their bounds. */
 static void test_isa_cross(const kern_table_t *a, const kern_table_t *b, int t, int64_t K)
@@ -706,10 +596,7 @@ int main(void)
     CHECK(kern_get("scalar") != NULL);
 
     const kern_table_t *tabs[N_ISAS];
-    for (int i = 0; i < N_ISAS; i++) {
-        tabs[i] = kern_get(ISAS[i]);
-        if (!tabs[i]) fprintf(stderr, "%s: not supported here, skipped\n", ISAS[i]);
-    }
+    kc_tables(tabs);
     static const int64_t KS[] = {32, 64, 96, 576, 1536};
     static const int64_t KS_K[] = {256, 512, 768, 1536}; /* Q4_K: multiples of 256 */
     static const int64_t KS_ODD[] = {1, 7, 17, 100, 172, 1100};
@@ -721,22 +608,25 @@ int main(void)
             const int64_t bs = blk_of(t);
             if (t == DT_Q4_K) {
                 for (size_t ki = 0; ki < sizeof KS_K / sizeof KS_K[0]; ki++)
-                    for (int T = 1; T <= 13; T += 4) test_matmul_accuracy(kt, t, KS_K[ki], T);
+                    for (int T = 1; T <= 13; T += 4) kc_matmul_accuracy(kt, t, KS_K[ki], T, &ACC);
             } else {
                 for (size_t ki = 0; ki < sizeof KS / sizeof KS[0]; ki++)
-                    for (int T = 1; T <= 13; T += 4) test_matmul_accuracy(kt, t, KS[ki], T);
+                    for (int T = 1; T <= 13; T += 4) kc_matmul_accuracy(kt, t, KS[ki], T, &ACC);
             }
             if (bs == 1) {
                 for (size_t ki = 0; ki < sizeof KS_ODD / sizeof KS_ODD[0]; ki++)
-                    test_matmul_accuracy(kt, t, KS_ODD[ki], 7);
+                    kc_matmul_accuracy(kt, t, KS_ODD[ki], 7, &ACC);
             } else { /* K not a multiple of the block: rejected */
                 CHECK(kt->matmul(t, NULL, 0, 48, NULL, 48, NULL, 1, 1, 0, 1) == -1);
                 if (bs == 256) CHECK(kt->matmul(t, NULL, 0, 288, NULL, 288, NULL, 1, 1, 0, 1) == -1);
             }
-            test_batch_invariance(kt, t, bs == 256 ? 256 : bs == 32 ? 96 : 100, i == 0 ? 24 : 70);
-            test_batch_invariance(kt, t, bs == 256 ? 768 : 576, i == 0 ? 8 : 14);
+            kc_batch_invariance(kt, t, 29, bs == 256 ? 256 : bs == 32 ? 96 : 100, i == 0 ? 24 : 70,
+                                make_weights, &rng_state);
+            kc_batch_invariance(kt, t, 29, bs == 256 ? 768 : 576, i == 0 ? 8 : 14,
+                                make_weights, &rng_state);
             /* long rows: the avx512 F32 path cuts K into ranges above 1024 */
-            test_batch_invariance(kt, t, bs > 1 ? 1536 : 1100, i == 0 ? 3 : 14);
+            kc_batch_invariance(kt, t, 29, bs > 1 ? 1536 : 1100, i == 0 ? 3 : 14,
+                                make_weights, &rng_state);
         }
         CHECK(kt->matmul(DT_Q8_1, NULL, 0, 32, NULL, 32, NULL, 1, 1, 0, 1) == -1);
         CHECK(kt->matmul(DT_Q8_K, NULL, 0, 256, NULL, 256, NULL, 1, 1, 0, 1) == -1);
@@ -752,7 +642,9 @@ int main(void)
             }
         }
     if (tabs[2] && tabs[3]) /* VNNI changes instructions, not values */
-        for (int wi = 0; wi < N_WTYPES; wi++) test_same_bits(tabs[2], tabs[3], WTYPES[wi]);
+        for (int wi = 0; wi < N_WTYPES; wi++)
+            kc_same_bits(tabs[KC_AVX512], tabs[KC_AVX512_VNNI], WTYPES[wi], WTYPES[wi] == DT_Q4_K ? 768 : 576, make_weights,
+                         &rng_state);
     test_dequant_reference();
     test_q8k_quantize();
     test_q8_quantize();

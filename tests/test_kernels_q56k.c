@@ -20,25 +20,16 @@
 #include <string.h>
 
 #include "check.h"
+#include "kern_check.h"
 #include "engine/cpu/kernels.h"
 #include "engine/dtype.h"
 
-static const char *const ISAS[] = {"scalar", "avx2", "avx512", "avx512-vnni"};
-#define N_ISAS 4
+#define N_ISAS KC_N_ISAS
 static const int TYPES[] = {DT_Q6_K, DT_Q5_K};
 
-static uint64_t rng_state = 0x2545f4914f6cdd1dull;
-static uint64_t rng_next(void)
-{
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return rng_state * 0x2545f4914f6cdd1dull;
-}
-static float rng_unif(void) /* [-1, 1) */
-{
-    return (float)((double)(rng_next() >> 40) / (double)(1ull << 23) - 1.0);
-}
+static uint64_t rng_state = 0x2545f4914f6cdd1dull; /* the inputs: drawn by kern_check.h */
+static uint64_t rng_next(void) { return kc_rng_next(&rng_state); }
+static float rng_unif(void) { return kc_rng_unif(&rng_state); }
 
 static void fill_bytes(uint8_t *p, size_t n)
 {
@@ -119,9 +110,11 @@ static float ref_weight(int t, const void *row, int64_t k)
                    (double)fp16_to_f32(b->dmin) * k4_field(b->scales, 8 + sub));
 }
 
-/* The route's formula in double over kern_q8k_quantize(x); *mag: the sum its bound scales with;
- * *qerr: its allowed distance from the exact product of the widened weights with x. */
-static double ref_i8(int t, const void *row, const float *x, int64_t K, double *mag, double *qerr)
+/* kc_matmul_ref_t's route: the formula in double over kern_q8k_quantize(x) in *out; *mag: the
+ * sum its bound scales with, *kbound its factor of u; *qerr: its allowed distance from the exact
+ * product of the widened weights with x. */
+static int ref_i8(int t, const void *row, const float *x, int64_t K, double *out, double *mag,
+                  double *qerr, double *kbound)
 {
     const int64_t nsb = K / 256;
     kern_q8k_t *xq = malloc((size_t)nsb * sizeof *xq);
@@ -163,16 +156,11 @@ static double ref_i8(int t, const void *row, const float *x, int64_t K, double *
         }
     }
     free(xq);
+    *out = ref;
     *mag = m;
     *qerr = qe;
-    return ref;
-}
-
-static float *make_vec(int64_t n)
-{
-    float *v = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
-    for (int64_t i = 0; i < n; i++) v[i] = rng_unif();
-    return v;
+    *kbound = (double)(K / 256 + 8);
+    return 1;
 }
 
 static void test_dequant(const kern_table_t *const *tabs)
@@ -226,95 +214,16 @@ static void test_dequant(const kern_table_t *const *tabs)
     }
 }
 
-static void test_accuracy(const kern_table_t *kt, int t, int64_t K, int T)
-{
-    const int64_t N = 37, ldx = K + 3, ldy = N + 5;
-    size_t rb;
-    char *W = make_weights(t, N, K, &rb);
-    float *x = make_vec(ldx * T);
-    if (T > 1) memset(x + ldx, 0, 256 * sizeof(float)); /* a zero block: dx = 0 */
-    float *y = malloc((size_t)(ldy * T) * sizeof(float));
-    for (int64_t i = 0; i < ldy * T; i++) y[i] = NAN;
-    CHECK(kt->matmul(t, W, rb, K, x, ldx, y, ldy, T, 0, N) == 0);
-    int bad = 0, badq = 0;
-    for (int tk = 0; tk < T; tk++) {
-        for (int64_t o = 0; o < N; o++) {
-            const char *row = W + (size_t)o * rb;
-            double exact = 0, mag, qerr;
-            for (int64_t k = 0; k < K; k++) exact += (double)ref_weight(t, row, k) * x[tk * ldx + k];
-            double ref = ref_i8(t, row, x + tk * ldx, K, &mag, &qerr);
-            if (!(fabs(ref - exact) <= qerr)) badq++;
-            double bound = (double)(K / 256 + 8) * ldexp(1.0, -24) * mag;
-            if (!(fabs(y[tk * ldy + o] - ref) <= bound)) bad++;
-        }
-        for (int64_t o = N; o < ldy; o++)
-            if (!isnan(y[tk * ldy + o])) bad++;
-    }
-    CHECKF(bad == 0 && badq == 0, "%s %s K=%lld T=%d: %d outside the bound, %d formula off", kt->name,
-           dtype_name(t), (long long)K, T, bad, badq);
-    free(W);
-    free(x);
-    free(y);
-}
-
-static void test_batch_invariance(const kern_table_t *kt, int t, int64_t K, int maxT)
-{
-    const int64_t N = 29;
-    const int pool = maxT + 2;
-    size_t rb;
-    char *W = make_weights(t, N, K, &rb);
-    float *x = make_vec(K * pool);
-    float *alone = malloc((size_t)(pool * N) * sizeof(float));
-    for (int tok = 0; tok < pool; tok++)
-        for (int64_t o = 0; o < N; o++)
-            CHECK(kt->matmul(t, W, rb, K, x + tok * K, K, alone + tok * N, N, 1, o, o + 1) == 0);
-    float *y = malloc((size_t)(maxT * N) * sizeof(float));
-    int bad = 0;
-    for (int T = 1; T <= maxT; T++) {
-        int s = T % 3;
-        int64_t o0 = T % 2 ? 1 : 0, o1 = N - (T % 4 == 1 ? 2 : 0);
-        CHECK(kt->matmul(t, W, rb, K, x + s * K, K, y, N, T, o0, o1) == 0);
-        for (int tk = 0; tk < T; tk++)
-            for (int64_t o = o0; o < o1; o++)
-                if (memcmp(&y[tk * N + o], &alone[(s + tk) * N + o], sizeof(float)) != 0) bad++;
-    }
-    CHECKF(bad == 0, "%s %s K=%lld: %d outputs differ between batch and alone", kt->name,
-           dtype_name(t), (long long)K, bad);
-    free(W);
-    free(x);
-    free(alone);
-    free(y);
-}
-
-static void test_same_bits(const kern_table_t *a, const kern_table_t *b, int t)
-{
-    const int64_t N = 19, K = 768;
-    const int maxT = 20;
-    size_t rb;
-    char *W = make_weights(t, N, K, &rb);
-    float *x = make_vec(K * maxT);
-    float *ya = malloc((size_t)(N * maxT) * sizeof(float));
-    float *yb = malloc((size_t)(N * maxT) * sizeof(float));
-    int bad = 0;
-    for (int T = 1; T <= maxT; T++) {
-        CHECK(a->matmul(t, W, rb, K, x, K, ya, N, T, 0, N) == 0);
-        CHECK(b->matmul(t, W, rb, K, x, K, yb, N, T, 0, N) == 0);
-        if (memcmp(ya, yb, (size_t)(N * T) * sizeof(float)) != 0) bad++;
-    }
-    CHECKF(bad == 0, "%s vs %s %s: %d batch sizes differ", a->name, b->name, dtype_name(t), bad);
-    free(W);
-    free(x);
-    free(ya);
-    free(yb);
-}
+/* matmul against the double reference (kern_check.h): N rows, T tokens, strided x and y; a
+ * zero block in token 1 (dx = 0). */
+static const kc_matmul_ref_t ACC = {.N = 37, .x_pad = 3, .y_pad = 5, .zero_block = 1,
+                                    .make_weights = make_weights, .rng = &rng_state,
+                                    .weight = ref_weight, .route = ref_i8};
 
 int main(void)
 {
     const kern_table_t *tabs[N_ISAS];
-    for (int i = 0; i < N_ISAS; i++) {
-        tabs[i] = kern_get(ISAS[i]);
-        if (!tabs[i]) fprintf(stderr, "%s: not supported here, skipped\n", ISAS[i]);
-    }
+    kc_tables(tabs);
     CHECK(dtype_supported(DT_Q6_K) && dtype_supported(DT_Q5_K));
     CHECK(dtype_block_bytes(DT_Q6_K) == 210 && dtype_block_bytes(DT_Q5_K) == 176);
     CHECK(dtype_block_bytes(DT_Q6_K) == dtype_ggml_block_bytes(DT_Q6_K));
@@ -330,14 +239,18 @@ int main(void)
             const int t = TYPES[ti];
             for (size_t ki = 0; ki < sizeof KS / sizeof KS[0]; ki++)
                 for (size_t j = 0; j < sizeof TS / sizeof TS[0]; j++)
-                    if (ki < 2 || TS[j] % 4 == 1) test_accuracy(kt, t, KS[ki], TS[j]);
+                    if (ki < 2 || TS[j] % 4 == 1) kc_matmul_accuracy(kt, t, KS[ki], TS[j], &ACC);
             CHECK(kt->matmul(t, NULL, 0, 128, NULL, 128, NULL, 1, 1, 0, 1) == -1);
             CHECK(kt->matmul(t, NULL, 0, 288, NULL, 288, NULL, 1, 1, 0, 1) == -1);
-            test_batch_invariance(kt, t, 256, i == 0 ? 12 : 40);
-            test_batch_invariance(kt, t, 1536, i == 0 ? 3 : 12);
+            kc_batch_invariance(kt, t, 29, 256, i == 0 ? 12 : 40,
+                                make_weights, &rng_state);
+            kc_batch_invariance(kt, t, 29, 1536, i == 0 ? 3 : 12,
+                                make_weights, &rng_state);
         }
     }
     if (tabs[2] && tabs[3])
-        for (int ti = 0; ti < 2; ti++) test_same_bits(tabs[2], tabs[3], TYPES[ti]);
+        for (int ti = 0; ti < 2; ti++)
+            kc_same_bits(tabs[KC_AVX512], tabs[KC_AVX512_VNNI], TYPES[ti], 768, make_weights,
+                         &rng_state);
     return check_exit();
 }

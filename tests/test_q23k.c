@@ -19,26 +19,18 @@
 #include <string.h>
 
 #include "check.h"
+#include "kern_check.h"
 #include "engine/cpu/kernels.h"
 #include "engine/dtype.h"
 #include "tools/mkmodel.h"
 
 static const int TYPES[] = {DT_Q2_K, DT_Q3_K};
-static const char *const ISAS[] = {"scalar", "avx2", "avx512", "avx512-vnni"};
-#define N_ISAS 4
+#define N_ISAS KC_N_ISAS
 
-static uint64_t rng_state = 0x243f6a8885a308d3ull;
-static uint64_t rng_next(void)
-{
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return rng_state * 0x2545f4914f6cdd1dull;
-}
-static float rng_unif(void) /* [-1, 1) */
-{
-    return (float)((double)(rng_next() >> 40) / (double)(1ull << 23) - 1.0);
-}
+static uint64_t rng_state = 0x243f6a8885a308d3ull; /* the inputs: drawn by kern_check.h */
+static uint64_t rng_next(void) { return kc_rng_next(&rng_state); }
+static float rng_unif(void) { return kc_rng_unif(&rng_state); }
+static float *make_vec(int64_t n) { return kc_make_vec(&rng_state, n); }
 
 /* Random rows x K of type t: random bytes, then random fp16 scales of either sign; every 7th
  * block all-zero bytes and every 11th all-one bytes (before the scales). */
@@ -121,17 +113,12 @@ static float ref_weight(int t, const void *row, int64_t k, double *exact)
     return (float)v;
 }
 
-static float *make_vec(int64_t n)
-{
-    float *v = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
-    for (int64_t i = 0; i < n; i++) v[i] = rng_unif();
-    return v;
-}
-
-/* The int8 route's formula in double (kernels.h), *mag its bound's sum, *qerr a bound on its
- * distance from the exact product of the widened weights (x's 8-bit rounding, at most dx/2 per
- * element, and Q2_K's weight rounding, which the formula does not make). */
-static double ref_i8(int t, const void *row, const float *x, int64_t K, double *mag, double *qerr)
+/* kc_matmul_ref_t's route: the int8 route's formula in double (kernels.h) in *out, *mag its
+ * bound's sum, *kbound its factor of u, *qerr a bound on its distance from the exact product of
+ * the widened weights (x's 8-bit rounding, at most dx/2 per element, and Q2_K's weight rounding,
+ * which the formula does not make). */
+static int ref_i8(int t, const void *row, const float *x, int64_t K, double *out, double *mag,
+                  double *qerr, double *kbound)
 {
     const int64_t nsb = K / 256;
     kern_q8k_t *xq = malloc((size_t)nsb * sizeof *xq);
@@ -159,9 +146,11 @@ static double ref_i8(int t, const void *row, const float *x, int64_t K, double *
         }
     }
     free(xq);
+    *out = ref;
     *mag = mg;
     *qerr = qe;
-    return ref;
+    *kbound = (double)(K / 256 + 8);
+    return 1;
 }
 
 /* Dequantisation: dtype_dequant_row and every table's dequant_row against ref_weight, bitwise. */
@@ -193,92 +182,15 @@ static void test_dequant(const kern_table_t *const *tabs)
     }
 }
 
-/* matmul against the double reference: N rows, T tokens, strided x and y. */
-static void test_accuracy(const kern_table_t *kt, int t, int64_t K, int T)
+static float ref_w(int t, const void *row, int64_t k)
 {
-    const int64_t N = 23, ldx = K + 5, ldy = N + 3;
-    size_t rb;
-    void *W = make_weights(t, N, K, &rb);
-    float *x = make_vec(ldx * T);
-    float *y = malloc((size_t)(ldy * T) * sizeof(float));
-    for (int64_t i = 0; i < ldy * T; i++) y[i] = NAN;
-    CHECK(kt->matmul(t, W, rb, K, x, ldx, y, ldy, T, 0, N) == 0);
-    double se = 0, sr = 0;
-    int bad = 0;
-    for (int tk = 0; tk < T; tk++) {
-        for (int64_t o = 0; o < N; o++) {
-            const void *row = (const char *)W + (size_t)o * rb;
-            double exact = 0, mag, qerr;
-            for (int64_t k = 0; k < K; k++) exact += (double)ref_weight(t, row, k, NULL) * x[tk * ldx + k];
-            const double ref = ref_i8(t, row, x + tk * ldx, K, &mag, &qerr);
-            if (!(fabs(ref - exact) <= qerr)) bad++;
-            const double got = y[tk * ldy + o];
-            if (!(fabs(got - ref) <= (double)(K / 256 + 8) * ldexp(1.0, -24) * mag)) bad++;
-            se += (got - ref) * (got - ref);
-            sr += ref * ref;
-        }
-        for (int64_t o = N; o < ldy; o++)
-            if (!isnan(y[tk * ldy + o])) bad++;
-    }
-    const double nmse = sr > 0 ? se / sr : se;
-    CHECKF(bad == 0 && nmse < 1e-12, "%s %s K=%lld T=%d: %d bad, nmse %.3g", kt->name,
-           dtype_name(t), (long long)K, T, bad, nmse);
-    free(W);
-    free(x);
-    free(y);
+    return ref_weight(t, row, k, NULL);
 }
 
-/* Bitwise batch invariance for T = 1..maxT, odd and even row ranges. */
-static void test_batch_invariance(const kern_table_t *kt, int t, int64_t K, int maxT)
-{
-    const int64_t N = 29;
-    const int pool = maxT + 2;
-    size_t rb;
-    void *W = make_weights(t, N, K, &rb);
-    float *x = make_vec(K * pool);
-    float *alone = malloc((size_t)(pool * N) * sizeof(float));
-    for (int tok = 0; tok < pool; tok++)
-        for (int64_t o = 0; o < N; o++)
-            CHECK(kt->matmul(t, W, rb, K, x + tok * K, K, alone + tok * N, N, 1, o, o + 1) == 0);
-    float *y = malloc((size_t)(maxT * N) * sizeof(float));
-    int bad = 0;
-    for (int T = 1; T <= maxT; T++) {
-        const int s = T % 3;
-        const int64_t o0 = T % 2 ? 1 : 0, o1 = N - (T % 4 == 1 ? 2 : 0);
-        CHECK(kt->matmul(t, W, rb, K, x + s * K, K, y, N, T, o0, o1) == 0);
-        for (int tk = 0; tk < T; tk++)
-            for (int64_t o = o0; o < o1; o++)
-                if (memcmp(&y[tk * N + o], &alone[(s + tk) * N + o], sizeof(float)) != 0) bad++;
-    }
-    CHECKF(bad == 0, "%s %s K=%lld: %d outputs differ between batch and alone", kt->name,
-           dtype_name(t), (long long)K, bad);
-    free(W);
-    free(x);
-    free(alone);
-    free(y);
-}
-
-/* Two tables give bit-identical matmuls (AVX-512 with and without VNNI), T = 1..20. */
-static void test_same_bits(const kern_table_t *a, const kern_table_t *b, int t)
-{
-    const int64_t N = 19, K = 768;
-    const int maxT = 20;
-    size_t rb;
-    void *W = make_weights(t, N, K, &rb);
-    float *x = make_vec(K * maxT);
-    float *ya = malloc((size_t)(N * maxT) * sizeof(float)), *yb = malloc((size_t)(N * maxT) * sizeof(float));
-    int bad = 0;
-    for (int T = 1; T <= maxT; T++) {
-        CHECK(a->matmul(t, W, rb, K, x, K, ya, N, T, 0, N) == 0);
-        CHECK(b->matmul(t, W, rb, K, x, K, yb, N, T, 0, N) == 0);
-        if (memcmp(ya, yb, (size_t)(N * T) * sizeof(float)) != 0) bad++;
-    }
-    CHECKF(bad == 0, "%s vs %s %s: %d batch sizes differ", a->name, b->name, dtype_name(t), bad);
-    free(W);
-    free(x);
-    free(ya);
-    free(yb);
-}
+/* matmul against the double reference (kern_check.h): N rows, T tokens, strided x and y. */
+static const kc_matmul_ref_t ACC = {.N = 23, .x_pad = 5, .y_pad = 3, .nmse = 1,
+                                    .make_weights = make_weights, .rng = &rng_state,
+                                    .weight = ref_w, .route = ref_i8};
 
 /* Shapes refused; x holding Inf or NaN gives NaN outputs; empty ranges write nothing. */
 static void test_edges(const kern_table_t *kt, int t)
@@ -350,10 +262,7 @@ static void test_quantiser(void)
 int main(void)
 {
     const kern_table_t *tabs[N_ISAS];
-    for (int i = 0; i < N_ISAS; i++) {
-        tabs[i] = kern_get(ISAS[i]);
-        if (!tabs[i]) fprintf(stderr, "%s: not supported here, skipped\n", ISAS[i]);
-    }
+    kc_tables(tabs);
     CHECK(dtype_supported(DT_Q2_K) && dtype_supported(DT_Q3_K));
     CHECK(dtype_block_elems(DT_Q2_K) == 256 && dtype_block_bytes(DT_Q2_K) == 84);
     CHECK(dtype_block_elems(DT_Q3_K) == 256 && dtype_block_bytes(DT_Q3_K) == 110);
@@ -366,14 +275,18 @@ int main(void)
         for (int ti = 0; ti < 2; ti++) {
             const int t = TYPES[ti];
             for (size_t ki = 0; ki < sizeof KS / sizeof KS[0]; ki++)
-                for (int T = 1; T <= 13; T += 4) test_accuracy(kt, t, KS[ki], T);
-            test_batch_invariance(kt, t, 256, i == 0 ? 20 : 70);
-            test_batch_invariance(kt, t, 1024, i == 0 ? 8 : 40); /* > 224 super-blocks: heap */
+                for (int T = 1; T <= 13; T += 4) kc_matmul_accuracy(kt, t, KS[ki], T, &ACC);
+            kc_batch_invariance(kt, t, 29, 256, i == 0 ? 20 : 70,
+                                make_weights, &rng_state);
+            kc_batch_invariance(kt, t, 29, 1024, i == 0 ? 8 : 40,
+                                make_weights, &rng_state); /* > 224 super-blocks: heap */
             test_edges(kt, t);
         }
     }
     if (tabs[2] && tabs[3])
-        for (int ti = 0; ti < 2; ti++) test_same_bits(tabs[2], tabs[3], TYPES[ti]);
+        for (int ti = 0; ti < 2; ti++)
+            kc_same_bits(tabs[KC_AVX512], tabs[KC_AVX512_VNNI], TYPES[ti], 768, make_weights,
+                         &rng_state);
     test_quantiser();
     return check_exit();
 }

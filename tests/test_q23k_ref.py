@@ -21,18 +21,10 @@ import subprocess
 import sys
 import tempfile
 
-try:
-    import numpy as np
-except ImportError:
-    if (os.path.exists("/usr/bin/python3") and not os.environ.get("SPILLWAY_PY_REEXEC")
-            and os.path.realpath(sys.executable) != os.path.realpath("/usr/bin/python3")):
-        os.environ["SPILLWAY_PY_REEXEC"] = "1"
-        os.execv("/usr/bin/python3", ["/usr/bin/python3"] + sys.argv)
-    print("SKIP: numpy not available")
-    sys.exit(77)
+import pycommon
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "reference"))
+np = pycommon.numpy_or_skip()
+pycommon.reference_path()
 import gguf_ref  # noqa: E402
 import q23k_ref  # noqa: E402
 
@@ -47,8 +39,7 @@ def ref_values(g, t):
 
 
 def main(argv):
-    if len(argv) < 3:
-        print("usage: test_q23k_ref.py <spillway> <models-dir>", file=sys.stderr)
+    if not pycommon.args_ok(argv):
         return 2
     spillway, models_dir = argv[1], argv[2]
     files = sorted(glob.glob(os.path.join(models_dir, "quant-fixtures", "*.gguf")))
@@ -106,13 +97,7 @@ def main(argv):
                                      ref.size, idx))
     print("checked %d Q2_K and %d Q3_K tensors in %d files" %
           (counts["Q2_K"], counts["Q3_K"], len(files)))
-    if failures:
-        print("%d FAILURE(S):" % len(failures))
-        for f in failures:
-            print("  " + f)
-        return 1
-    print("PASS")
-    return 0
+    return pycommon.verdict(failures)
 
 
 if __name__ == "__main__":

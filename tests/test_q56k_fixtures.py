@@ -18,26 +18,17 @@ import subprocess
 import sys
 import tempfile
 
-try:
-    import numpy as np
-except ImportError:
-    if (os.path.exists("/usr/bin/python3") and not os.environ.get("SPILLWAY_PY_REEXEC")
-            and os.path.realpath(sys.executable) != os.path.realpath("/usr/bin/python3")):
-        os.environ["SPILLWAY_PY_REEXEC"] = "1"
-        os.execv("/usr/bin/python3", ["/usr/bin/python3"] + sys.argv)
-    print("SKIP: numpy not available")
-    sys.exit(77)
+import pycommon
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "reference"))
+np = pycommon.numpy_or_skip()
+pycommon.reference_path()
 import gguf_ref  # noqa: E402
 
 TYPES = (gguf_ref.DT_Q5_K, gguf_ref.DT_Q6_K)
 
 
 def main(argv):
-    if len(argv) < 3:
-        print("usage: test_q56k_fixtures.py <spillway> <models-dir>", file=sys.stderr)
+    if not pycommon.args_ok(argv):
         return 2
     spillway, fdir = argv[1], os.path.join(argv[2], "quant-fixtures")
     if not os.path.isdir(fdir):
@@ -85,13 +76,7 @@ def main(argv):
           (files, counts[gguf_ref.DT_Q5_K], counts[gguf_ref.DT_Q6_K]))
     if not files or not all(counts.values()):
         failures.append("expected fixtures with both Q5_K and Q6_K tensors in %s" % fdir)
-    if failures:
-        print("%d FAILURE(S):" % len(failures))
-        for x in failures:
-            print("  " + x)
-        return 1
-    print("PASS")
-    return 0
+    return pycommon.verdict(failures)
 
 
 if __name__ == "__main__":

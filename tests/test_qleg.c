@@ -15,30 +15,22 @@
 #include <string.h>
 
 #include "check.h"
+#include "kern_check.h"
 #include "engine/cpu/kernels.h"
 #include "engine/dtype.h"
 #include "tools/mkmodel.h"
 
 static const int TYPES[] = {DT_Q4_1, DT_Q5_0, DT_Q5_1, DT_IQ4_NL, DT_IQ4_XS};
 #define N_TYPES 5
-static const char *const ISAS[] = {"scalar", "avx2", "avx512", "avx512-vnni"};
-#define N_ISAS 4
+#define N_ISAS KC_N_ISAS
 
 /* The non-linear grid, written out independently of dtype.c. */
 static const int KV[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
-static uint64_t rng_state = 0x2545f4914f6cdd1dull;
-static uint64_t rng_next(void)
-{
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return rng_state * 0x2545f4914f6cdd1dull;
-}
-static float rng_unif(void) /* [-1, 1) */
-{
-    return (float)((double)(rng_next() >> 40) / (double)(1ull << 23) - 1.0);
-}
+static uint64_t rng_state = 0x2545f4914f6cdd1dull; /* the inputs: drawn by kern_check.h */
+static uint64_t rng_next(void) { return kc_rng_next(&rng_state); }
+static float rng_unif(void) { return kc_rng_unif(&rng_state); }
+static float *make_vec(int64_t n) { return kc_make_vec(&rng_state, n); }
 
 static uint16_t rand_half(float scale)
 {
@@ -161,13 +153,6 @@ static double ref_route(int t, const void *row, const float *x, int64_t K, doubl
     return ref;
 }
 
-static float *make_vec(int64_t n)
-{
-    float *v = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
-    for (int64_t i = 0; i < n; i++) v[i] = rng_unif();
-    return v;
-}
-
 static void test_dequant(const kern_table_t *kt, int t)
 {
     const int64_t K = t == DT_IQ4_XS ? 2048 : 1600;
@@ -191,91 +176,18 @@ static void test_dequant(const kern_table_t *kt, int t)
     free(b);
 }
 
-static void test_accuracy(const kern_table_t *kt, int t, int64_t K, int T)
+static int ref_i8(int t, const void *row, const float *x, int64_t K, double *ref, double *mag,
+                  double *qerr, double *kbound)
 {
-    const int64_t N = 23, ldx = K + 5, ldy = N + 3;
-    size_t rb;
-    void *W = make_weights(t, N, K, &rb);
-    float *x = make_vec(ldx * T);
-    float *y = malloc((size_t)(ldy * T) * sizeof(float));
-    for (int64_t i = 0; i < ldy * T; i++) y[i] = NAN;
-    CHECK(kt->matmul(t, W, rb, K, x, ldx, y, ldy, T, 0, N) == 0);
-    int bad = 0, badq = 0;
-    double se = 0, sr = 0;
-    for (int tk = 0; tk < T; tk++) {
-        for (int64_t o = 0; o < N; o++) {
-            const void *row = (const char *)W + (size_t)o * rb;
-            double exact = 0, mag, qerr;
-            for (int64_t k = 0; k < K; k++) exact += (double)ref_w(t, row, k) * x[tk * ldx + k];
-            const double ref = ref_route(t, row, x + tk * ldx, K, &mag, &qerr);
-            if (!(fabs(ref - exact) <= qerr)) badq++;
-            const double bound = (double)(K / blk_of(t) + 8) * ldexp(1.0, -24) * mag;
-            const double got = y[tk * ldy + o];
-            if (!(fabs(got - ref) <= bound)) bad++;
-            se += (got - ref) * (got - ref);
-            sr += ref * ref;
-        }
-        for (int64_t o = N; o < ldy; o++)
-            if (!isnan(y[tk * ldy + o])) bad++;
-    }
-    const double nmse = sr > 0 ? se / sr : se;
-    CHECKF(bad == 0 && badq == 0 && nmse < 1e-12, "%s %s K=%lld T=%d: %d beyond the bound, %d "
-           "formula off the exact product, nmse %.3g", kt->name, dtype_name(t), (long long)K, T,
-           bad, badq, nmse);
-    free(W);
-    free(x);
-    free(y);
+    *ref = ref_route(t, row, x, K, mag, qerr);
+    *kbound = (double)(K / blk_of(t) + 8);
+    return 1;
 }
 
-static void test_batch_invariance(const kern_table_t *kt, int t, int64_t K, int maxT)
-{
-    const int64_t N = 27;
-    const int pool = maxT + 2;
-    size_t rb;
-    void *W = make_weights(t, N, K, &rb);
-    float *x = make_vec(K * pool);
-    float *alone = malloc((size_t)(pool * N) * sizeof(float));
-    for (int tok = 0; tok < pool; tok++)
-        for (int64_t o = 0; o < N; o++)
-            CHECK(kt->matmul(t, W, rb, K, x + tok * K, K, alone + tok * N, N, 1, o, o + 1) == 0);
-    float *y = malloc((size_t)(maxT * N) * sizeof(float));
-    int bad = 0;
-    for (int T = 1; T <= maxT; T++) {
-        const int s = T % 3;
-        const int64_t o0 = T % 2 ? 1 : 0, o1 = N - (T % 4 == 1 ? 2 : 0);
-        CHECK(kt->matmul(t, W, rb, K, x + s * K, K, y, N, T, o0, o1) == 0);
-        for (int tk = 0; tk < T; tk++)
-            for (int64_t o = o0; o < o1; o++)
-                if (memcmp(&y[tk * N + o], &alone[(s + tk) * N + o], sizeof(float)) != 0) bad++;
-    }
-    CHECKF(bad == 0, "%s %s K=%lld: %d outputs differ between batch and alone", kt->name,
-           dtype_name(t), (long long)K, bad);
-    free(W);
-    free(x);
-    free(alone);
-    free(y);
-}
-
-static void test_same_bits(const kern_table_t *a, const kern_table_t *b, int t)
-{
-    const int64_t N = 19, K = t == DT_IQ4_XS ? 768 : 608;
-    const int maxT = 20;
-    size_t rb;
-    void *W = make_weights(t, N, K, &rb);
-    float *x = make_vec(K * maxT);
-    float *ya = malloc((size_t)(N * maxT) * 4), *yb = malloc((size_t)(N * maxT) * 4);
-    int bad = 0;
-    for (int T = 1; T <= maxT; T++) {
-        CHECK(a->matmul(t, W, rb, K, x, K, ya, N, T, 0, N) == 0);
-        CHECK(b->matmul(t, W, rb, K, x, K, yb, N, T, 0, N) == 0);
-        if (memcmp(ya, yb, (size_t)(N * T) * 4) != 0) bad++;
-    }
-    CHECKF(bad == 0, "%s vs %s %s: %d batch sizes differ", a->name, b->name, dtype_name(t), bad);
-    free(W);
-    free(x);
-    free(ya);
-    free(yb);
-}
+/* matmul against the double reference (kern_check.h): N rows, T tokens, strided x and y. */
+static const kc_matmul_ref_t ACC = {.N = 23, .x_pad = 5, .y_pad = 3, .nmse = 1,
+                                    .make_weights = make_weights, .rng = &rng_state,
+                                    .weight = ref_w, .route = ref_i8};
 
 /* Non-finite x: the token's outputs are NaN (its block scales are NaN), the others finite. */
 static void test_nonfinite(const kern_table_t *kt, int t)
@@ -343,10 +255,7 @@ static void test_quantiser(int t)
 int main(void)
 {
     const kern_table_t *tabs[N_ISAS];
-    for (int i = 0; i < N_ISAS; i++) {
-        tabs[i] = kern_get(ISAS[i]);
-        if (!tabs[i]) fprintf(stderr, "%s: not supported here, skipped\n", ISAS[i]);
-    }
+    kc_tables(tabs);
     for (int ti = 0; ti < N_TYPES; ti++) CHECK(dtype_supported(TYPES[ti]));
     CHECK(dtype_block_bytes(DT_Q4_1) == 20 && dtype_block_bytes(DT_Q5_0) == 22 &&
           dtype_block_bytes(DT_Q5_1) == 24 && dtype_block_bytes(DT_IQ4_NL) == 18 &&
@@ -365,16 +274,20 @@ int main(void)
             const int64_t *ks = t == DT_IQ4_XS ? KS256 : KS32;
             const int nk = t == DT_IQ4_XS ? 3 : 4;
             for (int ki = 0; ki < nk; ki++)
-                for (int T = 1; T <= 13; T += 3) test_accuracy(kt, t, ks[ki], T);
-            test_batch_invariance(kt, t, t == DT_IQ4_XS ? 256 : 96, i == 0 ? 12 : 40);
-            test_batch_invariance(kt, t, t == DT_IQ4_XS ? 1536 : 1568, i == 0 ? 4 : 12);
+                for (int T = 1; T <= 13; T += 3) kc_matmul_accuracy(kt, t, ks[ki], T, &ACC);
+            kc_batch_invariance(kt, t, 27, t == DT_IQ4_XS ? 256 : 96, i == 0 ? 12 : 40,
+                                make_weights, &rng_state);
+            kc_batch_invariance(kt, t, 27, t == DT_IQ4_XS ? 1536 : 1568, i == 0 ? 4 : 12,
+                                make_weights, &rng_state);
             test_nonfinite(kt, t);
             /* K not a multiple of the block: refused */
             CHECK(kt->matmul(t, NULL, 0, t == DT_IQ4_XS ? 288 : 48, NULL, 288, NULL, 1, 1, 0, 1) == -1);
         }
     }
     if (tabs[2] && tabs[3])
-        for (int ti = 0; ti < N_TYPES; ti++) test_same_bits(tabs[2], tabs[3], TYPES[ti]);
+        for (int ti = 0; ti < N_TYPES; ti++)
+            kc_same_bits(tabs[KC_AVX512], tabs[KC_AVX512_VNNI], TYPES[ti], TYPES[ti] == DT_IQ4_XS ? 768 : 608, make_weights,
+                         &rng_state);
     for (int ti = 0; ti < N_TYPES; ti++) test_quantiser(TYPES[ti]);
     return check_exit();
 }

@@ -19,18 +19,10 @@ import subprocess
 import sys
 import tempfile
 
-try:
-    import numpy as np
-except ImportError:
-    if (os.path.exists("/usr/bin/python3") and not os.environ.get("SPILLWAY_PY_REEXEC")
-            and os.path.realpath(sys.executable) != os.path.realpath("/usr/bin/python3")):
-        os.environ["SPILLWAY_PY_REEXEC"] = "1"
-        os.execv("/usr/bin/python3", ["/usr/bin/python3"] + sys.argv)
-    print("SKIP: numpy not available")
-    sys.exit(77)
+import pycommon
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "reference"))
+np = pycommon.numpy_or_skip()
+pycommon.reference_path()
 import gguf_ref  # noqa: E402
 import qleg_ref  # noqa: E402
 
@@ -38,8 +30,7 @@ FILES = ["pure-Q4_1", "pure-Q5_0", "pure-Q5_1", "pure-IQ4_NL", "pure-IQ4_XS", "m
 
 
 def main(argv):
-    if len(argv) < 3:
-        print("usage: test_qleg_fixtures.py <spillway> <models-dir>", file=sys.stderr)
+    if not pycommon.args_ok(argv):
         return 2
     spillway, models_dir = argv[1], argv[2]
     fx = os.path.join(models_dir, "quant-fixtures")
@@ -91,13 +82,7 @@ def main(argv):
     print("tensors checked per type: %s" % ", ".join("%s %d" % kv for kv in sorted(seen.items())))
     if len(seen) != len(qleg_ref.NAMES):
         failures.append("types not covered: %s" % sorted(set(qleg_ref.NAMES.values()) - set(seen)))
-    if failures:
-        print("%d FAILURE(S):" % len(failures))
-        for f in failures:
-            print("  " + f)
-        return 1
-    print("PASS")
-    return 0
+    return pycommon.verdict(failures)
 
 
 if __name__ == "__main__":

@@ -36,19 +36,10 @@ import sys
 import tempfile
 import time
 
-try:
-    import numpy as np
-except ImportError:
-    # the first python3 on PATH may lack numpy while Debian's has it: retry once with that one
-    if (os.path.exists("/usr/bin/python3") and not os.environ.get("SPILLWAY_PY_REEXEC")
-            and os.path.realpath(sys.executable) != os.path.realpath("/usr/bin/python3")):
-        os.environ["SPILLWAY_PY_REEXEC"] = "1"
-        os.execv("/usr/bin/python3", ["/usr/bin/python3"] + sys.argv)
-    print("SKIP: numpy not available")
-    sys.exit(77)
+import pycommon
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "reference"))
+np = pycommon.numpy_or_skip()
+pycommon.reference_path()
 import forward_ref  # noqa: E402
 import gguf_ref  # noqa: E402
 import qleg_ref  # noqa: E402
@@ -401,8 +392,7 @@ def router_margins(m, seqs):
 
 
 def main(argv):
-    if len(argv) < 3:
-        print("usage: test_reference.py <spillway> <models-dir>", file=sys.stderr)
+    if not pycommon.args_ok(argv):
         return 2
     spillway, models_dir = argv[1], argv[2]
     for sub in ("logits", "mkmodel"):
@@ -528,13 +518,7 @@ def main(argv):
           "chunk %d, %.1f s" % (sum(ALL_LENS), ALL_LENS, SHARED_PREFIX, CHUNK, time.time() - t0))
     for n in notes:
         print("note: " + n)
-    if failures:
-        print("\n%d FAILURE(S):" % len(failures))
-        for f in failures:
-            print("  " + f)
-        return 1
-    print("PASS")
-    return 0
+    return pycommon.verdict(failures, lead="\n")
 
 
 if __name__ == "__main__":

@@ -25,19 +25,10 @@ import sys
 import tempfile
 import time
 
-try:
-    import numpy as np
-except ImportError:
-    # the first python3 on PATH may lack numpy while Debian's has it: retry once with that one
-    if (os.path.exists("/usr/bin/python3") and not os.environ.get("SPILLWAY_PY_REEXEC")
-            and os.path.realpath(sys.executable) != os.path.realpath("/usr/bin/python3")):
-        os.environ["SPILLWAY_PY_REEXEC"] = "1"
-        os.execv("/usr/bin/python3", ["/usr/bin/python3"] + sys.argv)
-    print("SKIP: numpy not available")
-    sys.exit(77)
+import pycommon
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "reference"))
+np = pycommon.numpy_or_skip()
+pycommon.reference_path()
 import forward_ref  # noqa: E402
 import gguf_ref  # noqa: E402
 
@@ -252,8 +243,7 @@ def test_stories(path):
 
 
 def main(argv):
-    if len(argv) < 3:
-        print("usage: test_reference_selftest.py <spillway> <models-dir>", file=sys.stderr)
+    if not pycommon.args_ok(argv):
         return 2
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="spillway-refself-") as tmp:

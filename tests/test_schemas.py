@@ -21,17 +21,12 @@ import os
 import re
 import sys
 
-try:
-    import jsonschema
-    from jsonschema import Draft202012Validator
-except ImportError:
-    # the first python3 on PATH may lack jsonschema while Debian's (python3-jsonschema) has it
-    if (os.path.exists("/usr/bin/python3") and not os.environ.get("SPILLWAY_PY_REEXEC")
-            and os.path.realpath(sys.executable) != os.path.realpath("/usr/bin/python3")):
-        os.environ["SPILLWAY_PY_REEXEC"] = "1"
-        os.execv("/usr/bin/python3", ["/usr/bin/python3"] + sys.argv)
-    print("SKIP: python jsonschema not available (Debian: python3-jsonschema)")
-    sys.exit(77)
+import pycommon
+
+jsonschema = pycommon.import_or_skip(
+    "jsonschema", "SKIP: python jsonschema not available (Debian: python3-jsonschema)",
+    needs=("Draft202012Validator",))
+Draft202012Validator = jsonschema.Draft202012Validator
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)

@@ -27,16 +27,11 @@ import subprocess
 import sys
 import tempfile
 
-try:
-    import jsonschema
-    from jsonschema import Draft202012Validator
-except ImportError:
-    if (os.path.exists("/usr/bin/python3") and not os.environ.get("SPILLWAY_PY_REEXEC")
-            and os.path.realpath(sys.executable) != os.path.realpath("/usr/bin/python3")):
-        os.environ["SPILLWAY_PY_REEXEC"] = "1"
-        os.execv("/usr/bin/python3", ["/usr/bin/python3"] + sys.argv)
-    print("skip: no jsonschema module")
-    sys.exit(77)
+import pycommon
+
+jsonschema = pycommon.import_or_skip("jsonschema", "skip: no jsonschema module",
+                                     needs=("Draft202012Validator",))
+Draft202012Validator = jsonschema.Draft202012Validator
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CASES = os.path.join(HERE, "structured")

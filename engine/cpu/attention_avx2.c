@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "engine/cpu/attention.h"
+#include "engine/cpu/simd_avx2_impl.h"
 
 #define AI static inline __attribute__((always_inline))
 
@@ -22,13 +23,6 @@
 AI __m256i tail_mask(int n)
 {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-
-AI float hsum8(__m256 v)
-{
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
 }
 
 AI float hmax8(__m256 v)
@@ -294,7 +288,7 @@ void attn_tile_avx2(const attn_args_t *a)
             _mm256_maskstore_ps(sc + j, m, ev);
             vs = _mm256_add_ps(vs, ev);
         }
-        __m256 inv = _mm256_set1_ps(1.0f / hsum8(vs));
+        __m256 inv = _mm256_set1_ps(1.0f / simd_hsum8(vs));
         for (int j = lo; j < n; j += 8) {
             __m256i m = tail_mask(n - j);
             _mm256_maskstore_ps(sc + j, m, _mm256_mul_ps(_mm256_maskload_ps(sc + j, m), inv));

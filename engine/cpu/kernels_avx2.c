@@ -26,6 +26,7 @@
 #include "engine/cpu/q23k.h"
 #include "engine/cpu/kernels_q56k.h"
 #include "engine/cpu/qleg.h"
+#include "engine/cpu/simd_avx2_impl.h"
 
 #define AI static inline __attribute__((always_inline))
 
@@ -123,13 +124,6 @@ AI __m256 x_load_part(const float *x, int n)
     return _mm256_loadu_ps(tmp);
 }
 
-AI float hsum1(__m256 v)
-{
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    __m128 p = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    return _mm_cvtss_f32(_mm_add_ss(p, _mm_movehdup_ps(p)));
-}
-
 /* Byte offset of element k within a row of F32, F16 or BF16 (the types the F32 tiles take). */
 AI size_t elem_off(const int dt, int64_t k)
 {
@@ -184,7 +178,7 @@ AI void tile(const int dt, const int R, const int C, const char *W, size_t wrb, 
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 8
-        for (int c = 0; c < C; c++) y[c * ldy + r] = hsum1(acc[r][c]);
+        for (int c = 0; c < C; c++) y[c * ldy + r] = simd_hsum8(acc[r][c]);
 }
 
 AI void rows_pass(const int dt, const int R, const int C, const char *W, size_t wrb, int64_t K,
@@ -257,13 +251,6 @@ static void mm_bf16(const char *W, size_t wrb, int64_t K, const float *x, int64_
 
 #define Q4K_TOK 4
 
-AI float q4k_hsum8(__m256 v)
-{
-    __m128 q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    __m128 p = _mm_add_ps(q, _mm_movehl_ps(q, q));
-    return _mm_cvtss_f32(_mm_add_ss(p, _mm_movehdup_ps(p)));
-}
-
 AI void q4k_tile(const int C, const block_q4_K *row, int64_t nsb, const kern_q8k_t *xq,
                  float *y, int64_t ldy, size_t pfd)
 {
@@ -317,7 +304,7 @@ AI void q4k_tile(const int C, const block_q4_K *row, int64_t nsb, const kern_q8k
     for (int c = 0; c < C; c++) {
         __m128 h = _mm_add_ps(accm[c], _mm_movehl_ps(accm[c], accm[c]));
         float m = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
-        y[c * ldy] = q4k_hsum8(acc[c]) - m;
+        y[c * ldy] = simd_hsum8(acc[c]) - m;
     }
 }
 
@@ -397,7 +384,7 @@ static void q4k_rows(const char *W, size_t wrb, int64_t nsb, const kern_q8k_t *x
  * Per block (weights w: Q8_0 its quants, Q4_0 its nibbles - 8) and token: vpmaddubsw of |w| and
  * xq with w's sign (vpsignb; pairs: |sum| <= 2 * 128 * 127, never saturates), vpmaddwd with
  * ones: 8 exact int32 lanes (lane l the sum of the products 4l .. 4l+3); acc = fma(float(lanes),
- * dw * dx, acc) for the blocks in order; y = hsum1(acc). */
+ * dw * dx, acc) for the blocks in order; y = simd_hsum8(acc). */
 
 /* The 32 signed weights of block bl in x's order (Q8_0 quants, Q4_0 nibbles - 8) and its scale. */
 AI __m256i b32_w32(const int dt, const char *bl, float *d)
@@ -449,7 +436,7 @@ AI void b32_tile(const int dt, const int R, const int C, const char *W, size_t w
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
-        for (int c = 0; c < C; c++) y[c * ldy + r] = hsum1(acc[r][c]);
+        for (int c = 0; c < C; c++) y[c * ldy + r] = simd_hsum8(acc[r][c]);
 }
 
 /* Rows [ob, oe): tiles of R rows, then single rows. */
@@ -613,7 +600,7 @@ static float v_dot(const float *a, const float *b, int64_t n)
     for (; i + 8 <= n; i += 8)
         s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
     if (i < n) s0 = _mm256_fmadd_ps(x_load_part(a + i, (int)(n - i)), x_load_part(b + i, (int)(n - i)), s0);
-    return hsum1(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+    return simd_hsum8(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
 }
 
 static void v_axpy(float a, const float *x, float *y, int64_t n)
@@ -642,7 +629,7 @@ static void v_rmsnorm(const float *x, const float *w, float eps, float *out, int
         __m256 a = x_load_part(x + i, (int)(n - i));
         s0 = _mm256_fmadd_ps(a, a, s0);
     }
-    float scale = 1.0f / sqrtf(hsum1(_mm256_add_ps(s0, s1)) / (float)n + eps);
+    float scale = 1.0f / sqrtf(simd_hsum8(_mm256_add_ps(s0, s1)) / (float)n + eps);
     __m256 vs = _mm256_set1_ps(scale);
     for (i = 0; i + 8 <= n; i += 8)
         _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), vs),

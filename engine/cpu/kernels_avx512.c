@@ -32,6 +32,7 @@
 #include "engine/cpu/q23k.h"
 #include "engine/cpu/kernels_q56k.h"
 #include "engine/cpu/qleg.h"
+#include "engine/cpu/simd_avx512_impl.h"
 
 #define AI static inline __attribute__((always_inline))
 
@@ -161,32 +162,8 @@ AI __m512 w_load_mask(const int dt, const char *row, int64_t k, __mmask16 m)
 
 /* ---- the fixed horizontal reduction ---- */
 
-AI float hsum1(__m512 v)
-{
-    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-    __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-    __m128 p = _mm_add_ps(q, _mm_movehl_ps(q, q));
-    return _mm_cvtss_f32(_mm_add_ss(p, _mm_movehdup_ps(p)));
-}
-
-/* Four reductions at once, each with exactly hsum1's tree: returns {sum a, sum b, sum c, sum d}. */
-AI __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d)
-{
-    __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
-                              _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
-    __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, _MM_SHUFFLE(1, 0, 1, 0)),
-                              _mm512_shuffle_f32x4(c, d, _MM_SHUFFLE(3, 2, 3, 2)));
-    /* ab = {h_a, h_b}, cd = {h_c, h_d}; now q[i] = h[i] + h[i+4] per 128-bit lane */
-    __m512 q = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(2, 0, 2, 0)),
-                             _mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(3, 1, 3, 1)));
-    __m512 p = _mm512_add_ps(q, _mm512_permute_ps(q, _MM_SHUFFLE(1, 0, 3, 2)));
-    __m512 s = _mm512_add_ps(p, _mm512_permute_ps(p, _MM_SHUFFLE(2, 3, 0, 1)));
-    const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12);
-    return _mm512_castps512_ps128(_mm512_permutexvar_ps(idx, s));
-}
-
-/* y[c * ldy + r] = the fixed reduction (hsum1's tree) of acc[r][c], r < R, c < C: rows in
- * fours through hsum4, the rest's tokens in fours. */
+/* y[c * ldy + r] = the fixed reduction (simd_hsum16's tree) of acc[r][c], r < R, c < C: rows in
+ * fours through simd_hsum16x4, the rest's tokens in fours. */
 AI void tile_store(const int R, const int C, __m512 acc[TILE_RMAX][TILE_CMAX], float *y,
                    int64_t ldy)
 {
@@ -196,19 +173,19 @@ AI void tile_store(const int R, const int C, __m512 acc[TILE_RMAX][TILE_CMAX], f
 #pragma GCC unroll 8
         for (int c = 0; c < C; c++)
             _mm_storeu_ps(y + c * ldy + r0,
-                          hsum4(acc[r0][c], acc[r0 + 1][c], acc[r0 + 2][c], acc[r0 + 3][c]));
+                          simd_hsum16x4(acc[r0][c], acc[r0 + 1][c], acc[r0 + 2][c], acc[r0 + 3][c]));
 #pragma GCC unroll 8
     for (int r = r0; r < R; r++) {
         int c = 0;
 #pragma GCC unroll 8
         for (; c + 4 <= C; c += 4) {
             float s4[4];
-            _mm_storeu_ps(s4, hsum4(acc[r][c], acc[r][c + 1], acc[r][c + 2], acc[r][c + 3]));
+            _mm_storeu_ps(s4, simd_hsum16x4(acc[r][c], acc[r][c + 1], acc[r][c + 2], acc[r][c + 3]));
 #pragma GCC unroll 4
             for (int i = 0; i < 4; i++) y[(c + i) * ldy + r] = s4[i];
         }
 #pragma GCC unroll 8
-        for (; c < C; c++) y[c * ldy + r] = hsum1(acc[r][c]);
+        for (; c < C; c++) y[c * ldy + r] = simd_hsum16(acc[r][c]);
     }
 }
 
@@ -412,7 +389,7 @@ static void mm_bf16(const char *W, size_t wrb, int64_t K, const float *x, int64_
  * 16-bit lane (int32 lanes: sc * sum of 4 products), added over the 4 chunks: 16 exact int32
  * lanes (|lane| < 2^21, so their conversion to F32 is exact). Per super-block and token:
  * acc = fma(float(lanes), d * dx, acc) in 16 lanes, accm = fma(float(m . bsum pairs), dmin * dx,
- * accm) in 4 lanes; y = hsum1(acc) - (accm reduced ((0 + 2) + (1 + 3))). */
+ * accm) in 4 lanes; y = simd_hsum16(acc) - (accm reduced ((0 + 2) + (1 + 3))). */
 
 #define Q4K_TOK 8  /* tokens per tile */
 #define Q4K_ROWS 4 /* rows per tile with one token */
@@ -431,7 +408,7 @@ AI __m512i madd_acc(const int vnni, __m512i acc, __m512i p, __m512i s)
 
 /* Rows [0, R) at `row` (stride wrb, nsb super-blocks each) against C tokens of xq (token stride
  * nsb); y[c * ldy + r]. A row's arithmetic does not depend on R or C: its own accumulators, the
- * super-blocks in order, and the fixed reductions (four rows at once through hsum4 and a 4 x 4
+ * super-blocks in order, and the fixed reductions (four rows at once through simd_hsum16x4 and a 4 x 4
  * transpose of accm, the same trees as one row's). */
 AI void q4k_tile(const int vnni, const int R, const int C, const block_q4_K *row, size_t wrb,
                  int64_t nsb, const kern_q8k_t *xq, float *y, int64_t ldy, size_t pfd)
@@ -498,7 +475,7 @@ AI void q4k_tile(const int vnni, const int R, const int C, const block_q4_K *row
             _MM_TRANSPOSE4_PS(t0, t1, t2, t3);
             __m128 m = _mm_add_ps(_mm_add_ps(t0, t2), _mm_add_ps(t1, t3));
             _mm_storeu_ps(y + c * ldy,
-                          _mm_sub_ps(hsum4(acc[0][c], acc[1][c], acc[2][c], acc[3][c]), m));
+                          _mm_sub_ps(simd_hsum16x4(acc[0][c], acc[1][c], acc[2][c], acc[3][c]), m));
         }
         return;
     }
@@ -509,7 +486,7 @@ AI void q4k_tile(const int vnni, const int R, const int C, const block_q4_K *row
             /* (0+2), (1+3) */
             __m128 h = _mm_add_ps(accm[r][c], _mm_movehl_ps(accm[r][c], accm[r][c]));
             float m = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
-            y[c * ldy + r] = hsum1(acc[r][c]) - m;
+            y[c * ldy + r] = simd_hsum16(acc[r][c]) - m;
         }
 }
 
@@ -611,7 +588,7 @@ static void q4k_rows_vnni(const char *W, size_t wrb, int64_t nsb, const kern_q8k
  * from -128 (-8) * (the sums of xq's groups of 4); without, vpmaddubsw of |w| and xq with w's
  * sign (pairs: |sum| <= 2 * 128 * 127, never saturates), then vpmaddwd with ones. Then
  * acc = fma(float(lanes), dw * dx, acc), dw * dx one F32 product per block in its 8 lanes, for the
- * pairs in order (an odd last block alone, the other 8 lanes 0); y = hsum1(acc). */
+ * pairs in order (an odd last block alone, the other 8 lanes 0); y = simd_hsum16(acc). */
 
 #define B32_R 4 /* rows x tokens of a tile with many tokens (measured 2026-12-01 on the Zen 5 build
                    machine, T = 512: 4 x 4 and 4 x 5 the same, 3 x 4 and 8 x 2 1-12% slower, 2 x 6
@@ -917,7 +894,7 @@ static float v_dot(const float *a, const float *b, int64_t n)
         __mmask16 m = tail_mask(n - i);
         s0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s0);
     }
-    return hsum1(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+    return simd_hsum16(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
 }
 
 static void v_axpy(float a, const float *x, float *y, int64_t n)
@@ -947,7 +924,7 @@ static void v_rmsnorm(const float *x, const float *w, float eps, float *out, int
         __m512 a = _mm512_maskz_loadu_ps(m, x + i);
         s0 = _mm512_fmadd_ps(a, a, s0);
     }
-    float ss = hsum1(_mm512_add_ps(s0, s1));
+    float ss = simd_hsum16(_mm512_add_ps(s0, s1));
     __m512 scale = _mm512_set1_ps(1.0f / sqrtf(ss / (float)n + eps));
     for (i = 0; i + 16 <= n; i += 16) {
         __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), scale), _mm512_loadu_ps(w + i));

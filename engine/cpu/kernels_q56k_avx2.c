@@ -11,7 +11,7 @@
  * The 8 int32 lanes are exact and convert to F32 exactly. Per super-block and token:
  * acc = fma(float(lanes), d * dx, acc) (8 lanes); Q5_K also accm = fma(float(m . bsum pairs),
  * dmin * dx, accm) (4 lanes). y = h(acc) (Q6_K) or h(acc) - ((accm0 + accm2) + (accm1 + accm3))
- * (Q5_K), h the tree of kernels_avx2.c's q4k_hsum8. Tiles are 1 row x up to 4 tokens; a row's
+ * (Q5_K), h the tree of simd_hsum8 (simd_avx2_impl.h). Tiles are 1 row x up to 4 tokens; a row's
  * arithmetic never depends on the tile, so the route is batch invariant. */
 #if defined(__x86_64__) && defined(__GNUC__)
 
@@ -26,6 +26,7 @@
 
 #include "engine/cpu/kernels_impl.h"
 #include "engine/cpu/kernels_q56k.h"
+#include "engine/cpu/simd_avx2_impl.h"
 
 #define AI static inline __attribute__((always_inline))
 
@@ -34,13 +35,6 @@
 #define Q56_PF_BYTES 16384 /* prefetch distance along each row when streaming */
 #endif
 #define Q56_PANEL_BYTES (192 * 1024) /* rows kept in L2 while every token tile passes them */
-
-AI float q56_hsum8(__m256 v)
-{
-    __m128 q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    __m128 p = _mm_add_ps(q, _mm_movehl_ps(q, q));
-    return _mm_cvtss_f32(_mm_add_ss(p, _mm_movehdup_ps(p)));
-}
 
 /* v shifted left by n (n > 0) or right by -n, in 16-bit lanes (n a constant once inlined) */
 AI __m256i shl16(__m256i v, const int n)
@@ -142,7 +136,7 @@ AI void q56k_tile(const int dt, const int C, const char *row, int64_t nsb, const
     }
 #pragma GCC unroll 4
     for (int c = 0; c < C; c++) {
-        float v = q56_hsum8(acc[c]);
+        float v = simd_hsum8(acc[c]);
         if (dt == DT_Q5_K) {
             __m128 h = _mm_add_ps(accm[c], _mm_movehl_ps(accm[c], accm[c]));
             v -= _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));

@@ -12,7 +12,7 @@
  * The 16 int32 lanes are exact and convert to F32 exactly. Per super-block and token:
  * acc = fma(float(lanes), d * dx, acc) (16 lanes); Q5_K also accm = fma(float(m . bsum pairs),
  * dmin * dx, accm) (4 lanes). y = hsum(acc) (Q6_K) or hsum(acc) - ((accm0 + accm2) + (accm1 +
- * accm3)) (Q5_K), hsum the tree of kernels_avx512.c's hsum1. A row's arithmetic is the same in
+ * accm3)) (Q5_K), hsum the tree of simd_hsum16 (simd_avx512_impl.h). A row's arithmetic is the same in
  * every tile shape (4 rows x 1 token through a 4-way reduction with the same tree, 1 row x up to
  * 8 tokens), so the route is batch invariant. */
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -28,6 +28,7 @@
 
 #include "engine/cpu/kernels_impl.h"
 #include "engine/cpu/kernels_q56k.h"
+#include "engine/cpu/simd_avx512_impl.h"
 
 #define AI static inline __attribute__((always_inline))
 
@@ -37,29 +38,6 @@
 #define Q56_PF_BYTES 16384 /* prefetch distance along each row when streaming */
 #endif
 #define Q56_PANEL_BYTES (192 * 1024) /* rows kept in L2 while every token tile passes them */
-
-AI float q56_hsum1(__m512 v)
-{
-    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-    __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-    __m128 p = _mm_add_ps(q, _mm_movehl_ps(q, q));
-    return _mm_cvtss_f32(_mm_add_ss(p, _mm_movehdup_ps(p)));
-}
-
-/* q56_hsum1 of a, b, c, d at once, each with exactly its tree. */
-AI __m128 q56_hsum4(__m512 a, __m512 b, __m512 c, __m512 d)
-{
-    __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
-                              _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
-    __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, _MM_SHUFFLE(1, 0, 1, 0)),
-                              _mm512_shuffle_f32x4(c, d, _MM_SHUFFLE(3, 2, 3, 2)));
-    __m512 q = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(2, 0, 2, 0)),
-                             _mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(3, 1, 3, 1)));
-    __m512 p = _mm512_add_ps(q, _mm512_permute_ps(q, _MM_SHUFFLE(1, 0, 3, 2)));
-    __m512 s = _mm512_add_ps(p, _mm512_permute_ps(p, _MM_SHUFFLE(2, 3, 0, 1)));
-    const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12);
-    return _mm512_castps512_ps128(_mm512_permutexvar_ps(idx, s));
-}
 
 /* acc + the pairwise products of the int16 lanes of p and s summed into int32 lanes: vpmaddwd +
  * vpaddd, or the one AVX512-VNNI vpdpwssd (the same exact integers; inline assembly, so no VNNI
@@ -207,7 +185,7 @@ AI void q56k_tile(const int dt, const int vnni, const int R, const int C, const 
     if (R == 4) {
 #pragma GCC unroll 8
         for (int c = 0; c < C; c++) {
-            __m128 v = q56_hsum4(acc[0][c], acc[1][c], acc[2][c], acc[3][c]);
+            __m128 v = simd_hsum16x4(acc[0][c], acc[1][c], acc[2][c], acc[3][c]);
             if (dt == DT_Q5_K) { /* lane r: (accm0 + accm2) + (accm1 + accm3) of row r */
                 __m128 t0 = accm[0][c], t1 = accm[1][c], t2 = accm[2][c], t3 = accm[3][c];
                 _MM_TRANSPOSE4_PS(t0, t1, t2, t3);
@@ -221,7 +199,7 @@ AI void q56k_tile(const int dt, const int vnni, const int R, const int C, const 
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 8
         for (int c = 0; c < C; c++) {
-            float v = q56_hsum1(acc[r][c]);
+            float v = simd_hsum16(acc[r][c]);
             if (dt == DT_Q5_K) {
                 __m128 h = _mm_add_ps(accm[r][c], _mm_movehl_ps(accm[r][c], accm[r][c]));
                 v -= _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));

@@ -8,8 +8,8 @@
  * lane. Q2_K: msum lanes = m . bsum16 pairs (vpmaddwd). Every lane stays below 2^21, so its
  * conversion to F32 is exact.
  * Per super-block and token: acc = fma(float(isum lanes), d * dx, acc) in 8 lanes; Q2_K also
- * accm = fma(float(msum lanes), dmin * dx, accm) in 8 lanes. y = hsum8(acc) (- hsum8(accm)),
- * hsum8 the fixed tree h[i] = v[i] + v[i+4]; p[i] = h[i] + h[i+2]; p[0] + p[1].
+ * accm = fma(float(msum lanes), dmin * dx, accm) in 8 lanes. y = simd_hsum8(acc) (- simd_hsum8(accm)),
+ * simd_hsum8 the fixed tree h[i] = v[i] + v[i+4]; p[i] = h[i] + h[i+2]; p[0] + p[1].
  * Tiles: one row x C <= 4 tokens (a row's arithmetic does not depend on C); with more than 4
  * tokens the rows go in panels of about 128 KiB kept in L2 while the token tiles pass. */
 /* Every function of this file is compiled for the ISA (no global -m flags). */
@@ -24,28 +24,13 @@
 
 #include "engine/cpu/kernels_impl.h"
 #include "engine/cpu/q23k.h"
+#include "engine/cpu/simd_avx2_impl.h"
 
 #define AI static inline __attribute__((always_inline))
 
 #define Q23K_TOK 4                    /* tokens per tile */
 #define Q23K_PANEL_BYTES (128 * 1024) /* rows per panel with more tokens than a tile */
 #define Q23K_PF_BYTES 16384           /* prefetch distance of the weights of the first tile */
-
-AI float hsum8(__m256 v)
-{
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    __m128 p = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    return _mm_cvtss_f32(_mm_add_ss(p, _mm_movehdup_ps(p)));
-}
-
-/* The two cache lines pfd bytes past a super-block (blocks of <= 128 bytes follow each other,
- * so the lines of the next blocks are covered). pfd 0: none. */
-AI void pf2(const void *b, size_t pfd)
-{
-    if (!pfd) return;
-    _mm_prefetch((const char *)b + pfd, _MM_HINT_T0);
-    _mm_prefetch((const char *)b + pfd + 64, _MM_HINT_T0);
-}
 
 /* The vpmaddwd operands of the 8 groups: S[g] holds scale 2g (of the 16 int16 in sc16) in the
  * int16 lanes of its low 128 bits and scale 2g + 1 in those of its high 128 bits. */
@@ -80,7 +65,7 @@ AI void q23k_tile(const int dt, const int C, const char *row, int64_t nsb, const
     for (int c = 0; c < C; c++) acc[c] = accm[c] = _mm256_setzero_ps();
     for (int64_t s = 0; s < nsb; s++) {
         const char *bp = row + (size_t)s * bs;
-        pf2(bp, pfd);
+        simd_pf2(bp, pfd);
         __m256i U[8], S[8], sm16; /* sm16: Q3_K the 16 scales, Q2_K the 16 mins, as int16 */
         const uint8_t *qs;
         __m128 dwm; /* d (lane 0), dmin (lane 1, Q2_K) */
@@ -137,7 +122,7 @@ AI void q23k_tile(const int dt, const int C, const char *row, int64_t nsb, const
     }
 #pragma GCC unroll 4
     for (int c = 0; c < C; c++)
-        y[c * ldy] = dt == DT_Q2_K ? hsum8(acc[c]) - hsum8(accm[c]) : hsum8(acc[c]);
+        y[c * ldy] = dt == DT_Q2_K ? simd_hsum8(acc[c]) - simd_hsum8(accm[c]) : simd_hsum8(acc[c]);
 }
 
 AI void q23k_rows(const int dt, const char *W, size_t wrb, int64_t nsb, const kern_q8k_t *xq,

@@ -12,8 +12,8 @@
  * (sc . bsum16 pairs) (vpmaddwd, 8 lanes, in lanes 0..7). Q2_K: msum lanes = m . bsum16 pairs
  * (vpmaddwd, 8 lanes). Every lane stays below 2^21, so its conversion to F32 is exact.
  * Per super-block and token: acc = fma(float(isum lanes), d * dx, acc) in 16 lanes; Q2_K also
- * accm = fma(float(msum lanes), dmin * dx, accm) in 8 lanes. y = hsum16(acc) (- hsum8(accm)):
- * hsum16 adds the 256-bit halves, then hsum8 is the tree h[i] = v[i] + v[i+4];
+ * accm = fma(float(msum lanes), dmin * dx, accm) in 8 lanes. y = simd_hsum16(acc) (- simd_hsum8(accm)):
+ * simd_hsum16 adds the 256-bit halves, then simd_hsum8 is the tree h[i] = v[i] + v[i+4];
  * p[i] = h[i] + h[i+2]; p[0] + p[1].
  * Tiles: one row x C <= 8 tokens, or 4 rows x 1 token (a row's arithmetic does not depend on
  * the tile); with more than 8 tokens the rows go in panels of about 192 KiB kept in L2 while the
@@ -30,6 +30,7 @@
 
 #include "engine/cpu/kernels_impl.h"
 #include "engine/cpu/q23k.h"
+#include "engine/cpu/simd_avx512_impl.h"
 
 #define AI static inline __attribute__((always_inline))
 
@@ -37,27 +38,6 @@
 #define Q23K_ROWS 4                   /* rows per tile with one token */
 #define Q23K_PANEL_BYTES (192 * 1024) /* rows per panel with more tokens than a tile */
 #define Q23K_PF_BYTES 8192            /* prefetch distance of the weights of the first tile */
-
-AI float hsum8(__m256 v)
-{
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    __m128 p = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    return _mm_cvtss_f32(_mm_add_ss(p, _mm_movehdup_ps(p)));
-}
-
-AI float hsum16(__m512 v)
-{
-    return hsum8(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
-}
-
-/* The two cache lines pfd bytes past a super-block (blocks of <= 128 bytes follow each other,
- * so the lines of the next blocks are covered). pfd 0: none. */
-AI void pf2(const void *b, size_t pfd)
-{
-    if (!pfd) return;
-    _mm_prefetch((const char *)b + pfd, _MM_HINT_T0);
-    _mm_prefetch((const char *)b + pfd + 64, _MM_HINT_T0);
-}
 
 /* The vpmaddwd operands of the 4 zmm: S[z] holds scale 4z + L (of the 16 int16 in sc16) in
  * every int16 lane of its 128-bit lane L (vpermw). */
@@ -123,7 +103,7 @@ AI void q23k_tile(const int dt, const int vnni, const int R, const int C, const 
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const char *bp = row + (size_t)r * wrb + (size_t)s * bs;
-            pf2(bp, pfd);
+            simd_pf2(bp, pfd);
             __m512i U[4], S[4];
             __m256i sm16; /* Q3_K the 16 scales, Q2_K the 16 mins, as int16 */
             const uint8_t *qs;
@@ -207,7 +187,7 @@ AI void q23k_tile(const int dt, const int vnni, const int R, const int C, const 
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 8
         for (int c = 0; c < C; c++)
-            y[c * ldy + r] = dt == DT_Q2_K ? hsum16(acc[r][c]) - hsum8(accm[r][c]) : hsum16(acc[r][c]);
+            y[c * ldy + r] = dt == DT_Q2_K ? simd_hsum16(acc[r][c]) - simd_hsum8(accm[r][c]) : simd_hsum16(acc[r][c]);
 }
 
 AI void q23k_rows(const int dt, const int vnni, const char *W, size_t wrb, int64_t nsb, const kern_q8k_t *xq,

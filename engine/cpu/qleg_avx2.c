@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "engine/cpu/qleg.h"
+#include "engine/cpu/simd_avx2_impl.h"
 
 #define AI static inline __attribute__((always_inline))
 
@@ -32,13 +33,6 @@
 #define QL_CMAX 4
 #define QL_PANEL_BYTES (128 * 1024)
 #define QL_PF_BYTES 16384 /* decode: prefetch distance for weights streamed from memory */
-
-AI float ql_hsum(__m256 v)
-{
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    __m128 p = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    return _mm_cvtss_f32(_mm_add_ss(p, _mm_movehdup_ps(p)));
-}
 
 /* The 32 nibbles of 16 bytes in x's order: low nibbles, then high nibbles. */
 AI __m256i ql_nibbles(const uint8_t *qs)
@@ -130,7 +124,7 @@ AI void qb32_tile(const int dt, const int R, const int C, const char *W, size_t 
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
         for (int c = 0; c < C; c++) {
-            __m128 s = _mm_set_ss(ql_hsum(acc[r][c]));
+            __m128 s = _mm_set_ss(simd_hsum8(acc[r][c]));
             if (has_min) /* accm lane 1: the m terms */
                 s = _mm_add_ss(s, _mm_shuffle_ps(accm[r][c], accm[r][c], 0x55));
             y[c * ldy + r] = _mm_cvtss_f32(s);
@@ -233,7 +227,7 @@ AI void iq4xs_tile(const int C, const block_iq4_xs *row, int64_t nsb, const kern
         }
     }
 #pragma GCC unroll 4
-    for (int c = 0; c < C; c++) y[c * ldy] = ql_hsum(acc[c]);
+    for (int c = 0; c < C; c++) y[c * ldy] = simd_hsum8(acc[c]);
 }
 
 static void iq4xs_rows(const char *W, size_t wrb, int64_t nsb, const kern_q8k_t *xq, int T,

@@ -32,6 +32,7 @@
 #include <string.h>
 
 #include "engine/cpu/qleg.h"
+#include "engine/cpu/simd_avx512_impl.h"
 
 #define AI static inline __attribute__((always_inline))
 
@@ -39,14 +40,6 @@
 #define QL_CMAX 8
 #define QL_PANEL_BYTES (192 * 1024)
 #define QL_PF_BYTES 16384 /* decode: prefetch distance for weights streamed from memory */
-
-AI float ql_hsum(__m512 v)
-{
-    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-    __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-    __m128 p = _mm_add_ps(q, _mm_movehl_ps(q, q));
-    return _mm_cvtss_f32(_mm_add_ss(p, _mm_movehdup_ps(p)));
-}
 
 /* The first PF bytes of a range about to be streamed. */
 AI void ql_stream_head(const char *p, size_t n)
@@ -186,7 +179,7 @@ AI void qb32_tile(const int dt, const int vnni, const int R, const int C, const 
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 8
-        for (int c = 0; c < C; c++) y[c * ldy + r] = ql_hsum(acc[r][c]);
+        for (int c = 0; c < C; c++) y[c * ldy + r] = simd_hsum16(acc[r][c]);
 }
 
 /* Rows [ob, oe): tiles of R rows, then single rows. */
@@ -368,7 +361,7 @@ AI void iq4xs_tile(const int vnni, const int R, const int C, const char *row, si
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 8
-        for (int c = 0; c < C; c++) y[c * ldy + r] = ql_hsum(acc[r][c]);
+        for (int c = 0; c < C; c++) y[c * ldy + r] = simd_hsum16(acc[r][c]);
 }
 
 AI void iq4xs_rows_isa(const int vnni, const char *W, size_t wrb, int64_t nsb,
