@@ -55,6 +55,7 @@ int cli_mkmodel(int argc, char **argv)
     int dtype_given = 0, shape_given = 0;
     mkmodel_convert_t conv = {.dtype = DT_F16, .pad = 0, .quant = MKMODEL_QUANT_IMPORTANCE};
     int quant_given = 0;
+    int tied_given = 0;
     long v;
     double d;
     int opt;
@@ -139,8 +140,8 @@ int cli_mkmodel(int argc, char **argv)
         case 4029: if (cli_parse_int("--experts", optarg, 0, MODEL_MAX_EXPERTS, &v)) return 2; p.n_expert = (int)v; break;
         case 4030: if (cli_parse_int("--experts-used", optarg, 1, MODEL_MAX_EXPERTS_USED, &v)) return 2; p.n_expert_used = (int)v; break;
         case 4031: if (cli_parse_int("--expert-ffn", optarg, 1, 1 << 20, &v)) return 2; p.expert_ffn_dim = (int)v; break;
-        case 4011: p.tied = 1; break;
-        case 4012: p.tied = 0; break;
+        case 4011: p.tied = 1; tied_given = 1; break;
+        case 4012: p.tied = 0; tied_given = 1; break;
         case 4013: if (cli_parse_int("--seed", optarg, 0, 1L << 62, &v)) return 2; p.seed = (uint64_t)v; break;
         case 4014: if (cli_parse_double("--rope-theta", optarg, &d)) return 2; p.rope_theta = (float)d; break;
         case 4015: if (cli_parse_double("--norm-eps", optarg, &d)) return 2; p.norm_eps = (float)d; break;
@@ -190,6 +191,9 @@ int cli_mkmodel(int argc, char **argv)
         if ((opt >= 4001 && opt <= 4015 && opt != 4010) || (opt >= 4019 && opt <= 4031))
             shape_given = 1;
     }
+    /* Gemma 2 files tie the output projection to token_embd: llama.cpp's gemma2 loader reads no
+     * output.weight and refuses a file holding one */
+    if (p.arch == ARCH_GEMMA2 && !tied_given) p.tied = 1;
     if (from) {
         if (!out || optind != argc || !dtype_given || shape_given) {
             fprintf(stderr, "usage: spillway mkmodel --from MODEL.gguf --dtype T -o FILE [--pad N] "

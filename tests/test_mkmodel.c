@@ -881,6 +881,10 @@ static void test_archs(void)
 {
     char err[256], path[128];
     snprintf(path, sizeof path, "%s/arch.gguf", tmpdir);
+    /* gemma2 always ties its output projection (llama.cpp refuses a gemma2 output.weight) */
+    mkmodel_params_t untied = small_params(ARCH_LLAMA, DT_F32, 0);
+    untied.arch = ARCH_GEMMA2;
+    CHECK(mkmodel_write(&untied, path, err, sizeof err) != 0 && strstr(err, "ties") != NULL);
     const int arches[] = {ARCH_QWEN3, ARCH_GEMMA2, ARCH_GEMMA3, ARCH_PHI3};
     for (int a = 0; a < 4; a++) {
         mkmodel_params_t p = small_params(ARCH_LLAMA, DT_F32, arches[a] != ARCH_PHI3);

@@ -659,6 +659,9 @@ static int check_params(const mkmodel_params_t *p, char *errstr, size_t errlen)
         !(p->rope_attn_factor >= 0))
         return sw_seterr(errstr, errlen, "mkmodel: head_dim (even), window, pattern, original "
                       "context, RoPE and soft-cap values must not be negative");
+    if (p->arch == ARCH_GEMMA2 && !p->tied)
+        return sw_seterr(errstr, errlen, "mkmodel: gemma2 ties the output projection to "
+                      "token_embd (llama.cpp's gemma2 loader refuses output.weight): drop --untied");
     if (p->rope_scaling && strcmp(p->rope_scaling, "linear") && strcmp(p->rope_scaling, "yarn") &&
         strcmp(p->rope_scaling, "llama3") && strcmp(p->rope_scaling, "longrope"))
         return sw_seterr(errstr, errlen, "mkmodel: rope scaling must be linear, yarn, llama3 or "
