@@ -370,7 +370,7 @@ static void test_sample_vs_cpu(int V, int steps)
     CU(cudaMalloc((void **)&dcounts, sizeof(int32_t) * (size_t)R * V));
     CU(cudaMalloc((void **)&drows, sizeof hrows));
     CU(cudaMalloc((void **)&dout, sizeof hout));
-    long compared = 0, stochastic = 0;
+    long compared = 0, stochastic = 0, identical = 0;
     for (int ci = 0; ci < SC_CASES; ci++) {
         const sampler_params_t *p = &cases[ci];
         const int L = p->n_logprobs;
@@ -415,6 +415,7 @@ static void test_sample_vs_cpu(int V, int steps)
                 const int32_t got = (int32_t)hout[r];
                 compared++;
                 stochastic += p->temperature > 0.0f;
+                identical += got == want;
                 if (got != want) {
                     CHECKF(got == want, "sample case %d row %d step %d (V %d): device %d, cpu %d",
                            ci, r, k, V, got, want);
@@ -455,8 +456,8 @@ static void test_sample_vs_cpu(int V, int steps)
             sampler_free(dev[r]);
         }
     }
-    printf("sampling: %ld picks (%ld stochastic) identical to the cpu sampler, vocabulary %d\n",
-           compared, stochastic, V);
+    printf("sampling: %ld/%ld picks (%ld stochastic) identical to the cpu sampler, vocabulary %d\n",
+           identical, compared, stochastic, V);
     free(hl);
     free(scratch);
     free(hcounts);
