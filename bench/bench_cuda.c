@@ -10,6 +10,10 @@
  *              GEMM rate / (2 x matrix parameters) per token
  *   128/128    generated tokens/s of 256 requests of 128 prompt tokens and 128 generated tokens
  *              (prefill in 4096-token steps, then decode at batch 256)
+ * Then device sampling (cuk_sample, engine/cuda/cuda_sample.h) of B rows of 128,256 random
+ * logits (B = 1, 64, 256), microseconds per step for greedy, temperature + top-p, top-k + top-p
+ * + min-p, penalties + logprobs, beside cuk_argmax and the time the logits would take to cross
+ * PCIe at 25 GB/s (what sampling on the host moved per step).
  * The models are not read from files: the backend fills BF16 weights of the preset's shape on
  * the device from a seed (backend_params_t.synthetic_seed), so an 8B shape costs no 16 GB file
  * and no upload. Goals on an H200 are printed beside the numbers.
@@ -32,6 +36,7 @@ int main(void)
 #include "engine/backend.h"
 #include "engine/cuda/cuda_blas.h"
 #include "engine/cuda/cuda_kernels.h"
+#include "engine/cuda/cuda_sample.h"
 #include "engine/dtype.h"
 #include "engine/model.h"
 #include "tools/mkmodel.h"
@@ -366,6 +371,82 @@ done:
     return rc;
 }
 
+/* Device sampling time per step (see the header). 0 or -1. */
+static int bench_sampling(void)
+{
+    enum { V = 128256, BMAX = 256, REPS = 20, NP = 4 };
+    const int Bs[3] = {1, 64, 256};
+    const char *names[NP] = {"greedy", "T 0.8, top-p 0.95", "top-k 50, top-p 0.9, min-p 0.05",
+                             "T 1, penalties, 5 logprobs"};
+    sampler_params_t ps[NP];
+    for (int i = 0; i < NP; i++) sampler_params_default(&ps[i]);
+    ps[0].temperature = 0.0f;
+    ps[1].temperature = 0.8f, ps[1].top_p = 0.95f;
+    ps[2].top_k = 50, ps[2].top_p = 0.9f, ps[2].min_p = 0.05f;
+    ps[3].repeat_penalty = 1.1f, ps[3].presence_penalty = 0.5f, ps[3].n_logprobs = 5;
+    float *dl = NULL;
+    int32_t *dcounts = NULL, *dids = NULL, *hseen = NULL;
+    cuk_sample_row_t *hrows = NULL, *drows = NULL;
+    uint32_t *dout = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    int rc = -1;
+    float ms = 0;
+    CK(cudaEventCreate(&e0), "event");
+    CK(cudaEventCreate(&e1), "event");
+    CK(cudaMalloc((void **)&dl, (size_t)BMAX * V * 4), "logits");
+    CK(cudaMalloc((void **)&dcounts, (size_t)BMAX * V * 4), "counts");
+    CK(cudaMalloc((void **)&dids, BMAX * 4), "ids");
+    CK(cudaMalloc((void **)&drows, BMAX * sizeof *drows), "rows");
+    CK(cudaMalloc((void **)&dout, cuk_sample_out_words(BMAX, CUK_SAMPLE_MAX_LOGPROBS) * 4), "out");
+    CK(cudaMallocHost((void **)&hrows, BMAX * sizeof *hrows), "rows");
+    /* logits ~ uniform(-8, 8): flat, the slow case of top-p; every 64th id seen once */
+    CK(cuk_fill_random(DT_F32, dl, (size_t)BMAX * V, 7, -8.0f, 8.0f, 0), "fill");
+    hseen = calloc(V, sizeof *hseen);
+    if (!hseen) goto fail;
+    for (int i = 0; i < V; i += 64) hseen[i] = 1;
+    for (int r = 0; r < BMAX; r++)
+        CK(cudaMemcpy(dcounts + (size_t)r * V, hseen, (size_t)V * 4, cudaMemcpyHostToDevice), "counts");
+    printf("\n| sampling, rows x 128256 | us per step | argmax us | logits over PCIe at 25 GB/s, us |\n"
+           "|---|---|---|---|\n");
+    for (int bi = 0; bi < 3; bi++) {
+        const int B = Bs[bi];
+        CK(cudaEventRecord(e0, 0), "event");
+        for (int r = 0; r < REPS; r++) CK(cuk_argmax(dl, B, V, dids, 0), "argmax");
+        CK(cudaEventRecord(e1, 0), "event");
+        CK(cudaEventSynchronize(e1), "argmax");
+        CK(cudaEventElapsedTime(&ms, e0, e1), "event");
+        const double argmax_us = ms * 1e3 / REPS;
+        for (int pi = 0; pi < NP; pi++) {
+            const int pen = ps[pi].repeat_penalty != 1.0f;
+            for (int r = 0; r < B; r++)
+                cuda_sample_row_fill(&hrows[r], &ps[pi], 0x9e3779b97f4a7c15ull * (uint64_t)(r + 1),
+                                     pen ? r : -1, -1);
+            CK(cudaMemcpy(drows, hrows, (size_t)B * sizeof *hrows, cudaMemcpyHostToDevice), "rows");
+            const int L = ps[pi].n_logprobs;
+            CK(cuk_sample(dl, B, V, drows, dcounts, L, dout, 0), "sample"); /* warm-up */
+            CK(cudaEventRecord(e0, 0), "event");
+            for (int r = 0; r < REPS; r++) CK(cuk_sample(dl, B, V, drows, dcounts, L, dout, 0), "sample");
+            CK(cudaEventRecord(e1, 0), "event");
+            CK(cudaEventSynchronize(e1), "sample");
+            CK(cudaEventElapsedTime(&ms, e0, e1), "event");
+            printf("| %d x %s | %.0f | %.0f | %.0f |\n", B, names[pi], ms * 1e3 / REPS, argmax_us,
+                   (double)B * V * 4 / 25e9 * 1e6);
+        }
+    }
+    rc = 0;
+fail:
+    cudaFree(dl);
+    cudaFree(dcounts);
+    cudaFree(dids);
+    cudaFree(drows);
+    cudaFree(dout);
+    if (hrows) cudaFreeHost(hrows);
+    free(hseen);
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     const char *models = "llama-3.2-1b,llama-3.1-8b";
@@ -397,6 +478,7 @@ int main(int argc, char **argv)
     int rc = 0;
     for (char *save = NULL, *m = strtok_r(list, ",", &save); m; m = strtok_r(NULL, ",", &save))
         if (bench_model(m, bw, flops, steps)) rc = 1;
+    if (bench_sampling()) rc = 1;
     return rc;
 }
 #endif

@@ -28,9 +28,10 @@ int cli_plan(int argc, char **argv);
 #include "worker/worker.h"
 int cli_worker_config(int argc, char **argv, worker_config_t *cfg, int *list_keys);
 
-/* Shared engine options (--threads, --kv-type, ...), each the flag of one worker key (the key
- * table, worker/config.c: same range, choices and help): returns 1 if opt was one and stored it
- * in cfg (kv_type points into arg), 0 if not, -1 for a bad value (message printed). */
+/* Shared engine options (--threads, --kv-type, --backend, ...), each the flag of one worker key
+ * (the key table, worker/config.c: same range, choices and help): returns 1 if opt was one and
+ * stored it in cfg (kv_type, backend and cuda_dtype point into arg), 0 if not, -1 for a bad
+ * value (message printed). */
 int cli_engine_opt(engine_config_t *cfg, int opt, const char *arg);
 /* Prints the help lines of the engine options, from the key table. */
 void cli_engine_help(FILE *f);
@@ -44,7 +45,10 @@ void cli_engine_help(FILE *f);
     {"kv-mem-mb", required_argument, 0, 1006},              \
     {"kv-blocks", required_argument, 0, 1007},              \
     {"ctx", required_argument, 0, 1008},                    \
-    {"no-prefix-cache", no_argument, 0, 1009}
+    {"no-prefix-cache", no_argument, 0, 1009},             \
+    {"backend", required_argument, 0, 1010},                \
+    {"cuda-device", required_argument, 0, 1011},            \
+    {"cuda-dtype", required_argument, 0, 1012}
 
 /* A flag that sets worker key `key`: parses arg as worker_config_set would (range, choices),
  * printing an error naming flag and the key; 0 and *num (may be NULL), or -1. */

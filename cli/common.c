@@ -106,6 +106,9 @@ static const struct {
     {1007, "--kv-blocks N", "kv.blocks"},
     {1008, "--ctx N", "ctx"},
     {1009, "--no-prefix-cache", "prefix_cache"},
+    {1010, "--backend B", "backend"},
+    {1011, "--cuda-device N", "cuda.device"},
+    {1012, "--cuda-dtype T", "cuda.dtype"},
 };
 
 void cli_engine_help(FILE *f)
@@ -136,6 +139,9 @@ int cli_engine_opt(engine_config_t *cfg, int opt, const char *arg)
     case 1007: cfg->kv_blocks = (int)v; break;
     case 1008: cfg->max_ctx = (int)v; break;
     case 1009: cfg->prefix_cache = 0; break;
+    case 1010: cfg->backend = arg; break;
+    case 1011: cfg->cuda_device = (int)v; break;
+    case 1012: cfg->cuda_dtype = arg; break;
     }
     return 1;
 }

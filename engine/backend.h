@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "model.h"
+#include "sampler.h"
 
 /* One forward step over a set of sequences. Tokens of sequence s occupy the contiguous range
  * [seq_start[s], seq_start[s+1]) with consecutive positions (a prefill chunk, or one decode
@@ -51,7 +52,23 @@ typedef struct {
                                 the device with seeded uniform values and the norms with 1, and
                                 the model's data pointers are not read (benchmarks of real
                                 shapes without a multi-GB file) */
+    int device;           /* device index (>= 0; 0 = the first CUDA_VISIBLE_DEVICES names) */
 } backend_params_t;
+
+/* How forward_sample picks the token of one logits row: what sampler_sample would do with the
+ * same logits and a sampler in the same state (engine/sampler.h, same steps in the same order:
+ * sanitising, raw logprobs, penalties, greedy or top-k, temperature, min-p, top-p, the draw).
+ * The random number and the penalty window are the host sampler's, so the host keeps the
+ * sequence's stream and history and the device only its penalty counts. */
+typedef struct {
+    const sampler_params_t *p; /* validated (sampler_params_validate); borrowed for the call */
+    uint64_t rand;             /* sampler_draw(): the draw of this step (unused when greedy) */
+    int pen_slot;              /* -1: no penalties. Else a slot of sample_slot_load holding the
+                                  counts of the penalty window; after the pick the backend adds
+                                  1 to the chosen id's count and takes 1 from pen_evict's */
+    int32_t pen_evict;         /* sampler_evict_next(): the id leaving the window when the chosen
+                                  one enters, -1 none */
+} backend_sample_t;
 
 typedef struct backend backend_t;
 
@@ -68,6 +85,20 @@ typedef struct {
      * decoding without moving [n_logits][n_vocab] floats off the device. */
     int (*forward_argmax)(backend_t *b, const backend_batch_t *batch, int32_t *ids,
                           char *errstr, size_t errlen);
+    /* Optional (NULL: use forward and sampler_sample on the host). As forward, but the
+     * logits of row i < n_logits are sampled on the device as rows[i] says, and only
+     * ids[i], and for rows with p->n_logprobs > 0 chosen[i] and top[i * SAMPLER_MAX_LOGPROBS
+     * + j] (j < p->n_logprobs), come back (chosen and top may be NULL when no row asks for
+     * logprobs). The caller then calls sampler_accept(id) on its own sampler as after
+     * sampler_sample. Returns 0 or -1 and fills errstr. */
+    int (*forward_sample)(backend_t *b, const backend_batch_t *batch,
+                          const backend_sample_t *rows, int32_t *ids, sampler_logprob_t *chosen,
+                          sampler_logprob_t *top, char *errstr, size_t errlen);
+    /* With forward_sample: copies counts[n_vocab] (sampler_penalty_counts) into a free penalty
+     * slot and returns it (>= 0), or -1 and errstr (out of device memory). */
+    int (*sample_slot_load)(backend_t *b, const int32_t *counts, char *errstr, size_t errlen);
+    /* With forward_sample: frees slot (>= 0), which a later sample_slot_load may return. */
+    void (*sample_slot_free)(backend_t *b, int slot);
     /* Block copies: dst/src hold kv_block_bytes. Optional (NULL): the caller falls back. */
     int (*kv_block_read)(backend_t *b, int32_t block, void *dst);
     int (*kv_block_write)(backend_t *b, int32_t block, const void *src);
@@ -89,12 +120,14 @@ backend_t *backend_cpu_new(const model_t *model, const backend_params_t *params,
                            size_t errlen);
 
 /* CUDA backend (engine/cuda), built when SPILLWAY_HAVE_CUDA is defined. model is borrowed and
- * must outlive the backend. Uses device 0 (select others with CUDA_VISIBLE_DEVICES). NULL +
- * errstr when there is no CUDA device, the parameters are bad, or the model does not fit the
- * memory budget (the message names the sizes). Logits come back to the host F32 as from the CPU
- * backend; sampling stays on the host. */
+ * must outlive the backend. Uses device params->device. NULL + errstr when there is no CUDA
+ * device (or no device of that index), the parameters are bad, or the model does not fit the
+ * memory budget (the message names the sizes). forward gives F32 logits as the CPU backend
+ * does; forward_argmax and forward_sample pick tokens on the device. */
 backend_t *backend_cuda_new(const model_t *model, const backend_params_t *params, char *errstr,
                             size_t errlen);
+/* CUDA devices this host has (0 when none or no driver). */
+int backend_cuda_device_count(void);
 
 /* Checks a batch against be's model and pool (engine/backend.c): 1..max_tokens tokens in
  * contiguous non-empty sequences, token ids and consecutive positions in range, every block of

@@ -6,7 +6,10 @@
  * n_tokens gets logits and samples its next token (when every such sequence of a step is plainly
  * greedy and the backend has forward_argmax, the backend returns the argmax ids instead of the
  * logits: for finite logits the same tokens, as the sampler's greedy pick is the argmax with the
- * lowest id winning ties, without moving [n][n_vocab] floats off the device). Waiting sequences
+ * lowest id winning ties, without moving [n][n_vocab] floats off the device; otherwise, when
+ * the backend has forward_sample and no sequence of the step follows a grammar, the backend
+ * samples every row on the device with the sequences' host samplers' random numbers and
+ * penalty windows, and returns ids and logprobs only). Waiting sequences
  * are admitted in order of (priority desc, arrival asc) while sequences, batch tokens and KV
  * blocks allow, after reusing the longest run of their full prompt blocks that the pool has cached
  * by name. When a running sequence cannot get a block, the lowest-priority, newest running
@@ -62,6 +65,8 @@ typedef struct seq {
                                  the argmax of the raw logits (the backend may pick it) */
     sampler_t *sampler;       /* created at first admission (its scratch is per-vocabulary:
                                  waiting requests hold none), kept across preemption */
+    int pen_slot;             /* the backend's penalty-count slot mirroring the sampler's window
+                                 (forward_sample), -1 none; freed when a step samples on the host */
     stop_matcher_t *stop;
     int32_t *stop_ids;
     int n_stop_ids;
@@ -108,7 +113,11 @@ struct engine {
     const int32_t **b_tables;
     seq_t **b_seqs;
     float *logits;            /* [max_seqs][n_vocab] */
-    int32_t *b_ids;           /* [max_batch_tokens] ids of forward_argmax */
+    int32_t *b_ids;           /* [max_batch_tokens] ids of forward_argmax / forward_sample */
+    /* with forward_sample only (else NULL): */
+    backend_sample_t *b_rows; /* [max_seqs] forward_sample's rows */
+    sampler_logprob_t *b_chosen; /* [max_seqs] forward_sample's chosen logprobs */
+    sampler_logprob_t *b_top; /* [max_seqs][SAMPLER_MAX_LOGPROBS] its top logprobs */
     char piece[4096];
     seq_t **cand;             /* [sched_window + 1] admission candidates of a step */
     int64_t *cand_prio, *cand_cached; /* [sched_window + 1] their sort keys */
@@ -142,6 +151,7 @@ void engine_config_default(engine_config_t *c)
     c->sched_urgent_ms = 2000;
     c->cuda_dtype = "bf16";
     c->cuda_mem_fraction = 0.9f;
+    c->cuda_device = 0;
 }
 
 const char *engine_backends(void)
@@ -189,6 +199,13 @@ static void seq_free(seq_t *s)
     free(s->top);
     grammar_state_free(s->gstate);
     free(s);
+}
+
+/* Frees s's penalty slot on the backend, if it holds one. */
+static void seq_free_pen_slot(engine_t *e, seq_t *s)
+{
+    if (s->pen_slot >= 0) e->be->ops->sample_slot_free(e->be, s->pen_slot);
+    s->pen_slot = -1;
 }
 
 static void seq_release_blocks(engine_t *e, seq_t *s)
@@ -312,6 +329,7 @@ static void seq_finish(engine_t *e, seq_t *s, int finish)
     };
     if (s->text) s->text[s->text_final] = 0;
     if (s->done) s->done(s->cb_arg, &r);
+    seq_free_pen_slot(e, s);
     seq_free(s);
 }
 
@@ -322,10 +340,12 @@ void engine_free(engine_t *e)
     if (!e) return;
     for (int i = 0; i < e->n_waiting; i++) {
         seq_release_blocks(e, e->waiting[i]);
+        seq_free_pen_slot(e, e->waiting[i]);
         seq_free(e->waiting[i]);
     }
     for (int i = 0; i < e->n_running; i++) {
         seq_release_blocks(e, e->running[i]);
+        seq_free_pen_slot(e, e->running[i]);
         seq_free(e->running[i]);
     }
     free(e->waiting);
@@ -335,6 +355,9 @@ void engine_free(engine_t *e)
     free(e->b_seq_start);
     free(e->b_logits_idx);
     free(e->b_ids);
+    free(e->b_rows);
+    free(e->b_chosen);
+    free(e->b_top);
     free(e->b_tables);
     free(e->b_seqs);
     free(e->logits);
@@ -366,7 +389,11 @@ engine_t *engine_new(const engine_config_t *cfg, char *errstr, size_t errlen)
         goto fail;
     }
     int use_cuda = 0, cuda_wtype = DT_BF16;
-    if (c->backend && strcmp(c->backend, "cuda") == 0) {
+    if (c->backend && strcmp(c->backend, "auto") == 0) {
+#ifdef SPILLWAY_HAVE_CUDA
+        use_cuda = backend_cuda_device_count() > 0;
+#endif
+    } else if (c->backend && strcmp(c->backend, "cuda") == 0) {
 #ifdef SPILLWAY_HAVE_CUDA
         use_cuda = 1;
 #else
@@ -389,6 +416,10 @@ engine_t *engine_new(const engine_config_t *cfg, char *errstr, size_t errlen)
         }
         if (!(c->cuda_mem_fraction > 0.0f && c->cuda_mem_fraction <= 1.0f)) {
             sw_seterr(errstr, errlen, "engine: cuda_mem_fraction must be in (0, 1]");
+            goto fail;
+        }
+        if (c->cuda_device < 0) {
+            sw_seterr(errstr, errlen, "engine: cuda_device must be >= 0");
             goto fail;
         }
     }
@@ -438,6 +469,7 @@ engine_t *engine_new(const engine_config_t *cfg, char *errstr, size_t errlen)
         .max_batch_tokens = c->max_batch_tokens,
         .weight_type = cuda_wtype,
         .mem_fraction = c->cuda_mem_fraction,
+        .device = c->cuda_device,
     };
 #ifdef SPILLWAY_HAVE_CUDA
     if (use_cuda) e->be = backend_cuda_new(e->model, &bp, errstr, errlen);
@@ -472,6 +504,16 @@ engine_t *engine_new(const engine_config_t *cfg, char *errstr, size_t errlen)
     e->b_seq_start = malloc((T + 1) * sizeof *e->b_seq_start);
     e->b_logits_idx = malloc(T * sizeof *e->b_logits_idx);
     e->b_ids = malloc(T * sizeof *e->b_ids);
+    if (e->be->ops->forward_sample) { /* one row per sequence of a step at most */
+        const size_t S = (size_t)c->max_seqs;
+        e->b_rows = malloc(S * sizeof *e->b_rows);
+        e->b_chosen = malloc(S * sizeof *e->b_chosen);
+        e->b_top = malloc(S * SAMPLER_MAX_LOGPROBS * sizeof *e->b_top);
+        if (!e->b_rows || !e->b_chosen || !e->b_top) {
+            sw_seterr(errstr, errlen, "engine: out of memory");
+            goto fail;
+        }
+    }
     e->b_tables = malloc(T * sizeof *e->b_tables);
     e->b_seqs = malloc(T * sizeof *e->b_seqs);
     e->logits = malloc((size_t)c->max_seqs * hp->n_vocab * sizeof *e->logits);
@@ -577,6 +619,7 @@ int engine_submit(engine_t *e, const engine_request_t *req, engine_done_fn done,
     }
     seq_t *s = calloc(1, sizeof *s);
     if (!s) goto oom;
+    s->pen_slot = -1;
     int room = e->max_ctx;
     int max_tokens = req->max_tokens;
     if (max_tokens > room - req->n_prompt) max_tokens = room - req->n_prompt + 0;
@@ -936,11 +979,19 @@ static int is_stop_id(const seq_t *s, int32_t id)
     return 0;
 }
 
-/* Appends the next token of s: sampled from logits, or `picked` (a plain-greedy sequence's
- * argmax from the backend) when logits is NULL. Returns 1 when s finished. */
-static int seq_advance(engine_t *e, seq_t *s, float *logits, int32_t picked, int *finish_out)
+/* Appends the next token of s: sampled from logits, or `picked` when logits is NULL (a
+ * plain-greedy sequence's argmax from the backend, or the backend's sample with its logprobs
+ * in d_chosen and d_top[SAMPLER_MAX_LOGPROBS] when s asked for them). Returns 1 when s
+ * finished. */
+static int seq_advance(engine_t *e, seq_t *s, float *logits, int32_t picked,
+                       const sampler_logprob_t *d_chosen, const sampler_logprob_t *d_top,
+                       int *finish_out)
 {
     sampler_logprob_t top[SAMPLER_MAX_LOGPROBS], chosen;
+    if (!logits && d_chosen && s->n_logprobs) {
+        chosen = *d_chosen;
+        memcpy(top, d_top, (size_t)s->n_logprobs * sizeof *top);
+    }
     const int at_start = s->stream.at_start;
     int64_t tg0 = s->gstate ? sw_mono_ns() : 0;
     if (s->gstate && logits) {
@@ -960,6 +1011,8 @@ static int seq_advance(engine_t *e, seq_t *s, float *logits, int32_t picked, int
     int32_t tok = logits ? sampler_sample(s->sampler, logits, s->n_logprobs ? top : NULL,
                                           s->n_logprobs ? &chosen : NULL)
                          : picked;
+    /* the device counts saw only device picks: after a host pick they are stale */
+    if (!d_chosen) seq_free_pen_slot(e, s);
     sampler_accept(s->sampler, tok);
     if (s->n_logprobs) {
         s->lp[s->n_generated].id = chosen.id;
@@ -1006,6 +1059,40 @@ static int seq_advance(engine_t *e, seq_t *s, float *logits, int32_t picked, int
     return finish >= 0;
 }
 
+/* Whether the rows of this step (the b_seqs[0..n) whose chunk reaches their end) can be
+ * sampled by the backend, and if so fills b_rows in logits order: draws each row's random
+ * number and loads the penalty counts of a sequence that has no slot yet. 0 (sample on the
+ * host) when the backend has no forward_sample, a row follows a grammar (its mask is the
+ * host's), or a slot cannot be loaded; nothing is drawn then. */
+static int plan_device_sampling(engine_t *e, int n)
+{
+    if (!e->be->ops->forward_sample) return 0;
+    for (int i = 0; i < n; i++) {
+        const seq_t *s = e->b_seqs[i];
+        if (s->n_computed + s->step_tokens == s->n_tokens && s->gstate) return 0;
+    }
+    for (int i = 0; i < n; i++) {
+        seq_t *s = e->b_seqs[i];
+        if (s->n_computed + s->step_tokens != s->n_tokens || s->pen_slot >= 0) continue;
+        const int32_t *counts = sampler_penalty_counts(s->sampler);
+        if (!counts) continue;
+        char err[256]; /* out of device memory: this step samples on the host, correctly */
+        s->pen_slot = e->be->ops->sample_slot_load(e->be, counts, err, sizeof err);
+        if (s->pen_slot < 0) return 0;
+    }
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        seq_t *s = e->b_seqs[i];
+        if (s->n_computed + s->step_tokens != s->n_tokens) continue;
+        backend_sample_t *r = &e->b_rows[k++];
+        r->p = &s->sp;
+        r->rand = sampler_draw(s->sampler);
+        r->pen_slot = s->pen_slot;
+        r->pen_evict = s->pen_slot >= 0 ? sampler_evict_next(s->sampler) : -1;
+    }
+    return 1;
+}
+
 int engine_step(engine_t *e, char *errstr, size_t errlen)
 {
     int n = plan_step(e);
@@ -1048,14 +1135,22 @@ int engine_step(engine_t *e, char *errstr, size_t errlen)
         const seq_t *s = e->b_seqs[i];
         if (s->n_computed + s->step_tokens == s->n_tokens && !s->plain_greedy) by_id = 0;
     }
+    const int by_sample = !by_id && n_logits > 0 && plan_device_sampling(e, n);
     int64_t t0 = sw_mono_ns();
-    if (by_id ? e->be->ops->forward_argmax(e->be, &batch, e->b_ids, errstr, errlen)
-              : e->be->ops->forward(e->be, &batch, e->logits, errstr, errlen))
-        return -1;
+    int frc;
+    if (by_id)
+        frc = e->be->ops->forward_argmax(e->be, &batch, e->b_ids, errstr, errlen);
+    else if (by_sample)
+        frc = e->be->ops->forward_sample(e->be, &batch, e->b_rows, e->b_ids, e->b_chosen,
+                                         e->b_top, errstr, errlen);
+    else
+        frc = e->be->ops->forward(e->be, &batch, e->logits, errstr, errlen);
+    if (frc) return -1;
     int64_t dt = sw_mono_ns() - t0;
     e->st.forward_seconds += (double)dt * 1e-9;
     e->st.steps++;
     if (by_id) e->st.argmax_steps++;
+    if (by_sample) e->st.sample_steps++;
     for (int i = 0; i < n; i++)
         e->b_seqs[i]->compute_ns += dt * e->b_seqs[i]->step_tokens / T;
 
@@ -1069,8 +1164,11 @@ int engine_step(engine_t *e, char *errstr, size_t errlen)
         if (s->n_computed != s->n_tokens) continue;
         int finish;
         const int k = li++;
-        if (!seq_advance(e, s, by_id ? NULL : e->logits + (size_t)k * n_vocab,
-                         by_id ? e->b_ids[k] : -1, &finish)) {
+        const int host = !by_id && !by_sample;
+        if (!seq_advance(e, s, host ? e->logits + (size_t)k * n_vocab : NULL,
+                         host ? -1 : e->b_ids[k], by_sample ? &e->b_chosen[k] : NULL,
+                         by_sample ? &e->b_top[(size_t)k * SAMPLER_MAX_LOGPROBS] : NULL,
+                         &finish)) {
             if (s->progress) {
                 engine_progress_t p = {.id = s->id, .user = s->user,
                                        .text = s->text ? s->text : "",

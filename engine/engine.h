@@ -25,7 +25,8 @@ struct grammar; /* engine/grammar.h */
 /* Every tunable number of the engine, with its default in engine_config_default(). */
 typedef struct {
     const char *model_path;  /* GGUF file (borrowed during engine_new) */
-    const char *backend;     /* "cpu" or "cuda" (when built: engine_backends()) ("cpu") */
+    const char *backend;     /* "cpu", "cuda" (when built: engine_backends()) or "auto" (cuda
+                                when built and a device is present, else cpu) ("cpu") */
     int threads;             /* compute threads; 0 = one per online CPU */
     int block_tokens;        /* tokens per KV block (16) */
     int kv_blocks;           /* KV pool blocks; 0 = from kv_mem_mb */
@@ -53,6 +54,7 @@ typedef struct {
                                 kv_type f32 computes like the CPU backend) */
     float cuda_mem_fraction; /* share of the free device memory for weights, activations and
                                 the KV pool, (0, 1] (0.9) */
+    int cuda_device;         /* device index, >= 0 (0) */
 } engine_config_t;
 
 void engine_config_default(engine_config_t *c);
@@ -219,6 +221,8 @@ typedef struct {
     double forward_seconds;
     uint64_t argmax_steps;   /* steps whose sampled tokens were all plainly greedy and came back
                                 from the backend as ids (forward_argmax), not as logits */
+    uint64_t sample_steps;   /* steps whose tokens were sampled on the device (forward_sample):
+                                only ids and logprobs came back */
     double grammar_seconds;  /* structured output: computing and applying token masks and
                                 advancing grammar states (on the step thread) */
 } engine_stats_t;

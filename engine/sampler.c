@@ -309,6 +309,22 @@ void sampler_accept(sampler_t *s, int32_t id)
     }
 }
 
+uint64_t sampler_draw(sampler_t *s)
+{
+    return s->p.temperature > 0.0f ? xoshiro_next(s->rng) : 0;
+}
+
+int32_t sampler_evict_next(const sampler_t *s)
+{
+    const int win = s->p.repeat_last_n;
+    return s->pen_on && win > 0 && s->ring_len == win ? s->ring[s->ring_head] : -1;
+}
+
+const int32_t *sampler_penalty_counts(const sampler_t *s)
+{
+    return s->pen_on ? s->count : NULL;
+}
+
 /* ---- vector-friendly kernels ----
  * GCC at -O2 vectorises only loops whose trip count is known, so the long loops below walk
  * blocks of BLK elements with fixed inner loops (per-lane accumulators, fixed summation

@@ -65,6 +65,17 @@ int sampler_mask_logits(float *logits, int n_vocab, const uint32_t *mask);
  * [0, n_vocab) are ignored. No allocation. */
 void sampler_accept(sampler_t *s, int32_t id);
 
+/* For a backend that samples on the device (engine/backend.h, forward_sample) while this
+ * sampler keeps the sequence's random stream and penalty history:
+ * sampler_draw returns the 64-bit random number sampler_sample would draw now and advances the
+ * stream exactly as sampler_sample does (one number when temperature > 0, else none and 0);
+ * sampler_evict_next returns the id whose window count the next sampler_accept drops (-1 none);
+ * sampler_penalty_counts returns the [n_vocab] counts of the ids in the penalty window (NULL
+ * when penalties are off), valid until the next sampler_accept. */
+uint64_t sampler_draw(sampler_t *s);
+int32_t sampler_evict_next(const sampler_t *s);
+const int32_t *sampler_penalty_counts(const sampler_t *s);
+
 /* Stop strings, matched across token boundaries on the generated text.
  * stop_matcher_push appends text and returns how many bytes of the text pushed so far are safe
  * to emit (they cannot be the start of a stop string). When a stop string completes,

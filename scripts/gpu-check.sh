@@ -14,7 +14,9 @@
 #   cpu-tests   test_engine and test_kernels: the CPU reference the GPU is checked against
 #   cpu-generate  spillway generate, greedy, stories260K on the CPU backend
 #   test_cuda   every kernel against a CPU reference, and greedy stories260K on the CUDA backend
-#               equal to the CPU backend's (F32); exit 77 (no device) is a failure when a GPU is
+#               equal to the CPU backend's (F32); sampling on the device equal to the CPU sampler
+#               on the same logits (ids, logprobs, penalty counts) and batch-invariant, its lines
+#               as rows of the table; exit 77 (no device) is a failure when a GPU is
 #               present. Without a GPU it still runs: it checks the backend's refusal, then skips
 #   bench_cuda  copy bandwidth, GEMM rate, decode/prefill/128-in-128-out on synthetic
 #               Llama-3.2-1B and Llama-3.1-8B shapes, beside the H200 goals
@@ -276,7 +278,11 @@ rc=$?
 sed -n '/=== test_cuda/,$p' "$LOG" >"$OUTDIR/test_cuda.log"
 if [ "$HAVE_GPU" -eq 1 ]; then
   [ $rc -eq 77 ] && say "gpu-check: test_cuda skipped although nvidia-smi lists a GPU: a failure"
-  record test_cuda $rc "kernels vs CPU, greedy stories260K cuda f32 == cpu"
+  record test_cuda $rc "kernels vs CPU, greedy stories260K cuda f32 == cpu, device sampling == cpu sampler"
+  # device sampling's own lines (tests/test_cuda.c prints them only when its checks ran)
+  while IFS= read -r line; do
+    row "  sampling" "$([ $rc -eq 0 ] && echo passed || echo 'see test_cuda')" 0 "${line#sampling: }"
+  done < <(grep -E '^(sampling|engine): ' "$OUTDIR/test_cuda.log")
 elif [ $rc -eq 77 ]; then
   row test_cuda "skipped: no GPU" "$LAST_SECS" "its checks without a device passed (refusal, cuBLAS loader)"
   say "--- test_cuda: SKIPPED (no GPU): the checks without a device passed"

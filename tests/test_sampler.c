@@ -1174,6 +1174,63 @@ static void test_speed(void)
     free(l);
 }
 
+/* The helpers of device sampling (sampler_draw, sampler_evict_next, sampler_penalty_counts): a
+ * sampler that only draws advances its stream exactly as one that samples, and the counts and
+ * the evicted id are those of a brute-force window over the accepted ids. */
+static void test_device_helpers(void)
+{
+    enum { V = 50, STEPS = 300 };
+    const int windows[3] = {8, -1, 0};
+    const float temps[2] = {0.7f, 0.0f};
+    for (int wi = 0; wi < 3; wi++)
+        for (int ti = 0; ti < 2; ti++) {
+            sampler_params_t p;
+            sampler_params_default(&p);
+            p.temperature = temps[ti];
+            p.repeat_last_n = windows[wi];
+            p.presence_penalty = 0.5f;
+            p.seed = 99 + (uint64_t)wi;
+            char err[128];
+            sampler_t *a = sampler_new(&p, V, err, sizeof err), *b = sampler_new(&p, V, err, sizeof err);
+            CHECK(a && b);
+            if (!a || !b) {
+                sampler_free(a);
+                sampler_free(b);
+                return;
+            }
+            int32_t hist[STEPS];
+            float l[V];
+            uint64_t x = 5 + (uint64_t)wi * 7 + (uint64_t)ti;
+            for (int k = 0; k < STEPS; k++) {
+                for (int i = 0; i < V; i++) l[i] = (float)trng_unif(&x) * 4.0f;
+                const int32_t id = sampler_sample(a, l, NULL, NULL);
+                (void)sampler_draw(b);
+                const int win = windows[wi];
+                const int32_t want_evict = win > 0 && k >= win ? hist[k - win] : -1;
+                CHECKF(sampler_evict_next(b) == want_evict, "window %d step %d: evict %d, want %d",
+                       win, k, sampler_evict_next(b), want_evict);
+                sampler_accept(a, id);
+                sampler_accept(b, id);
+                hist[k] = id;
+                const int32_t *cnt = sampler_penalty_counts(b);
+                CHECK((cnt == NULL) == (win == 0));
+                if (!cnt) continue;
+                int bad = 0;
+                for (int t = 0; t < V; t++) {
+                    int c = 0;
+                    for (int j = win > 0 && k + 1 > win ? k + 1 - win : 0; j <= k; j++)
+                        c += hist[j] == t;
+                    bad += cnt[t] != c;
+                }
+                CHECKF(bad == 0, "window %d step %d: %d counts differ", win, k, bad);
+            }
+            CHECKF(sampler_draw(a) == sampler_draw(b), "window %d T %g: streams diverged",
+                   windows[wi], (double)temps[ti]);
+            sampler_free(a);
+            sampler_free(b);
+        }
+}
+
 int main(void)
 {
     test_params();
@@ -1184,6 +1241,7 @@ int main(void)
     test_determinism();
     test_penalties();
     test_logprobs();
+    test_device_helpers();
     test_stop();
     test_speed();
     return check_exit();

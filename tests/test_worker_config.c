@@ -233,6 +233,7 @@ static void test_key_table(void)
     CHECK(e.sched_window == c.sched_window && e.sched_aging_ms == c.sched_aging_ms &&
           e.sched_urgent_ms == c.sched_urgent_ms);
     CHECK(!strcmp(e.cuda_dtype, c.cuda_dtype) && e.cuda_mem_fraction == (float)c.cuda_mem_fraction);
+    CHECK(e.cuda_device == c.cuda_device);
     engine_request_t rq; /* generate -n: the default max_tokens */
     engine_request_default(&rq);
     CHECK(rq.max_tokens == c.default_max_tokens);

@@ -96,8 +96,13 @@ static const key_t_ KEYS[] = {
      "Models and versions; `kill -HUP` reloads)"},
     {"model.default", K_STR, F(model_default), "", 0, 0,
      "model of a request without `model` (\"\" = the first of `models`, else `model`'s)"},
-    {"backend", K_STR, F(backend), "cpu", 0, 0,
-     "compute backend: `cpu`, or `cuda` in a build with the CUDA backend (see GPU deployment)"},
+    {"backend", K_CHOICE, F(backend), "cpu", 0, 0,
+     "compute backend: `cpu`; `cuda` (a build with the CUDA backend and a device, else the "
+     "start fails saying which is missing); `auto` = `cuda` when both are there, else `cpu` "
+     "(see GPU deployment)"},
+    {"cuda.device", K_INT, F(cuda_device), "0", 0, 1023,
+     "CUDA backend: index of the device to use (as CUDA numbers them after "
+     "`CUDA_VISIBLE_DEVICES`)"},
     {"cuda.dtype", K_CHOICE, F(cuda_dtype), "bf16", 0, 0,
      "CUDA backend: device weight type; `f32` with `kv.type` f32 computes like the CPU backend"},
     {"cuda.mem_fraction", K_DOUBLE, F(cuda_mem_fraction), "0.9", 0, 0,
@@ -244,6 +249,7 @@ static const struct {
     {"cache.isolation", "tenant|none"},
     {"log.format", "text|json"},
     {"cuda.dtype", "bf16|f16|f32"},
+    {"backend", "cpu|cuda|auto"},
 };
 
 /* The range of each K_DOUBLE key, bounds included. */

@@ -50,6 +50,7 @@ static void model_engine_config(const worker_t *w, engine_config_t *ec)
     engine_config_default(ec);
     ec->backend = w->cfg.backend;
     ec->cuda_dtype = w->cfg.cuda_dtype;
+    ec->cuda_device = w->cfg.cuda_device;
     ec->cuda_mem_fraction = (float)w->cfg.cuda_mem_fraction;
     ec->threads = w->cfg.threads;
     ec->max_seqs = w->cfg.max_seqs;

@@ -86,7 +86,8 @@ typedef struct {
     char *model;               /* GGUF path, served under its file stem */
     char *models;              /* "name=path,..." (worker_models_parse) */
     char *model_default;       /* name of the model of a request without "model"; "" = first */
-    char *backend;             /* "cpu" */
+    char *backend;             /* "cpu" | "cuda" | "auto" */
+    int cuda_device;           /* CUDA backend: device index (0) */
     char *cuda_dtype;          /* CUDA backend: device weight type "bf16" | "f16" | "f32" */
     double cuda_mem_fraction;  /* CUDA backend: share of the free device memory (0.9) */
     int threads;               /* 0 = one per CPU */

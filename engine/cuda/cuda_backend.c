@@ -6,7 +6,9 @@
  * norms and biases F32. A step is: embedding, RoPE angle table, then per layer RMSNorm ->
  * GEMM(qkv) -> bias + RoPE + KV store -> paged attention (split-K) -> GEMM(wo) added into the
  * residual (beta 1) -> RMSNorm -> GEMM(gate/up) -> SwiGLU -> GEMM(down) added into the residual;
- * finally RMSNorm of the rows whose logits are wanted and GEMM(output), copied to the host.
+ * finally RMSNorm of the rows whose logits are wanted and GEMM(output), then either the logits
+ * copied to the host, or their argmax (cuk_argmax), or a sample of each row (cuk_sample,
+ * cuda_sample.h) whose ids and logprobs come back in one copy to page-locked memory.
  * GEMMs run in cuBLAS with F32 accumulation; activations entering a GEMM are in weight_type,
  * the residual stream and GEMM outputs are F32.
  *
@@ -19,12 +21,14 @@
  * Memory: weights + activations + KV pool <= mem_fraction x the free device memory at creation,
  * checked before anything large is allocated; the KV pool takes what is left when n_kv_blocks
  * is 0. Nothing is allocated per step except when a batch's block tables outgrow the table
- * buffer (it then doubles).
+ * buffer (it then doubles). Penalty counts of device sampling ([slots][n_vocab] int32, one slot
+ * per sequence with penalties) are outside that budget: the slot table doubles when full.
  *
  * Errors: every CUDA and cuBLAS call is checked; failures become errstr text ("cuda: <what>:
  * <CUDA error string>"), never an abort. After a failed step the backend must not be used for
  * further steps (the device state is unknown). Threads: one driving thread at a time
- * (engine/backend.h). */
+ * (engine/backend.h), not always the creating one: every entry point selects the backend's
+ * device for the calling thread first. */
 #include <dlfcn.h>
 #include <math.h>
 #include <stdio.h>
@@ -36,6 +40,7 @@
 #include "engine/dtype.h"
 #include "engine/cuda/cuda_blas.h"
 #include "engine/cuda/cuda_kernels.h"
+#include "engine/cuda/cuda_sample.h"
 
 /* Host staging slots for KV block transfers (a ring: a slot is reused once its copy is done). */
 #define KV_STAGE_SLOTS 4
@@ -61,6 +66,7 @@ typedef struct {
 
 typedef struct {
     backend_t base;
+    int dev;               /* CUDA device index */
     int wtype;
     size_t welem;          /* bytes per weight / GEMM-input activation element */
     size_t kv_elem;        /* 4 (F32) or 2 (F16) */
@@ -94,6 +100,15 @@ typedef struct {
     float *part;           /* [T * n_heads * ATT_SPLIT_SLOTS][hd + 2] attention partials */
     float *logits;         /* [T][n_vocab] */
     int32_t *d_ids;        /* [T] argmax ids */
+
+    /* device sampling (cuk_sample): rows up to max_T, results of up to max_T rows */
+    cuk_sample_row_t *h_srows; /* pinned [T]; free once the step that read it synchronised */
+    cuk_sample_row_t *d_srows; /* [T] */
+    uint32_t *d_sout;      /* [cuk_sample_out_words(T, SAMPLER_MAX_LOGPROBS)] */
+    uint32_t *h_sout;      /* pinned, the same size: one copy per step */
+    int32_t *d_counts;     /* [slot_cap][n_vocab] penalty window counts */
+    unsigned char *slot_used; /* [slot_cap] host */
+    int slot_cap;
 
     /* batch metadata: tokens[T], pos[T], tok_seq[T], logits_idx[T], bt_off[T], bt[...] */
     int32_t *d_meta;       /* device, meta_cap int32 */
@@ -248,7 +263,8 @@ static size_t act_bytes(const model_t *m, int T, size_t welem)
            t * 2 * (size_t)hp->ffn_dim * 4 + t * (size_t)hp->ffn_dim * welem +
            t * (size_t)hp->rope_dim * 4 +
            t * (size_t)hp->n_heads * ATT_SPLIT_SLOTS * (hd + 2) * 4 + t * (size_t)hp->n_vocab * 4 +
-           t * 6 * 4 + BLAS_WORKSPACE;
+           t * 6 * 4 + BLAS_WORKSPACE + t * sizeof(cuk_sample_row_t) +
+           cuk_sample_out_words((int)t, SAMPLER_MAX_LOGPROBS) * 4;
 }
 
 static int load_weights(cu_t *c, const backend_params_t *p, char *errstr, size_t errlen)
@@ -341,12 +357,25 @@ static int meta_reserve(cu_t *c, size_t n, char *errstr, size_t errlen)
     return 0;
 }
 
-/* One step; then either logits [n_logits][n_vocab] (logits != NULL) or their argmax ids
- * [n_logits] (ids != NULL) to the host. */
-static int cu_step(backend_t *be, const backend_batch_t *b, float *logits, int32_t *ids,
-                   char *errstr, size_t errlen)
+/* Where a step's logits go: to the host (logits), their argmax (ids), or samples (ids, with
+ * rows and the logprob outputs of forward_sample). */
+typedef struct {
+    float *logits;
+    int32_t *ids;
+    const backend_sample_t *rows; /* NULL: argmax when ids */
+    sampler_logprob_t *chosen, *top;
+} step_out_t;
+
+static int sample_rows(cu_t *c, const backend_batch_t *b, const step_out_t *o, char *errstr,
+                       size_t errlen);
+static int sample_results(cu_t *c, int R, int L, const step_out_t *o);
+
+/* One step; then the logits [n_logits][n_vocab] as o says. */
+static int cu_step(backend_t *be, const backend_batch_t *b, const step_out_t *o, char *errstr,
+                   size_t errlen)
 {
     cu_t *c = (cu_t *)be;
+    if (ck(cudaSetDevice(c->dev), "select device", errstr, errlen)) return -1;
     const model_t *m = be->model;
     const hparams_t *hp = &m->hp;
     const int B = be->params.block_tokens, T = b->n_tokens;
@@ -442,13 +471,15 @@ static int cu_step(backend_t *be, const backend_batch_t *b, float *logits, int32
             gemm(c, c->output, hp->n_vocab, dim, c->xn, b->n_logits, c->logits, hp->n_vocab, 0.0f,
                  "output gemm", errstr, errlen))
             return -1;
-        if (ids) {
+        if (o->rows) {
+            if (sample_rows(c, b, o, errstr, errlen)) return -1;
+        } else if (o->ids) {
             if (ck(cuk_argmax(c->logits, b->n_logits, hp->n_vocab, c->d_ids, c->cs), "argmax",
                    errstr, errlen) ||
-                ck(cudaMemcpyAsync(ids, c->d_ids, (size_t)b->n_logits * 4, cudaMemcpyDeviceToHost,
-                                   c->cs), "ids download", errstr, errlen))
+                ck(cudaMemcpyAsync(o->ids, c->d_ids, (size_t)b->n_logits * 4,
+                                   cudaMemcpyDeviceToHost, c->cs), "ids download", errstr, errlen))
                 return -1;
-        } else if (ck(cudaMemcpyAsync(logits, c->logits,
+        } else if (ck(cudaMemcpyAsync(o->logits, c->logits,
                                       (size_t)b->n_logits * (size_t)hp->n_vocab * sizeof(float),
                                       cudaMemcpyDeviceToHost, c->cs), "logits download", errstr,
                       errlen)) {
@@ -459,19 +490,150 @@ static int cu_step(backend_t *be, const backend_batch_t *b, float *logits, int32
     /* With logits the caller reads them now: wait (and surface kernel errors). Without, the
      * step stays queued; synchronize() or the next call reports its errors. */
     if (b->n_logits > 0 && ck(cudaStreamSynchronize(c->cs), "forward", errstr, errlen)) return -1;
+    if (b->n_logits > 0 && o->rows) {
+        int L = 0;
+        for (int i = 0; i < b->n_logits; i++)
+            if (o->rows[i].p->n_logprobs > L) L = o->rows[i].p->n_logprobs;
+        return sample_results(c, b->n_logits, L, o);
+    }
     return 0;
 }
 
 static int cu_forward(backend_t *be, const backend_batch_t *b, float *logits, char *errstr,
                       size_t errlen)
 {
-    return cu_step(be, b, logits, NULL, errstr, errlen);
+    const step_out_t o = {.logits = logits};
+    return cu_step(be, b, &o, errstr, errlen);
 }
 
 static int cu_forward_argmax(backend_t *be, const backend_batch_t *b, int32_t *ids, char *errstr,
                              size_t errlen)
 {
-    return cu_step(be, b, NULL, ids, errstr, errlen);
+    const step_out_t o = {.ids = ids};
+    return cu_step(be, b, &o, errstr, errlen);
+}
+
+/* ---- sampling on the device ---- */
+
+void cuda_sample_row_fill(cuk_sample_row_t *row, const sampler_params_t *p, uint64_t rand,
+                          int pen_slot, int32_t pen_evict)
+{
+    row->temperature = p->temperature;
+    row->inv_t = p->temperature > 0.0f ? 1.0f / p->temperature : 0.0f;
+    row->top_k = p->top_k;
+    row->top_p = p->top_p;
+    row->min_p = p->min_p;
+    row->repeat_penalty = p->repeat_penalty;
+    row->presence_penalty = p->presence_penalty;
+    row->frequency_penalty = p->frequency_penalty;
+    row->n_logprobs = p->n_logprobs;
+    row->pen_slot = pen_slot < 0 ? -1 : pen_slot;
+    row->pen_evict = pen_slot < 0 ? -1 : pen_evict;
+    row->rand = rand;
+}
+
+/* Enqueues on cs: the rows' parameters up (pinned h_srows: the previous step that used it
+ * synchronised cs before returning), cuk_sample over the logits, its results down to h_sout in
+ * one copy. The caller synchronises cs, then sample_results unpacks. */
+static int sample_rows(cu_t *c, const backend_batch_t *b, const step_out_t *o, char *errstr,
+                       size_t errlen)
+{
+    const int R = b->n_logits, n_vocab = c->base.model->hp.n_vocab;
+    int L = 0;
+    for (int i = 0; i < R; i++) {
+        const backend_sample_t *r = &o->rows[i];
+        const sampler_params_t *p = r->p;
+        if (r->pen_slot >= c->slot_cap || (r->pen_slot >= 0 && !c->slot_used[r->pen_slot]) ||
+            p->n_logprobs < 0 || p->n_logprobs > SAMPLER_MAX_LOGPROBS) {
+            sw_seterr(errstr, errlen, "cuda: sample row %d: bad penalty slot %d or n_logprobs %d",
+                      i, r->pen_slot, p->n_logprobs);
+            return -1;
+        }
+        cuda_sample_row_fill(&c->h_srows[i], p, r->rand, r->pen_slot, r->pen_evict);
+        if (p->n_logprobs > L) L = p->n_logprobs;
+    }
+    const size_t words = cuk_sample_out_words(R, L);
+    if (ck(cudaMemcpyAsync(c->d_srows, c->h_srows, (size_t)R * sizeof *c->h_srows,
+                           cudaMemcpyHostToDevice, c->cs), "sample rows upload", errstr, errlen) ||
+        ck(cuk_sample(c->logits, R, n_vocab, c->d_srows, c->d_counts, L, c->d_sout, c->cs),
+           "sampling", errstr, errlen) ||
+        ck(cudaMemcpyAsync(c->h_sout, c->d_sout, words * 4, cudaMemcpyDeviceToHost, c->cs),
+           "samples download", errstr, errlen))
+        return -1;
+    return 0;
+}
+
+/* After cs synchronised: h_sout (cuk_sample's layout for R rows, L logprobs) to the caller. */
+static int sample_results(cu_t *c, int R, int L, const step_out_t *o)
+{
+    const uint32_t *w = c->h_sout;
+    for (int i = 0; i < R; i++) {
+        o->ids[i] = (int32_t)w[i];
+        const int nl = o->rows[i].p->n_logprobs;
+        if (nl <= 0 || !o->chosen || !o->top) continue;
+        o->chosen[i].id = o->ids[i];
+        memcpy(&o->chosen[i].logprob, &w[R + i], 4);
+        const uint32_t *t = w + 2 * (size_t)R + 2 * (size_t)L * i;
+        for (int j = 0; j < nl; j++) {
+            sampler_logprob_t *d = &o->top[(size_t)i * SAMPLER_MAX_LOGPROBS + j];
+            d->id = (int32_t)t[2 * j];
+            memcpy(&d->logprob, &t[2 * j + 1], 4);
+        }
+    }
+    return 0;
+}
+
+static int cu_forward_sample(backend_t *be, const backend_batch_t *b, const backend_sample_t *rows,
+                             int32_t *ids, sampler_logprob_t *chosen, sampler_logprob_t *top,
+                             char *errstr, size_t errlen)
+{
+    const step_out_t o = {.ids = ids, .rows = rows, .chosen = chosen, .top = top};
+    return cu_step(be, b, &o, errstr, errlen);
+}
+
+static int cu_slot_load(backend_t *be, const int32_t *counts, char *errstr, size_t errlen)
+{
+    cu_t *c = (cu_t *)be;
+    const size_t row = (size_t)be->model->hp.n_vocab * sizeof(int32_t);
+    if (ck(cudaSetDevice(c->dev), "select device", errstr, errlen)) return -1;
+    int slot = 0;
+    while (slot < c->slot_cap && c->slot_used[slot]) slot++;
+    if (slot == c->slot_cap) { /* full: double the table, keeping the slots in use */
+        const int cap = c->slot_cap ? 2 * c->slot_cap : 8;
+        int32_t *d = NULL;
+        unsigned char *used = realloc(c->slot_used, (size_t)cap);
+        if (!used) {
+            sw_seterr(errstr, errlen, "cuda: out of memory");
+            return -1;
+        }
+        c->slot_used = used;
+        memset(used + c->slot_cap, 0, (size_t)(cap - c->slot_cap));
+        if (ck(cudaMalloc((void **)&d, (size_t)cap * row), "penalty counts", errstr, errlen))
+            return -1;
+        if (c->slot_cap &&
+            (ck(cudaMemcpyAsync(d, c->d_counts, (size_t)c->slot_cap * row,
+                                cudaMemcpyDeviceToDevice, c->cs), "penalty counts", errstr, errlen) ||
+             ck(cudaStreamSynchronize(c->cs), "penalty counts", errstr, errlen))) {
+            cudaFree(d);
+            return -1;
+        }
+        cudaFree(c->d_counts);
+        c->d_counts = d;
+        c->slot_cap = cap;
+    }
+    /* pageable source: the copy has read counts when the call returns; ordered on cs before
+     * the next step's sampling */
+    if (ck(cudaMemcpyAsync(c->d_counts + (size_t)slot * be->model->hp.n_vocab, counts, row,
+                           cudaMemcpyHostToDevice, c->cs), "penalty counts upload", errstr, errlen))
+        return -1;
+    c->slot_used[slot] = 1;
+    return slot;
+}
+
+static void cu_slot_free(backend_t *be, int slot)
+{
+    cu_t *c = (cu_t *)be;
+    if (slot >= 0 && slot < c->slot_cap) c->slot_used[slot] = 0;
 }
 
 /* ---- KV block transfers ---- */
@@ -487,7 +649,8 @@ static unsigned char *stage_slot(cu_t *c, int *slot)
 static int cu_kv_read(backend_t *be, int32_t block, void *dst)
 {
     cu_t *c = (cu_t *)be;
-    if (block < 0 || block >= be->params.n_kv_blocks) return -1;
+    if (block < 0 || block >= be->params.n_kv_blocks || cudaSetDevice(c->dev) != cudaSuccess)
+        return -1;
     int slot;
     unsigned char *st = stage_slot(c, &slot);
     if (!st) return -1;
@@ -507,7 +670,8 @@ static int cu_kv_read(backend_t *be, int32_t block, void *dst)
 static int cu_kv_write(backend_t *be, int32_t block, const void *src)
 {
     cu_t *c = (cu_t *)be;
-    if (block < 0 || block >= be->params.n_kv_blocks) return -1;
+    if (block < 0 || block >= be->params.n_kv_blocks || cudaSetDevice(c->dev) != cudaSuccess)
+        return -1;
     int slot;
     unsigned char *st = stage_slot(c, &slot);
     if (!st) return -1;
@@ -525,7 +689,8 @@ static int cu_kv_write(backend_t *be, int32_t block, const void *src)
 static int cu_kv_copy(backend_t *be, int32_t dst, int32_t src)
 {
     cu_t *c = (cu_t *)be;
-    if (dst < 0 || src < 0 || dst >= be->params.n_kv_blocks || src >= be->params.n_kv_blocks)
+    if (dst < 0 || src < 0 || dst >= be->params.n_kv_blocks || src >= be->params.n_kv_blocks ||
+        cudaSetDevice(c->dev) != cudaSuccess)
         return -1;
     if (dst == src) return 0;
     const size_t n = be->kv_block_bytes;
@@ -540,7 +705,8 @@ static int cu_kv_copy(backend_t *be, int32_t dst, int32_t src)
 static int cu_sync(backend_t *be)
 {
     cu_t *c = (cu_t *)be;
-    if (cudaStreamSynchronize(c->cs) != cudaSuccess || cudaStreamSynchronize(c->xs) != cudaSuccess)
+    if (cudaSetDevice(c->dev) != cudaSuccess || cudaStreamSynchronize(c->cs) != cudaSuccess ||
+        cudaStreamSynchronize(c->xs) != cudaSuccess)
         return -1;
     return 0;
 }
@@ -550,6 +716,7 @@ static void cu_free(backend_t *be)
     cu_t *c = (cu_t *)be;
     if (!c) return;
     /* Errors here cannot be reported; everything owned is released regardless. */
+    cudaSetDevice(c->dev);
     if (c->cs) cudaStreamSynchronize(c->cs);
     if (c->xs) cudaStreamSynchronize(c->xs);
     if (c->L) {
@@ -579,6 +746,12 @@ static void cu_free(backend_t *be)
     cudaFree(c->part);
     cudaFree(c->logits);
     cudaFree(c->d_ids);
+    cudaFree(c->d_srows);
+    cudaFree(c->d_sout);
+    cudaFree(c->d_counts);
+    free(c->slot_used);
+    if (c->h_srows) cudaFreeHost(c->h_srows);
+    if (c->h_sout) cudaFreeHost(c->h_sout);
     cudaFree(c->d_meta);
     cudaFree(c->blas_ws);
     if (c->h_meta) cudaFreeHost(c->h_meta);
@@ -599,6 +772,9 @@ static const backend_ops_t cuda_ops = {
     .free = cu_free,
     .forward = cu_forward,
     .forward_argmax = cu_forward_argmax,
+    .forward_sample = cu_forward_sample,
+    .sample_slot_load = cu_slot_load,
+    .sample_slot_free = cu_slot_free,
     .kv_block_read = cu_kv_read,
     .kv_block_write = cu_kv_write,
     .kv_block_copy = cu_kv_copy,
@@ -608,6 +784,16 @@ static const backend_ops_t cuda_ops = {
 static int dmalloc(void *pp, size_t bytes, const char *what, char *errstr, size_t errlen)
 {
     return ck(cudaMalloc((void **)pp, bytes ? bytes : 4), what, errstr, errlen);
+}
+
+int backend_cuda_device_count(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError(); /* the failed query is not an error of later calls */
+        return 0;
+    }
+    return n;
 }
 
 backend_t *backend_cuda_new(const model_t *model, const backend_params_t *params, char *errstr,
@@ -681,7 +867,13 @@ backend_t *backend_cuda_new(const model_t *model, const backend_params_t *params
     c->kvd = hp->n_kv_heads * hp->head_dim;
     c->qkvd = c->qd + 2 * c->kvd;
 
-    if (ck(cudaSetDevice(0), "select device 0", errstr, errlen)) goto fail;
+    if (params->device < 0 || params->device >= n_dev) {
+        sw_seterr(errstr, errlen, "cuda: no CUDA device %d (this host has %d: 0..%d)",
+                  params->device, n_dev, n_dev - 1);
+        goto fail;
+    }
+    c->dev = params->device;
+    if (ck(cudaSetDevice(c->dev), "select device", errstr, errlen)) goto fail;
     size_t free_b = 0, total_b = 0;
     if (ck(cudaMemGetInfo(&free_b, &total_b), "device memory query", errstr, errlen)) goto fail;
     {
@@ -745,6 +937,14 @@ backend_t *backend_cuda_new(const model_t *model, const backend_params_t *params
                     "attention scratch", errstr, errlen) ||
             dmalloc(&c->logits, T * (size_t)hp->n_vocab * 4, "logits", errstr, errlen) ||
             dmalloc(&c->d_ids, T * 4, "logits", errstr, errlen) ||
+            dmalloc(&c->d_srows, T * sizeof(cuk_sample_row_t), "sampling", errstr, errlen) ||
+            dmalloc(&c->d_sout, cuk_sample_out_words((int)T, SAMPLER_MAX_LOGPROBS) * 4,
+                    "sampling", errstr, errlen) ||
+            ck(cudaMallocHost((void **)&c->h_srows, T * sizeof(cuk_sample_row_t)),
+               "pinned sampling rows", errstr, errlen) ||
+            ck(cudaMallocHost((void **)&c->h_sout,
+                              cuk_sample_out_words((int)T, SAMPLER_MAX_LOGPROBS) * 4),
+               "pinned sampling results", errstr, errlen) ||
             meta_reserve(c, 5 * T + 1024, errstr, errlen) ||
             ck(cudaMallocHost((void **)&c->h_stage, KV_STAGE_SLOTS * c->base.kv_block_bytes),
                "pinned KV staging", errstr, errlen))
