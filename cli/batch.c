@@ -524,6 +524,8 @@ int cli_batch(int argc, char **argv)
     const char *out_opt = NULL, *err_opt = NULL;
     if (!B) return 1;
     if (cli_route_init(&B->route)) {
+        rd_kafka_conf_destroy(pconf);
+        rd_kafka_conf_destroy(cconf);
         free(B);
         return 2;
     }

@@ -48,9 +48,9 @@ route_t *route_new(int n_partitions, const route_config_t *cfg, char *errstr, si
         snprintf(errstr, errlen, "route: %d partitions (1..%d)", n_partitions, ROUTE_MAX_PARTITIONS);
         return NULL;
     }
-    if (!(cfg->eps >= 0 && cfg->eps <= 1000) || cfg->window < 1 || cfg->window > (1L << 30) ||
+    if (!(cfg->eps >= 0 && cfg->eps <= 5) || cfg->window < 1 || cfg->window > (1L << 30) ||
         cfg->vnodes < 1 || cfg->vnodes > ROUTE_MAX_VNODES || cfg->prefix_bytes < 0) {
-        snprintf(errstr, errlen, "route: eps %g (0..1000), window %ld (>= 1), vnodes %ld (1..%d) or "
+        snprintf(errstr, errlen, "route: eps %g (0..5), window %ld (>= 1), vnodes %ld (1..%d) or "
                  "prefix_bytes %ld out of range", cfg->eps, cfg->window, cfg->vnodes,
                  ROUTE_MAX_VNODES, cfg->prefix_bytes);
         return NULL;

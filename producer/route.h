@@ -65,7 +65,7 @@ void route_config_default(route_config_t *c);
 
 typedef struct route route_t;
 
-/* A router over n_partitions partitions (1..ROUTE_MAX_PARTITIONS) with cfg's eps (0..1000),
+/* A router over n_partitions partitions (1..ROUTE_MAX_PARTITIONS) with cfg's eps (0..5),
  * window (>= 1) and vnodes (1..ROUTE_MAX_VNODES); cfg is copied. NULL + errstr on a bad value
  * or out of memory. */
 route_t *route_new(int n_partitions, const route_config_t *cfg, char *errstr, size_t errlen);

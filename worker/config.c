@@ -269,7 +269,7 @@ static const struct {
     double lo, hi;
 } REALS[] = {
     {"cuda.mem_fraction", 0.01, 1.0},
-    {"route.eps", 0.0, 1000.0},
+    {"route.eps", 0.0, 5.0},
 };
 
 static const char *const LOG_LEVELS[] = {"error", "warn", "info", "debug"};
