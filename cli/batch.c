@@ -1,6 +1,6 @@
 /* cli/batch.c: `spillway batch -b BROKERS [options] FILE`: runs an OpenAI Batch input file end to
  * end. Converts each line (consumer/openai_batch.h), produces the requests to the input topic
- * (keyed by prompt prefix, as `spillway produce`), follows the results and dead-letter topics and
+ * (routed by --route as `spillway produce` routes), follows the results and dead-letter topics and
  * writes the Batch output file (one line per completed request) and error file (one line per
  * refused, dead-lettered or expired request), as OpenAI's Batch API writes them.
  *
@@ -33,6 +33,7 @@
 #include <xxhash.h>
 
 #include "cli.h"
+#include "cli_route.h"
 #include "common/clock.h"
 #include "consumer/json_text.h"
 #include "consumer/openai_batch.h"
@@ -62,7 +63,8 @@ typedef struct {
     /* options */
     const char *brokers, *in_topic, *res_topic, *dlq_topic, *in_path;
     char out_path[4096], err_path[4096], state_path[4200];
-    long prefix, timeout, ttl_ms, progress_s;
+    long timeout, ttl_ms, progress_s;
+    cli_route_t route;
     /* input */
     bline_t *lines;
     long n_lines;
@@ -503,8 +505,8 @@ static void progress(batch_t *B, int tty, double t0, int final)
 
 static const char USAGE[] =
     "usage: spillway batch -b BROKERS [-t INPUT_TOPIC] [-r RESULTS_TOPIC] [-d DLQ_TOPIC]\n"
-    "                      [-o OUTPUT] [-e ERRORS] [--key-prefix BYTES] [--ttl-ms MS]\n"
-    "                      [--timeout S] [--progress S] [-X PROP=VALUE] FILE\n";
+    "                      [-o OUTPUT] [-e ERRORS] [--route MODE] [--key-prefix BYTES]\n"
+    "                      [--ttl-ms MS] [--timeout S] [--progress S] [-X PROP=VALUE] FILE\n";
 
 int cli_batch(int argc, char **argv)
 {
@@ -512,7 +514,7 @@ int cli_batch(int argc, char **argv)
         {"brokers", required_argument, 0, 'b'},   {"topic", required_argument, 0, 't'},
         {"results", required_argument, 0, 'r'},   {"dlq", required_argument, 0, 'd'},
         {"output", required_argument, 0, 'o'},    {"errors", required_argument, 0, 'e'},
-        {"key-prefix", required_argument, 0, 'k'}, {"ttl-ms", required_argument, 0, 'L'},
+        CLI_ROUTE_LONGOPTS,                       {"ttl-ms", required_argument, 0, 'L'},
         {"timeout", required_argument, 0, 'T'},   {"progress", required_argument, 0, 'P'},
         {"help", no_argument, 0, 'h'},            {0, 0, 0, 0}};
     batch_t *B = calloc(1, sizeof *B);
@@ -521,13 +523,21 @@ int cli_batch(int argc, char **argv)
     int rc = 2, opt;
     const char *out_opt = NULL, *err_opt = NULL;
     if (!B) return 1;
+    if (cli_route_init(&B->route)) {
+        rd_kafka_conf_destroy(pconf);
+        rd_kafka_conf_destroy(cconf);
+        free(B);
+        return 2;
+    }
     B->in_topic = "prompts";
     B->res_topic = "results";
     B->dlq_topic = "prompts.dlq";
-    B->prefix = 64;
     B->progress_s = 10;
     optind = 0;
     while ((opt = getopt_long(argc, argv, "b:t:r:d:o:e:k:X:h", longopts, NULL)) != -1) {
+        int ro = cli_route_opt(&B->route, opt, optarg);
+        if (ro < 0) goto usage;
+        if (ro) continue;
         switch (opt) {
         case 'b': B->brokers = optarg; break;
         case 't': B->in_topic = optarg; break;
@@ -535,9 +545,6 @@ int cli_batch(int argc, char **argv)
         case 'd': B->dlq_topic = optarg; break;
         case 'o': out_opt = optarg; break;
         case 'e': err_opt = optarg; break;
-        case 'k':
-            if (cli_parse_int("--key-prefix", optarg, 0, 1 << 20, &B->prefix)) goto usage;
-            break;
         case 'L':
             if (cli_parse_int("--ttl-ms", optarg, 1, 1L << 40, &B->ttl_ms)) goto usage;
             break;
@@ -560,6 +567,7 @@ int cli_batch(int argc, char **argv)
         }
         case 'h':
             printf("%s", USAGE);
+            cli_route_help(stdout);
             rc = 0;
             goto out;
         default: goto usage;
@@ -617,6 +625,7 @@ int cli_batch(int argc, char **argv)
         fprintf(stderr, "spillway batch: %s\n", err);
         goto out;
     }
+    if (cli_route_start(&B->route, B->prod, B->in_topic, 10000)) goto out;
     if (st == 0) {
         if (end_offsets(B->prod, B->res_topic, &B->res_from) ||
             end_offsets(B->prod, B->dlq_topic, &B->dlq_from) || save_state(B))
@@ -686,13 +695,26 @@ int cli_batch(int argc, char **argv)
             continue;
         }
         json_t *r = json_loads(bl->l.request, 0, NULL);
-        char key[32];
+        char key[32], rerr[128];
         const char *k = NULL;
-        if (r && B->prefix > 0 && cli_prompt_key(r, B->prefix, key, sizeof key) == 0) k = key;
-        else k = json_string_value(json_object_get(r, "id"));
+        size_t klen = 0;
+        int32_t part;
+        if (cli_route_message(&B->route, r, key, sizeof key, &k, &klen, &part, rerr, sizeof rerr)) {
+            /* a prefix_key the request schema refuses: an error line, nothing sent */
+            char lid[96];
+            json_decref(r);
+            line_id(B, i, lid, sizeof lid);
+            bl->delivered = 1;
+            if (emit(B, i, oai_error_line(lid, bl->l.custom_id, 400, "invalid_request_error",
+                                          "invalid_prefix_key", "prefix_key", rerr), 1))
+                goto out;
+            refused_now++;
+            continue;
+        }
         for (;;) {
             rd_kafka_resp_err_t e = rd_kafka_producev(
-                B->prod, RD_KAFKA_V_TOPIC(B->in_topic), RD_KAFKA_V_KEY(k, k ? strlen(k) : 0),
+                B->prod, RD_KAFKA_V_TOPIC(B->in_topic), RD_KAFKA_V_PARTITION(part),
+                RD_KAFKA_V_KEY(k, klen),
                 RD_KAFKA_V_VALUE(bl->l.request, strlen(bl->l.request)),
                 RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_OPAQUE((void *)(intptr_t)i),
                 RD_KAFKA_V_END);
@@ -758,6 +780,7 @@ out:
     for (long i = 0; i < B->n_lines; i++) oai_line_free(&B->lines[i].l);
     free(B->lines);
     free(B->by_cid);
+    cli_route_free(&B->route);
     free(B);
     return rc;
 usage:

@@ -60,10 +60,4 @@ void cli_key_help(FILE *f, const char *flag, const char *key, const char *meanin
 int cli_parse_int(const char *opt, const char *s, long lo, long hi, long *out);
 int cli_parse_double(const char *opt, const char *s, double *out);
 
-/* The Kafka key of request r for prefix affinity: XXH64 of the first `prefix` bytes of its prompt
- * (prompt text, or "role\x1fcontent\x1e" per message), as 16 hex digits into key (cap >= 17).
- * 0, or -1 when r has neither prompt nor messages. */
-#include <jansson.h>
-int cli_prompt_key(const json_t *r, long prefix, char *key, size_t cap);
-
 #endif

@@ -1,12 +1,10 @@
-/* cli/common.c: option parsing and request keys shared by the subcommands. */
+/* cli/common.c: option parsing shared by the subcommands. */
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include <xxhash.h>
 
 #include "cli.h"
 
@@ -138,34 +136,4 @@ int cli_engine_opt(engine_config_t *cfg, int opt, const char *arg)
     case 1009: cfg->prefix_cache = 0; break;
     }
     return 1;
-}
-
-int cli_prompt_key(const json_t *r, long prefix, char *key, size_t cap)
-{
-    char buf[4096];
-    size_t n = 0;
-    json_t *p = json_object_get(r, "prompt"), *msgs = json_object_get(r, "messages");
-    if (json_is_string(p)) {
-        n = json_string_length(p) < sizeof buf ? json_string_length(p) : sizeof buf;
-        memcpy(buf, json_string_value(p), n);
-    } else if (json_is_array(msgs)) {
-        size_t i;
-        json_t *m;
-        json_array_foreach(msgs, i, m) {
-            const char *role = json_string_value(json_object_get(m, "role"));
-            const char *content = json_string_value(json_object_get(m, "content"));
-            int k = snprintf(buf + n, sizeof buf - n, "%s\x1f%s\x1e", role ? role : "",
-                             content ? content : "");
-            if (k < 0 || (size_t)k >= sizeof buf - n) {
-                n = sizeof buf;
-                break;
-            }
-            n += (size_t)k;
-        }
-    } else {
-        return -1;
-    }
-    if ((size_t)prefix < n) n = (size_t)prefix;
-    snprintf(key, cap, "%016llx", (unsigned long long)XXH64(buf, n, 0));
-    return 0;
 }

@@ -3,9 +3,12 @@
  * Input lines are spillway requests (JSONL, sent unchanged) or OpenAI Batch API lines
  * ({"custom_id", "method", "url", "body"}, converted by consumer/openai_batch.h with id =
  * custom_id; a line it refuses is reported, not sent, and makes the exit status 1). Each
- * message is keyed by a hash of its prompt's first --key-prefix bytes (default 64), so
- * requests sharing a prefix land on one partition (one worker's KV cache); --key-prefix 0 keys
- * by id. A progress line (count, rate, ETA) is shown on a terminal, a summary at the end. */
+ * message goes where --route says (cli/cli_route.h, producer/route.h): `affinity` (default) to
+ * the partition consistent hashing with bounded load gives its routing key (`prefix_key`, or
+ * the first --key-prefix bytes of its prompt), `bytes` keyed by a hash of those bytes for
+ * Kafka's partitioner, `random` to a random partition. A line whose prefix_key is not a string
+ * of 1..256 bytes is refused the same way. A progress line (count, rate, ETA) is shown on a
+ * terminal, a summary at the end. */
 #include <getopt.h>
 #include <jansson.h>
 #include <librdkafka/rdkafka.h>
@@ -16,6 +19,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "cli_route.h"
 #include "common/clock.h"
 #include "consumer/json_text.h"
 #include "consumer/openai_batch.h"
@@ -23,6 +27,13 @@
 typedef struct {
     long delivered, failed;
 } dr_count_t;
+
+static void produce_usage(FILE *f)
+{
+    fprintf(f, "usage: spillway produce -b BROKERS -t TOPIC [--route MODE] [--key-prefix BYTES] "
+               "[-X PROP=V] [FILE|-]\n");
+    if (f == stdout) cli_route_help(f);
+}
 
 static void on_dr(rd_kafka_t *rk, const rd_kafka_message_t *m, void *opaque)
 {
@@ -35,22 +46,23 @@ int cli_produce(int argc, char **argv)
 {
     static const struct option longopts[] = {{"brokers", required_argument, 0, 'b'},
                                              {"topic", required_argument, 0, 't'},
-                                             {"key-prefix", required_argument, 0, 'k'},
+                                             CLI_ROUTE_LONGOPTS,
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
     const char *brokers = NULL, *topic = NULL;
-    long prefix = 64;
     char err[512];
+    cli_route_t route;
+    if (cli_route_init(&route)) return 2;
     rd_kafka_conf_t *conf = rd_kafka_conf_new();
     int opt;
     optind = 0;
     while ((opt = getopt_long(argc, argv, "b:t:k:X:h", longopts, NULL)) != -1) {
+        int ro = cli_route_opt(&route, opt, optarg);
+        if (ro < 0) goto usage_err;
+        if (ro) continue;
         switch (opt) {
         case 'b': brokers = optarg; break;
         case 't': topic = optarg; break;
-        case 'k':
-            if (cli_parse_int("--key-prefix", optarg, 0, 1 << 20, &prefix)) goto usage_err;
-            break;
         case 'X': {
             char *eq = strchr(optarg, '=');
             if (!eq) goto usage_err;
@@ -62,8 +74,9 @@ int cli_produce(int argc, char **argv)
             break;
         }
         case 'h':
-            printf("usage: spillway produce -b BROKERS -t TOPIC [--key-prefix BYTES] [-X PROP=V] [FILE|-]\n");
+            produce_usage(stdout);
             rd_kafka_conf_destroy(conf);
+            cli_route_free(&route);
             return 0;
         default: goto usage_err;
         }
@@ -74,6 +87,7 @@ int cli_produce(int argc, char **argv)
     if (!in) {
         perror(path);
         rd_kafka_conf_destroy(conf);
+        cli_route_free(&route);
         return 1;
     }
     struct stat sb;
@@ -85,9 +99,11 @@ int cli_produce(int argc, char **argv)
     rd_kafka_conf_set_dr_msg_cb(conf, on_dr);
     rd_kafka_conf_set_opaque(conf, &dc);
     rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof err);
-    if (!rk) {
-        fprintf(stderr, "spillway produce: %s\n", err);
+    if (!rk || cli_route_start(&route, rk, topic, 10000)) {
+        if (!rk) fprintf(stderr, "spillway produce: %s\n", err);
+        else rd_kafka_destroy(rk);
         if (in != stdin) fclose(in);
+        cli_route_free(&route);
         return 1;
     }
     int tty = isatty(2);
@@ -137,16 +153,20 @@ int cli_produce(int argc, char **argv)
             fprintf(stderr, "spillway produce: line %ld is not JSON (%s); sent as is\n", lineno, je.text);
             bad++;
         }
-        if (r && prefix > 0 && cli_prompt_key(r, prefix, key, sizeof key) == 0) {
-            k = key;
-            klen = strlen(key);
-        } else if (r && json_is_string(json_object_get(r, "id"))) {
-            k = json_string_value(json_object_get(r, "id"));
-            klen = strlen(k);
+        int32_t part;
+        char rerr[128];
+        if (cli_route_message(&route, r, key, sizeof key, &k, &klen, &part, rerr, sizeof rerr)) {
+            fprintf(stderr, "spillway produce: line %ld not sent: %s\n", lineno, rerr);
+            refused++;
+            free(owned);
+            json_decref(r);
+            json_decref(o);
+            continue;
         }
         for (;;) {
             rd_kafka_resp_err_t e = rd_kafka_producev(
-                rk, RD_KAFKA_V_TOPIC(topic), RD_KAFKA_V_KEY(k, klen), RD_KAFKA_V_VALUE(val, vlen),
+                rk, RD_KAFKA_V_TOPIC(topic), RD_KAFKA_V_PARTITION(part), RD_KAFKA_V_KEY(k, klen),
+                RD_KAFKA_V_VALUE(val, vlen),
                 RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_END);
             if (e == RD_KAFKA_RESP_ERR__QUEUE_FULL) {
                 rd_kafka_poll(rk, 50);
@@ -183,13 +203,20 @@ int cli_produce(int argc, char **argv)
     double secs = sw_mono_s() - t0;
     if (tty) fputc('\n', stderr);
     fprintf(stderr, "produced %ld message(s) to %s in %.2fs (%.0f msg/s): %ld delivered, %ld failed, "
-            "%ld Batch line(s) refused%s%s\n", sent, topic, secs, (double)sent / (secs + 1e-9),
+            "%ld line(s) refused%s%s\n", sent, topic, secs, (double)sent / (secs + 1e-9),
             dc.delivered, dc.failed, refused, bad ? ", some lines not JSON" : "",
             flushed ? "" : ", flush timed out");
+    if (route.mode != CLI_ROUTE_RANDOM)
+        fprintf(stderr, "route %s over %d partition(s): keys from prefix_key %ld, prompt %ld, id "
+                "%ld, none %ld\n", route.wc.route_mode, route.n_parts,
+                route.by_source[ROUTE_KEY_PREFIX_KEY], route.by_source[ROUTE_KEY_PROMPT],
+                route.by_source[ROUTE_KEY_ID], route.by_source[ROUTE_KEY_NONE]);
     rd_kafka_destroy(rk);
+    cli_route_free(&route);
     return dc.failed || refused || !flushed ? 1 : 0;
 usage_err:
     rd_kafka_conf_destroy(conf);
-    fprintf(stderr, "usage: spillway produce -b BROKERS -t TOPIC [--key-prefix BYTES] [-X PROP=V] [FILE|-]\n");
+    cli_route_free(&route);
+    produce_usage(stderr);
     return 2;
 }

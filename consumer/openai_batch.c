@@ -272,6 +272,17 @@ int oai_line_convert(const char *text, size_t len, const char *id, oai_line_t *l
     }
     const json_t *meta = json_object_get(body, "metadata");
     if (meta && !json_is_null(meta) && json_object_set(r, "metadata", (json_t *)meta)) goto oom;
+    /* spillway's routing key (schemas/request.schema.json: 1..256 bytes), passed on */
+    const json_t *pk = json_object_get(body, "prefix_key");
+    if (pk && !json_is_null(pk)) {
+        size_t n = json_is_string(pk) ? json_string_length(pk) : 0;
+        if (n < 1 || n > 256 || memchr(json_string_value(pk), 0, n)) {
+            refuse(l, "invalid_value", "prefix_key", "prefix_key: expected a string of 1..256 "
+                   "bytes");
+            goto done;
+        }
+        if (json_object_set(r, "prefix_key", (json_t *)pk)) goto oom;
+    }
     if (!(l->request = json_text_dump(r))) goto oom;
     rc = 0;
     goto done;

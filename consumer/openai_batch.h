@@ -10,7 +10,8 @@
  *   temperature, top_p, seed, stop, presence_penalty, frequency_penalty, metadata, n and
  *   response_format passed through unchanged (the worker checks their values), and so are
  *   spillway's own fields as extensions (ttl_ms, deadline, priority, top_k, min_p,
- *   repeat_penalty, chat_template, enable_thinking, tenant, class); chat logprobs
+ *   repeat_penalty, chat_template, enable_thinking, tenant, class; prefix_key, the routing key,
+ *   must be a string of 1..256 bytes, else the line is refused); chat logprobs
  *   true + top_logprobs K -> logprobs max(K, 1) (the output keeps K alternatives); completions
  *   logprobs K -> logprobs K; user, model, store, service_tier, stream_options and unknown
  *   fields are ignored as OpenAI ignores what it does not know.

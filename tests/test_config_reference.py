@@ -11,7 +11,7 @@ meaning. Checks:
     `spillway config --markdown` prints: the same keys (none missing, none extra), defaults,
     values and meanings, in the same module sections;
   * `spillway config --keys` lists the same keys with the same defaults;
-  * every flag of `spillway generate` (and eval, logits, plan) that sets what a worker key sets names
+  * every flag of `spillway generate` (and eval, logits, plan, produce, batch) that sets what a worker key sets names
     that key in its help, with the key's default, values and meaning, and accepts exactly the
     key's range or choices (the bounds pass the parser, one beyond is refused with exit 2);
   * `spillway worker --help` names worker.id and does not offer config's --keys / --check.
@@ -42,6 +42,11 @@ for cmd in ("eval", "logits"):
 FLAGS["plan"] = {f: FLAGS["generate"][f] for f in ("--ctx", "--block-tokens", "--kv-type",
                                                    "--batch-tokens", "--max-seqs")}
 FLAGS["generate"]["-n"] = "limits.default_max_tokens"
+# the producer routing flags of produce and batch (cli/route.c)
+for cmd in ("produce", "batch"):
+    FLAGS[cmd] = {"--route": "route.mode", "--key-prefix": "route.prefix_bytes",
+                  "--route-eps": "route.eps", "--route-window": "route.window",
+                  "--route-vnodes": "route.vnodes"}
 # flags whose help words the key's setting in their own terms (default and values still checked)
 OWN_WORDS = {"--no-prefix-cache", "-n", "--batch-tokens", "--max-seqs"}
 

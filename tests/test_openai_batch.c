@@ -81,10 +81,19 @@ static void test_convert(void)
              "\"response_format\":{\"type\":\"json_object\"}}}",
              "{\"id\":\"x:1\",\"prompt\":\"a\",\"response_format\":{\"type\":\"json_object\"},"
              "\"ttl_ms\":500,\"top_k\":4}");
+    /* the routing key passes on */
+    converts("{\"custom_id\":\"b\"," COMPL ",\"body\":{\"prompt\":\"a\",\"prefix_key\":\"doc-7\"}}",
+             "{\"id\":\"x:1\",\"prompt\":\"a\",\"prefix_key\":\"doc-7\"}");
+    converts("{\"custom_id\":\"b\"," COMPL ",\"body\":{\"prompt\":\"a\",\"prefix_key\":null}}",
+             "{\"id\":\"x:1\",\"prompt\":\"a\"}");
 }
 
 static void test_refused(void)
 {
+    refused("{\"custom_id\":\"a\"," COMPL ",\"body\":{\"prompt\":\"a\",\"prefix_key\":\"\"}}",
+            "invalid_value", "prefix_key", 1);
+    refused("{\"custom_id\":\"a\"," COMPL ",\"body\":{\"prompt\":\"a\",\"prefix_key\":5}}",
+            "invalid_value", "prefix_key", 1);
     refused("not json", "invalid_json", "", 0);
     refused("[1]", "invalid_json", "", 0);
     refused("{" CHAT ",\"body\":{}}", "missing_required_parameter", "custom_id", 0);

@@ -218,6 +218,21 @@ static const key_t_ KEYS[] = {
     {"metrics.lag_refresh_ms", K_INT, F(metrics_lag_refresh_ms), "1000", 100, 3600000,
      "period of the consumer lag refresh (broker round trips off the scrape path; /metrics "
      "serves the last refreshed value)"},
+    /* ---- Producer routing (producer/route.h; `spillway produce` and `spillway batch`) ---- */
+    {"route.mode", K_CHOICE, F(route_mode), "affinity", 0, 0,
+     "how producers pick a request's partition: `affinity` (consistent hashing with bounded "
+     "load on the routing key), `bytes` (Kafka's partitioner on a hash of the key) or `random` "
+     "(see Routing requests to partitions)"},
+    {"route.prefix_bytes", K_LONG, F(route_prefix_bytes), "64", 0, 1 << 20,
+     "bytes of the prompt's canonical form in the routing key of a request without "
+     "`prefix_key` (0 = key by id)"},
+    {"route.eps", K_DOUBLE, F(route_eps), "0.25", 0, 0,
+     "`affinity`: no partition gets more than ceil((1 + eps) x mean) of the window's messages"},
+    {"route.window", K_LONG, F(route_window), "1000", 1, 1 << 30,
+     "`affinity`: the load of a partition is what this producer sent it among its last this "
+     "many messages"},
+    {"route.vnodes", K_LONG, F(route_vnodes), "128", 1, 4096,
+     "`affinity`: points per partition on the hash ring"},
 };
 #undef F
 #define NKEYS ((int)(sizeof KEYS / sizeof KEYS[0]))
@@ -234,6 +249,7 @@ static const struct {
     {"cache.redis.host", "Prefix cache"},
     {"limits.max_message_bytes", "Request limits"},
     {"log.level", "Logs and metrics"},
+    {"route.mode", "Producer routing"},
 };
 
 /* The values a K_CHOICE key takes ('|'-separated), and those of the enumerated types. */
@@ -244,6 +260,7 @@ static const struct {
     {"cache.isolation", "tenant|none"},
     {"log.format", "text|json"},
     {"cuda.dtype", "bf16|f16|f32"},
+    {"route.mode", "affinity|bytes|random"},
 };
 
 /* The range of each K_DOUBLE key, bounds included. */
@@ -252,6 +269,7 @@ static const struct {
     double lo, hi;
 } REALS[] = {
     {"cuda.mem_fraction", 0.01, 1.0},
+    {"route.eps", 0.0, 5.0},
 };
 
 static const char *const LOG_LEVELS[] = {"error", "warn", "info", "debug"};

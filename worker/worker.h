@@ -142,6 +142,12 @@ typedef struct {
     int metrics_health_port;   /* 0 = none */
     int metrics_max_conns, metrics_max_conns_per_ip, metrics_timeout_s;
     int metrics_lag_refresh_ms;
+    /* producer routing (`spillway produce` and `spillway batch`; producer/route.h) */
+    char *route_mode;          /* "affinity" | "bytes" | "random" */
+    long route_prefix_bytes;   /* canonical prompt bytes in a routing key (0 = key by id) */
+    double route_eps;          /* load cap = ceil((1 + eps) * mean) */
+    long route_window;         /* messages in the load window */
+    long route_vnodes;         /* ring points per partition */
 
     worker_kafka_prop_t *kafka; /* [n_kafka] pass-through properties, in the order given */
     int n_kafka;
