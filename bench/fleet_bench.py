@@ -46,6 +46,7 @@ import platform
 import random
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -300,7 +301,7 @@ def main():
     ap.add_argument("--timeout", type=int, default=1800, help="seconds a mode may take")
     ap.add_argument("-s", "--set", action="append", default=[], metavar="KEY=V")
     ap.add_argument("-X", "--kafka", action="append", default=[], metavar="PROP=V")
-    ap.add_argument("--keep", action="store_true", help="keep each bed's logs")
+    ap.add_argument("--keep", action="store_true", help="keep the work folder and each bed's logs")
     ap.add_argument("--no-record", action="store_true")
     args = ap.parse_args()
     if args.small:
@@ -321,6 +322,16 @@ def main():
             args.block = block = int(kv.split("=", 1)[1])
     work = tempfile.mkdtemp(prefix="spillway-fleet-bench.")
     log("model %s, workload in %s" % (model, work))
+    try:
+        measure(args, model, modes, route, block, work)
+    finally:
+        if args.keep:
+            log("work folder kept: %s" % work)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def measure(args, model, modes, route, block, work):
     docs, doc_tokens = make_docs(args, model, work)
     log("documents: %d, tokens min %d, mean %.0f, max %d, %d of them whole blocks" % (
         len(docs), min(doc_tokens), sum(doc_tokens) / len(doc_tokens), max(doc_tokens),

@@ -276,7 +276,9 @@ cmd_up() {
       --exactly-once) EOS=1; shift ;;
       --spillway) SPILLWAY=$2; shift 2 ;;
       -m|--model) MODEL=$2; shift 2 ;;
-      -s|-X|-c) EXTRA+=("$1" "$2"); shift 2 ;;
+      -s|-X) EXTRA+=("$1" "$2"); shift 2 ;;
+      -c) [ -f "$2" ] || svc_die "config file $2 not found"
+          EXTRA+=(-c "$(svc_abs "$2")"); shift 2 ;;
       --no-wait) wait=0; shift ;;
       *) svc_die "unknown option $1 (see fleet-bed.sh --help)" ;;
     esac
