@@ -26,15 +26,16 @@ kv.block_tokens; every full block of a request's prompt is inserted, a request h
 run of leading blocks present); per-host busy share = the busiest host's sum of usage.compute_ms
 over the mean of the hosts', with each host's share of the requests.
 
-Caveat: the hosts share the machine's cores, so a host that idles leaves its CPU to the others;
-throughput differences between modes are smaller than on separate machines.
+Each host's workers get --host-cpus cores (0.6 by default: 1.8 of a 2-core machine for three
+hosts) through the bed's CPU quota, so a busy host cannot borrow an idle host's CPU, as on
+separate machines (--host-cpus 0: no limit, the hosts share the cores).
 
 The table is printed and (unless --no-record) appended to bench/RESULTS.md with the date, git
 revision, CPU, load average and command line. Needs root (the bed) and the bed's tools.
 
 Usage: bench/fleet_bench.py [--small] [--modes affinity,bytes,random] [--requests N] [--docs N]
        [--doc-tokens N] [--zipf S] [--hosts N] [--workers N] [--partitions N] [--arena-mb N]
-       [--kv-mem-mb N] [--spillway BIN] [--model GGUF] [-s KEY=V]... [-X PROP=V]... [--no-record]
+       [--kv-mem-mb N] [--host-cpus F] [--spillway BIN] [--model GGUF] [-s KEY=V]... [-X PROP=V]... [--no-record]
 """
 import argparse
 import bisect
@@ -218,6 +219,8 @@ def run_mode(args, model, mode, req_path, n, work):
            "-s", "kv.mem_mb=%d" % args.kv_mem_mb, "-s", "log.level=info"]
     if args.partitions:
         cmd += ["--partitions", str(args.partitions)]
+    if float(args.host_cpus) > 0:
+        cmd += ["--host-cpus", args.host_cpus]
     for kv in args.set:
         cmd += ["-s", kv]
     for kv in args.kafka:
@@ -297,6 +300,8 @@ def main():
     ap.add_argument("--partitions", type=int, default=0, help="0: the bed's default")
     ap.add_argument("--arena-mb", type=int, default=48)
     ap.add_argument("--kv-mem-mb", type=int, default=32)
+    ap.add_argument("--host-cpus", default="0.6",
+                    help="each host's CPU limit in cores (fleet-bed.sh --host-cpus; 0 = none)")
     ap.add_argument("--seed", type=int, default=23)
     ap.add_argument("--timeout", type=int, default=1800, help="seconds a mode may take")
     ap.add_argument("-s", "--set", action="append", default=[], metavar="KEY=V")
@@ -400,14 +405,15 @@ def measure(args, model, modes, route, block, work):
         f.write("\n## Fleet routing on the multi-host test bed (issue 23), %s\n\n" %
                 datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
         f.write("`%s` at %s; %s, %d cores, load average %s at the end (the machine is shared); "
-                "%d host(s) x %d worker(s) (network namespaces of this one machine, sharing its "
-                "cores), threads=1, kv.mem_mb=%d, cache.arena.mb=%d, at-least-once; model %s "
+                "%d host(s) x %d worker(s) (network namespaces of this one machine; %s), "
+                "threads=1, kv.mem_mb=%d, cache.arena.mb=%d, at-least-once; model %s "
                 "(%s); %d requests, Zipf s=%.2f over %d documents of %.0f tokens (mean; min %d, "
                 "max %d) + a unique question, max_tokens %d; the hottest document has %d requests."
                 "%s\n\n" % (
                     " ".join(shlex.quote(a) for a in ["bench/fleet_bench.py"] + sys.argv[1:]),
                     git_rev(), cpu_model(), os.cpu_count() or 0, " ".join(load), args.hosts,
-                    args.workers, args.kv_mem_mb, args.arena_mb, os.path.basename(model),
+                    args.workers, "each limited to %s cores" % args.host_cpus
+                    if float(args.host_cpus) > 0 else "sharing its cores", args.kv_mem_mb, args.arena_mb, os.path.basename(model),
                     "synthetic llama dim 128, 4 layers, stories260K tokenizer, ctx 2048"
                     if not args.model else "given", len(reqs), args.zipf, args.docs,
                     sum(doc_tokens) / len(doc_tokens), min(doc_tokens), max(doc_tokens),

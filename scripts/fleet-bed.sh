@@ -17,6 +17,10 @@
 #         --topic NAME:N     one more topic of N partitions (repeatable), e.g. a forwarding topic
 #         --arena-mb N       each host's arena, cache.arena.mb (default 64)
 #         --threads N        each worker's compute threads (default 1)
+#         --host-cpus F      each host's CPU limit in cores (e.g. 0.6), a CFS quota on a cgroup
+#                            of the host's workers (cgroup v1 cpu controller, or v2 with cpu
+#                            enabled at the root), so a busy host cannot take the others' CPU
+#                            as a separate machine could not (default: none)
 #         --exactly-once     the workers' delivery = exactly-once
 #         --spillway BIN     the binary (default build/spillway of this checkout)
 #         -s KEY=V, -X PROP=V, -c FILE
@@ -49,7 +53,8 @@
 # swb<ID>h<H> (the host's end is eth0 in its namespace), namespaces swb<ID>-h<H>, a free
 # 10.x.y.0/24 (bridge .1, host H .(10+H)), /dev/shm/spillway-fleet-<ID>. Workers are named
 # h<H>w<W> (worker.id, hence the exactly-once transactional id), cache.host_id h<H>, metrics on
-# port 9100+W of the host's address. Topics: prompts, results, prompts.dlq; group fleet.
+# port 9100+W of the host's address, cgroup spillway-fleet-<ID>/h<H> (--host-cpus). Topics:
+# prompts, results, prompts.dlq; group fleet.
 #
 # Environment:
 #   SPILLWAY_SVC_OWNER   a PID (usually a test script's $$): when it exits, a watchdog runs
@@ -84,6 +89,7 @@ bed_dir() {
 load() {
   DIR=$(bed_dir "$1")
   [ -f "$DIR/env" ] || svc_die "$DIR has no env file"
+  HOST_CPUS= CGROUP=
   # shellcheck disable=SC1091
   . "$DIR/env"
   EXTRA=()
@@ -134,6 +140,29 @@ net_free() {
   return 0
 }
 
+# cpu_cgroup_root: the folder whose sub-folders are cpu cgroups (v1 controller mount, or the v2
+# root with the cpu controller enabled for its children); nothing when there is none.
+cpu_cgroup_root() {
+  if [ -f /sys/fs/cgroup/cpu/cpu.cfs_period_us ] || [ -f /sys/fs/cgroup/cpu/cgroup.procs ]; then
+    echo /sys/fs/cgroup/cpu
+  elif grep -qw cpu /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null; then
+    echo /sys/fs/cgroup
+  fi
+}
+
+# make_host_cgroup H: the host's cgroup with its CPU quota (HOST_CPUS cores).
+make_host_cgroup() {
+  local cg=$CGROUP/h$1 quota
+  quota=$(awk -v c="$HOST_CPUS" 'BEGIN { printf "%d", c * 100000 }')
+  mkdir -p "$cg"
+  if [ -f "$cg/cpu.max" ]; then
+    echo "$quota 100000" >"$cg/cpu.max"
+  else
+    echo 100000 >"$cg/cpu.cfs_period_us"
+    echo "$quota" >"$cg/cpu.cfs_quota_us"
+  fi
+}
+
 # ---------------------------------------------------------------- workers
 
 # worker_pid H W: prints "PID START" of the worker's last start (nothing when never started).
@@ -161,7 +190,9 @@ start_worker() {
   [ "$EOS" = 1 ] && cmd+=(--exactly-once)
   cmd+=("${EXTRA[@]}")
   echo "=== start $(date -u +%FT%T.%3NZ): ${cmd[*]}" >>"$hd/w$w.log"
-  (exec ip netns exec "$ns" "${cmd[@]}") </dev/null >>"$hd/w$w.log" 2>&1 &
+  # in the host's cgroup (when there is one) before exec, so no thread starts outside it
+  (if [ -n "$CGROUP" ]; then echo "$BASHPID" >"$CGROUP/h$h/cgroup.procs"; fi
+   exec ip netns exec "$ns" "${cmd[@]}") </dev/null >>"$hd/w$w.log" 2>&1 &
   pid=$!
   disown "$pid" 2>/dev/null || true
   start=$(svc_starttime "$pid") || svc_die "worker h${h}w$w exited at once (log: $hd/w$w.log)"
@@ -188,15 +219,15 @@ cmd_env() {
   load "$1"
   printf 'BED_ID=%s\nBED_DIR=%s\nBOOTSTRAP=%s\nREDIS_HOST=%s\nREDIS_PORT=%s\nHOSTS=%s\n' \
     "$BED_ID" "$DIR" "$BOOTSTRAP" "$REDIS_HOST" "$REDIS_PORT" "$HOSTS"
-  printf 'WORKERS=%s\nPARTITIONS=%s\nNET=%s\nBRIDGE=%s\nSHM=%s\n' \
-    "$WORKERS" "$PARTITIONS" "$NET" "swb$BED_ID" "$SHM"
+  printf 'WORKERS=%s\nPARTITIONS=%s\nNET=%s\nBRIDGE=%s\nSHM=%s\nHOST_CPUS=%s\n' \
+    "$WORKERS" "$PARTITIONS" "$NET" "swb$BED_ID" "$SHM" "$HOST_CPUS"
 }
 
 cmd_status() {
   local h w p alive parts link state
   load "$1"
   echo "bed $BED_ID in $DIR: $HOSTS host(s) x $WORKERS worker(s), $PARTITIONS partition(s)"
-  echo "broker $BOOTSTRAP, redis $REDIS_HOST:$REDIS_PORT"
+  echo "broker $BOOTSTRAP, redis $REDIS_HOST:$REDIS_PORT${HOST_CPUS:+, $HOST_CPUS CPU per host}"
   for h in $(seq 1 "$HOSTS"); do
     link=ok
     if [ -f "$DIR/hosts/h$h/cut" ]; then link="cut ($(cat "$DIR/hosts/h$h/cut"))"; fi
@@ -261,7 +292,7 @@ cmd_up() {
   dir=$(svc_abs "$dir")
   [ -e "$dir/$MARKER" ] && svc_die "$dir already holds a bed: take it down first"
   if [ -d "$dir" ] && [ -n "$(ls -A "$dir")" ]; then svc_die "$dir is not empty"; fi
-  HOSTS=3 WORKERS=1 PARTITIONS= ARENA_MB=64 THREADS=1 EOS=0 MODEL= SPILLWAY=
+  HOSTS=3 WORKERS=1 PARTITIONS= ARENA_MB=64 THREADS=1 EOS=0 MODEL= SPILLWAY= HOST_CPUS= CGROUP=
   local wait=1
   local -a topics=()
   EXTRA=()
@@ -273,6 +304,7 @@ cmd_up() {
       --topic) topics+=("$2"); shift 2 ;;
       --arena-mb) ARENA_MB=$2; shift 2 ;;
       --threads) THREADS=$2; shift 2 ;;
+      --host-cpus) HOST_CPUS=$2; shift 2 ;;
       --exactly-once) EOS=1; shift ;;
       --spillway) SPILLWAY=$2; shift 2 ;;
       -m|--model) MODEL=$2; shift 2 ;;
@@ -287,6 +319,11 @@ cmd_up() {
     case $i in ''|*[!0-9]*|0) svc_die "--hosts, --workers, --partitions, --arena-mb, --threads: positive numbers" ;; esac
   done
   [ "$HOSTS" -le 200 ] || svc_die "--hosts: at most 200"
+  if [ -n "$HOST_CPUS" ]; then
+    [[ $HOST_CPUS =~ ^[0-9]*\.?[0-9]+$ ]] && awk -v c="$HOST_CPUS" 'BEGIN { exit !(c >= 0.01) }' ||
+      svc_die "--host-cpus: a number of cores >= 0.01"
+    [ -n "$(cpu_cgroup_root)" ] || svc_die "--host-cpus: no cpu cgroup controller found"
+  fi
   PARTITIONS=${PARTITIONS:-$(( 2 * WORKERS * HOSTS ))}
   for i in "${topics[@]}"; do
     [[ $i =~ ^[A-Za-z0-9._-]+:[0-9]+$ ]] || svc_die "--topic NAME:PARTITIONS, not '$i'"
@@ -327,6 +364,7 @@ cmd_up() {
   [ -n "$net" ] || svc_die "no free 10.x.y.0/24 found"
   BED_ID=$id NET=$net
   REDIS_HOST=$net.1 SHM=/dev/shm/spillway-fleet-$id BOOTSTRAP= REDIS_PORT=
+  [ -n "$HOST_CPUS" ] && CGROUP=$(cpu_cgroup_root)/spillway-fleet-$id
   save_env
   ip link add "swb$id" type bridge
   ip addr add "$net.1/24" dev "swb$id"
@@ -347,6 +385,7 @@ cmd_up() {
     ip link set "$veth" master "swb$id"
     ip link set "$veth" up
     mkdir -p "$DIR/hosts/h$h"
+    [ -n "$CGROUP" ] && make_host_cgroup "$h"
   done
 
   # One deployment secret, a copy on each host (what a real fleet distributes).
@@ -384,6 +423,7 @@ cmd_up() {
 save_env() {
   {
     declare -p BED_ID NET HOSTS WORKERS PARTITIONS ARENA_MB THREADS EOS MODEL SPILLWAY
+    declare -p HOST_CPUS CGROUP
     declare -p BOOTSTRAP REDIS_HOST REDIS_PORT SHM
   } | sed 's/^declare -[a-z-]* /declare -g /' >"$DIR/env.tmp"
   mv "$DIR/env.tmp" "$DIR/env"
@@ -409,11 +449,11 @@ start_watchdog() {
 }
 
 cmd_down() {
-  local dir=$1 keep=${2:-} ns p pids link
+  local dir=$1 keep=${2:-} ns p pids link d
   dir=$(svc_abs "$dir")
   [ -e "$dir" ] || return 0
   [ -f "$dir/$MARKER" ] || svc_die "$dir is not a folder made by fleet-bed.sh up"
-  BED_ID= SHM=
+  BED_ID= SHM= CGROUP=
   # shellcheck disable=SC1091
   [ -f "$dir/env" ] && . "$dir/env"
   set +e
@@ -436,7 +476,7 @@ cmd_down() {
       ip netns pids "$ns" 2>/dev/null | xargs -r kill -KILL 2>/dev/null
       ip netns del "$ns"
     done
-    for link in $(ip -o link show | awk -F': ' '{print $2}' | sed 's/@.*//' | grep "^swb${BED_ID}h"); do
+    for link in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | sed 's/@.*//' | grep "^swb${BED_ID}h"); do
       ip link del "$link" 2>/dev/null
     done
     ip link show "swb$BED_ID" >/dev/null 2>&1 && ip link del "swb$BED_ID"
@@ -444,6 +484,10 @@ cmd_down() {
   [ -d "$dir/broker" ] && "$KB" stop "$dir/broker" >/dev/null 2>&1
   [ -d "$dir/redis" ] && "$RS" stop "$dir/redis" >/dev/null 2>&1
   [[ $SHM == /dev/shm/spillway-fleet-* ]] && rm -rf -- "$SHM"
+  if [[ $CGROUP == */spillway-fleet-* ]] && [ -d "$CGROUP" ]; then
+    for d in "$CGROUP"/h*; do [ -d "$d" ] && rmdir "$d"; done
+    rmdir "$CGROUP"
+  fi
   if [ "$keep" = --keep ]; then
     rm -f "$dir/$MARKER" "$dir/spillway.secret"
     svc_log "bed ${BED_ID:-?} down; logs kept in $dir"
