@@ -89,6 +89,7 @@ python3 - "$WORK" "$(dirname "$0")" <<'PY' || fail "placement"
 import collections, json, math, sys
 work, here = sys.argv[1], sys.argv[2]
 sys.path.insert(0, here)
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 import test_route_reference as ref
 
 def load(topic):
