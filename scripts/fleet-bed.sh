@@ -25,7 +25,10 @@
 #         --spillway BIN     the binary (default build/spillway of this checkout)
 #         -s KEY=V, -X PROP=V, -c FILE
 #                            passed to every worker after the bed's own settings (so they win);
-#                            kept in DIR and used again whenever a worker (re)starts
+#                            kept in DIR and used again whenever a worker (re)starts. In -s and
+#                            -X values, {host_ip}, {host_id} (h<H>) and {worker_id} (h<H>w<W>)
+#                            become the worker's own, for per-host settings, e.g.
+#                            -s cache.peer.listen={host_ip}:7070
 #         --no-wait          return once the processes are started
 #   fleet-bed.sh down DIR [--keep]
 #       Always cleans up, also after a failed or interrupted `up` and when some parts are already
@@ -188,7 +191,13 @@ start_worker() {
                 -s "cache.arena.mb=$ARENA_MB" -s "cache.secret_file=$SHM/h$h/spillway.secret"
                 -s "metrics.port=$(( 9100 + w ))" -s "metrics.bind=$(host_ip "$h")")
   [ "$EOS" = 1 ] && cmd+=(--exactly-once)
-  cmd+=("${EXTRA[@]}")
+  local a hip
+  hip=$(host_ip "$h")
+  for a in "${EXTRA[@]}"; do
+    a=${a//\{host_ip\}/$hip}
+    a=${a//\{host_id\}/h$h}
+    cmd+=("${a//\{worker_id\}/h${h}w$w}")
+  done
   echo "=== start $(date -u +%FT%T.%3NZ): ${cmd[*]}" >>"$hd/w$w.log"
   # in the host's cgroup (when there is one) before exec, so no thread starts outside it
   (if [ -n "$CGROUP" ]; then echo "$BASHPID" >"$CGROUP/h$h/cgroup.procs"; fi
