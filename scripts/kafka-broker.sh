@@ -31,6 +31,11 @@
 #                                 "-XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:TieredStopAtLevel=1"
 #                                 (C1 only, quicker start; set "" for the JVM's own defaults)
 #   SPILLWAY_KAFKA_PROPS          extra server.properties lines (later keys win)
+#   SPILLWAY_KAFKA_HOST           numeric IPv4 address the PLAINTEXT listener binds and
+#                                 advertises, so that clients in other network namespaces
+#                                 reach it (scripts/fleet-bed.sh: a bridge's address); default
+#                                 127.0.0.1. BOOTSTRAP names it. The controller and the SASL/TLS
+#                                 listeners stay on 127.0.0.1.
 #   SPILLWAY_KAFKA_READY_TIMEOUT  seconds start/restart wait for readiness (default 60)
 #   SPILLWAY_KAFKA_STOP_TIMEOUT   seconds stop waits after SIGTERM (default 30)
 #   SPILLWAY_SVC_OWNER            a PID (usually the test script's $$): when it exits, a
@@ -112,8 +117,8 @@ write_config() {
 process.roles=broker,controller
 node.id=1
 controller.quorum.bootstrap.servers=127.0.0.1:$cport
-listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport
-advertised.listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport
+listeners=PLAINTEXT://$HOST:$port,CONTROLLER://127.0.0.1:$cport
+advertised.listeners=PLAINTEXT://$HOST:$port,CONTROLLER://127.0.0.1:$cport
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
 listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
@@ -175,6 +180,11 @@ rootLogger.appenderRef.err.ref = STDERR
 EOF
 }
 
+# The PLAINTEXT listener's address (SPILLWAY_KAFKA_HOST): set here for start, read back from
+# DIR/env by restart.
+HOST=${SPILLWAY_KAFKA_HOST:-127.0.0.1}
+[[ $HOST =~ ^[0-9]{1,3}(\.[0-9]{1,3}){3}$ ]] || svc_die "SPILLWAY_KAFKA_HOST must be a numeric IPv4 address"
+
 # SASL (SPILLWAY_KAFKA_SASL) and TLS (SPILLWAY_KAFKA_TLS): set by sasl_init in start, read back
 # from DIR/env by restart. Empty when off.
 SASL_PORT=
@@ -232,7 +242,7 @@ make_tls() {
 write_sasl_config() {
   local dir=$1 port=$2 cport=$3 l map jaas_plain as
   local -a names=(sasl_plaintext)
-  l="PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport,SASL_PLAINTEXT://127.0.0.1:$SASL_PORT"
+  l="PLAINTEXT://$HOST:$port,CONTROLLER://127.0.0.1:$cport,SASL_PLAINTEXT://127.0.0.1:$SASL_PORT"
   map="CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT"
   if [ -n "$SSL_PORT" ]; then
     make_tls "$dir"
@@ -317,7 +327,7 @@ launch() {
   while :; do
     svc_alive "$PID" "$PID_START" || return 1
     # The broker's port opens only once the broker is ready (the controller's opens earlier).
-    meta=$(timeout 10 kcat -b "127.0.0.1:$port" -L -m 2 2>/dev/null || true)
+    meta=$(timeout 10 kcat -b "$HOST:$port" -L -m 2 2>/dev/null || true)
     if grep -q '^ *broker 1 at' <<<"$meta"; then
       STARTUP_MS=$(( $(svc_now_ms) - t0 ))
       echo "$(date -u +%FT%TZ) ready in $STARTUP_MS ms" >>"$dir/startup.log"
@@ -346,7 +356,8 @@ bind_failed() { grep -qs 'Address already in use' "$1/stdout.log" "$1/server.log
 publish() {
   local dir=$1 port=$2 cport=$3
   cat >"$dir/env.tmp" <<EOF
-BOOTSTRAP=127.0.0.1:$port
+BOOTSTRAP=$HOST:$port
+KAFKA_HOST=$HOST
 PID=$PID
 PID_START=$PID_START
 KAFKA_PORT=$port
@@ -369,8 +380,8 @@ EOF
   fi
   mv "$dir/env.tmp" "$dir/env"
   svc_watchdog "${SPILLWAY_SVC_OWNER:-0}" "$PID" "$PID_START" "$dir"
-  svc_log "ready at 127.0.0.1:$port (pid $PID) in $STARTUP_MS ms"
-  echo "BOOTSTRAP=127.0.0.1:$port"
+  svc_log "ready at $HOST:$port (pid $PID) in $STARTUP_MS ms"
+  echo "BOOTSTRAP=$HOST:$port"
   echo "PID=$PID"
   printf '%s' "$extra"
 }
@@ -441,6 +452,8 @@ cmd_restart() {
   pid=$(svc_env_get "$dir/env" PID)
   start=$(svc_env_get "$dir/env" PID_START)
   load_sasl "$dir"
+  HOST=$(svc_env_get "$dir/env" KAFKA_HOST)
+  HOST=${HOST:-127.0.0.1}
   if svc_alive "$pid" "$start"; then
     svc_terminate "$pid" "$start" "${SPILLWAY_KAFKA_STOP_TIMEOUT:-30}" ||
       svc_die "pid $pid would not stop"
