@@ -301,6 +301,22 @@ io_fail:
 
 int cache_locate(cache_t *c, const uint64_t *names, int n, cache_peer_t *out, int max_out)
 {
+    return fleet_locate(c, names, n, out, max_out, NULL);
+}
+
+/* The leading well-formed values of an HMGET reply of n fields. */
+static int leading(const redisReply *r, int n)
+{
+    int lead = 0;
+    if (r->type == REDIS_REPLY_ARRAY && r->elements == (size_t)n)
+        while (lead < n && blk_value_ok(r->element[lead])) lead++;
+    return lead;
+}
+
+int fleet_locate(cache_t *c, const uint64_t *names, int n, cache_peer_t *out, int max_out,
+                 int *self_blocks)
+{
+    if (self_blocks) *self_blocks = 0;
     if (!c || n < 0 || max_out < 0 || (n && !names) || (max_out && !out)) return -1;
     fleet_t *f = &c->fleet;
     if (!f->lmu_init || !max_out || !cache_tier2_usable(c)) return 0;
@@ -330,7 +346,12 @@ int cache_locate(cache_t *c, const uint64_t *names, int n, cache_peer_t *out, in
             f->argvlen[1] = strlen(key);
             redisAppendCommandArgv(ctx, n + 2, f->argv, f->argvlen); /* copies the arguments */
         }
-        for (int h = 0; h < k; h++) {
+        if (self_blocks) {
+            f->argv[1] = c->ix.keys[KEY_BLK];
+            f->argvlen[1] = strlen(c->ix.keys[KEY_BLK]);
+            redisAppendCommandArgv(ctx, n + 2, f->argv, f->argvlen);
+        }
+        for (int h = 0; h < k + (self_blocks != NULL); h++) {
             void *v = NULL;
             if (redisGetReply(ctx, &v) != REDIS_OK) {
                 rconn_fail(c, &f->loc, "locate", ctx->errstr[0] ? ctx->errstr : "error");
@@ -338,10 +359,8 @@ int cache_locate(cache_t *c, const uint64_t *names, int n, cache_peer_t *out, in
                 goto out;
             }
             redisReply *r = v;
-            int lead = 0;
-            if (r->type == REDIS_REPLY_ARRAY && r->elements == (size_t)n)
-                while (lead < n && blk_value_ok(r->element[lead])) lead++;
-            hosts[h].n_blocks = lead;
+            if (h < k) hosts[h].n_blocks = leading(r, n);
+            else *self_blocks = leading(r, n);
             freeReplyObject(r);
         }
     }
