@@ -133,6 +133,10 @@ typedef struct {
     int refresh_ms, ttl_ms;
     rconn_t reg;                    /* the thread's connection */
     rconn_t loc;                    /* cache_locate's connection (under lmu) */
+    cache_peer_t *known;            /* the live other hosts at the last registry read, with
+                                       their age then (under lmu; reused for refresh_ms / 2) */
+    int known_n;
+    int64_t known_at_ms;            /* monotonic ms of that read (0: none) */
     char *hex;                      /* [cap x 17] names as hex (under lmu) */
     const char **argv;              /* [cap + 2] (under lmu) */
     size_t *argvlen;
@@ -220,10 +224,12 @@ typedef struct {
 /* Starts the server thread when cfg->peer_listen is set (and a secret is). 0 or -1 + errstr. */
 int peer_start(cache_t *c, const cache_config_t *cfg, char *errstr, size_t errlen);
 void peer_stop(cache_t *c);
-/* Leading blocks of names[0..n) this host's own index holds, through the locate connection
- * (fleet.c; any thread). */
+/* cache_locate (fleet.c), and: when serving_only, hosts without a peer address are left out
+ * (no HMGET is sent when none is left); when self_blocks is not NULL, the leading blocks this
+ * host's own index holds go there (asked in the same pipeline, only when another host is
+ * asked). */
 int fleet_locate(cache_t *c, const uint64_t *names, int n, cache_peer_t *out, int max_out,
-                 int *self_blocks);
+                 int serving_only, int *self_blocks);
 
 /* ---- the handle ---- */
 

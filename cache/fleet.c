@@ -141,6 +141,10 @@ void fleet_stop(cache_t *c)
     if (f->lmu_init) pthread_mutex_destroy(&f->lmu);
     if (f->mu_init) pthread_mutex_destroy(&f->mu);
     f->cv_init = f->lmu_init = f->mu_init = 0;
+    free(f->known);
+    f->known = NULL;
+    f->known_n = 0;
+    f->known_at_ms = 0;
     free(f->hex);
     free(f->argv);
     free(f->argvlen);
@@ -301,7 +305,7 @@ io_fail:
 
 int cache_locate(cache_t *c, const uint64_t *names, int n, cache_peer_t *out, int max_out)
 {
-    return fleet_locate(c, names, n, out, max_out, NULL);
+    return fleet_locate(c, names, n, out, max_out, 0, NULL);
 }
 
 /* The leading well-formed values of an HMGET reply of n fields. */
@@ -314,7 +318,7 @@ static int leading(const redisReply *r, int n)
 }
 
 int fleet_locate(cache_t *c, const uint64_t *names, int n, cache_peer_t *out, int max_out,
-                 int *self_blocks)
+                 int serving_only, int *self_blocks)
 {
     if (self_blocks) *self_blocks = 0;
     if (!c || n < 0 || max_out < 0 || (n && !names) || (max_out && !out)) return -1;
@@ -324,11 +328,26 @@ int fleet_locate(cache_t *c, const uint64_t *names, int n, cache_peer_t *out, in
     cache_peer_t *hosts = NULL;
     int k = 0;
     if (grow_locate(f, n) || rconn_ready(c, &f->loc)) goto out;
-    k = read_registry(c, &hosts);
-    if (k <= 0) {
-        k = 0;
-        goto out;
+    int64_t now = sw_mono_ms();
+    if (!f->known_at_ms || now - f->known_at_ms > f->refresh_ms / 2) {
+        cache_peer_t *fresh = NULL;
+        int m = read_registry(c, &fresh);
+        if (m < 0) goto out;
+        free(f->known);
+        f->known = fresh;
+        f->known_n = m;
+        f->known_at_ms = now;
     }
+    hosts = malloc(sizeof *hosts * (size_t)(f->known_n ? f->known_n : 1));
+    if (!hosts) goto out;
+    for (int i = 0; i < f->known_n; i++) {
+        if (serving_only && !f->known[i].peer_addr[0]) continue;
+        hosts[k] = f->known[i];
+        hosts[k].age_ms += now - f->known_at_ms;
+        hosts[k].n_blocks = 0;
+        k++;
+    }
+    if (!k) goto out;
     if (n > 0) {
         redisContext *ctx = f->loc.ctx;
         char key[CACHE_HOST_ID_MAX + 256];

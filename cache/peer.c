@@ -803,7 +803,7 @@ int cache_peer_prefetch(cache_t *c, uint64_t parent, const uint64_t *names,
     if (n > CACHE_PEER_MAX_NAMES) n = CACHE_PEER_MAX_NAMES;
     cache_peer_t peers[8];
     int self = 0;
-    int k = fleet_locate(c, names, n, peers, 8, &self);
+    int k = fleet_locate(c, names, n, peers, 8, 1, &self);
     out->n_local = self;
     /* the host holding most beyond ours that serves */
     int best = -1;
