@@ -13,6 +13,8 @@
  *     each stops the fetch at the good blocks and is counted; nothing bad is stored
  *  4  the cost model's choice with injected rates (no timing): short prefixes recomputed, long
  *     ones fetched; a prefill measurement moves the rate
+ *  5  one server per host: two processes' handles of one host on one port: the first serves, the
+ *     second registers the same address and takes over (binds) once the first is gone
  * White-box (3): includes cache/cache_internal.h for the protocol's own handshake and frames.
  */
 #include <hiredis/hiredis.h>
@@ -549,6 +551,49 @@ static void test_cost(const env_t *e)
     cache_free(b);
 }
 
+/* ---- 5: one server per host ---- */
+
+static void test_takeover(const env_t *e)
+{
+    fprintf(stderr, "test 5: one server per host, taken over\n");
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t sl = sizeof sa;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) ||
+        getsockname(fd, (struct sockaddr *)&sa, &sl)) {
+        CHECK(!"a free port");
+        return;
+    }
+    char listen[64];
+    snprintf(listen, sizeof listen, "127.0.0.1:%d", ntohs(sa.sin_port));
+    close(fd);
+    cache_t *p1 = host_new_peer(e, "twin", 10000, listen, SECRET, 2000);
+    char a1[CACHE_PEER_ADDR_MAX] = "", a2[CACHE_PEER_ADDR_MAX] = "";
+    for (int t = 0; t < 500 && p1 && !a1[0]; t++) {
+        sleep_ms(10);
+        cache_peer_listen_addr(p1, a1, sizeof a1);
+    }
+    CHECKF(!strcmp(a1, listen), "p1 serves on \"%s\"", a1);
+    cache_t *p2 = host_new_peer(e, "twin", 10000, listen, SECRET, 2000);
+    CHECK(p1 && p2);
+    sleep_ms(300);
+    if (p2) cache_peer_listen_addr(p2, a2, sizeof a2);
+    CHECKF(!a2[0], "p2 serves on \"%s\" too", a2);
+    /* the host's record names the port whichever of them wrote it last */
+    cache_t *obs = host_new(e, "observer", 10000);
+    cache_peer_t p;
+    uint64_t nm = 1;
+    CHECK(obs && locate_host(obs, &nm, 1, "twin", &p) == 0 && !strcmp(p.peer_addr, listen));
+    cache_free(p1);
+    for (int t = 0; t < 500 && p2 && !a2[0]; t++) {
+        sleep_ms(10);
+        cache_peer_listen_addr(p2, a2, sizeof a2);
+    }
+    CHECKF(!strcmp(a2, listen), "p2 took over: \"%s\"", a2);
+    cache_free(p2);
+    cache_free(obs);
+}
+
 int main(void)
 {
     setvbuf(stderr, NULL, _IONBF, 0);
@@ -575,6 +620,7 @@ int main(void)
     test_fetch(&e);
     test_rogue(&e);
     test_cost(&e);
+    test_takeover(&e);
     redis_stop(&e.redis);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", workdir);
