@@ -186,6 +186,13 @@ int peer_send(peer_conn_t *pc, int type, const void *payload, size_t len);
  * the peer closed or the frame failed authentication). */
 int peer_recv(peer_conn_t *pc, int *type, const uint8_t **payload, size_t *len, size_t max);
 void peer_conn_close(peer_conn_t *pc);
+/* Little-endian integers of the wire. */
+void peer_put32(uint8_t *p, uint32_t v);
+void peer_put64(uint8_t *p, uint64_t v);
+uint32_t peer_get32(const uint8_t *p);
+uint64_t peer_get64(const uint8_t *p);
+/* Splits "host:port" ("[v6]:port" too) into host and port (digits). 0 or -1. */
+int peer_split_addr(const char *addr, char *host, size_t hlen, char *port, size_t plen);
 /* Connects to "host:port" by deadline_ms. The fd, or -CACHE_PEER_ECONNECT / -ETIMEOUT. */
 int peer_dial(const char *addr, int64_t deadline_ms);
 

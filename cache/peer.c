@@ -1,20 +1,18 @@
-/* cache/peer.c: KV across hosts: the peer protocol (handshake and frames), the server that
- * serves this host's arena, the client that fetches, verifies and stores a peer's blocks, and
- * the cost model that decides between fetching and recomputing. The protocol is documented in
- * cache.h ("KV across hosts"); this file is its only reader and writer.
+/* cache/peer.c: KV across hosts: the server that serves this host's arena, the client that
+ * fetches, verifies and stores a peer's blocks, and the cost model that decides between
+ * fetching and recomputing. The protocol is documented in cache.h ("KV across hosts"); its wire
+ * (sockets, handshake, frames) is peer_wire.c, what the frames carry is read and written here.
  *
  * Threads: the server thread (peer_t.thread) owns listen_fd, its connections and peer_t.srv;
  * cache_peer_fetch and cache_peer_prefetch run on their callers' threads, serialised by
  * peer_t.fmu (peer_t.cli); the rates are under peer_t.rmu; peer_t.bound under peer_t.mu. */
 #include <errno.h>
-#include <fcntl.h>
 #include <hiredis/hiredis.h>
 #include <inttypes.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
-#include <signal.h>
 #include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,271 +22,7 @@
 
 #include "cache/cache_internal.h"
 
-#define PEER_MAGIC "SWPEER01"
-#define HELLO_BYTES (8 + 8 + 4 + 8 + 32)
 #define EWMA_ALPHA 0.3
-
-static void put32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get32(const uint8_t *p)
-{
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--) v = v << 8 | p[i];
-    return v;
-}
-static uint64_t get64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--) v = v << 8 | p[i];
-    return v;
-}
-
-const char *cache_peer_error_name(int error)
-{
-    static const char *const n[] = {"ok", "connect", "auth", "timeout", "closed", "data", "store"};
-    return error >= 0 && error <= CACHE_PEER_ESTORE ? n[error] : "?";
-}
-
-/* ---- sockets with a deadline ---- */
-
-static int wait_fd(int fd, short ev, int64_t deadline_ms)
-{
-    for (;;) {
-        int64_t left = deadline_ms - sw_mono_ms();
-        if (left <= 0) return -CACHE_PEER_ETIMEOUT;
-        struct pollfd p = {.fd = fd, .events = ev};
-        int r = poll(&p, 1, left > 1000 ? 1000 : (int)left);
-        if (r > 0) return 0;
-        if (r < 0 && errno != EINTR) return -CACHE_PEER_ECLOSED;
-    }
-}
-
-static int write_full(int fd, const uint8_t *p, size_t n, int64_t deadline_ms)
-{
-    while (n) {
-        ssize_t w = send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (w > 0) {
-            p += w;
-            n -= (size_t)w;
-            continue;
-        }
-        if (w < 0 && errno == EINTR) continue;
-        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            int rc = wait_fd(fd, POLLOUT, deadline_ms);
-            if (rc) return rc;
-            continue;
-        }
-        return -CACHE_PEER_ECLOSED;
-    }
-    return 0;
-}
-
-static int read_full(int fd, uint8_t *p, size_t n, int64_t deadline_ms)
-{
-    while (n) {
-        ssize_t r = recv(fd, p, n, MSG_DONTWAIT);
-        if (r > 0) {
-            p += r;
-            n -= (size_t)r;
-            continue;
-        }
-        if (r == 0) return -CACHE_PEER_ECLOSED;
-        if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) {
-            int rc = wait_fd(fd, POLLIN, deadline_ms);
-            if (rc) return rc;
-            continue;
-        }
-        return -CACHE_PEER_ECLOSED;
-    }
-    return 0;
-}
-
-/* Splits "host:port" ("[v6]:port" too) into host and port. 0 or -1. */
-static int split_addr(const char *addr, char *host, size_t hlen, char *port, size_t plen)
-{
-    const char *colon = strrchr(addr, ':');
-    if (!colon || !colon[1] || strlen(colon + 1) >= plen) return -1;
-    const char *h = addr;
-    size_t n = (size_t)(colon - addr);
-    if (n >= 2 && h[0] == '[' && h[n - 1] == ']') {
-        h++;
-        n -= 2;
-    }
-    if (n >= hlen) return -1;
-    memcpy(host, h, n);
-    host[n] = 0;
-    snprintf(port, plen, "%s", colon + 1);
-    for (const char *q = port; *q; q++)
-        if (*q < '0' || *q > '9') return -1;
-    return 0;
-}
-
-int peer_dial(const char *addr, int64_t deadline_ms)
-{
-    char host[CACHE_PEER_ADDR_MAX], port[8];
-    if (!addr || split_addr(addr, host, sizeof host, port, sizeof port) || !*host)
-        return -CACHE_PEER_ECONNECT;
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
-    struct addrinfo *res = NULL;
-    if (getaddrinfo(host, port, &hints, &res) || !res) return -CACHE_PEER_ECONNECT;
-    int fd = -1, rc = -CACHE_PEER_ECONNECT;
-    for (struct addrinfo *ai = res; ai && fd < 0; ai = ai->ai_next) {
-        fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-        if (fd < 0) continue;
-        if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) break;
-        if (errno == EINPROGRESS) {
-            int w = wait_fd(fd, POLLOUT, deadline_ms);
-            int err = 0;
-            socklen_t el = sizeof err;
-            if (!w && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) == 0 && !err) break;
-            if (w == -CACHE_PEER_ETIMEOUT) rc = w;
-        }
-        close(fd);
-        fd = -1;
-    }
-    freeaddrinfo(res);
-    if (fd < 0) return rc;
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    return fd;
-}
-
-/* ---- protocol ---- */
-
-void peer_derive_key(const unsigned char *secret, unsigned char key[PEER_KEY_BYTES])
-{
-    crypto_kdf_derive_from_key(key, PEER_KEY_BYTES, 1, "swpeer01", secret);
-}
-
-/* HMAC-SHA256(key, label hello nonce_s) into out. */
-static void hs_tag(unsigned char out[32], const unsigned char *key, char label,
-                   const uint8_t *hello, const uint8_t *nonce_s)
-{
-    crypto_auth_hmacsha256_state st;
-    crypto_auth_hmacsha256_init(&st, key, PEER_KEY_BYTES);
-    crypto_auth_hmacsha256_update(&st, (const unsigned char *)&label, 1);
-    crypto_auth_hmacsha256_update(&st, hello, HELLO_BYTES);
-    crypto_auth_hmacsha256_update(&st, nonce_s, 32);
-    crypto_auth_hmacsha256_final(&st, out);
-}
-
-void peer_conn_close(peer_conn_t *pc)
-{
-    if (pc->fd >= 0) close(pc->fd);
-    pc->fd = -1;
-    free(pc->buf);
-    pc->buf = NULL;
-    pc->cap = 0;
-    sodium_memzero(pc->key, sizeof pc->key);
-}
-
-int peer_handshake(peer_conn_t *pc, int fd, int is_server, const unsigned char *key,
-                   const cache_geometry_t *geo)
-{
-    pc->fd = fd;
-    pc->seq_in = pc->seq_out = 0;
-    pc->dir_out = is_server ? 1 : 0;
-    uint8_t hello[HELLO_BYTES], reply[8 + 32 + 32], nonce_s[32];
-    unsigned char tag[32];
-    int rc;
-    if (!is_server) {
-        memcpy(hello, PEER_MAGIC, 8);
-        put64(hello + 8, geo->seed);
-        put32(hello + 16, (uint32_t)geo->block_tokens);
-        put64(hello + 20, (uint64_t)geo->block_bytes);
-        randombytes_buf(hello + 28, 32);
-        if ((rc = write_full(fd, hello, sizeof hello, pc->deadline_ms))) return rc;
-        if ((rc = read_full(fd, reply, sizeof reply, pc->deadline_ms)))
-            return rc == -CACHE_PEER_ECLOSED ? -CACHE_PEER_EAUTH : rc;
-        if (memcmp(reply, PEER_MAGIC, 8)) return -CACHE_PEER_EAUTH;
-        memcpy(nonce_s, reply + 8, 32);
-        hs_tag(tag, key, 'S', hello, nonce_s);
-        if (sodium_memcmp(tag, reply + 40, 32)) return -CACHE_PEER_EAUTH;
-        hs_tag(tag, key, 'C', hello, nonce_s);
-        if ((rc = write_full(fd, tag, 32, pc->deadline_ms))) return rc;
-    } else {
-        if ((rc = read_full(fd, hello, sizeof hello, pc->deadline_ms))) return rc;
-        if (memcmp(hello, PEER_MAGIC, 8) || get64(hello + 8) != geo->seed ||
-            get32(hello + 16) != (uint32_t)geo->block_tokens ||
-            get64(hello + 20) != (uint64_t)geo->block_bytes)
-            return -CACHE_PEER_EAUTH;
-        memcpy(reply, PEER_MAGIC, 8);
-        randombytes_buf(nonce_s, 32);
-        memcpy(reply + 8, nonce_s, 32);
-        hs_tag(reply + 40, key, 'S', hello, nonce_s);
-        if ((rc = write_full(fd, reply, sizeof reply, pc->deadline_ms))) return rc;
-        uint8_t got[32];
-        if ((rc = read_full(fd, got, 32, pc->deadline_ms)))
-            return rc == -CACHE_PEER_ECLOSED ? -CACHE_PEER_EAUTH : rc;
-        hs_tag(tag, key, 'C', hello, nonce_s);
-        if (sodium_memcmp(tag, got, 32)) return -CACHE_PEER_EAUTH;
-    }
-    hs_tag(pc->key, key, 'K', hello, nonce_s);
-    sodium_memzero(tag, sizeof tag);
-    return 0;
-}
-
-static int ensure_buf(peer_conn_t *pc, size_t n)
-{
-    if (n <= pc->cap) return 0;
-    uint8_t *b = realloc(pc->buf, n);
-    if (!b) return -1;
-    pc->buf = b;
-    pc->cap = n;
-    return 0;
-}
-
-static void frame_nonce(unsigned char n[12], uint8_t dir, uint64_t seq)
-{
-    memset(n, 0, 12);
-    n[0] = dir;
-    put64(n + 1, seq);
-}
-
-int peer_send(peer_conn_t *pc, int type, const void *payload, size_t len)
-{
-    if (len > UINT32_MAX || ensure_buf(pc, PEER_HDR_BYTES + len + PEER_TAG_BYTES))
-        return -CACHE_PEER_ECLOSED;
-    uint8_t *h = pc->buf;
-    put32(h, (uint32_t)len);
-    h[4] = (uint8_t)type;
-    h[5] = h[6] = h[7] = 0;
-    unsigned char nonce[12];
-    frame_nonce(nonce, pc->dir_out, pc->seq_out++);
-    crypto_aead_chacha20poly1305_ietf_encrypt_detached(h + PEER_HDR_BYTES, h + PEER_HDR_BYTES + len,
-                                                       NULL, payload, len, h, PEER_HDR_BYTES,
-                                                       NULL, nonce, pc->key);
-    return write_full(pc->fd, h, PEER_HDR_BYTES + len + PEER_TAG_BYTES, pc->deadline_ms);
-}
-
-int peer_recv(peer_conn_t *pc, int *type, const uint8_t **payload, size_t *len, size_t max)
-{
-    uint8_t h[PEER_HDR_BYTES];
-    int rc = read_full(pc->fd, h, sizeof h, pc->deadline_ms);
-    if (rc) return rc;
-    uint32_t n = get32(h);
-    if (n > max || h[4] < PEER_REQ || h[4] > PEER_END || h[5] || h[6] || h[7])
-        return -CACHE_PEER_EAUTH;
-    if (ensure_buf(pc, (size_t)n + PEER_TAG_BYTES)) return -CACHE_PEER_ECLOSED;
-    if ((rc = read_full(pc->fd, pc->buf, (size_t)n + PEER_TAG_BYTES, pc->deadline_ms))) return rc;
-    unsigned char nonce[12];
-    frame_nonce(nonce, (uint8_t)!pc->dir_out, pc->seq_in++);
-    if (crypto_aead_chacha20poly1305_ietf_decrypt_detached(pc->buf, NULL, pc->buf, n,
-                                                           pc->buf + n, h, sizeof h, nonce,
-                                                           pc->key))
-        return -CACHE_PEER_EAUTH;
-    *type = h[4];
-    *payload = pc->buf;
-    *len = n;
-    return 0;
-}
 
 /* BLOCK payload bytes for this arena: name, checksum, meta, KV. */
 static size_t block_payload(const arena_t *a) { return 16 + a->meta_bytes + a->block_bytes; }
@@ -308,13 +42,13 @@ static int serve_req(cache_t *c, peer_conn_t *pc, const uint8_t *p, size_t len, 
 {
     peer_t *pe = &c->peer;
     if (len < 4) return -CACHE_PEER_EDATA;
-    uint32_t n = get32(p);
+    uint32_t n = peer_get32(p);
     if (!n || n > CACHE_PEER_MAX_NAMES || len != 4 + (size_t)n * 8) return -CACHE_PEER_EDATA;
     uint32_t sent = 0;
     /* p is in pc's frame buffer, which the replies reuse: the names first */
     uint64_t *names = malloc((size_t)n * sizeof *names);
     if (!names) return -CACHE_PEER_ESTORE;
-    for (uint32_t i = 0; i < n; i++) names[i] = get64(p + 4 + (size_t)i * 8);
+    for (uint32_t i = 0; i < n; i++) names[i] = peer_get64(p + 4 + (size_t)i * 8);
     if (cache_tier2_usable(c) && !rconn_ready(c, &pe->srv)) {
         const char **argv = malloc(((size_t)n + 2) * sizeof *argv);
         size_t *al = malloc(((size_t)n + 2) * sizeof *al);
@@ -352,8 +86,8 @@ static int serve_req(cache_t *c, peer_conn_t *pc, const uint8_t *p, size_t len, 
                 if (arena_read_sum(a, (uint32_t)slot, name, gen, out + 16 + a->meta_bytes,
                                    out + 16, &sum))
                     break; /* evicted or being rewritten: the run ends here */
-                put64(out, name);
-                put64(out + 8, sum);
+                peer_put64(out, name);
+                peer_put64(out + 8, sum);
                 int rc = peer_send(pc, PEER_BLOCK, out, block_payload(a));
                 if (rc) {
                     freeReplyObject(r);
@@ -368,7 +102,7 @@ static int serve_req(cache_t *c, peer_conn_t *pc, const uint8_t *p, size_t len, 
     free(names);
     atomic_fetch_add_explicit(&c->st_peer_served, sent, memory_order_relaxed);
     uint8_t end[4];
-    put32(end, sent);
+    peer_put32(end, sent);
     return peer_send(pc, PEER_END, end, sizeof end);
 }
 
@@ -559,7 +293,7 @@ int peer_start(cache_t *c, const cache_config_t *cfg, char *errstr, size_t errle
     const char *adv = cfg->peer_advertise ? cfg->peer_advertise : "";
     snprintf(pe->advertise, sizeof pe->advertise, "%s", adv);
     if (!*listen) return 0;
-    if (split_addr(listen, pe->listen_host, sizeof pe->listen_host, pe->listen_port,
+    if (peer_split_addr(listen, pe->listen_host, sizeof pe->listen_host, pe->listen_port,
                    sizeof pe->listen_port)) {
         snprintf(errstr, errlen, "cache: peer listen address \"%.80s\" is not host:port", listen);
         return -1;
@@ -727,8 +461,8 @@ int cache_peer_fetch(cache_t *c, const char *addr, uint64_t parent, const uint64
                                               : "during the handshake");
         goto out;
     }
-    put32(req, (uint32_t)n);
-    for (int i = 0; i < n; i++) put64(req + 4 + (size_t)i * 8, names[i]);
+    peer_put32(req, (uint32_t)n);
+    for (int i = 0; i < n; i++) peer_put64(req + 4 + (size_t)i * 8, names[i]);
     if ((rc = peer_send(&pc, PEER_REQ, req, 4 + (size_t)n * 8))) {
         *error = fail(c, addr, -rc, 0, n, NULL);
         goto out;
@@ -747,7 +481,7 @@ int cache_peer_fetch(cache_t *c, const char *addr, uint64_t parent, const uint64
         atomic_fetch_add_explicit(&c->st_peer_bytes, len + PEER_HDR_BYTES + PEER_TAG_BYTES,
                                   memory_order_relaxed);
         if (type == PEER_END) {
-            if (len != 4 || get32(p) != (uint32_t)got)
+            if (len != 4 || peer_get32(p) != (uint32_t)got)
                 *error = fail(c, addr, CACHE_PEER_EDATA, got, n, "bad END frame");
             else if (got < n)
                 CACHE_LOG(&c->log, SW_LOG_DEBUG, "peer fetch from %s: it held %d of %d blocks",
@@ -758,11 +492,11 @@ int cache_peer_fetch(cache_t *c, const char *addr, uint64_t parent, const uint64
         uint64_t want_parent = got ? names[got - 1] : parent;
         if (type != PEER_BLOCK || len != block_payload(a)) bad = "unexpected frame";
         else if (got >= n) bad = "more blocks than asked for";
-        else if (get64(p) != names[got]) bad = "another block's name";
-        else if (get64(p + 16) != want_parent) bad = "another parent";
+        else if (peer_get64(p) != names[got]) bad = "another block's name";
+        else if (peer_get64(p + 16) != want_parent) bad = "another parent";
         else if (memcmp(p + 24, tokens + (size_t)got * a->block_tokens, tok_bytes))
             bad = "other token ids";
-        else if (arena_sum(a, p + 16 + a->meta_bytes, p + 16) != get64(p + 8))
+        else if (arena_sum(a, p + 16 + a->meta_bytes, p + 16) != peer_get64(p + 8))
             bad = "checksum mismatch";
         if (bad) {
             char d[96];
