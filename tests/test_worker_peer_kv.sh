@@ -89,8 +89,15 @@ send ta a1 "$WORK/p1.txt"
 send ta a2 "$WORK/p2.txt"
 RA1=$(result a1 120)
 RA2=$(result a2 120)
-for _ in $(seq 1 100); do [ "$(indexed hostA)" -ge 10 ] && break; sleep 0.2; done
-NA=$(indexed hostA)
+# A's writer thread indexes the blocks after the results: wait until the count holds still
+PREV=-1 SAME=0
+for _ in $(seq 1 150); do
+  NA=$(indexed hostA)
+  if [ "$NA" = "$PREV" ] && [ "$NA" -ge 10 ]; then SAME=$((SAME + 1)); else SAME=0; fi
+  [ "$SAME" -ge 3 ] && break
+  PREV=$NA
+  sleep 0.3
+done
 [ "$NA" -ge 10 ] || fail "hostA indexed $NA blocks"
 say "A computed both prompts; $NA blocks indexed under hostA"
 grep -q 'peer server: serving this host' "$WORK/A.log" || fail "A does not serve"
@@ -106,6 +113,8 @@ SERVED=$(metric "$MA" 'spillway:peer_kv_blocks_total{dir="served"}')
 RECV=$(metric "$MB" 'spillway:peer_kv_blocks_total{dir="received"}')
 [ "$SERVED" != NA ] && [ "${SERVED%.*}" -gt 0 ] && [ "$RECV" = "$SERVED" ] ||
   fail "blocks served by A $SERVED, received by B $RECV"
+# B never computed p1: every cached token came from the fetched blocks (kv.block_tokens 16)
+[ "$CB1" = $(( ${RECV%.*} * 16 )) ] || fail "B's cached_tokens $CB1 for $RECV fetched blocks"
 say "B: cached_tokens $CB1, $RECV blocks fetched from A, text identical"
 
 # ---- 3. A gone: B recomputes ----
