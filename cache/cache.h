@@ -43,8 +43,12 @@
  *
  * Threads: cache_lookup, cache_fetch, cache_store_begin/commit are called from one thread (the
  * engine's step thread). Stores are written to the arena and indexed by a writer thread owned
- * by the cache (its own Redis connection), off the step thread. cache_stats may be called from
- * any thread. Errors: cache_new returns NULL and fills errstr; the rest cannot fail visibly
+ * by the cache (its own Redis connection), off the step thread. With tier 2 on, a fleet thread
+ * registers the host (fleet.c), and with peer_listen a server thread serves blocks to other
+ * hosts (peer.c), each on its own connection; cache_locate and cache_peer_* run on their
+ * callers' threads (never the step thread: they wait on Redis and the network), each family on
+ * a connection of its own under a lock of the handle. cache_stats may be called from any
+ * thread. Errors: cache_new returns NULL and fills errstr; the rest cannot fail visibly
  * (misses and dropped stores are counted in the stats). */
 #ifndef SPILLWAY_CACHE_H
 #define SPILLWAY_CACHE_H
