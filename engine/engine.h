@@ -253,6 +253,15 @@ typedef struct {
  * offered to it. 0, or -1 (errstr) when the backend cannot copy blocks or out of memory. */
 int engine_set_kv_tier(engine_t *e, const engine_kv_tier_t *tier, char *errstr, size_t errlen);
 
+/* Any thread (reads only the immutable name secret and block geometry): the names of the
+ * leading full blocks of a prompt that the prefix cache could reuse, the chain the engine
+ * looks up for a request with this prompt and cache_scope (engine_request_t's): at most
+ * (n_tokens - 1) / block_tokens blocks (the last prompt token is always computed), at most max.
+ * The chain seed (the parent of names[0]) into *seed. Returns the count (0 when the prefix
+ * cache is off or no block is full). */
+int engine_prefix_names(const engine_t *e, const char *cache_scope, const int32_t *tokens,
+                        int n_tokens, uint64_t *seed, uint64_t *names, int max);
+
 /* Prints a GGUF file's metadata, tensors and derived figures (KV bytes per token) to out.
  * Works on files the engine cannot run (it then names why). 0, or -1 when the file itself is
  * unreadable (errstr). */
