@@ -12,7 +12,7 @@ Checks:
     its expect file says `schema=valid`: a limit the schema cannot state (worker settings such as
     max_prompt_bytes, a date that does not exist, float rounding); such a case must then really
     validate, so the annotation cannot go stale;
-  * the DLQ code enum equals the REQ_ERR_* codes of consumer/request.h (less out_of_memory,
+  * the DLQ code enum equals the REQ_ERR_* codes of records/request.h (less out_of_memory,
     which is not a dead-letter reason), and the request schema's chat_template description names
     every built-in template of engine/chat.c.
 """
@@ -154,7 +154,7 @@ def main():
         return
 
     # DLQ codes == REQ_ERR_* codes
-    with open(os.path.join(ROOT, "consumer", "request.h"), encoding="utf-8") as f:
+    with open(os.path.join(ROOT, "records", "request.h"), encoding="utf-8") as f:
         codes = set(re.findall(r'#define\s+REQ_ERR_\w+\s+"([a-z0-9_]+)"', f.read()))
     codes.discard("out_of_memory")
     dlq = schemas.get("dlq.schema.json", {})
