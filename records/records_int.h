@@ -26,7 +26,7 @@ typedef struct {
     const char **code;          /* gets rec_err_reason(err) */
     char *errstr;
     size_t errlen;
-    rec_err_t err;              /* the first failure's code */
+    rec_err_t err;              /* the failure's code (parsing stops at the first) */
 } pctx_t;
 
 /* Sets the code (c->err, *c->code) and the printf-formatted message; returns -1. */
