@@ -1,15 +1,11 @@
 /* consumer/consumer.h: the consumer module's public header.
  *
- * The consumer turns Kafka prompt messages into engine requests:
- *   - request.h: parsing and validating one message value (request_parse), its limits and the
- *     stable dead-letter reason codes (REQ_ERR_*). Wire formats: schemas/request.schema.json,
- *     schemas/result.schema.json, schemas/dlq.schema.json.
- *   - Kafka intake (consumer_*): the group consumer and its per-partition offset tracker,
- *     declared below. */
+ * The consumer is Kafka intake (consumer_*): the group consumer and its per-partition offset
+ * tracker, declared below. What a message holds is the records module's (records/records.h:
+ * request_parse and the other wire formats); the JSON helpers that module uses (json_schema.h,
+ * json_text.h) live here. */
 #ifndef SPILLWAY_CONSUMER_H
 #define SPILLWAY_CONSUMER_H
-
-#include "consumer/request.h"
 
 
 /* ---- Kafka intake ---------------------------------------------------------------------------

@@ -5,14 +5,22 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The shortest "%.Ng" text of d (N = 1..17) that strtod reads back as d, with ".0" added when
- * it has neither '.' nor an exponent. buf holds at least 32 bytes. Returns its length. */
+/* The shortest "%.Ng" text of d (N = 1..17) that strtod reads back as d, written without an
+ * exponent when it is a whole number below 10^16, with ".0" added when it has neither '.' nor
+ * an exponent. buf holds at least 32 bytes. Returns its length. */
 static size_t shortest_real(double d, char *buf)
 {
-    int n = 0;
-    for (int p = 1; p <= 17; p++) {
+    int n = 0, p;
+    for (p = 1; p <= 17; p++) {
         n = snprintf(buf, 32, "%.*g", p, d);
         if (strtod(buf, NULL) == d) break;
+    }
+    /* %g writes 100 with one digit as 1e+02: a whole number below 10^16 is written out
+     * (100.0), with the same significant digits */
+    const char *e = strchr(buf, 'e');
+    if (e && e[1] == '+' && atoi(e + 2) <= 15) {
+        int dec = (p > 17 ? 17 : p) - 1 - atoi(e + 2);
+        n = snprintf(buf, 32, "%.*f", dec > 0 ? dec : 0, d);
     }
     if (!strpbrk(buf, ".eEn")) { /* "n": inf/nan never reach here (jansson refuses them) */
         memcpy(buf + n, ".0", 3);

@@ -166,10 +166,7 @@ const char *engine_backends(void)
 void engine_request_default(engine_request_t *r)
 {
     memset(r, 0, sizeof *r);
-    r->sampling.temperature = 1.0f;
-    r->sampling.top_p = 1.0f;
-    r->sampling.repeat_penalty = 1.0f;
-    r->sampling.repeat_last_n = 64;
+    sampler_params_default(&r->sampling);
     r->max_tokens = 256;
 }
 
@@ -649,17 +646,7 @@ int engine_submit(engine_t *e, const engine_request_t *req, engine_done_fn done,
         s->top = calloc(((size_t)max_tokens + 1) * (size_t)s->n_logprobs, sizeof *s->top);
         if (!s->lp || !s->top) goto oom;
     }
-    sampler_params_default(&s->sp);
-    s->sp.temperature = req->sampling.temperature;
-    s->sp.top_k = req->sampling.top_k;
-    s->sp.top_p = req->sampling.top_p;
-    s->sp.min_p = req->sampling.min_p;
-    s->sp.repeat_penalty = req->sampling.repeat_penalty;
-    s->sp.repeat_last_n = req->sampling.repeat_last_n;
-    s->sp.presence_penalty = req->sampling.presence_penalty;
-    s->sp.frequency_penalty = req->sampling.frequency_penalty;
-    s->sp.seed = req->sampling.seed;
-    s->sp.n_logprobs = req->sampling.n_logprobs;
+    s->sp = req->sampling;
     if (sampler_params_validate(&s->sp, errstr, errlen) != 0) goto fail;
     /* penalties count when the sampler turns them on (sampler.c: pen_on) */
     /* a grammar masks the logits on the host first: never by the backend's argmax */

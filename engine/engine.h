@@ -19,6 +19,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "engine/sampler.h" /* sampler_params_t: a request's sampling parameters */
+
 typedef struct engine engine_t;
 struct grammar; /* engine/grammar.h */
 
@@ -64,21 +66,6 @@ void engine_config_default(engine_config_t *c);
 /* The backends this build has, comma-separated ("cpu" or "cpu, cuda"). Static. */
 const char *engine_backends(void);
 
-/* Sampling parameters of one request (mirrors the sampler's; defaults from
- * engine_request_default()). */
-typedef struct {
-    float temperature;       /* <= 0 greedy (1) */
-    int top_k;               /* 0 off */
-    float top_p;             /* 1 off */
-    float min_p;             /* 0 off */
-    float repeat_penalty;    /* 1 off */
-    int repeat_last_n;       /* 64; -1 whole history */
-    float presence_penalty;  /* 0 */
-    float frequency_penalty; /* 0 */
-    uint64_t seed;           /* 0 */
-    int n_logprobs;          /* 0..20 */
-} engine_sampling_t;
-
 enum engine_finish {
     ENGINE_FINISH_STOP = 0,   /* EOS/EOG token, stop token id or stop string */
     ENGINE_FINISH_LENGTH = 1, /* max_tokens or the context limit */
@@ -107,7 +94,8 @@ typedef void (*engine_progress_fn)(void *cb_arg, const engine_progress_t *p);
 typedef struct {
     const int32_t *prompt;          /* [n_prompt] token ids, copied by engine_submit */
     int n_prompt;
-    engine_sampling_t sampling;
+    sampler_params_t sampling;      /* reaches the sequence's sampler as is (defaults:
+                                       sampler_params_default) */
     int max_tokens;                 /* generated tokens at most (>= 1) */
     const char *const *stop;        /* [n_stop] stop strings, copied */
     int n_stop;

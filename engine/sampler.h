@@ -1,4 +1,7 @@
-/* engine/sampler.h: per-sequence token sampling and stop-string matching. Internal.
+/* engine/sampler.h: per-sequence token sampling and stop-string matching. Internal, except
+ * sampler_params_t and its two functions: a request's sampling parameters, embedded as they are
+ * by engine_request_t (engine.h) and by the parsed request (records/request.h), so the struct
+ * a request was parsed into is the one its sampler gets.
  *
  * A sampler belongs to one sequence and is used by one thread at a time. Its random stream is
  * seeded from the request's seed alone, so the same seed and the same logits give the same

@@ -318,26 +318,3 @@ int producer_txn_commit(producer_t *p, const rd_kafka_topic_partition_list_t *of
         plog(p, SW_LOG_WARN, "%s; retrying", errstr);
     }
 }
-
-rd_kafka_headers_t *producer_dlq_headers(const char *code, const char *message,
-                                         const char *topic, int32_t partition, int64_t offset,
-                                         const char *worker, int64_t timestamp_ms)
-{
-    rd_kafka_headers_t *h = rd_kafka_headers_new(7);
-    if (!h) return NULL;
-    char part[16], off[24], ts[24];
-    snprintf(part, sizeof part, "%d", (int)partition);
-    snprintf(off, sizeof off, "%lld", (long long)offset);
-    snprintf(ts, sizeof ts, "%lld", (long long)timestamp_ms);
-    if (rd_kafka_header_add(h, PRODUCER_H_CODE, -1, code, -1) ||
-        rd_kafka_header_add(h, PRODUCER_H_MESSAGE, -1, message, -1) ||
-        rd_kafka_header_add(h, PRODUCER_H_TOPIC, -1, topic, -1) ||
-        rd_kafka_header_add(h, PRODUCER_H_PARTITION, -1, part, -1) ||
-        rd_kafka_header_add(h, PRODUCER_H_OFFSET, -1, off, -1) ||
-        rd_kafka_header_add(h, PRODUCER_H_WORKER, -1, worker, -1) ||
-        rd_kafka_header_add(h, PRODUCER_H_TIMESTAMP, -1, ts, -1)) {
-        rd_kafka_headers_destroy(h);
-        return NULL;
-    }
-    return h;
-}

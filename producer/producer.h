@@ -13,18 +13,6 @@
 
 #include <librdkafka/rdkafka.h>
 
-/* Dead-letter record headers (Kafka Connect style); values are UTF-8 text. */
-#define PRODUCER_H_CODE      "__spillway.errors.code"      /* a REQ_ERR_* code */
-#define PRODUCER_H_MESSAGE   "__spillway.errors.message"   /* human-readable reason */
-#define PRODUCER_H_TOPIC     "__spillway.errors.topic"     /* source topic */
-#define PRODUCER_H_PARTITION "__spillway.errors.partition" /* source partition, decimal */
-#define PRODUCER_H_OFFSET    "__spillway.errors.offset"    /* source offset, decimal */
-#define PRODUCER_H_WORKER    "__spillway.errors.worker"    /* worker.id */
-#define PRODUCER_H_TIMESTAMP "__spillway.errors.timestamp" /* when rejected, Unix epoch ms */
-/* only on a dead letter whose value was cut because the record was refused for its size: */
-#define PRODUCER_H_TRUNCATED  "__spillway.errors.truncated"      /* "true" */
-#define PRODUCER_H_ORIG_BYTES "__spillway.errors.original_bytes" /* original length, decimal */
-
 typedef struct producer producer_t;
 
 /* Delivery report of one sent record: err 0 when the record is durable (acks=all), else the
@@ -121,10 +109,5 @@ int producer_txn_commit(producer_t *p, const rd_kafka_topic_partition_list_t *of
 /* Aborts the open transaction. PRODUCER_TXN_OK, PRODUCER_TXN_FATAL (a fatal error) or
  * PRODUCER_TXN_UNCERTAIN (timed out, or another error: the instance must be renewed). */
 int producer_txn_abort(producer_t *p, int timeout_ms, char *errstr, size_t errlen);
-
-/* Headers of a dead-letter record (PRODUCER_H_*). NULL on out of memory. Caller owns. */
-rd_kafka_headers_t *producer_dlq_headers(const char *code, const char *message,
-                                         const char *topic, int32_t partition, int64_t offset,
-                                         const char *worker, int64_t timestamp_ms);
 
 #endif

@@ -19,6 +19,14 @@
 # every $WORK/*.log, exit 1; a test may define its own after sourcing), bt_broker [DIR] (starts a
 # broker in $WORK/DIR, default broker, and sets BOOTSTRAP and PID), bt_free_port (a free port for a
 # server the test starts).
+#
+# Every record a test reads is checked against its schema: kcat is a function here that runs
+# the real kcat and then, after a read of what a topic holds (-C with -e, formatted with %s or
+# %h, or -J), reads the same records again as JSON envelopes and passes them to
+# tests/validate_records.py (results, dead letters, stream chunks and usage records, told apart by
+# their content; schemas/). A record that fails is printed and listed in
+# $WORK/.schema_failures, and the test then fails at exit (bt_cleanup) whatever it found
+# otherwise. Each record is checked once ($WORK/.schema_seen).
 
 bt_init() {
   local name=$1 redis=${4:-}
@@ -45,9 +53,16 @@ bt_init() {
 }
 
 bt_cleanup() {
-  local p d
+  local p d rc=0
   for p in "${PIDS[@]}" ${WPID:-}; do kill -9 "$p" 2>/dev/null || true; done
   if declare -F bt_at_exit >/dev/null; then bt_at_exit || true; fi
+  bt_check_topics
+  if [ -s "$WORK/.schema_failures" ]; then
+    echo "FAIL: records that do not match their schema (schemas/):"
+    cat "$WORK/.schema_failures"
+    touch "$WORK/.failed"
+    rc=1
+  fi
   for d in "$WORK"/broker*; do [ -d "$d" ] && { "$KB" stop "$d" >/dev/null 2>&1 || true; }; done
   for d in "$WORK"/redis*; do [ -d "$d" ] && { "$RS" stop "$d" >/dev/null 2>&1 || true; }; done
   if [ "${BT_KEEP:-0}" = 1 ] || [ -e "$WORK/.failed" ]; then
@@ -56,6 +71,65 @@ bt_cleanup() {
     rm -rf "$WORK"
   fi
   [ "${#BT_RM[@]}" -eq 0 ] || rm -rf "${BT_RM[@]}"
+  [ "$rc" -eq 0 ] || exit "$rc"
+}
+
+# kcat: the program, then the schema check of what it read (`timeout kcat` runs the program
+# alone)
+kcat() {
+  local rc=0
+  command kcat "$@" || rc=$?
+  bt_check_read "$@"
+  return "$rc"
+}
+
+# bt_check_topics: the schema check of every topic of every broker the test started that still
+# answers (records read by other clients than kcat, e.g. spillway collect, included); run at
+# exit, before the brokers stop.
+bt_check_topics() {
+  local d bs t
+  for d in "$WORK"/broker*; do
+    [ -f "$d/env" ] || continue
+    bs=$(sed -n 's/^BOOTSTRAP=//p' "$d/env" | tail -n 1)
+    [ -n "$bs" ] || continue
+    for t in $(timeout 20 kcat -b "$bs" -L -m 5 2>/dev/null |
+               sed -n 's/^  topic "\([^"]*\)".*/\1/p'); do
+      case $t in __*) continue ;; esac
+      bt_check_read -C -b "$bs" -t "$t" -e -J -o beginning -X fetch.wait.max.ms=5 -m 5
+    done
+  done
+}
+
+# bt_check_read KCAT_ARGS...: the schema check of a kcat read (see the top). Never fails the
+# caller: failures go to $WORK/.schema_failures.
+bt_check_read() {
+  local topic="" consume=0 end=0 content=0 args=()
+  while [ $# -gt 0 ]; do
+    case $1 in
+      -C) consume=1 ;;
+      -e) end=1; args+=(-e) ;;
+      -J) content=1 ;;
+      -q) ;;
+      -f) case $2 in *%s*|*%h*) content=1 ;; esac; shift ;;
+      -t) topic=$2; args+=(-t "$2"); shift ;;
+      -b|-p|-o|-c|-X|-K|-k|-D|-s|-F|-m) args+=("$1" "$2"); shift ;;
+      *) args+=("$1") ;;
+    esac
+    shift
+  done
+  [ "$consume" = 1 ] && [ "$end" = 1 ] && [ "$content" = 1 ] && [ -n "$topic" ] &&
+    [ -d "${WORK:-}" ] || return 0
+  local out rc=0
+  out=$(timeout 60 kcat -C -J -q "${args[@]}" 2>/dev/null |
+        python3 "$ROOT/tests/validate_records.py" "$topic" "$WORK/.schema_seen") || rc=$?
+  if [ "$rc" = 1 ]; then
+    printf '%s\n' "$out" >>"$WORK/.schema_failures"
+    printf 'schema check of topic %s failed:\n%s\n' "$topic" "$out" >&2
+  elif [ "$rc" != 0 ] && [ ! -e "$WORK/.schema_skip" ]; then
+    printf '%s\n' "${out:-validate_records.py exited $rc}" >&2
+    touch "$WORK/.schema_skip"
+  fi
+  return 0
 }
 
 say() { printf '[%5.1fs] %s\n' "$(( $(date +%s%3N) - T0 ))e-3" "$*"; }

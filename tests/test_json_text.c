@@ -34,6 +34,9 @@ int main(void)
             "[1.0,2,-0.5,1e+300,5e-324,123456789012345678]");
     dump_is("{\"a\":\"0.80000000000000004 and \\\"1.50\\\"\",\"b\":[{\"c\":2.50}]}",
             "{\"a\":\"0.80000000000000004 and \\\"1.50\\\"\",\"b\":[{\"c\":2.5}]}");
+    /* whole numbers below 10^16 without an exponent (%g would write 100 as 1e+02) */
+    dump_is("[100.0, 31000.0, 1e15, 1e16, 0.0001, 1e-05, 120.5, -2500.0]",
+            "[100.0,31000.0,1000000000000000.0,1e+16,0.0001,1e-05,120.5,-2500.0]");
     /* jansson's own 17 digits are already the shortest: kept as jansson writes them */
     dump_is("[-1.7976931348623157e308]", "[-1.7976931348623157e308]");
     /* every double of a sweep: shortest text, read back exactly */

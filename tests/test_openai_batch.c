@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "consumer/openai_batch.h"
-#include "consumer/request.h"
+#include "records/request.h"
 #include "tests/check.h"
 
 #define CHAT "\"method\":\"POST\",\"url\":\"/v1/chat/completions\""

@@ -16,7 +16,7 @@
 #include <string.h>
 
 #include "check.h"
-#include "consumer/consumer.h"
+#include "records/records.h"
 
 #define CASES_DIR SPILLWAY_SOURCE_DIR "/tests/requests"
 
@@ -191,16 +191,16 @@ static int check_field(const request_t *r, const char *key, const char *val)
         return ok;
     }
     if (!strcmp(key, "max_tokens")) return r->max_tokens == atoi(val);
-    if (!strcmp(key, "temperature")) return float_eq(r->temperature, val);
-    if (!strcmp(key, "top_p")) return float_eq(r->top_p, val);
-    if (!strcmp(key, "min_p")) return float_eq(r->min_p, val);
-    if (!strcmp(key, "top_k")) return r->top_k == atoi(val);
-    if (!strcmp(key, "repeat_penalty")) return float_eq(r->repeat_penalty, val);
-    if (!strcmp(key, "presence_penalty")) return float_eq(r->presence_penalty, val);
-    if (!strcmp(key, "frequency_penalty")) return float_eq(r->frequency_penalty, val);
-    if (!strcmp(key, "seed")) return r->seed == strtoull(val, NULL, 10);
+    if (!strcmp(key, "temperature")) return float_eq(r->sampling.temperature, val);
+    if (!strcmp(key, "top_p")) return float_eq(r->sampling.top_p, val);
+    if (!strcmp(key, "min_p")) return float_eq(r->sampling.min_p, val);
+    if (!strcmp(key, "top_k")) return r->sampling.top_k == atoi(val);
+    if (!strcmp(key, "repeat_penalty")) return float_eq(r->sampling.repeat_penalty, val);
+    if (!strcmp(key, "presence_penalty")) return float_eq(r->sampling.presence_penalty, val);
+    if (!strcmp(key, "frequency_penalty")) return float_eq(r->sampling.frequency_penalty, val);
+    if (!strcmp(key, "seed")) return r->sampling.seed == strtoull(val, NULL, 10);
     if (!strcmp(key, "has_seed")) return r->has_seed == atoi(val);
-    if (!strcmp(key, "logprobs")) return r->n_logprobs == atoi(val);
+    if (!strcmp(key, "logprobs")) return r->sampling.n_logprobs == atoi(val);
     if (!strcmp(key, "n")) return r->n == atoi(val);
     if (!strcmp(key, "n_stop")) return r->n_stop == atoi(val);
     if (!strncmp(key, "stop.", 5)) {
@@ -322,11 +322,14 @@ static void run_case(const char *name)
         }
     } else if (!strncmp(first, "error ", 6)) {
         const char *want = first + 6;
-        CHECKF(rc == -1, "%s: expected error %s, got ok", name, want);
+        CHECKF(rc < 0, "%s: expected error %s, got ok", name, want);
         if (rc == 0) request_free(&r);
-        if (rc == -1) {
+        if (rc < 0) {
             CHECKF(code && !strcmp(code, want), "%s: expected %s, got %s (%s)", name, want,
                    code ? code : "NULL", err);
+            /* the return value is the same reason as a code (rec_err_t, negated) */
+            CHECKF(!strcmp(rec_err_reason((rec_err_t)-rc), want), "%s: returned %d (%s), not %s",
+                   name, rc, rec_err_reason((rec_err_t)-rc), want);
             CHECKF(err[0] != 0, "%s: empty errstr", name);
             CHECKF(is_empty(&r), "%s: *out not left empty", name);
             for (char *line; (line = strtok_r(NULL, "\n", &save));) {
@@ -344,7 +347,7 @@ static void run_case(const char *name)
         const char *code2 = NULL;
         request_t r2;
         int rc2 = request_parse(exact, len, ts, &lim, &r2, &code2, small, sizeof small);
-        CHECK(rc2 == -1 && code2 == code && strlen(small) < sizeof small);
+        CHECK(rc2 == rc && code2 == code && strlen(small) < sizeof small);
         if (rc2 == 0) request_free(&r2);
     } else {
         CHECKF(0, "%s: expect must start with 'ok' or 'error CODE'", name);
@@ -367,7 +370,7 @@ static void test_direct(void)
     /* NULL limits: defaults; NULL code and errstr pointers are allowed */
     const char *ok = "{\"id\":\"x\",\"prompt\":\"hi\"}";
     CHECK(request_parse(ok, strlen(ok), 0, NULL, &r, &code, err, sizeof err) == 0);
-    CHECK(r.max_tokens == 256 && r.temperature == 1.0f && r.top_p == 1.0f);
+    CHECK(r.max_tokens == 256 && r.sampling.temperature == 1.0f && r.sampling.top_p == 1.0f);
     request_free(&r);
     request_free(&r); /* idempotent on an emptied request */
     CHECK(request_parse("{", 1, 0, NULL, &r, NULL, NULL, 0) == -1);

@@ -12,7 +12,9 @@ Checks:
     its expect file says `schema=valid`: a limit the schema cannot state (worker settings such as
     max_prompt_bytes, a date that does not exist, float rounding); such a case must then really
     validate, so the annotation cannot go stale;
-  * the DLQ code enum equals the REQ_ERR_* codes of consumer/request.h (less out_of_memory,
+  * every tests/records/ case's expected record validates against its schema (result, chunk,
+    usage, dlq: the dead letter's headers as one object), and there is a case of each kind;
+  * the DLQ code enum equals the REQ_ERR_* codes of records/request.h (less out_of_memory,
     which is not a dead-letter reason), and the request schema's chat_template description names
     every built-in template of engine/chat.c.
 """
@@ -32,6 +34,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SCHEMAS = os.path.join(ROOT, "schemas")
 CASES = os.path.join(HERE, "requests")
+RECORD_CASES = os.path.join(HERE, "records")
+RECORD_SCHEMAS = {"result": "result.schema.json", "chunk": "chunk.schema.json",
+                  "usage": "usage.schema.json", "dlq": "dlq.schema.json"}
 
 failures = 0
 checks = 0
@@ -154,7 +159,7 @@ def main():
         return
 
     # DLQ codes == REQ_ERR_* codes
-    with open(os.path.join(ROOT, "consumer", "request.h"), encoding="utf-8") as f:
+    with open(os.path.join(ROOT, "records", "request.h"), encoding="utf-8") as f:
         codes = set(re.findall(r'#define\s+REQ_ERR_\w+\s+"([a-z0-9_]+)"', f.read()))
     codes.discard("out_of_memory")
     dlq = schemas.get("dlq.schema.json", {})
@@ -171,6 +176,29 @@ def main():
         desc = schemas["request.schema.json"]["properties"]["chat_template"]["description"]
         missing = [n for n in names if re.search(r"(^|[ ,:])%s[,. ]" % re.escape(n), desc) is None]
         check(not missing, "request.schema.json chat_template does not list " + ", ".join(missing))
+
+    # the records module's cases (tests/records/README.md)
+    kinds = {}
+    for name in sorted(os.listdir(RECORD_CASES)):
+        d = os.path.join(RECORD_CASES, name)
+        if not os.path.exists(os.path.join(d, "input.json")):
+            continue
+        with open(os.path.join(d, "input.json"), encoding="utf-8") as f:
+            kind = json.load(f).get("kind")
+        check(kind in RECORD_SCHEMAS, "%s: unknown kind %r" % (name, kind))
+        if kind not in RECORD_SCHEMAS:
+            continue
+        with open(os.path.join(d, "record"), "rb") as f:
+            doc = load_json(f.read())
+        check(doc is not None, name + ": record is not strict JSON")
+        errs = list(Draft202012Validator(schemas[RECORD_SCHEMAS[kind]]).iter_errors(doc)) \
+            if doc is not None else []
+        check(not errs, "%s: record fails %s: %s" % (name, RECORD_SCHEMAS[kind],
+                                                      errs[0].message[:200] if errs else ""))
+        kinds[kind] = kinds.get(kind, 0) + 1
+    check(set(kinds) == set(RECORD_SCHEMAS), "record cases lack kinds %s"
+          % sorted(set(RECORD_SCHEMAS) - set(kinds)))
+    print("record cases validated: %s" % ", ".join("%d %s" % (n, k) for k, n in sorted(kinds.items())))
 
     validator = Draft202012Validator(schemas["request.schema.json"])
     n_ok = n_err = n_annot = 0

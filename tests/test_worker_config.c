@@ -10,7 +10,7 @@
 #include "cache/cache.h"
 #include "check.h"
 #include "engine/engine.h"
-#include "consumer/request.h"
+#include "records/request.h"
 #include "worker/claims.h"
 #include "worker/worker.h"
 

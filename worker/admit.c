@@ -15,33 +15,16 @@
 
 #include "worker/worker_int.h"
 
-/* Request fields that came as Kafka headers (REQUEST_HEADER_FIELDS), then the reply_to
- * allow-list. 0, or -1 with *code and err set (a dead letter), or -2 on out of memory. */
-static int apply_headers(worker_t *w, wreq_t *r, const char **code, char *err, size_t errlen)
+/* records_admit's header lookup: the last Kafka header of that name on the message arg. */
+static int msg_header(void *arg, const char *name, const void **value, size_t *len)
 {
     rd_kafka_headers_t *h = NULL;
-    if (rd_kafka_message_headers(r->msg, &h) == RD_KAFKA_RESP_ERR_NO_ERROR && h) {
-        static const char *const names[REQUEST_N_HEADER_FIELDS] = REQUEST_HEADER_FIELDS;
-        for (int i = 0; i < REQUEST_N_HEADER_FIELDS; i++) {
-            const void *v;
-            size_t n;
-            if (rd_kafka_header_get_last(h, names[i], &v, &n) != RD_KAFKA_RESP_ERR_NO_ERROR)
-                continue;
-            if (request_apply_header(&r->req, names[i], v, n, &w->limits, code, err, errlen))
-                return strcmp(*code, REQ_ERR_NO_MEMORY) ? -1 : -2;
-        }
-    }
-    if (r->req.reply_to) {
-        for (int i = 0; i < w->n_reply_allow; i++)
-            if (!strcmp(w->reply_allow[i], r->req.reply_to)) return 0;
-        snprintf(err, errlen, "reply_to: topic \"%.100s\" is not in reply.topics (%s)",
-                 r->req.reply_to, w->n_reply_allow ? "see the worker's configuration"
-                                                   : "empty: no reply topic is allowed");
-        *code = REQ_ERR_REPLY_NOT_ALLOWED;
-        return -1;
-    }
-    return 0;
+    return rd_kafka_message_headers(arg, &h) == RD_KAFKA_RESP_ERR_NO_ERROR && h &&
+           rd_kafka_header_get_last(h, name, value, len) == RD_KAFKA_RESP_ERR_NO_ERROR;
 }
+
+/* records_admit's model lookup: a current version, with a reference (wmodel_acquire). */
+static void *find_model(void *arg, const char *name) { return wmodel_acquire(arg, name); }
 
 /* The topic whose claims entry applies to r: the one it was consumed from, or for a message
  * on the deferral topic the one a worker shed it from (its __spillway.deferred.from header,
@@ -62,7 +45,7 @@ static void claims_topic(worker_t *w, const wreq_t *r, char *topic, size_t cap)
         snprintf(topic, cap, "%.*s", (int)(b - (const char *)v), (const char *)v);
 }
 
-/* The claims key on r (parsed, headers applied, its class r->cls found): a tenant or class its
+/* The claims key on r (admitted: records_admit, its class r->cls found): a tenant or class its
  * topic may not claim is a dead letter; one it does not name gets the topic's default. 0, or -1
  * with *code and err set (a dead letter), or -2 on out of memory. Poll thread. */
 static int check_claims(worker_t *w, wreq_t *r, const char **code, char *err, size_t errlen)
@@ -138,11 +121,10 @@ static int prepare_prompt(worker_t *w, wreq_t *r, const char **code, char *err, 
             }
             return -1;
         }
-        if (len > (size_t)w->cfg.max_prompt_bytes) {
-            snprintf(err, errlen, "rendered chat prompt has %zu bytes, over limits.max_prompt_bytes=%ld",
-                     len, w->cfg.max_prompt_bytes);
+        rec_err_t e = records_admit_prompt(len, (size_t)w->cfg.max_prompt_bytes, 0, 0, err, errlen);
+        if (e != REC_OK) {
             free(ids);
-            *code = REQ_ERR_PROMPT_BYTES;
+            *code = rec_err_reason(e);
             return -1;
         }
         free(r->toks);
@@ -158,10 +140,9 @@ static int prepare_prompt(worker_t *w, wreq_t *r, const char **code, char *err, 
         if (tokenize(r, q->prompt, q->prompt_len, 0)) return -2;
     }
     int n = r->toks ? r->n_toks : q->n_input_ids;
-    if (w->cfg.max_prompt_tokens > 0 && n > w->cfg.max_prompt_tokens) {
-        snprintf(err, errlen, "prompt has %d tokens, over limits.max_prompt_tokens=%d", n,
-                 w->cfg.max_prompt_tokens);
-        *code = REQ_ERR_PROMPT_TOKENS;
+    rec_err_t e = records_admit_prompt(0, 0, n, w->cfg.max_prompt_tokens, err, errlen);
+    if (e != REC_OK) {
+        *code = rec_err_reason(e);
         return -1;
     }
     r->cost = (long)n + (long)q->max_tokens * q->n;
@@ -208,52 +189,38 @@ void wadmit_intake(worker_t *w, rd_kafka_message_t *m)
                        sizeof err);
     t1 = add_since(&w->st.ns_parse, t1);
     if (rc) {
-        wres_dlq(r, code ? code : REQ_ERR_NOT_JSON, err);
+        wres_dlq(r, code ? code : rec_err_reason(REC_NOT_JSON), err);
         wout_send(w, r);
         goto out;
     }
     r->parsed = 1;
-    rc = apply_headers(w, r, &code, err, sizeof err);
-    if (rc == -2) {
-        /* as for prepare_prompt's -2 below: r goes to the inbox, which is not served once
-         * fatal is set, and worker_run frees it */
+    /* the admission step: headers, reply_to, class and model (records_admit) */
+    rec_rules_t rules = {&w->limits, (const char *const *)w->reply_allow, w->n_reply_allow,
+                         w->class_names, w->n_classes, w->default_model, find_model, w};
+    int cls;
+    void *model;
+    rec_err_t e = records_admit(&r->req, &rules, msg_header, m, &cls, &model, err, sizeof err);
+    if (e == REC_NO_MEMORY) {
+        /* r goes to the inbox, which is not served once fatal is set, and worker_run frees it */
         wfatal_set(w, "out of memory reading headers");
         goto enqueue;
     }
-    if (rc) {
-        wres_dlq(r, code, err);
+    r->wait_ms = ts > 0 && wall_ms() > ts ? (double)(wall_ms() - ts) : 0;
+    r->cls = cls >= 0 ? cls : w->default_class;
+    if (e != REC_OK) {
+        wres_dlq(r, rec_err_reason(e), err);
         wout_send(w, r);
         goto out;
     }
-    r->wait_ms = ts > 0 && wall_ms() > ts ? (double)(wall_ms() - ts) : 0;
-    r->cls = w->default_class;
-    if (r->req.class_name) {
-        r->cls = -1;
-        for (int i = 0; i < w->n_classes; i++)
-            if (!strcmp(w->classes[i].name, r->req.class_name)) r->cls = i;
-        if (r->cls < 0) {
-            snprintf(err, sizeof err, "class: \"%s\" is not a class of this worker", r->req.class_name);
-            r->cls = w->default_class;
-            wres_dlq(r, REQ_ERR_UNKNOWN_CLASS, err);
-            wout_send(w, r);
-            goto out;
-        }
-    }
+    r->model = model; /* a reference, released by wmodel_release */
     rc = check_claims(w, r, &code, err, sizeof err);
     if (rc == -2) {
-        wfatal_set(w, "out of memory checking claims"); /* as for apply_headers' -2 above */
+        wfatal_set(w, "out of memory checking claims"); /* as for records_admit's above */
         goto enqueue;
     }
     if (rc) {
+        wmodel_release(w, r); /* a dead letter holds no model */
         wres_dlq(r, code, err);
-        wout_send(w, r);
-        goto out;
-    }
-    /* the model: a current version (a retired one keeps only what it already holds) */
-    const char *mname = r->req.model ? r->req.model : w->default_model;
-    if (!(r->model = wmodel_acquire(w, mname))) {
-        snprintf(err, sizeof err, "model: \"%s\" is not a model this worker serves", mname);
-        wres_dlq(r, REQ_ERR_UNKNOWN_MODEL, err);
         wout_send(w, r);
         goto out;
     }

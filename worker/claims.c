@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "consumer/request.h"
+#include "records/request.h"
 #include "worker/claims.h"
 
 #define MAX_TOPIC 249    /* Kafka's longest topic name */

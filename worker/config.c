@@ -208,7 +208,7 @@ static const key_t_ KEYS[] = {
     {"cache.isolation", K_CHOICE, F(cache_isolation), "tenant", 0, 0,
      "`tenant`: a prefix cached for one tenant serves (and shows in `cached_tokens` of) that "
      "tenant only; `none`: shared by all tenants (see The prefix cache for the side channel)"},
-    /* ---- Request limits (consumer/request.c) ---- */
+    /* ---- Request limits (records/request.c) ---- */
     {"limits.max_message_bytes", K_LONG, F(max_message_bytes), "1048576", 1, LONG_MAX,
      "largest message value"},
     {"limits.max_prompt_bytes", K_LONG, F(max_prompt_bytes), "262144", 1, LONG_MAX,

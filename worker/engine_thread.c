@@ -127,15 +127,7 @@ static void engine_start(worker_t *w, wreq_t *r)
     q.prompt = r->toks ? r->toks : r->req.input_ids;
     q.n_prompt = r->toks ? r->n_toks : r->req.n_input_ids;
     q.max_tokens = r->req.max_tokens;
-    q.sampling.temperature = r->req.temperature;
-    q.sampling.top_k = r->req.top_k;
-    q.sampling.top_p = r->req.top_p;
-    q.sampling.min_p = r->req.min_p;
-    q.sampling.repeat_penalty = r->req.repeat_penalty;
-    q.sampling.presence_penalty = r->req.presence_penalty;
-    q.sampling.frequency_penalty = r->req.frequency_penalty;
-    if (r->req.has_seed) q.sampling.seed = r->req.seed;
-    q.sampling.n_logprobs = r->req.n_logprobs;
+    q.sampling = r->req.sampling; /* as parsed (defaults: sampler_params_default) */
     q.stop = (const char *const *)r->req.stop;
     q.n_stop = r->req.n_stop;
     q.grammar = r->req.grammar; /* compiled at intake (request_parse); the engine takes a

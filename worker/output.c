@@ -339,21 +339,13 @@ void wout_send(worker_t *w, wreq_t *r)
                                    m->len, h, op, err, sizeof err)
                    : (snprintf(err, sizeof err, "out of memory"), -1);
         } else if (r->is_dlq) {
-            rd_kafka_headers_t *h =
-                producer_dlq_headers(r->dlq_code, r->dlq_msg, rd_kafka_topic_name(m->rkt),
-                                     m->partition, m->offset, w->worker_id, wall_ms());
             size_t vlen = m->len;
-            if (h && r->truncated) {
-                char ob[24];
-                snprintf(ob, sizeof ob, "%zu", m->len);
-                if (vlen > (size_t)w->cfg.dlq_truncate_bytes)
-                    vlen = (size_t)w->cfg.dlq_truncate_bytes;
-                if (rd_kafka_header_add(h, PRODUCER_H_TRUNCATED, -1, "true", -1) ||
-                    rd_kafka_header_add(h, PRODUCER_H_ORIG_BYTES, -1, ob, -1)) {
-                    rd_kafka_headers_destroy(h);
-                    h = NULL;
-                }
-            }
+            if (r->truncated && vlen > (size_t)w->cfg.dlq_truncate_bytes)
+                vlen = (size_t)w->cfg.dlq_truncate_bytes;
+            rec_dlq_t in = {r->dlq_code, r->dlq_msg,
+                            {rd_kafka_topic_name(m->rkt), m->partition, m->offset},
+                            w->worker_id, wall_ms(), r->truncated, m->len};
+            rd_kafka_headers_t *h = records_dlq_headers(&in);
             rc = h || !r->truncated
                      ? producer_send(w->prod, w->cfg.dlq_topic, m->key, m->key_len, m->payload,
                                      vlen, h, op, err, sizeof err)

@@ -29,27 +29,9 @@ void wstream_chunk(worker_t *w, wreq_t *r, const char *delta, size_t len, int n_
 {
     char err[256];
     const char *corr = r->req.correlation_id;
-    json_t *o = json_object(), *in = json_object();
-    if (!o || !in) {
-        json_decref(o);
-        json_decref(in);
-        atomic_fetch_add(&w->st.chunks_failed, 1);
-        return;
-    }
-    json_object_set_new(o, "id", json_string(r->req.id));
-    if (corr) json_object_set_new(o, "correlation_id", json_string(corr));
-    json_object_set_new(o, "seq", json_integer(r->stream_seq));
-    json_object_set_new(o, "text", json_stringn(delta, len));
-    json_object_set_new(o, "n_tokens", json_integer(n_tokens));
-    json_object_set_new(o, "final", json_boolean(finish != NULL));
-    json_object_set_new(o, "best_effort", json_true());
-    if (finish) json_object_set_new(o, "finish_reason", json_string(finish));
-    json_object_set_new(in, "topic", json_string(rd_kafka_topic_name(r->msg->rkt)));
-    json_object_set_new(in, "partition", json_integer(r->msg->partition));
-    json_object_set_new(in, "offset", json_integer(r->msg->offset));
-    json_object_set_new(o, "input", in); /* steals in */
-    char *js = json_dumps(o, JSON_COMPACT);
-    json_decref(o);
+    rec_chunk_t in = {r->req.id, corr, r->stream_seq, delta, len, n_tokens, finish,
+                      {rd_kafka_topic_name(r->msg->rkt), r->msg->partition, r->msg->offset}};
+    char *js = records_chunk(&in);
     if (!js) {
         atomic_fetch_add(&w->st.chunks_failed, 1);
         return;

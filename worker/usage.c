@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <jansson.h>
+#include "records/records.h"
 
 typedef struct {
     uint64_t requests, prompt, cached, completion, compute_ns;
@@ -143,16 +143,10 @@ int usage_take_records(usage_t *u, const char *worker, int64_t start_ms, int64_t
         for (int c = 0; c < u->n_classes; c++) {
             const counts_t *k = &u->delta[t * u->cap_c + c];
             if (!k->requests) continue;
-            json_t *o = json_pack("{s:s, s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:f}",
-                                  "worker", worker, "tenant", u->tenants[t], "class",
-                                  u->classes[c], "start_ms", (json_int_t)start_ms, "end_ms",
-                                  (json_int_t)end_ms, "requests", (json_int_t)k->requests,
-                                  "prompt_tokens", (json_int_t)k->prompt, "cached_tokens",
-                                  (json_int_t)k->cached, "completion_tokens",
-                                  (json_int_t)k->completion, "compute_ms",
-                                  (double)k->compute_ns * 1e-6);
-            recs[j] = o ? json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(15)) : NULL;
-            json_decref(o);
+            rec_usage_t in = {worker, u->tenants[t], u->classes[c], start_ms, end_ms,
+                              k->requests, k->prompt, k->cached, k->completion,
+                              (double)k->compute_ns * 1e-6};
+            recs[j] = records_usage(&in);
             if (!recs[j++]) goto oom;
         }
     for (int i = 0; i < u->cap_t * u->cap_c; i++) memset(&u->delta[i], 0, sizeof u->delta[i]);

@@ -5,7 +5,7 @@
  * distinct tenants keep their names, later ones are counted as USAGE_OTHER; likewise classes
  * (max_classes). A request without a tenant counts as USAGE_NONE, without a class as
  * USAGE_DEFAULT_CLASS; neither takes a slot of the bounds. Request tenant and class names never
- * start with '_' (consumer/request.c), so these labels cannot be confused with a real one.
+ * start with '_' (records/request.c), so these labels cannot be confused with a real one.
  *
  * Totals since start feed /metrics; the activity since the last usage_take_records call becomes
  * the periodic usage records (schemas/usage.schema.json).
@@ -34,7 +34,7 @@ void usage_add(usage_t *u, const char *tenant, const char *cls, uint64_t prompt_
 /* Writes the spillway:tenant_* families (schema in README's metrics table). */
 void usage_render(usage_t *u, metrics_buf_t *b);
 
-/* One JSON usage record (compact, malloc'd) per (tenant, class) with results since the last
+/* One usage record (records_usage: compact, malloc'd) per (tenant, class) with results since the last
  * call, covering [start_ms, end_ms) of wall-clock time; those counts are then cleared. Returns
  * the number of records in *out (a malloc'd array; caller frees each and the array; NULL when
  * 0), or -1 on out of memory (the counts are kept for the next call). */

@@ -118,10 +118,12 @@ worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen)
         if (w->classes[i].priority < w->classes[w->low_class].priority) w->low_class = i;
         if (!strcmp(w->classes[i].name, w->cfg.class_default)) w->default_class = i;
     }
-    if (split_props(w)) {
+    w->class_names = malloc(sizeof *w->class_names * (size_t)w->n_classes);
+    if (split_props(w) || !w->class_names) {
         snprintf(errstr, errlen, "out of memory");
         goto fail;
     }
+    for (int i = 0; i < w->n_classes; i++) w->class_names[i] = w->classes[i].name;
     w->log_json = !strcmp(w->cfg.log_format, "json");
     if (claims_parse(w->cfg.claims, w->classes, w->n_classes, w->default_class, &w->claims,
                      errstr, errlen))
@@ -635,6 +637,7 @@ void worker_free(worker_t *w)
     for (int i = 0; i < w->n_reply_allow; i++) free(w->reply_allow[i]);
     free(w->reply_allow);
     claims_free(w->claims);
+    free(w->class_names);
     free(w->classes);
     free(w->prop_c_keys);
     free(w->prop_c_vals);

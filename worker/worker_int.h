@@ -49,6 +49,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "consumer/consumer.h"
+#include "records/records.h"
 #include "engine/engine.h"
 #include "producer/producer.h"
 #include "worker/claims.h"
@@ -291,6 +292,8 @@ struct worker {
     int32_t bos;                 /* the model's BOS id, -1 none */
     /* service classes (read-only after worker_new) */
     worker_class_t *classes;
+    const char **class_names;    /* [n_classes] their names (records_admit's rules; owned array,
+                                    names borrowed from classes) */
     int n_classes, top_class, low_class, default_class;
     /* overload steps (poll thread only) */
     int ov_level;                /* 0 none, 1 shed, 2 cap, 3 refuse */

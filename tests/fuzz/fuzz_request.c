@@ -1,4 +1,4 @@
-/* tests/fuzz/fuzz_request.c: libFuzzer target for request_parse (consumer/request.c) with the
+/* tests/fuzz/fuzz_request.c: libFuzzer target for request_parse (records/request.c) with the
  * default limits. Every outcome must be well-formed: a failure has a code and a message and
  * leaves the request empty; a success satisfies the limits and the header's promises (exactly
  * one prompt form, NUL-terminated strings of the stated lengths, metadata_json that jansson
@@ -9,7 +9,7 @@
 
 #include <jansson.h>
 
-#include "consumer/request.h"
+#include "records/request.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -29,7 +29,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                            sizeof err);
     if (rc != 0) {
         static const request_t zero;
-        require(rc == -1 && code && code[0] && err[0]);
+        require(rc < 0 && code && code[0] && err[0]);
+        require(!strcmp(rec_err_reason((rec_err_t)-rc), code)); /* the same reason, as a code */
         require(memcmp(&r, &zero, sizeof r) == 0);
         return 0;
     }
@@ -49,11 +50,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         for (int i = 0; i < r.n_input_ids; i++) require(r.input_ids[i] >= 0);
     }
     require(r.max_tokens >= 1 && r.max_tokens <= lim.max_tokens_limit);
-    require(r.temperature >= 0 && r.temperature <= 100);
-    require(r.top_p > 0 && r.top_p <= 1 && r.min_p >= 0 && r.min_p <= 1);
-    require(r.top_k >= 0 && r.top_k <= 1000000);
-    require(r.repeat_penalty > 0 && r.repeat_penalty <= 100);
-    require(r.n_logprobs >= 0 && r.n_logprobs <= 20);
+    require(r.sampling.temperature >= 0 && r.sampling.temperature <= 100);
+    require(r.sampling.top_p > 0 && r.sampling.top_p <= 1 && r.sampling.min_p >= 0 && r.sampling.min_p <= 1);
+    require(r.sampling.top_k >= 0 && r.sampling.top_k <= 1000000);
+    require(r.sampling.repeat_penalty > 0 && r.sampling.repeat_penalty <= 100);
+    require(r.sampling.n_logprobs >= 0 && r.sampling.n_logprobs <= 20);
     require(r.priority >= -1000 && r.priority <= 1000);
     require(r.deadline_ms >= 0);
     require(r.n_stop >= 0 && r.n_stop <= lim.max_stop);

@@ -1,15 +1,17 @@
-/* consumer/request.h: a prompt request message, parsed and validated. Part of the consumer
- * module (its public header consumer/consumer.h includes this file).
+/* records/request.h: a prompt request message, parsed and validated. Part of the records module
+ * (its public header records/records.h includes this file).
  *
  * request_parse() turns the bytes of one Kafka message value into a request_t, or into a
  * dead-letter reason: a short stable code (REQ_ERR_*, used as the DLQ header value and metric
  * label) plus a human-readable message. It never aborts on bad input and never reads past len.
  * Unknown fields are ignored. Thread-safe (no shared state). */
-#ifndef SPILLWAY_CONSUMER_REQUEST_H
-#define SPILLWAY_CONSUMER_REQUEST_H
+#ifndef SPILLWAY_RECORDS_REQUEST_H
+#define SPILLWAY_RECORDS_REQUEST_H
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "engine/sampler.h"
 
 /* Dead-letter reason codes (stable strings). */
 #define REQ_ERR_NOT_JSON        "not_json"         /* not parseable JSON (a raw NUL byte
@@ -59,6 +61,39 @@
  * the caller should retry or stop, not dead-letter it. */
 #define REQ_ERR_NO_MEMORY       "out_of_memory"
 
+/* The same reasons as codes: request_parse and request_apply_header return one negated, the
+ * admission step (records.h) returns one; rec_err_reason maps a code to its string (a switch). */
+typedef enum {
+    REC_OK = 0,
+    REC_NOT_JSON,
+    REC_INVALID_UTF8,
+    REC_WRONG_TYPE,
+    REC_MISSING_PROMPT,
+    REC_AMBIGUOUS,
+    REC_EMPTY_PROMPT,
+    REC_PROMPT_BYTES,
+    REC_PROMPT_TOKENS,
+    REC_BAD_PARAM,
+    REC_TOO_MANY_STOP,
+    REC_METADATA,
+    REC_BAD_ID,
+    REC_TEMPLATE,
+    REC_BAD_ROLE,
+    REC_RESULT_TOO_LARGE,
+    REC_DELIVERY_FAILED,
+    REC_MESSAGE_BYTES,
+    REC_UNKNOWN_CLASS,
+    REC_UNKNOWN_MODEL,
+    REC_REPLY_NOT_ALLOWED,
+    REC_TENANT_NOT_ALLOWED,
+    REC_CLASS_NOT_ALLOWED,
+    REC_BAD_GRAMMAR,
+    REC_NO_MEMORY, /* not a dead letter: the caller retries or stops */
+} rec_err_t;
+
+/* The REQ_ERR_* string of code (static); "unknown" for a value outside the enum. */
+const char *rec_err_reason(rec_err_t code);
+
 /* Every input limit is a config key (worker config); defaults in request_limits_default(). */
 typedef struct {
     size_t max_message_bytes;   /* whole message value (1 MiB) */
@@ -95,15 +130,13 @@ typedef struct {
     int n_messages;
     int32_t *input_ids;         /* token ids (owned) or NULL; range checked by the engine */
     int n_input_ids;
-    /* Sampling and limits (defaults as engine_request_default, max_tokens from limits). */
-    int max_tokens;
-    float temperature, top_p, min_p;
-    int top_k;
-    float repeat_penalty, presence_penalty, frequency_penalty;
-    uint64_t seed;
-    int has_seed;
-    int n_logprobs;             /* alternatives computed per token; > 0: logprobs in the
-                                   result. "logprobs": true sets max(top_logprobs, 1) */
+    /* Sampling: the engine's own struct, handed to engine_submit (and so to the sampler) as
+     * it is; defaults from sampler_params_default. sampling.n_logprobs: the alternatives
+     * computed per token; > 0: logprobs in the result ("logprobs": true sets
+     * max(top_logprobs, 1)). repeat_last_n is not a request field (its default stays). */
+    sampler_params_t sampling;
+    int has_seed;               /* 1 when the request set "seed" */
+    int max_tokens;             /* default from limits */
     int top_logprobs;           /* "logprobs": true: the alternatives reported per token (0..20;
                                    the result's top_logprobs are cut to it); -1 otherwise */
     int n;                      /* choices: n sequences sharing the prompt, choice i sampled
@@ -143,7 +176,8 @@ typedef struct {
  * ttl_ms; pass 0 if unknown: ttl_ms then counts from the current wall-clock time). On success
  * returns 0 and fills *out (caller frees with request_free). On failure returns -1, sets *code
  * to a REQ_ERR_* string (static) and writes a message into errstr that names the offending
- * field and what it accepts; *out is left empty (zeroed). limits may be NULL (defaults).
+ * field and what it accepts; *out is left empty (zeroed). The failure's return value is
+ * -(its rec_err_t code) (so -1 is REC_NOT_JSON). limits may be NULL (defaults).
  * The field-by-field rules are documented in schemas/request.schema.json. */
 int request_parse(const char *value, size_t len, int64_t msg_timestamp_ms,
                   const request_limits_t *limits, request_t *out, const char **code,
@@ -157,8 +191,8 @@ void request_free(request_t *r);
 
 /* Sets field `name` of a parsed request from the value of the Kafka header of that name, with
  * the same checks as the JSON field, unless the JSON already set it (the JSON field wins). A
- * name that is not one of REQUEST_HEADER_FIELDS is ignored. 0, or -1 with *code and errstr as
- * request_parse (r then stays valid and owned by the caller). */
+ * name that is not one of REQUEST_HEADER_FIELDS is ignored. 0, or -(rec_err_t code) with *code
+ * and errstr as request_parse (r then stays valid and owned by the caller). */
 int request_apply_header(request_t *r, const char *name, const void *value, size_t len,
                          const request_limits_t *limits, const char **code, char *errstr,
                          size_t errlen);
