@@ -724,6 +724,18 @@ static int seq_name_blocks(engine_t *e, seq_t *s, int upto)
     return 0;
 }
 
+int engine_block_names(const engine_t *e, const char *scope, const int32_t *toks, int n,
+                       uint64_t *out, int cap)
+{
+    const int B = e->cfg.block_tokens;
+    int m = B > 0 && n > 0 ? n / B : 0;
+    if (m > cap) m = cap;
+    uint64_t h = scope && *scope ? kvpool_derive_seed(e->pool, e->kv_seed, scope, strlen(scope))
+                                 : e->kv_seed;
+    for (int i = 0; i < m; i++) out[i] = h = kvpool_block_name(e->pool, h, toks + (size_t)i * B);
+    return m;
+}
+
 /* The parent name of s's full block i (s->pnames holds blocks [0, i)). */
 static uint64_t seq_parent(const seq_t *s, int i) { return i ? s->pnames[i - 1] : s->chain_seed; }
 

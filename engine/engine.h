@@ -205,6 +205,12 @@ typedef struct {
     int32_t bos, eos;
 } engine_info_t;
 void engine_info(const engine_t *e, engine_info_t *info);
+/* The names of the full KV blocks of the prompt toks[0..n) in cache scope `scope` (NULL or "":
+ * the shared scope), as this engine names them when it serves that prompt: out[i] for block i,
+ * i < min(n / block_tokens, cap). Returns that count. Any thread: reads only the immutable
+ * secret and seed (never the scheduler). */
+int engine_block_names(const engine_t *e, const char *scope, const int32_t *toks, int n,
+                       uint64_t *out, int cap);
 
 typedef struct {
     uint64_t steps, prompt_tokens, cached_tokens, generated_tokens, preemptions;
