@@ -463,6 +463,13 @@ int arena_write(arena_t *a, uint32_t slot, uint64_t name, uint64_t gen, const vo
 int arena_read(const arena_t *a, uint32_t slot, uint64_t name, uint64_t gen, void *dst,
                void *meta)
 {
+    uint64_t sum;
+    return arena_read_sum(a, slot, name, gen, dst, meta, &sum);
+}
+
+int arena_read_sum(const arena_t *a, uint32_t slot, uint64_t name, uint64_t gen, void *dst,
+                   void *meta, uint64_t *sum_out)
+{
     slot_header_t *h = slot_hdr(a, slot);
     uint64_t s1 = atomic_load_explicit(&h->seq, memory_order_acquire);
     if (s1 & 1) return -1;
@@ -474,7 +481,13 @@ int arena_read(const arena_t *a, uint32_t slot, uint64_t name, uint64_t gen, voi
     memcpy(meta, slot_data(a, slot) + a->block_bytes, a->meta_bytes);
     atomic_thread_fence(memory_order_acquire);
     if (atomic_load_explicit(&h->seq, memory_order_relaxed) != s1) return -1;
+    *sum_out = sum;
     return slot_sum(a, dst, meta) == sum ? 0 : -1;
+}
+
+uint64_t arena_sum(const arena_t *a, const void *kv, const void *meta)
+{
+    return slot_sum(a, kv, meta);
 }
 
 void arena_peek(const arena_t *a, uint32_t slot, uint64_t *name, uint64_t *gen, uint64_t *seq)

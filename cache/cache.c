@@ -41,6 +41,9 @@ void cache_config_default(cache_config_t *c)
     c->backoff_max_ms = 5000;
     c->health_ms = 1000;
     c->write_queue = 64;
+    c->peer_advertise = "";
+    c->fleet_refresh_ms = 2000;
+    c->fleet_ttl_ms = 10000;
     c->log_level = SW_LOG_INFO;
     c->log_fn = NULL;
     c->log_arg = NULL;
@@ -300,6 +303,7 @@ cache_t *cache_new(const cache_config_t *cfg, const cache_geometry_t *geo, char 
         goto fail;
     }
     c->writer_started = 1;
+    if (fleet_start(c, cfg, errstr, errlen)) goto fail;
     (void)rconn_ready(c, &c->step); /* a failure is retried with backoff */
     return c;
 
@@ -314,6 +318,7 @@ fail:
 void cache_free(cache_t *c)
 {
     if (!c) return;
+    fleet_stop(c);
     if (c->writer_started) {
         pthread_mutex_lock(&c->mu);
         c->stopping = 1;

@@ -80,6 +80,11 @@ typedef struct {
     int health_ms;               /* an idle writer thread pings Redis this often, so that the
                                   * redis_up stat follows Redis between lookups (1000; 0 = never) */
     int write_queue;             /* blocks waiting for the writer, at most; more are dropped (64) */
+    /* fleet registry (fleet.c, see cache_locate) */
+    const char *peer_advertise;  /* the peer address this host registers ("" = none: the host
+                                    does not serve its blocks to other hosts) */
+    int fleet_refresh_ms;        /* the host's record is refreshed this often (2000) */
+    int fleet_ttl_ms;            /* records older than this are ignored (10000) */
     /* logging: level 0 error, 1 warn, 2 info, 3 debug; fn NULL = stderr */
     int log_level;               /* 2 */
     void (*log_fn)(void *arg, int level, const char *msg);
@@ -147,6 +152,43 @@ typedef struct {
     int arena_refused;       /* 1: the arena file or folder was refused, tier 2 is off */
 } cache_stats_t;
 void cache_stats(cache_t *c, cache_stats_t *st);
+
+/* ---- the fleet: which other host holds a prefix (fleet.c) ----
+ *
+ * With tier 2 on, a thread of the cache (its own Redis connection) registers this host every
+ * fleet_refresh_ms in the hash "<namespace>:fleet:<seed hex>:hosts" (one per model: hosts of
+ * another model never see each other): field host_id -> "v1 <ms> <peer address>", ms being
+ * Redis's own clock (TIME) at the refresh, so hosts' clocks need not agree. Every worker of a
+ * host writes the same field (same record). Records older than fleet_ttl_ms are ignored, older
+ * than ten times that are deleted by the next refresh of any host. What is read back from Redis
+ * is checked: a host id of 1..CACHE_HOST_ID_MAX-1 printable non-space ASCII bytes, an address of
+ * at most CACHE_PEER_ADDR_MAX-1 such bytes; anything else is skipped (and logged at debug). */
+#define CACHE_HOST_ID_MAX 64
+#define CACHE_PEER_ADDR_MAX 64
+#define CACHE_FLEET_MAX_HOSTS 256 /* hosts read back from the registry, at most */
+
+typedef struct {
+    char host_id[CACHE_HOST_ID_MAX];     /* NUL-terminated */
+    char peer_addr[CACHE_PEER_ADDR_MAX]; /* "host:port", "" when that host does not serve */
+    int n_blocks;                        /* leading blocks of the chain its index holds */
+    int64_t age_ms;                      /* since its record was last refreshed */
+} cache_peer_t;
+
+/* Any thread (calls are serialised by a lock of the handle, on a Redis connection of their
+ * own: a call may wait for another's round trips). names[0..n) is a chain as in cache_lookup.
+ * Fills out[0..k) (caller-owned, max_out entries) with the live hosts other than this one,
+ * the most blocks first (ties: the freshest record), each with how many LEADING blocks of the
+ * chain its Redis index holds (0 included); k <= max_out is returned. Two pipelined round trips
+ * (TIME + HGETALL of the registry, then one HMGET per host on its blk hash), each read bounded by
+ * cmd_timeout_ms. The counts are a hint (a block may be evicted right after): a host's peer
+ * server verifies again, and so does the caller. 0 when tier 2 is off, Redis is unavailable
+ * (counted in redis_errors) or no other host is live; -1 only for bad arguments. Touches no
+ * LRU. */
+int cache_locate(cache_t *c, const uint64_t *names, int n, cache_peer_t *out, int max_out);
+
+/* This host's id in the index and the fleet (cache_config_t.host_id, or the hostname). The
+ * string lives as long as c. "" when tier 2 is off. */
+const char *cache_host_id(const cache_t *c);
 
 /* The deployment's secret keying the KV block names (engine_config_t.kv_secret): the contents
  * of the file at path (NULL or "": spillway.secret in the per-user folder of the default arena,

@@ -78,6 +78,11 @@ int arena_write(arena_t *a, uint32_t slot, uint64_t name, uint64_t gen, const vo
  * copy's XXH3 equals the header's checksum: 0. Else -1 (dst and meta hold garbage). */
 int arena_read(const arena_t *a, uint32_t slot, uint64_t name, uint64_t gen, void *dst,
                void *meta);
+/* arena_read, also giving the slot header's checksum (*sum, valid when 0 is returned). */
+int arena_read_sum(const arena_t *a, uint32_t slot, uint64_t name, uint64_t gen, void *dst,
+                   void *meta, uint64_t *sum);
+/* The checksum a slot holding kv (block_bytes) and meta (meta_bytes) carries. */
+uint64_t arena_sum(const arena_t *a, const void *kv, const void *meta);
 /* The header's name and generation of a slot, as seen now (no consistency guarantee). */
 void arena_peek(const arena_t *a, uint32_t slot, uint64_t *name, uint64_t *gen, uint64_t *seq);
 /* 1 when the arena header still carries this mapping's id (nobody re-initialised it since). */
@@ -107,9 +112,43 @@ typedef struct {
     int port, db;
     int connect_timeout_ms, cmd_timeout_ms, backoff_min_ms, backoff_max_ms, health_ms;
     char *keys[N_KEYS];
+    char *host_id;       /* this host (config, or the hostname) */
+    char *ns;            /* the namespace (key prefix) */
+    uint64_t seed;
+    char *fleet_key;     /* "<namespace>:fleet:<seed hex>:hosts" */
     char arena_id[17];   /* hex of the arena id, as stored in meta */
     char n_slots[16];    /* decimal */
 } index_cfg_t;
+
+/* ---- fleet registry (fleet.c) ---- */
+
+/* The registering thread and cache_locate's state. mu guards stopping and addr; the thread owns
+ * reg; lmu guards loc and the scratch (cache_locate's callers). */
+typedef struct {
+    pthread_mutex_t mu, lmu;
+    pthread_cond_t cv;
+    int mu_init, lmu_init, cv_init, started, stopping;
+    pthread_t thread;
+    char addr[CACHE_PEER_ADDR_MAX]; /* the address registered (under mu) */
+    int refresh_ms, ttl_ms;
+    rconn_t reg;                    /* the thread's connection */
+    rconn_t loc;                    /* cache_locate's connection (under lmu) */
+    char *hex;                      /* [cap x 17] names as hex (under lmu) */
+    const char **argv;              /* [cap + 2] (under lmu) */
+    size_t *argvlen;
+    int cap;
+} fleet_t;
+
+/* 1 when s is a usable host id or (allow_empty) peer address: at most max-1 bytes, each
+ * printable ASCII other than space. */
+int fleet_token_ok(const char *s, size_t len, size_t max, int allow_empty);
+/* Starts the registering thread (tier 2 on only). 0, or -1 + errstr. */
+int fleet_start(cache_t *c, const cache_config_t *cfg, char *errstr, size_t errlen);
+/* Stops the thread and frees the fleet state (safe on a fleet never started). */
+void fleet_stop(cache_t *c);
+/* Any thread: sets the peer address registered from the next refresh on (truncated to
+ * CACHE_PEER_ADDR_MAX - 1; "" = none) and wakes the thread to refresh now. */
+void fleet_set_addr(cache_t *c, const char *addr);
 
 /* ---- the handle ---- */
 
@@ -154,6 +193,8 @@ struct cache {
     int stopping;
     rconn_t wr;                    /* writer thread only */
     _Atomic int64_t wr_retry_at_ms; /* writer connection down until then (0 = up or retry now) */
+
+    fleet_t fleet;                 /* fleet.c */
 
     /* stats, relaxed atomics (any thread) */
     _Atomic uint64_t st_lookups, st_hits, st_misses_torn, st_stores, st_dropped, st_evictions,

@@ -165,6 +165,13 @@ int index_cfg_init(index_cfg_t *ix, const cache_config_t *cfg, const cache_geome
         host_id = hostname;
     }
     const char *ns = cfg->namespace_ && *cfg->namespace_ ? cfg->namespace_ : "spillway";
+    ix->host_id = strdup(host_id);
+    ix->seed = geo->seed;
+    ix->ns = strdup(ns);
+    size_t flen = strlen(ns) + 16 + 16;
+    ix->fleet_key = malloc(flen);
+    if (!ix->host_id || !ix->ns || !ix->fleet_key) goto fail;
+    snprintf(ix->fleet_key, flen, "%s:fleet:%016" PRIx64 ":hosts", ns, geo->seed);
     ix->host = strdup(cfg->redis_host ? cfg->redis_host : "");
     ix->user = strdup(cfg->redis_user ? cfg->redis_user : "");
     ix->password = strdup(cfg->redis_password ? cfg->redis_password : "");
@@ -197,6 +204,9 @@ void index_cfg_free(index_cfg_t *ix)
     free(ix->host);
     free(ix->user);
     free(ix->password);
+    free(ix->host_id);
+    free(ix->ns);
+    free(ix->fleet_key);
     for (int k = 0; k < N_KEYS; k++) free(ix->keys[k]);
     memset(ix, 0, sizeof *ix);
 }

@@ -192,6 +192,11 @@ static const key_t_ KEYS[] = {
     {"cache.host_id", K_STR, F(cache_host_id), "", 0, 0, "this host in the index (\"\" = hostname)"},
     {"cache.write_queue", K_INT, F(cache_write_queue), "64", 1, 1 << 20,
      "blocks waiting to be written to the arena, at most (more are not cached)"},
+    {"cache.fleet.refresh_ms", K_INT, F(cache_fleet_refresh_ms), "2000", 1, 3600000,
+     "with tier 2, this host's record in the fleet registry (`<namespace>:fleet:<model>:hosts`, "
+     "which other hosts read to find who holds a prefix) is refreshed this often"},
+    {"cache.fleet.ttl_ms", K_INT, F(cache_fleet_ttl_ms), "10000", 1, 86400000,
+     "a host whose record is older than this is taken as gone"},
     {"cache.secret_file", K_STR, F(cache_secret_file), "", 0, 0,
      "empty: `spillway.secret` in the arena's per-user folder `/dev/shm/spillway-UID` (created "
      "0700, refused unless it is that user's); 32 random bytes keying the KV block names, "

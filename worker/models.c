@@ -130,6 +130,8 @@ wmodel_t *wmodel_load(worker_t *w, const worker_model_spec_t *spec, int with_tie
         kc.backoff_max_ms = w->cfg.cache_backoff_max_ms;
         kc.health_ms = w->cfg.cache_health_ms;
         kc.write_queue = w->cfg.cache_write_queue;
+        kc.fleet_refresh_ms = w->cfg.cache_fleet_refresh_ms;
+        kc.fleet_ttl_ms = w->cfg.cache_fleet_ttl_ms;
         kc.log_level = w->cfg.log_level;
         kc.log_fn = wlog_hook;
         kc.log_arg = w;

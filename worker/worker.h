@@ -125,6 +125,8 @@ typedef struct {
     long cache_arena_mb;
     char *cache_host_id;       /* "" = hostname */
     int cache_write_queue;
+    int cache_fleet_refresh_ms;
+    int cache_fleet_ttl_ms;
     char *cache_secret_file;   /* keys the KV block names (tier 2 only) */
     char *cache_isolation;     /* "tenant" | "none" */
     /* request limits */
