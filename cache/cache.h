@@ -186,6 +186,11 @@ typedef struct {
  * LRU. */
 int cache_locate(cache_t *c, const uint64_t *names, int n, cache_peer_t *out, int max_out);
 
+/* As cache_locate, for this host: how many leading blocks of the chain names[0..n) this host's
+ * index holds (one round trip on the same connection, under the same lock). 0 when tier 2 is
+ * off or Redis is unavailable; -1 only for bad arguments. Touches no LRU. */
+int cache_locate_here(cache_t *c, const uint64_t *names, int n);
+
 /* This host's id in the index and the fleet (cache_config_t.host_id, or the hostname). The
  * string lives as long as c. "" when tier 2 is off. */
 const char *cache_host_id(const cache_t *c);

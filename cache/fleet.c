@@ -353,3 +353,34 @@ out:
     free(hosts);
     return k;
 }
+
+int cache_locate_here(cache_t *c, const uint64_t *names, int n)
+{
+    if (!c || n < 0 || (n && !names)) return -1;
+    fleet_t *f = &c->fleet;
+    if (!n || !f->lmu_init || !cache_tier2_usable(c)) return 0;
+    pthread_mutex_lock(&f->lmu);
+    int lead = 0;
+    if (grow_locate(f, n) || rconn_ready(c, &f->loc)) goto out;
+    for (int i = 0; i < n; i++) {
+        snprintf(f->hex + (size_t)i * 17, 17, "%016" PRIx64, names[i]);
+        f->argv[2 + i] = f->hex + (size_t)i * 17;
+        f->argvlen[2 + i] = 16;
+    }
+    f->argv[0] = "HMGET";
+    f->argvlen[0] = 5;
+    f->argv[1] = c->ix.keys[KEY_BLK];
+    f->argvlen[1] = strlen(c->ix.keys[KEY_BLK]);
+    redisReply *r = redisCommandArgv(f->loc.ctx, n + 2, f->argv, f->argvlen);
+    if (!r) {
+        rconn_fail(c, &f->loc, "locate",
+                   f->loc.ctx && f->loc.ctx->errstr[0] ? f->loc.ctx->errstr : "error");
+        goto out;
+    }
+    if (r->type == REDIS_REPLY_ARRAY && r->elements == (size_t)n)
+        while (lead < n && blk_value_ok(r->element[lead])) lead++;
+    freeReplyObject(r);
+out:
+    pthread_mutex_unlock(&f->lmu);
+    return lead;
+}

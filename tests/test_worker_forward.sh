@@ -17,6 +17,10 @@
 #      restarted with the same worker.id (fencing its open transaction: its forwards and their
 #      input offsets are aborted together), later b (the receiver) too. A read_committed reader
 #      of results + DLQ sees every id exactly once.
+#   4. Affinity (hosts hx and hy: own cache.host_id and arena, one Redis and secret): a long
+#      prompt served on hx puts its KV blocks in hx's index; then requests sharing its first
+#      blocks arrive on both partitions: hy's worker forwards its share to hx's, which answers
+#      every one.
 # Arguments (from ctest): the spillway binary and the models folder.
 set -euo pipefail
 SPILLWAY=$(realpath "$1")
@@ -176,4 +180,71 @@ stop_worker "$EB" eb
 nf=$(forwards ea)
 [ "$nf" -gt 0 ] || fail "3: ea forwarded nothing"
 say "3: exactly-once: 1200 ids once under read_committed; ea logged $nf forwards over both runs"
+
+# ---- 4. affinity: to the host whose tier-2 index holds the prefix ----
+# x (host hx) alone in the group serves a long prompt, whose blocks land in hx's arena and index;
+# then y (host hy, its own arena, the same Redis and secret) joins, and 60 requests that share
+# that prompt's first blocks arrive on both partitions: y's are forwarded to x (hx holds them,
+# hy none), so x answers every one.
+"$KB" topic "$WORK/broker" fin4 2 >/dev/null
+"$KB" topic "$WORK/broker" fwd4 2 >/dev/null
+python3 - "$WORK" <<'PY'
+import json, sys
+work = sys.argv[1]
+doc = ("Once upon a time, there was a little girl named Lily. She loved to play outside in the "
+       "park with her big red ball. One day, the ball rolled under a tall tree and Lily could not "
+       "reach it. She asked her friend Tom for help. Tom was kind and strong. He climbed the tree "
+       "and got the ball back. Lily was very happy and said thank you. They played together all "
+       "day until the sun went down and their moms called them home for dinner. ")
+with open(f"{work}/w4.in", "w") as f, open(f"{work}/w4.ids", "w") as g:
+    f.write("W0\t" + json.dumps({"id": "W0", "prompt": doc + "The end.", "max_tokens": 2,
+                                  "temperature": 0}) + "\n")
+    g.write("W0\n")
+with open(f"{work}/s4.in", "w") as f, open(f"{work}/s4.ids", "w") as g:
+    for i in range(60):
+        rid = f"F{i:03d}"
+        f.write(f"{rid}\t" + json.dumps({"id": rid, "prompt": doc + f"Question {i}?",
+                                          "max_tokens": 2, "temperature": 0}) + "\n")
+        g.write(rid + "\n")
+PY
+AFF=(-s cache.redis.host=127.0.0.1 -s cache.redis.port="$REDIS_PORT" -s cache.arena.mb=32
+     -s cache.secret_file="$SHM/secret" -s cache.fleet.refresh_ms=500
+     -s forward.registry.ttl_ms=1500 -s forward.log_per_s=1000000 -s forward.overload.pct=0
+     -s forward.affinity.min_blocks=2 -s forward.topic=fwd4
+     -X consumer.partition.assignment.strategy=roundrobin)
+run_worker x g4 fin4 -s worker.id=x -s cache.host_id=hx -s cache.arena.path="$SHM/arena-x" "${AFF[@]}"; X=$WPID
+produce w4 fin4
+wait_all w4 120
+blk_x() { redis-cli -p "$REDIS_PORT" --scan --pattern 'spillway:hx:*:blk' | head -n1 | xargs -r redis-cli -p "$REDIS_PORT" hlen; }
+end=$(( $(date +%s) + 30 ))
+until [ "$(blk_x)" -ge 2 ] 2>/dev/null; do
+  [ "$(date +%s)" -lt "$end" ] || fail "4: hx's index holds no blocks of the warm-up prompt"
+  sleep 0.2
+done
+run_worker y g4 fin4 -s worker.id=y -s cache.host_id=hy -s cache.arena.path="$SHM/arena-y" "${AFF[@]}"; Y=$WPID
+reg_ready g4 fwd4 2 90
+sleep 1.5 # y's fleet record is read by x's next locate (not needed: y holds nothing) and y's
+          # registry view holds x's fresh entry (written every 500 ms)
+produce s4 fin4
+wait_all s4 120
+once s4 read_uncommitted
+python3 - "$WORK" <<'PY' || fail "4: a request sharing hx's prefix was answered by y"
+import json, sys
+work = sys.argv[1]
+want = set(open(f"{work}/s4.ids").read().split())
+by = {}
+for line in open(f"{work}/results.json"):
+    m = json.loads(line)
+    if m.get("key") in want:
+        by[m["key"]] = json.loads(m["payload"])["worker"]
+bad = sorted(k for k, v in by.items() if v != "x")
+print(f"4: {len(by)} results, by worker: " + ", ".join(f"{w}={sum(v == w for v in by.values())}" for w in sorted(set(by.values()))))
+sys.exit(1 if bad else 0)
+PY
+ny=$(grep -c ' INFO forwarded .*: affinity' "$WORK/y.log" || true)
+[ "$ny" -gt 0 ] || fail "4: y forwarded nothing (did its partition get none of the 60?)"
+[ "$(forwards x)" -eq 0 ] || fail "4: x (holding the prefix) forwarded"
+stop_worker "$Y" y
+stop_worker "$X" x
+say "4: y forwarded $ny requests to x for affinity; x answered all 60"
 say "PASS"

@@ -81,7 +81,13 @@ int wfwd_new(worker_t *w, char *errstr, size_t errlen)
         snprintf(errstr, errlen, "out of memory");
         return -1;
     }
-    if (*w->cfg.cache_host_id) {
+    /* the host as tier 2 names it (cache_locate reports hosts by that name) */
+    const char *hid = "";
+    for (const wmodel_t *m = w->models; m && !*hid; m = m->next)
+        if (m->cache) hid = cache_host_id(m->cache);
+    if (*hid) {
+        snprintf(f->host, sizeof f->host, "%s", hid);
+    } else if (*w->cfg.cache_host_id) {
         snprintf(f->host, sizeof f->host, "%s", w->cfg.cache_host_id);
     } else if (gethostname(f->host, sizeof f->host - 1)) {
         snprintf(f->host, sizeof f->host, "host");
@@ -365,12 +371,30 @@ static fwd_peer_t *pick(worker_t *w, const char *host)
     return best;
 }
 
-/* The host whose index holds at least forward.affinity.min_blocks more of r's leading blocks
- * than this host's, the most of them, or NULL. */
-static const char *affinity_host(worker_t *w, wreq_t *r)
+/* Affinity: the fresh registry entry with room of a worker on the host whose tier-2 index holds
+ * at least forward.affinity.min_blocks more of r's leading KV blocks than this host's (of the
+ * hosts that qualify, the one that holds the most), or NULL. Two Redis round trips
+ * (cache_locate, cache_locate_here) when the prompt has that many full blocks. */
+static fwd_peer_t *affinity_target(worker_t *w, wreq_t *r)
 {
-    (void)w;
-    (void)r;
+    struct wfwd *f = w->fwd;
+    int min = w->cfg.forward_affinity_min_blocks;
+    wmodel_t *m = r->model;
+    if (min <= 0 || !m || !m->cache) return NULL;
+    const int32_t *toks = r->toks ? r->toks : r->req.input_ids; /* as the engine thread gives */
+    int n = r->toks ? r->n_toks : r->req.n_input_ids;
+    const char *scope = !strcmp(w->cfg.cache_isolation, "tenant") ? r->req.tenant : NULL;
+    int nb = engine_block_names(m->eng, scope, toks, n, f->names, FWD_MAX_BLOCKS);
+    if (nb < min) return NULL;
+    cache_peer_t hosts[8];
+    int k = cache_locate(m->cache, f->names, nb, hosts, 8); /* the most blocks first */
+    if (k <= 0 || hosts[0].n_blocks < min) return NULL;
+    int here = cache_locate_here(m->cache, f->names, nb);
+    if (here < 0) return NULL;
+    for (int i = 0; i < k && hosts[i].n_blocks - here >= min; i++) {
+        fwd_peer_t *p = pick(w, hosts[i].host_id);
+        if (p) return p;
+    }
     return NULL;
 }
 
@@ -380,8 +404,7 @@ int wfwd_decide(worker_t *w, wreq_t *r)
     if (!f || r->hop || !r->parsed) return 0;
     int reason = -1;
     fwd_peer_t *to = NULL;
-    const char *host = w->cfg.forward_affinity_min_blocks > 0 ? affinity_host(w, r) : NULL;
-    if (host && (to = pick(w, host))) reason = FWD_AFFINITY;
+    if ((to = affinity_target(w, r))) reason = FWD_AFFINITY;
     if (reason < 0 && over_budget_for(w, consumer_pending(w->cons) - 1)) {
         if ((to = pick(w, NULL))) reason = FWD_OVERLOAD;
         else atomic_fetch_add(&w->st.fwd_no_target, 1);
