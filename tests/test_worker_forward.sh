@@ -7,7 +7,9 @@
 # budget 50% = 2 others in flight, at once: forward.overload.ms 0); "b" has the default one.
 #   1. Overload, at-least-once: 400 prompts (max_tokens up to 32). a forwards through fwd to the
 #      partition b owns; every id is answered exactly once (no worker stops or rebalances),
-#      a's forwards > 0, and the forwarded-in counts of both equal the forwards out.
+#      a's forwards > 0 (logged and in /metrics), none to the stale or malformed registry
+#      entries the test adds (those are reported, the minute-old one deleted), and the forwarded-in counts of both equal
+#      the forwards out.
 #   2. Hop limit: 400 more, every second one with the header __spillway.hop=1 (as a forwarded
 #      record carries): none of those is forwarded (no forward log line names one; every
 #      forward is logged here), others still are (a is over budget all along), every id answered
@@ -28,6 +30,7 @@ MODELS=$2
 # shellcheck source=tests/faults_lib.sh
 . "$(dirname "$0")/faults_lib.sh"
 command -v redis-server >/dev/null 2>&1 || { echo "SKIP: redis-server not installed"; exit 77; }
+command -v curl >/dev/null 2>&1 || { echo "SKIP: curl not installed"; exit 77; }
 faults_init worker-forward
 SHM=$("$ROOT/scripts/shm-dir.sh" spillway-forward)
 BT_RM+=("$SHM")
@@ -126,10 +129,16 @@ PY
 }
 
 # ---- 1. overload, at-least-once ----
-run_worker a g1 fin -s worker.id=a "${REG[@]}" -s forward.topic=fwd "${TINY[@]}"; A=$WPID
+MP=$(bt_free_port)
+run_worker a g1 fin -s worker.id=a "${REG[@]}" -s forward.topic=fwd "${TINY[@]}" \
+  -s metrics.port="$MP"; A=$WPID
 run_worker b g1 fin -s worker.id=b "${REG[@]}" -s forward.topic=fwd; B=$WPID
 reg_ready g1 fwd 2 90
 say "1: registry: $(tr '\n' ' ' <"$WORK/reg.txt")"
+# entries a forwarder must ignore: stale (a minute old, with room and partitions), malformed
+now=$(date +%s%3N)
+redis-cli -p "$REDIS_PORT" hset spillway:fwd:g1:fwd ghost "1 $(( now - 60000 )) 0 100000 vm 0,1" \
+  junk "hello" neg "1 $now -5 3 vm 0" badpart "1 $now 0 9 vm 0,x" >/dev/null
 gen s1 P 400 0 32
 produce s1 fin
 wait_all s1 180
@@ -137,7 +146,16 @@ once s1 read_uncommitted
 n1=$(forwards a)
 [ "$n1" -gt 0 ] || fail "1: a forwarded nothing"
 [ "$(forwards b)" -eq 0 ] || fail "1: b (under budget) forwarded"
-say "1: a forwarded $n1 of 400"
+! grep -E ' INFO forwarded .*\(worker (ghost|junk|neg|badpart)\)' "$WORK/a.log" ||
+  fail "1: forwarded to a stale or malformed registry entry"
+grep -q 'WARN forward registry .*: 3 malformed entries ignored' "$WORK/a.log" ||
+  fail "1: the malformed registry entries were not reported"
+[ -z "$(redis-cli -p "$REDIS_PORT" hget spillway:fwd:g1:fwd ghost)" ] ||
+  fail "1: the entry a minute old was not deleted"
+curl -fsS "http://127.0.0.1:$MP/metrics" >"$WORK/metrics-a.txt" || fail "1: no /metrics"
+m=$(sed -n 's/^spillway:forwarded_total{reason="overload"} \([0-9]*\).*/\1/p' "$WORK/metrics-a.txt")
+[ "$m" = "$n1" ] || fail "1: spillway:forwarded_total{reason=\"overload\"} is '$m', $n1 forwards logged"
+say "1: a forwarded $n1 of 400 (stale and malformed registry entries ignored)"
 
 # ---- 2. hop limit ----
 gen_hop s2 H 400
@@ -179,7 +197,12 @@ stop_worker "$EA" ea
 stop_worker "$EB" eb
 nf=$(forwards ea)
 [ "$nf" -gt 0 ] || fail "3: ea forwarded nothing"
-say "3: exactly-once: 1200 ids once under read_committed; ea logged $nf forwards over both runs"
+fwd_recs() {
+  kcat -b "$BOOTSTRAP" -C -t fwd3 -e -q -o beginning -f '%k\n' -X fetch.wait.max.ms=5 \
+    -X isolation.level="$1" 2>/dev/null | wc -l
+}
+say "3: exactly-once: 1200 ids once under read_committed; ea logged $nf forwards over both runs;" \
+  "fwd3 holds $(fwd_recs read_committed) committed forwards, $(fwd_recs read_uncommitted) records in all"
 
 # ---- 4. affinity: to the host whose tier-2 index holds the prefix ----
 # x (host hx) alone in the group serves a long prompt, whose blocks land in hx's arena and index;

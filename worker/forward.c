@@ -15,13 +15,14 @@
  * it in the transaction that commits the input offset (worker/output.c).
  *
  * Ownership registry (Redis, the tier-2 server): hash "<namespace>:fwd:<group>:<forward.topic>",
- * field worker.id, value "1 WALL_MS LOAD ROOM HOST PARTS": the wall-clock ms of the entry, the
+ * field worker.id, value "1 MS LOAD ROOM HOST PARTS": Redis's clock (ms) at the write, the
  * load (percent of the fuller in-flight limit), room (messages it takes before its budget),
  * cache.host_id (or the host name) and its forward.topic partitions now (comma-separated, "-"
  * none). Each worker rewrites its entry every forward.registry.ttl_ms / 3 and when its
  * assignment of forward.topic changes, and reads everyone's in the same round trip. An entry
- * older than the ttl (or unreadable) is ignored: no fresh entry, no forward. The hash expires
- * 10 ttls after its last write. Everything read from Redis is checked before use.
+ * older than the ttl (or unreadable) is ignored: no fresh entry, no forward. Entries older than
+ * 10 ttls are deleted by the reader (workers killed or renamed); the hash expires 10 ttls after
+ * its last write. Everything read from Redis is checked before use.
  *
  * Threads: all on the poll thread except wfwd_render (atomics). */
 #include <errno.h>
@@ -45,7 +46,7 @@ static const char *const FWD_REASON[2] = {"overload", "affinity"};
 typedef struct {
     char id[128];                /* worker.id */
     char host[128];
-    int64_t at_ms;               /* wall ms of the entry */
+    int64_t at_ms;               /* Redis's clock (ms) at the entry's write */
     int load, room;              /* room: decremented by each forward sent to it here */
     int n_parts;
     int32_t parts[FWD_MAX_PARTS];
@@ -62,6 +63,8 @@ struct wfwd {
     int n_mine;
     fwd_peer_t *peers;           /* [FWD_MAX_PEERS] from the last read */
     int n_peers;
+    int bad_entries;             /* malformed entries at the last read (logged when it changes) */
+    int64_t clock_off_ms;        /* Redis's clock minus wall_ms() at the last sync */
     int64_t over_since_ms;       /* monotonic: over the budget since; 0 = not over */
     unsigned rr;                 /* round robin over a target's partitions */
     int64_t log_sec;             /* the second of the log rate limit ... */
@@ -185,12 +188,12 @@ static int parse_entry(fwd_peer_t *p, const char *id, size_t id_len, const char 
     char buf[4097];
     memcpy(buf, v, len);
     buf[len] = 0;
-    if (strlen(buf) != len) return -1;
+    if (strlen(buf) != len || len < 2 || memcmp(buf, "1 ", 2)) return -1; /* version 1 */
     long long at;
     int load, room, off = 0;
     char host[128], parts[4097];
-    if (sscanf(buf, "1 %lld %d %d %127s %4096s%n", &at, &load, &room, host, parts, &off) != 5 ||
-        (size_t)off != len || at <= 0 || load < 0 || room < 0)
+    if (sscanf(buf + 2, "%lld %d %d %127s %4096s%n", &at, &load, &room, host, parts, &off) != 5 ||
+        (size_t)off != len - 2 || at <= 0 || load < 0 || room < 0)
         return -1;
     p->at_ms = at;
     p->load = load;
@@ -209,8 +212,18 @@ static int parse_entry(fwd_peer_t *p, const char *id, size_t id_len, const char 
     return 0;
 }
 
-/* One registry round trip: writes this worker's entry, refreshes the hash's expiry, reads every
- * entry into f->peers (fresh ones only). */
+/* The registry round trip, atomic: this worker's entry stamped with Redis's clock (so hosts'
+ * clocks need not agree), the hash's expiry, then that clock and every entry. KEYS[1] the hash;
+ * ARGV: worker.id, "LOAD ROOM HOST PARTS", the expiry in ms. */
+static const char SRC_SYNC[] =
+    "local t = redis.call('TIME') "
+    "local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) "
+    "redis.call('HSET', KEYS[1], ARGV[1], string.format('1 %d ', ms) .. ARGV[2]) "
+    "redis.call('PEXPIRE', KEYS[1], ARGV[3]) "
+    "return {ms, redis.call('HGETALL', KEYS[1])}";
+
+/* One registry round trip (SRC_SYNC): writes this worker's entry, reads every entry into
+ * f->peers (fresh ones only), deletes those 10 ttls old. */
 static void registry_sync(worker_t *w)
 {
     struct wfwd *f = w->fwd;
@@ -222,27 +235,22 @@ static void registry_sync(worker_t *w)
     for (int i = 0; i < f->n_mine; i++)
         o += (size_t)snprintf(parts + o, sizeof parts - o, "%s%d", i ? "," : "", (int)f->mine[i]);
     char val[1024];
-    int64_t now = wall_ms();
-    snprintf(val, sizeof val, "1 %" PRId64 " %d %d %s %s", now, load, room, f->host, parts);
+    snprintf(val, sizeof val, "%d %d %s %s", load, room, f->host, parts);
     int ttl = w->cfg.forward_registry_ttl_ms;
-    redisAppendCommand(f->rc, "HSET %s %s %s", f->key, w->worker_id, val);
-    redisAppendCommand(f->rc, "PEXPIRE %s %d", f->key, ttl * 10);
-    redisAppendCommand(f->rc, "HGETALL %s", f->key);
-    redisReply *rep[3] = {0};
-    int bad = 0;
-    for (int i = 0; i < 3; i++)
-        if (redisGetReply(f->rc, (void **)&rep[i]) != REDIS_OK || !rep[i] ||
-            rep[i]->type == REDIS_REPLY_ERROR)
-            bad = 1;
-    redisReply *all = rep[2];
-    if (!bad && (all->type != REDIS_REPLY_ARRAY || all->elements % 2)) bad = 1;
-    if (bad) {
-        for (int i = 0; i < 3; i++)
-            if (rep[i]) freeReplyObject(rep[i]);
-        redis_drop(w, "HSET/HGETALL");
+    redisReply *rep = redisCommand(f->rc, "EVAL %s 1 %s %s %s %d", SRC_SYNC, f->key, w->worker_id,
+                                   val, ttl * 10);
+    /* {now_ms, {field, value, ...}} */
+    if (!rep || rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 ||
+        rep->element[0]->type != REDIS_REPLY_INTEGER || rep->element[0]->integer <= 0 ||
+        rep->element[1]->type != REDIS_REPLY_ARRAY || rep->element[1]->elements % 2) {
+        if (rep) freeReplyObject(rep);
+        redis_drop(w, "registry sync");
         return;
     }
-    int n = 0, bad_entries = 0;
+    int64_t now = rep->element[0]->integer;
+    f->clock_off_ms = now - wall_ms();
+    const redisReply *all = rep->element[1];
+    int n = 0, bad_entries = 0, n_pruned = 0;
     for (size_t i = 0; i + 1 < all->elements && n < FWD_MAX_PEERS; i += 2) {
         const redisReply *k = all->element[i], *v = all->element[i + 1];
         if (k->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING ||
@@ -251,13 +259,26 @@ static void registry_sync(worker_t *w)
             continue;
         }
         int64_t age = now - f->peers[n].at_ms;
+        if (age > 10LL * ttl && n_pruned < 32) { /* a worker gone long ago (killed, renamed) */
+            redisAppendCommand(f->rc, "HDEL %s %b", f->key, k->str, k->len);
+            n_pruned++;
+        }
         if (age > ttl || age < -ttl) continue; /* stale (or a clock far off): ignored */
         n++;
     }
-    for (int i = 0; i < 3; i++) freeReplyObject(rep[i]);
-    if (bad_entries)
+    freeReplyObject(rep);
+    for (int i = 0; i < n_pruned; i++) {
+        redisReply *r = NULL;
+        if (redisGetReply(f->rc, (void **)&r) != REDIS_OK) {
+            redis_drop(w, "HDEL");
+            return;
+        }
+        if (r) freeReplyObject(r);
+    }
+    if (bad_entries != f->bad_entries && bad_entries)
         wlog(w, SW_LOG_WARN, "forward registry %s: %d malformed entr%s ignored", f->key,
              bad_entries, bad_entries == 1 ? "y" : "ies");
+    f->bad_entries = bad_entries;
     f->n_peers = n;
     atomic_store(&w->st.fwd_peers, n);
 }
@@ -360,7 +381,7 @@ static fwd_peer_t *pick(worker_t *w, const char *host)
 {
     struct wfwd *f = w->fwd;
     fwd_peer_t *best = NULL;
-    int64_t now = wall_ms();
+    int64_t now = wall_ms() + f->clock_off_ms; /* Redis's clock, as the entries' */
     for (int i = 0; i < f->n_peers; i++) {
         fwd_peer_t *p = &f->peers[i];
         if (!strcmp(p->id, w->worker_id) || !p->n_parts || p->room <= 0) continue;
