@@ -14,6 +14,8 @@
 #      record carries): none of those is forwarded (no forward log line names one; every
 #      forward is logged here), others still are (a is over budget all along), every id answered
 #      once, and received = forwarded + hop records.
+#   2b. Redis (the registry) stopped: no forward any more (a serves its share itself, counted in
+#      spillway:forward_no_target_total), every id answered once.
 #   3. Exactly-once with forwards and SIGKILL: a new group, both workers exactly-once; 1,200
 #      prompts; a (the forwarder) is killed with kill -9 after some committed results and
 #      restarted with the same worker.id (fencing its open transaction: its forwards and their
@@ -166,8 +168,24 @@ once s2 read_uncommitted
   fail "2: a record with the hop header was forwarded"
 n2=$(( $(forwards a) - n1 ))
 [ "$n2" -gt 0 ] || fail "2: a forwarded none of the records without the hop header"
+# ---- 2b. Redis down: no registry, no forward (a over budget serves everything itself) ----
+"$RS" stop "$WORK/redis" >/dev/null
+sleep 2.5 # past forward.registry.ttl_ms: what a read last is stale even before its next sync
+gen s2b R 200 0 32
+produce s2b fin
+wait_all s2b 180
+once s2b read_uncommitted
+[ "$(forwards a)" -eq $(( n1 + n2 )) ] || fail "2b: a forwarded with the registry down"
+curl -fsS "http://127.0.0.1:$MP/metrics" >"$WORK/metrics-a.txt" || fail "2b: no /metrics"
+for k in forward_no_target_total forward_registry_errors_total; do
+  v=$(sed -n "s/^spillway:$k \([0-9]*\).*/\1/p" "$WORK/metrics-a.txt")
+  [ "${v:-0}" -gt 0 ] || fail "2b: spillway:$k is '$v'"
+done
+say "2b: Redis down: no forward, 200 served where they landed"
 stop_worker "$A" a
 stop_worker "$B" b
+eval "$("$RS" start "$WORK/redis" | grep -E '^(REDIS_PORT|REDIS_PID)=')"
+REG=(-s cache.redis.host=127.0.0.1 -s cache.redis.port="$REDIS_PORT" "${REG[@]:4}")
 read -r fa ra <<<"$(final a)"
 read -r fb rb <<<"$(final b)"
 nhop=$(wc -l <"$WORK/s2.hop")
