@@ -44,6 +44,12 @@ void cache_config_default(cache_config_t *c)
     c->peer_advertise = "";
     c->fleet_refresh_ms = 2000;
     c->fleet_ttl_ms = 10000;
+    c->peer_listen = "";
+    c->peer_secret = NULL;
+    c->peer_timeout_ms = 2000;
+    c->peer_bandwidth_mbps = 1000;
+    c->peer_rtt_us = 1000;
+    c->prefill_tps = 2000;
     c->log_level = SW_LOG_INFO;
     c->log_fn = NULL;
     c->log_arg = NULL;
@@ -118,28 +124,28 @@ static int int_array(const redisReply *r, size_t n)
     return 1;
 }
 
-/* Writer thread: alloc a slot, write it under the seqlock, commit it to the index. */
-static void write_one(cache_t *c, uint64_t name, const void *buf)
+/* The thread that owns r: alloc a slot, write it under the seqlock, commit it to the index. */
+int cache_write_block(cache_t *c, rconn_t *rc, uint64_t name, const void *buf)
 {
     char nm[17], sl[16], gn[24];
     hex16(nm, name);
     const char *args[3] = {nm, sl, gn};
-    redisReply *r = rconn_script(c, &c->wr, SCRIPT_ALLOC, 1, args, NULL);
+    redisReply *r = rconn_script(c, rc, SCRIPT_ALLOC, 1, args, NULL);
     if (!r) {
         drop(c, name);
-        return;
+        return -1;
     }
     if (!int_array(r, 1) || (r->element[0]->integer >= 0 && r->elements != 4)) {
         freeReplyObject(r);
-        rconn_fail(c, &c->wr, "alloc", "unexpected reply");
+        rconn_fail(c, rc, "alloc", "unexpected reply");
         drop(c, name);
-        return;
+        return -1;
     }
     long long slot = r->element[0]->integer;
     if (slot < 0) { /* -1: indexed already (not a drop); -2: no slot */
         freeReplyObject(r);
         if (slot != -1) drop(c, name);
-        return;
+        return slot == -1 ? 0 : -1;
     }
     uint64_t gen = (uint64_t)r->element[1]->integer;
     if (r->element[2]->integer)
@@ -147,9 +153,9 @@ static void write_one(cache_t *c, uint64_t name, const void *buf)
     note_free(c, r->element[3]->integer);
     freeReplyObject(r);
     if (slot >= c->arena.n_slots) {
-        rconn_fail(c, &c->wr, "alloc", "slot out of range");
+        rconn_fail(c, rc, "alloc", "slot out of range");
         drop(c, name);
-        return;
+        return -1;
     }
     snprintf(sl, sizeof sl, "%lld", slot);
     snprintf(gn, sizeof gn, "%" PRIu64, gen);
@@ -160,22 +166,22 @@ static void write_one(cache_t *c, uint64_t name, const void *buf)
                   w == ARENA_BUSY ? "busy (another writer)"
                                     : "taken over, or written by a later allocation");
         if (w == ARENA_BUSY) { /* nothing written: give the slot back */
-            r = rconn_script(c, &c->wr, SCRIPT_RELEASE, 2, args + 1, NULL);
+            r = rconn_script(c, rc, SCRIPT_RELEASE, 2, args + 1, NULL);
             if (r) freeReplyObject(r);
         }
         drop(c, name);
-        return;
+        return -1;
     }
-    r = rconn_script(c, &c->wr, SCRIPT_COMMIT, 3, args, NULL);
+    r = rconn_script(c, rc, SCRIPT_COMMIT, 3, args, NULL);
     if (!r) {
         drop(c, name);
-        return;
+        return -1;
     }
     if (!int_array(r, 2)) {
         freeReplyObject(r);
-        rconn_fail(c, &c->wr, "commit", "unexpected reply");
+        rconn_fail(c, rc, "commit", "unexpected reply");
         drop(c, name);
-        return;
+        return -1;
     }
     long long res = r->element[0]->integer;
     note_free(c, r->element[1]->integer);
@@ -186,7 +192,9 @@ static void write_one(cache_t *c, uint64_t name, const void *buf)
         atomic_fetch_add_explicit(&c->st_dropped, 1, memory_order_relaxed);
     } else { /* slot re-allocated before the commit */
         drop(c, name);
+        return -1;
     }
+    return 0;
 }
 
 static void *writer_main(void *arg)
@@ -234,7 +242,7 @@ static void *writer_main(void *arg)
         if (!cache_tier2_usable(c))
             drop(c, name);
         else
-            write_one(c, name, c->pool + (size_t)idx * c->buf_stride);
+            (void)cache_write_block(c, &c->wr, name, c->pool + (size_t)idx * c->buf_stride);
         pthread_mutex_lock(&c->mu);
         c->free_stack[c->n_free++] = idx;
     }
@@ -304,6 +312,7 @@ cache_t *cache_new(const cache_config_t *cfg, const cache_geometry_t *geo, char 
     }
     c->writer_started = 1;
     if (fleet_start(c, cfg, errstr, errlen)) goto fail;
+    if (peer_start(c, cfg, errstr, errlen)) goto fail;
     (void)rconn_ready(c, &c->step); /* a failure is retried with backoff */
     return c;
 
@@ -318,6 +327,7 @@ fail:
 void cache_free(cache_t *c)
 {
     if (!c) return;
+    peer_stop(c); /* its server thread calls into the fleet */
     fleet_stop(c);
     if (c->writer_started) {
         pthread_mutex_lock(&c->mu);
@@ -516,6 +526,19 @@ void cache_stats(cache_t *c, cache_stats_t *st)
     st->arena_slots = (int)c->arena.n_slots;
     st->arena_used = atomic_load_explicit(&c->st_arena_used, memory_order_relaxed);
     st->arena_refused = c->arena_refused;
+    st->peer_fetches = atomic_load_explicit(&c->st_peer_fetches, memory_order_relaxed);
+    st->peer_blocks = atomic_load_explicit(&c->st_peer_blocks, memory_order_relaxed);
+    st->peer_bytes = atomic_load_explicit(&c->st_peer_bytes, memory_order_relaxed);
+    st->peer_recompute = atomic_load_explicit(&c->st_peer_recompute, memory_order_relaxed);
+    for (int i = 0; i < 6; i++)
+        st->peer_fail[i] = atomic_load_explicit(&c->st_peer_fail[i], memory_order_relaxed);
+    st->peer_served = atomic_load_explicit(&c->st_peer_served, memory_order_relaxed);
+    st->peer_refused = atomic_load_explicit(&c->st_peer_refused, memory_order_relaxed);
+    if (c->peer.rmu_init) {
+        pthread_mutex_lock(&c->peer.rmu);
+        st->peer_prefill_tps = c->peer.prefill_tps;
+        pthread_mutex_unlock(&c->peer.rmu);
+    }
 }
 
 int cache_check(cache_t *c, char *errstr, size_t errlen)

@@ -85,6 +85,16 @@ typedef struct {
                                     does not serve its blocks to other hosts) */
     int fleet_refresh_ms;        /* the host's record is refreshed this often (2000) */
     int fleet_ttl_ms;            /* records older than this are ignored (10000) */
+    /* KV across hosts (peer.c, see cache_peer_prefetch) */
+    const char *peer_listen;     /* "host:port" the peer server listens on ("" = off: this
+                                    process serves no blocks; it may still fetch) */
+    const unsigned char *peer_secret; /* CACHE_SECRET_BYTES, the deployment secret (borrowed
+                                    during cache_new: a key is derived from it); NULL = no peer
+                                    serving or fetching */
+    int peer_timeout_ms;         /* a whole fetch, and each server session step (2000) */
+    int peer_bandwidth_mbps;     /* cost model start: MB/s from a peer (1000) */
+    int peer_rtt_us;             /* cost model start: fixed cost of a fetch, µs (1000) */
+    int prefill_tps;             /* cost model start: prefill tokens per second (2000) */
     /* logging: level 0 error, 1 warn, 2 info, 3 debug; fn NULL = stderr */
     int log_level;               /* 2 */
     void (*log_fn)(void *arg, int level, const char *msg);
@@ -150,6 +160,16 @@ typedef struct {
     int arena_slots;         /* slots in the arena */
     int arena_used;          /* slots not on the free list at the last index call (-1 unknown) */
     int arena_refused;       /* 1: the arena file or folder was refused, tier 2 is off */
+    /* KV across hosts (peer.c) */
+    uint64_t peer_fetches;      /* fetches that stored every block asked for */
+    uint64_t peer_blocks;       /* blocks fetched from peers, verified and stored */
+    uint64_t peer_bytes;        /* bytes received from peers (frames included) */
+    uint64_t peer_recompute;    /* prefetches the cost model sent to recomputation */
+    uint64_t peer_fail[6];      /* fetches that fell short, by CACHE_PEER_E* - 1 */
+    uint64_t peer_served;       /* blocks this process's server sent */
+    uint64_t peer_refused;      /* connections its server refused (failed authentication,
+                                   other geometry, bad frames) */
+    double peer_prefill_tps;    /* the cost model's prefill rate now */
 } cache_stats_t;
 void cache_stats(cache_t *c, cache_stats_t *st);
 
@@ -185,15 +205,103 @@ typedef struct {
  * (counted in redis_errors) or no other host is live; -1 only for bad arguments. Touches no
  * LRU. */
 int cache_locate(cache_t *c, const uint64_t *names, int n, cache_peer_t *out, int max_out);
-
-/* As cache_locate, for this host: how many leading blocks of the chain names[0..n) this host's
- * index holds (one round trip on the same connection, under the same lock). 0 when tier 2 is
- * off or Redis is unavailable; -1 only for bad arguments. Touches no LRU. */
-int cache_locate_here(cache_t *c, const uint64_t *names, int n);
+/* As cache_locate, and *here (not NULL): how many leading blocks of the chain this host's index
+ * holds, asked in the same pipeline (0 when no other host is live: nothing to compare with).
+ * Same threads and returns. (cache/locate.c) */
+int cache_locate_here(cache_t *c, const uint64_t *names, int n, cache_peer_t *out, int max_out,
+                      int *here);
 
 /* This host's id in the index and the fleet (cache_config_t.host_id, or the hostname). The
  * string lives as long as c. "" when tier 2 is off. */
 const char *cache_host_id(const cache_t *c);
+
+/* ---- KV across hosts (peer.c) ----
+ *
+ * A host's blocks can be fetched by the other hosts of its fleet. One process per host serves
+ * (peer_listen: of the host's workers the first that binds the port serves, the others retry
+ * every fleet_refresh_ms and take over when it goes; port 0 = an ephemeral port per process,
+ * for tests). The registered address is peer_advertise, or else the listen address with its
+ * bound port (a wildcard host replaced by the hostname). The port must only be reachable inside
+ * the deployment: authentication keeps strangers from reading blocks, nothing else is offered.
+ *
+ * Protocol (TCP; integers little-endian; the block bytes exactly as the arena holds them, so
+ * hosts must share byte order and the engine's KV layout, which the geometry check enforces):
+ *   C -> S  hello  "SWPEER01", seed u64, block_tokens u32, block_bytes u64, nonce_c[32]
+ *   S -> C  "SWPEER01", nonce_s[32], HMAC-SHA256(k, "S" hello nonce_s)
+ *   C -> S  HMAC-SHA256(k, "C" hello nonce_s)
+ * k is derived from the deployment secret (crypto_kdf, context "swpeer01"): each side proves it
+ * knows k over the other's fresh nonce (mutual challenge-response); a server refuses another
+ * geometry or a wrong tag by closing. The session key is HMAC-SHA256(k, "K" hello nonce_s).
+ * Then frames: an 8-byte header (u32 payload length, u8 type, 3 zero bytes), the payload
+ * encrypted and authenticated with ChaCha20-Poly1305 (IETF) under the session key, the header as
+ * associated data, the nonce the direction and the frame's sequence number (a frame replayed,
+ * dropped or reordered fails), then the 16-byte tag. Frames:
+ *   REQ    C -> S  u32 n (1..CACHE_PEER_MAX_NAMES), n block names (u64)
+ *   BLOCK  S -> C  name u64, checksum u64, parent u64, block_tokens token ids (i32), KV bytes:
+ *                  the leading blocks of REQ's chain the server's index and arena hold, in order
+ *   END    S -> C  u32 blocks sent
+ * Every length is checked against its type's exact size before anything is read into memory.
+ * The server handles one connection at a time, each step bounded by peer_timeout_ms.
+ *
+ * Fetching: the client verifies each BLOCK as tier 2 does (the name is the one asked for, the
+ * parent the previous block's, the token ids the request's, the checksum the bytes'), stores it
+ * in this host's arena and index (so the engine's tier-2 path finds it, and checks it again),
+ * and stops at the first failure. A fetch is bounded by peer_timeout_ms. */
+#define CACHE_PEER_MAX_NAMES 4096
+
+enum { /* why a fetch fell short (cache_prefetch_t.error); stats index error - 1 */
+    CACHE_PEER_OK = 0,
+    CACHE_PEER_ECONNECT,  /* no connection (peer gone, refused, address unusable) */
+    CACHE_PEER_EAUTH,     /* the handshake failed (another secret or geometry, not a server) */
+    CACHE_PEER_ETIMEOUT,  /* peer_timeout_ms passed */
+    CACHE_PEER_ECLOSED,   /* the peer closed, or a frame failed authentication */
+    CACHE_PEER_EDATA,     /* a block failed verification (name, parent, tokens, checksum) */
+    CACHE_PEER_ESTORE,    /* a verified block could not be stored here */
+};
+const char *cache_peer_error_name(int error); /* "ok", "connect", ... */
+
+enum { CACHE_PEER_NONE, CACHE_PEER_RECOMPUTE, CACHE_PEER_FETCH };
+
+typedef struct {
+    int n_local;                   /* leading blocks this host's index held */
+    int n_peer;                    /* leading blocks the best other host held */
+    int decision;                  /* CACHE_PEER_NONE: no live serving host holds more than
+                                      n_local; _RECOMPUTE: the cost model chose to recompute;
+                                      _FETCH: fetched */
+    int fetched;                   /* blocks fetched, verified and stored (from n_local on) */
+    int error;                     /* CACHE_PEER_E*, when fetched < n_peer - n_local */
+    double t_fetch_s, t_compute_s; /* the cost model's estimates for those blocks */
+    char peer[CACHE_HOST_ID_MAX];  /* the host chosen ("" none) */
+} cache_prefetch_t;
+
+/* Any thread except the step thread (it waits on Redis and the network: a few round trips and
+ * at most peer_timeout_ms; calls are serialised per handle). names[0..n) is a request's chain
+ * (names[0] follows parent, the chain seed), tokens[n x block_tokens] its token ids. Finds how
+ * many leading blocks this host holds, which live host holds most (cache_locate), asks the cost
+ * model, and fetches blocks [n_local, n_peer) from that host when it says so. Fills *out.
+ * Returns out->fetched; 0 when peers are off (no peer_secret) or tier 2 is off. */
+int cache_peer_prefetch(cache_t *c, uint64_t parent, const uint64_t *names,
+                        const int32_t *tokens, int n, cache_prefetch_t *out);
+/* The fetch step alone (same threads): fetches names[0..n) (names[0] follows parent) from the
+ * server at addr, verifies and stores each. Returns the blocks stored, *error set when fewer
+ * than n. */
+int cache_peer_fetch(cache_t *c, const char *addr, uint64_t parent, const uint64_t *names,
+                     const int32_t *tokens, int n, int *error);
+/* The cost model (any thread): 1 when fetching n_blocks from the peer at addr is estimated
+ * faster than recomputing them: rtt + n_blocks x frame bytes / bandwidth < n_blocks x
+ * block_tokens / prefill rate, with that peer's measured rates (EWMAs of real fetches) or the
+ * configured defaults. The estimates into *t_fetch_s and *t_compute_s (either may be NULL). */
+int cache_peer_should_fetch(cache_t *c, const char *addr, int n_blocks, double *t_fetch_s,
+                            double *t_compute_s);
+/* Any thread: a real prefill measurement (tokens computed in seconds) for the prefill EWMA. */
+void cache_peer_note_prefill(cache_t *c, double tokens, double seconds);
+/* Tests and benches: sets the rates the cost model starts from now: the peer at addr (NULL:
+ * every peer not measured yet) and the prefill rate; a value <= 0 leaves that rate as it is. */
+void cache_peer_set_rates(cache_t *c, const char *addr, double bytes_per_s, double rtt_s,
+                          double prefill_tps);
+/* The address this process's server listens on, "host:port" with its bound port, "" when it
+ * does not serve (now). Copied into buf. */
+void cache_peer_listen_addr(cache_t *c, char *buf, size_t len);
 
 /* The deployment's secret keying the KV block names (engine_config_t.kv_secret): the contents
  * of the file at path (NULL or "": spillway.secret in the per-user folder of the default arena,

@@ -133,6 +133,10 @@ typedef struct {
     int refresh_ms, ttl_ms;
     rconn_t reg;                    /* the thread's connection */
     rconn_t loc;                    /* cache_locate's connection (under lmu) */
+    cache_peer_t *known;            /* the live other hosts at the last registry read, with
+                                       their age then (under lmu; reused for refresh_ms / 2) */
+    int known_n;
+    int64_t known_at_ms;            /* monotonic ms of that read (0: none) */
     char *hex;                      /* [cap x 17] names as hex (under lmu) */
     const char **argv;              /* [cap + 2] (under lmu) */
     size_t *argvlen;
@@ -149,6 +153,90 @@ void fleet_stop(cache_t *c);
 /* Any thread: sets the peer address registered from the next refresh on (truncated to
  * CACHE_PEER_ADDR_MAX - 1; "" = none) and wakes the thread to refresh now. */
 void fleet_set_addr(cache_t *c, const char *addr);
+
+/* ---- KV across hosts (peer.c): the protocol of cache.h's "KV across hosts" ---- */
+
+enum { PEER_REQ = 1, PEER_BLOCK = 2, PEER_END = 3 };
+#define PEER_KEY_BYTES 32
+#define PEER_HDR_BYTES 8
+#define PEER_TAG_BYTES 16
+
+/* One authenticated connection, either side. Used by one thread. */
+typedef struct {
+    int fd;                        /* owned (-1 closed) */
+    int64_t deadline_ms;           /* monotonic; every read and write fails after it */
+    unsigned char key[PEER_KEY_BYTES]; /* the session key */
+    uint64_t seq_out, seq_in;      /* frames sent and received */
+    uint8_t dir_out;               /* 0: the client's frames, 1: the server's */
+    uint8_t *buf;                  /* [cap] frame scratch (owned) */
+    size_t cap;
+} peer_conn_t;
+
+/* The protocol key from the deployment secret (CACHE_SECRET_BYTES). */
+void peer_derive_key(const unsigned char *secret, unsigned char key[PEER_KEY_BYTES]);
+/* fd (taken: closed by peer_conn_close, also after a failure) becomes a session: the
+ * handshake of either side, bounded by pc->deadline_ms (set by the caller first). 0, or
+ * -CACHE_PEER_E* (-EAUTH: wrong tag, magic or geometry). */
+int peer_handshake(peer_conn_t *pc, int fd, int is_server, const unsigned char *key,
+                   const cache_geometry_t *geo);
+/* One frame (payload len bytes of type). 0 or -CACHE_PEER_E*. */
+int peer_send(peer_conn_t *pc, int type, const void *payload, size_t len);
+/* The next frame: its type, and its payload (in pc->buf, valid until the next call) of at most
+ * max bytes (a longer one is refused before it is read). 0 or -CACHE_PEER_E* (-ECLOSED when
+ * the peer closed or the frame failed authentication). */
+int peer_recv(peer_conn_t *pc, int *type, const uint8_t **payload, size_t *len, size_t max);
+void peer_conn_close(peer_conn_t *pc);
+/* Little-endian integers of the wire. */
+void peer_put32(uint8_t *p, uint32_t v);
+void peer_put64(uint8_t *p, uint64_t v);
+uint32_t peer_get32(const uint8_t *p);
+uint64_t peer_get64(const uint8_t *p);
+/* Splits "host:port" ("[v6]:port" too) into host and port (digits). 0 or -1. */
+int peer_split_addr(const char *addr, char *host, size_t hlen, char *port, size_t plen);
+/* Connects to "host:port" by deadline_ms. The fd, or -CACHE_PEER_ECONNECT / -ETIMEOUT. */
+int peer_dial(const char *addr, int64_t deadline_ms);
+
+#define PEER_RATES 32 /* peers whose measured rates are remembered */
+
+typedef struct {
+    int on;                        /* a secret was given */
+    unsigned char key[PEER_KEY_BYTES];
+    int timeout_ms;
+    /* server: its thread owns listen_fd and srv */
+    char listen_host[CACHE_PEER_ADDR_MAX], listen_port[8], advertise[CACHE_PEER_ADDR_MAX];
+    int listen_fd;
+    pthread_t thread;
+    int started;
+    _Atomic int stopping;
+    pthread_mutex_t mu;            /* guards bound */
+    int mu_init;
+    char bound[CACHE_PEER_ADDR_MAX]; /* "host:port" served now, "" none */
+    rconn_t srv;
+    /* client: fmu guards cli (cache_peer_fetch's stores) */
+    pthread_mutex_t fmu;
+    int fmu_init;
+    rconn_t cli;
+    /* cost model: rmu guards the rates */
+    pthread_mutex_t rmu;
+    int rmu_init;
+    double def_bw, def_rtt, prefill_tps; /* bytes/s, s, tokens/s */
+    struct {
+        char addr[CACHE_PEER_ADDR_MAX];
+        double bw, rtt;
+        uint64_t used;             /* LRU stamp (0: empty) */
+    } rates[PEER_RATES];
+    uint64_t clock;
+} peer_t;
+
+/* Starts the server thread when cfg->peer_listen is set (and a secret is). 0 or -1 + errstr. */
+int peer_start(cache_t *c, const cache_config_t *cfg, char *errstr, size_t errlen);
+void peer_stop(cache_t *c);
+/* cache_locate (fleet.c), and: when serving_only, hosts without a peer address are left out
+ * (no HMGET is sent when none is left); when self_blocks is not NULL, the leading blocks this
+ * host's own index holds go there (asked in the same pipeline, only when another host is
+ * asked). */
+int fleet_locate(cache_t *c, const uint64_t *names, int n, cache_peer_t *out, int max_out,
+                 int serving_only, int *self_blocks);
 
 /* ---- the handle ---- */
 
@@ -195,11 +283,14 @@ struct cache {
     _Atomic int64_t wr_retry_at_ms; /* writer connection down until then (0 = up or retry now) */
 
     fleet_t fleet;                 /* fleet.c */
+    peer_t peer;                   /* peer.c */
 
     /* stats, relaxed atomics (any thread) */
     _Atomic uint64_t st_lookups, st_hits, st_misses_torn, st_stores, st_dropped, st_evictions,
         st_redis_errors;
     _Atomic int st_redis_up, st_arena_used;
+    _Atomic uint64_t st_peer_fetches, st_peer_blocks, st_peer_bytes, st_peer_recompute,
+        st_peer_fail[6], st_peer_served, st_peer_refused;
 };
 
 /* Any thread. 1 when tier 2 is on and the arena still carries this handle's arena id; else 0
@@ -224,6 +315,10 @@ struct redisReply *rconn_script(cache_t *c, rconn_t *r, int script, int nargs, c
                                 const size_t *lens);
 /* Counts an error, logs it, frees the context and schedules the next attempt. */
 void rconn_fail(cache_t *c, rconn_t *r, const char *what, const char *detail);
+/* On the thread that owns rc: stores block name (buf: block_bytes of KV, then meta_bytes of
+ * parent and tokens) in the arena and indexes it (alloc script, arena_write, commit script).
+ * 0 when it is indexed (by this call or before), -1 when dropped (counted). */
+int cache_write_block(cache_t *c, rconn_t *rc, uint64_t name, const void *buf);
 /* The consistency check of cache_check (step connection). */
 int index_check(cache_t *c, char *errstr, size_t errlen);
 

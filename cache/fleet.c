@@ -141,6 +141,10 @@ void fleet_stop(cache_t *c)
     if (f->lmu_init) pthread_mutex_destroy(&f->lmu);
     if (f->mu_init) pthread_mutex_destroy(&f->mu);
     f->cv_init = f->lmu_init = f->mu_init = 0;
+    free(f->known);
+    f->known = NULL;
+    f->known_n = 0;
+    f->known_at_ms = 0;
     free(f->hex);
     free(f->argv);
     free(f->argvlen);
@@ -301,6 +305,22 @@ io_fail:
 
 int cache_locate(cache_t *c, const uint64_t *names, int n, cache_peer_t *out, int max_out)
 {
+    return fleet_locate(c, names, n, out, max_out, 0, NULL);
+}
+
+/* The leading well-formed values of an HMGET reply of n fields. */
+static int leading(const redisReply *r, int n)
+{
+    int lead = 0;
+    if (r->type == REDIS_REPLY_ARRAY && r->elements == (size_t)n)
+        while (lead < n && blk_value_ok(r->element[lead])) lead++;
+    return lead;
+}
+
+int fleet_locate(cache_t *c, const uint64_t *names, int n, cache_peer_t *out, int max_out,
+                 int serving_only, int *self_blocks)
+{
+    if (self_blocks) *self_blocks = 0;
     if (!c || n < 0 || max_out < 0 || (n && !names) || (max_out && !out)) return -1;
     fleet_t *f = &c->fleet;
     if (!f->lmu_init || !max_out || !cache_tier2_usable(c)) return 0;
@@ -308,11 +328,26 @@ int cache_locate(cache_t *c, const uint64_t *names, int n, cache_peer_t *out, in
     cache_peer_t *hosts = NULL;
     int k = 0;
     if (grow_locate(f, n) || rconn_ready(c, &f->loc)) goto out;
-    k = read_registry(c, &hosts);
-    if (k <= 0) {
-        k = 0;
-        goto out;
+    int64_t now = sw_mono_ms();
+    if (!f->known_at_ms || now - f->known_at_ms > f->refresh_ms / 2) {
+        cache_peer_t *fresh = NULL;
+        int m = read_registry(c, &fresh);
+        if (m < 0) goto out;
+        free(f->known);
+        f->known = fresh;
+        f->known_n = m;
+        f->known_at_ms = now;
     }
+    hosts = malloc(sizeof *hosts * (size_t)(f->known_n ? f->known_n : 1));
+    if (!hosts) goto out;
+    for (int i = 0; i < f->known_n; i++) {
+        if (serving_only && !f->known[i].peer_addr[0]) continue;
+        hosts[k] = f->known[i];
+        hosts[k].age_ms += now - f->known_at_ms;
+        hosts[k].n_blocks = 0;
+        k++;
+    }
+    if (!k) goto out;
     if (n > 0) {
         redisContext *ctx = f->loc.ctx;
         char key[CACHE_HOST_ID_MAX + 256];
@@ -330,7 +365,12 @@ int cache_locate(cache_t *c, const uint64_t *names, int n, cache_peer_t *out, in
             f->argvlen[1] = strlen(key);
             redisAppendCommandArgv(ctx, n + 2, f->argv, f->argvlen); /* copies the arguments */
         }
-        for (int h = 0; h < k; h++) {
+        if (self_blocks) {
+            f->argv[1] = c->ix.keys[KEY_BLK];
+            f->argvlen[1] = strlen(c->ix.keys[KEY_BLK]);
+            redisAppendCommandArgv(ctx, n + 2, f->argv, f->argvlen);
+        }
+        for (int h = 0; h < k + (self_blocks != NULL); h++) {
             void *v = NULL;
             if (redisGetReply(ctx, &v) != REDIS_OK) {
                 rconn_fail(c, &f->loc, "locate", ctx->errstr[0] ? ctx->errstr : "error");
@@ -338,10 +378,8 @@ int cache_locate(cache_t *c, const uint64_t *names, int n, cache_peer_t *out, in
                 goto out;
             }
             redisReply *r = v;
-            int lead = 0;
-            if (r->type == REDIS_REPLY_ARRAY && r->elements == (size_t)n)
-                while (lead < n && blk_value_ok(r->element[lead])) lead++;
-            hosts[h].n_blocks = lead;
+            if (h < k) hosts[h].n_blocks = leading(r, n);
+            else *self_blocks = leading(r, n);
             freeReplyObject(r);
         }
     }
@@ -352,35 +390,4 @@ out:
     pthread_mutex_unlock(&f->lmu);
     free(hosts);
     return k;
-}
-
-int cache_locate_here(cache_t *c, const uint64_t *names, int n)
-{
-    if (!c || n < 0 || (n && !names)) return -1;
-    fleet_t *f = &c->fleet;
-    if (!n || !f->lmu_init || !cache_tier2_usable(c)) return 0;
-    pthread_mutex_lock(&f->lmu);
-    int lead = 0;
-    if (grow_locate(f, n) || rconn_ready(c, &f->loc)) goto out;
-    for (int i = 0; i < n; i++) {
-        snprintf(f->hex + (size_t)i * 17, 17, "%016" PRIx64, names[i]);
-        f->argv[2 + i] = f->hex + (size_t)i * 17;
-        f->argvlen[2 + i] = 16;
-    }
-    f->argv[0] = "HMGET";
-    f->argvlen[0] = 5;
-    f->argv[1] = c->ix.keys[KEY_BLK];
-    f->argvlen[1] = strlen(c->ix.keys[KEY_BLK]);
-    redisReply *r = redisCommandArgv(f->loc.ctx, n + 2, f->argv, f->argvlen);
-    if (!r) {
-        rconn_fail(c, &f->loc, "locate",
-                   f->loc.ctx && f->loc.ctx->errstr[0] ? f->loc.ctx->errstr : "error");
-        goto out;
-    }
-    if (r->type == REDIS_REPLY_ARRAY && r->elements == (size_t)n)
-        while (lead < n && blk_value_ok(r->element[lead])) lead++;
-    freeReplyObject(r);
-out:
-    pthread_mutex_unlock(&f->lmu);
-    return lead;
 }

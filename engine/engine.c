@@ -724,16 +724,19 @@ static int seq_name_blocks(engine_t *e, seq_t *s, int upto)
     return 0;
 }
 
-int engine_block_names(const engine_t *e, const char *scope, const int32_t *toks, int n,
-                       uint64_t *out, int cap)
+int engine_prefix_names(const engine_t *e, const char *cache_scope, const int32_t *tokens,
+                        int n_tokens, uint64_t *seed, uint64_t *names, int max)
 {
     const int B = e->cfg.block_tokens;
-    int m = B > 0 && n > 0 ? n / B : 0;
-    if (m > cap) m = cap;
-    uint64_t h = scope && *scope ? kvpool_derive_seed(e->pool, e->kv_seed, scope, strlen(scope))
-                                 : e->kv_seed;
-    for (int i = 0; i < m; i++) out[i] = h = kvpool_block_name(e->pool, h, toks + (size_t)i * B);
-    return m;
+    *seed = cache_scope && *cache_scope
+                ? kvpool_derive_seed(e->pool, e->kv_seed, cache_scope, strlen(cache_scope))
+                : e->kv_seed;
+    if (!e->cfg.prefix_cache || n_tokens < 1 || !tokens) return 0;
+    int n = (n_tokens - 1) / B;
+    if (n > max) n = max;
+    for (int i = 0; i < n; i++)
+        names[i] = kvpool_block_name(e->pool, i ? names[i - 1] : *seed, tokens + (size_t)i * B);
+    return n;
 }
 
 /* The parent name of s's full block i (s->pnames holds blocks [0, i)). */

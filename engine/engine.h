@@ -205,12 +205,6 @@ typedef struct {
     int32_t bos, eos;
 } engine_info_t;
 void engine_info(const engine_t *e, engine_info_t *info);
-/* The names of the full KV blocks of the prompt toks[0..n) in cache scope `scope` (NULL or "":
- * the shared scope), as this engine names them when it serves that prompt: out[i] for block i,
- * i < min(n / block_tokens, cap). Returns that count. Any thread: reads only the immutable
- * secret and seed (never the scheduler). */
-int engine_block_names(const engine_t *e, const char *scope, const int32_t *toks, int n,
-                       uint64_t *out, int cap);
 
 typedef struct {
     uint64_t steps, prompt_tokens, cached_tokens, generated_tokens, preemptions;
@@ -254,6 +248,15 @@ typedef struct {
  * freed). A prompt's blocks are then looked up in tier 1, then tier 2; computed blocks are
  * offered to it. 0, or -1 (errstr) when the backend cannot copy blocks or out of memory. */
 int engine_set_kv_tier(engine_t *e, const engine_kv_tier_t *tier, char *errstr, size_t errlen);
+
+/* Any thread (reads only the immutable name secret and block geometry): the names of the
+ * leading full blocks of a prompt that the prefix cache could reuse, the chain the engine
+ * looks up for a request with this prompt and cache_scope (engine_request_t's): at most
+ * (n_tokens - 1) / block_tokens blocks (the last prompt token is always computed), at most max.
+ * The chain seed (the parent of names[0]) into *seed. Returns the count (0 when the prefix
+ * cache is off or no block is full). */
+int engine_prefix_names(const engine_t *e, const char *cache_scope, const int32_t *tokens,
+                        int n_tokens, uint64_t *seed, uint64_t *names, int max);
 
 /* Prints a GGUF file's metadata, tensors and derived figures (KV bytes per token) to out.
  * Works on files the engine cannot run (it then names why). 0, or -1 when the file itself is

@@ -4,6 +4,18 @@
  *
  *  1  locate: a host sees the other live hosts with the leading blocks of a chain each holds,
  *     not itself; a host gone past the TTL disappears; malformed registry records are skipped
+ *  2  fetch: host B fetches host A's blocks over TCP (cache_peer_prefetch), byte-identical in
+ *     B's arena afterwards; only the missing tail is fetched; another deployment secret is
+ *     refused both ways; a request whose tokens differ stops at the first such block; a peer
+ *     gone is a connect failure
+ *  3  a rogue server speaking the real protocol (cache_internal.h) with the right key: closing
+ *     after one block, stalling past the timeout, a wrong checksum, a wrong name, a wrong parent:
+ *     each stops the fetch at the good blocks and is counted; nothing bad is stored
+ *  4  the cost model's choice with injected rates (no timing): short prefixes recomputed, long
+ *     ones fetched; a prefill measurement moves the rate
+ *  5  one server per host: two processes' handles of one host on one port: the first serves, the
+ *     second registers the same address and takes over (binds) once the first is gone
+ * White-box (3): includes cache/cache_internal.h for the protocol's own handshake and frames.
  */
 #include <hiredis/hiredis.h>
 #include <inttypes.h>
@@ -15,7 +27,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <pthread.h>
+#include <stdatomic.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+
 #include "cache/cache.h"
+#include "cache/cache_internal.h"
 #include "check.h"
 
 #define SEED 0x5eed5eed0000beefull
@@ -112,7 +131,11 @@ typedef struct {
     redis_t redis;
 } env_t;
 
-static cache_t *host_new(const env_t *e, const char *host_id, int ttl_ms)
+static const unsigned char SECRET[CACHE_SECRET_BYTES] = "0123456789abcdef0123456789abcdef";
+
+/* A host; listen "" = no server; secret NULL = peers off. */
+static cache_t *host_new_peer(const env_t *e, const char *host_id, int ttl_ms, const char *listen,
+                              const unsigned char *secret, int timeout_ms)
 {
     char arena[512], err[256];
     snprintf(arena, sizeof arena, "%s/%s.arena", e->dir, host_id);
@@ -126,6 +149,9 @@ static cache_t *host_new(const env_t *e, const char *host_id, int ttl_ms)
     cfg.cmd_timeout_ms = 2000;
     cfg.fleet_refresh_ms = 100;
     cfg.fleet_ttl_ms = ttl_ms;
+    cfg.peer_listen = listen;
+    cfg.peer_secret = secret;
+    cfg.peer_timeout_ms = timeout_ms;
     cfg.log_level = getenv("TEST_PEER_VERBOSE") ? 3 : 1;
     cache_geometry_t geo = {.seed = SEED, .block_tokens = BT, .block_bytes = BB};
     cache_t *c = cache_new(&cfg, &geo, err, sizeof err);
@@ -133,11 +159,17 @@ static cache_t *host_new(const env_t *e, const char *host_id, int ttl_ms)
     return c;
 }
 
-/* Stores names[0..n) (content fill(name), meta from tokens) through the step-thread API and
- * waits (5 s at most) until the index holds all of them. 0 when it does. */
+static cache_t *host_new(const env_t *e, const char *host_id, int ttl_ms)
+{
+    return host_new_peer(e, host_id, ttl_ms, "", NULL, 2000);
+}
+
+/* Stores names[0..n) (content fill(name), meta from tokens) through the step-thread API (the
+ * leading ones already indexed skipped) and waits (5 s at most) until the index holds all of
+ * them. 0 when it does. */
 static int store_chain(cache_t *c, const uint64_t *names, const int32_t *tokens, int n)
 {
-    for (int i = 0; i < n; i++) {
+    for (int i = cache_lookup(c, names, n); i < n; i++) {
         void *buf = cache_store_begin(c, names[i], i ? names[i - 1] : SEED, tokens + i * BT);
         if (!buf) return -1;
         fill(buf, BB, names[i]);
@@ -238,6 +270,330 @@ out:
     cache_free(b);
 }
 
+
+/* Leading blocks of names[0..n) that c's tier 2 gives back byte-identical (KV fill(name),
+ * parent, tokens). */
+static int verify_local(cache_t *c, const uint64_t *names, const int32_t *tokens, int n)
+{
+    int k = cache_lookup(c, names, n), ok = 0;
+    uint8_t *kv = malloc(BB), *want = malloc(BB);
+    for (int i = 0; i < k && kv && want; i++) {
+        uint64_t parent = 0;
+        int32_t t[BT];
+        if (cache_fetch(c, i, kv, &parent, t)) break;
+        fill(want, BB, names[i]);
+        if (memcmp(kv, want, BB) || parent != (i ? names[i - 1] : SEED) ||
+            memcmp(t, tokens + i * BT, sizeof t))
+            break;
+        ok++;
+    }
+    free(kv);
+    free(want);
+    return ok;
+}
+
+/* cache_peer_prefetch on c until host `from` is located with a server (5 s at most). */
+static int prefetch(cache_t *c, const uint64_t *names, const int32_t *tokens, int n,
+                    const char *from, cache_prefetch_t *out)
+{
+    cache_peer_t p;
+    if (locate_host(c, names, n, from, &p)) return -1;
+    for (int t = 0; t < 500 && !p.peer_addr[0]; t++) {
+        sleep_ms(10);
+        if (locate_host(c, names, n, from, &p)) return -1;
+    }
+    return cache_peer_prefetch(c, SEED, names, tokens, n, out);
+}
+
+/* ---- 2: fetch ---- */
+
+static void test_fetch(const env_t *e)
+{
+    fprintf(stderr, "test 2: fetch from a peer\n");
+    enum { N = 8 };
+    uint64_t names[N];
+    int32_t tokens[N * BT];
+    make_chain(names, tokens, N, 2);
+    unsigned char other[CACHE_SECRET_BYTES];
+    memcpy(other, SECRET, sizeof other);
+    other[0] ^= 1;
+    cache_t *a = host_new_peer(e, "srvA", 10000, "127.0.0.1:0", SECRET, 2000);
+    cache_t *b = host_new_peer(e, "cliB", 10000, "", SECRET, 2000);
+    cache_t *x = host_new_peer(e, "strangerX", 10000, "127.0.0.1:0", other, 2000);
+    CHECK(a && b && x);
+    if (!a || !b || !x) goto out;
+    CHECK(store_chain(a, names, tokens, 6) == 0);
+    /* fetching is the cheaper choice for these rates */
+    cache_peer_set_rates(b, NULL, 1e9, 1e-4, 100);
+    cache_prefetch_t pf;
+    int got = prefetch(b, names, tokens, N, "srvA", &pf);
+    CHECKF(got == 6 && pf.decision == CACHE_PEER_FETCH && pf.n_local == 0 && pf.n_peer == 6 &&
+               pf.error == 0 && !strcmp(pf.peer, "srvA"),
+           "got %d decision %d local %d peer %d error %d", got, pf.decision, pf.n_local,
+           pf.n_peer, pf.error);
+    CHECK(verify_local(b, names, tokens, N) == 6);
+    cache_stats_t st;
+    cache_stats(b, &st);
+    CHECK(st.peer_fetches == 1 && st.peer_blocks == 6 && st.peer_bytes > 6 * BB);
+    cache_stats(a, &st);
+    CHECK(st.peer_served == 6);
+    /* nothing left to fetch: B holds as much as A */
+    got = cache_peer_prefetch(b, SEED, names, tokens, N, &pf);
+    CHECK(got == 0 && pf.decision == CACHE_PEER_NONE && pf.n_local == 6);
+    /* A grows the chain: only the missing tail travels */
+    CHECK(store_chain(a, names, tokens, N) == 0);
+    got = cache_peer_prefetch(b, SEED, names, tokens, N, &pf);
+    CHECKF(got == 2 && pf.n_local == 6 && pf.n_peer == N, "got %d local %d", got, pf.n_local);
+    CHECK(verify_local(b, names, tokens, N) == N);
+    cache_stats(a, &st);
+    CHECK(st.peer_served == 8);
+
+    /* another deployment secret: refused both ways, nothing stored */
+    char addr_a[CACHE_PEER_ADDR_MAX], addr_x[CACHE_PEER_ADDR_MAX];
+    cache_peer_listen_addr(a, addr_a, sizeof addr_a);
+    cache_peer_listen_addr(x, addr_x, sizeof addr_x);
+    CHECK(addr_a[0] && addr_x[0]);
+    int err = -1;
+    uint64_t n2[N];
+    int32_t t2[N * BT];
+    make_chain(n2, t2, N, 22);
+    CHECK(store_chain(a, n2, t2, 4) == 0);
+    CHECK(cache_peer_fetch(x, addr_a, SEED, n2, t2, 4, &err) == 0 && err == CACHE_PEER_EAUTH);
+    CHECK(verify_local(x, n2, t2, 4) == 0);
+    cache_stats(a, &st);
+    CHECK(st.peer_refused >= 1);
+    CHECK(cache_peer_fetch(b, addr_x, SEED, n2, t2, 4, &err) == 0 && err == CACHE_PEER_EAUTH);
+    cache_stats(b, &st);
+    CHECK(st.peer_fail[CACHE_PEER_EAUTH - 1] == 1);
+    /* the request's tokens differ from block 2 on: blocks 0, 1 only */
+    int32_t t3[N * BT];
+    memcpy(t3, t2, sizeof t3);
+    t3[2 * BT + 5] ^= 1;
+    CHECK(cache_peer_fetch(b, addr_a, SEED, n2, t3, 4, &err) == 2 && err == CACHE_PEER_EDATA);
+    CHECK(verify_local(b, n2, t2, 4) == 2);
+    /* a peer gone: connection refused */
+    cache_free(a);
+    a = NULL;
+    uint64_t n3[2];
+    int32_t t4[2 * BT];
+    make_chain(n3, t4, 2, 23);
+    CHECK(cache_peer_fetch(b, addr_a, SEED, n3, t4, 2, &err) == 0 && err == CACHE_PEER_ECONNECT);
+    cache_stats(b, &st);
+    CHECK(st.peer_fail[CACHE_PEER_ECONNECT - 1] == 1 && st.peer_fail[CACHE_PEER_EDATA - 1] == 1);
+    char why[256];
+    CHECKF(cache_check(b, why, sizeof why) == 0, "%s", why);
+out:
+    cache_free(a);
+    cache_free(b);
+    cache_free(x);
+}
+
+/* ---- 3: a rogue server ---- */
+
+enum { ROGUE_CLOSE, ROGUE_STALL, ROGUE_SUM, ROGUE_NAME, ROGUE_PARENT, ROGUE_TOKENS };
+
+typedef struct {
+    int mode;
+    int lfd;
+    char addr[64];
+    cache_t *src;             /* the blocks served come from here (its step API) */
+    const uint64_t *names;
+    int n;
+    pthread_t th;
+} rogue_t;
+
+static void *rogue_main(void *arg)
+{
+    rogue_t *r = arg;
+    struct timeval tv = {5, 0};
+    setsockopt(r->lfd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    int fd = accept(r->lfd, NULL, NULL);
+    if (fd < 0) return NULL;
+    peer_conn_t pc = {.fd = -1};
+    pc.deadline_ms = sw_mono_ms() + 5000;
+    unsigned char key[PEER_KEY_BYTES];
+    peer_derive_key(SECRET, key);
+    cache_geometry_t geo = {.seed = SEED, .block_tokens = BT, .block_bytes = BB};
+    int type;
+    const uint8_t *p;
+    size_t len;
+    if (peer_handshake(&pc, fd, 1, key, &geo) ||
+        peer_recv(&pc, &type, &p, &len, 1 << 20) || type != PEER_REQ)
+        goto out;
+    if (r->mode == ROGUE_STALL) {
+        sleep_ms(1500);
+        goto out;
+    }
+    arena_t fake;
+    memset(&fake, 0, sizeof fake);
+    fake.block_bytes = BB;
+    fake.meta_bytes = 8 + BT * 4;
+    size_t plen = 16 + fake.meta_bytes + BB;
+    uint8_t *out = malloc(plen);
+    int k = cache_lookup(r->src, r->names, r->n);
+    uint32_t sent = 0;
+    for (int i = 0; i < k && out; i++) {
+        uint64_t name = r->names[i], parent, sum;
+        uint8_t *meta = out + 16, *kv = out + 16 + fake.meta_bytes;
+        if (cache_fetch(r->src, i, kv, &parent, (int32_t *)(void *)(meta + 8))) break;
+        if (i == 1 && r->mode == ROGUE_CLOSE) break;
+        if (i == 1 && r->mode == ROGUE_PARENT) parent ^= 1;
+        if (i == 1 && r->mode == ROGUE_TOKENS) meta[8] ^= 1;
+        memcpy(meta, &parent, 8);
+        sum = arena_sum(&fake, kv, meta);
+        if (i == 1 && r->mode == ROGUE_SUM) sum ^= 1;
+        if (i == 1 && r->mode == ROGUE_NAME) name ^= 1;
+        memcpy(out, &name, 8);
+        memcpy(out + 8, &sum, 8);
+        if (peer_send(&pc, PEER_BLOCK, out, plen)) break;
+        sent++;
+    }
+    free(out);
+    if (r->mode != ROGUE_CLOSE) {
+        uint8_t end[4];
+        memcpy(end, &sent, 4);
+        peer_send(&pc, PEER_END, end, 4);
+        peer_recv(&pc, &type, &p, &len, 1 << 20); /* until the client closes */
+    }
+out:
+    peer_conn_close(&pc);
+    return NULL;
+}
+
+static int rogue_start(rogue_t *r)
+{
+    r->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t sl = sizeof sa;
+    if (r->lfd < 0 || bind(r->lfd, (struct sockaddr *)&sa, sizeof sa) ||
+        listen(r->lfd, 4) || getsockname(r->lfd, (struct sockaddr *)&sa, &sl))
+        return -1;
+    snprintf(r->addr, sizeof r->addr, "127.0.0.1:%d", ntohs(sa.sin_port));
+    return pthread_create(&r->th, NULL, rogue_main, r) ? -1 : 0;
+}
+
+static void test_rogue(const env_t *e)
+{
+    fprintf(stderr, "test 3: a rogue server\n");
+    enum { N = 4 };
+    static const struct {
+        int mode, got, error;
+        const char *what;
+    } cases[] = {
+        {ROGUE_CLOSE, 1, CACHE_PEER_ECLOSED, "closes after one block"},
+        {ROGUE_STALL, 0, CACHE_PEER_ETIMEOUT, "stalls past the timeout"},
+        {ROGUE_SUM, 1, CACHE_PEER_EDATA, "a wrong checksum"},
+        {ROGUE_NAME, 1, CACHE_PEER_EDATA, "another block's name"},
+        {ROGUE_PARENT, 1, CACHE_PEER_EDATA, "another parent (checksum matching)"},
+        {ROGUE_TOKENS, 1, CACHE_PEER_EDATA, "other tokens (checksum matching)"},
+    };
+    cache_t *a = host_new_peer(e, "rogueSrc", 10000, "", SECRET, 2000);
+    cache_t *b = host_new_peer(e, "rogueCli", 10000, "", SECRET, 500);
+    CHECK(a && b);
+    for (size_t ci = 0; a && b && ci < sizeof cases / sizeof cases[0]; ci++) {
+        uint64_t names[N];
+        int32_t tokens[N * BT];
+        make_chain(names, tokens, N, 300 + ci);
+        CHECK(store_chain(a, names, tokens, N) == 0);
+        rogue_t r = {.mode = cases[ci].mode, .src = a, .names = names, .n = N};
+        if (rogue_start(&r)) {
+            CHECK(!"rogue server");
+            break;
+        }
+        int err = -1;
+        int got = cache_peer_fetch(b, r.addr, SEED, names, tokens, N, &err);
+        CHECKF(got == cases[ci].got && err == cases[ci].error, "%s: got %d error %s",
+               cases[ci].what, got, cache_peer_error_name(err));
+        CHECKF(verify_local(b, names, tokens, N) == cases[ci].got, "%s", cases[ci].what);
+        pthread_join(r.th, NULL);
+        close(r.lfd);
+    }
+    if (b) {
+        cache_stats_t st;
+        cache_stats(b, &st);
+        CHECK(st.peer_fail[CACHE_PEER_EDATA - 1] == 4 && st.peer_fail[CACHE_PEER_ETIMEOUT - 1] == 1 &&
+              st.peer_fail[CACHE_PEER_ECLOSED - 1] == 1);
+        char why[256];
+        CHECKF(cache_check(b, why, sizeof why) == 0, "%s", why);
+    }
+    cache_free(a);
+    cache_free(b);
+}
+
+/* ---- 4: the cost model ---- */
+
+static void test_cost(const env_t *e)
+{
+    fprintf(stderr, "test 4: the cost model's choice\n");
+    cache_t *b = host_new_peer(e, "costB", 10000, "", SECRET, 2000);
+    CHECK(b != NULL);
+    if (!b) return;
+    double tf, tc;
+    /* 1 GB/s, 1 ms per fetch; prefill 100k tokens/s: a block (16 tokens) computes in 160 µs
+     * and travels in ~8 µs, so fetching pays from ~7 blocks on */
+    cache_peer_set_rates(b, "peer:1", 1e9, 1e-3, 1e5);
+    CHECK(cache_peer_should_fetch(b, "peer:1", 1, &tf, &tc) == 0 && tf > tc);
+    CHECK(cache_peer_should_fetch(b, "peer:1", 4, &tf, &tc) == 0);
+    CHECK(cache_peer_should_fetch(b, "peer:1", 64, &tf, &tc) == 1 && tf < tc);
+    CHECK(cache_peer_should_fetch(b, "peer:1", 0, &tf, &tc) == 0);
+    /* a slow link to another peer: recompute even long prefixes */
+    cache_peer_set_rates(b, "peer:2", 1e6, 1e-3, 0);
+    CHECK(cache_peer_should_fetch(b, "peer:2", 64, &tf, &tc) == 0);
+    /* an unmeasured peer uses the defaults */
+    cache_peer_set_rates(b, NULL, 1e9, 1e-3, 0);
+    CHECK(cache_peer_should_fetch(b, "peer:3", 64, NULL, NULL) == 1);
+    /* prefill measurements move the rate: a much faster prefill makes recomputing win */
+    for (int i = 0; i < 40; i++) cache_peer_note_prefill(b, 1e7, 1.0);
+    cache_stats_t st;
+    cache_stats(b, &st);
+    CHECKF(st.peer_prefill_tps > 5e6, "%g", st.peer_prefill_tps);
+    CHECK(cache_peer_should_fetch(b, "peer:1", 64, NULL, NULL) == 0);
+    cache_free(b);
+}
+
+/* ---- 5: one server per host ---- */
+
+static void test_takeover(const env_t *e)
+{
+    fprintf(stderr, "test 5: one server per host, taken over\n");
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t sl = sizeof sa;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) ||
+        getsockname(fd, (struct sockaddr *)&sa, &sl)) {
+        CHECK(!"a free port");
+        return;
+    }
+    char listen[64];
+    snprintf(listen, sizeof listen, "127.0.0.1:%d", ntohs(sa.sin_port));
+    close(fd);
+    cache_t *p1 = host_new_peer(e, "twin", 10000, listen, SECRET, 2000);
+    char a1[CACHE_PEER_ADDR_MAX] = "", a2[CACHE_PEER_ADDR_MAX] = "";
+    for (int t = 0; t < 500 && p1 && !a1[0]; t++) {
+        sleep_ms(10);
+        cache_peer_listen_addr(p1, a1, sizeof a1);
+    }
+    CHECKF(!strcmp(a1, listen), "p1 serves on \"%s\"", a1);
+    cache_t *p2 = host_new_peer(e, "twin", 10000, listen, SECRET, 2000);
+    CHECK(p1 && p2);
+    sleep_ms(300);
+    if (p2) cache_peer_listen_addr(p2, a2, sizeof a2);
+    CHECKF(!a2[0], "p2 serves on \"%s\" too", a2);
+    /* the host's record names the port whichever of them wrote it last */
+    cache_t *obs = host_new(e, "observer", 10000);
+    cache_peer_t p;
+    uint64_t nm = 1;
+    CHECK(obs && locate_host(obs, &nm, 1, "twin", &p) == 0 && !strcmp(p.peer_addr, listen));
+    cache_free(p1);
+    for (int t = 0; t < 500 && p2 && !a2[0]; t++) {
+        sleep_ms(10);
+        cache_peer_listen_addr(p2, a2, sizeof a2);
+    }
+    CHECKF(!strcmp(a2, listen), "p2 took over: \"%s\"", a2);
+    cache_free(p2);
+    cache_free(obs);
+}
+
 int main(void)
 {
     setvbuf(stderr, NULL, _IONBF, 0);
@@ -261,6 +617,10 @@ int main(void)
         return 1;
     }
     test_locate(&e);
+    test_fetch(&e);
+    test_rogue(&e);
+    test_cost(&e);
+    test_takeover(&e);
     redis_stop(&e.redis);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", workdir);

@@ -317,6 +317,7 @@ enqueue:
     w->inflight_tokens += r->cost;
     atomic_fetch_add(&w->st.cost_sum, (uint64_t)r->cost);
     atomic_fetch_add(&w->st.cost_n, 1);
+    if (wpeer_offer(w, r)) goto out; /* to the inbox after its prefix fetch (worker/peer.c) */
     r->next = NULL;
     pthread_mutex_lock(&w->mu);
     if (w->inbox_tail) w->inbox_tail->next = r;

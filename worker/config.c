@@ -197,6 +197,25 @@ static const key_t_ KEYS[] = {
      "which other hosts read to find who holds a prefix) is refreshed this often"},
     {"cache.fleet.ttl_ms", K_INT, F(cache_fleet_ttl_ms), "10000", 1, 86400000,
      "a host whose record is older than this is taken as gone"},
+    {"cache.peer.listen", K_STR, F(cache_peer_listen), "", 0, 0,
+     "`host:port` where this host serves its arena's blocks to the fleet's other hosts (\"\" = "
+     "off; the host's first worker to bind serves, the others take over when it goes; reachable "
+     "only inside the deployment, see KV across hosts)"},
+    {"cache.peer.advertise", K_STR, F(cache_peer_advertise), "", 0, 0,
+     "the address other hosts connect to (\"\" = `cache.peer.listen`, a wildcard host replaced "
+     "by the hostname)"},
+    {"cache.peer.fetch", K_BOOL, F(cache_peer_fetch), "true", 0, 1,
+     "with tier 2, fetch a prompt's missing leading blocks from the host that holds more of them "
+     "when the cost model says it beats recomputing"},
+    {"cache.peer.timeout_ms", K_INT, F(cache_peer_timeout_ms), "2000", 1, 600000,
+     "bound of a whole fetch (then the rest is recomputed), and of each step of a served session"},
+    {"cache.peer.bandwidth_mbps", K_INT, F(cache_peer_bandwidth_mbps), "1000", 1, 1000000,
+     "cost model: MB/s from a peer until fetches measure it"},
+    {"cache.peer.rtt_us", K_INT, F(cache_peer_rtt_us), "1000", 0, 60000000,
+     "cost model: fixed cost of one fetch (connect, handshake, first block) in µs until "
+     "measured"},
+    {"cache.peer.prefill_tps", K_INT, F(cache_peer_prefill_tps), "2000", 1, 100000000,
+     "cost model: prefill tokens per second until finished requests measure it"},
     {"cache.secret_file", K_STR, F(cache_secret_file), "", 0, 0,
      "empty: `spillway.secret` in the arena's per-user folder `/dev/shm/spillway-UID` (created "
      "0700, refused unless it is that user's); 32 random bytes keying the KV block names, "

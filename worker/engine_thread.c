@@ -63,6 +63,7 @@ static void on_engine_done(void *arg, const engine_result_t *res)
 {
     worker_t *w = arg;
     wreq_t *r = res->user;
+    wpeer_note_done(w, r, res); /* the cost model's prefill rate */
     if (r->choice_ids) {
         int k = 0;
         while (k < r->req.n - 1 && r->choice_ids[k] != res->id) k++;

@@ -65,6 +65,35 @@ void wexpo_render(void *arg, metrics_buf_t *b)
             metrics_sample(b, "spillway:host_arena_slots", "state=\"used\"", st.arena_used);
         metrics_sample(b, "spillway:host_arena_slots", "state=\"total\"", st.arena_slots);
     }
+    if (w->tier2) {
+        fam(b, "spillway:peer_kv_fetches_total", "counter",
+            "prefix fetches from another host that got every block asked for");
+        metrics_sample(b, "spillway:peer_kv_fetches_total", NULL, (double)st.peer_fetches);
+        fam(b, "spillway:peer_kv_blocks_total", "counter",
+            "KV blocks fetched from other hosts, verified and stored (received) or sent (served)");
+        metrics_sample(b, "spillway:peer_kv_blocks_total", "dir=\"received\"",
+                       (double)st.peer_blocks);
+        metrics_sample(b, "spillway:peer_kv_blocks_total", "dir=\"served\"",
+                       (double)st.peer_served);
+        fam(b, "spillway:peer_kv_bytes_total", "counter", "bytes received from other hosts");
+        metrics_sample(b, "spillway:peer_kv_bytes_total", NULL, (double)st.peer_bytes);
+        fam(b, "spillway:peer_kv_recomputed_total", "counter",
+            "prefixes another host held that the cost model chose to recompute");
+        metrics_sample(b, "spillway:peer_kv_recomputed_total", NULL, (double)st.peer_recompute);
+        fam(b, "spillway:peer_kv_fallbacks_total", "counter",
+            "fetches that fell short (the rest recomputed), by reason");
+        for (int i = 0; i < 6; i++) {
+            metrics_labels(lb, sizeof lb, "reason", cache_peer_error_name(i + 1),
+                           (const char *)NULL);
+            metrics_sample(b, "spillway:peer_kv_fallbacks_total", lb, (double)st.peer_fail[i]);
+        }
+        fam(b, "spillway:peer_kv_refused_total", "counter",
+            "connections this host's peer server refused (authentication, geometry, frames)");
+        metrics_sample(b, "spillway:peer_kv_refused_total", NULL, (double)st.peer_refused);
+        fam(b, "spillway:peer_prefill_tokens_per_second", "gauge",
+            "the KV-fetch cost model's measured prefill rate");
+        metrics_sample(b, "spillway:peer_prefill_tokens_per_second", NULL, st.peer_prefill_tps);
+    }
     fam(b, "spillway:prompt_tokens_total", "counter", "prompt tokens of finished requests");
     metrics_sample(b, "spillway:prompt_tokens_total", NULL, (double)st.prompt_tokens);
     fam(b, "spillway:generation_tokens_total", "counter", "generated tokens of finished requests");

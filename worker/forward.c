@@ -394,8 +394,8 @@ static fwd_peer_t *pick(worker_t *w, const char *host)
 
 /* Affinity: the fresh registry entry with room of a worker on the host whose tier-2 index holds
  * at least forward.affinity.min_blocks more of r's leading KV blocks than this host's (of the
- * hosts that qualify, the one that holds the most), or NULL. Two Redis round trips
- * (cache_locate, cache_locate_here) when the prompt has that many full blocks. */
+ * hosts that qualify, the one that holds the most), or NULL. The Redis round trips of
+ * cache_locate_here when the prompt has that many full blocks. */
 static fwd_peer_t *affinity_target(worker_t *w, wreq_t *r)
 {
     struct wfwd *f = w->fwd;
@@ -405,13 +405,13 @@ static fwd_peer_t *affinity_target(worker_t *w, wreq_t *r)
     const int32_t *toks = r->toks ? r->toks : r->req.input_ids; /* as the engine thread gives */
     int n = r->toks ? r->n_toks : r->req.n_input_ids;
     const char *scope = !strcmp(w->cfg.cache_isolation, "tenant") ? r->req.tenant : NULL;
-    int nb = engine_block_names(m->eng, scope, toks, n, f->names, FWD_MAX_BLOCKS);
+    uint64_t seed;
+    int nb = engine_prefix_names(m->eng, scope, toks, n, &seed, f->names, FWD_MAX_BLOCKS);
     if (nb < min) return NULL;
     cache_peer_t hosts[8];
-    int k = cache_locate(m->cache, f->names, nb, hosts, 8); /* the most blocks first */
+    int here = 0;
+    int k = cache_locate_here(m->cache, f->names, nb, hosts, 8, &here); /* most blocks first */
     if (k <= 0 || hosts[0].n_blocks < min) return NULL;
-    int here = cache_locate_here(m->cache, f->names, nb);
-    if (here < 0) return NULL;
     for (int i = 0; i < k && hosts[i].n_blocks - here >= min; i++) {
         fwd_peer_t *p = pick(w, hosts[i].host_id);
         if (p) return p;

@@ -104,7 +104,6 @@ wmodel_t *wmodel_load(worker_t *w, const worker_model_spec_t *spec, int with_tie
         ec.kv_secret = secret;
     }
     m->eng = engine_new(&ec, errstr, errlen);
-    sodium_memzero(secret, sizeof secret);
     if (!m->eng) goto fail;
     engine_info_t info;
     engine_info(m->eng, &info);
@@ -132,12 +131,20 @@ wmodel_t *wmodel_load(worker_t *w, const worker_model_spec_t *spec, int with_tie
         kc.write_queue = w->cfg.cache_write_queue;
         kc.fleet_refresh_ms = w->cfg.cache_fleet_refresh_ms;
         kc.fleet_ttl_ms = w->cfg.cache_fleet_ttl_ms;
+        kc.peer_listen = w->cfg.cache_peer_listen;
+        kc.peer_advertise = w->cfg.cache_peer_advertise;
+        kc.peer_secret = secret; /* a key is derived from it in cache_new */
+        kc.peer_timeout_ms = w->cfg.cache_peer_timeout_ms;
+        kc.peer_bandwidth_mbps = w->cfg.cache_peer_bandwidth_mbps;
+        kc.peer_rtt_us = w->cfg.cache_peer_rtt_us;
+        kc.prefill_tps = w->cfg.cache_peer_prefill_tps;
         kc.log_level = w->cfg.log_level;
         kc.log_fn = wlog_hook;
         kc.log_arg = w;
         cache_geometry_t geo = {.seed = info.kv_seed, .block_tokens = info.block_tokens,
                                 .block_bytes = info.kv_block_bytes};
         m->cache = cache_new(&kc, &geo, errstr, errlen);
+        sodium_memzero(secret, sizeof secret);
         if (!m->cache) goto fail;
         engine_kv_tier_t tier;
         cache_engine_tier(m->cache, &tier);
@@ -145,6 +152,7 @@ wmodel_t *wmodel_load(worker_t *w, const worker_model_spec_t *spec, int with_tie
     }
     return m;
 fail:
+    sodium_memzero(secret, sizeof secret);
     wmodel_free(m);
     return NULL;
 }

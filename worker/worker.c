@@ -461,6 +461,7 @@ int worker_run(worker_t *w, const volatile sig_atomic_t *stop, char *errstr, siz
         return -1;
     }
     if (!pthread_getcpuclockid(th, &w->st.eng_clock)) atomic_store(&w->st.eng_alive, 1);
+    wpeer_start(w);
     if (!pthread_getcpuclockid(pthread_self(), &w->st.poll_clock)) atomic_store(&w->st.poll_alive, 1);
     if (w->metrics) {
         if (pthread_create(&w->lag_th, NULL, wlag_main, w))
@@ -565,6 +566,7 @@ int worker_run(worker_t *w, const volatile sig_atomic_t *stop, char *errstr, siz
     wout_usage_records(w, 1); /* the last period, up to the last output counted */
     if (wd_on) watchdog_stage(&wd, w, "leaving the consumer group");
     consumer_leave(w->cons);
+    wpeer_stop(w); /* its requests go to the inbox */
     if (wd_on) watchdog_stage(&wd, w, "stopping the engine thread");
     pthread_mutex_lock(&w->mu);
     w->eng_stop = 1;
@@ -739,6 +741,14 @@ void worker_stats(const worker_t *w, worker_stats_t *st)
         st->tier2_evictions = cs.evictions;
         st->tier2_torn = cs.misses_torn;
         st->redis_errors = cs.redis_errors;
+        st->peer_fetches = cs.peer_fetches;
+        st->peer_blocks = cs.peer_blocks;
+        st->peer_bytes = cs.peer_bytes;
+        st->peer_recompute = cs.peer_recompute;
+        st->peer_served = cs.peer_served;
+        st->peer_refused = cs.peer_refused;
+        memcpy(st->peer_fail, cs.peer_fail, sizeof st->peer_fail);
+        st->peer_prefill_tps = cs.peer_prefill_tps;
     }
     pthread_mutex_unlock(&m->models_mu);
 }

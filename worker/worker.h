@@ -127,6 +127,13 @@ typedef struct {
     int cache_write_queue;
     int cache_fleet_refresh_ms;
     int cache_fleet_ttl_ms;
+    char *cache_peer_listen;   /* "" = this host serves no blocks */
+    char *cache_peer_advertise;
+    int cache_peer_fetch;
+    int cache_peer_timeout_ms;
+    int cache_peer_bandwidth_mbps;
+    int cache_peer_rtt_us;
+    int cache_peer_prefill_tps;
     char *cache_secret_file;   /* keys the KV block names (tier 2 only) */
     char *cache_isolation;     /* "tenant" | "none" */
     /* request limits */
@@ -324,6 +331,10 @@ typedef struct {
     uint64_t arena_refused;      /* models whose host arena was refused (tier 2 off for them) */
     int redis_up;              /* 1 / 0, -1 without tier 2 */
     uint64_t redis_errors;
+    /* KV across hosts (worker/peer.c, cache/peer.c; cache_stats_t's peer_* of that cache) */
+    uint64_t peer_fetches, peer_blocks, peer_bytes, peer_recompute, peer_served, peer_refused;
+    uint64_t peer_fail[6];     /* fetches that fell short, by CACHE_PEER_E* - 1 */
+    double peer_prefill_tps;   /* the cost model's prefill rate */
 } worker_stats_t;
 
 /* Counters so far. Any thread (values are read without a lock: each one is exact, the set is

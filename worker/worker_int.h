@@ -279,6 +279,15 @@ struct worker {
     char fatal_msg[512];
     atomic_int stop_req;
 
+    /* KV fetch from peer hosts (worker/peer.c): between intake and the inbox, requests wait in
+     * peer_q while the peer thread fetches their prefix; peer_mu guards peer_q and peer_stop;
+     * peer_on is set and read by the poll thread only */
+    pthread_mutex_t peer_mu;
+    pthread_cond_t peer_cv;
+    pthread_t peer_th;
+    int peer_on, peer_stop;
+    wreq_t *peer_q, *peer_q_tail;
+
     /* engine thread only */
     wreq_t **active;
     int n_active, cap_active;
@@ -431,6 +440,12 @@ void wout_periodic_commit(worker_t *w, int force);
 
 /* ---- worker/admit.c ---- */
 void wadmit_intake(worker_t *w, rd_kafka_message_t *m);
+
+/* ---- worker/peer.c ---- */
+void wpeer_start(worker_t *w);
+void wpeer_stop(worker_t *w);
+int wpeer_offer(worker_t *w, wreq_t *r);
+void wpeer_note_done(worker_t *w, const wreq_t *r, const engine_result_t *res);
 
 /* ---- worker/overload.c ---- */
 void wover_flow_control(worker_t *w);
