@@ -169,9 +169,12 @@ static int redis_up(worker_t *w)
  * before its forwarding budget (forward.overload.pct, or 100 when overload forwarding is off). */
 static void own_load(worker_t *w, int pending, int *load, int *room)
 {
-    long lm = 100L * pending / w->cfg.max_inflight;
-    long lt = 100L * (w->inflight_tokens > 0 ? w->inflight_tokens : 0) / w->cfg.max_inflight_tokens;
-    *load = (int)(lm > lt ? (lm > 100000 ? 100000 : lm) : (lt > 100000 ? 100000 : lt));
+    /* doubles: the limits may be as large as LONG_MAX */
+    double lm = 100.0 * pending / w->cfg.max_inflight;
+    double lt = 100.0 * (double)(w->inflight_tokens > 0 ? w->inflight_tokens : 0) /
+                (double)w->cfg.max_inflight_tokens;
+    double l = lm > lt ? lm : lt;
+    *load = l > 100000 ? 100000 : (int)l;
     int pct = w->cfg.forward_overload_pct > 0 ? w->cfg.forward_overload_pct : 100;
     long budget = (long)w->cfg.max_inflight * pct / 100;
     long r = budget - pending;
@@ -330,8 +333,9 @@ static int over_budget_for(worker_t *w, int pending)
 {
     struct wfwd *f = w->fwd;
     int pct = w->cfg.forward_overload_pct;
-    int over = pct > 0 && ((long)pending * 100 >= (long)w->cfg.max_inflight * pct ||
-                           w->inflight_tokens * 100 >= w->cfg.max_inflight_tokens * pct);
+    int over = pct > 0 && (100.0 * pending >= (double)w->cfg.max_inflight * pct ||
+                           100.0 * (double)w->inflight_tokens >=
+                               (double)w->cfg.max_inflight_tokens * pct);
     int64_t now = mono_ms();
     if (!over) {
         f->over_since_ms = 0;
