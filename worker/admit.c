@@ -43,9 +43,7 @@ static int apply_headers(worker_t *w, wreq_t *r, const char **code, char *err, s
     return 0;
 }
 
-/* The topic whose claims entry applies to r: the one it was consumed from, or for a message
- * on the deferral topic the one a worker shed it from (its __spillway.deferred.from header,
- * "TOPIC[PARTITION]@OFFSET"; the deferral topic itself without that header). */
+/* When r has the header (value "TOPIC[PARTITION]@OFFSET"), its TOPIC replaces topic. */
 static void origin_topic(const wreq_t *r, const char *header, char *topic, size_t cap)
 {
     rd_kafka_headers_t *h = NULL;
@@ -59,8 +57,10 @@ static void origin_topic(const wreq_t *r, const char *header, char *topic, size_
         snprintf(topic, cap, "%.*s", (int)(b - (const char *)v), (const char *)v);
 }
 
-/* A forwarded message (on forward.topic) counts as its origin's: its __spillway.hop.from
- * header, then as for the deferral topic. */
+/* The topic whose claims entry applies to r: the one it was consumed from, or for a message
+ * on the deferral topic the one a worker shed it from (its __spillway.deferred.from header;
+ * the deferral topic itself without that header), or for one on forward.topic the one a worker
+ * forwarded it from (its __spillway.hop.from header), then as for the deferral topic. */
 static void claims_topic(worker_t *w, const wreq_t *r, char *topic, size_t cap)
 {
     snprintf(topic, cap, "%s", rd_kafka_topic_name(r->msg->rkt));
