@@ -19,14 +19,14 @@ bt_init batch "$1" "$2"
 bt_broker
 say "broker at $BOOTSTRAP"
 for t in prompts:4 results:2 prompts.dlq:1; do
-  "$KB" topic "$WORK/broker" "${t%%:*}" "${t##*:}" >/dev/null
+  bt_topic "$NS${t%%:*}" "${t##*:}"
 done
 python3 "$ROOT/tests/batch_make_input.py" 500 30 "$WORK/a.jsonl" 12 2>/dev/null
 cp "$WORK/a.jsonl" "$WORK/b.jsonl"
 cp "$WORK/a.jsonl.expect" "$WORK/b.jsonl.expect"
 
 # batch.max_seqs 8: slow enough that the kills below land mid-run
-"$SPILLWAY" worker -b "$BOOTSTRAP" -t prompts -o results -d prompts.dlq -g spw-batch -m "$MODEL" \
+"$SPILLWAY" worker -b "$BOOTSTRAP" -t "${NS}prompts" -o "${NS}results" -d "${NS}prompts.dlq" -g "${NS}spw-batch" -m "$MODEL" \
   -s worker.id=batch-w1 -s chat.template=chatml -s threads=1 -s kv.mem_mb=16 \
   -s batch.max_seqs=8 -s commit.interval.ms=100 -X consumer.session.timeout.ms=6000 \
   >"$WORK/worker.log" 2>&1 &
