@@ -8,7 +8,9 @@
 #   shared_broker.sh stop ROOT    stops it and removes its folder.
 # Exit 77 (skipped) without java, mvn or kcat: the tests then skip by themselves (bt_init).
 # Its settings are those of the fault tests' brokers (tests/faults_lib.sh): consumer sessions may
-# be 1 s, timed-out transactions are aborted within a second of their timeout.
+# be 1 s, timed-out transactions are aborted within a second of their timeout. It waits up to
+# SPILLWAY_KAFKA_READY_TIMEOUT s (default here 240: every shared test depends on this one start,
+# which took 82 s at a load average of 160 on 2 CPUs) for the broker to answer.
 set -euo pipefail
 [ $# = 2 ] || { echo "usage: $0 start|stop ROOT" >&2; exit 2; }
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -29,6 +31,7 @@ case $1 in
       [ -d "$d" ] && ! kill -0 "${d##*/ctest-}" 2>/dev/null && { "$KB" stop "$d" || true; }
     done
     mkdir -p "$(dirname "$DIR")"
+    SPILLWAY_KAFKA_READY_TIMEOUT=${SPILLWAY_KAFKA_READY_TIMEOUT:-240} \
     SPILLWAY_SVC_OWNER=$PPID SPILLWAY_KAFKA_PROPS="group.min.session.timeout.ms=1000
 transaction.abort.timed.out.transaction.cleanup.interval.ms=1000" "$KB" start "$DIR"
     echo "shared broker in $DIR: $(grep -E '^(BOOTSTRAP|STARTUP_MS)=' "$DIR/env" | paste -sd' ')"
