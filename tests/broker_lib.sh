@@ -13,12 +13,22 @@
 #     trap cannot run (SIGKILL by a timeout);
 #   - installs the exit trap bt_cleanup: kill -9 of every pid in PIDS and of $WPID (when set),
 #     then bt_at_exit when the test defines one, then the brokers ($WORK/broker*) and Redis
-#     servers ($WORK/redis*) are stopped, and WORK and every path in BT_RM are removed -- WORK is
+#     servers ($WORK/redis*) are killed (SIGKILL) and removed, and WORK and every path in BT_RM are removed -- WORK is
 #     kept (and its path printed) when BT_KEEP=1 or a $WORK/.failed file exists.
 # Also: say MESSAGE (timestamped since T0), fail MESSAGE (the default: the message and the end of
-# every $WORK/*.log, exit 1; a test may define its own after sourcing), bt_broker [DIR] (starts a
-# broker in $WORK/DIR, default broker, and sets BOOTSTRAP and PID), bt_free_port (a free port for a
-# server the test starts).
+# every $WORK/*.log, exit 1; a test may define its own after sourcing), bt_broker [DIR] (a broker:
+# sets BOOTSTRAP, PID and BROKER (its folder)), bt_topic NAME PARTITIONS [options] (creates topic
+# NAME on that broker), bt_free_port (a free port for a server the test starts).
+#
+# Shared broker: run by ctest, a test listed in CMakeLists.txt's SPILLWAY_SHARED_BROKER_TESTS
+# gets SPILLWAY_TEST_BROKER (a folder) and the fixture kafka_broker, whose setup
+# (tests/shared_broker.sh start) started one broker for the whole ctest run in
+# $SPILLWAY_TEST_BROKER/ctest-<ctest's pid> (the test's parent); bt_broker without DIR then
+# uses that broker instead of starting one. Such a test must not stop, kill or restart the
+# broker or change its settings, and names everything it creates there from NS: its topics
+# (${NS}prompts), consumer groups and worker ids (so transactional ids too). NS is unique per
+# test process (NAME and $$), also when the test starts its own broker (run by hand, or
+# SPILLWAY_TEST_BROKER unset).
 #
 # Every record a test reads is checked against its schema: kcat is a function here that runs
 # the real kcat and then, after a read of what a topic holds (-C with -e, formatted with %s or
@@ -48,6 +58,7 @@ bt_init() {
   export SPILLWAY_SVC_OWNER=$$
   PIDS=()
   BT_RM=()
+  NS=$name-$$-
   T0=$(date +%s%3N)
   trap bt_cleanup EXIT
 }
@@ -63,8 +74,14 @@ bt_cleanup() {
     touch "$WORK/.failed"
     rc=1
   fi
-  for d in "$WORK"/broker*; do [ -d "$d" ] && { "$KB" stop "$d" >/dev/null 2>&1 || true; }; done
-  for d in "$WORK"/redis*; do [ -d "$d" ] && { "$RS" stop "$d" >/dev/null 2>&1 || true; }; done
+  # the test's own servers: thrown away with their data, so SIGKILL (no orderly shutdown to wait
+  # for), then stop (removes the folder)
+  for d in "$WORK"/broker*; do
+    [ -d "$d" ] && { "$KB" kill "$d" >/dev/null 2>&1 || true; "$KB" stop "$d" >/dev/null 2>&1 || true; }
+  done
+  for d in "$WORK"/redis*; do
+    [ -d "$d" ] && { "$RS" kill "$d" >/dev/null 2>&1 || true; "$RS" stop "$d" >/dev/null 2>&1 || true; }
+  done
   if [ "${BT_KEEP:-0}" = 1 ] || [ -e "$WORK/.failed" ]; then
     echo "work folder kept: $WORK"
   else
@@ -84,17 +101,20 @@ kcat() {
 }
 
 # bt_check_topics: the schema check of every topic of every broker the test started that still
-# answers (records read by other clients than kcat, e.g. spillway collect, included); run at
-# exit, before the brokers stop.
+# answers, and of the test's own topics (named from NS) on the shared broker when it used that
+# one (records read by other clients than kcat, e.g. spillway collect, included); run at exit,
+# before the brokers stop.
 bt_check_topics() {
   local d bs t
-  for d in "$WORK"/broker*; do
+  for d in "$WORK"/broker* ${SPILLWAY_TEST_BROKER:+"$SPILLWAY_TEST_BROKER/ctest-$PPID"}; do
     [ -f "$d/env" ] || continue
     bs=$(sed -n 's/^BOOTSTRAP=//p' "$d/env" | tail -n 1)
     [ -n "$bs" ] || continue
-    for t in $(timeout 20 kcat -b "$bs" -L -m 5 2>/dev/null |
+    for t in $(timeout 20 command kcat -b "$bs" -L -m 5 2>/dev/null |
                sed -n 's/^  topic "\([^"]*\)".*/\1/p'); do
       case $t in __*) continue ;; esac
+      # the shared broker holds the other tests' topics too: only this test's are checked
+      case $d in "$WORK"/*) ;; *) case $t in "${NS:-}"?*) ;; *) continue ;; esac ;; esac
       bt_check_read -C -b "$bs" -t "$t" -e -J -o beginning -X fetch.wait.max.ms=5 -m 5
     done
   done
@@ -153,5 +173,21 @@ bt_free_port() {
 }
 
 bt_broker() {
-  eval "$("$KB" start "$WORK/${1:-broker}" | grep -E '^(BOOTSTRAP|PID)=')"
+  if [ $# = 0 ] && [ -n "${SPILLWAY_TEST_BROKER:-}" ]; then
+    BROKER=$SPILLWAY_TEST_BROKER/ctest-$PPID
+    [ -f "$BROKER/env" ] ||
+      fail "SPILLWAY_TEST_BROKER is set but $BROKER holds no broker (the ctest fixture kafka_broker starts it)"
+    BOOTSTRAP=$(sed -n 's/^BOOTSTRAP=//p' "$BROKER/env")
+    PID=$(sed -n 's/^PID=//p' "$BROKER/env")
+    kill -0 "$PID" 2>/dev/null || fail "the shared broker (pid $PID, $BROKER) is not running"
+    return 0
+  fi
+  BROKER=$WORK/${1:-broker}
+  eval "$("$KB" start "$BROKER" | grep -E '^(BOOTSTRAP|PID)=')"
+}
+
+# bt_topic NAME PARTITIONS [TopicCommand options]: topic NAME on the broker of bt_broker,
+# returned once every partition has a leader.
+bt_topic() {
+  "$KB" topic "$BROKER" "$@" >/dev/null
 }

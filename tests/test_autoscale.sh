@@ -22,7 +22,7 @@ fail() { echo "FAIL: $*"; [ -f "$WORK/worker.log" ] && tail -20 "$WORK/worker.lo
 bt_broker
 echo "broker at $BOOTSTRAP"
 for t in prompts:2 results:2 prompts.dlq:1; do
-  "$KB" topic "$WORK/broker" "${t%%:*}" "${t##*:}" >/dev/null
+  bt_topic "$NS${t%%:*}" "${t##*:}"
 done
 PORT=$(bt_free_port)
 N=2000
@@ -35,9 +35,9 @@ with open(f"{work}/in.jsonl", "w") as f:
         f.write(json.dumps({"id": f"a{i:04d}", "prompt": prompts[i % 3],
                             "max_tokens": 60 + i % 81, "temperature": 0}) + "\n")
 PY
-"$SPILLWAY" produce -b "$BOOTSTRAP" -t prompts --key-prefix 0 "$WORK/in.jsonl"
+"$SPILLWAY" produce -b "$BOOTSTRAP" -t "${NS}prompts" --key-prefix 0 "$WORK/in.jsonl"
 
-"$SPILLWAY" worker -b "$BOOTSTRAP" -t prompts -o results -d prompts.dlq -g spw-as -m "$MODEL" \
+"$SPILLWAY" worker -b "$BOOTSTRAP" -t "${NS}prompts" -o "${NS}results" -d "${NS}prompts.dlq" -g "${NS}spw-as" -m "$MODEL" \
   -s threads=1 -s max.inflight=256 -s kv.mem_mb=16 -s commit.interval.ms=100 \
   -s autoscale.avg_seconds=5 -s autoscale.avg_results=50 -s metrics.lag_refresh_ms=200 \
   -s metrics.port="$PORT" -s metrics.bind=127.0.0.1 -X consumer.session.timeout.ms=6000 \
@@ -72,7 +72,7 @@ with open(out, "w") as f:
         time.sleep(0.25)
 PY
 echo a0000 > "$WORK/ids.txt"
-"$SPILLWAY" collect -b "$BOOTSTRAP" -t results --count "$N" -o "$WORK/out.jsonl" --timeout 120 \
+"$SPILLWAY" collect -b "$BOOTSTRAP" -t "${NS}results" --count "$N" -o "$WORK/out.jsonl" --timeout 120 \
   || fail "results missing"
 kill -TERM "$WPID"; wait "$WPID" || fail "worker exit status after SIGTERM"
 WPID=

@@ -70,16 +70,16 @@ echo "B: victim's text equals the cold run, cached_tokens 0, 1 block refused"
 
 # ---- W: the victim through a worker, on the forged arena and index ----
 bt_broker
-for t in prompts results prompts.dlq; do "$KB" topic "$WORK/broker" "$t" 1 >/dev/null; done
-"$SPILLWAY" produce -b "$BOOTSTRAP" -t prompts "$WORK/kafka.jsonl" >/dev/null
-"$SPILLWAY" worker -b "$BOOTSTRAP" -t prompts -o results -d prompts.dlq -g forgery -m "$MODEL" \
+for t in prompts results prompts.dlq; do bt_topic "$NS$t" 1; done
+"$SPILLWAY" produce -b "$BOOTSTRAP" -t "${NS}prompts" "$WORK/kafka.jsonl" >/dev/null
+"$SPILLWAY" worker -b "$BOOTSTRAP" -t "${NS}prompts" -o "${NS}results" -d "${NS}prompts.dlq" -g "${NS}forgery" -m "$MODEL" \
   -s threads=1 -s kv.type=f32 -s kv.mem_mb=32 -s commit.interval.ms=200 -s cache.isolation=none \
   -s cache.redis.host=127.0.0.1 -s cache.redis.port="$REDIS_PORT" -s cache.redis.timeout_ms=1000 \
   -s cache.arena.path="$SHM/forged.arena" -s cache.arena.mb=64 -s cache.secret_file="$SHM/secret" \
   >"$WORK/w.log" 2>&1 &
 WPID=$!
 echo w >"$WORK/ids.txt"
-"$SPILLWAY" collect -b "$BOOTSTRAP" -t results --ids "$WORK/ids.txt" -o "$WORK/w.out" --timeout 120 \
+"$SPILLWAY" collect -b "$BOOTSTRAP" -t "${NS}results" --ids "$WORK/ids.txt" -o "$WORK/w.out" --timeout 120 \
   >/dev/null 2>&1 || { cat "$WORK/w.log"; fail "W: no result"; }
 kill -TERM "$WPID"
 wait "$WPID" || { cat "$WORK/w.log"; fail "W: exit status after SIGTERM"; }

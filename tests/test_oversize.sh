@@ -16,7 +16,7 @@ bt_init oversize "$1" "$2"
 fail() { echo "FAIL: $*"; [ -f "$WORK/w.log" ] && tail -n 20 "$WORK/w.log"; exit 1; }
 
 bt_broker
-KAFKA_LIB=$(sed -n 's/^KAFKA_LIB=//p' "$WORK/broker/env")
+KAFKA_LIB=$(sed -n 's/^KAFKA_LIB=//p' "$BROKER/env")
 
 # random (incompressible) text, so that lz4 does not bring the records under the broker's limit
 python3 - "$WORK" <<'PY'
@@ -30,10 +30,10 @@ open(f"{w}/big2", "wb").write(big(1100000))
 PY
 
 run_mode() { # MODE
-  local mode=$1 in=p-$1 out=r-$1 dlq=d-$1 g=g-$1
-  "$KB" topic "$WORK/broker" "$in" 1 --config max.message.bytes=2000000 >/dev/null
-  "$KB" topic "$WORK/broker" "$out" 1 >/dev/null
-  "$KB" topic "$WORK/broker" "$dlq" 1 >/dev/null
+  local mode=$1 in=${NS}p-$1 out=${NS}r-$1 dlq=${NS}d-$1 g=${NS}g-$1
+  bt_topic "$in" 1 --config max.message.bytes=2000000
+  bt_topic "$out" 1
+  bt_topic "$dlq" 1
   for f in good1 big1 big2 good2; do
     kcat -b "$BOOTSTRAP" -P -t "$in" -X message.max.bytes=2000000 -z none "$WORK/$f" ||
       fail "producing $f"
@@ -47,7 +47,7 @@ run_mode() { # MODE
   local end=$(( $(date +%s) + 120 )) off=
   while [ "$(date +%s)" -lt "$end" ]; do
     off=$(java -Xms64m -Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 \
-      "-Dlog4j2.configurationFile=$WORK/broker/tools-log4j2.properties" -cp "$KAFKA_LIB/*" \
+      "-Dlog4j2.configurationFile=$BROKER/tools-log4j2.properties" -cp "$KAFKA_LIB/*" \
       org.apache.kafka.tools.consumer.group.ConsumerGroupCommand --bootstrap-server "$BOOTSTRAP" \
       --describe --group "$g" 2>/dev/null | awk -v t="$in" '$2 == t { print $4 }')
     [ "$off" = 4 ] && break

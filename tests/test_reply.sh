@@ -22,22 +22,22 @@ fail() { echo "FAIL: $*"; [ -f "$WORK/worker.log" ] && tail -20 "$WORK/worker.lo
 bt_broker
 echo "broker at $BOOTSTRAP"
 for t in prompts:2 results:2 prompts.dlq:1 replies:3 other.replies:1 unserved:1; do
-  "$KB" topic "$WORK/broker" "${t%%:*}" "${t##*:}" >/dev/null
+  bt_topic "$NS${t%%:*}" "${t##*:}"
 done
 
-"$SPILLWAY" worker -b "$BOOTSTRAP" -t prompts -o results -d prompts.dlq -g spw-reply -m "$MODEL" \
-  --exactly-once -s worker.id=reply-w1 -s reply.topics=replies,other.replies -s threads=1 \
+"$SPILLWAY" worker -b "$BOOTSTRAP" -t "${NS}prompts" -o "${NS}results" -d "${NS}prompts.dlq" -g "${NS}spw-reply" -m "$MODEL" \
+  --exactly-once -s worker.id=reply-w1 -s reply.topics="${NS}replies,${NS}other.replies" -s threads=1 \
   -s kv.mem_mb=16 -s commit.interval.ms=100 -X consumer.session.timeout.ms=6000 \
   >"$WORK/worker.log" 2>&1 &
 WPID=$!
 
 PROMPT="Once upon a time, there was a little girl named Lily. She"
 # 1. JSON fields
-"$CLIENT" -b "$BOOTSTRAP" -t prompts -r replies -p "$PROMPT" -n 24 -c corr-json-1 -i req-json \
+"$CLIENT" -b "$BOOTSTRAP" -t "${NS}prompts" -r "${NS}replies" -p "$PROMPT" -n 24 -c corr-json-1 -i req-json \
   --timeout-ms 30000 >"$WORK/reply1.json" 2>"$WORK/client1.err" \
   || { cat "$WORK/client1.err"; fail "no reply (JSON fields)"; }
 # 2. headers
-"$CLIENT" -b "$BOOTSTRAP" -t prompts -r replies -p "$PROMPT" -n 24 -c corr-hdr-2 -i req-hdr \
+"$CLIENT" -b "$BOOTSTRAP" -t "${NS}prompts" -r "${NS}replies" -p "$PROMPT" -n 24 -c corr-hdr-2 -i req-hdr \
   --headers --timeout-ms 30000 >"$WORK/reply2.json" 2>"$WORK/client2.err" \
   || { cat "$WORK/client2.err"; fail "no reply (headers)"; }
 cat "$WORK/client1.err" "$WORK/client2.err"
@@ -45,22 +45,22 @@ cat "$WORK/client1.err" "$WORK/client2.err"
 # the same request served the ordinary way, and two that name a topic outside reply.topics
 printf '%s\n' "{\"id\": \"plain\", \"prompt\": \"$PROMPT\", \"max_tokens\": 24, \"temperature\": 0}" \
   "{\"id\": \"bad-json\", \"prompt\": \"x\", \"reply_to\": \"elsewhere\"}" > "$WORK/in.jsonl"
-"$SPILLWAY" produce -b "$BOOTSTRAP" -t prompts --key-prefix 0 "$WORK/in.jsonl"
-echo '{"id": "bad-hdr", "prompt": "x"}' | kcat -b "$BOOTSTRAP" -P -t prompts -H reply_to=elsewhere
+"$SPILLWAY" produce -b "$BOOTSTRAP" -t "${NS}prompts" --key-prefix 0 "$WORK/in.jsonl"
+echo '{"id": "bad-hdr", "prompt": "x"}' | kcat -b "$BOOTSTRAP" -P -t "${NS}prompts" -H reply_to=elsewhere
 echo plain > "$WORK/ids.txt"
-"$SPILLWAY" collect -b "$BOOTSTRAP" -t results --ids "$WORK/ids.txt" -o "$WORK/plain.jsonl" \
+"$SPILLWAY" collect -b "$BOOTSTRAP" -t "${NS}results" --ids "$WORK/ids.txt" -o "$WORK/plain.jsonl" \
   --timeout 60 || fail "the ordinary result did not come"
 for _ in $(seq 1 100); do
-  n=$(kcat -b "$BOOTSTRAP" -C -t prompts.dlq -e -q -o beginning -X isolation.level=read_committed \
+  n=$(kcat -b "$BOOTSTRAP" -C -t "${NS}prompts.dlq" -e -q -o beginning -X isolation.level=read_committed \
       -f '.\n' 2>/dev/null | wc -l)
   [ "$n" -ge 2 ] && break
   sleep 0.2
 done
-kcat -b "$BOOTSTRAP" -C -t prompts.dlq -e -q -o beginning -X isolation.level=read_committed \
+kcat -b "$BOOTSTRAP" -C -t "${NS}prompts.dlq" -e -q -o beginning -X isolation.level=read_committed \
   -f '%h|%s\n' > "$WORK/dlq.txt"
-kcat -b "$BOOTSTRAP" -C -t replies -e -q -o beginning -X isolation.level=read_committed \
+kcat -b "$BOOTSTRAP" -C -t "${NS}replies" -e -q -o beginning -X isolation.level=read_committed \
   -f '%k|%h|%s\n' > "$WORK/replies.txt"
-kcat -b "$BOOTSTRAP" -C -t results -e -q -o beginning -X isolation.level=read_committed \
+kcat -b "$BOOTSTRAP" -C -t "${NS}results" -e -q -o beginning -X isolation.level=read_committed \
   -f '%s\n' > "$WORK/results.txt"
 
 python3 - "$WORK" <<'PY' || fail "reply checks"
@@ -92,7 +92,7 @@ PY
 
 # nobody serves "unserved": the client times out with status 2
 set +e
-"$CLIENT" -b "$BOOTSTRAP" -t unserved -r replies -p "x" --timeout-ms 1500 >/dev/null 2>"$WORK/client3.err"
+"$CLIENT" -b "$BOOTSTRAP" -t "${NS}unserved" -r "${NS}replies" -p "x" --timeout-ms 1500 >/dev/null 2>"$WORK/client3.err"
 rc=$?
 set -e
 [ "$rc" -eq 2 ] || { cat "$WORK/client3.err"; fail "client without a reply: status $rc, want 2"; }

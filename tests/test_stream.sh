@@ -22,7 +22,7 @@ fail() { echo "FAIL: $*"; [ -f "$WORK/worker.log" ] && tail -20 "$WORK/worker.lo
 bt_broker
 echo "broker at $BOOTSTRAP"
 for t in prompts:2 results:2 prompts.dlq:1 results.stream:3; do
-  "$KB" topic "$WORK/broker" "${t%%:*}" "${t##*:}" >/dev/null
+  bt_topic "$NS${t%%:*}" "${t##*:}"
 done
 PORT=$(bt_free_port)
 
@@ -41,18 +41,18 @@ with open(f"{work}/in.jsonl", "w") as f, open(f"{work}/ids.txt", "w") as ids:
         ids.write(r["id"] + "\n")
 PY
 
-"$SPILLWAY" worker -b "$BOOTSTRAP" -t prompts -o results -d prompts.dlq -g spw-stream -m "$MODEL" \
-  --exactly-once -s worker.id=stream-w1 -s stream.topic=results.stream -s stream.every_tokens=3 \
+"$SPILLWAY" worker -b "$BOOTSTRAP" -t "${NS}prompts" -o "${NS}results" -d "${NS}prompts.dlq" -g "${NS}spw-stream" -m "$MODEL" \
+  --exactly-once -s worker.id=stream-w1 -s stream.topic="${NS}results.stream" -s stream.every_tokens=3 \
   -s stream.every_ms=0 -s threads=1 -s kv.mem_mb=16 -s commit.interval.ms=100 \
   -s metrics.port="$PORT" -s metrics.bind=127.0.0.1 -X consumer.session.timeout.ms=6000 \
   >"$WORK/worker.log" 2>&1 &
 WPID=$!
-"$SPILLWAY" produce -b "$BOOTSTRAP" -t prompts --key-prefix 0 "$WORK/in.jsonl"
-"$SPILLWAY" collect -b "$BOOTSTRAP" -t results --ids "$WORK/ids.txt" -o "$WORK/out.jsonl" \
+"$SPILLWAY" produce -b "$BOOTSTRAP" -t "${NS}prompts" --key-prefix 0 "$WORK/in.jsonl"
+"$SPILLWAY" collect -b "$BOOTSTRAP" -t "${NS}results" --ids "$WORK/ids.txt" -o "$WORK/out.jsonl" \
   --timeout 60 || fail "not every result came back"
 # the chunks of a request are produced before its result, by a producer that lingers 5 ms
 sleep 1
-kcat -b "$BOOTSTRAP" -C -t results.stream -e -q -o beginning -f '%k|%h|%s\n' > "$WORK/chunks.txt"
+kcat -b "$BOOTSTRAP" -C -t "${NS}results.stream" -e -q -o beginning -f '%k|%h|%s\n' > "$WORK/chunks.txt"
 python3 - "$PORT" > "$WORK/metrics.txt" <<'PY' || fail "scrape"
 import sys, urllib.request
 print(urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=5).read().decode())

@@ -19,7 +19,7 @@ fail() { echo "FAIL: $*"; [ -f "$WORK/worker.log" ] && tail -20 "$WORK/worker.lo
 bt_broker
 echo "broker at $BOOTSTRAP"
 for t in prompts:2 results:2 prompts.dlq:1 usage:2; do
-  "$KB" topic "$WORK/broker" "${t%%:*}" "${t##*:}" >/dev/null
+  bt_topic "$NS${t%%:*}" "${t##*:}"
 done
 PORT=$(bt_free_port)
 
@@ -44,19 +44,19 @@ ids.append("hdr-1")
 open(f"{work}/ids.txt", "w").write("\n".join(ids) + "\n")
 PY
 
-"$SPILLWAY" worker -b "$BOOTSTRAP" -t prompts -o results -d prompts.dlq -g spw-usage -m "$MODEL" \
-  -s worker.id=usage-w1 -s usage.topic=usage -s usage.interval.ms=700 -s usage.max_tenants=2 \
+"$SPILLWAY" worker -b "$BOOTSTRAP" -t "${NS}prompts" -o "${NS}results" -d "${NS}prompts.dlq" -g "${NS}spw-usage" -m "$MODEL" \
+  -s worker.id=usage-w1 -s usage.topic="${NS}usage" -s usage.interval.ms=700 -s usage.max_tenants=2 \
   -s usage.max_classes=2 -s threads=1 -s kv.mem_mb=16 -s commit.interval.ms=100 \
   -s classes=interactive:priority=100,batch,extra,default -s class.default=default \
   -s metrics.port="$PORT" -s metrics.bind=127.0.0.1 -X consumer.session.timeout.ms=6000 \
   >"$WORK/worker.log" 2>&1 &
 WPID=$!
-"$SPILLWAY" produce -b "$BOOTSTRAP" -t prompts --key-prefix 0 "$WORK/in1.jsonl"
+"$SPILLWAY" produce -b "$BOOTSTRAP" -t "${NS}prompts" --key-prefix 0 "$WORK/in1.jsonl"
 echo '{"id": "hdr-1", "prompt": "Sue had a red ball.", "max_tokens": 9, "temperature": 0}' |
-  kcat -b "$BOOTSTRAP" -P -t prompts -H tenant=globex -H class=batch
+  kcat -b "$BOOTSTRAP" -P -t "${NS}prompts" -H tenant=globex -H class=batch
 sleep 1.5
-"$SPILLWAY" produce -b "$BOOTSTRAP" -t prompts --key-prefix 0 "$WORK/in2.jsonl"
-"$SPILLWAY" collect -b "$BOOTSTRAP" -t results --ids "$WORK/ids.txt" -o "$WORK/out.jsonl" \
+"$SPILLWAY" produce -b "$BOOTSTRAP" -t "${NS}prompts" --key-prefix 0 "$WORK/in2.jsonl"
+"$SPILLWAY" collect -b "$BOOTSTRAP" -t "${NS}results" --ids "$WORK/ids.txt" -o "$WORK/out.jsonl" \
   --timeout 60 || fail "not every result came back"
 # results are counted when acknowledged: wait until the counters cover all of them
 for _ in $(seq 1 50); do
@@ -70,7 +70,7 @@ PY
 done
 kill -TERM "$WPID"; wait "$WPID" || fail "worker exit status after SIGTERM"
 WPID=
-kcat -b "$BOOTSTRAP" -C -t usage -e -q -o beginning -f '%k|%s\n' > "$WORK/usage.txt"
+kcat -b "$BOOTSTRAP" -C -t "${NS}usage" -e -q -o beginning -f '%k|%s\n' > "$WORK/usage.txt"
 
 python3 - "$WORK" <<'PY' || fail "usage checks"
 import json, re, sys

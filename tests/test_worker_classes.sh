@@ -39,7 +39,7 @@ fail() {
 
 bt_broker
 for t in prompts:4 results:4 prompts.dlq:1 prompts.deferred:4; do
-  "$KB" topic "$WORK/broker" "${t%%:*}" "${t##*:}" >/dev/null
+  bt_topic "$NS${t%%:*}" "${t##*:}"
 done
 say "broker at $BOOTSTRAP, topics created"
 MPORT=$(bt_free_port)
@@ -78,11 +78,11 @@ with open(f"{work}/bulk.txt", "w") as f, open(f"{work}/ids.txt", "w") as ids:
     f.write("nocls\t" + json.dumps({"id": "nocls", "prompt": "Hi", "class": "gold"}) + "\n")
 PY
 
-"$SPILLWAY" worker -b "$BOOTSTRAP" -t prompts -o results -d prompts.dlq -g spw-classes -m "$MODEL" \
+"$SPILLWAY" worker -b "$BOOTSTRAP" -t "${NS}prompts" -o "${NS}results" -d "${NS}prompts.dlq" -g "${NS}spw-classes" -m "$MODEL" \
   -s threads=2 -s kv.mem_mb=64 -s max.inflight=1024 -s log.level=info -s metrics.port="$MPORT" \
   -s metrics.bind=127.0.0.1 \
   -s classes="interactive:priority=100:ttft_ms=$TTFT_MS:max_queue_ms=600000,batch:priority=0" \
-  -s class.default=batch -s overload.deferral.topic=prompts.deferred -s overload.cooldown_ms=1500 \
+  -s class.default=batch -s overload.deferral.topic="${NS}prompts.deferred" -s overload.cooldown_ms=1500 \
   -X log_level=3 >"$WORK/worker.log" 2>&1 &
 WPID=$!
 for _ in $(seq 1 150); do grep -q 'assigned [1-9]' "$WORK/worker.log" && break; sleep 0.2; done
@@ -90,7 +90,7 @@ grep -q 'assigned [1-9]' "$WORK/worker.log" || fail "the worker was not assigned
 say "worker up"
 
 # 1. the interactive stream (paced, one kcat producer), then the backlog
-python3 - "$RATE" "$SECS" "$WORK/iids.txt" <<'PY' | kcat -P -b "$BOOTSTRAP" -t prompts -K '\t' &
+python3 - "$RATE" "$SECS" "$WORK/iids.txt" <<'PY' | kcat -P -b "$BOOTSTRAP" -t "${NS}prompts" -K '\t' &
 import json, sys, time
 rate, secs, out = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
 n = int(rate * secs)
@@ -110,10 +110,10 @@ PPID_=$!
 # the bulk lands once interactive traffic flows (3 results back): the steps protect a class the
 # worker has seen (overload.window_ms)
 for _ in $(seq 1 300); do
-  [ "$(kcat -b "$BOOTSTRAP" -C -t results -e -q -o beginning -f '%k\n' 2>/dev/null | grep -c '^i')" -ge 3 ] && break
+  [ "$(kcat -b "$BOOTSTRAP" -C -t "${NS}results" -e -q -o beginning -f '%k\n' 2>/dev/null | grep -c '^i')" -ge 3 ] && break
   sleep 0.1
 done
-kcat -P -b "$BOOTSTRAP" -t prompts -K '\t' -l "$WORK/bulk.txt"
+kcat -P -b "$BOOTSTRAP" -t "${NS}prompts" -K '\t' -l "$WORK/bulk.txt"
 say "interactive stream running ($RATE/s for $SECS s); $NB batch requests produced at once"
 wait "$PPID_" || fail "the interactive producer failed"
 PPID_=
@@ -122,16 +122,16 @@ NI=$(wc -l <"$WORK/iids.txt")
 say "interactive stream done: $NI requests"
 
 # 2. everything comes back, exactly once
-"$SPILLWAY" collect -b "$BOOTSTRAP" -t results --ids "$WORK/ids.txt" -o "$WORK/out.jsonl" --timeout 240 \
+"$SPILLWAY" collect -b "$BOOTSTRAP" -t "${NS}results" --ids "$WORK/ids.txt" -o "$WORK/out.jsonl" --timeout 240 \
   2>"$WORK/collect.log" || { tail -5 "$WORK/collect.log"; fail "not every id came back"; }
 say "every result is in"
 shed=$(metric spillway:overload_actions_total 'action="shed"')
 ups=$(metric spillway:overload_step_changes_total 'direction="up"')
 for _ in $(seq 1 50); do [ "$(metric spillway:overload_step)" = 0 ] && break; sleep 0.2; done
 step=$(metric spillway:overload_step)
-kcat -b "$BOOTSTRAP" -C -t results -e -q -o beginning -f '%s\n' >"$WORK/all.jsonl"
-kcat -b "$BOOTSTRAP" -C -t prompts.dlq -e -q -o beginning -f '%k %h\n' >"$WORK/dlq.txt"
-ndef=$(kcat -b "$BOOTSTRAP" -C -t prompts.deferred -e -q -o beginning -f '.\n' | wc -l)
+kcat -b "$BOOTSTRAP" -C -t "${NS}results" -e -q -o beginning -f '%s\n' >"$WORK/all.jsonl"
+kcat -b "$BOOTSTRAP" -C -t "${NS}prompts.dlq" -e -q -o beginning -f '%k %h\n' >"$WORK/dlq.txt"
+ndef=$(kcat -b "$BOOTSTRAP" -C -t "${NS}prompts.deferred" -e -q -o beginning -f '.\n' | wc -l)
 kill -TERM "$WPID"
 rc=0
 wait "$WPID" || rc=$?

@@ -29,9 +29,9 @@ fail() {
 
 bt_broker
 say "broker at $BOOTSTRAP"
-"$KB" topic "$WORK/broker" prompts 2 >/dev/null
-"$KB" topic "$WORK/broker" results 2 >/dev/null
-"$KB" topic "$WORK/broker" prompts.dlq 1 >/dev/null
+bt_topic "${NS}prompts" 2
+bt_topic "${NS}results" 2
+bt_topic "${NS}prompts.dlq" 1
 
 N=200
 python3 - "$WORK" "$N" <<'PY'
@@ -43,12 +43,12 @@ with open(f"{work}/in.jsonl", "w") as f, open(f"{work}/ids.txt", "w") as ids:
                             "max_tokens": 1 + i % 4, "temperature": 0}) + "\n")
         ids.write(f"d{i:05d}\n")
 PY
-"$SPILLWAY" produce -b "$BOOTSTRAP" -t prompts --key-prefix 0 "$WORK/in.jsonl" 2>/dev/null
+"$SPILLWAY" produce -b "$BOOTSTRAP" -t "${NS}prompts" --key-prefix 0 "$WORK/in.jsonl" 2>/dev/null
 say "produced $N prompts"
 
 echo 3000 >"$WORK/delay"
 SPILLWAY_TEST_ENDTXN_DELAY_FILE=$WORK/delay \
-  "$SPILLWAY" worker -b "$BOOTSTRAP" -t prompts -o results -d prompts.dlq -g spw-endtxn \
+  "$SPILLWAY" worker -b "$BOOTSTRAP" -t "${NS}prompts" -o "${NS}results" -d "${NS}prompts.dlq" -g "${NS}spw-endtxn" \
     -m "$MODEL" \
     -s delivery=exactly-once -s worker.id=eosd -s threads=1 -s commit.interval.ms=200 \
     -s transaction.commit.timeout.ms=1000 -s max.inflight=16 -s kv.mem_mb=64 -s log.level=info \
@@ -57,7 +57,7 @@ SPILLWAY_TEST_ENDTXN_DELAY_FILE=$WORK/delay \
 WPID=$!
 PIDS+=("$WPID")
 
-"$SPILLWAY" collect -b "$BOOTSTRAP" -t results --ids "$WORK/ids.txt" -o "$WORK/out.jsonl" \
+"$SPILLWAY" collect -b "$BOOTSTRAP" -t "${NS}results" --ids "$WORK/ids.txt" -o "$WORK/out.jsonl" \
   --timeout 120 2>"$WORK/collect.log" || { cat "$WORK/collect.log"; fail "not every id came back"; }
 say "every id came back (read_committed)"
 [ ! -e "$WORK/delay" ] || fail "no EndTxn response was held back (the plugin did not run)"
@@ -74,7 +74,7 @@ wait "$WPID" || rc=$?
 [ "$rc" = 0 ] || fail "worker exit status $rc after SIGTERM"
 
 for iso in committed uncommitted; do
-  kcat -b "$BOOTSTRAP" -C -t results -e -q -o beginning -f '%s\n' -X "isolation.level=read_$iso" \
+  kcat -b "$BOOTSTRAP" -C -t "${NS}results" -e -q -o beginning -f '%s\n' -X "isolation.level=read_$iso" \
     >"$WORK/$iso.jsonl"
 done
 python3 - "$WORK" <<'PY' || fail "exactly-once check"

@@ -25,11 +25,11 @@ fail() {
 }
 
 bt_broker
-KAFKA_LIB=$(sed -n 's/^KAFKA_LIB=//p' "$WORK/broker/env")
+KAFKA_LIB=$(sed -n 's/^KAFKA_LIB=//p' "$BROKER/env")
 say "broker at $BOOTSTRAP"
-"$KB" topic "$WORK/broker" prompts 4 >/dev/null
-"$KB" topic "$WORK/broker" results 4 >/dev/null
-"$KB" topic "$WORK/broker" prompts.dlq 1 >/dev/null
+bt_topic "${NS}prompts" 4
+bt_topic "${NS}results" 4
+bt_topic "${NS}prompts.dlq" 1
 say "topics created"
 
 N=600   # first batch; a second one of N2 follows while the zombie runs
@@ -54,12 +54,12 @@ with open(f"{work}/in1.jsonl", "a") as f:
 with open(f"{work}/ids.txt", "w") as ids:
     ids.write("".join(f"e{i:05d}\n" for i in range(n + n2)))
 PY
-"$SPILLWAY" produce -b "$BOOTSTRAP" -t prompts --key-prefix 0 "$WORK/in1.jsonl" 2>/dev/null
+"$SPILLWAY" produce -b "$BOOTSTRAP" -t "${NS}prompts" --key-prefix 0 "$WORK/in1.jsonl" 2>/dev/null
 say "produced $N prompts and 2 bad messages"
 
 # run_worker NAME: an exactly-once worker (fixed worker.id) logging to $WORK/NAME.log; sets WPID.
 run_worker() {
-  "$SPILLWAY" worker -b "$BOOTSTRAP" -t prompts -o results -d prompts.dlq -g spw-eos -m "$MODEL" \
+  "$SPILLWAY" worker -b "$BOOTSTRAP" -t "${NS}prompts" -o "${NS}results" -d "${NS}prompts.dlq" -g "${NS}spw-eos" -m "$MODEL" \
     -s delivery=exactly-once -s worker.id=eosw -s threads=1 -s commit.interval.ms=200 \
     -s max.inflight=64 -s kv.mem_mb=64 -s log.level=info \
     -X log_level=3 -X consumer.session.timeout.ms=6000 -X consumer.heartbeat.interval.ms=500 \
@@ -69,7 +69,7 @@ run_worker() {
 }
 # count ISOLATION: records in the results topic now, read with that isolation level.
 count() {
-  kcat -b "$BOOTSTRAP" -C -t results -e -q -o beginning -f '.\n' -X isolation.level="$1" \
+  kcat -b "$BOOTSTRAP" -C -t "${NS}results" -e -q -o beginning -f '.\n' -X isolation.level="$1" \
     2>/dev/null | wc -l || true
 }
 # wait_count ISOLATION MIN SECONDS: waits until count ISOLATION >= MIN; prints the count.
@@ -103,7 +103,7 @@ kill -0 "$W2" 2>/dev/null || fail "w2 is not running"
 run_worker w3
 for _ in $(seq 1 150); do grep -q ' INFO started: ' "$WORK/w3.log" && break; sleep 0.2; done
 grep -q ' INFO started: ' "$WORK/w3.log" || fail "w3 did not start"
-"$SPILLWAY" produce -b "$BOOTSTRAP" -t prompts --key-prefix 0 "$WORK/in2.jsonl" 2>/dev/null
+"$SPILLWAY" produce -b "$BOOTSTRAP" -t "${NS}prompts" --key-prefix 0 "$WORK/in2.jsonl" 2>/dev/null
 say "w2 had $c committed results; w3 started with the same worker.id; produced $N2 more prompts"
 rc=0
 timeout 40 tail --pid="$W2" -f /dev/null || fail "the fenced worker w2 did not stop within 40 s"
@@ -114,7 +114,7 @@ grep ' ERROR fatal: ' "$WORK/w2.log" | grep -qi 'fenced' || fail "the fatal line
 say "w2 stopped with status 1: $(grep ' ERROR fatal: ' "$WORK/w2.log" | head -1 | cut -c1-200)"
 
 # 3. the third instance finishes the work and drains on SIGTERM
-"$SPILLWAY" collect -b "$BOOTSTRAP" -t results --ids "$WORK/ids.txt" -o "$WORK/out.jsonl" --timeout 120 \
+"$SPILLWAY" collect -b "$BOOTSTRAP" -t "${NS}results" --ids "$WORK/ids.txt" -o "$WORK/out.jsonl" --timeout 120 \
   2>"$WORK/collect.log" || { cat "$WORK/collect.log"; fail "not every id came back"; }
 kill -TERM "$WPID"
 rc=0
@@ -125,12 +125,12 @@ say "w3 drained and stopped: $(grep -o 'stopped:.*' "$WORK/w3.log" | tail -1)"
 
 # zero duplicates under read_committed, set equality; the aborted records are only visible
 # to read_uncommitted readers
-kcat -b "$BOOTSTRAP" -C -t results -e -q -o beginning -f '%s\n' -X isolation.level=read_committed \
+kcat -b "$BOOTSTRAP" -C -t "${NS}results" -e -q -o beginning -f '%s\n' -X isolation.level=read_committed \
   >"$WORK/committed.jsonl"
 uncommitted=$(count read_uncommitted)
-python3 - "$WORK" "$uncommitted" <<'PY' || fail "exactly-once check"
+python3 - "$WORK" "$uncommitted" "${NS}prompts" <<'PY' || fail "exactly-once check"
 import collections, json, sys
-work, unc = sys.argv[1], int(sys.argv[2])
+work, unc, topic = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 want = set(open(f"{work}/ids.txt").read().split())
 recs = [json.loads(l) for l in open(f"{work}/committed.jsonl")]
 ids = collections.Counter(r["id"] for r in recs)
@@ -144,18 +144,18 @@ assert not dups, f"duplicates under read_committed: {sorted(dups.items())[:10]}"
 assert not missing and not extra, (sorted(missing)[:10], sorted(extra)[:10])
 for r in recs:
     assert r["finish_reason"] in ("stop", "length"), r
-    assert r["worker"] == "eosw" and r["input"]["topic"] == "prompts", r
+    assert r["worker"] == "eosw" and r["input"]["topic"] == topic, r
 PY
-ndlq=$(kcat -b "$BOOTSTRAP" -C -t prompts.dlq -e -q -o beginning -f '%h\n' \
+ndlq=$(kcat -b "$BOOTSTRAP" -C -t "${NS}prompts.dlq" -e -q -o beginning -f '%h\n' \
   -X isolation.level=read_committed | grep -c '__spillway.errors.code=' || true)
 [ "$ndlq" = 2 ] || fail "$ndlq DLQ records under read_committed, want 2"
 
 # the group's committed offsets are at the log end of every input partition
 java -Xms64m -Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 \
-  "-Dlog4j2.configurationFile=$WORK/broker/tools-log4j2.properties" -cp "$KAFKA_LIB/*" \
+  "-Dlog4j2.configurationFile=$BROKER/tools-log4j2.properties" -cp "$KAFKA_LIB/*" \
   org.apache.kafka.tools.consumer.group.ConsumerGroupCommand --bootstrap-server "$BOOTSTRAP" \
-  --describe --group spw-eos >"$WORK/offsets.txt" 2>&1 || { cat "$WORK/offsets.txt"; fail "describe group"; }
-awk '$1 == "spw-eos" && $2 == "prompts" { n++; if ($4 != $5) bad = bad " " $3 ":" $4 "/" $5; sum += $4 }
+  --describe --group "${NS}spw-eos" >"$WORK/offsets.txt" 2>&1 || { cat "$WORK/offsets.txt"; fail "describe group"; }
+awk -v g="${NS}spw-eos" -v t="${NS}prompts" '$1 == g && $2 == t { n++; if ($4 != $5) bad = bad " " $3 ":" $4 "/" $5; sum += $4 }
      END { printf "%d partitions, committed offsets sum %d%s\n", n, sum, bad ? ", behind:" bad : "";
            exit !(n == 4 && bad == "") }' "$WORK/offsets.txt" ||
   { cat "$WORK/offsets.txt"; fail "committed offsets are not at the log end"; }

@@ -62,9 +62,9 @@ echo "0. spillway config: metrics.port, metrics.bind, log.format with their sour
 eval "$("$RS" start "$WORK/redis" | grep -E '^(REDIS_PORT|REDIS_PID)=')"
 bt_broker
 echo "broker at $BOOTSTRAP, redis on port $REDIS_PORT ($(elapsed))"
-"$KB" topic "$WORK/broker" prompts 4 >/dev/null
-"$KB" topic "$WORK/broker" results 4 >/dev/null
-"$KB" topic "$WORK/broker" prompts.dlq 1 >/dev/null
+bt_topic "${NS}prompts" 4
+bt_topic "${NS}results" 4
+bt_topic "${NS}prompts.dlq" 1
 MPORT=$(bt_free_port)
 URL=http://127.0.0.1:$MPORT
 
@@ -116,7 +116,7 @@ except Exception as e:
     print("000", type(e).__name__)
 PY
 }
-count() { kcat -b "$BOOTSTRAP" -C -t "$1" -e -q -o beginning -f '.\n' 2>/dev/null | wc -l; }
+count() { kcat -b "$BOOTSTRAP" -C -t "$NS$1" -e -q -o beginning -f '.\n' 2>/dev/null | wc -l; }
 phase() { echo "$1" >"$WORK/phase"; }
 
 # ---- 1. the worker; /healthz and /readyz ----
@@ -162,7 +162,7 @@ PROBE=$!
 for _ in $(seq 1 300); do [ -f "$WORK/probe.txt.up" ] && break; sleep 0.05; done
 [ -f "$WORK/probe.txt.up" ] || fail "the /readyz probe did not start"
 phase start
-"$SPILLWAY" worker -b "$BOOTSTRAP" -t prompts -o results -d prompts.dlq -g spm -m "$MODEL" \
+"$SPILLWAY" worker -b "$BOOTSTRAP" -t "${NS}prompts" -o "${NS}results" -d "${NS}prompts.dlq" -g "${NS}spm" -m "$MODEL" \
   -s threads=1 -s commit.interval.ms=200 -s max.inflight=256 -s kv.mem_mb=4 -s log.level=info \
   -s log.format=json -s metrics.port="$MPORT" -s metrics.bind=127.0.0.1 \
   -s cache.redis.host=127.0.0.1 -s cache.redis.port="$REDIS_PORT" -s cache.arena.path="$SHM/arena" -s cache.redis.timeout_ms=1000 \
@@ -249,9 +249,9 @@ sleep 1
 
 # ---- 3. the burst ----
 phase burst
-"$SPILLWAY" produce -b "$BOOTSTRAP" -t prompts "$WORK/burst1.jsonl" 2>/dev/null &
+"$SPILLWAY" produce -b "$BOOTSTRAP" -t "${NS}prompts" "$WORK/burst1.jsonl" 2>/dev/null &
 P1=$!
-"$SPILLWAY" produce -b "$BOOTSTRAP" -t prompts --key-prefix 0 "$WORK/bad.jsonl" 2>/dev/null
+"$SPILLWAY" produce -b "$BOOTSTRAP" -t "${NS}prompts" --key-prefix 0 "$WORK/bad.jsonl" 2>/dev/null
 wait "$P1" || fail "spillway produce"
 have() { [ "$(count "$1")" -ge "$2" ]; }
 wait_for 120 "$N1 results" have results "$N1"
@@ -264,7 +264,7 @@ sleep 0.7  # two more scrapes with Redis up
 # ---- 4. Redis killed ----
 phase redis-down
 "$RS" kill "$WORK/redis" >/dev/null
-"$SPILLWAY" produce -b "$BOOTSTRAP" -t prompts "$WORK/burst2.jsonl" 2>/dev/null || fail "spillway produce"
+"$SPILLWAY" produce -b "$BOOTSTRAP" -t "${NS}prompts" "$WORK/burst2.jsonl" 2>/dev/null || fail "spillway produce"
 wait_for 90 "$((N1 + N2)) results with Redis down" have results $((N1 + N2))
 redis_down() { [ "$(latest '^spillway:redis_up$')" = 0 ]; }
 wait_for 15 "spillway:redis_up 0" redis_down
@@ -273,8 +273,8 @@ echo "4. Redis killed: $N2 more results ($(elapsed))"
 
 # ---- the end: the counters reach what the topics hold ----
 phase end
-kcat -b "$BOOTSTRAP" -C -t results -e -q -o beginning -f '%s\n' >"$WORK/results.jsonl"
-kcat -b "$BOOTSTRAP" -C -t prompts.dlq -e -q -o beginning -f '%h\n' >"$WORK/dlq.txt"
+kcat -b "$BOOTSTRAP" -C -t "${NS}results" -e -q -o beginning -f '%s\n' >"$WORK/results.jsonl"
+kcat -b "$BOOTSTRAP" -C -t "${NS}prompts.dlq" -e -q -o beginning -f '%h\n' >"$WORK/dlq.txt"
 n_res=$(wc -l <"$WORK/results.jsonl")
 settled() { [ "$(latest '^spillway:request_success_total')" = "$n_res" ]; }
 wait_for 15 "request_success_total to reach $n_res" settled

@@ -33,13 +33,13 @@ echo "fingerprints: story v1 $FP1, story v2 $FP2, alt $FPA"
 
 bt_broker
 echo "broker at $BOOTSTRAP"
-"$KB" topic "$WORK/broker" prompts 4 >/dev/null
-"$KB" topic "$WORK/broker" results 4 >/dev/null
-"$KB" topic "$WORK/broker" prompts.dlq 1 >/dev/null
+bt_topic "${NS}prompts" 4
+bt_topic "${NS}results" 4
+bt_topic "${NS}prompts.dlq" 1
 
 CONF=$WORK/worker.conf
 printf 'models = story=%s, alt=%s\nmodel.default = story\n' "$MODEL" "$WORK/alt.gguf" > "$CONF"
-"$SPILLWAY" worker -c "$CONF" -b "$BOOTSTRAP" -t prompts -o results -d prompts.dlq -g spm \
+"$SPILLWAY" worker -c "$CONF" -b "$BOOTSTRAP" -t "${NS}prompts" -o "${NS}results" -d "${NS}prompts.dlq" -g "${NS}spm" \
   -s threads=1 -s commit.interval.ms=200 -s max.inflight=64 -s kv.mem_mb=32 -s log.level=info \
   -X log_level=3 >>"$WORK/worker.log" 2>&1 &
 WPID=$!
@@ -58,17 +58,17 @@ with open(f"{work}/route.jsonl", "w") as f, open(f"{work}/ids.txt", "w") as ids:
         ids.write(q["id"] + "\n")
     f.write(json.dumps({"id": "nope", "prompt": "x", "model": "gpt-4"}) + "\n")
 PY
-"$SPILLWAY" produce -b "$BOOTSTRAP" -t prompts "$WORK/route.jsonl"
+"$SPILLWAY" produce -b "$BOOTSTRAP" -t "${NS}prompts" "$WORK/route.jsonl"
 # by header: "alt"; a header naming an unknown model under a JSON "story": the JSON wins
 echo '{"id":"h-alt","prompt":"Tom went","max_tokens":4,"temperature":0}' |
-  kcat -b "$BOOTSTRAP" -P -t prompts -k h-alt -H model=alt
+  kcat -b "$BOOTSTRAP" -P -t "${NS}prompts" -k h-alt -H model=alt
 echo '{"id":"h-json","prompt":"Tom went","max_tokens":4,"temperature":0,"model":"story"}' |
-  kcat -b "$BOOTSTRAP" -P -t prompts -k h-json -H model=nope
-echo '{"id":"h-bad","prompt":"Tom went"}' | kcat -b "$BOOTSTRAP" -P -t prompts -k h-bad -H model=nope
+  kcat -b "$BOOTSTRAP" -P -t "${NS}prompts" -k h-json -H model=nope
+echo '{"id":"h-bad","prompt":"Tom went"}' | kcat -b "$BOOTSTRAP" -P -t "${NS}prompts" -k h-bad -H model=nope
 printf 'h-alt\nh-json\n' >> "$WORK/ids.txt"
 
 # wait for phase 1 to come back, then a reload that cannot load: nothing changes
-"$SPILLWAY" collect -b "$BOOTSTRAP" -t results --ids "$WORK/ids.txt" -o "$WORK/out1.jsonl" --timeout 120 \
+"$SPILLWAY" collect -b "$BOOTSTRAP" -t "${NS}results" --ids "$WORK/ids.txt" -o "$WORK/out1.jsonl" --timeout 120 \
   || fail "phase 1: not every id came back"
 printf 'models = story=%s/missing.gguf, alt=%s\n' "$WORK" "$WORK/alt.gguf" > "$CONF"
 kill -HUP "$WPID"
@@ -91,9 +91,9 @@ for c in range(10):
 with open(f"{work}/ids.txt", "a") as ids:
     for i in range(n): ids.write(f"s{i:05d}\n")
 PY
-( for c in $(seq 0 9); do "$SPILLWAY" produce -b "$BOOTSTRAP" -t prompts "$WORK/load$c.jsonl"; sleep 0.7; done ) &
+( for c in $(seq 0 9); do "$SPILLWAY" produce -b "$BOOTSTRAP" -t "${NS}prompts" "$WORK/load$c.jsonl"; sleep 0.7; done ) &
 PPID_=$!
-count() { kcat -b "$BOOTSTRAP" -C -t results -e -q -o beginning -f '.\n' 2>/dev/null | wc -l || true; }
+count() { kcat -b "$BOOTSTRAP" -C -t "${NS}results" -e -q -o beginning -f '.\n' 2>/dev/null | wc -l || true; }
 for _ in $(seq 1 900); do
   [ "$(count)" -ge $((N1 + 2 + 600)) ] && break
   sleep 0.2
@@ -103,7 +103,7 @@ kill -HUP "$WPID"
 echo "SIGHUP after $(count) results"
 wait "$PPID_" || fail "producer"
 PPID_=
-"$SPILLWAY" collect -b "$BOOTSTRAP" -t results --ids "$WORK/ids.txt" -o "$WORK/out.jsonl" --timeout 300 \
+"$SPILLWAY" collect -b "$BOOTSTRAP" -t "${NS}results" --ids "$WORK/ids.txt" -o "$WORK/out.jsonl" --timeout 300 \
   || fail "not every id came back"
 for _ in $(seq 1 100); do grep -q "drained and unloaded" "$WORK/worker.log" && break; sleep 0.1; done
 kill -TERM "$WPID"
@@ -113,8 +113,8 @@ grep -q "model swap: story: version $FP1 .* -> $FP2" "$WORK/worker.log" || fail 
 grep -q "reload: 2 model(s) configured, 1 to load" "$WORK/worker.log" || fail "alt was reloaded"
 grep -q "model story: version $FP1 .* drained and unloaded" "$WORK/worker.log" || fail "old version not unloaded"
 
-kcat -b "$BOOTSTRAP" -C -t results -e -q -o beginning -f '%s\n' > "$WORK/raw.jsonl"
-kcat -b "$BOOTSTRAP" -C -t prompts.dlq -e -q -o beginning -f '%h|%s\n' > "$WORK/dlq.txt"
+kcat -b "$BOOTSTRAP" -C -t "${NS}results" -e -q -o beginning -f '%s\n' > "$WORK/raw.jsonl"
+kcat -b "$BOOTSTRAP" -C -t "${NS}prompts.dlq" -e -q -o beginning -f '%h|%s\n' > "$WORK/dlq.txt"
 python3 - "$WORK" "$N1" "$FP1" "$FP2" "$FPA" <<'PY' || exit 1
 import json, sys
 work, n1, fp1, fp2, fpa = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]

@@ -29,7 +29,7 @@ fail() {
 }
 
 bt_broker
-KAFKA_LIB=$(sed -n 's/^KAFKA_LIB=//p' "$WORK/broker/env")
+KAFKA_LIB=$(sed -n 's/^KAFKA_LIB=//p' "$BROKER/env")
 say "broker at $BOOTSTRAP"
 
 python3 - "$WORK" <<'PY'
@@ -50,10 +50,10 @@ with open(f"{work}/in.txt", "w") as f:
 PY
 
 for MODE in at-least-once exactly-once; do
-  P=p-$MODE R=r-$MODE D=d-$MODE G=g-$MODE
-  "$KB" topic "$WORK/broker" "$P" 1 --config max.message.bytes=2000000 >/dev/null
-  "$KB" topic "$WORK/broker" "$R" 1 >/dev/null
-  "$KB" topic "$WORK/broker" "$D" 1 --config max.message.bytes=600000 >/dev/null
+  P=${NS}p-$MODE R=${NS}r-$MODE D=${NS}d-$MODE G=${NS}g-$MODE
+  bt_topic "$P" 1 --config max.message.bytes=2000000
+  bt_topic "$R" 1
+  bt_topic "$D" 1 --config max.message.bytes=600000
   kcat -b "$BOOTSTRAP" -P -t "$P" -p 0 -X message.max.bytes=2000000 -l "$WORK/in.txt" ||
     fail "kcat could not produce the inputs"
   "$SPILLWAY" worker -b "$BOOTSTRAP" -t "$P" -o "$R" -d "$D" -g "$G" -m "$MODEL" \
@@ -96,7 +96,7 @@ PY
   end=$(( $(date +%s) + 30 ))
   while :; do
     java -Xms64m -Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 \
-      "-Dlog4j2.configurationFile=$WORK/broker/tools-log4j2.properties" -cp "$KAFKA_LIB/*" \
+      "-Dlog4j2.configurationFile=$BROKER/tools-log4j2.properties" -cp "$KAFKA_LIB/*" \
       org.apache.kafka.tools.consumer.group.ConsumerGroupCommand --bootstrap-server "$BOOTSTRAP" \
       --describe --group "$G" >"$WORK/offsets.txt" 2>&1 || true
     off=$(awk -v g="$G" '$1 == g && $3 == "0" { print $4 }' "$WORK/offsets.txt")
@@ -111,7 +111,7 @@ PY
 done
 
 # a producer limit below what an accepted message needs is refused at start
-if "$SPILLWAY" worker -b "$BOOTSTRAP" -t p-at-least-once -o r -d d -g gx -m "$MODEL" \
+if "$SPILLWAY" worker -b "$BOOTSTRAP" -t "${NS}p-at-least-once" -o "${NS}r" -d "${NS}d" -g "${NS}gx" -m "$MODEL" \
     -X message.max.bytes=1000000 >"$WORK/refuse.log" 2>&1; then
   fail "a worker with message.max.bytes=1000000 started"
 fi

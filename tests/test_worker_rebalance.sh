@@ -38,7 +38,7 @@ fail() {
   if [ -n "${BOOTSTRAP:-}" ]; then
     echo "--- results by worker (read_committed / read_uncommitted)"
     for iso in read_committed read_uncommitted; do
-      kcat -b "$BOOTSTRAP" -C -t results -e -q -o beginning -f '%s\n' -X isolation.level=$iso 2>/dev/null |
+      kcat -b "$BOOTSTRAP" -C -t "${NS}results" -e -q -o beginning -f '%s\n' -X isolation.level=$iso 2>/dev/null |
         grep -o '"worker":"[^"]*"' | sort | uniq -c | tr '\n' ' '
       echo " ($iso)"
     done
@@ -48,10 +48,10 @@ fail() {
 
 bt_broker
 say "broker at $BOOTSTRAP"
-"$KB" topic "$WORK/broker" p-long 2 >/dev/null
-"$KB" topic "$WORK/broker" p-alo 4 >/dev/null
-"$KB" topic "$WORK/broker" p-eos 4 >/dev/null
-"$KB" topic "$WORK/broker" results 4 >/dev/null
+bt_topic "${NS}p-long" 2
+bt_topic "${NS}p-alo" 4
+bt_topic "${NS}p-eos" 4
+bt_topic "${NS}results" 4
 say "topics created"
 
 python3 - "$WORK" <<'PY'
@@ -84,7 +84,7 @@ PY
 run_worker() {
   local name=$1 group=$2 topic=$3
   shift 3
-  "$SPILLWAY" worker -b "$BOOTSTRAP" -t "$topic" -o results -d dlq -g "$group" -m "$MODEL" \
+  "$SPILLWAY" worker -b "$BOOTSTRAP" -t "$NS$topic" -o "${NS}results" -d "${NS}dlq" -g "$NS$group" -m "$MODEL" \
     -s worker.id="$name" -s threads=1 -s commit.interval.ms=200 -s kv.mem_mb=64 -s log.level=debug \
     -X log_level=4 -X consumer.session.timeout.ms=3000 -X consumer.max.poll.interval.ms=3000 \
     -X consumer.heartbeat.interval.ms=500 "$@" >"$WORK/$name.log" 2>&1 &
@@ -93,7 +93,7 @@ run_worker() {
 }
 # results_of WORKER: results written by that worker so far (committed ones, for exactly-once).
 results_of() {
-  kcat -b "$BOOTSTRAP" -C -t results -e -q -o beginning -f '%s\n' -X isolation.level=read_committed \
+  kcat -b "$BOOTSTRAP" -C -t "${NS}results" -e -q -o beginning -f '%s\n' -X isolation.level=read_committed \
     2>/dev/null | grep -c "\"worker\":\"$1\"" || true
 }
 # wait_results WORKER MIN SECONDS
@@ -115,12 +115,12 @@ stop_worker() {
   grep -q ' INFO stopped: ' "$WORK/$2.log" || fail "$2: no clean stop in the log"
 }
 collect() {
-  "$SPILLWAY" collect -b "$BOOTSTRAP" -t results --ids "$WORK/$1.ids" --timeout 120 >/dev/null \
+  "$SPILLWAY" collect -b "$BOOTSTRAP" -t "${NS}results" --ids "$WORK/$1.ids" --timeout 120 >/dev/null \
     2>"$WORK/collect-$1.txt" || { cat "$WORK/collect-$1.txt"; fail "$1: not every id came back"; }
 }
 # ids (distinct) with a result so far, among those in FILE
 done_ids() {
-  kcat -b "$BOOTSTRAP" -C -t results -e -q -o beginning -f '%s\n' -X isolation.level=read_committed \
+  kcat -b "$BOOTSTRAP" -C -t "${NS}results" -e -q -o beginning -f '%s\n' -X isolation.level=read_committed \
     2>/dev/null | grep -o '"id":"[^"]*"' | sort -u | sed 's/"id":"\(.*\)"/\1/' | grep -cxFf "$1" || true
 }
 # rebalance lines of a worker's log: revocations, losses, max.poll.interval.ms trips
@@ -132,7 +132,7 @@ no_lost() {
 }
 
 # ---- 1. a batch longer than max.poll.interval.ms ----
-"$SPILLWAY" produce -b "$BOOTSTRAP" -t p-long --key-prefix 0 "$WORK/long.jsonl" 2>/dev/null
+"$SPILLWAY" produce -b "$BOOTSTRAP" -t "${NS}p-long" --key-prefix 0 "$WORK/long.jsonl" 2>/dev/null
 run_worker long g-long p-long -s batch.max_seqs=128 -s kv.mem_mb=160
 WL=$WPID
 collect long
@@ -141,7 +141,7 @@ grep -c ' INFO assigned ' "$WORK/long.log" | grep -qx 1 || fail "long: more than
 sed '/ INFO draining /,$d' "$WORK/long.log" | grep ' INFO revoked ' >/dev/null &&
   fail "long: partitions revoked before the stop"
 no_lost "$WORK/long.log"
-kcat -b "$BOOTSTRAP" -C -t results -e -q -o beginning -f '%s\n' >"$WORK/all.jsonl"
+kcat -b "$BOOTSTRAP" -C -t "${NS}results" -e -q -o beginning -f '%s\n' >"$WORK/all.jsonl"
 python3 - "$WORK" <<'PY' || fail "long: the batch was not longer than max.poll.interval.ms"
 import json, sys
 recs = [r for r in map(json.loads, open(f"{sys.argv[1]}/all.jsonl")) if r["worker"] == "long"]
@@ -157,7 +157,7 @@ say "phase 1 passed: one assignment, no revocation across the long batch"
 phase() {
   local mode=$1 a=${1}-a b=${1}-b extra=()
   [ "$mode" = eos ] && extra=(-s delivery=exactly-once)
-  "$SPILLWAY" produce -b "$BOOTSTRAP" -t "p-$mode" --key-prefix 0 "$WORK/${mode}1.jsonl" 2>/dev/null
+  "$SPILLWAY" produce -b "$BOOTSTRAP" -t "${NS}p-$mode" --key-prefix 0 "$WORK/${mode}1.jsonl" 2>/dev/null
   run_worker "$a" "g-$mode" "p-$mode" -s max.inflight=64 "${extra[@]}"
   local WA=$WPID c
   c=$(wait_results "$a" 100 60)
@@ -166,10 +166,10 @@ phase() {
   local WB=$WPID
   # the joiner must get work: the partitions it takes over may already be drained (the first
   # worker fetched whole partitions at once), so 200 more arrive on every partition as it joins
-  "$SPILLWAY" produce -b "$BOOTSTRAP" -t "p-$mode" --key-prefix 0 "$WORK/${mode}2.jsonl" 2>/dev/null
+  "$SPILLWAY" produce -b "$BOOTSTRAP" -t "${NS}p-$mode" --key-prefix 0 "$WORK/${mode}2.jsonl" 2>/dev/null
   c=$(wait_results "$b" 50 60)
   [ "$c" -ge 50 ] || fail "$b: only $c results after joining"
-  "$SPILLWAY" produce -b "$BOOTSTRAP" -t "p-$mode" --key-prefix 0 "$WORK/${mode}3.jsonl" 2>/dev/null
+  "$SPILLWAY" produce -b "$BOOTSTRAP" -t "${NS}p-$mode" --key-prefix 0 "$WORK/${mode}3.jsonl" 2>/dev/null
   stop_worker "$WB" "$b"
   local done
   done=$(done_ids "$WORK/$mode.ids")
@@ -190,7 +190,7 @@ phase() {
   grep -q ' INFO revoked [1-9]' "$WORK/$a.log" || fail "$a: no partition was revoked when $b joined"
   local dropped
   dropped=$(dropped_sum "$WORK/$a.log" "$WORK/$b.log")
-  kcat -b "$BOOTSTRAP" -C -t results -e -q -o beginning -f '%s\n' -X isolation.level=read_committed \
+  kcat -b "$BOOTSTRAP" -C -t "${NS}results" -e -q -o beginning -f '%s\n' -X isolation.level=read_committed \
     >"$WORK/all.jsonl"
   # a refused commit at a revocation (ILLEGAL_GENERATION during a re-join) also lets acknowledged
   # outputs be computed again: counted like a loss for the at-least-once bound
