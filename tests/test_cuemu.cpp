@@ -3,9 +3,11 @@
  *  - cuk_qkv_rope_store + cuk_attention (GQA blocks, split-K and the merge) against the CPU
  *    backend's attention (engine/cpu/attention.h, the scalar kernel) over a paged pool with
  *    shuffled block tables: block sizes 8, 16 and 64, query heads per kv head 1, 4 and 8, head
- *    dims 64 and 128, F32 and F16 KV, contexts of 1 to 300 keys that cross the 32-key tiles,
- *    the split chunks and the KV blocks, split counts 1, 3 and 32; outputs and scratch poisoned
- *    (NaN) first; the same token's output alone and in a batch must be bit-identical;
+ *    dims 64, 96 and 128, F32 and F16 KV; also head dim 36 (F16 rows not a multiple of 16
+ *    bytes: the scalar loads) and 32 query heads of head dim 256 (opted-in shared memory);
+ *    contexts of 1 to 300 keys that cross the 32-key tiles, the split chunks and the KV blocks;
+ *    split counts 1, 3 and 32; outputs and scratch poisoned (NaN) first; a token's output alone
+ *    and in its batch must be bit-identical;
  *  - cuk_sample against sampler_sample (the cases of tests/test_cuda.c's sampling check).
  * What this proves and what it does not: cuemu.h (indexing, synchronisation, arithmetic logic
  * yes; warp timing, the device memory model, speed no). tests/test_cuda.c runs the same kernels
@@ -438,6 +440,14 @@ int main(int argc, char **argv)
             test_attention(c, &compared);
             n_cases++;
         }
+    if (attn && !quick) {
+        /* a head dim of 36: F16 rows not a multiple of 16 bytes (the scalar loads); 32 query
+         * heads per kv head at head dim 256: 4 heads a warp and ~96 KiB of opted-in shared
+         * memory */
+        test_attention(attn_case{16, 4, 36, DT_F16}, &compared);
+        test_attention(attn_case{16, 32, 256, DT_F32}, &compared);
+        n_cases += 2;
+    }
     if (attn)
         printf("attention: %d cases, %d outputs within 2e-5 of the cpu backend's\n", n_cases,
                compared);

@@ -295,6 +295,21 @@ extern "C" int cuk_qkv_rope_store(const cuk_qkv_args_t *a, cudaStream_t stream)
 static __device__ __forceinline__ float kv_f(float v) { return v; }
 static __device__ __forceinline__ float kv_f(__half v) { return __half2float(v); }
 
+/* 16 bytes of KV elements (4 F32 or 8 F16) at p, 16-byte aligned, widened into o. */
+static __device__ __forceinline__ void kv_vec(const float *p, float *o)
+{
+    const uint4 v = *(const uint4 *)p;
+    memcpy(o, &v, 16);
+}
+static __device__ __forceinline__ void kv_vec(const __half *p, float *o)
+{
+    const uint4 v = *(const uint4 *)p;
+    __half h[8];
+    memcpy(h, &v, 16);
+#pragma unroll
+    for (int i = 0; i < 8; i++) o[i] = __half2float(h[i]);
+}
+
 static __device__ __forceinline__ float warp_max(float v)
 {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -314,7 +329,9 @@ static __device__ __forceinline__ int att_chunk(const cuk_attn_args_t &a, int n_
 /* Block (t, g, split) of blockDim.x = 32 * warps threads: the query heads g * grp .. g * grp +
  * grp - 1 of token t (grp = n_heads / n_kv_heads) against keys [split * chunk, min(n_ctx,
  * (split + 1) * chunk)) of kv head g, chunk = att_chunk(n_ctx). The K and V rows of each tile of
- * ATT_TILE keys are read from the pool once, by the whole block, into shared memory (F32) and
+ * ATT_TILE keys are read from the pool once, by the whole block (16-byte loads when head_dim is
+ * a multiple of 16 bytes of elements: the pool is cudaMalloc'd, every row then starts 16-byte
+ * aligned), into shared memory (F32) and
  * used by every query head of the group: warp w serves heads w, w + warps, ... (at most HPW).
  * Per head, lane j scores key j of the tile, the warp updates the online softmax (running max m,
  * sum l) and lane i accumulates elements i + 32 k (k < NE, NE * 32 >= head_dim) of the weighted
@@ -337,6 +354,7 @@ static __global__ void __launch_bounds__(32 * ATT_MAX_WARPS) k_attn_part(cuk_att
     const int B = a.kv.block_tokens;
     const int32_t *tab = a.kv.bt + a.kv.bt_off[a.kv.tok_seq[t]];
     const KT *kv = (const KT *)a.kv.kv;
+    constexpr int VE = 16 / (int)sizeof(KT); /* elements per 16-byte load */
     float *qs = att_sm;                /* [grp][hd] */
     float *ks = qs + grp * hd;         /* [ATT_TILE][ld] */
     float *vs = ks + ATT_TILE * ld;    /* [ATT_TILE][ld] */
@@ -354,12 +372,28 @@ static __global__ void __launch_bounds__(32 * ATT_MAX_WARPS) k_attn_part(cuk_att
     for (int jt = j0; jt < j1; jt += ATT_TILE) {
         const int n = min(ATT_TILE, j1 - jt);
         __syncthreads(); /* q is stored; the previous tile is no longer read */
-        for (int i = threadIdx.x; i < n * hd; i += blockDim.x) {
-            const int kk = i / hd, e = i - kk * hd, j = jt + kk;
-            const int32_t blk = tab[j / B];
-            const int slot = j - (j / B) * B;
-            ks[kk * ld + e] = kv_f(kv[kv_index(a.kv, nkv, hd, blk, 0, slot, g, e)]);
-            vs[kk * ld + e] = kv_f(kv[kv_index(a.kv, nkv, hd, blk, 1, slot, g, e)]);
+        if (hd % VE == 0) { /* 16-byte loads: rows start 16-byte aligned */
+            const int hv = hd / VE;
+            for (int i = threadIdx.x; i < n * hv; i += blockDim.x) {
+                const int kk = i / hv, e = (i - kk * hv) * VE, j = jt + kk;
+                const int32_t blk = tab[j / B];
+                const int slot = j - (j / B) * B;
+                float x[VE];
+                kv_vec(kv + kv_index(a.kv, nkv, hd, blk, 0, slot, g, e), x);
+#pragma unroll
+                for (int u = 0; u < VE; u++) ks[kk * ld + e + u] = x[u];
+                kv_vec(kv + kv_index(a.kv, nkv, hd, blk, 1, slot, g, e), x);
+#pragma unroll
+                for (int u = 0; u < VE; u++) vs[kk * ld + e + u] = x[u];
+            }
+        } else {
+            for (int i = threadIdx.x; i < n * hd; i += blockDim.x) {
+                const int kk = i / hd, e = i - kk * hd, j = jt + kk;
+                const int32_t blk = tab[j / B];
+                const int slot = j - (j / B) * B;
+                ks[kk * ld + e] = kv_f(kv[kv_index(a.kv, nkv, hd, blk, 0, slot, g, e)]);
+                vs[kk * ld + e] = kv_f(kv[kv_index(a.kv, nkv, hd, blk, 1, slot, g, e)]);
+            }
         }
         __syncthreads();
 #pragma unroll

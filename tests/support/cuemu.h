@@ -48,6 +48,9 @@ struct dim3 {
 struct uint3 {
     unsigned x, y, z;
 };
+struct alignas(16) uint4 {
+    unsigned x, y, z, w;
+};
 
 typedef struct cuemu_stream *cudaStream_t;
 enum cudaError { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorInvalidConfiguration = 9 };
