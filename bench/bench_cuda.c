@@ -14,6 +14,8 @@
  * logits (B = 1, 64, 256), microseconds per step for greedy, temperature + top-p, top-k + top-p
  * + min-p, penalties + logprobs, beside cuk_argmax and the time the logits would take to cross
  * PCIe at 25 GB/s (what sampling on the host moved per step).
+ * Then decode attention alone (cuk_attention) on the 8B shape, batch 1..256 x context 512..32k:
+ * microseconds per call and KV bytes read per second against the copy bandwidth.
  * The models are not read from files: the backend fills BF16 weights of the preset's shape on
  * the device from a seed (backend_params_t.synthetic_seed), so an 8B shape costs no 16 GB file
  * and no upload. Goals on an H200 are printed beside the numbers.
@@ -447,6 +449,100 @@ fail:
     return rc;
 }
 
+/* Decode attention alone (cuk_attention as the backend launches it: up to 32 splits of at least
+ * 128 keys) on the Llama-3.1-8B shape (32 query heads, 8 kv heads, head dim 128, F16 KV in
+ * blocks of 16, one layer): B sequences each decoding one token at context ctx. KV bytes read
+ * per call = B x ctx x 2 x 8 x 128 x 2; the table gives microseconds per call and those bytes
+ * per second as a fraction of the copy bandwidth (read + write) measured above. Shapes whose
+ * pool would pass ATT_BENCH_MAX_POOL are left out ("-"). */
+#define ATT_BENCH_MAX_POOL ((size_t)24 << 30)
+static int bench_attention(double bw)
+{
+    enum { NH = 32, NKV = 8, HD = 128, BT = 16, REPS = 10, NB = 5, NC = 7 };
+    const int Bs[NB] = {1, 8, 64, 128, 256};
+    const int ctxs[NC] = {512, 1024, 2048, 4096, 8192, 16384, 32768};
+    const size_t be = (size_t)2 * BT * NKV * HD; /* elements of one (one-layer) block */
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    void *dkv = NULL, *dout = NULL;
+    float *dq = NULL, *dpart = NULL;
+    int32_t *dmeta = NULL, *hmeta = NULL;
+    int rc = -1;
+    float ms = 0;
+    CK(cudaEventCreate(&e0), "event");
+    CK(cudaEventCreate(&e1), "event");
+    CK(cudaMalloc((void **)&dq, (size_t)256 * NH * HD * 4), "q");
+    CK(cudaMalloc(&dout, (size_t)256 * NH * HD * 2), "out");
+    CK(cudaMalloc((void **)&dpart, (size_t)256 * NH * 32 * (HD + 2) * 4), "partials");
+    CK(cuk_fill_random(DT_F32, dq, (size_t)256 * NH * HD, 11, -1.0f, 1.0f, 0), "fill");
+    printf("\n| decode attention, 8B shape, us per call (KV GB/s, fraction of copy bandwidth) |");
+    for (int ci = 0; ci < NC; ci++) printf(" ctx %d |", ctxs[ci]);
+    printf("\n|---|");
+    for (int ci = 0; ci < NC; ci++) printf("---|");
+    printf("\n");
+    for (int bi = 0; bi < NB; bi++) {
+        const int B = Bs[bi];
+        printf("| batch %d |", B);
+        for (int ci = 0; ci < NC; ci++) {
+            const int ctx = ctxs[ci], nb = (ctx + BT - 1) / BT;
+            const size_t pool = (size_t)B * nb * be * 2;
+            if (pool > ATT_BENCH_MAX_POOL) {
+                printf(" - |");
+                continue;
+            }
+            CK(cudaMalloc(&dkv, pool), "kv pool");
+            CK(cuk_fill_random(DT_F16, dkv, pool / 2, 13, -1.0f, 1.0f, 0), "fill");
+            const size_t nmeta = 3 * (size_t)B + (size_t)B * nb;
+            hmeta = malloc(nmeta * 4);
+            if (!hmeta) goto fail;
+            for (int b = 0; b < B; b++) {
+                hmeta[b] = ctx - 1;
+                hmeta[B + b] = b;
+                hmeta[2 * B + b] = b * nb;
+            }
+            for (size_t i = 0; i < (size_t)B * nb; i++) hmeta[3 * (size_t)B + i] = (int32_t)i;
+            CK(cudaMalloc((void **)&dmeta, nmeta * 4), "meta");
+            CK(cudaMemcpy(dmeta, hmeta, nmeta * 4, cudaMemcpyHostToDevice), "meta");
+            const int gs = (ctx + 127) / 128 < 32 ? (ctx + 127) / 128 : 32;
+            cuk_attn_args_t aa = {
+                .T = B, .n_heads = NH, .n_kv_heads = NKV, .head_dim = HD, .qkv = dq,
+                .ld = NH * HD,
+                .kv = {.pos = dmeta, .tok_seq = dmeta + B, .bt_off = dmeta + 2 * B,
+                       .bt = dmeta + 3 * B, .kv = dkv, .kv_type = DT_F16, .block_elems = be,
+                       .block_tokens = BT, .layer = 0},
+                .scale = 1.0f / sqrtf((float)HD), .n_splits = 32, .chunk = 128,
+                .grid_splits = gs, .part = dpart, .out_type = DT_BF16, .out = dout,
+            };
+            CK(cuk_attention(&aa, 0), "attention"); /* warm-up */
+            CK(cudaEventRecord(e0, 0), "event");
+            for (int r = 0; r < REPS; r++) CK(cuk_attention(&aa, 0), "attention");
+            CK(cudaEventRecord(e1, 0), "event");
+            CK(cudaEventSynchronize(e1), "attention");
+            CK(cudaEventElapsedTime(&ms, e0, e1), "event");
+            const double us = ms * 1e3 / REPS, gbs = (double)pool / (us * 1e-6) / 1e9;
+            printf(" %.0f (%.0f, %.2f) |", us, gbs, gbs * 1e9 / bw);
+            fflush(stdout);
+            cudaFree(dkv);
+            cudaFree(dmeta);
+            free(hmeta);
+            dkv = NULL;
+            dmeta = NULL;
+            hmeta = NULL;
+        }
+        printf("\n");
+    }
+    rc = 0;
+fail:
+    cudaFree(dkv);
+    cudaFree(dmeta);
+    free(hmeta);
+    cudaFree(dq);
+    cudaFree(dout);
+    cudaFree(dpart);
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     const char *models = "llama-3.2-1b,llama-3.1-8b";
@@ -479,6 +575,7 @@ int main(int argc, char **argv)
     for (char *save = NULL, *m = strtok_r(list, ",", &save); m; m = strtok_r(NULL, ",", &save))
         if (bench_model(m, bw, flops, steps)) rc = 1;
     if (bench_sampling()) rc = 1;
+    if (bench_attention(bw)) rc = 1;
     return rc;
 }
 #endif

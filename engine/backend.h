@@ -128,6 +128,15 @@ backend_t *backend_cuda_new(const model_t *model, const backend_params_t *params
                             size_t errlen);
 /* CUDA devices this host has (0 when none or no driver). */
 int backend_cuda_device_count(void);
+/* The CUDA backend's decode steps run through CUDA graphs (one captured per batch-size bucket
+ * of 1, 2, 4, ..., 256 tokens, replayed after): graphs captured, steps replayed, steps that ran
+ * plain launches because their bucket's capture failed, and the first failure's message. */
+typedef struct {
+    long captured, replayed, fallbacks;
+    char why[256];
+} backend_graph_counts_t;
+/* be must be a CUDA backend (backend_cuda_new). */
+void backend_cuda_graph_counts(const backend_t *be, backend_graph_counts_t *out);
 
 /* Checks a batch against be's model and pool (engine/backend.c): 1..max_tokens tokens in
  * contiguous non-empty sequences, token ids and consecutive positions in range, every block of

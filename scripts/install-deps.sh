@@ -5,7 +5,7 @@ set -euo pipefail
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 PKGS=(
-  build-essential cmake pkg-config
+  build-essential cmake pkg-config  # build-essential: gcc, and g++ for test_cuemu
   libopenblas-dev
   libpcre2-dev
   libjansson-dev

@@ -29,6 +29,7 @@ int main(void)
 }
 #else
 
+#include "engine/backend.h"
 #include "engine/cuda/cuda_blas.h"
 #include "engine/cuda/cuda_kernels.h"
 #include "engine/cuda/cuda_sample.h"
@@ -700,6 +701,202 @@ static void test_rope_attention(int nh, int nkv, int hd, int rope_kind, int kv_t
     cudaFree(dkv); cudaFree(dmeta); cudaFree(dinv); cudaFree(dcs); cudaFree(dqkv); cudaFree(dbias);
 }
 
+/* cuk_attention over long contexts as the backend launches it (chunks of at least 128 keys, up
+ * to 32 splits): five sequences decoding with contexts of 1 to 9000 keys (crossing the 32-key
+ * tiles, the split chunks and the KV blocks) over shuffled block tables, nkv * grp query heads;
+ * against a double-precision reference, and each token alone must give its batch output bit for
+ * bit (the split of a token's context depends on its context only). */
+static void test_attention_long(int nkv, int grp, int hd, int B, int kv_type)
+{
+    enum { T = 5 };
+    const int ctx[T] = {1, 129, 1000, 4097, 9000};
+    const int nh = nkv * grp, ld = nh * hd;
+    int nb = 0;
+    for (int t = 0; t < T; t++) nb += (ctx[t] - 1) / B + 1;
+    const int n_blocks = nb + 2;
+    const size_t be = (size_t)2 * B * nkv * hd, pool = be * (size_t)n_blocks;
+    float *kvh = rand_vec(pool, -1, 1);
+    for (size_t i = 0; i < pool; i++) kvh[i] = rnd(kvh[i], kv_type);
+    void *dkv = dup_as(kvh, pool, kv_type);
+    float *q = rand_vec((size_t)T * ld, -1.5f, 1.5f);
+    float *dq = dup_as(q, (size_t)T * ld, DT_F32);
+    int32_t *perm = malloc(sizeof(int32_t) * (size_t)n_blocks);
+    for (int i = 0; i < n_blocks; i++) perm[i] = i;
+    for (int i = n_blocks - 1; i > 0; i--) {
+        int j = (int)(urand() * (i + 1));
+        int32_t x = perm[i];
+        perm[i] = perm[j];
+        perm[j] = x;
+    }
+    int32_t *meta = malloc(sizeof(int32_t) * (size_t)(3 * T + nb));
+    int32_t *pos = meta, *seq = meta + T, *bt_off = meta + 2 * T, *bt = meta + 3 * T;
+    for (int t = 0, k = 0; t < T; t++) {
+        pos[t] = ctx[t] - 1;
+        seq[t] = t;
+        bt_off[t] = k;
+        for (int b = 0; b <= (ctx[t] - 1) / B; b++, k++) bt[k] = perm[k];
+    }
+    int32_t *dmeta = NULL;
+    CU(cudaMalloc((void **)&dmeta, sizeof(int32_t) * (size_t)(3 * T + nb)));
+    CU(cudaMemcpy(dmeta, meta, sizeof(int32_t) * (size_t)(3 * T + nb), cudaMemcpyHostToDevice));
+    cuk_paged_t pg = {.pos = dmeta, .tok_seq = dmeta + T, .bt_off = dmeta + 2 * T,
+                      .bt = dmeta + 3 * T, .kv = dkv, .kv_type = kv_type, .block_elems = be,
+                      .block_tokens = B, .layer = 0};
+    double *ro = calloc((size_t)T * ld, sizeof(double));
+    double *sc = malloc(sizeof(double) * (size_t)ctx[T - 1]);
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < nh; h++) {
+            const int g = h / grp;
+            double mx = -1e300, sum = 0;
+            for (int j = 0; j < ctx[t]; j++) {
+                const size_t r = (size_t)bt[bt_off[t] + j / B] * be +
+                                 ((size_t)(j % B) * nkv + g) * hd;
+                double s = 0;
+                for (int e = 0; e < hd; e++) s += (double)q[(size_t)t * ld + h * hd + e] * kvh[r + e];
+                sc[j] = s / sqrt((double)hd);
+                if (sc[j] > mx) mx = sc[j];
+            }
+            for (int j = 0; j < ctx[t]; j++) sum += sc[j] = exp(sc[j] - mx);
+            for (int j = 0; j < ctx[t]; j++) {
+                const size_t r = (size_t)bt[bt_off[t] + j / B] * be +
+                                 ((size_t)(B + j % B) * nkv + g) * hd;
+                for (int e = 0; e < hd; e++) ro[(size_t)t * ld + h * hd + e] += sc[j] / sum * kvh[r + e];
+            }
+        }
+    for (int variant = 0; variant < 2; variant++) {
+        const int ns = variant ? 32 : 1;
+        float *dpart = dpoison((size_t)T * nh * ns * (hd + 2), DT_F32);
+        float *dout = dpoison((size_t)T * ld, DT_F32);
+        cuk_attn_args_t aa = {.T = T, .n_heads = nh, .n_kv_heads = nkv, .head_dim = hd,
+                              .qkv = dq, .ld = ld, .kv = pg, .scale = 1.0f / sqrtf((float)hd),
+                              .n_splits = ns, .chunk = 128, .grid_splits = 0, .part = dpart,
+                              .out_type = DT_F32, .out = dout};
+        CU(cuk_attention(&aa, S));
+        float *yo = fetch(dout, (size_t)T * ld, DT_F32);
+        char what[128];
+        snprintf(what, sizeof what, "long attention nkv %d grp %d hd %d B %d kv %s splits %d",
+                 nkv, grp, hd, B, dtype_name(kv_type), ns);
+        CHECK_NMSE(yo, ro, (size_t)T * ld, DT_F32, what);
+        if (variant) {
+            /* each token alone (grid_splits as the backend computes it for one token) */
+            int same = 0;
+            for (int t = 0; t < T; t++) {
+                cuk_attn_args_t a1 = aa;
+                a1.T = 1;
+                a1.qkv = dq + (size_t)t * ld;
+                a1.kv.pos = dmeta + t;
+                a1.kv.tok_seq = dmeta + T + t;
+                a1.grid_splits = (ctx[t] + 127) / 128 < 32 ? (ctx[t] + 127) / 128 : 32;
+                float *d1 = dpoison((size_t)ld, DT_F32);
+                a1.out = d1;
+                CU(cuk_attention(&a1, S));
+                float *y1 = fetch(d1, (size_t)ld, DT_F32);
+                same += memcmp(y1, yo + (size_t)t * ld, (size_t)ld * 4) == 0;
+                free(y1);
+                cudaFree(d1);
+            }
+            CHECKF(same == T, "%s: %d of %d tokens identical alone and in the batch", what, same,
+                   T);
+        }
+        free(yo);
+        cudaFree(dpart);
+        cudaFree(dout);
+    }
+    free(kvh); free(q); free(perm); free(meta); free(ro); free(sc);
+    cudaFree(dkv); cudaFree(dq); cudaFree(dmeta);
+}
+
+/* Decode steps through CUDA graphs against the CPU backend (stories260K, F32 weights and KV):
+ * 3 sequences prefilled with 9, 20 and 40 tokens, then 6 decode steps of all 3 (bucket 4: one
+ * padding token) and 4 of sequence 1 alone (bucket 1); every step's logits against the CPU
+ * backend's by normalised error; the graph counts must show captures and replays and no
+ * fallback. */
+static void test_graph_decode(void)
+{
+    char err[512];
+    model_t *m = model_load(MODEL, err, sizeof err);
+    CHECKF(m != NULL, "model_load: %s", err);
+    if (!m) return;
+    enum { NS = 3, NBLK = 8, BT = 16, MAXT = 128 };
+    const int plen[NS] = {9, 20, 40};
+    backend_params_t bp = {.threads = 1, .block_tokens = BT, .n_kv_blocks = NS * NBLK,
+                           .kv_type = DT_F32, .max_batch_tokens = MAXT, .weight_type = DT_F32,
+                           .mem_fraction = 0.5f};
+    backend_t *cpu = backend_cpu_new(m, &bp, err, sizeof err);
+    CHECKF(cpu != NULL, "cpu backend: %s", err);
+    backend_t *gpu = backend_cuda_new(m, &bp, err, sizeof err);
+    CHECKF(gpu != NULL, "cuda backend: %s", err);
+    const int V = m->hp.n_vocab;
+    int32_t tables[NS][NBLK], tok[MAXT], pos[MAXT], start[NS + 1], lidx[MAXT], cur[NS];
+    const int32_t *tp[NS];
+    float *lc = malloc(sizeof(float) * (size_t)NS * V);
+    float *lg = malloc(sizeof(float) * (size_t)NS * V);
+    double *ref = malloc(sizeof(double) * (size_t)NS * V);
+    for (int s = 0; s < NS; s++) {
+        for (int b = 0; b < NBLK; b++) tables[s][b] = s * NBLK + b;
+        tp[s] = tables[s];
+    }
+    /* prefill: every sequence in one step, logits of the last token of each */
+    int T = 0;
+    for (int s = 0; s < NS; s++) {
+        start[s] = T;
+        for (int i = 0; i < plen[s]; i++, T++) {
+            tok[T] = 1 + (int32_t)(urand() * (V - 1));
+            pos[T] = i;
+        }
+        lidx[s] = T - 1;
+        cur[s] = plen[s];
+    }
+    start[NS] = T;
+    for (int step = 0; cpu && gpu && step < 11; step++) {
+        const int only1 = step > 6; /* steps 7..10: sequence 1 alone */
+        backend_batch_t b = {.n_tokens = T, .tokens = tok, .pos = pos, .n_seqs = only1 ? 1 : NS,
+                             .seq_start = start, .block_tables = only1 ? tp + 1 : tp,
+                             .n_logits = only1 ? 1 : NS, .logits_idx = lidx};
+        if (cpu->ops->forward(cpu, &b, lc, err, sizeof err) ||
+            gpu->ops->forward(gpu, &b, lg, err, sizeof err)) {
+            CHECKF(0, "graph decode step %d: %s", step, err);
+            break;
+        }
+        for (size_t i = 0; i < (size_t)b.n_logits * V; i++) ref[i] = lc[i];
+        char what[64];
+        snprintf(what, sizeof what, "graph decode step %d (%d sequences)", step, b.n_seqs);
+        CHECK_NMSE(lg, ref, (size_t)b.n_logits * V, DT_F32, what);
+        /* next: one decode token per sequence (the cpu's greedy pick) */
+        T = b.n_seqs;
+        for (int i = 0; i < T; i++) {
+            const int s = only1 ? 1 : i;
+            const float *row = lc + (size_t)i * V;
+            int best = 0;
+            for (int k = 1; k < V; k++) best = row[k] > row[best] ? k : best;
+            tok[i] = best;
+            pos[i] = cur[s]++;
+            start[i] = i;
+            lidx[i] = i;
+        }
+        if (step == 6) { /* from here sequence 1 alone */
+            T = 1;
+            tok[0] = tok[1];
+            pos[0] = pos[1];
+            cur[0]--, cur[2]--;
+        }
+        start[T] = T;
+    }
+    if (gpu) {
+        backend_graph_counts_t gc;
+        backend_cuda_graph_counts(gpu, &gc);
+        CHECKF(gc.captured >= 2 && gc.replayed >= 8 && gc.fallbacks == 0,
+               "cuda graphs: %ld captured, %ld replayed, %ld fallbacks (%s)", gc.captured,
+               gc.replayed, gc.fallbacks, gc.why);
+        printf("cuda graphs: %ld captured, %ld replayed, %ld fallbacks\n", gc.captured,
+               gc.replayed, gc.fallbacks);
+    }
+    backend_free(cpu);
+    backend_free(gpu);
+    free(lc); free(lg); free(ref);
+    model_free(m);
+}
+
 /* Greedy generation of n tokens after prompt on one engine configuration. */
 static int generate(const char *backend, const char *dtype, const char *kv, const int32_t *prompt,
                     int n_prompt, int n, int32_t *out)
@@ -998,10 +1195,16 @@ int main(void)
     test_rope_attention(32, 8, 128, ROPE_NORM, DT_F16, DT_F32, 0);
     test_rope_attention(16, 2, 128, ROPE_NEOX, DT_F16, DT_BF16, 1);
     test_rope_attention(8, 8, 96, ROPE_NORM, DT_F32, DT_BF16, 0);
+    test_attention_long(8, 1, 128, 16, DT_F32);
+    test_attention_long(8, 4, 128, 16, DT_F16);
+    test_attention_long(8, 8, 128, 32, DT_F16);
+    test_attention_long(2, 32, 256, 16, DT_F32); /* the largest block: opted-in shared memory */
+    test_attention_long(4, 8, 64, 256, DT_F32);
     test_sample_vs_cpu(32000, 24);
     test_sample_vs_cpu(128256, 4);
     test_sample_batch_invariance(128256);
     test_end_to_end();
+    test_graph_decode();
     test_engine_argmax();
 
     cuda_blas_free(h);

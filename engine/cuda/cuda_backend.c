@@ -12,6 +12,16 @@
  * GEMMs run in cuBLAS with F32 accumulation; activations entering a GEMM are in weight_type,
  * the residual stream and GEMM outputs are F32.
  *
+ * Decode steps (one token a sequence, the logits of each; at most GRAPH_MAX_T tokens) run as
+ * CUDA graphs: the batch is padded to a power of two (padding tokens: token 0 at position 0 of
+ * a pseudo-sequence whose only block is the scratch block after the pool), the step's
+ * metadata is uploaded into the fixed buffer d_meta, and the bucket's graph of the whole
+ * forward pass up to the logits (captured from the same launches at the bucket's first step)
+ * is replayed; the token pick after it is launched plainly. Every kernel argument of such a
+ * step is fixed by the bucket (attention with ATT_SPLITS splits, as plain launches of a batch
+ * that size use), so a replay computes exactly what plain launches would. A bucket whose
+ * capture fails runs plain launches from then on (counted; backend_cuda_graph_counts).
+ *
  * Streams: `cs` runs forward steps and block-to-block copies; `xs` (copy stream) moves KV blocks
  * between the pool and the host through pinned staging slots, ordered against cs with events:
  * a block read or write waits for the compute already queued (ev_compute), and the next step
@@ -46,11 +56,15 @@
 #define KV_STAGE_SLOTS 4
 /* Bytes of the pinned staging buffer used to upload and convert weights at load. */
 #define UPLOAD_CHUNK ((size_t)64 << 20)
-/* Attention partials per (token, head) that the split-K scratch holds for a full batch; a
- * smaller batch uses more splits each (decode of one token: up to max_batch_tokens * 8). */
+/* Attention partials per (token, head) that the split-K scratch holds for a full batch. */
 #define ATT_SPLIT_SLOTS 8
-/* Fewest keys per split. */
-#define ATT_MIN_CHUNK 64
+/* Split-K of the attention: the most chunks a token's context is cut into, and the fewest keys
+ * per chunk (cuk_attention). */
+#define ATT_SPLITS 32
+#define ATT_MIN_CHUNK 128
+/* CUDA graphs of decode steps: buckets of 1, 2, 4, ..., GRAPH_MAX_T tokens. */
+#define GRAPH_BUCKETS 9
+#define GRAPH_MAX_T (1 << (GRAPH_BUCKETS - 1))
 /* cuBLAS workspace given to the handle (counted as activations). */
 #define BLAS_WORKSPACE ((size_t)32 << 20)
 
@@ -116,6 +130,14 @@ typedef struct {
     size_t meta_cap;
 
     unsigned char *h_stage; /* pinned [KV_STAGE_SLOTS][kv_block_bytes] */
+
+    /* CUDA graphs of decode steps, one per bucket of 1 << k tokens (graph_step), captured at
+     * the bucket's first step and dropped when d_meta moves. Block n_kv_blocks of the pool
+     * (one more than the engine sees) is the scratch block of the padding tokens. */
+    cudaGraphExec_t graph[GRAPH_BUCKETS];
+    unsigned char graph_failed[GRAPH_BUCKETS]; /* capture failed: plain launches */
+    long graph_captures, graph_replays, graph_fallbacks;
+    char graph_why[256];   /* the first capture failure's message */
 } cu_t;
 
 /* Checks a CUDA runtime result: 0, or -1 with "cuda: what: <error>" in errstr. */
@@ -338,6 +360,8 @@ done:
 
 /* ---- forward ---- */
 
+static void graphs_drop(cu_t *c);
+
 /* Makes the metadata buffers hold at least n int32 (host pinned and device). */
 static int meta_reserve(cu_t *c, size_t n, char *errstr, size_t errlen)
 {
@@ -345,6 +369,7 @@ static int meta_reserve(cu_t *c, size_t n, char *errstr, size_t errlen)
     size_t cap = c->meta_cap ? c->meta_cap : 1024;
     while (cap < n) cap *= 2;
     if (ck(cudaStreamSynchronize(c->cs), "metadata resize", errstr, errlen)) return -1;
+    graphs_drop(c);
     cudaFreeHost(c->h_meta);
     cudaFree(c->d_meta);
     c->h_meta = NULL;
@@ -370,6 +395,132 @@ static int sample_rows(cu_t *c, const backend_batch_t *b, const step_out_t *o, c
                        size_t errlen);
 static int sample_results(cu_t *c, int R, int L, const step_out_t *o);
 
+/* Enqueues on cs the forward pass of the T tokens whose metadata cu_step uploaded to d_meta
+ * (fixed offsets: tokens, pos, tok_seq, logits_idx, bt_off at k * max_T, bt at 5 max_T), up to
+ * the logits of rows logits_idx[0..n_logits) in c->logits: embedding, RoPE angles, the layers,
+ * the output norm and GEMM. Only kernels and GEMMs on cs, every argument fixed by (T, n_logits,
+ * n_splits, grid_splits) and the device buffers: it may be captured into a CUDA graph. */
+static int enqueue_forward(cu_t *c, int T, int n_logits, int n_splits, int grid_splits,
+                           char *errstr, size_t errlen)
+{
+    backend_t *be = &c->base;
+    const hparams_t *hp = &be->model->hp;
+    const size_t mT = (size_t)c->max_T;
+    const int32_t *d = c->d_meta;
+    const int32_t *d_tok = d, *d_pos = d + mT, *d_seq = d + 2 * mT, *d_lidx = d + 3 * mT;
+    const int32_t *d_btoff = d + 4 * mT, *d_bt = d + 5 * mT;
+    const int dim = hp->dim, hd = hp->head_dim, ffn = hp->ffn_dim;
+    const int wt = c->wtype;
+    cuk_paged_t pg = {
+        .pos = d_pos, .tok_seq = d_seq, .bt_off = d_btoff, .bt = d_bt, .kv = c->kv,
+        .kv_type = be->params.kv_type, .block_elems = be->kv_block_bytes / c->kv_elem,
+        .block_tokens = be->params.block_tokens, .layer = 0,
+    };
+    if (ck(cuk_embed(wt, c->tok_embd, d_tok, T, dim, c->x, c->cs), "embedding", errstr, errlen) ||
+        ck(cuk_rope_table(d_pos, T, c->inv_freq, hp->rope_dim / 2, hp->rope_freq_scale,
+                          c->rope_cs, c->cs), "rope table", errstr, errlen))
+        return -1;
+    for (int l = 0; l < hp->n_layers; l++) {
+        const cu_layer_t *L = &c->L[l];
+        pg.layer = l;
+        cuk_qkv_args_t qa = {
+            .T = T, .n_heads = hp->n_heads, .n_kv_heads = hp->n_kv_heads, .head_dim = hd,
+            .rope_dim = hp->rope_dim, .rope_kind = hp->rope_kind, .qkv = c->qkv, .ld = c->qkvd,
+            .bias = L->bqkv, .cs = c->rope_cs, .kv = pg,
+        };
+        cuk_attn_args_t aa = {
+            .T = T, .n_heads = hp->n_heads, .n_kv_heads = hp->n_kv_heads, .head_dim = hd,
+            .qkv = c->qkv, .ld = c->qkvd, .kv = pg, .scale = 1.0f / sqrtf((float)hd),
+            .n_splits = n_splits, .chunk = ATT_MIN_CHUNK, .grid_splits = grid_splits,
+            .part = c->part, .out_type = wt, .out = c->att,
+        };
+        if (ck(cuk_rmsnorm(c->x, NULL, T, dim, L->attn_norm, hp->norm_eps, wt, c->xn, c->cs),
+               "attention norm", errstr, errlen) ||
+            gemm(c, L->wqkv, c->qkvd, dim, c->xn, T, c->qkv, c->qkvd, 0.0f, "qkv gemm", errstr,
+                 errlen) ||
+            ck(cuk_qkv_rope_store(&qa, c->cs), "rope/kv store", errstr, errlen) ||
+            ck(cuk_attention(&aa, c->cs), "attention", errstr, errlen) ||
+            gemm(c, L->wo, dim, c->qd, c->att, T, c->x, dim, 1.0f, "wo gemm", errstr, errlen) ||
+            ck(cuk_rmsnorm(c->x, NULL, T, dim, L->ffn_norm, hp->norm_eps, wt, c->xn, c->cs),
+               "ffn norm", errstr, errlen) ||
+            gemm(c, L->wgu, 2 * ffn, dim, c->xn, T, c->gu, 2 * ffn, 0.0f, "gate/up gemm", errstr,
+                 errlen) ||
+            ck(cuk_swiglu(c->gu, T, ffn, wt, c->hbuf, c->cs), "swiglu", errstr, errlen) ||
+            gemm(c, L->wdown, dim, ffn, c->hbuf, T, c->x, dim, 1.0f, "down gemm", errstr, errlen))
+            return -1;
+    }
+    if (n_logits > 0 &&
+        (ck(cuk_rmsnorm(c->x, d_lidx, n_logits, dim, c->out_norm, hp->norm_eps, wt, c->xn,
+                        c->cs), "output norm", errstr, errlen) ||
+         gemm(c, c->output, hp->n_vocab, dim, c->xn, n_logits, c->logits, hp->n_vocab, 0.0f,
+              "output gemm", errstr, errlen)))
+        return -1;
+    return 0;
+}
+
+/* The graph bucket of batch b: log2 of the smallest power of two >= its token count, when b is
+ * a decode step (one token a sequence, logits of every token in order) of at most GRAPH_MAX_T
+ * tokens whose padded size still gets ATT_SPLITS splits (so the graph computes exactly what
+ * plain launches would); else -1. */
+static int graph_bucket(const cu_t *c, const backend_batch_t *b)
+{
+    const int T = b->n_tokens;
+    if (T != b->n_seqs || b->n_logits != T || T > GRAPH_MAX_T) return -1;
+    for (int i = 0; i < T; i++)
+        if (b->logits_idx[i] != i) return -1;
+    int k = 0;
+    while ((1 << k) < T) k++;
+    const size_t Tg = (size_t)1 << k;
+    if (Tg > (size_t)c->max_T || Tg * ATT_SPLITS > (size_t)c->max_T * ATT_SPLIT_SLOTS) return -1;
+    return k;
+}
+
+/* Destroys every captured graph (their kernels hold pointers into d_meta). */
+static void graphs_drop(cu_t *c)
+{
+    for (int k = 0; k < GRAPH_BUCKETS; k++) {
+        if (c->graph[k]) cudaGraphExecDestroy(c->graph[k]);
+        c->graph[k] = NULL;
+    }
+}
+
+/* The forward pass of a decode step of bucket k (1 << k tokens, metadata uploaded): replays the
+ * bucket's graph, capturing it at its first use; when capture or instantiation fails, the
+ * bucket is marked and runs plain launches from then on (graph_fallbacks counts such steps). */
+static int graph_step(cu_t *c, int k, char *errstr, size_t errlen)
+{
+    const int Tg = 1 << k;
+    if (!c->graph[k] && !c->graph_failed[k]) {
+        cudaGraph_t g = NULL;
+        int rc = ck(cudaStreamBeginCapture(c->cs, cudaStreamCaptureModeThreadLocal),
+                    "graph capture", errstr, errlen);
+        if (!rc) {
+            rc = enqueue_forward(c, Tg, Tg, ATT_SPLITS, 0, errstr, errlen);
+            /* ends the capture whatever happened inside it (the stream leaves capture mode) */
+            if (ck(cudaStreamEndCapture(c->cs, &g), "graph capture", errstr, errlen)) rc = -1;
+        }
+        if (!rc && ck(cudaGraphInstantiate(&c->graph[k], g, 0), "graph instantiation", errstr,
+                      errlen)) {
+            c->graph[k] = NULL;
+            rc = -1;
+        }
+        if (g) cudaGraphDestroy(g);
+        if (rc) {
+            (void)cudaGetLastError(); /* a failed capture is not an error of the step */
+            c->graph_failed[k] = 1;
+            snprintf(c->graph_why, sizeof c->graph_why, "%s", errstr);
+        } else {
+            c->graph_captures++;
+        }
+    }
+    if (!c->graph[k]) {
+        c->graph_fallbacks++;
+        return enqueue_forward(c, Tg, Tg, ATT_SPLITS, 0, errstr, errlen);
+    }
+    c->graph_replays++;
+    return ck(cudaGraphLaunch(c->graph[k], c->cs), "graph launch", errstr, errlen);
+}
+
 /* One step; then the logits [n_logits][n_vocab] as o says. */
 static int cu_step(backend_t *be, const backend_batch_t *b, const step_out_t *o, char *errstr,
                    size_t errlen)
@@ -388,11 +539,16 @@ static int cu_step(backend_t *be, const backend_batch_t *b, const step_out_t *o,
         if (last + 1 > max_ctx) max_ctx = last + 1;
         n_bt += (size_t)(last / B + 1);
     }
+    /* A decode step (one token a sequence, the logits of each in order) of a bucket that may
+     * replay a graph: Tg tokens, the batch padded with tokens of a pseudo-sequence whose table
+     * is the scratch block. */
+    const size_t mT = (size_t)c->max_T;
+    const int gb = graph_bucket(c, b);
+    const int Tg = gb >= 0 ? 1 << gb : T;
 
     /* Metadata to the device: the pinned buffer is free once the previous upload is done. */
-    const size_t mT = (size_t)c->max_T;
     if (ck(cudaEventSynchronize(c->ev_meta), "metadata", errstr, errlen) ||
-        meta_reserve(c, 5 * mT + n_bt, errstr, errlen))
+        meta_reserve(c, 5 * mT + n_bt + 1, errstr, errlen))
         return -1;
     int32_t *h = c->h_meta;
     int32_t *h_tok = h, *h_pos = h + mT, *h_seq = h + 2 * mT, *h_lidx = h + 3 * mT;
@@ -408,69 +564,39 @@ static int cu_step(backend_t *be, const backend_batch_t *b, const step_out_t *o,
         memcpy(h_bt + off, b->block_tables[s], (size_t)nb * 4);
         off += (size_t)nb;
     }
+    if (Tg > T) { /* padding: token 0 at position 0 of the scratch block, logits of its own row */
+        h_btoff[b->n_seqs] = (int32_t)off;
+        h_bt[off++] = (int32_t)be->params.n_kv_blocks;
+        for (int t = T; t < Tg; t++) {
+            h_tok[t] = 0;
+            h_pos[t] = 0;
+            h_seq[t] = b->n_seqs;
+            h_lidx[t] = t;
+        }
+    }
     int32_t *d = c->d_meta;
-    const int32_t *d_tok = d, *d_pos = d + mT, *d_seq = d + 2 * mT, *d_lidx = d + 3 * mT;
-    const int32_t *d_btoff = d + 4 * mT, *d_bt = d + 5 * mT;
     if (ck(cudaStreamWaitEvent(c->cs, c->ev_kv_written, 0), "wait for KV writes", errstr, errlen) ||
-        ck(cudaMemcpyAsync(d, h, (5 * mT + n_bt) * 4, cudaMemcpyHostToDevice, c->cs),
+        ck(cudaMemcpyAsync(d, h, (5 * mT + off) * 4, cudaMemcpyHostToDevice, c->cs),
            "metadata upload", errstr, errlen) ||
         ck(cudaEventRecord(c->ev_meta, c->cs), "metadata event", errstr, errlen))
         return -1;
 
-    const int dim = hp->dim, hd = hp->head_dim, ffn = hp->ffn_dim;
-    const int wt = c->wtype;
-    /* Split-K: as many splits as the scratch holds for this batch, at least ATT_MIN_CHUNK keys
-     * each. */
-    int n_splits = (int)((mT * ATT_SPLIT_SLOTS) / (size_t)T);
-    int max_splits = (max_ctx + ATT_MIN_CHUNK - 1) / ATT_MIN_CHUNK;
-    if (n_splits > max_splits) n_splits = max_splits;
-    if (n_splits > 65535) n_splits = 65535;
-    if (n_splits < 1) n_splits = 1;
-    int chunk = (max_ctx + n_splits - 1) / n_splits;
-    n_splits = (max_ctx + chunk - 1) / chunk;
-    cuk_paged_t pg = {
-        .pos = d_pos, .tok_seq = d_seq, .bt_off = d_btoff, .bt = d_bt, .kv = c->kv,
-        .kv_type = be->params.kv_type, .block_elems = be->kv_block_bytes / c->kv_elem,
-        .block_tokens = B, .layer = 0,
-    };
-    if (ck(cuk_embed(wt, c->tok_embd, d_tok, T, dim, c->x, c->cs), "embedding", errstr, errlen) ||
-        ck(cuk_rope_table(d_pos, T, c->inv_freq, hp->rope_dim / 2, hp->rope_freq_scale,
-                          c->rope_cs, c->cs), "rope table", errstr, errlen))
-        return -1;
-    for (int l = 0; l < hp->n_layers; l++) {
-        const cu_layer_t *L = &c->L[l];
-        pg.layer = l;
-        cuk_qkv_args_t qa = {
-            .T = T, .n_heads = hp->n_heads, .n_kv_heads = hp->n_kv_heads, .head_dim = hd,
-            .rope_dim = hp->rope_dim, .rope_kind = hp->rope_kind, .qkv = c->qkv, .ld = c->qkvd,
-            .bias = L->bqkv, .cs = c->rope_cs, .kv = pg,
-        };
-        cuk_attn_args_t aa = {
-            .T = T, .n_heads = hp->n_heads, .n_kv_heads = hp->n_kv_heads, .head_dim = hd,
-            .qkv = c->qkv, .ld = c->qkvd, .kv = pg, .scale = 1.0f / sqrtf((float)hd),
-            .n_splits = n_splits, .chunk = chunk, .part = c->part, .out_type = wt, .out = c->att,
-        };
-        if (ck(cuk_rmsnorm(c->x, NULL, T, dim, L->attn_norm, hp->norm_eps, wt, c->xn, c->cs),
-               "attention norm", errstr, errlen) ||
-            gemm(c, L->wqkv, c->qkvd, dim, c->xn, T, c->qkv, c->qkvd, 0.0f, "qkv gemm", errstr,
-                 errlen) ||
-            ck(cuk_qkv_rope_store(&qa, c->cs), "rope/kv store", errstr, errlen) ||
-            ck(cuk_attention(&aa, c->cs), "attention", errstr, errlen) ||
-            gemm(c, L->wo, dim, c->qd, c->att, T, c->x, dim, 1.0f, "wo gemm", errstr, errlen) ||
-            ck(cuk_rmsnorm(c->x, NULL, T, dim, L->ffn_norm, hp->norm_eps, wt, c->xn, c->cs),
-               "ffn norm", errstr, errlen) ||
-            gemm(c, L->wgu, 2 * ffn, dim, c->xn, T, c->gu, 2 * ffn, 0.0f, "gate/up gemm", errstr,
-                 errlen) ||
-            ck(cuk_swiglu(c->gu, T, ffn, wt, c->hbuf, c->cs), "swiglu", errstr, errlen) ||
-            gemm(c, L->wdown, dim, ffn, c->hbuf, T, c->x, dim, 1.0f, "down gemm", errstr, errlen))
-            return -1;
+    if (gb >= 0) {
+        if (graph_step(c, gb, errstr, errlen)) return -1;
+    } else {
+        /* Split-K: ATT_SPLITS chunks of at least ATT_MIN_CHUNK keys per token
+         * (cuda_kernels.h), so a token's attention does not depend on its batch; fewer when the
+         * scratch cannot hold that many for T tokens (batches of more than max_T *
+         * ATT_SPLIT_SLOTS / ATT_SPLITS tokens). */
+        int n_splits = (int)((mT * ATT_SPLIT_SLOTS) / (size_t)T);
+        if (n_splits > ATT_SPLITS) n_splits = ATT_SPLITS;
+        if (n_splits < 1) n_splits = 1;
+        /* no token has more non-empty chunks than ceil(n_ctx / ATT_MIN_CHUNK) */
+        int grid_splits = (max_ctx + ATT_MIN_CHUNK - 1) / ATT_MIN_CHUNK;
+        if (grid_splits > n_splits) grid_splits = n_splits;
+        if (enqueue_forward(c, T, b->n_logits, n_splits, grid_splits, errstr, errlen)) return -1;
     }
     if (b->n_logits > 0) {
-        if (ck(cuk_rmsnorm(c->x, d_lidx, b->n_logits, dim, c->out_norm, hp->norm_eps, wt, c->xn,
-                           c->cs), "output norm", errstr, errlen) ||
-            gemm(c, c->output, hp->n_vocab, dim, c->xn, b->n_logits, c->logits, hp->n_vocab, 0.0f,
-                 "output gemm", errstr, errlen))
-            return -1;
         if (o->rows) {
             if (sample_rows(c, b, o, errstr, errlen)) return -1;
         } else if (o->ids) {
@@ -514,23 +640,6 @@ static int cu_forward_argmax(backend_t *be, const backend_batch_t *b, int32_t *i
 }
 
 /* ---- sampling on the device ---- */
-
-void cuda_sample_row_fill(cuk_sample_row_t *row, const sampler_params_t *p, uint64_t rand,
-                          int pen_slot, int32_t pen_evict)
-{
-    row->temperature = p->temperature;
-    row->inv_t = p->temperature > 0.0f ? 1.0f / p->temperature : 0.0f;
-    row->top_k = p->top_k;
-    row->top_p = p->top_p;
-    row->min_p = p->min_p;
-    row->repeat_penalty = p->repeat_penalty;
-    row->presence_penalty = p->presence_penalty;
-    row->frequency_penalty = p->frequency_penalty;
-    row->n_logprobs = p->n_logprobs;
-    row->pen_slot = pen_slot < 0 ? -1 : pen_slot;
-    row->pen_evict = pen_slot < 0 ? -1 : pen_evict;
-    row->rand = rand;
-}
 
 /* Enqueues on cs: the rows' parameters up (pinned h_srows: the previous step that used it
  * synchronised cs before returning), cuk_sample over the logits, its results down to h_sout in
@@ -719,6 +828,7 @@ static void cu_free(backend_t *be)
     cudaSetDevice(c->dev);
     if (c->cs) cudaStreamSynchronize(c->cs);
     if (c->xs) cudaStreamSynchronize(c->xs);
+    graphs_drop(c);
     if (c->L) {
         for (int l = 0; l < be->model->hp.n_layers; l++) {
             cudaFree(c->L[l].wqkv);
@@ -765,6 +875,15 @@ static void cu_free(backend_t *be)
     if (c->cs) cudaStreamDestroy(c->cs);
     if (c->xs) cudaStreamDestroy(c->xs);
     free(c);
+}
+
+void backend_cuda_graph_counts(const backend_t *be, backend_graph_counts_t *out)
+{
+    const cu_t *c = (const cu_t *)be;
+    out->captured = c->graph_captures;
+    out->replayed = c->graph_replays;
+    out->fallbacks = c->graph_fallbacks;
+    snprintf(out->why, sizeof out->why, "%s", c->graph_why);
 }
 
 static const backend_ops_t cuda_ops = {
@@ -879,8 +998,8 @@ backend_t *backend_cuda_new(const model_t *model, const backend_params_t *params
     {
         const size_t budget = (size_t)((double)free_b * (double)params->mem_fraction);
         const size_t wb = weight_bytes(model, c->welem);
-        const size_t ab = act_bytes(model, c->max_T, c->welem);
         const size_t bb = c->base.kv_block_bytes;
+        const size_t ab = act_bytes(model, c->max_T, c->welem) + bb; /* + the scratch block */
         size_t kvb = (size_t)params->n_kv_blocks * bb;
         if (wb + ab > budget || (params->n_kv_blocks > 0 && wb + ab + kvb > budget)) {
             sw_seterr(errstr, errlen, "cuda: the model does not fit: weights %.1f MiB (%s) + "
@@ -925,7 +1044,8 @@ backend_t *backend_cuda_new(const model_t *model, const backend_params_t *params
     {
         const size_t T = (size_t)c->max_T, dim = hp->dim, hd = hp->head_dim, we = c->welem;
         const size_t ffn = hp->ffn_dim;
-        const size_t kv_total = (size_t)c->base.params.n_kv_blocks * c->base.kv_block_bytes;
+        /* the pool, and the graphs' scratch block after it */
+        const size_t kv_total = ((size_t)c->base.params.n_kv_blocks + 1) * c->base.kv_block_bytes;
         if (dmalloc(&c->x, T * dim * 4, "activations", errstr, errlen) ||
             dmalloc(&c->xn, T * dim * we, "activations", errstr, errlen) ||
             dmalloc(&c->qkv, T * (size_t)c->qkvd * 4, "activations", errstr, errlen) ||

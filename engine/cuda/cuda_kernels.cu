@@ -7,6 +7,7 @@
  * compiler cannot contract them into FMAs, which keeps the F32 path as close to the CPU
  * reference as a different summation order allows. */
 #include "engine/cuda/cuda_kernels.h"
+#include "engine/cuda/cuda_launch.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -67,7 +68,7 @@ extern "C" int cuk_convert(int src_type, const void *d_src, int dst_type, void *
 {
     if (!cuk_elem_bytes(src_type) || !cuk_elem_bytes(dst_type)) return (int)cudaErrorInvalidValue;
     if (n == 0) return 0;
-    k_convert<<<grid_for(n), CUK_THREADS, 0, stream>>>(src_type, d_src, dst_type, d_dst, n);
+    CUK_LAUNCH(grid_for(n), CUK_THREADS, 0, stream, k_convert)(src_type, d_src, dst_type, d_dst, n);
     return launched();
 }
 
@@ -94,7 +95,8 @@ extern "C" int cuk_fill_random(int dst_type, void *d_dst, size_t n, uint64_t see
 {
     if (!cuk_elem_bytes(dst_type)) return (int)cudaErrorInvalidValue;
     if (n == 0) return 0;
-    k_fill_random<<<grid_for(n), CUK_THREADS, 0, stream>>>(dst_type, d_dst, n, seed, lo, hi);
+    CUK_LAUNCH(grid_for(n), CUK_THREADS, 0, stream, k_fill_random)(dst_type, d_dst, n, seed, lo,
+                                                                  hi);
     return launched();
 }
 
@@ -113,7 +115,7 @@ extern "C" int cuk_embed(int wtype, const void *d_table, const int32_t *d_tokens
                          float *d_x, cudaStream_t stream)
 {
     if (T <= 0) return 0;
-    k_embed<<<T, CUK_THREADS, 0, stream>>>(wtype, d_table, d_tokens, dim, d_x);
+    CUK_LAUNCH(T, CUK_THREADS, 0, stream, k_embed)(wtype, d_table, d_tokens, dim, d_x);
     return launched();
 }
 
@@ -134,8 +136,8 @@ extern "C" int cuk_rope_table(const int32_t *d_pos, int T, const float *d_inv_fr
                               float freq_scale, float *d_cs, cudaStream_t stream)
 {
     if (T <= 0 || half <= 0) return 0;
-    k_rope_table<<<grid_for((size_t)T * half), CUK_THREADS, 0, stream>>>(d_pos, T, d_inv_freq,
-                                                                        half, freq_scale, d_cs);
+    CUK_LAUNCH(grid_for((size_t)T * half), CUK_THREADS, 0, stream, k_rope_table)(
+        d_pos, T, d_inv_freq, half, freq_scale, d_cs);
     return launched();
 }
 
@@ -179,7 +181,7 @@ extern "C" int cuk_rmsnorm(const float *d_x, const int32_t *d_rows, int T, int d
 {
     if (!cuk_elem_bytes(out_type)) return (int)cudaErrorInvalidValue;
     if (T <= 0) return 0;
-    k_rmsnorm<<<T, CUK_THREADS, 0, stream>>>(d_x, d_rows, dim, d_w, eps, out_type, d_out);
+    CUK_LAUNCH(T, CUK_THREADS, 0, stream, k_rmsnorm)(d_x, d_rows, dim, d_w, eps, out_type, d_out);
     return launched();
 }
 
@@ -199,7 +201,7 @@ extern "C" int cuk_swiglu(const float *d_gu, int T, int ffn, int out_type, void 
 {
     if (!cuk_elem_bytes(out_type)) return (int)cudaErrorInvalidValue;
     if (T <= 0) return 0;
-    k_swiglu<<<grid_for((size_t)T * ffn), CUK_THREADS, 0, stream>>>(d_gu, T, ffn, out_type,
+    CUK_LAUNCH(grid_for((size_t)T * ffn), CUK_THREADS, 0, stream, k_swiglu)(d_gu, T, ffn, out_type,
                                                                     d_out);
     return launched();
 }
@@ -275,128 +277,273 @@ extern "C" int cuk_qkv_rope_store(const cuk_qkv_args_t *a, cudaStream_t stream)
         (a->kv.kv_type != DT_F32 && a->kv.kv_type != DT_F16))
         return (int)cudaErrorInvalidValue;
     if (a->T <= 0) return 0;
-    k_qkv_rope_store<<<a->T, CUK_THREADS, 0, stream>>>(*a);
+    CUK_LAUNCH(a->T, CUK_THREADS, 0, stream, k_qkv_rope_store)(*a);
     return launched();
 }
 
 /* ---- paged attention: split-K partials, then the merge ---- */
 
+/* Keys per shared-memory tile of the attention kernel (one key per lane when scoring). */
+#define ATT_TILE 32
+/* Most warps per attention block; a warp serves ceil(group / warps) query heads. */
+#define ATT_MAX_WARPS 8
+/* Dynamic shared memory a block may use without opting in (cudaFuncSetAttribute). */
+#define ATT_SMEM_DEFAULT (48 * 1024)
+/* Splits whose merge weights k_attn_merge keeps in shared memory (more are recomputed). */
+#define CUK_MERGE_MAX 256
+
 static __device__ __forceinline__ float kv_f(float v) { return v; }
 static __device__ __forceinline__ float kv_f(__half v) { return __half2float(v); }
 
-/* Block (t, g, split): warp w is query head g * grp + w; lane holds elements lane + 32 i of the
- * head (i < NE, NE * 32 >= head_dim). Partial = (acc[head_dim], running max m, sum l) of an
- * online softmax over keys [split * chunk, min(pos[t] + 1, (split + 1) * chunk)). */
-template <typename KT, int NE>
-static __global__ void k_attn_part(cuk_attn_args_t a)
+/* 16 bytes of KV elements (4 F32 or 8 F16) at p, 16-byte aligned, widened into o. */
+static __device__ __forceinline__ void kv_vec(const float *p, float *o)
 {
+    const uint4 v = *(const uint4 *)p;
+    memcpy(o, &v, 16);
+}
+static __device__ __forceinline__ void kv_vec(const __half *p, float *o)
+{
+    const uint4 v = *(const uint4 *)p;
+    __half h[8];
+    memcpy(h, &v, 16);
+#pragma unroll
+    for (int i = 0; i < 8; i++) o[i] = __half2float(h[i]);
+}
+
+static __device__ __forceinline__ float warp_max(float v)
+{
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* Keys per split of a token with n_ctx keys: its context cut into at most n_splits chunks of a
+ * multiple of ATT_TILE keys, at least a.chunk. A function of n_ctx and the launch constants
+ * only, so a token's result does not depend on the other tokens of its batch. */
+static __device__ __forceinline__ int att_chunk(const cuk_attn_args_t &a, int n_ctx)
+{
+    int c = (n_ctx + a.n_splits - 1) / a.n_splits;
+    c = (c + ATT_TILE - 1) / ATT_TILE * ATT_TILE;
+    return c > a.chunk ? c : a.chunk;
+}
+
+/* Block (t, g, split) of blockDim.x = 32 * warps threads: the query heads g * grp .. g * grp +
+ * grp - 1 of token t (grp = n_heads / n_kv_heads) against keys [split * chunk, min(n_ctx,
+ * (split + 1) * chunk)) of kv head g, chunk = att_chunk(n_ctx). The K and V rows of each tile of
+ * ATT_TILE keys are read from the pool once, by the whole block (16-byte loads when head_dim is
+ * a multiple of 16 bytes of elements: the pool is cudaMalloc'd, every row then starts 16-byte
+ * aligned), into shared memory (F32) and
+ * used by every query head of the group: warp w serves heads w, w + warps, ... (at most HPW).
+ * Per head, lane j scores key j of the tile, the warp updates the online softmax (running max m,
+ * sum l) and lane i accumulates elements i + 32 k (k < NE, NE * 32 >= head_dim) of the weighted
+ * V sum. Partial = (acc[head_dim], m, l) at part[((t * n_heads + h) * n_splits + split)].
+ * Splits wholly past n_ctx return at once (the merge does not read them).
+ * Shared memory (dynamic, att_smem_bytes): q [grp][hd], K tile, V tile [ATT_TILE][hd + 1]. */
+template <typename KT, int NE, int HPW>
+static __global__ void __launch_bounds__(32 * ATT_MAX_WARPS) k_attn_part(cuk_attn_args_t a)
+{
+    CUK_DYN_SHARED(float, att_sm);
     const int t = blockIdx.x, g = blockIdx.y, sp = blockIdx.z;
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const int grp = a.n_heads / a.n_kv_heads, hd = a.head_dim, nkv = a.n_kv_heads;
-    const int h = g * grp + w;
+    const int ld = hd + 1; /* padded rows: lane j reading row j hits bank (j + e) % 32 */
     const int n_ctx = a.kv.pos[t] + 1;
-    const int j0 = sp * a.chunk;
-    const int j1 = min(n_ctx, j0 + a.chunk);
+    const int chunk = att_chunk(a, n_ctx);
+    const int j0 = sp * chunk;
+    if (j0 >= n_ctx) return; /* the whole block: no barrier is skipped by part of it */
+    const int j1 = min(n_ctx, j0 + chunk);
     const int B = a.kv.block_tokens;
     const int32_t *tab = a.kv.bt + a.kv.bt_off[a.kv.tok_seq[t]];
     const KT *kv = (const KT *)a.kv.kv;
-    const float *qp = a.qkv + (size_t)t * a.ld + (size_t)h * hd;
-    float q[NE], acc[NE];
+    constexpr int VE = 16 / (int)sizeof(KT); /* elements per 16-byte load */
+    float *qs = att_sm;                /* [grp][hd] */
+    float *ks = qs + grp * hd;         /* [ATT_TILE][ld] */
+    float *vs = ks + ATT_TILE * ld;    /* [ATT_TILE][ld] */
+    const float *qg = a.qkv + (size_t)t * a.ld + (size_t)g * grp * hd; /* the group's heads */
+    for (int i = threadIdx.x; i < grp * hd; i += blockDim.x) qs[i] = qg[i];
+
+    float m[HPW], l[HPW], acc[HPW][NE];
 #pragma unroll
-    for (int i = 0; i < NE; i++) {
-        const int e = lane + 32 * i;
-        q[i] = e < hd ? qp[e] : 0.0f;
-        acc[i] = 0.0f;
+    for (int k = 0; k < HPW; k++) {
+        m[k] = -INFINITY;
+        l[k] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < NE; i++) acc[k][i] = 0.0f;
     }
-    float m = -INFINITY, l = 0.0f;
-    for (int j = j0; j < j1; j++) {
-        const int32_t blk = tab[j / B];
-        const int slot = j % B;
-        const KT *kr = kv + kv_index(a.kv, nkv, hd, blk, 0, slot, g, 0);
-        const KT *vr = kv + kv_index(a.kv, nkv, hd, blk, 1, slot, g, 0);
-        float s = 0.0f;
+    for (int jt = j0; jt < j1; jt += ATT_TILE) {
+        const int n = min(ATT_TILE, j1 - jt);
+        __syncthreads(); /* q is stored; the previous tile is no longer read */
+        if (hd % VE == 0) { /* 16-byte loads: rows start 16-byte aligned */
+            const int hv = hd / VE;
+            for (int i = threadIdx.x; i < n * hv; i += blockDim.x) {
+                const int kk = i / hv, e = (i - kk * hv) * VE, j = jt + kk;
+                const int32_t blk = tab[j / B];
+                const int slot = j - (j / B) * B;
+                float x[VE];
+                kv_vec(kv + kv_index(a.kv, nkv, hd, blk, 0, slot, g, e), x);
+#pragma unroll
+                for (int u = 0; u < VE; u++) ks[kk * ld + e + u] = x[u];
+                kv_vec(kv + kv_index(a.kv, nkv, hd, blk, 1, slot, g, e), x);
+#pragma unroll
+                for (int u = 0; u < VE; u++) vs[kk * ld + e + u] = x[u];
+            }
+        } else {
+            for (int i = threadIdx.x; i < n * hd; i += blockDim.x) {
+                const int kk = i / hd, e = i - kk * hd, j = jt + kk;
+                const int32_t blk = tab[j / B];
+                const int slot = j - (j / B) * B;
+                ks[kk * ld + e] = kv_f(kv[kv_index(a.kv, nkv, hd, blk, 0, slot, g, e)]);
+                vs[kk * ld + e] = kv_f(kv[kv_index(a.kv, nkv, hd, blk, 1, slot, g, e)]);
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < HPW; k++) {
+            const int hh = w + k * nw; /* head within the group; uniform across the warp */
+            if (hh >= grp) break;
+            const float *q = qs + hh * hd;
+            float s = -INFINITY;
+            if (lane < n) {
+                const float *kr = ks + lane * ld;
+                float dot = 0.0f;
+                for (int e = 0; e < hd; e++) dot += q[e] * kr[e];
+                s = dot * a.scale;
+            }
+            const float mn = fmaxf(m[k], warp_max(s));
+            const float corr = expf(m[k] - mn);
+            const float p = lane < n ? expf(s - mn) : 0.0f;
+            l[k] = l[k] * corr + warp_sum(p);
+#pragma unroll
+            for (int i = 0; i < NE; i++) acc[k][i] *= corr;
+            for (int jj = 0; jj < n; jj++) {
+                const float pj = __shfl_sync(0xffffffffu, p, jj);
+                const float *vr = vs + jj * ld;
+#pragma unroll
+                for (int i = 0; i < NE; i++) {
+                    const int e = lane + 32 * i;
+                    if (e < hd) acc[k][i] += pj * vr[e];
+                }
+            }
+            m[k] = mn;
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < HPW; k++) {
+        const int hh = w + k * nw;
+        if (hh >= grp) break;
+        const int h = g * grp + hh;
+        float *out = a.part + (((size_t)t * a.n_heads + h) * a.n_splits + sp) * (hd + 2);
 #pragma unroll
         for (int i = 0; i < NE; i++) {
             const int e = lane + 32 * i;
-            if (e < hd) s += q[i] * kv_f(kr[e]);
+            if (e < hd) out[e] = acc[k][i];
         }
-        s = warp_sum(s) * a.scale;
-        const float mn = fmaxf(m, s);
-        const float corr = expf(m - mn), p = expf(s - mn);
-        l = l * corr + p;
-#pragma unroll
-        for (int i = 0; i < NE; i++) {
-            const int e = lane + 32 * i;
-            if (e < hd) acc[i] = acc[i] * corr + p * kv_f(vr[e]);
+        if (lane == 0) {
+            out[hd] = m[k];
+            out[hd + 1] = l[k];
         }
-        m = mn;
-    }
-    float *out = a.part + (((size_t)t * a.n_heads + h) * a.n_splits + sp) * (hd + 2);
-#pragma unroll
-    for (int i = 0; i < NE; i++) {
-        const int e = lane + 32 * i;
-        if (e < hd) out[e] = acc[i];
-    }
-    if (lane == 0) {
-        out[hd] = m;
-        out[hd + 1] = l;
     }
 }
 
-/* Block (t, h): merges the splits that hold keys of token t (the first ceil(n_ctx / chunk)). */
+/* Block (t, h): merges the partials of the splits holding keys of token t (the first
+ * ceil(n_ctx / chunk)) the log-sum-exp way: o = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M),
+ * M the largest m_s. The splits' weights are computed once into shared memory. */
 static __global__ void k_attn_merge(cuk_attn_args_t a)
 {
+    __shared__ float wsc[CUK_MERGE_MAX];
+    __shared__ float inv_l;
     const int t = blockIdx.x, h = blockIdx.y, hd = a.head_dim;
     const int n_ctx = a.kv.pos[t] + 1;
-    int ns = (n_ctx + a.chunk - 1) / a.chunk;
-    if (ns > a.n_splits) ns = a.n_splits;
+    const int chunk = att_chunk(a, n_ctx);
+    const int ns = (n_ctx + chunk - 1) / chunk; /* <= n_splits by att_chunk */
     const float *base = a.part + ((size_t)t * a.n_heads + h) * a.n_splits * (hd + 2);
+    if (threadIdx.x == 0) {
+        float M = -INFINITY;
+        for (int s = 0; s < ns; s++) M = fmaxf(M, base[(size_t)s * (hd + 2) + hd]);
+        float L = 0.0f;
+        for (int s = 0; s < ns; s++) {
+            const float *p = base + (size_t)s * (hd + 2);
+            const float wgt = expf(p[hd] - M);
+            if (s < CUK_MERGE_MAX) wsc[s] = wgt;
+            L += p[hd + 1] * wgt;
+        }
+        inv_l = 1.0f / L;
+    }
+    __syncthreads();
     float M = -INFINITY;
-    for (int s = 0; s < ns; s++) {
-        const float *p = base + (size_t)s * (hd + 2);
-        if (p[hd + 1] > 0.0f) M = fmaxf(M, p[hd]);
-    }
-    float L = 0.0f;
-    for (int s = 0; s < ns; s++) {
-        const float *p = base + (size_t)s * (hd + 2);
-        if (p[hd + 1] > 0.0f) L += p[hd + 1] * expf(p[hd] - M);
-    }
-    const float inv = 1.0f / L;
+    if (ns > CUK_MERGE_MAX)
+        for (int s = 0; s < ns; s++) M = fmaxf(M, base[(size_t)s * (hd + 2) + hd]);
     for (int e = threadIdx.x; e < hd; e += blockDim.x) {
         float o = 0.0f;
         for (int s = 0; s < ns; s++) {
             const float *p = base + (size_t)s * (hd + 2);
-            if (p[hd + 1] > 0.0f) o += p[e] * expf(p[hd] - M);
+            o += p[e] * (s < CUK_MERGE_MAX ? wsc[s] : expf(p[hd] - M));
         }
-        st_elem(a.out_type, a.out, ((size_t)t * a.n_heads + h) * hd + e, o * inv);
+        st_elem(a.out_type, a.out, ((size_t)t * a.n_heads + h) * hd + e, o * inv_l);
     }
 }
 
-template <typename KT>
-static void launch_part(const cuk_attn_args_t *a, dim3 grid, int threads, cudaStream_t stream)
+extern "C" size_t cuk_attention_smem(int n_heads, int n_kv_heads, int head_dim)
 {
-    if (a->head_dim <= 32) k_attn_part<KT, 1><<<grid, threads, 0, stream>>>(*a);
-    else if (a->head_dim <= 64) k_attn_part<KT, 2><<<grid, threads, 0, stream>>>(*a);
-    else if (a->head_dim <= 128) k_attn_part<KT, 4><<<grid, threads, 0, stream>>>(*a);
-    else k_attn_part<KT, 8><<<grid, threads, 0, stream>>>(*a);
+    const int grp = n_kv_heads > 0 ? n_heads / n_kv_heads : 0;
+    return sizeof(float) * ((size_t)grp * head_dim + 2u * ATT_TILE * (head_dim + 1));
+}
+
+template <typename KT, int NE, int HPW>
+static int launch_part3(const cuk_attn_args_t *a, dim3 grid, int threads, size_t smem,
+                        cudaStream_t stream)
+{
+    if (smem > ATT_SMEM_DEFAULT) {
+        int rc = (int)cudaFuncSetAttribute(k_attn_part<KT, NE, HPW>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           (int)smem);
+        if (rc) return rc;
+    }
+    CUK_LAUNCH(grid, threads, smem, stream, k_attn_part<KT, NE, HPW>)(*a);
+    return launched();
+}
+
+template <typename KT, int NE>
+static int launch_part2(const cuk_attn_args_t *a, dim3 grid, int threads, int hpw, size_t smem,
+                        cudaStream_t stream)
+{
+    if (hpw <= 1) return launch_part3<KT, NE, 1>(a, grid, threads, smem, stream);
+    if (hpw <= 2) return launch_part3<KT, NE, 2>(a, grid, threads, smem, stream);
+    return launch_part3<KT, NE, 4>(a, grid, threads, smem, stream);
+}
+
+template <typename KT>
+static int launch_part(const cuk_attn_args_t *a, dim3 grid, int threads, int hpw, size_t smem,
+                       cudaStream_t stream)
+{
+    if (a->head_dim <= 32) return launch_part2<KT, 1>(a, grid, threads, hpw, smem, stream);
+    if (a->head_dim <= 64) return launch_part2<KT, 2>(a, grid, threads, hpw, smem, stream);
+    if (a->head_dim <= 128) return launch_part2<KT, 4>(a, grid, threads, hpw, smem, stream);
+    return launch_part2<KT, 8>(a, grid, threads, hpw, smem, stream);
 }
 
 extern "C" int cuk_attention(const cuk_attn_args_t *a, cudaStream_t stream)
 {
     if (a->n_kv_heads <= 0 || a->n_heads % a->n_kv_heads || a->head_dim <= 0 ||
         a->head_dim > CUK_MAX_HEAD_DIM || a->n_heads / a->n_kv_heads > CUK_MAX_GROUP ||
-        a->n_splits < 1 || a->chunk < 1 || a->n_splits > 65535 ||
+        a->n_splits < 1 || a->chunk < 1 || a->n_splits > 65535 || a->grid_splits < 0 ||
+        a->grid_splits > a->n_splits ||
         (a->kv.kv_type != DT_F32 && a->kv.kv_type != DT_F16) || !cuk_elem_bytes(a->out_type))
         return (int)cudaErrorInvalidValue;
     if (a->T <= 0) return 0;
-    const dim3 grid((unsigned)a->T, (unsigned)a->n_kv_heads, (unsigned)a->n_splits);
-    const int threads = 32 * (a->n_heads / a->n_kv_heads);
-    if (a->kv.kv_type == DT_F32) launch_part<float>(a, grid, threads, stream);
-    else launch_part<__half>(a, grid, threads, stream);
-    int rc = launched();
+    const int grp = a->n_heads / a->n_kv_heads;
+    int warps = grp < 4 ? 4 : grp; /* extra warps of a small group help load the tiles */
+    if (warps > ATT_MAX_WARPS) warps = ATT_MAX_WARPS;
+    const int hpw = (grp + warps - 1) / warps;
+    const size_t smem = cuk_attention_smem(a->n_heads, a->n_kv_heads, a->head_dim);
+    const int gz = a->grid_splits ? a->grid_splits : a->n_splits;
+    const dim3 grid((unsigned)a->T, (unsigned)a->n_kv_heads, (unsigned)gz);
+    int rc = a->kv.kv_type == DT_F32
+                 ? launch_part<float>(a, grid, 32 * warps, hpw, smem, stream)
+                 : launch_part<__half>(a, grid, 32 * warps, hpw, smem, stream);
     if (rc) return rc;
     const int mthreads = a->head_dim < 32 ? 32 : (a->head_dim + 31) / 32 * 32;
-    k_attn_merge<<<dim3((unsigned)a->T, (unsigned)a->n_heads), mthreads, 0, stream>>>(*a);
+    CUK_LAUNCH(dim3((unsigned)a->T, (unsigned)a->n_heads), mthreads, 0, stream,
+               k_attn_merge)(*a);
     return launched();
 }
 
@@ -448,6 +595,6 @@ extern "C" int cuk_argmax(const float *d_logits, int T, int n_vocab, int32_t *d_
 {
     if (n_vocab < 1) return (int)cudaErrorInvalidValue;
     if (T <= 0) return 0;
-    k_argmax<<<T, 1024, 0, stream>>>(d_logits, n_vocab, d_ids);
+    CUK_LAUNCH(T, 1024, 0, stream, k_argmax)(d_logits, n_vocab, d_ids);
     return launched();
 }

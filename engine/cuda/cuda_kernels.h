@@ -86,12 +86,22 @@ int cuk_qkv_rope_store(const cuk_qkv_args_t *a, cudaStream_t stream);
 
 /* Causal paged attention for every token of a varlen batch (prefill chunks and decodes alike):
  * token t's query heads attend to positions [0, pos[t]] of its sequence, read from the KV pool
- * (its own and earlier tokens of this batch included: run cuk_qkv_rope_store first). Split-K
- * (flash-decoding): the context is cut into n_splits chunks of `chunk` keys; each (token, kv
- * head, chunk) block computes an online softmax for the n_heads / n_kv_heads query heads of the
- * kv head, and a second pass merges the chunks. n_splits * chunk must cover the longest
- * context of the batch. d_part: scratch of T * n_heads * n_splits * (head_dim + 2) F32.
- * d_out: [T][n_heads * head_dim] of out_type. head_dim <= 256, n_heads / n_kv_heads <= 32. */
+ * (its own and earlier tokens of this batch included: run cuk_qkv_rope_store first).
+ * GQA: one block serves all n_heads / n_kv_heads query heads of a kv head, so each K/V row is
+ * read from the pool once per (token, kv head, split), not once per query head.
+ * Split-K (flash-decoding): token t's context of n_ctx = pos[t] + 1 keys is cut into chunks of
+ * chunk_t = max(chunk, ceil(n_ctx / n_splits) rounded up to a multiple of 32) keys; each
+ * (token, kv head, chunk) block computes an online softmax (partial output, max, sum) and a
+ * second kernel merges the chunks by their log-sum-exp. chunk_t depends only on n_ctx, chunk and
+ * n_splits, so with fixed chunk and n_splits a token's output does not depend on its batch.
+ * grid_splits: blocks launched along the split axis, 0 = n_splits; a caller that knows the
+ * longest context L of the batch may pass min(n_splits, ceil(L / chunk)), an upper bound of
+ * every token's non-empty chunks, to launch fewer blocks that would find no keys (they return
+ * at once anyway, so a CUDA graph captured with n_splits stays right for any context).
+ * d_part: scratch of T * n_heads * n_splits * (head_dim + 2) F32. d_out: [T][n_heads *
+ * head_dim] of out_type. head_dim <= 256, n_heads / n_kv_heads <= 32. A block uses
+ * cuk_attention_smem() bytes of dynamic shared memory (opted in above 48 KiB: at most ~98 KiB,
+ * which sm_80 and later allow). */
 typedef struct {
     int T, n_heads, n_kv_heads, head_dim;
     const float *qkv; /* q of token t, head h at qkv[t * ld + h * head_dim] */
@@ -99,6 +109,7 @@ typedef struct {
     cuk_paged_t kv;
     float scale;
     int n_splits, chunk;
+    int grid_splits;
     float *part;
     int out_type;
     void *out;
@@ -106,6 +117,8 @@ typedef struct {
 int cuk_attention(const cuk_attn_args_t *a, cudaStream_t stream);
 #define CUK_MAX_HEAD_DIM 256
 #define CUK_MAX_GROUP 32
+/* Dynamic shared memory bytes of one cuk_attention block for this shape. */
+size_t cuk_attention_smem(int n_heads, int n_kv_heads, int head_dim);
 
 /* d_ids[t] = the index of the largest of d_logits[t][0..n_vocab) (the lowest on ties; NaN never
  * wins), t < T. d_logits: [T][n_vocab] F32; d_ids: [T] int32. */

@@ -30,6 +30,7 @@
  * of the block (uniform control flow); each starts with __syncthreads() before it writes the
  * shared scratch and ends with one after, and its result is read into registers at once. */
 #include "engine/cuda/cuda_sample.h"
+#include "engine/cuda/cuda_launch.h"
 
 #include <float.h>
 #include <limits.h>
@@ -665,6 +666,7 @@ extern "C" int cuk_sample(const float *d_logits, int R, int n_vocab, const cuk_s
     if (n_vocab < 1 || R < 0 || L < 0 || L > CUK_SAMPLE_MAX_LOGPROBS)
         return (int)cudaErrorInvalidValue;
     if (R == 0) return 0;
-    k_sample<<<R, SMP_THREADS, 0, stream>>>(d_logits, n_vocab, d_rows, d_counts, R, L, d_out);
+    CUK_LAUNCH(R, SMP_THREADS, 0, stream, k_sample)(d_logits, n_vocab, d_rows, d_counts, R, L,
+                                                    d_out);
     return (int)cudaGetLastError();
 }

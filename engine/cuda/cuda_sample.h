@@ -57,9 +57,23 @@ int cuk_sample(const float *d_logits, int R, int n_vocab, const cuk_sample_row_t
 #ifndef __CUDACC__
 #include "engine/sampler.h"
 /* *row = p (validated) with the step's random number and penalty slot / evicted id (-1 none);
- * inv_t = 1.0f / temperature as sampler_sample computes it. (cuda_backend.c) */
-void cuda_sample_row_fill(cuk_sample_row_t *row, const sampler_params_t *p, uint64_t rand,
-                          int pen_slot, int32_t pen_evict);
+ * inv_t = 1.0f / temperature as sampler_sample computes it. */
+static inline void cuda_sample_row_fill(cuk_sample_row_t *row, const sampler_params_t *p,
+                                        uint64_t rand, int pen_slot, int32_t pen_evict)
+{
+    row->temperature = p->temperature;
+    row->inv_t = p->temperature > 0.0f ? 1.0f / p->temperature : 0.0f;
+    row->top_k = p->top_k;
+    row->top_p = p->top_p;
+    row->min_p = p->min_p;
+    row->repeat_penalty = p->repeat_penalty;
+    row->presence_penalty = p->presence_penalty;
+    row->frequency_penalty = p->frequency_penalty;
+    row->n_logprobs = p->n_logprobs;
+    row->pen_slot = pen_slot < 0 ? -1 : pen_slot;
+    row->pen_evict = pen_slot < 0 ? -1 : pen_evict;
+    row->rand = rand;
+}
 #endif
 
 #ifdef __cplusplus

@@ -1,0 +1,255 @@
+/* tests/support/cuemu.h: a small emulation of the CUDA thread model on the CPU, so that the
+ * real kernel sources of engine/cuda (*.cu, included unchanged by a C++ test driver compiled
+ * with the host compiler; no nvcc, no GPU) can be run and compared with the CPU backend.
+ *
+ * Model: a launch runs its blocks one after another on a team of blockDim OS threads, one per
+ * CUDA thread. __syncthreads() is a barrier of the team; a warp shuffle or ballot is a barrier
+ * of the warp's 32 threads around a per-warp exchange buffer; shared memory is a function-local
+ * static (one block at a time uses it) and the dynamic shared memory a buffer filled with a
+ * poison pattern (NaN as F32) before each block; atomics are host atomics.
+ *
+ * What it checks: the kernels' indexing (every thread's reads and writes; under ASan, reads
+ * and writes out of the buffers), their synchronisation logic (a __syncthreads reached by part
+ * of a block while the rest waits at the end of the block, or by different barriers, is reported
+ * as "divergent barrier"; a barrier or shuffle that never completes is reported after
+ * CUEMU_TIMEOUT_S seconds instead of hanging; a launch whose dynamic shared memory exceeds 48 KiB
+ * without cudaFuncSetAttribute, or any launch beyond the hardware limits, fails) and their
+ * arithmetic (F32 operations in the same order as on the device up to contraction: nvcc may
+ * fuse a * b + c into an FMA where the source does not forbid it, the host compiler here does
+ * not, so results may differ in the last bits; fast intrinsics are not emulated).
+ * What it does not check: warp timing and independent thread scheduling (lanes of a warp here
+ * run as free threads that meet only at shuffles), the device memory model (everything is
+ * host memory, coherent, no caches), bank conflicts, occupancy, register limits and speed.
+ * Only the CUDA features the kernels of engine/cuda use are here; blocks run in order, so a
+ * kernel that depends on blocks running concurrently (none does) would deadlock.
+ *
+ * Use: define nothing; include this header (directly or through the cuda_*.h shims in
+ * tests/support/cuemu/, which the include path puts before the toolkit's), then the .cu file;
+ * link tests/support/cuemu.cpp. Launches are synchronous: the stream argument is ignored and
+ * "device" pointers are host pointers. Not thread-safe: one launch at a time per process. */
+#ifndef SPILLWAY_TESTS_CUEMU_H
+#define SPILLWAY_TESTS_CUEMU_H
+
+#include <float.h>
+#include <limits.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <functional>
+
+#define CUEMU_TIMEOUT_S 120
+
+struct dim3 {
+    unsigned x, y, z;
+    constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+struct uint3 {
+    unsigned x, y, z;
+};
+struct alignas(16) uint4 {
+    unsigned x, y, z, w;
+};
+
+typedef struct cuemu_stream *cudaStream_t;
+enum cudaError { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorInvalidConfiguration = 9 };
+typedef enum cudaError cudaError_t;
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __shared__ static
+#define __launch_bounds__(...)
+
+/* ---- the runtime (tests/support/cuemu.cpp) ---- */
+extern thread_local uint3 threadIdx, blockIdx;
+extern dim3 blockDim, gridDim;
+namespace cuemu {
+/* The barrier of the whole block (kind 0: __syncthreads, 1: the end of a block). */
+void block_barrier(int kind);
+/* The barrier of the calling thread's warp (all 32 lanes). */
+void warp_barrier();
+/* Per-warp exchange buffers, double-buffered: a lane writes slot [phase][lane], passes the warp
+ * barrier, reads; the next exchange uses the other phase. */
+uint64_t *warp_slot(int warp, int phase);
+int &warp_phase(); /* the calling thread's phase */
+void *dyn_smem();
+cudaError_t last_error_take();
+void set_max_dyn_smem(const void *fn, int bytes);
+/* Runs body on a team of block threads for every block of grid; checks the configuration. */
+cudaError_t run(const void *fn, dim3 grid, dim3 block, size_t smem, std::function<void()> body);
+
+template <class T> static inline T exchange(T v, int src, bool take)
+{
+    static_assert(sizeof(T) <= 8, "exchange of at most 8 bytes");
+    const int w = (int)(threadIdx.x >> 5), l = (int)(threadIdx.x & 31);
+    int &ph = warp_phase();
+    uint64_t *s = warp_slot(w, ph);
+    uint64_t u = 0;
+    memcpy(&u, &v, sizeof v);
+    s[l] = u;
+    warp_barrier();
+    T r = v;
+    if (take) memcpy(&r, &s[src], sizeof r);
+    ph ^= 1;
+    return r;
+}
+
+template <class F> struct launcher {
+    F *fn;
+    dim3 grid, block;
+    size_t smem;
+    template <class... A> void operator()(A... args) const
+    {
+        F *f = fn;
+        cudaError_t rc = run((const void *)f, grid, block, smem, [=] { f(args...); });
+        (void)rc;
+    }
+};
+template <class F> static inline launcher<F> launch_of(F *fn, dim3 g, dim3 b, size_t smem,
+                                                      cudaStream_t)
+{
+    return launcher<F>{fn, g, b, smem};
+}
+} /* namespace cuemu */
+
+#define CUK_LAUNCH(grid, block, smem, stream, ...) \
+    cuemu::launch_of(&__VA_ARGS__, dim3(grid), dim3(block), (size_t)(smem), stream)
+#define CUK_DYN_SHARED(type, name) type *name = (type *)cuemu::dyn_smem()
+
+static inline cudaError_t cudaGetLastError(void) { return cuemu::last_error_take(); }
+template <class F>
+static inline cudaError_t cudaFuncSetAttribute(F *fn, enum cudaFuncAttribute, int value)
+{
+    cuemu::set_max_dyn_smem((const void *)fn, value);
+    return cudaSuccess;
+}
+
+/* ---- intrinsics ---- */
+static inline void __syncthreads(void) { cuemu::block_barrier(0); }
+template <class T> static inline T __shfl_sync(unsigned, T v, int src)
+{
+    return cuemu::exchange(v, src & 31, true);
+}
+template <class T> static inline T __shfl_xor_sync(unsigned, T v, int o)
+{
+    return cuemu::exchange(v, (int)(threadIdx.x & 31) ^ o, true);
+}
+template <class T> static inline T __shfl_down_sync(unsigned, T v, int o)
+{
+    const int l = (int)(threadIdx.x & 31);
+    return cuemu::exchange(v, l + o, l + o < 32);
+}
+template <class T> static inline T __shfl_up_sync(unsigned, T v, int o)
+{
+    const int l = (int)(threadIdx.x & 31);
+    return cuemu::exchange(v, l - o, l - o >= 0);
+}
+static inline unsigned __ballot_sync(unsigned, int p)
+{
+    const int w = (int)(threadIdx.x >> 5), l = (int)(threadIdx.x & 31);
+    int &ph = cuemu::warp_phase();
+    uint64_t *s = cuemu::warp_slot(w, ph);
+    s[l] = p != 0;
+    cuemu::warp_barrier();
+    unsigned r = 0;
+    for (int i = 0; i < 32; i++) r |= (unsigned)(s[i] != 0) << i;
+    ph ^= 1;
+    return r;
+}
+static inline int __popc(unsigned x) { return __builtin_popcount(x); }
+static inline int __ffs(int x) { return __builtin_ffs(x); }
+template <class T> static inline T atomicAdd(T *p, T v)
+{
+    return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
+}
+/* _rn operations: the host compiler does not contract them (-ffp-contract=off, tests/CMake). */
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fsub_rn(float a, float b) { return a - b; }
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __fdiv_rn(float a, float b) { return a / b; }
+static inline unsigned __float_as_uint(float f)
+{
+    unsigned u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+static inline float __uint_as_float(unsigned u)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline unsigned long long __double2ull_rz(double d)
+{
+    return d <= 0.0 ? 0ull : d >= 18446744073709551615.0 ? ~0ull : (unsigned long long)d;
+}
+static inline int min(int a, int b) { return a < b ? a : b; }
+static inline int max(int a, int b) { return a > b ? a : b; }
+static inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
+static inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
+
+/* ---- F16 / BF16 (round to nearest even, as __float2half_rn / __float2bfloat16_rn) ---- */
+struct __half {
+    uint16_t x;
+};
+struct __nv_bfloat16 {
+    uint16_t x;
+};
+static inline float __half2float(__half h)
+{
+    const uint32_t s = (uint32_t)(h.x >> 15) << 31, e = (h.x >> 10) & 0x1f, m = h.x & 0x3ff;
+    uint32_t u;
+    if (e == 0x1f) {
+        u = s | 0x7f800000u | (m << 13);
+    } else if (e) {
+        u = s | ((e + 112) << 23) | (m << 13);
+    } else if (!m) {
+        u = s;
+    } else { /* subnormal: m * 2^-24 */
+        float f = (float)m * (1.0f / 16777216.0f);
+        return s ? -f : f;
+    }
+    return __uint_as_float(u);
+}
+static inline __half __float2half_rn(float f)
+{
+    const uint32_t u = __float_as_uint(f), s = (u >> 16) & 0x8000;
+    const uint32_t a = u & 0x7fffffffu;
+    __half h;
+    if (a > 0x7f800000u) { h.x = (uint16_t)(s | 0x7e00); return h; }          /* NaN */
+    if (a >= 0x477ff000u) { h.x = (uint16_t)(s | 0x7c00); return h; }         /* overflow */
+    if (a < 0x38800000u) { /* below the smallest normal: units of 2^-24, ties to even */
+        float q = __uint_as_float(a) * 16777216.0f;
+        float r = nearbyintf(q); /* default rounding mode: to nearest even */
+        h.x = (uint16_t)(s | (uint32_t)r);
+        return h;
+    }
+    uint32_t e = (a >> 23) - 112, m = a & 0x7fffff;
+    uint32_t v = (e << 10) | (m >> 13);
+    const uint32_t rem = m & 0x1fff;
+    if (rem > 0x1000 || (rem == 0x1000 && (v & 1))) v++;
+    h.x = (uint16_t)(s | v);
+    return h;
+}
+static inline float __bfloat162float(__nv_bfloat16 b)
+{
+    return __uint_as_float((uint32_t)b.x << 16);
+}
+static inline __nv_bfloat16 __float2bfloat16_rn(float f)
+{
+    uint32_t u = __float_as_uint(f);
+    __nv_bfloat16 b;
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+        b.x = (uint16_t)((u >> 16) | 0x40);
+        return b;
+    }
+    u += 0x7fffu + ((u >> 16) & 1);
+    b.x = (uint16_t)(u >> 16);
+    return b;
+}
+
+#endif
