@@ -44,7 +44,8 @@ echo "=== tests: Release === [${SECONDS}s]"
 # The four real-broker fault scenarios (test_faults_*.sh) run once, in the ASan+UBSan stage
 # below, where their recovery paths are also checked for memory errors; so do the single-purpose
 # real-broker fault tests (oversized records, a peer killed, a late EndTxn answer, the forged KV
-# block). (ctest label "fault", set in CMakeLists.txt; their times: bench/RESULTS.md)
+# block, forwarding between workers with kill -9, the multi-host test bed with hosts cut off).
+# (ctest label "fault", set in CMakeLists.txt; their times: bench/RESULTS.md)
 # The real-broker tests that leave the broker alone share one broker per ctest run (the fixture
 # kafka_broker, CMakeLists.txt), in this stage and in the next.
 (cd build && ctest --output-on-failure -j"$TEST_JOBS" -LE fault)
@@ -67,7 +68,7 @@ cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPILLWAY_WERROR=ON 
   -DSPILLWAY_CUDA=OFF -DSPILLWAY_SHARED_DIR="$SHARED" >/dev/null
 # only what the stage runs: the threaded parts' tests and the spillway command (test_cache_tier.sh)
 # the tests labelled "threaded" (CMakeLists.txt) and what they run (test_cache_tier.sh: spillway)
-cmake --build build-tsan -j"$JOBS" --target spillway test_engine test_kvpool test_metrics test_cache \
+cmake --build build-tsan -j"$JOBS" --target spillway test_engine test_kvpool test_metrics test_cache test_peer \
   test_consumer_offsets test_worker_mock test_worker_txn_mock test_worker_features
 echo "=== tests: ThreadSanitizer (the threaded parts: scheduler and thread pool, cache, metrics, worker) === [${SECONDS}s]"
 # tests/tsan/suppressions.txt: uninstrumented libraries, and the arena's seqlock copy (by design)
