@@ -209,6 +209,11 @@ typedef struct {
  * (counted in redis_errors) or no other host is live; -1 only for bad arguments. Touches no
  * LRU. */
 int cache_locate(cache_t *c, const uint64_t *names, int n, cache_peer_t *out, int max_out);
+/* As cache_locate, and *here (not NULL): how many leading blocks of the chain this host's index
+ * holds, asked in the same pipeline (0 when no other host is live: nothing to compare with).
+ * Same threads and returns. (cache/locate.c) */
+int cache_locate_here(cache_t *c, const uint64_t *names, int n, cache_peer_t *out, int max_out,
+                      int *here);
 
 /* This host's id in the index and the fleet (cache_config_t.host_id, or the hostname). The
  * string lives as long as c. "" when tier 2 is off. */

@@ -99,6 +99,9 @@ int consumer_is_next(const consumer_t *c, const consumer_ticket_t *t);
 /* Tracked messages not yet acknowledged, all partitions. */
 int consumer_pending(const consumer_t *c);
 int consumer_n_assigned(const consumer_t *c);
+/* The assigned partitions of topic, ascending, into out[0..cap): how many there are (may
+ * exceed cap: only cap are written). */
+int consumer_assigned(const consumer_t *c, const char *topic, int32_t *out, int cap);
 
 /* Pause / resume fetching of every assigned partition (partitions assigned while paused are
  * paused too). Idempotent. */

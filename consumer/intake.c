@@ -546,6 +546,25 @@ int consumer_is_next(const consumer_t *c, const consumer_ticket_t *t)
 
 int consumer_pending(const consumer_t *c) { return c->pending; }
 int consumer_n_assigned(const consumer_t *c) { return c->n_parts; }
+
+int consumer_assigned(const consumer_t *c, const char *topic, int32_t *out, int cap)
+{
+    int n = 0;
+    for (int i = 0; i < c->n_parts; i++) {
+        if (strcmp(c->parts[i]->topic, topic)) continue;
+        int32_t v = c->parts[i]->partition;
+        if (n < cap) { /* insertion in ascending order */
+            int j = n;
+            while (j > 0 && out[j - 1] > v) {
+                out[j] = out[j - 1];
+                j--;
+            }
+            out[j] = v;
+        }
+        n++;
+    }
+    return n;
+}
 int consumer_paused(const consumer_t *c) { return c->paused; }
 
 /* After a resume, librdkafka (2.0) does not wake the fetcher: a resumed partition is fetched at

@@ -147,9 +147,18 @@ int producer_send(producer_t *p, const char *topic, const void *key, size_t klen
                   const void *value, size_t vlen, rd_kafka_headers_t *hdrs, void *opaque,
                   char *errstr, size_t errlen)
 {
+    return producer_send_part(p, topic, RD_KAFKA_PARTITION_UA, 0, key, klen, value, vlen, hdrs,
+                              opaque, errstr, errlen);
+}
+
+int producer_send_part(producer_t *p, const char *topic, int32_t partition, int64_t ts_ms,
+                       const void *key, size_t klen, const void *value, size_t vlen,
+                       rd_kafka_headers_t *hdrs, void *opaque, char *errstr, size_t errlen)
+{
     for (;;) {
         rd_kafka_resp_err_t err = rd_kafka_producev(
-            p->rk, RD_KAFKA_V_TOPIC(topic), RD_KAFKA_V_KEY(key, klen),
+            p->rk, RD_KAFKA_V_TOPIC(topic), RD_KAFKA_V_PARTITION(partition),
+            RD_KAFKA_V_TIMESTAMP(ts_ms > 0 ? ts_ms : 0), RD_KAFKA_V_KEY(key, klen),
             RD_KAFKA_V_VALUE((void *)value, vlen), RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
             RD_KAFKA_V_HEADERS(hdrs), RD_KAFKA_V_OPAQUE(opaque), RD_KAFKA_V_END);
         if (!err) return 0; /* hdrs now owned by librdkafka */

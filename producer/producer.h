@@ -70,6 +70,12 @@ const char *producer_name(const producer_t *p);
 int producer_send(producer_t *p, const char *topic, const void *key, size_t klen,
                   const void *value, size_t vlen, rd_kafka_headers_t *hdrs, void *opaque,
                   char *errstr, size_t errlen);
+/* As producer_send, to one partition of topic (RD_KAFKA_PARTITION_UA: the partitioner's
+ * choice, as producer_send), with the record timestamp ts_ms (epoch ms; 0 = now). A partition
+ * the topic does not have is a permanent error (-3). */
+int producer_send_part(producer_t *p, const char *topic, int32_t partition, int64_t ts_ms,
+                       const void *key, size_t klen, const void *value, size_t vlen,
+                       rd_kafka_headers_t *hdrs, void *opaque, char *errstr, size_t errlen);
 /* As producer_send, but never waits: 1 when the local queue is full (nothing sent; hdrs
  * consumed). For best-effort records sent from a thread that must not block. */
 int producer_send_nowait(producer_t *p, const char *topic, const void *key, size_t klen,

@@ -43,23 +43,31 @@ static int apply_headers(worker_t *w, wreq_t *r, const char **code, char *err, s
     return 0;
 }
 
-/* The topic whose claims entry applies to r: the one it was consumed from, or for a message
- * on the deferral topic the one a worker shed it from (its __spillway.deferred.from header,
- * "TOPIC[PARTITION]@OFFSET"; the deferral topic itself without that header). */
-static void claims_topic(worker_t *w, const wreq_t *r, char *topic, size_t cap)
+/* When r has the header (value "TOPIC[PARTITION]@OFFSET"), its TOPIC replaces topic. */
+static void origin_topic(const wreq_t *r, const char *header, char *topic, size_t cap)
 {
-    const char *t = rd_kafka_topic_name(r->msg->rkt);
-    snprintf(topic, cap, "%s", t);
-    if (!*w->cfg.deferral_topic || strcmp(t, w->cfg.deferral_topic)) return;
     rd_kafka_headers_t *h = NULL;
     const void *v;
     size_t n;
     if (rd_kafka_message_headers(r->msg, &h) || !h ||
-        rd_kafka_header_get_last(h, "__spillway.deferred.from", &v, &n) || !v)
+        rd_kafka_header_get_last(h, header, &v, &n) || !v)
         return;
     const char *b = memchr(v, '[', n);
     if (b && b > (const char *)v)
         snprintf(topic, cap, "%.*s", (int)(b - (const char *)v), (const char *)v);
+}
+
+/* The topic whose claims entry applies to r: the one it was consumed from, or for a message
+ * on the deferral topic the one a worker shed it from (its __spillway.deferred.from header;
+ * the deferral topic itself without that header), or for one on forward.topic the one a worker
+ * forwarded it from (its __spillway.hop.from header), then as for the deferral topic. */
+static void claims_topic(worker_t *w, const wreq_t *r, char *topic, size_t cap)
+{
+    snprintf(topic, cap, "%s", rd_kafka_topic_name(r->msg->rkt));
+    if (*w->cfg.forward_topic && !strcmp(topic, w->cfg.forward_topic))
+        origin_topic(r, "__spillway.hop.from", topic, cap);
+    if (*w->cfg.deferral_topic && !strcmp(topic, w->cfg.deferral_topic))
+        origin_topic(r, "__spillway.deferred.from", topic, cap);
 }
 
 /* The claims key on r (parsed, headers applied, its class r->cls found): a tenant or class its
@@ -195,6 +203,7 @@ void wadmit_intake(worker_t *w, rd_kafka_message_t *m)
         wreq_free(w, r);
         return;
     }
+    wfwd_intake(w, r);
     int64_t zero = 0;
     atomic_compare_exchange_strong(&w->st.t_first, &zero, t0);
     r->bytes = m->len;
@@ -298,6 +307,9 @@ void wadmit_intake(worker_t *w, rd_kafka_message_t *m)
         wfatal_set(w, "out of memory preparing a prompt");
     } else if (rc) {
         wres_dlq(r, code, err);
+        wout_send(w, r);
+        goto out;
+    } else if (wfwd_decide(w, r)) { /* to another worker of the group (worker/forward.c) */
         wout_send(w, r);
         goto out;
     }

@@ -148,6 +148,27 @@ static const key_t_ KEYS[] = {
      "pressure below a step's threshold this long before stepping down"},
     {"overload.window_ms", K_INT, F(overload_window_ms), "60000", 1, 86400000,
      "steps only while a top-class message arrived within this"},
+    /* ---- Forwarding between the group's workers (worker/forward.c) ---- */
+    {"forward.topic", K_STR, F(forward_topic), "", 0, 0,
+     "topic through which a worker hands a request to another worker of the group (\"\" = no "
+     "forwarding); every worker subscribes to it; needs `cache.redis.host` (the ownership "
+     "registry); create it with as many partitions as the input topics"},
+    {"forward.overload.pct", K_INT, F(forward_overload_pct), "75", 0, 100000,
+     "in-flight messages (or tokens) at or above this percent of `max.inflight` (or "
+     "`max.inflight.tokens`) is over the forwarding budget; a worker over it for "
+     "`forward.overload.ms` forwards new requests to the least loaded worker under it (0 = "
+     "no overload forwarding)"},
+    {"forward.overload.ms", K_INT, F(forward_overload_ms), "1000", 0, 3600000,
+     "how long a worker stays over the forwarding budget before it forwards"},
+    {"forward.affinity.min_blocks", K_INT, F(forward_affinity_min_blocks), "4", 0, 1 << 20,
+     "a request whose leading KV blocks another host's index holds at least this many more of "
+     "than this host's is forwarded to a worker of that host (0 = no affinity forwarding; "
+     "needs tier 2)"},
+    {"forward.registry.ttl_ms", K_INT, F(forward_registry_ttl_ms), "3000", 300, 3600000,
+     "a worker's entry in the ownership registry (its forwarding-topic partitions, host and "
+     "load) is stale after this long; each worker republishes every third of it"},
+    {"forward.log_per_s", K_INT, F(forward_log_per_s), "10", 0, 1000000,
+     "log lines of single forwards per second, at most (the rest are counted in the next line)"},
     /* ---- Prefix cache (cache/: tier 2, the Redis index and the host arena) ---- */
     {"cache.redis.host", K_STR, F(cache_redis_host), "", 0, 0,
      "Redis of the prefix-cache index (\"\" = tier 2 off)"},
@@ -275,6 +296,7 @@ static const struct {
     {"stream.topic", "Streaming, usage records and autoscaling signals"},
     {"model", "Models and engine"},
     {"classes", "Service classes and overload"},
+    {"forward.topic", "Forwarding"},
     {"cache.redis.host", "Prefix cache"},
     {"limits.max_message_bytes", "Request limits"},
     {"log.level", "Logs and metrics"},
@@ -787,6 +809,19 @@ int worker_config_check(const worker_config_t *c, char *errstr, size_t errlen)
                                !strcmp(c->deferral_topic, c->dlq_topic))) {
         snprintf(errstr, errlen, "overload.deferral.topic must differ from output.topic and dlq.topic");
         return -1;
+    }
+    if (*c->forward_topic) {
+        if (!strcmp(c->forward_topic, c->output_topic) || !strcmp(c->forward_topic, c->dlq_topic) ||
+            !strcmp(c->forward_topic, c->deferral_topic)) {
+            snprintf(errstr, errlen, "forward.topic must differ from output.topic, dlq.topic and "
+                     "overload.deferral.topic");
+            return -1;
+        }
+        if (!*c->cache_redis_host) {
+            snprintf(errstr, errlen, "forward.topic needs cache.redis.host: workers find which "
+                     "of them owns a partition of it in the Redis registry");
+            return -1;
+        }
     }
     return 0;
 }

@@ -268,6 +268,7 @@ void wexpo_render(void *arg, metrics_buf_t *b)
                    (double)atomic_load(&w->st.reloads_ok));
     metrics_sample(b, "spillway:model_reloads_total", "outcome=\"failed\"",
                    (double)atomic_load(&w->st.reloads_failed));
+    wfwd_render(w, b);
 }
 
 /* Alive: no fatal error, and the poll loop turned within the last minute (a transaction commit

@@ -57,6 +57,10 @@ static void count_output(worker_t *w, const wreq_t *r)
         atomic_fetch_add(&w->st.ov_shed, 1);
         return;
     }
+    if (r->fwd_reason && !r->is_dlq) {
+        wfwd_done(w, r);
+        return;
+    }
     if (r->is_dlq) {
         atomic_fetch_add(&w->st.dlq, 1);
         count_dlq_reason(w, r->dlq_code ? r->dlq_code : "unknown");
@@ -358,6 +362,8 @@ void wout_send(worker_t *w, wreq_t *r)
                      ? producer_send(w->prod, w->cfg.dlq_topic, m->key, m->key_len, m->payload,
                                      vlen, h, op, err, sizeof err)
                      : (snprintf(err, sizeof err, "out of memory"), -1);
+        } else if (r->fwd_reason) {
+            rc = wfwd_send(w, r, op, err, sizeof err); /* the original, to forward.topic */
         } else {
             rd_kafka_headers_t *h = NULL;
             if (corr) { /* NULL on out of memory: the correlation id is in the JSON too */

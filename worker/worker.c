@@ -269,6 +269,21 @@ worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen)
             snprintf(topics, n, "%s,%s", w->cfg.input_topics, w->cfg.deferral_topic);
         }
     }
+    /* forwarding: the group consumes forward.topic too (worker/forward.c) */
+    if (wfwd_new(w, errstr, errlen)) {
+        free(topics);
+        goto fail;
+    }
+    if (wfwd_subscription(w, &topics)) {
+        free(topics);
+        snprintf(errstr, errlen, "out of memory");
+        goto fail;
+    }
+    if (w->fwd) {
+        char e[256];
+        if (producer_prepare_topic(w->prod, w->cfg.forward_topic, 5000, e, sizeof e))
+            wlog(w, SW_LOG_WARN, "%s (forwards wait until it exists)", e);
+    }
     consumer_config_t cc = {
         .brokers = w->cfg.brokers,
         .group_id = w->cfg.group_id,
@@ -475,6 +490,7 @@ int worker_run(worker_t *w, const volatile sig_atomic_t *stop, char *errstr, siz
         }
         wmodel_reload_finish(w);
         wover_flow_control(w);
+        wfwd_tick(w);
         pthread_mutex_lock(&w->mu);
         int have_out = w->outbox != NULL;
         pthread_mutex_unlock(&w->mu);
@@ -620,6 +636,7 @@ void worker_free(worker_t *w)
     if (!w) return;
     metrics_server_free(w->metrics); /* first: its thread reads everything below */
     w->metrics = NULL;
+    wfwd_free(w);
     if (w->cons) consumer_close(w->cons);
     w->cons = NULL;
     if (w->prod) producer_free(w->prod, 0);

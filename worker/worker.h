@@ -82,6 +82,13 @@ typedef struct {
     int overload_cap_tokens;   /* the cap of step 2 */
     int overload_cooldown_ms;  /* pressure below a step's threshold this long: one step down */
     int overload_window_ms;    /* steps only while a top-class message arrived within this */
+    /* forwarding to other workers of the group (README "Forwarding") */
+    char *forward_topic;       /* "" = off */
+    int forward_overload_pct;  /* forwarding budget, percent of the in-flight limits; 0 = off */
+    int forward_overload_ms;   /* over it this long: forward */
+    int forward_affinity_min_blocks; /* leading blocks elsewhere minus here; 0 = off */
+    int forward_registry_ttl_ms;     /* ownership entries older are stale */
+    int forward_log_per_s;     /* forward log lines per second, at most */
     /* engine */
     char *model;               /* GGUF path, served under its file stem */
     char *models;              /* "name=path,..." (worker_models_parse) */

@@ -136,6 +136,12 @@ struct wreq {
     int is_shed;                 /* the output is the original message, to the deferral topic */
     int capped_from;             /* max_tokens before the cap of step 2; 0 = not capped */
     double wait_ms;              /* Kafka timestamp to intake, >= 0 */
+    /* forwarding (worker/forward.c; poll thread) */
+    int hop;                     /* came through forward.topic: served here, never forwarded */
+    const char *fwd_reason;      /* the output is the original message, to forward.topic
+                                    partition fwd_part: "overload" | "affinity" (static); NULL */
+    int32_t fwd_part;
+    char fwd_to[128];            /* the target worker, for the log line */
 };
 
 typedef struct {
@@ -182,6 +188,11 @@ typedef struct {
     /* outputs refused with a permanent error; dead letters cut to dlq.truncate_bytes; messages
      * acknowledged without any output (their dead letter could not be delivered either) */
     atomic_uint_fast64_t out_permanent, dlq_truncated, out_lost;
+    /* forwarding (worker/forward.c): requests handed to another worker, by reason (FWD_*), and
+     * received; over the budget with no worker to take them; registry round trips failed;
+     * fresh workers in the registry (this one included) */
+    atomic_uint_fast64_t fwd_out[2], fwd_in, fwd_no_target, fwd_registry_errors;
+    atomic_int fwd_peers;
 } stats_t;
 
 /* The form of an output and its permanent refusals so far (output_refused). */
@@ -225,6 +236,7 @@ struct worker {
     worker_reload_fn reload_fn;
     void *reload_arg;
     struct reload_job *job;      /* poll thread: the load in progress, or NULL */
+    struct wfwd *fwd;            /* forwarding (worker/forward.c; poll thread), NULL = off */
     consumer_t *cons;
     producer_t *prod;
     producer_t *aux;             /* side producer, not transactional: stream chunks and usage
@@ -437,6 +449,33 @@ void wpeer_note_done(worker_t *w, const wreq_t *r, const engine_result_t *res);
 
 /* ---- worker/overload.c ---- */
 void wover_flow_control(worker_t *w);
+
+/* ---- worker/forward.c: handing requests to other workers of the group (README
+ * "Forwarding"). Poll thread, except wfwd_render (the metrics thread: atomics only). ---- */
+enum { FWD_OVERLOAD, FWD_AFFINITY };
+/* Starts forwarding when forward.topic is set (w->fwd; NULL otherwise): the registry's Redis
+ * connection is made lazily. 0, or -1 with errstr. */
+int wfwd_new(worker_t *w, char *errstr, size_t errlen);
+/* Removes this worker's registry entry (best effort) and frees w->fwd. NULL-safe. */
+void wfwd_free(worker_t *w);
+/* *topics (malloc'd, or NULL for w->cfg.input_topics) with forward.topic appended unless listed.
+ * 0 or -1 (out of memory). */
+int wfwd_subscription(worker_t *w, char **topics);
+/* Each turn of the poll loop: the overload clock, and the registry (publish this worker's
+ * forwarding-topic partitions, host and load; read the others') when due or the assignment
+ * changed. */
+void wfwd_tick(worker_t *w);
+/* Intake, right after r is tracked: marks (r->hop) and counts a record that came through
+ * forward.topic. */
+void wfwd_intake(worker_t *w, wreq_t *r);
+/* Intake, once r is ready for the engine (prompt tokenised, cost known): 1 when r is to be
+ * forwarded (r->fwd_* set, r->cost 0: the caller sends it with wout_send), else 0. */
+int wfwd_decide(worker_t *w, wreq_t *r);
+/* wout_send's producer call for a forwarded r (op: the delivery opaque). As producer_send. */
+int wfwd_send(worker_t *w, wreq_t *r, void *op, char *err, size_t errlen);
+/* r's forward is durable (or in the open transaction): counts and logs it. */
+void wfwd_done(worker_t *w, const wreq_t *r);
+void wfwd_render(worker_t *w, metrics_buf_t *b);
 
 /* ---- worker/exposition.c ---- */
 void wexpo_render(void *arg, metrics_buf_t *b);
