@@ -7,8 +7,10 @@
 # host serves its arena (cache.peer.listen={host_ip}:7070). The fleet registry's TTL is set past
 # the test's length, so a cut or killed host stays "live" to the others and every request whose
 # prefix only that host holds tries to fetch from it: the fallbacks checked below do not depend
-# on when the faults land. Documents are about 27 KV blocks (about 440 tokens) long, where the
-# cost model's fetch estimate is far below its recompute estimate.
+# on when the faults land; Redis commands get 1 s (not 50 ms), so a loaded machine does not turn
+# tier 2 off for a moment and skip a lookup, a locate or a forward. Documents are about 27 KV
+# blocks (about 440 tokens) long, where the cost model's fetch estimate is far below its
+# recompute estimate.
 #   map     one probe per partition (kcat -p), whose results' "worker" field tells which host
 #           owns it (done again after every rebalance the test causes);
 #   warm    documents D2a, D2b, D2c computed on host 2 only, D1b, D1c on host 1 only (sent to
@@ -23,6 +25,14 @@
 #   kill    D1b sent to hosts 2 and 3, host 1's worker killed (SIGKILL) at once, then D1c: the
 #           dials to host 1 find no listener (hosts 2 and 3 count the fallbacks); 60 requests
 #           keyed by id; once all are answered host 1's worker is started again.
+# With FLEET_FORWARD=1 (tests/test_fleet_forward_faults.sh) forwarding is on as well
+# (forward.topic, affinity from 4 blocks, no overload forwarding, so the probes stay where they
+# land; the roundrobin assignor): in "fetch" hosts 1 and 3 forward the D2a requests to host 2 (their forwarded_total
+# grows, host 2 answers them) instead of fetching; in "cut" and "kill" the requests for the
+# faulty host's prefixes are forwarded to it (while its registry entry is fresh) just before
+# and after the fault, so the fault lands on forwards in flight too; what nobody serves there is
+# served by the host that takes the partition over, which dials the faulty host for the prefix
+# and falls back (the same fallback checks hold).
 # Then every id sent is in the committed results exactly once (read_committed), none in the DLQ,
 # every result finished by length or stop, and every worker runs. The bed is taken down at exit
 # whatever happened (and by its watchdog if this script is killed).
@@ -36,7 +46,8 @@ command -v bridge >/dev/null 2>&1 || { echo "SKIP: no bridge command (iproute2)"
 command -v curl >/dev/null 2>&1 || { echo "SKIP: no curl"; exit 77; }
 command -v jq >/dev/null 2>&1 || { echo "FAIL: jq not found"; exit 1; }
 command -v redis-cli >/dev/null 2>&1 || { echo "SKIP: no redis-cli"; exit 77; }
-bt_init fleet_peer_faults "$1" "$2" redis
+FORWARD=${FLEET_FORWARD:-0}
+if [ "$FORWARD" = 1 ]; then bt_init fleet_forward_faults "$1" "$2" redis; else bt_init fleet_peer_faults "$1" "$2" redis; fi
 FB=$ROOT/scripts/fleet-bed.sh
 BED=$WORK/bed
 : >"$WORK/sent.txt"
@@ -170,14 +181,21 @@ doc() {
 }
 question() { echo " Question $1: who is in the story?"; }
 
-say "bed up: 3 hosts x 1 worker, exactly-once, peer KV on"
+EXTRA=()
+if [ "$FORWARD" = 1 ]; then
+  # roundrobin: each worker owns 2 of the input topic's partitions (the default assignor
+  # balances over both topics together and may leave a worker none of the input's)
+  EXTRA=(--topic forward:6 -s forward.topic=forward -s forward.affinity.min_blocks=4
+         -s forward.overload.pct=0 -X consumer.partition.assignment.strategy=roundrobin)
+fi
+say "bed up: 3 hosts x 1 worker, exactly-once, peer KV on$([ "$FORWARD" = 1 ] && echo ', forwarding on')"
 "$FB" up "$BED" -m "$MODEL" --spillway "$SPILLWAY" --hosts 3 --workers 1 --partitions 6 \
-  --exactly-once -s commit.interval.ms=200 -s kv.mem_mb=16 \
+  --exactly-once -s commit.interval.ms=200 -s kv.mem_mb=16 "${EXTRA[@]}" \
   -s 'cache.peer.listen={host_ip}:7070' -s cache.peer.timeout_ms=1000 \
-  -s cache.fleet.refresh_ms=500 -s cache.fleet.ttl_ms=3600000 \
+  -s cache.fleet.refresh_ms=500 -s cache.fleet.ttl_ms=3600000 -s cache.redis.timeout_ms=1000 \
   -X consumer.session.timeout.ms=6000 -X consumer.heartbeat.interval.ms=500 \
   >"$WORK/up.log" 2>&1 || { cat "$WORK/up.log"; fail "fleet-bed.sh up failed"; }
-eval "$("$FB" env "$BED" | grep -E '^(BOOTSTRAP|NET|BED_ID|REDIS_HOST|REDIS_PORT)=')"
+eval "$("$FB" env "$BED" | grep -E '^(BOOTSTRAP|NET|BED_ID|REDIS_HOST|REDIS_PORT|CONSUMED)=')"
 say "bed $BED_ID: broker $BOOTSTRAP, redis $REDIS_HOST:$REDIS_PORT, hosts on $NET.0/24"
 
 declare -A OWNED
@@ -201,6 +219,15 @@ to_host 1 fetch-1 "$(doc D2a)$(question 1)"
 to_host 3 fetch-3 "$(doc D2a)$(question 3)"
 wait_sent 180
 for h in 1 3; do
+  [ "$FORWARD" = 1 ] || continue
+  f=$(metric "$h" 'spillway:forwarded_total')
+  r=$(result_of "fetch-$h")
+  say "host $h: $f forward(s); fetch-$h answered by $(jq -r .worker <<<"$r"), cached_tokens $(jq .usage.cached_tokens <<<"$r")"
+  [ "$f" != NA ] && [ "$f" -ge 1 ] && [ "$(jq -r .worker <<<"$r")" = h2w0 ] &&
+    [ "$(jq .usage.cached_tokens <<<"$r")" -gt 0 ] || fail "host $h did not forward fetch-$h to host 2"
+done
+for h in 1 3; do
+  [ "$FORWARD" = 1 ] && continue
   f=$(metric "$h" 'spillway:peer_kv_fetches_total')
   b=$(metric "$h" 'spillway:peer_kv_blocks_total{dir="received"}')
   c=$(result_of "fetch-$h" | jq '.usage.cached_tokens')
@@ -220,8 +247,9 @@ keyed cutk 60
 deadline=$(( $(date +%s) + 90 ))
 while :; do
   a=$(metric 1 spillway:partitions_assigned) b=$(metric 3 spillway:partitions_assigned)
-  [ "$a" != NA ] && [ "$b" != NA ] && [ $(( a + b )) = 6 ] && break
-  [ "$(date +%s)" -lt "$deadline" ] || fail "hosts 1 and 3 hold $a + $b partitions 90 s after host 2 was cut off"
+  # every partition the group consumes (with forwarding, the forward topic's too)
+  [ "$a" != NA ] && [ "$b" != NA ] && [ $(( a + b )) = "$CONSUMED" ] && break
+  [ "$(date +%s)" -lt "$deadline" ] || fail "hosts 1 and 3 hold $a + $b of $CONSUMED partitions 90 s after host 2 was cut off"
   sleep 0.5
 done
 say "hosts 1 and 3 took over host 2's partitions ($a + $b)"
