@@ -9,8 +9,15 @@
  *                  127.0.0.1) holds, into host B's arena (another handle, another arena file),
  *                  both indexed in the Redis given
  * Each figure is the median of R repetitions (fresh chains every time, so B never holds them).
+ * Across hosts (bench/peer_bed.sh runs it so on the multi-host test bed), A and B are two
+ * processes, each in its own network namespace, that draw the same chains from the same seed:
+ *   --serve LISTEN  only host A: stores every chain the fetch phase will ask for, serves them on
+ *                   LISTEN, prints "ready ADDR" on stdout once they are all indexed, and runs until
+ *                   its stdin ends;
+ *   --peer ADDR     only host B: the recompute phase, then fetches the chains from ADDR.
+ * Without either, both hosts are in this process and A listens on 127.0.0.1.
  * usage: bench_peer MODEL --redis HOST:PORT [--threads 1] [--reps 5] [--blocks 1,2,4,8,16,32]
- *                   [--kv-type f32] */
+ *                   [--kv-type f32] [--serve HOST:PORT | --peer HOST:PORT] */
 #include <inttypes.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -108,6 +115,7 @@ static cache_t *mk_host(const char *arena, const char *host_id, const char *list
 int main(int argc, char **argv)
 {
     const char *model = NULL, *redis = NULL, *blocks_arg = "1,2,4,8,16,32", *kv_type = NULL;
+    const char *serve = NULL, *peer = NULL;
     int threads = 1, reps = 5;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--redis") && i + 1 < argc) redis = argv[++i];
@@ -115,15 +123,18 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--blocks") && i + 1 < argc) blocks_arg = argv[++i];
         else if (!strcmp(argv[i], "--kv-type") && i + 1 < argc) kv_type = argv[++i];
+        else if (!strcmp(argv[i], "--serve") && i + 1 < argc) serve = argv[++i];
+        else if (!strcmp(argv[i], "--peer") && i + 1 < argc) peer = argv[++i];
         else if (argv[i][0] != '-' && !model) model = argv[i];
         else {
             fprintf(stderr, "usage: bench_peer MODEL --redis HOST:PORT [--threads N] [--reps R] "
-                            "[--blocks 1,2,4] [--kv-type T]\n");
+                            "[--blocks 1,2,4] [--kv-type T] [--serve HOST:PORT | --peer HOST:PORT]\n");
             return 2;
         }
     }
-    if (!model || !redis || reps < 1 || reps > 100) {
-        fprintf(stderr, "bench_peer: MODEL and --redis HOST:PORT are required\n");
+    if (!model || !redis || reps < 1 || reps > 100 || (serve && peer)) {
+        fprintf(stderr, "bench_peer: MODEL and --redis HOST:PORT are required, and at most one "
+                        "of --serve and --peer\n");
         return 2;
     }
     char rhost[256];
@@ -170,10 +181,12 @@ int main(int argc, char **argv)
     if (!mkdtemp(dir)) snprintf(dir, sizeof dir, "/tmp");
     snprintf(arena_a, sizeof arena_a, "%s/a.arena", dir);
     snprintf(arena_b, sizeof arena_b, "%s/b.arena", dir);
-    cache_t *a = mk_host(arena_a, "benchA", "127.0.0.1:0", rhost, rport, &geo);
-    cache_t *b = mk_host(arena_b, "benchB", "", rhost, rport, &geo);
-    if (!a || !b) return 1;
+    cache_t *a = peer ? NULL : mk_host(arena_a, "benchA", serve ? serve : "127.0.0.1:0", rhost,
+                                       rport, &geo);
+    cache_t *b = serve ? NULL : mk_host(arena_b, "benchB", "", rhost, rport, &geo);
+    if ((!peer && !a) || (!serve && !b)) return 1;
     char addr[CACHE_PEER_ADDR_MAX] = "";
+    if (peer) snprintf(addr, sizeof addr, "%s", peer);
     for (int t = 0; t < 500 && !addr[0]; t++) {
         cache_peer_listen_addr(a, addr, sizeof addr);
         usleep(10000);
@@ -194,12 +207,16 @@ int main(int argc, char **argv)
     if (!toks || !names || !kv || !samples) return 1;
     uint64_t st = 0x9e3779b97f4a7c15ull;
 
+    /* the fetch phase's chains come from a seed of their own, the same in both processes */
+    uint64_t st_fetch = 0x2545f4914f6cdd1dull;
+    double base = 0;
+    if (serve) goto fetch;
     /* recompute: the 1-token baseline, then each K */
     for (int r = 0; r < reps; r++) {
         toks[0] = rnd_tok(&st, info.n_vocab);
         samples[r] = run_prompt(e, toks, 1);
     }
-    double base = median(samples, reps);
+    base = median(samples, reps);
     for (int i = 0; i < nk; i++) {
         int n = ks[i] * B + 1;
         for (int r = 0; r < reps; r++) {
@@ -212,14 +229,15 @@ int main(int argc, char **argv)
         cache_peer_note_prefill(b, (double)ks[i] * B, t_rec[i]);
     }
 
+fetch:
     /* fetch: fresh chains stored on A, fetched by B */
     for (int i = 0; i < nk; i++) {
         int k = ks[i];
         for (int r = 0; r < reps; r++) {
-            for (int j = 0; j < k * B + 1; j++) toks[j] = rnd_tok(&st, info.n_vocab);
+            for (int j = 0; j < k * B + 1; j++) toks[j] = rnd_tok(&st_fetch, info.n_vocab);
             uint64_t seed;
             if (engine_prefix_names(namer, NULL, toks, k * B + 1, &seed, names, k) != k) return 1;
-            for (int j = 0; j < k; j++) {
+            for (int j = 0; a && j < k; j++) {
                 void *buf = NULL;
                 for (int t = 0; t < 500 && !buf; t++) { /* the writer may be connecting */
                     buf = cache_store_begin(a, names[j], j ? names[j - 1] : seed, toks + j * B);
@@ -237,7 +255,8 @@ int main(int argc, char **argv)
                 memcpy(buf, kv, info.kv_block_bytes);
                 cache_store_commit(a, buf);
             }
-            for (int t = 0; t < 1000 && cache_lookup(a, names, k) < k; t++) usleep(2000);
+            for (int t = 0; a && t < 1000 && cache_lookup(a, names, k) < k; t++) usleep(2000);
+            if (!b) continue;
             int error;
             double t0 = now();
             int got = cache_peer_fetch(b, addr, seed, names, toks, k, &error);
@@ -248,32 +267,45 @@ int main(int argc, char **argv)
                 return 1;
             }
         }
-        t_fetch[i] = median(samples, reps);
+        if (b) t_fetch[i] = median(samples, reps);
+    }
+    if (serve) {
+        printf("ready %s\n", addr);
+        fflush(stdout);
+        char line[64];
+        while (fgets(line, sizeof line, stdin)) {
+        }
+        goto done;
     }
 
-    printf("KV across hosts: fetch from a peer over loopback vs recompute, %s, %d thread(s), "
-           "block %d tokens / %zu bytes, median of %d\n\n", model, threads, B,
+    printf("KV across hosts: fetch from a peer %s vs recompute, %s, %d thread(s), "
+           "block %d tokens / %zu bytes, median of %d\n\n",
+           peer ? "in another network namespace" : "over loopback", model, threads, B,
            info.kv_block_bytes, reps);
-    printf("| blocks | tokens | KV bytes | fetch ms | recompute ms | faster | model: fetch est. "
-           "ms | model: recompute est. ms | model's choice | right |\n");
-    printf("|---:|---:|---:|---:|---:|---|---:|---:|---|---|\n");
+    printf("| blocks | tokens | KV bytes | fetch ms | recompute ms | TTFT fetch ms | TTFT "
+           "recompute ms | faster | model: fetch est. ms | model: recompute est. ms | model's "
+           "choice | right |\n");
+    printf("|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|---|\n");
     int right = 0;
     for (int i = 0; i < nk; i++) {
         double tf, tc;
         int choose = cache_peer_should_fetch(b, addr, ks[i], &tf, &tc);
         int faster_fetch = t_fetch[i] < t_rec[i];
         right += choose == faster_fetch;
-        printf("| %d | %d | %zu | %.3f | %.3f | %s | %.3f | %.3f | %s | %s |\n", ks[i], ks[i] * B,
-               (size_t)ks[i] * info.kv_block_bytes, t_fetch[i] * 1e3, t_rec[i] * 1e3,
+        printf("| %d | %d | %zu | %.3f | %.3f | %.3f | %.3f | %s | %.3f | %.3f | %s | %s |\n",
+               ks[i], ks[i] * B, (size_t)ks[i] * info.kv_block_bytes, t_fetch[i] * 1e3,
+               t_rec[i] * 1e3, (t_fetch[i] + base) * 1e3, (t_rec[i] + base) * 1e3,
                faster_fetch ? "fetch" : "recompute", tf * 1e3, tc * 1e3,
                choose ? "fetch" : "recompute", choose == faster_fetch ? "yes" : "NO");
     }
     cache_stats_t cs;
     cache_stats(b, &cs);
-    printf("\ncost model right in %d of %d; learned prefill rate %.0f tokens/s\n", right, nk,
-           cs.peer_prefill_tps);
-    cache_free(a);
-    cache_free(b);
+    printf("\ncost model right in %d of %d; learned prefill rate %.0f tokens/s; TTFT = the "
+           "prefix's fetch or recompute + the last prompt token (%.3f ms)\n", right, nk,
+           cs.peer_prefill_tps, base * 1e3);
+done:
+    if (a) cache_free(a);
+    if (b) cache_free(b);
     engine_free(e);
     engine_free(namer);
     unlink(arena_a);

@@ -26,6 +26,13 @@ kv.block_tokens; every full block of a request's prompt is inserted, a request h
 run of leading blocks present); per-host busy share = the busiest host's sum of usage.compute_ms
 over the mean of the hosts', with each host's share of the requests.
 
+With --forward, forwarding between workers is on in every mode's bed (issue 23 item 2): a topic
+"forward" of as many partitions as the input topic, forward.topic=forward (the triggers'
+own defaults, or -s forward.*=...) and the roundrobin assignor (the default one balances over
+both topics together and may leave a worker none of the input's); the forwards counted in the workers' /metrics
+(spillway:forwarded_total, by reason) are read just before each bed is taken down and printed
+in the table's last column.
+
 Each host's workers get --host-cpus cores (0.6 by default: 1.8 of a 2-core machine for three
 hosts) through the bed's CPU quota, so a busy host cannot borrow an idle host's CPU, as on
 separate machines (--host-cpus 0: no limit, the hosts share the cores).
@@ -35,7 +42,8 @@ revision, CPU, load average and command line. Needs root (the bed) and the bed's
 
 Usage: bench/fleet_bench.py [--small] [--modes affinity,bytes,random] [--requests N] [--docs N]
        [--doc-tokens N] [--zipf S] [--hosts N] [--workers N] [--partitions N] [--arena-mb N]
-       [--kv-mem-mb N] [--host-cpus F] [--spillway BIN] [--model GGUF] [-s KEY=V]... [-X PROP=V]... [--no-record]
+       [--kv-mem-mb N] [--host-cpus F] [--spillway BIN] [--model GGUF] [--forward] [-s KEY=V]...
+       [-X PROP=V]... [--no-record]
 """
 import argparse
 import bisect
@@ -221,6 +229,10 @@ def run_mode(args, model, mode, req_path, n, work):
         cmd += ["--partitions", str(args.partitions)]
     if float(args.host_cpus) > 0:
         cmd += ["--host-cpus", args.host_cpus]
+    if args.forward:
+        parts = args.partitions or 2 * args.workers * args.hosts
+        cmd += ["--topic", "forward:%d" % parts, "-s", "forward.topic=forward",
+                "-X", "consumer.partition.assignment.strategy=roundrobin"]
     for kv in args.set:
         cmd += ["-s", kv]
     for kv in args.kafka:
@@ -253,11 +265,24 @@ def run_mode(args, model, mode, req_path, n, work):
             raise SystemExit("fleet_bench: collect failed in mode %s" % mode)
         results = [json.loads(line) for line in open(res_path) if line.strip()]
         log("%s: %d results in %.1f s (sent in %.1f s)" % (mode, len(results), wall, t_sent))
-        return results, wall
+        return results, wall, forwards(args, env) if args.forward else None
     finally:
         keep = ["--keep"] if args.keep else []
         subprocess.run([FB, "down", bed] + keep, stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL)
+
+
+def forwards(args, env):
+    """Forwards counted by every worker of the bed ({reason: count}), from their /metrics."""
+    out = collections.Counter()
+    for h in range(1, args.hosts + 1):
+        for w in range(args.workers):
+            url = "http://%s.%d:%d/metrics" % (env["NET"], 10 + h, 9100 + w)
+            text = subprocess.run(["curl", "-s", "-m", "5", url], text=True,
+                                  capture_output=True).stdout
+            for m in re.finditer(r'^spillway:forwarded_total\{reason="(\w+)"\} (\S+)$', text, re.M):
+                out[m.group(1)] += int(float(m.group(2)))
+    return out
 
 
 def summarise(mode, results, wall, n_hosts, ideal_inf, ideal_lru):
@@ -307,6 +332,8 @@ def main():
     ap.add_argument("-s", "--set", action="append", default=[], metavar="KEY=V")
     ap.add_argument("-X", "--kafka", action="append", default=[], metavar="PROP=V")
     ap.add_argument("--keep", action="store_true", help="keep the work folder and each bed's logs")
+    ap.add_argument("--forward", action="store_true",
+                    help="forwarding between workers on (a forward topic, forward.topic)")
     ap.add_argument("--no-record", action="store_true")
     args = ap.parse_args()
     if args.small:
@@ -352,7 +379,7 @@ def measure(args, model, modes, route, block, work):
             skipped.append(mode)
             log("affinity: skipped (this spillway's produce has no --route)")
             continue
-        results, wall = run_mode(args, model, mode, req_path, len(reqs), work)
+        results, wall, fwd = run_mode(args, model, mode, req_path, len(reqs), work)
         if ideal is None:
             by_id = {r["id"]: r for r in results}
             for i, r in enumerate(reqs):
@@ -361,17 +388,21 @@ def measure(args, model, modes, route, block, work):
             ideal = (ideal_hits(reqs, doc_of, doc_tokens, q_tokens, block, None),
                      ideal_hits(reqs, doc_of, doc_tokens, q_tokens, block, cap), cap)
         rows.append(summarise(mode, results, wall, args.hosts, ideal[0], ideal[1]))
+        rows[-1]["fwd"] = ("; ".join("%s %d" % kv for kv in sorted(fwd.items())) or "0"
+                           if fwd is not None else None)
 
     total_prompt = sum(doc_tokens[doc_of[i]] + q_tokens[i] for i in range(len(reqs)))
     hot = collections.Counter(doc_of).most_common(1)[0][1] if reqs else 0
     lines = []
     lines.append("| routing | requests | wall s | req/s | prompt tok/s | hit rate | vs ideal inf. | "
-                 "vs ideal LRU | busiest host / mean | requests per host % |")
-    lines.append("|---|---|---|---|---|---|---|---|---|---|")
+                 "vs ideal LRU | busiest host / mean | requests per host % |" +
+                 (" forwards |" if args.forward else ""))
+    lines.append("|---|---|---|---|---|---|---|---|---|---|" + ("---|" if args.forward else ""))
     for r in rows:
         lines.append("| %s | %d | %.1f | %.1f | %.0f | %.1f%% | %.1f%% | %.1f%% | %.2f | %s |" % (
             r["mode"], r["n"], r["wall"], r["rps"], r["tps"], 100 * r["hit"], 100 * r["vs_inf"],
-            100 * r["vs_lru"], r["busy"], r["share"]))
+            100 * r["vs_lru"], r["busy"], r["share"]) +
+            (" %s |" % r["fwd"] if args.forward else ""))
     for m in skipped:
         lines.append("| %s | skipped: this spillway's `produce` has no `--route` | | | | | | | | |" % m)
     notes = []

@@ -294,13 +294,17 @@ int cache_peer_fetch(cache_t *c, const char *addr, uint64_t parent, const uint64
 /* The cost model (any thread): 1 when fetching n_blocks from the peer at addr is estimated
  * faster than recomputing them: rtt + n_blocks x frame bytes / bandwidth < n_blocks x
  * block_tokens / prefill rate, with that peer's measured rates (EWMAs of real fetches) or the
- * configured defaults. The estimates into *t_fetch_s and *t_compute_s (either may be NULL). */
+ * configured defaults, and the prefill rate measured for prefills of about that many tokens
+ * (the nearest power-of-two length measured; else every prefill's EWMA; else the configured
+ * start). The estimates into *t_fetch_s and *t_compute_s (either may be NULL). */
 int cache_peer_should_fetch(cache_t *c, const char *addr, int n_blocks, double *t_fetch_s,
                             double *t_compute_s);
-/* Any thread: a real prefill measurement (tokens computed in seconds) for the prefill EWMA. */
+/* Any thread: a real prefill measurement (tokens computed in seconds) for the prefill EWMAs:
+ * every prefill's, and that of prefills of the same floor(log2(tokens)). */
 void cache_peer_note_prefill(cache_t *c, double tokens, double seconds);
 /* Tests and benches: sets the rates the cost model starts from now: the peer at addr (NULL:
- * every peer not measured yet) and the prefill rate; a value <= 0 leaves that rate as it is. */
+ * every peer not measured yet) and the prefill rate (which forgets the rates measured by
+ * length); a value <= 0 leaves that rate as it is. */
 void cache_peer_set_rates(cache_t *c, const char *addr, double bytes_per_s, double rtt_s,
                           double prefill_tps);
 /* The address this process's server listens on, "host:port" with its bound port, "" when it

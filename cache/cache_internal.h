@@ -197,6 +197,7 @@ int peer_split_addr(const char *addr, char *host, size_t hlen, char *port, size_
 int peer_dial(const char *addr, int64_t deadline_ms);
 
 #define PEER_RATES 32 /* peers whose measured rates are remembered */
+#define PEER_PREFILL_LENS 32 /* prefill rates kept by floor(log2(tokens)): 1 .. 2^31 tokens */
 
 typedef struct {
     int on;                        /* a secret was given */
@@ -219,7 +220,10 @@ typedef struct {
     /* cost model: rmu guards the rates */
     pthread_mutex_t rmu;
     int rmu_init;
-    double def_bw, def_rtt, prefill_tps; /* bytes/s, s, tokens/s */
+    double def_bw, def_rtt, prefill_tps; /* bytes/s, s, tokens/s (every prefill's EWMA) */
+    /* tokens/s of prefills of 2^i .. 2^(i+1)-1 tokens (EWMA; 0: none measured): a short prefill
+     * runs several times faster per token than a long one (attention grows with the length) */
+    double prefill_by_len[PEER_PREFILL_LENS];
     struct {
         char addr[CACHE_PEER_ADDR_MAX];
         double bw, rtt;

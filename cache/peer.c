@@ -353,6 +353,33 @@ static size_t frame_bytes(const cache_t *c)
     return PEER_HDR_BYTES + block_payload(&c->arena) + PEER_TAG_BYTES;
 }
 
+/* floor(log2(tokens)), clamped to the prefill_by_len buckets */
+static int len_bucket(double tokens)
+{
+    int i = 0;
+    while (tokens >= 2 && i < PEER_PREFILL_LENS - 1) {
+        tokens /= 2;
+        i++;
+    }
+    return i;
+}
+
+/* Under rmu: the prefill rate for a prefill of tokens: its length bucket's, else the nearest
+ * measured bucket's (the mean of the two when one on each side is as near), else the EWMA of
+ * every prefill (the configured start until a prefill is noted). */
+static double prefill_rate(const peer_t *pe, double tokens)
+{
+    int want = len_bucket(tokens);
+    for (int d = 0; d < PEER_PREFILL_LENS; d++) {
+        double lo = want - d >= 0 ? pe->prefill_by_len[want - d] : 0;
+        double hi = d && want + d < PEER_PREFILL_LENS ? pe->prefill_by_len[want + d] : 0;
+        if (lo > 0 && hi > 0) return 0.5 * (lo + hi);
+        if (lo > 0) return lo;
+        if (hi > 0) return hi;
+    }
+    return pe->prefill_tps;
+}
+
 int cache_peer_should_fetch(cache_t *c, const char *addr, int n_blocks, double *t_fetch_s,
                             double *t_compute_s)
 {
@@ -364,10 +391,11 @@ int cache_peer_should_fetch(cache_t *c, const char *addr, int n_blocks, double *
     int i = addr ? rate_slot(pe, addr, 0) : -1;
     double bw = i >= 0 ? pe->rates[i].bw : pe->def_bw;
     double rtt = i >= 0 ? pe->rates[i].rtt : pe->def_rtt;
-    double tps = pe->prefill_tps;
+    double tokens = (double)n_blocks * c->arena.block_tokens;
+    double tps = prefill_rate(pe, tokens);
     pthread_mutex_unlock(&pe->rmu);
     double tf = rtt + (double)n_blocks * (double)frame_bytes(c) / bw;
-    double tc = (double)n_blocks * c->arena.block_tokens / tps;
+    double tc = tokens / tps;
     if (t_fetch_s) *t_fetch_s = tf;
     if (t_compute_s) *t_compute_s = tc;
     return tf < tc;
@@ -378,8 +406,12 @@ void cache_peer_note_prefill(cache_t *c, double tokens, double seconds)
     peer_t *pe = &c->peer;
     if (!pe->rmu_init || tokens < 1 || seconds <= 0) return;
     double tps = tokens / seconds;
+    int i = len_bucket(tokens);
     pthread_mutex_lock(&pe->rmu);
     pe->prefill_tps = (1 - EWMA_ALPHA) * pe->prefill_tps + EWMA_ALPHA * tps;
+    pe->prefill_by_len[i] = pe->prefill_by_len[i] > 0
+                                ? (1 - EWMA_ALPHA) * pe->prefill_by_len[i] + EWMA_ALPHA * tps
+                                : tps;
     pthread_mutex_unlock(&pe->rmu);
 }
 
@@ -397,7 +429,10 @@ void cache_peer_set_rates(cache_t *c, const char *addr, double bytes_per_s, doub
         if (bytes_per_s > 0) pe->def_bw = bytes_per_s;
         if (rtt_s > 0) pe->def_rtt = rtt_s;
     }
-    if (prefill_tps > 0) pe->prefill_tps = prefill_tps;
+    if (prefill_tps > 0) {
+        pe->prefill_tps = prefill_tps;
+        memset(pe->prefill_by_len, 0, sizeof pe->prefill_by_len);
+    }
     pthread_mutex_unlock(&pe->rmu);
 }
 

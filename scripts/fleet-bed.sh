@@ -14,7 +14,9 @@
 #         --hosts N          hosts (default 3, at most 200)
 #         --workers N        workers per host (default 1)
 #         --partitions N     partitions of the input and result topics (default 2 x workers)
-#         --topic NAME:N     one more topic of N partitions (repeatable), e.g. a forwarding topic
+#         --topic NAME:N     one more topic of N partitions (repeatable), e.g. a forwarding topic;
+#                            when -s forward.topic=NAME names one, the workers consume it too and
+#                            `wait` counts its partitions with the input topic's
 #         --arena-mb N       each host's arena, cache.arena.mb (default 64)
 #         --threads N        each worker's compute threads (default 1)
 #         --host-cpus F      each host's CPU limit in cores (e.g. 0.6), a CFS quota on a cgroup
@@ -38,7 +40,7 @@
 #   fleet-bed.sh status DIR        hosts (address, link), workers (pid, alive, assigned partitions)
 #   fleet-bed.sh env DIR           BED_ID, BOOTSTRAP, REDIS_HOST, REDIS_PORT, HOSTS, ... (for eval)
 #   fleet-bed.sh wait DIR [S]      waits (default 120 s) until every running worker answers and
-#                                  the input partitions are all assigned
+#                                  the input partitions (and the forward topic's) are all assigned
 #   fleet-bed.sh exec DIR HOST CMD...   runs CMD in host HOST's namespace (HOST: 1..N)
 # Faults:
 #   fleet-bed.sh cut DIR HOST [drop|down]
@@ -92,9 +94,10 @@ bed_dir() {
 load() {
   DIR=$(bed_dir "$1")
   [ -f "$DIR/env" ] || svc_die "$DIR has no env file"
-  HOST_CPUS= CGROUP=
+  HOST_CPUS= CGROUP= CONSUMED=
   # shellcheck disable=SC1091
   . "$DIR/env"
+  CONSUMED=${CONSUMED:-$PARTITIONS}
   EXTRA=()
   # shellcheck disable=SC1091
   [ -f "$DIR/worker.args" ] && . "$DIR/worker.args"
@@ -228,8 +231,8 @@ cmd_env() {
   load "$1"
   printf 'BED_ID=%s\nBED_DIR=%s\nBOOTSTRAP=%s\nREDIS_HOST=%s\nREDIS_PORT=%s\nHOSTS=%s\n' \
     "$BED_ID" "$DIR" "$BOOTSTRAP" "$REDIS_HOST" "$REDIS_PORT" "$HOSTS"
-  printf 'WORKERS=%s\nPARTITIONS=%s\nNET=%s\nBRIDGE=%s\nSHM=%s\nHOST_CPUS=%s\n' \
-    "$WORKERS" "$PARTITIONS" "$NET" "swb$BED_ID" "$SHM" "$HOST_CPUS"
+  printf 'WORKERS=%s\nPARTITIONS=%s\nCONSUMED=%s\nNET=%s\nBRIDGE=%s\nSHM=%s\nHOST_CPUS=%s\n' \
+    "$WORKERS" "$PARTITIONS" "$CONSUMED" "$NET" "swb$BED_ID" "$SHM" "$HOST_CPUS"
 }
 
 cmd_status() {
@@ -284,12 +287,12 @@ cmd_wait() {
         done
       done
     fi
-    # the input topic's partitions (the results topic is not consumed)
+    # the consumed topics' partitions (the results topic is not consumed)
     n=$(assigned_total || true)
-    [ "$n" = "$PARTITIONS" ] && return 0
+    [ "$n" = "$CONSUMED" ] && return 0
     if [ "$(svc_now_ms)" -ge "$deadline" ]; then
       cmd_status "$1" >&2 || true
-      svc_die "the group has not assigned all $PARTITIONS partitions within $secs s (now: ${n:-no answer})"
+      svc_die "the group has not assigned all $CONSUMED partitions within $secs s (now: ${n:-no answer})"
     fi
     sleep 0.5
   done
@@ -336,6 +339,16 @@ cmd_up() {
   PARTITIONS=${PARTITIONS:-$(( 2 * WORKERS * HOSTS ))}
   for i in "${topics[@]}"; do
     [[ $i =~ ^[A-Za-z0-9._-]+:[0-9]+$ ]] || svc_die "--topic NAME:PARTITIONS, not '$i'"
+  done
+  # the partitions the group consumes: the input topic's, and the forward topic's when a -s
+  # names one of the --topic topics (every worker subscribes to forward.topic)
+  CONSUMED=$PARTITIONS
+  local fwd="" j
+  for (( j = 0; j + 1 < ${#EXTRA[@]}; j++ )); do
+    [ "${EXTRA[j]}" = -s ] && [[ ${EXTRA[j + 1]} == forward.topic=* ]] && fwd=${EXTRA[j + 1]#forward.topic=}
+  done
+  for i in "${topics[@]}"; do
+    [ -n "$fwd" ] && [ "${i%:*}" = "$fwd" ] && CONSUMED=$(( CONSUMED + ${i##*:} ))
   done
   [ -n "$MODEL" ] || svc_die "-m MODEL is required"
   [ -f "$MODEL" ] || svc_die "model $MODEL not found"
@@ -431,7 +444,7 @@ cmd_up() {
 # save_env: DIR/env and DIR/worker.args from the variables (declare -p quotes every value).
 save_env() {
   {
-    declare -p BED_ID NET HOSTS WORKERS PARTITIONS ARENA_MB THREADS EOS MODEL SPILLWAY
+    declare -p BED_ID NET HOSTS WORKERS PARTITIONS CONSUMED ARENA_MB THREADS EOS MODEL SPILLWAY
     declare -p HOST_CPUS CGROUP
     declare -p BOOTSTRAP REDIS_HOST REDIS_PORT SHM
   } | sed 's/^declare -[a-z-]* /declare -g /' >"$DIR/env.tmp"

@@ -19,6 +19,7 @@
  */
 #include <hiredis/hiredis.h>
 #include <inttypes.h>
+#include <math.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -548,6 +549,25 @@ static void test_cost(const env_t *e)
     cache_stats(b, &st);
     CHECKF(st.peer_prefill_tps > 5e6, "%g", st.peer_prefill_tps);
     CHECK(cache_peer_should_fetch(b, "peer:1", 64, NULL, NULL) == 0);
+    /* the prefill rate depends on the length (as bench/peer_bed.sh measured on the test bed: a
+     * 16-token prefill at 100k tokens/s, a 1,024-token one at 13.5k; a fetch's fixed cost
+     * 0.4 ms): one blended rate would fetch a single block; by length, a single block is
+     * recomputed and 64 are fetched */
+    cache_peer_set_rates(b, "peer:4", 1e8, 4e-4, 2e4);
+    cache_peer_note_prefill(b, 16, 16 / 1e5);
+    cache_peer_note_prefill(b, 1024, 1024 / 1.35e4);
+    CHECK(cache_peer_should_fetch(b, "peer:4", 1, &tf, &tc) == 0);
+    CHECKF(tc > 1.5e-4 && tc < 1.7e-4, "%g", tc);
+    CHECK(cache_peer_should_fetch(b, "peer:4", 64, &tf, &tc) == 1);
+    CHECKF(tc > 0.07 && tc < 0.08, "%g", tc);
+    /* 8 blocks (128 tokens): no rate measured at that length; the nearest ones are as far on
+     * both sides (16 and 1,024 tokens are 3 doublings away): their mean */
+    CHECK(cache_peer_should_fetch(b, "peer:4", 8, &tf, &tc) == 1);
+    CHECKF(fabs(tc - 128 / (0.5 * (1e5 + 1.35e4))) < 1e-6, "%g", tc);
+    /* an explicit prefill rate forgets the rates by length */
+    cache_peer_set_rates(b, NULL, 0, 0, 1e3);
+    CHECK(cache_peer_should_fetch(b, "peer:4", 1, &tf, &tc) == 1);
+    CHECKF(fabs(tc - 16 / 1e3) < 1e-9, "%g", tc);
     cache_free(b);
 }
 
