@@ -222,7 +222,9 @@ static void test_locate(const env_t *e)
     CHECK(locate_host(b, names + 1, N - 1, "hostA", &p) == 0 && p.n_blocks == 3);
     uint64_t other[2] = {names[1] ^ 1, names[1]};
     CHECK(locate_host(b, other, 2, "hostA", &p) == 0 && p.n_blocks == 0);
-    /* never itself; the other host with 0 blocks */
+    /* never itself; the other host with 0 blocks (once B's registry thread has written its
+     * record) */
+    CHECK(locate_host(a, names, N, "hostB", &p) == 0);
     cache_peer_t peers[8];
     int k = cache_locate(a, names, N, peers, 8);
     int self = 0, saw_b = 0;
@@ -351,8 +353,13 @@ static void test_fetch(const env_t *e)
 
     /* another deployment secret: refused both ways, nothing stored */
     char addr_a[CACHE_PEER_ADDR_MAX], addr_x[CACHE_PEER_ADDR_MAX];
-    cache_peer_listen_addr(a, addr_a, sizeof addr_a);
-    cache_peer_listen_addr(x, addr_x, sizeof addr_x);
+    /* the servers bind on their own threads: wait for both (5 s at most) */
+    addr_a[0] = addr_x[0] = 0;
+    for (int t = 0; t < 500 && (!addr_a[0] || !addr_x[0]); t++) {
+        cache_peer_listen_addr(a, addr_a, sizeof addr_a);
+        cache_peer_listen_addr(x, addr_x, sizeof addr_x);
+        if (!addr_a[0] || !addr_x[0]) sleep_ms(10);
+    }
     CHECK(addr_a[0] && addr_x[0]);
     int err = -1;
     uint64_t n2[N];
@@ -361,7 +368,13 @@ static void test_fetch(const env_t *e)
     CHECK(store_chain(a, n2, t2, 4) == 0);
     CHECK(cache_peer_fetch(x, addr_a, SEED, n2, t2, 4, &err) == 0 && err == CACHE_PEER_EAUTH);
     CHECK(verify_local(x, n2, t2, 4) == 0);
-    cache_stats(a, &st);
+    /* A's server thread counts the refusal when it reads X's proof, which can be after X has
+     * already refused A's and returned: wait for it (5 s at most) */
+    for (int i = 0; i < 500; i++) {
+        cache_stats(a, &st);
+        if (st.peer_refused >= 1) break;
+        usleep(10 * 1000);
+    }
     CHECK(st.peer_refused >= 1);
     CHECK(cache_peer_fetch(b, addr_x, SEED, n2, t2, 4, &err) == 0 && err == CACHE_PEER_EAUTH);
     cache_stats(b, &st);
