@@ -40,7 +40,8 @@ int devmem_plan(const devmem_shape_t *s, const devmem_params_t *p, devmem_t *o, 
     allocs += 10;
 
     const uint64_t seqs = p->max_seqs > 0 ? (uint64_t)p->max_seqs : T;
-    o->penalty_slots = seqs > DEVMEM_MIN_PEN_SLOTS ? seqs : DEVMEM_MIN_PEN_SLOTS;
+    o->penalty_slots = (uint64_t)p->max_seqs > DEVMEM_MIN_PEN_SLOTS ? (uint64_t)p->max_seqs
+                                                                    : DEVMEM_MIN_PEN_SLOTS;
     o->sampling = T * DEVMEM_SAMPLE_ROW_BYTES + T * (2 + 2 * (uint64_t)SAMPLER_MAX_LOGPROBS) * 4 +
                   o->penalty_slots * V * 4;
     allocs += 3;

@@ -11,7 +11,8 @@
  *               rope_dim x 4 + n_vocab x 4 + 4) + attention partials T x n_heads x
  *               DEVMEM_ATT_SPLIT_SLOTS x (head_dim + 2) x 4
  *   sampling    rows T x DEVMEM_SAMPLE_ROW_BYTES, results T x (2 + 2 SAMPLER_MAX_LOGPROBS) x 4,
- *               penalty counts max(max_seqs, 8) x n_vocab x 4
+ *               penalty counts max(max_seqs, DEVMEM_MIN_PEN_SLOTS) x n_vocab x 4 (more slots,
+ *               when more sequences sample with penalties, double the table within the budget)
  *   metadata    (5 T + seqs x ceil(ctx / block_tokens) + 1024) x 4, seqs = max_seqs (T if 0),
  *               ctx = max_ctx (the model's context if 0)
  *   workspace   DEVMEM_BLAS_WORKSPACE (cuBLAS)
@@ -52,7 +53,8 @@ typedef struct {
     int weight_elem;       /* bytes per device weight element: 2 (bf16, f16) or 4 (f32) */
     int kv_elem;           /* 2 (f16) or 4 (f32) */
     int block_tokens, max_batch_tokens;
-    int max_seqs;          /* sequences a step may hold (penalty slots, block tables); 0: T */
+    int max_seqs;          /* sequences a step may hold: penalty slots (0: the minimum) and
+                              block tables (0: T) */
     int max_ctx;           /* longest sequence in tokens; 0: the model's context */
     int n_kv_blocks;       /* 0: what the budget leaves */
     int synthetic;         /* 1: weights filled on the device (no upload staging) */
