@@ -7,9 +7,12 @@
  * checked, not the formula against itself. The formula is checked on its own by facts that do
  * not use it: the KV block is model_kv_bytes_per_token x block_tokens (what every backend
  * allocates); with F32 device weights of an all-F32 file the weights are the file's tensor bytes
- * plus the RoPE table; a pool sized from the budget is the largest block count that fits; and
- * the refusals name the sizes and the key to change. No device is needed (what the backend
- * really allocates is compared with plan on a device by scripts/gpu-check.sh and test_cuda).
+ * plus the RoPE table; a pool sized from the budget is the largest block count that fits; the
+ * refusals name the sizes and the key to change; and the CUDA-graph path's buffers (the scratch
+ * KV block after the pool, the metadata buffer a padded decode step uploads into) and the
+ * split-K attention scratch hold what the backend's rules need (check_graph_buffers). No device
+ * is needed (what the backend really allocates is compared with plan on a device by
+ * scripts/gpu-check.sh and test_cuda).
  * The spillway binary: $SPILLWAY_BIN, else ./spillway. */
 #include <jansson.h>
 #include <stdint.h>
@@ -55,6 +58,50 @@ static long long jget(const json_t *j, const char *key)
     return json_is_integer(v) ? (long long)json_integer_value(v) : -1;
 }
 
+/* The buffers of the CUDA-graph decode path and the split-K attention, by what the backend
+ * (engine/cuda/cuda_backend.c) needs of them, not by the formula: the scratch KV block the
+ * padding tokens write (one block after the pool, in the same allocation: one more block than
+ * the engine sees is in total), the metadata buffer a padded decode step uploads into (5 T
+ * per-token words, every sequence's full block table and the padding's one-block table), and
+ * the attention partials of every batch size (t tokens, min(DEVMEM_ATT_SPLITS, T x
+ * DEVMEM_ATT_SPLIT_SLOTS / t) splits of head_dim + 2 floats per (token, head); the graph
+ * buckets are the batches of DEVMEM_ATT_SPLITS splits). */
+static void check_graph_buffers(const model_t *m, const dcase_t *dc, const devmem_params_t *dp,
+                                const devmem_t *d, const char *args)
+{
+    const hparams_t *hp = &m->hp;
+    const uint64_t blk = (uint64_t)dc->block_tokens *
+                         model_kv_bytes_per_token(m, (size_t)dc->kv_elem);
+    CHECKF(d->kv_scratch == blk, "%s: scratch block %llu, a KV block is %llu", args,
+           (unsigned long long)d->kv_scratch, (unsigned long long)blk);
+    CHECKF(d->total == d->weights + d->activations + d->sampling + d->metadata + d->workspace +
+                           (d->kv_blocks + 1) * blk,
+           "%s: total %llu does not hold the pool and the graphs' scratch block", args,
+           (unsigned long long)d->total);
+    const uint64_t T = (uint64_t)dc->batch_tokens, B = (uint64_t)dc->block_tokens;
+    const uint64_t seqs = dc->max_seqs > 0 ? (uint64_t)dc->max_seqs : T;
+    const uint64_t ctx = (uint64_t)dp->max_ctx;
+    CHECKF(d->metadata == d->metadata_words * 4 &&
+               d->metadata_words >= 5 * T + seqs * ((ctx + B - 1) / B) + 1,
+           "%s: metadata %llu words cannot hold a padded decode step", args,
+           (unsigned long long)d->metadata_words);
+    uint64_t need = 0, graph_need = 0;
+    for (uint64_t t = 1; t <= T; t++) {
+        uint64_t n = T * DEVMEM_ATT_SPLIT_SLOTS / t;
+        if (n > DEVMEM_ATT_SPLITS) n = DEVMEM_ATT_SPLITS;
+        if (n < 1) n = 1;
+        const uint64_t b = t * (uint64_t)hp->n_heads * n * ((uint64_t)hp->head_dim + 2) * 4;
+        if (b > need) need = b;
+        if (n == DEVMEM_ATT_SPLITS && b > graph_need) graph_need = b;
+    }
+    CHECKF(need <= d->att_partials && graph_need <= d->att_partials && graph_need > 0,
+           "%s: attention scratch %llu, a batch needs %llu (a graph bucket %llu)", args,
+           (unsigned long long)d->att_partials, (unsigned long long)need,
+           (unsigned long long)graph_need);
+    CHECKF(d->att_partials < d->activations, "%s: the attention scratch is not in activations",
+           args);
+}
+
 static void check_model(const char *bin, const char *path, int all_f32, const dcase_t *dc)
 {
     char err[512], args[768], *out = malloc(1 << 16);
@@ -96,11 +143,11 @@ static void check_model(const char *bin, const char *path, int all_f32, const dc
     if (!j) goto done;
     static const char *const keys[] = {"weights_bytes", "activation_bytes", "sampling_bytes",
                                        "penalty_slots", "block_table_bytes", "workspace_bytes",
-                                       "upload_bytes", "kv_blocks", "kv_pool_bytes",
-                                       "total_bytes", "allocations"};
+                                       "upload_bytes", "kv_scratch_bytes", "kv_blocks",
+                                       "kv_pool_bytes", "total_bytes", "allocations"};
     const uint64_t want[] = {d.weights, d.activations, d.sampling, d.penalty_slots, d.metadata,
-                             d.workspace, d.upload, d.kv_blocks, d.kv_pool, d.total,
-                             (uint64_t)d.allocations};
+                             d.workspace, d.upload, d.kv_scratch, d.kv_blocks, d.kv_pool,
+                             d.total, (uint64_t)d.allocations};
     for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
         CHECKF(jget(j, keys[k]) == (long long)want[k], "%s: cuda.%s %lld, formula %llu", args,
                keys[k], jget(j, keys[k]), (unsigned long long)want[k]);
@@ -127,6 +174,7 @@ static void check_model(const char *bin, const char *path, int all_f32, const dc
     else
         CHECK(d.kv_blocks == (uint64_t)dc->kv_blocks);
     CHECK(d.total == d.fixed + d.kv_pool && d.kv_pool == d.kv_blocks * d.kv_block);
+    check_graph_buffers(m, dc, &dp, &d, args);
 done:
     model_free(m);
     free(out);
