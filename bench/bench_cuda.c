@@ -259,7 +259,8 @@ static int bench_model(const char *preset, double bw, double flops, int steps)
     backend_params_t bp = {
         .threads = 1, .block_tokens = BLOCK_TOKENS, .n_kv_blocks = max_seqs * per_seq,
         .kv_type = DT_F16, .max_batch_tokens = MAX_T, .weight_type = DT_BF16,
-        .mem_fraction = 0.9f, .synthetic_seed = 42,
+        .mem_fraction = 0.9f, .synthetic_seed = 42, .max_seqs = max_seqs,
+        .max_ctx = per_seq * BLOCK_TOKENS,
     };
     double t0 = now();
     be = backend_cuda_new(&s.m, &bp, err, sizeof err);

@@ -516,6 +516,16 @@ out:
                 (unsigned long long)st.tier2_hits, (unsigned long long)st.tier2_lookups,
                 (unsigned long long)st.tier2_stores, (unsigned long long)st.deferred,
                 (unsigned long long)st.kv_mismatches);
+        engine_info_t info;
+        engine_info(e, &info);
+        if (info.dev_bytes_planned)
+            fprintf(stderr,
+                    "spillway: device memory: planned %llu B (engine/devmem.h, %d allocations), "
+                    "measured %llu B (free memory before and after the backend's creation); "
+                    "%llu sequence-steps waited for tier-2 copies\n",
+                    (unsigned long long)info.dev_bytes_planned, info.dev_allocations,
+                    (unsigned long long)info.dev_bytes_measured,
+                    (unsigned long long)st.tier2_waits);
     }
     engine_free(e);
     grammar_release(dgram);

@@ -32,6 +32,11 @@
  *                    name and token ids) rounded up to 4096               (cache/arena.c)
  *   prefix tokens  = slots x block_tokens
  *   total          = pool + scratch [+ reserve with --gpu-mem] [+ weights with --weights-on-device]
+ * With --backend cuda the device figures are the CUDA backend's own: engine/devmem.h's
+ * devmem_plan, the function the backend sizes and checks its allocations with (not a copy), on
+ * the budget --gpu-mem (the device's free memory when the engine starts) x --mem-fraction
+ * (cuda.mem_fraction); the pool is kv.blocks blocks, or what that budget leaves; total is what
+ * the backend holds on the device (the CUDA context and the allocator's rounding aside).
  * A mixture-of-experts model's weights are all its experts' (all are resident; a token reads only
  * k of them). Weights count against --gpu-mem only with --weights-on-device (the CPU backend reads them in
  * place from the file mapping, i.e. host page cache, not from the pool's budget). */
@@ -46,6 +51,7 @@
 #include "common/err.h"
 #include "cache/cache.h"
 #include "cli.h"
+#include "engine/devmem.h"
 #include "engine/dtype.h"
 #include "engine/gguf.h"
 #include "engine/model.h"
@@ -70,6 +76,8 @@ typedef struct {
     uint64_t weight_bytes;     /* sum of every tensor's bytes (as model_t.weight_bytes) */
     uint64_t by_dtype[DT_COUNT_]; /* weight_bytes split by tensor type */
     int unsupported_dtype;     /* a tensor type the engine cannot compute with (-1 none) */
+    int tied_output;           /* no output.weight: the output matrix is the embedding */
+    int qkv_bias;              /* layer 0 has a q, k or v bias (the CUDA backend uploads them) */
 } plan_model_t;
 
 /* Inputs (from options, engine/cache defaults) and results of one plan. */
@@ -82,6 +90,13 @@ typedef struct {
     int on_device;             /* --weights-on-device */
     int from_gpu;              /* 1: the pool is what --gpu-mem leaves; 0: --kv-mem */
     uint64_t gpu_bytes, kv_mem_bytes, arena_bytes, reserve_bytes;
+    int cuda;                  /* --backend cuda: the device figures come from devmem_plan */
+    int cuda_welem;            /* --cuda-dtype's element bytes */
+    const char *cuda_dtype;
+    float mem_fraction;        /* --mem-fraction (cuda.mem_fraction) */
+    int kv_blocks;             /* --kv-blocks (kv.blocks), 0 = what the budget leaves */
+    devmem_t dev;              /* --backend cuda: the backend's device memory */
+    uint64_t dev_budget;       /* its budget, 0 without --gpu-mem (then kv.blocks is needed) */
     /* results */
     uint64_t kv_per_token, block_bytes;
     uint64_t act_bytes, logits_bytes, scratch_bytes;
@@ -249,6 +264,9 @@ static int read_model(const char *path, plan_model_t *m, char *errstr, size_t er
     m->ctx_len = ctx > INT32_MAX / 2 ? INT32_MAX / 2 : (int)ctx;
     m->rope_dim = (int)rope_dim;
     m->n_vocab = (int)te->ne[1];
+    m->tied_output = gguf_find_tensor(g, "output.weight") == NULL;
+    m->qkv_bias = gguf_find_tensor(g, "blk.0.attn_q.bias") || gguf_find_tensor(g, "blk.0.attn_k.bias") ||
+                  gguf_find_tensor(g, "blk.0.attn_v.bias");
     if (read_experts(g, path, m, ffn, errstr, errlen)) goto fail;
     for (int64_t i = 0; i < gguf_n_tensors(g); i++) {
         const gguf_tensor_t *t = gguf_tensor(g, i);
@@ -300,7 +318,25 @@ static int plan_compute(const plan_model_t *m, plan_t *p, char *errstr, size_t e
     p->logits_bytes = 4ull * (uint64_t)p->max_seqs * (uint64_t)m->n_vocab;
     p->scratch_bytes = p->act_bytes + p->logits_bytes;
 
-    if (p->from_gpu) {
+    if (p->cuda) {
+        const devmem_shape_t sh = {
+            .n_layers = m->n_layers, .n_heads = m->n_heads, .n_kv_heads = m->n_kv_heads,
+            .head_dim = m->head_dim, .dim = m->dim, .ffn_dim = m->ffn_dim, .n_vocab = m->n_vocab,
+            .rope_dim = m->rope_dim, .ctx_len = m->ctx_len, .tied_output = m->tied_output,
+            .qkv_bias = m->qkv_bias,
+        };
+        /* as backend_cuda_new: free x mem_fraction in double, the engine's context limit */
+        p->dev_budget = p->from_gpu ? (uint64_t)((double)p->gpu_bytes * (double)p->mem_fraction)
+                                    : UINT64_MAX / 2;
+        const devmem_params_t dp = {
+            .weight_elem = p->cuda_welem, .kv_elem = p->kv_elem, .block_tokens = p->block_tokens,
+            .max_batch_tokens = p->batch_tokens, .max_seqs = p->max_seqs,
+            .max_ctx = p->ctx_req > 0 && p->ctx_req < m->ctx_len ? p->ctx_req : m->ctx_len,
+            .n_kv_blocks = p->kv_blocks, .budget = p->dev_budget,
+        };
+        if (devmem_plan(&sh, &dp, &p->dev, errstr, errlen)) return -1;
+        if (!p->from_gpu) p->dev_budget = 0;
+    } else if (p->from_gpu) {
         uint64_t need = p->reserve_bytes + p->scratch_bytes + (p->on_device ? m->weight_bytes : 0);
         if (p->gpu_bytes < need + PLAN_MIB) {
             sw_seterr(errstr, errlen,
@@ -319,7 +355,7 @@ static int plan_compute(const plan_model_t *m, plan_t *p, char *errstr, size_t e
     } else {
         p->kv_mem_mb = p->kv_mem_bytes / PLAN_MIB;
     }
-    p->blocks = p->kv_mem_mb * PLAN_MIB / p->block_bytes;
+    p->blocks = p->cuda ? p->dev.kv_blocks : p->kv_mem_mb * PLAN_MIB / p->block_bytes;
     if (p->blocks > PLAN_MAX_BLOCKS) p->blocks = PLAN_MAX_BLOCKS;
     if (p->blocks < 1) {
         sw_seterr(errstr, errlen, "a KV pool of %llu MiB holds no block of %llu bytes",
@@ -329,6 +365,10 @@ static int plan_compute(const plan_model_t *m, plan_t *p, char *errstr, size_t e
     p->pool_bytes = p->blocks * p->block_bytes;
     p->total_bytes = p->pool_bytes + p->scratch_bytes + (p->from_gpu ? p->reserve_bytes : 0) +
                      (p->on_device ? m->weight_bytes : 0);
+    if (p->cuda) {
+        p->kv_mem_mb = p->pool_bytes / PLAN_MIB;
+        p->total_bytes = p->dev.total;
+    }
     p->tokens = p->blocks * (uint64_t)p->block_tokens;
 
     p->ctx = m->ctx_len;
@@ -407,7 +447,32 @@ static void print_table(FILE *out, const char *path, const plan_model_t *m, cons
         (unsigned long long)p->scratch_bytes, human(p->scratch_bytes, h1, sizeof h1),
         human(p->act_bytes, h2, sizeof h2), p->batch_tokens,
         human(p->logits_bytes, h3, sizeof h3), p->max_seqs);
-    if (p->from_gpu) {
+    if (p->cuda) {
+        const devmem_t *d = &p->dev;
+        ROW("cuda device", "%s weights, cuda.mem_fraction %.2f", p->cuda_dtype,
+            (double)p->mem_fraction);
+        if (p->from_gpu)
+            ROW("  budget", "%14llu B  %10s  --gpu-mem (free) x --mem-fraction",
+                (unsigned long long)p->dev_budget, human(p->dev_budget, h1, sizeof h1));
+        ROW("  weights", "%14llu B  %10s", (unsigned long long)d->weights,
+            human(d->weights, h1, sizeof h1));
+        ROW("  activations", "%14llu B  %10s  %d batch tokens", (unsigned long long)d->activations,
+            human(d->activations, h1, sizeof h1), p->batch_tokens);
+        ROW("  sampling", "%14llu B  %10s  %llu penalty slots", (unsigned long long)d->sampling,
+            human(d->sampling, h1, sizeof h1), (unsigned long long)d->penalty_slots);
+        ROW("  block tables", "%14llu B  %10s", (unsigned long long)d->metadata,
+            human(d->metadata, h1, sizeof h1));
+        ROW("  workspace", "%14llu B  %10s  cuBLAS", (unsigned long long)d->workspace,
+            human(d->workspace, h1, sizeof h1));
+        ROW("  KV scratch", "%14llu B  %10s  1 block after the pool (CUDA-graph padding)",
+            (unsigned long long)d->kv_scratch, human(d->kv_scratch, h1, sizeof h1));
+        ROW("  KV pool", "%14llu B  %10s  %llu blocks%s", (unsigned long long)d->kv_pool,
+            human(d->kv_pool, h1, sizeof h1), (unsigned long long)d->kv_blocks,
+            p->kv_blocks ? " (kv.blocks)" : " (what the budget leaves)");
+        ROW("  device total", "%14llu B  %10s  in %d allocations (+ CUDA context; %s load "
+            "staging while weights load)", (unsigned long long)d->total,
+            human(d->total, h1, sizeof h1), d->allocations, human(d->upload, h2, sizeof h2));
+    } else if (p->from_gpu) {
         ROW("device memory", "%14llu B  %10s  --gpu-mem", (unsigned long long)p->gpu_bytes,
             human(p->gpu_bytes, h1, sizeof h1));
         ROW("  reserve", "%14llu B  %10s  runtime overhead (--reserve)",
@@ -427,9 +492,13 @@ static void print_table(FILE *out, const char *path, const plan_model_t *m, cons
                              : "");
     ROW("  sequences", "%14llu     at that context at once (engine max_seqs %d)",
         (unsigned long long)p->seqs_at_ctx, p->max_seqs);
-    ROW("total", "%14llu B  %10s  KV pool + scratch%s%s", (unsigned long long)p->total_bytes,
-        human(p->total_bytes, h1, sizeof h1), p->from_gpu ? " + reserve" : "",
-        p->on_device ? " + weights" : "");
+    if (p->cuda)
+        ROW("total", "%14llu B  %10s  the CUDA engine's device memory",
+            (unsigned long long)p->total_bytes, human(p->total_bytes, h1, sizeof h1));
+    else
+        ROW("total", "%14llu B  %10s  KV pool + scratch%s%s", (unsigned long long)p->total_bytes,
+            human(p->total_bytes, h1, sizeof h1), p->from_gpu ? " + reserve" : "",
+            p->on_device ? " + weights" : "");
     ROW("host arena", "%14llu B  %10s  cache.arena.mb %llu", (unsigned long long)(p->arena_mb * PLAN_MIB),
         human(p->arena_mb * PLAN_MIB, h1, sizeof h1), (unsigned long long)p->arena_mb);
     ROW("  slots", "%14llu     of %llu B (block + its tokens, rounded up to 4096)%s",
@@ -453,7 +522,29 @@ static json_t *plan_json(const char *path, const plan_model_t *m, const plan_t *
     json_t *root = json_object();
     json_t *jm = json_object(), *jw = json_object(), *jd = json_object(), *jk = json_object(),
            *js = json_object(), *jp = json_object(), *ja = json_object();
-    if (!root || !jm || !jw || !jd || !jk || !js || !jp || !ja) goto fail;
+    json_t *jc = p->cuda ? json_object() : json_null();
+    if (!root || !jm || !jw || !jd || !jk || !js || !jp || !ja || !jc) goto fail;
+    if (p->cuda) {
+        const devmem_t *d = &p->dev;
+        int ec = 0;
+        ec |= json_object_set_new(jc, "dtype", json_string(p->cuda_dtype));
+        ec |= json_object_set_new(jc, "mem_fraction", json_real((double)p->mem_fraction));
+        ec |= json_object_set_new(jc, "budget_bytes",
+                                  p->from_gpu ? jint(p->dev_budget) : json_null());
+        ec |= json_object_set_new(jc, "weights_bytes", jint(d->weights));
+        ec |= json_object_set_new(jc, "activation_bytes", jint(d->activations));
+        ec |= json_object_set_new(jc, "sampling_bytes", jint(d->sampling));
+        ec |= json_object_set_new(jc, "penalty_slots", jint(d->penalty_slots));
+        ec |= json_object_set_new(jc, "block_table_bytes", jint(d->metadata));
+        ec |= json_object_set_new(jc, "workspace_bytes", jint(d->workspace));
+        ec |= json_object_set_new(jc, "upload_bytes", jint(d->upload));
+        ec |= json_object_set_new(jc, "kv_scratch_bytes", jint(d->kv_scratch));
+        ec |= json_object_set_new(jc, "kv_blocks", jint(d->kv_blocks));
+        ec |= json_object_set_new(jc, "kv_pool_bytes", jint(d->kv_pool));
+        ec |= json_object_set_new(jc, "total_bytes", jint(d->total));
+        ec |= json_object_set_new(jc, "allocations", jint((uint64_t)d->allocations));
+        if (ec) goto fail;
+    }
     int e = 0;
     e |= json_object_set_new(jm, "path", json_string(path));
     e |= json_object_set_new(jm, "arch", json_string(m->arch));
@@ -525,10 +616,13 @@ static json_t *plan_json(const char *path, const plan_model_t *m, const plan_t *
     jp = NULL;
     e |= json_object_set_new(root, "arena", ja);
     ja = NULL;
+    e |= json_object_set_new(root, "cuda", jc);
+    jc = NULL;
     e |= json_object_set_new(root, "total_bytes", jint(p->total_bytes));
     if (e) goto fail;
     return root;
 fail:
+    json_decref(jc);
     json_decref(ja);
     json_decref(jp);
     json_decref(js);
@@ -561,8 +655,16 @@ static void plan_usage(FILE *f)
             "                       the weights (not with --kv-mem)\n"
             "  --weights-on-device  the weights take device memory too\n"
             "  --reserve SIZE       device runtime overhead for --gpu-mem (default 512M)\n"
-            "  --host-arena SIZE    tier-2 host arena size (default cache.arena.mb, %s MiB)\n",
-            key_default("kv.mem_mb"), key_default("cache.arena.mb"));
+            "  --host-arena SIZE    tier-2 host arena size (default cache.arena.mb, %s MiB)\n"
+            "  --backend cuda       the CUDA engine's device memory (engine/devmem.h): with\n"
+            "                       --gpu-mem the device's free memory, the budget is it x\n"
+            "                       --mem-fraction; the pool is --kv-blocks blocks or what the\n"
+            "                       budget leaves (one of --gpu-mem, --kv-blocks is needed)\n"
+            "  --mem-fraction F     cuda.mem_fraction (default %s)\n"
+            "  --cuda-dtype T       cuda.dtype: bf16, f16 or f32 (default %s)\n"
+            "  --kv-blocks N        kv.blocks: a fixed pool (with --backend cuda)\n",
+            key_default("kv.mem_mb"), key_default("cache.arena.mb"),
+            key_default("cuda.mem_fraction"), key_default("cuda.dtype"));
     /* the engine flags, with their keys' help, defaults and ranges */
     cli_key_help(f, "--ctx N", "ctx", NULL);
     cli_key_help(f, "--block-tokens B", "kv.block_tokens", NULL);
@@ -576,7 +678,12 @@ static void plan_usage(FILE *f)
             "                       kv {bytes_per_token, block_bytes, ...}, scratch {bytes, ...},\n"
             "                       pool {kv_mem_mb, bytes, blocks, tokens, ctx, max_seqs_at_ctx,\n"
             "                       ...}, arena {mb, slot_bytes, slots, prefix_tokens, ...},\n"
-            "                       total_bytes (pool + scratch [+ reserve] [+ device weights])\n"
+            "                       cuda {weights_bytes, activation_bytes, sampling_bytes,\n"
+            "                       block_table_bytes, workspace_bytes, kv_scratch_bytes,\n"
+            "                       kv_blocks, kv_pool_bytes, total_bytes, allocations,\n"
+            "                       budget_bytes, ...} or null,\n"
+            "                       total_bytes (pool + scratch [+ reserve] [+ device weights];\n"
+            "                       with --backend cuda, cuda.total_bytes)\n"
             "SIZE: bytes, or a number with K, M, G or T (powers of 1024; KB, KiB the same),\n"
             "e.g. 512M, 24G, 1.5GiB. Pool and arena sizes are used in whole MiB, as the engine's\n"
             "kv.mem_mb and cache.arena.mb are.\n");
@@ -592,6 +699,10 @@ int cli_plan(int argc, char **argv)
         {"weights-on-device", no_argument, 0, 5004},
         {"reserve", required_argument, 0, 5005},
         {"json", no_argument, 0, 5006},
+        {"mem-fraction", required_argument, 0, 5007},
+        {"backend", required_argument, 0, 1010},
+        {"cuda-dtype", required_argument, 0, 1012},
+        {"kv-blocks", required_argument, 0, 1007},
         {"help", no_argument, 0, 'h'},
         /* validated by cli_engine_opt, as for generate */
         {"kv-type", required_argument, 0, 1002},
@@ -630,6 +741,17 @@ int cli_plan(int argc, char **argv)
         case 5004: p.on_device = 1; break;
         case 5005: if (parse_size("--reserve", optarg, &p.reserve_bytes)) return 2; break;
         case 5006: json = 1; break;
+        case 5007: {
+            char *end = NULL;
+            ec.cuda_mem_fraction = strtof(optarg, &end);
+            if (end == optarg || *end || !(ec.cuda_mem_fraction > 0.0f) ||
+                ec.cuda_mem_fraction > 1.0f) {
+                fprintf(stderr, "spillway: plan: --mem-fraction must be in (0, 1] "
+                        "(cuda.mem_fraction)\n");
+                return 2;
+            }
+            break;
+        }
         case 'h': plan_usage(stdout); return 0;
         default: return 2;
         }
@@ -655,6 +777,29 @@ int cli_plan(int argc, char **argv)
     if (ec.max_seqs > ec.max_batch_tokens) {
         fprintf(stderr, "spillway: plan: --max-seqs (%d) must not exceed --batch-tokens (%d)\n",
                 ec.max_seqs, ec.max_batch_tokens);
+        return 2;
+    }
+    if (strcmp(ec.backend, "cuda") == 0) {
+        p.cuda = 1;
+        p.cuda_dtype = ec.cuda_dtype;
+        p.cuda_welem = strcmp(ec.cuda_dtype, "f32") == 0 ? 4 : 2;
+        if (strcmp(ec.cuda_dtype, "bf16") && strcmp(ec.cuda_dtype, "f16") &&
+            strcmp(ec.cuda_dtype, "f32")) {
+            fprintf(stderr, "spillway: plan: --cuda-dtype must be bf16, f16 or f32\n");
+            return 2;
+        }
+        p.mem_fraction = ec.cuda_mem_fraction;
+        p.kv_blocks = ec.kv_blocks;
+        if (!p.from_gpu && !p.kv_blocks) {
+            fprintf(stderr, "spillway: plan: --backend cuda needs --gpu-mem (the device's free "
+                    "memory) or --kv-blocks\n");
+            return 2;
+        }
+    } else if (strcmp(ec.backend, "cpu") != 0) {
+        fprintf(stderr, "spillway: plan: --backend must be cpu or cuda\n");
+        return 2;
+    } else if (ec.kv_blocks) {
+        fprintf(stderr, "spillway: plan: --kv-blocks goes with --backend cuda (use --kv-mem)\n");
         return 2;
     }
     p.kv_type = ec.kv_type;

@@ -53,6 +53,9 @@ typedef struct {
                                 the model's data pointers are not read (benchmarks of real
                                 shapes without a multi-GB file) */
     int device;           /* device index (>= 0; 0 = the first CUDA_VISIBLE_DEVICES names) */
+    int max_seqs;         /* most sequences in one step (0: unknown); sizes the CUDA backend's
+                             penalty slots and block-table buffer (engine/devmem.h) */
+    int max_ctx;          /* longest sequence in tokens (0: the model's context); as max_seqs */
 } backend_params_t;
 
 /* How forward_sample picks the token of one logits row: what sampler_sample would do with the
@@ -99,10 +102,23 @@ typedef struct {
     int (*sample_slot_load)(backend_t *b, const int32_t *counts, char *errstr, size_t errlen);
     /* With forward_sample: frees slot (>= 0), which a later sample_slot_load may return. */
     void (*sample_slot_free)(backend_t *b, int slot);
-    /* Block copies: dst/src hold kv_block_bytes. Optional (NULL): the caller falls back. */
+    /* Block copies: dst/src hold kv_block_bytes. Optional (NULL): the caller falls back.
+     * kv_block_write may return before the block is on the device (see kv_write_pending); a
+     * forward step or block copy that reads the block is ordered after the write by the
+     * backend, so correctness never depends on the caller waiting. */
     int (*kv_block_read)(backend_t *b, int32_t block, void *dst);
     int (*kv_block_write)(backend_t *b, int32_t block, const void *src);
     int (*kv_block_copy)(backend_t *b, int32_t dst_block, int32_t src_block);
+    /* Optional (NULL: kv_block_write is complete when it returns). 1 while a write queued to
+     * one of blocks[0..n) (entries -1 skipped) has not completed, 0 when all have, -1 on a
+     * device error. Never waits: the engine schedules a sequence whose prefix came from tier 2
+     * only once its blocks are in, so a step never waits for another sequence's copies. */
+    int (*kv_write_pending)(backend_t *b, const int32_t *blocks, int n);
+    /* Optional (NULL: none). A page-locked host buffer of kv_block_bytes to fill and pass as
+     * the src of the next kv_block_write, which then queues its copy without copying the bytes
+     * once more on the host. Owned by the backend; valid until the next kv_block_read,
+     * kv_block_write or kv_stage_buffer call. NULL on a device error. */
+    void *(*kv_stage_buffer)(backend_t *b);
     /* Waits for queued work; 0 or -1. */
     int (*synchronize)(backend_t *b);
 } backend_ops_t;
@@ -113,6 +129,11 @@ struct backend {
     const model_t *model;    /* borrowed: outlives the backend */
     backend_params_t params;
     size_t kv_block_bytes;
+    /* Device memory (CUDA; 0 on the CPU backend): what engine/devmem.h's formula says the
+     * backend holds, and what the device's free memory fell by across backend creation
+     * (cudaMemGetInfo before and after; includes the allocator's rounding and cuBLAS state). */
+    uint64_t dev_bytes_planned, dev_bytes_measured;
+    int dev_allocations;     /* device allocations behind dev_bytes_planned */
 };
 
 /* CPU backend (engine/cpu). model is borrowed and must outlive the backend. */

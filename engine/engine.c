@@ -54,6 +54,9 @@ typedef struct seq {
                                  sliding window (the first n_dropped) */
     int n_blocks, cap_blocks;
     int n_dropped;            /* leading blocks released (seq_drop_old_blocks) */
+    int kv_wait_from, kv_wait_to; /* blocks [from, to) came from tier 2 and their copies to the
+                                 device may still be in flight (backend kv_write_pending): the
+                                 sequence joins a step only once they are in */
     int n_named;              /* leading blocks whose names are known */
     uint64_t last_name;       /* name of block n_named - 1, or chain_seed */
     uint64_t chain_seed;      /* h_{-1} of its names: the engine's kv_seed and its cache scope */
@@ -210,6 +213,7 @@ static void seq_release_blocks(engine_t *e, seq_t *s)
     for (int i = s->n_dropped; i < s->n_blocks; i++) kvpool_unref(e->pool, s->blocks[i]);
     s->n_dropped = 0;
     s->n_blocks = 0;
+    s->kv_wait_from = s->kv_wait_to = 0;
     s->n_named = 0;
     s->last_name = s->chain_seed;
     s->n_computed = 0;
@@ -467,6 +471,8 @@ engine_t *engine_new(const engine_config_t *cfg, char *errstr, size_t errlen)
         .weight_type = cuda_wtype,
         .mem_fraction = c->cuda_mem_fraction,
         .device = c->cuda_device,
+        .max_seqs = c->max_seqs,
+        .max_ctx = e->max_ctx,
     };
 #ifdef SPILLWAY_HAVE_CUDA
     if (use_cuda) e->be = backend_cuda_new(e->model, &bp, errstr, errlen);
@@ -806,7 +812,10 @@ static void seq_reuse_prefix(engine_t *e, seq_t *s)
             int j = first + i;
             const int32_t *toks = s->tokens + (size_t)j * B;
             uint64_t parent = 0;
-            if (e->tier.fetch(e->tier.arg, i, e->kv_stage, &parent, e->tok_stage) != 0) break;
+            /* straight into the backend's page-locked staging when it has one */
+            void *stage = e->be->ops->kv_stage_buffer ? e->be->ops->kv_stage_buffer(e->be) : NULL;
+            if (!stage) stage = e->kv_stage;
+            if (e->tier.fetch(e->tier.arg, i, stage, &parent, e->tok_stage) != 0) break;
             /* the tier's name is only an index: the block is ours only if it was computed
              * from these tokens after this parent */
             if (parent != seq_parent(s, j) ||
@@ -816,7 +825,7 @@ static void seq_reuse_prefix(engine_t *e, seq_t *s)
             }
             int32_t b = kvpool_alloc(e->pool);
             if (b < 0) break;
-            if (e->be->ops->kv_block_write(e->be, b, e->kv_stage) != 0) {
+            if (e->be->ops->kv_block_write(e->be, b, stage) != 0) {
                 kvpool_unref(e->pool, b);
                 break;
             }
@@ -824,10 +833,26 @@ static void seq_reuse_prefix(engine_t *e, seq_t *s)
             s->blocks[s->n_blocks++] = b;
             e->st.tier2_hits++;
         }
+        if (e->be->ops->kv_write_pending && s->n_blocks > first) {
+            s->kv_wait_from = first;
+            s->kv_wait_to = s->n_blocks;
+        }
     }
     s->n_named = s->n_blocks;
     s->last_name = seq_parent(s, s->n_blocks);
     s->n_computed = s->n_blocks * B;
+}
+
+/* Whether s waits for its tier-2 blocks' copies to the device (seq_t.kv_wait_*); forgets the
+ * wait once they are in. Never blocks. A device error counts as in: the step reports it. */
+static int seq_kv_pending(engine_t *e, seq_t *s)
+{
+    if (s->kv_wait_to <= s->kv_wait_from) return 0;
+    if (e->be->ops->kv_write_pending(e->be, s->blocks + s->kv_wait_from,
+                                     s->kv_wait_to - s->kv_wait_from) == 1)
+        return 1;
+    s->kv_wait_from = s->kv_wait_to = 0;
+    return 0;
 }
 
 /* Whether s's first block that is not cached is being computed by a running sequence right now:
@@ -908,6 +933,10 @@ static int plan_step(engine_t *e)
     /* Running sequences, highest priority / oldest first. */
     for (int i = 0; i < e->n_running && budget > 0; i++) {
         seq_t *s = e->running[i];
+        if (seq_kv_pending(e, s)) { /* its prefix is still being copied in: not this step */
+            e->st.tier2_waits++;
+            continue;
+        }
         int want = s->n_tokens - s->n_computed;
         if (want > budget) want = budget;
         while (seq_grow(e, s, s->n_computed + want) != 0) {
@@ -967,6 +996,10 @@ static int plan_step(engine_t *e)
             e->st.prompt_tokens += (uint64_t)s->n_prompt;
         }
         if (!s->t_first_scheduled) s->t_first_scheduled = sw_mono_ns();
+        if (seq_kv_pending(e, s)) { /* admitted; joins a step once its tier-2 blocks are in */
+            e->st.tier2_waits++;
+            continue;
+        }
         s->step_tokens = want;
         budget -= want;
         e->b_seqs[n++] = s;
@@ -1099,6 +1132,16 @@ int engine_step(engine_t *e, char *errstr, size_t errlen)
 {
     int n = plan_step(e);
     if (n == 0) {
+        for (int i = 0; i < e->n_running; i++) {
+            if (e->running[i]->kv_wait_to <= e->running[i]->kv_wait_from) continue;
+            /* every sequence that could run waits for tier-2 copies: nothing to do but wait */
+            if (e->be->ops->synchronize(e->be) != 0) {
+                sw_seterr(errstr, errlen, "engine: %s: waiting for KV block copies failed",
+                          e->be->ops->name);
+                return -1;
+            }
+            return 1;
+        }
         if (e->n_waiting > 0 && e->n_running == 0) {
             /* Nothing can run: the head request cannot fit even alone. Fail it as length. */
             seq_t *s = e->waiting[0];
@@ -1265,6 +1308,9 @@ void engine_info(const engine_t *e, engine_info_t *info)
     info->max_seqs = e->cfg.max_seqs;
     info->kv_block_bytes = e->be->kv_block_bytes;
     info->weight_bytes = e->model->weight_bytes;
+    info->dev_bytes_planned = e->be->dev_bytes_planned;
+    info->dev_bytes_measured = e->be->dev_bytes_measured;
+    info->dev_allocations = e->be->dev_allocations;
     info->fingerprint = e->model->fingerprint;
     info->kv_seed = e->kv_seed;
     info->bos = tokenizer_bos(e->tok);

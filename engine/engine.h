@@ -189,6 +189,10 @@ typedef struct {
     int threads, block_tokens, kv_blocks, max_batch_tokens, max_seqs;
     size_t kv_block_bytes;
     size_t weight_bytes;
+    /* device memory of the CUDA backend (0 on the CPU backend): engine/devmem.h's figure, what
+     * the device's free memory fell by while the backend was created, and the allocations */
+    uint64_t dev_bytes_planned, dev_bytes_measured;
+    int dev_allocations;
     uint64_t fingerprint;
     uint64_t kv_seed;        /* seed of the block-name chain of the shared scope (keyed hash
                                 of fingerprint, block size, KV type) */
@@ -201,6 +205,8 @@ typedef struct {
     uint64_t prefix_lookups, prefix_hits, evictions;  /* tier 1, in blocks */
     uint64_t tier2_lookups, tier2_hits;               /* tier 2, in blocks */
     uint64_t tier2_stores;                            /* blocks offered to tier 2 */
+    uint64_t tier2_waits;    /* times a sequence sat out a step because its tier-2 blocks were
+                                still being copied to the device */
     uint64_t kv_mismatches;  /* blocks found by name (tier 1 or 2) but holding other tokens or
                                 another parent: refused, computed instead */
     uint64_t deferred;       /* admissions put off because another request was computing the

@@ -18,6 +18,9 @@
 #               on the same logits (ids, logprobs, penalty counts) and batch-invariant, its lines
 #               as rows of the table; exit 77 (no device) is a failure when a GPU is
 #               present. Without a GPU it still runs: it checks the backend's refusal, then skips
+#   gpu-mem     `spillway plan --backend cuda` (engine/devmem.h) against what the CUDA engine
+#               took from the device (scripts/gpu-mem-check.sh: within 2 MiB per allocation +
+#               64 MiB), stories260K in F32 and BF16 with fixed pools
 #   bench_cuda  copy bandwidth, GEMM rate, decode/prefill/128-in-128-out on synthetic
 #               Llama-3.2-1B and Llama-3.1-8B shapes, beside the H200 goals
 # Without a GPU (no nvidia-smi, or it lists none) the GPU stages say so and are skipped, and the
@@ -288,6 +291,18 @@ elif [ $rc -eq 77 ]; then
   say "--- test_cuda: SKIPPED (no GPU): the checks without a device passed"
 else
   record test_cuda $rc "no GPU: the checks without a device"
+fi
+if [ "$HAVE_GPU" -eq 1 ]; then
+  for set in "--cuda-dtype f32 --kv-type f32 --kv-blocks 256 --batch-tokens 64 --max-seqs 8" \
+             "--cuda-dtype bf16 --kv-blocks 65536 --batch-tokens 512 --max-seqs 64"; do
+    # shellcheck disable=SC2086
+    stage gpu-mem 30 scripts/gpu-mem-check.sh "$BUILD/spillway" "$GPU_DIR/models/stories260K.gguf" $set
+    rc=$?
+    record gpu-mem $rc "$(grep '^gpu-mem: ' "$LOG" | tail -1 | cut -c10-)"
+  done
+else
+  say "=== gpu-mem: SKIPPED (no GPU) ==="
+  row gpu-mem "skipped: no GPU" 0 "plan --backend cuda vs the device's free memory"
 fi
 if [ "$HAVE_GPU" -eq 1 ]; then
   stage bench_cuda 240 bash -c 'set -o pipefail; "$1" | tee "$2"' bench "$BUILD/bench_cuda" \

@@ -33,6 +33,8 @@ int main(void)
 #include "engine/cuda/cuda_blas.h"
 #include "engine/cuda/cuda_kernels.h"
 #include "engine/cuda/cuda_sample.h"
+#include "engine/backend.h"
+#include "engine/devmem.h"
 #include "engine/dtype.h"
 #include "engine/engine.h"
 #include "engine/model.h"
@@ -1087,6 +1089,176 @@ static void test_end_to_end(void)
     CHECK(generate("cuda", "bf16", "f16", prompt, n_prompt, N, got) == 0);
 }
 
+/* ---- device memory accounting and the KV copy stream (engine/devmem.h, backend.h) ---- */
+
+/* Backend parameters of the memory and copy tests: stories260K, F32 weights and KV. */
+static backend_params_t mem_params(int n_blocks, float fraction)
+{
+    backend_params_t bp = {
+        .threads = 1, .block_tokens = 16, .n_kv_blocks = n_blocks, .kv_type = DT_F32,
+        .max_batch_tokens = 64, .weight_type = DT_F32, .mem_fraction = fraction, .device = 0,
+        .max_seqs = 8, .max_ctx = 0,
+    };
+    return bp;
+}
+
+/* Every allocation counted: the backend's figure is devmem_plan's, the device's free memory
+ * falls by it within the allocator's rounding (2 MiB per allocation) plus 64 MiB (cuBLAS
+ * state, module code); a second engine beside the first fits when the budget holds it and is
+ * refused, naming the sizes and the key, when not; a pool sized from the budget stays in it. */
+static void test_memory_accounting(void)
+{
+    char err[1024];
+    model_t *m = model_load(MODEL, err, sizeof err);
+    CHECKF(m, "%s", err);
+    if (!m) return;
+    const hparams_t *hp = &m->hp;
+    backend_params_t bp = mem_params(256, 0.9f);
+    size_t free0 = 0, total = 0, free1 = 0;
+    CU(cudaMemGetInfo(&free0, &total));
+    backend_t *a = backend_cuda_new(m, &bp, err, sizeof err);
+    CHECKF(a, "%s", err);
+    CU(cudaMemGetInfo(&free1, &total));
+    if (a) {
+        const devmem_shape_t sh = {
+            .n_layers = hp->n_layers, .n_heads = hp->n_heads, .n_kv_heads = hp->n_kv_heads,
+            .head_dim = hp->head_dim, .dim = hp->dim, .ffn_dim = hp->ffn_dim,
+            .n_vocab = hp->n_vocab, .rope_dim = hp->rope_dim, .ctx_len = hp->ctx_len,
+            .tied_output = m->tied_output,
+            .qkv_bias = m->layers[0].bq.data || m->layers[0].bk.data || m->layers[0].bv.data,
+        };
+        const devmem_params_t dp = {
+            .weight_elem = 4, .kv_elem = 4, .block_tokens = 16, .max_batch_tokens = 64,
+            .max_seqs = 8, .n_kv_blocks = 256, .budget = UINT64_MAX / 2,
+        };
+        devmem_t d;
+        CHECK(devmem_plan(&sh, &dp, &d, err, sizeof err) == 0);
+        CHECKF(a->dev_bytes_planned == d.total, "planned %llu, formula %llu",
+               (unsigned long long)a->dev_bytes_planned, (unsigned long long)d.total);
+        const long long meas = (long long)a->dev_bytes_measured, plan = (long long)d.total;
+        const long long tol = 2ll * (1 << 20) * d.allocations + (64ll << 20);
+        CHECKF(llabs(meas - plan) <= tol, "measured %lld B, planned %lld B: off by more than "
+               "%lld B", meas, plan, tol);
+        CHECKF(llabs((long long)(free0 - free1) - meas) <= (4ll << 20),
+               "the backend measured %lld B, the test %lld B", meas, (long long)(free0 - free1));
+        printf("device memory: planned %lld B, measured %lld B (tolerance %lld B)\n", plan, meas,
+               tol);
+    }
+    /* a second engine beside the first */
+    backend_t *b = backend_cuda_new(m, &bp, err, sizeof err);
+    CHECKF(b, "a second engine of %d blocks: %s", bp.n_kv_blocks, err);
+    /* one whose pool cannot fit what is left: refused at creation, naming sizes and keys */
+    size_t free2 = 0;
+    CU(cudaMemGetInfo(&free2, &total));
+    const size_t block = a ? a->kv_block_bytes : 1;
+    const size_t want = free2 / block + 1;
+    backend_params_t big = mem_params(want > (1u << 30) ? (1 << 30) : (int)want, 1.0f);
+    backend_t *c = backend_cuda_new(m, &big, err, sizeof err);
+    CHECKF(!c && strstr(err, "KV pool") && strstr(err, "MiB") && strstr(err, "cuda.mem_fraction"),
+           "an engine larger than the free memory: %s", c ? "created" : err);
+    printf("refused: %s\n", err);
+    backend_free(c);
+    /* sized from the budget: stays within mem_fraction x free */
+    backend_params_t fill = mem_params(0, 0.25f);
+    size_t free3 = 0;
+    CU(cudaMemGetInfo(&free3, &total));
+    c = backend_cuda_new(m, &fill, err, sizeof err);
+    CHECKF(c, "a pool sized from the budget: %s", err);
+    if (c) {
+        CHECKF(c->dev_bytes_planned <= (uint64_t)((double)free3 * 0.25) &&
+                   c->dev_bytes_planned + c->kv_block_bytes > (uint64_t)((double)free3 * 0.25),
+               "planned %llu B for a budget of %.0f B", (unsigned long long)c->dev_bytes_planned,
+               (double)free3 * 0.25);
+        /* a reload beside it with the same fraction fits in what it left */
+        backend_t *r = backend_cuda_new(m, &fill, err, sizeof err);
+        CHECKF(r, "a reload beside a 0.25 engine: %s", err);
+        backend_free(r);
+    }
+    backend_free(c);
+    backend_free(b);
+    backend_free(a);
+    model_free(m);
+}
+
+/* The copy stream: tier-2 style block writes (through the staging buffer and from any host
+ * memory) read back equal, copies and steps issued right after them without waiting see their
+ * bytes (a step's logits equal the CPU backend's on the same KV blocks), and kv_write_pending
+ * reports them done without blocking. */
+static void test_copy_stream(void)
+{
+    char err[1024];
+    model_t *m = model_load(MODEL, err, sizeof err);
+    CHECKF(m, "%s", err);
+    if (!m) return;
+    backend_params_t bp = mem_params(64, 0.5f);
+    backend_t *g = backend_cuda_new(m, &bp, err, sizeof err);
+    backend_t *cpu = backend_cpu_new(m, &bp, err, sizeof err);
+    CHECKF(g && cpu, "%s", err);
+    if (!g || !cpu) goto done;
+    CHECK(g->ops->kv_write_pending && g->ops->kv_stage_buffer);
+    const size_t n = g->kv_block_bytes, nf = n / 4;
+    CHECK(n == cpu->kv_block_bytes);
+    enum { NB = 40 };
+    float *src = malloc(n), *back = malloc(n);
+    int32_t blocks[NB];
+    if (!src || !back) abort();
+    for (int i = 0; i < NB; i++) {
+        blocks[i] = i;
+        float *dst = i % 2 ? src : g->ops->kv_stage_buffer(g);
+        CHECK(dst != NULL);
+        if (!dst) continue;
+        for (size_t j = 0; j < nf; j++) dst[j] = (float)(i * 1000003 + (int)j) * 1e-6f;
+        CHECK(g->ops->kv_block_write(g, i, dst) == 0);
+    }
+    int pend = g->ops->kv_write_pending(g, blocks, NB);
+    CHECKF(pend == 0 || pend == 1, "kv_write_pending: %d", pend);
+    /* a device copy right behind the writes, then a read of every block */
+    CHECK(g->ops->kv_block_copy(g, 50, 3) == 0);
+    for (int i = 0; i <= NB; i++) {
+        const int blk = i == NB ? 50 : i, want = i == NB ? 3 : i;
+        CHECK(g->ops->kv_block_read(g, blk, back) == 0);
+        size_t bad = 0;
+        for (size_t j = 0; j < nf; j++)
+            bad += back[j] != (float)(want * 1000003 + (int)j) * 1e-6f;
+        CHECKF(bad == 0, "block %d: %zu of %zu floats differ", blk, bad, nf);
+    }
+    CHECK(g->ops->kv_write_pending(g, blocks, NB) == 0); /* the reads came after them on xs */
+    const int32_t none[3] = {-1, 60, 61};
+    CHECK(g->ops->kv_write_pending(g, none, 3) == 0);
+
+    /* a step straight after the writes: 3 blocks of random KV, one token at position 48 */
+    const hparams_t *hp = &m->hp;
+    for (int i = 0; i < 4; i++) {
+        for (size_t j = 0; j < nf; j++) src[j] = frand(-1.0f, 1.0f);
+        CHECK(cpu->ops->kv_block_write(cpu, i, src) == 0);
+        CHECK(g->ops->kv_block_write(g, i, src) == 0);
+    }
+    const int32_t table[4] = {0, 1, 2, 3}, tok = 403, pos = 48, start[2] = {0, 1}, lidx = 0;
+    const int32_t *tables[1] = {table};
+    backend_batch_t batch = {
+        .n_tokens = 1, .tokens = &tok, .pos = &pos, .n_seqs = 1, .seq_start = start,
+        .block_tables = tables, .n_logits = 1, .logits_idx = &lidx,
+    };
+    float *lc = malloc((size_t)hp->n_vocab * 4), *lg = malloc((size_t)hp->n_vocab * 4);
+    if (!lc || !lg) abort();
+    CHECK(cpu->ops->forward(cpu, &batch, lc, err, sizeof err) == 0);
+    CHECKF(g->ops->forward(g, &batch, lg, err, sizeof err) == 0, "%s", err);
+    double num = 0, den = 0;
+    for (int i = 0; i < hp->n_vocab; i++) {
+        num += ((double)lg[i] - lc[i]) * ((double)lg[i] - lc[i]);
+        den += (double)lc[i] * lc[i];
+    }
+    CHECKF(den > 0 && num / den < NMSE_F32 * 10, "step after tier-2 writes: NMSE %g", num / den);
+    free(lc);
+    free(lg);
+    free(src);
+    free(back);
+done:
+    backend_free(cpu);
+    backend_free(g);
+    model_free(m);
+}
+
 /* The cuBLAS loader's refusals (they need no device): SPILLWAY_CUBLAS naming nothing, a folder
  * without cuBLAS, a file that is no library. Each must give NULL and a message that names the
  * cause. 0 or -1. */
@@ -1206,6 +1378,8 @@ int main(void)
     test_end_to_end();
     test_graph_decode();
     test_engine_argmax();
+    test_memory_accounting();
+    test_copy_stream();
 
     cuda_blas_free(h);
     cudaStreamDestroy(S);

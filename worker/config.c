@@ -106,8 +106,9 @@ static const key_t_ KEYS[] = {
     {"cuda.dtype", K_CHOICE, F(cuda_dtype), "bf16", 0, 0,
      "CUDA backend: device weight type; `f32` with `kv.type` f32 computes like the CPU backend"},
     {"cuda.mem_fraction", K_DOUBLE, F(cuda_mem_fraction), "0.9", 0, 0,
-     "CUDA backend: share of the free device memory at start for weights, activations and the "
-     "KV pool (with `kv.blocks` 0 the pool takes what is left)"},
+     "CUDA backend: share of the free device memory at start for every device allocation "
+     "(weights, scratch, sampling, KV pool: `spillway plan --backend cuda`); with `kv.blocks` 0 "
+     "the pool takes what is left"},
     {"threads", K_INT, F(threads), "0", 0, 1024, "compute threads (0 = one per CPU)"},
     {"batch.max_seqs", K_INT, F(max_seqs), "64", 1, 1 << 16, "sequences per batch"},
     {"batch.max_tokens", K_INT, F(max_batch_tokens), "512", 1, 1 << 20, "tokens per forward step"},

@@ -23,16 +23,20 @@
  * capture fails runs plain launches from then on (counted; backend_cuda_graph_counts).
  *
  * Streams: `cs` runs forward steps and block-to-block copies; `xs` (copy stream) moves KV blocks
- * between the pool and the host through pinned staging slots, ordered against cs with events:
- * a block read or write waits for the compute already queued (ev_compute), and the next step
- * waits for the block writes queued before it (ev_kv_written), so host transfers overlap the
- * host's own work and any compute that does not depend on them.
+ * between the pool and the host through page-locked staging slots (see "KV block transfers"):
+ * a block read or write waits for the compute already queued (ev_compute); a step or block copy
+ * waits only for the writes of the blocks it reads (per-block tickets), so a tier-2 prefix being
+ * copied in overlaps the steps of every other sequence.
  *
- * Memory: weights + activations + KV pool <= mem_fraction x the free device memory at creation,
- * checked before anything large is allocated; the KV pool takes what is left when n_kv_blocks
- * is 0. Nothing is allocated per step except when a batch's block tables outgrow the table
- * buffer (it then doubles). Penalty counts of device sampling ([slots][n_vocab] int32, one slot
- * per sequence with penalties) are outside that budget: the slot table doubles when full.
+ * Memory: every device allocation goes through dmalloc, which counts it against the budget
+ * (mem_fraction x the free device memory at creation) and refuses what would exceed it. What
+ * creation allocates is engine/devmem.h's formula (devmem_plan, shared with `spillway plan`),
+ * checked as a whole before anything large is allocated; the KV pool (one allocation with the
+ * graphs' scratch block after it) takes what is left when n_kv_blocks is 0. Afterwards only the
+ * block-table buffer (beyond max_seqs x max_ctx; its move drops the graphs) and the penalty-slot
+ * table (beyond max_seqs slots) can grow, each doubling within what the budget has left (none
+ * when the pool filled it: such a step or request then fails with the sizes). A graph step
+ * waits for the KV writes of its blocks (kv_wait_batch) before its replay, as a plain step.
  *
  * Errors: every CUDA and cuBLAS call is checked; failures become errstr text ("cuda: <what>:
  * <CUDA error string>"), never an abort. After a failed step the backend must not be used for
@@ -47,26 +51,38 @@
 
 #include "common/err.h"
 #include "engine/backend.h"
+#include "engine/devmem.h"
 #include "engine/dtype.h"
 #include "engine/cuda/cuda_blas.h"
 #include "engine/cuda/cuda_kernels.h"
 #include "engine/cuda/cuda_sample.h"
 
-/* Host staging slots for KV block transfers (a ring: a slot is reused once its copy is done). */
-#define KV_STAGE_SLOTS 4
+/* Page-locked host staging for KV block transfers: this many bytes of slots (at least
+ * KV_STAGE_MIN, at most KV_STAGE_MAX), used as a ring (a slot is reused once its copy is done). */
+#define KV_STAGE_BYTES ((size_t)64 << 20)
+#define KV_STAGE_MIN 4
+#define KV_STAGE_MAX 4096
+/* Events of the block-write ring (ticket % KV_WRITE_EVENTS). */
+#define KV_WRITE_EVENTS 64
 /* Bytes of the pinned staging buffer used to upload and convert weights at load. */
-#define UPLOAD_CHUNK ((size_t)64 << 20)
-/* Attention partials per (token, head) that the split-K scratch holds for a full batch. */
-#define ATT_SPLIT_SLOTS 8
+#define UPLOAD_CHUNK ((size_t)DEVMEM_UPLOAD_CHUNK)
+/* Attention partials per (token, head) that the split-K scratch holds for a full batch
+ * (engine/devmem.h counts the scratch with it). */
+#define ATT_SPLIT_SLOTS DEVMEM_ATT_SPLIT_SLOTS
 /* Split-K of the attention: the most chunks a token's context is cut into, and the fewest keys
  * per chunk (cuk_attention). */
-#define ATT_SPLITS 32
+#define ATT_SPLITS DEVMEM_ATT_SPLITS
 #define ATT_MIN_CHUNK 128
 /* CUDA graphs of decode steps: buckets of 1, 2, 4, ..., GRAPH_MAX_T tokens. */
 #define GRAPH_BUCKETS 9
 #define GRAPH_MAX_T (1 << (GRAPH_BUCKETS - 1))
-/* cuBLAS workspace given to the handle (counted as activations). */
-#define BLAS_WORKSPACE ((size_t)32 << 20)
+/* cuBLAS workspace given to the handle. */
+#define BLAS_WORKSPACE ((size_t)DEVMEM_BLAS_WORKSPACE)
+
+_Static_assert(sizeof(cuk_sample_row_t) == DEVMEM_SAMPLE_ROW_BYTES,
+               "engine/devmem.h: DEVMEM_SAMPLE_ROW_BYTES must be sizeof(cuk_sample_row_t)");
+_Static_assert(CUK_SAMPLE_MAX_LOGPROBS == SAMPLER_MAX_LOGPROBS,
+               "engine/devmem.h counts SAMPLER_MAX_LOGPROBS logprobs a row");
 
 typedef struct {
     void *wqkv;            /* [qd + 2 kvd][dim] wtype: rows of wq, then wk, then wv */
@@ -87,9 +103,20 @@ typedef struct {
     int max_T;
     int qd, kvd, qkvd;     /* n_heads hd, n_kv_heads hd, qd + 2 kvd */
     cudaStream_t cs, xs;
-    cudaEvent_t ev_compute, ev_kv_written, ev_meta;
-    cudaEvent_t ev_stage[KV_STAGE_SLOTS];
-    int stage_next;
+    cudaEvent_t ev_compute, ev_meta;
+    /* device memory: bytes allocated through dmalloc, and the budget they must stay within */
+    uint64_t dev_used, dev_budget;
+    float mem_fraction;
+    /* KV block transfers (xs): page-locked staging ring, write tickets */
+    unsigned char *h_stage; /* pinned [n_stage][kv_block_bytes] */
+    cudaEvent_t *ev_stage; /* [n_stage]: the copy through the slot is done */
+    int n_stage, stage_next;
+    int stage_held;        /* slot handed out by kv_stage_buffer, -1 none */
+    cudaEvent_t ev_wr[KV_WRITE_EVENTS]; /* recorded on xs after write ticket t at t % N */
+    uint64_t ev_wr_ticket[KV_WRITE_EVENTS]; /* the ticket last recorded there */
+    uint64_t wr_ticket;    /* tickets issued (the last one) */
+    uint64_t wr_done;      /* every ticket <= this has completed */
+    uint64_t *blk_ticket;  /* [n_kv_blocks] host: the block's last write ticket, 0 none */
     cuda_blas_t *blas;     /* cuBLAS, loaded at creation, bound to cs */
     void *blas_ws;         /* [BLAS_WORKSPACE] bytes */
 
@@ -120,7 +147,8 @@ typedef struct {
     cuk_sample_row_t *d_srows; /* [T] */
     uint32_t *d_sout;      /* [cuk_sample_out_words(T, SAMPLER_MAX_LOGPROBS)] */
     uint32_t *h_sout;      /* pinned, the same size: one copy per step */
-    int32_t *d_counts;     /* [slot_cap][n_vocab] penalty window counts */
+    int32_t *d_counts;     /* [slot_cap][n_vocab] penalty window counts (slot_cap >= the
+                              formula's penalty_slots from creation) */
     unsigned char *slot_used; /* [slot_cap] host */
     int slot_cap;
 
@@ -129,11 +157,10 @@ typedef struct {
     int32_t *h_meta;       /* pinned host, meta_cap int32 (ev_meta: upload done) */
     size_t meta_cap;
 
-    unsigned char *h_stage; /* pinned [KV_STAGE_SLOTS][kv_block_bytes] */
-
     /* CUDA graphs of decode steps, one per bucket of 1 << k tokens (graph_step), captured at
-     * the bucket's first step and dropped when d_meta moves. Block n_kv_blocks of the pool
-     * (one more than the engine sees) is the scratch block of the padding tokens. */
+     * the bucket's first step and dropped when a buffer they use moves (graphs_drop). Block
+     * n_kv_blocks of the pool (one more than the engine sees, counted by devmem_plan as
+     * kv_scratch) is the scratch block of the padding tokens. */
     cudaGraphExec_t graph[GRAPH_BUCKETS];
     unsigned char graph_failed[GRAPH_BUCKETS]; /* capture failed: plain launches */
     long graph_captures, graph_replays, graph_fallbacks;
@@ -161,6 +188,33 @@ static int gemm(cu_t *c, const void *W, int N, int K, const void *X, int T, floa
 static double mib(size_t b)
 {
     return (double)b / (1024.0 * 1024.0);
+}
+
+/* ---- device memory: every allocation counted against the budget ---- */
+
+/* cudaMalloc of bytes (4 when 0) into *pp, counted in dev_used: 0, or -1 with errstr when it
+ * would take dev_used past dev_budget (naming the sizes and the key) or CUDA fails. */
+static int dmalloc(cu_t *c, void *pp, size_t bytes, const char *what, char *errstr, size_t errlen)
+{
+    if (!bytes) bytes = 4;
+    if (c->dev_used + bytes > c->dev_budget) {
+        sw_seterr(errstr, errlen, "cuda: %s of %.1f MiB exceeds the device budget: %.1f of %.1f "
+                  "MiB in use (cuda.mem_fraction %.2f of the free memory at creation; lower "
+                  "kv.blocks or raise cuda.mem_fraction)", what, mib(bytes), mib(c->dev_used),
+                  mib(c->dev_budget), (double)c->mem_fraction);
+        return -1;
+    }
+    if (ck(cudaMalloc((void **)pp, bytes), what, errstr, errlen)) return -1;
+    c->dev_used += bytes;
+    return 0;
+}
+
+/* cudaFree of p, allocated by dmalloc with bytes (NULL: nothing). */
+static void dfree(cu_t *c, void *p, size_t bytes)
+{
+    if (!p) return;
+    cudaFree(p);
+    c->dev_used -= bytes ? bytes : 4;
 }
 
 /* ---- weights ---- */
@@ -234,7 +288,7 @@ static int upload(loader_t *ld, const weight_t *w, int dst_type, void *d_dst, fl
 static int dev_weight(loader_t *ld, const weight_t *w, int dst_type, void **d, float lo, float hi)
 {
     size_t bytes = (size_t)w->rows * (size_t)w->cols * cuk_elem_bytes(dst_type);
-    if (ck(cudaMalloc(d, bytes), "weight allocation", ld->errstr, ld->errlen)) return -1;
+    if (dmalloc(ld->c, d, bytes, "weight allocation", ld->errstr, ld->errlen)) return -1;
     return upload(ld, w, dst_type, *d, lo, hi);
 }
 
@@ -244,8 +298,8 @@ static int dev_stack(loader_t *ld, const weight_t *const *ws, int n, void **d)
     cu_t *c = ld->c;
     size_t rows = 0;
     for (int i = 0; i < n; i++) rows += (size_t)ws[i]->rows;
-    if (ck(cudaMalloc(d, rows * (size_t)ws[0]->cols * c->welem), "weight allocation", ld->errstr,
-           ld->errlen))
+    if (dmalloc(c, d, rows * (size_t)ws[0]->cols * c->welem, "weight allocation", ld->errstr,
+                ld->errlen))
         return -1;
     size_t off = 0;
     for (int i = 0; i < n; i++) {
@@ -263,32 +317,6 @@ static int dev_vec(loader_t *ld, const weight_t *w, float **d)
     return dev_weight(ld, w, DT_F32, (void **)d, 1.0f, 1.0f);
 }
 
-static size_t weight_bytes(const model_t *m, size_t welem)
-{
-    const hparams_t *hp = &m->hp;
-    const size_t dim = hp->dim, hd = hp->head_dim;
-    const size_t qkvd = (size_t)(hp->n_heads + 2 * hp->n_kv_heads) * hd, qd = hp->n_heads * hd;
-    size_t per_layer = (qkvd * dim + dim * qd + 2 * (size_t)hp->ffn_dim * dim +
-                        dim * (size_t)hp->ffn_dim) * welem + 2 * dim * 4;
-    if (m->layers[0].bq.data || m->layers[0].bk.data || m->layers[0].bv.data) per_layer += qkvd * 4;
-    size_t emb = (size_t)hp->n_vocab * dim * welem;
-    return per_layer * (size_t)hp->n_layers + emb * (m->tied_output ? 1 : 2) + dim * 4 +
-           (size_t)hp->rope_dim / 2 * 4;
-}
-
-static size_t act_bytes(const model_t *m, int T, size_t welem)
-{
-    const hparams_t *hp = &m->hp;
-    const size_t t = (size_t)T, dim = hp->dim, hd = hp->head_dim;
-    const size_t qd = (size_t)hp->n_heads * hd, kvd = (size_t)hp->n_kv_heads * hd;
-    return t * dim * 4 + t * dim * welem + t * (qd + 2 * kvd) * 4 + t * qd * welem +
-           t * 2 * (size_t)hp->ffn_dim * 4 + t * (size_t)hp->ffn_dim * welem +
-           t * (size_t)hp->rope_dim * 4 +
-           t * (size_t)hp->n_heads * ATT_SPLIT_SLOTS * (hd + 2) * 4 + t * (size_t)hp->n_vocab * 4 +
-           t * 6 * 4 + BLAS_WORKSPACE + t * sizeof(cuk_sample_row_t) +
-           cuk_sample_out_words((int)t, SAMPLER_MAX_LOGPROBS) * 4;
-}
-
 static int load_weights(cu_t *c, const backend_params_t *p, char *errstr, size_t errlen)
 {
     const model_t *m = c->base.model;
@@ -297,7 +325,7 @@ static int load_weights(cu_t *c, const backend_params_t *p, char *errstr, size_t
     int rc = -1;
     if (!ld.seed) {
         if (ck(cudaMallocHost(&ld.h_stage, UPLOAD_CHUNK), "pinned upload buffer", errstr, errlen) ||
-            ck(cudaMalloc(&ld.d_stage, UPLOAD_CHUNK), "upload buffer", errstr, errlen))
+            dmalloc(c, &ld.d_stage, UPLOAD_CHUNK, "weight upload buffer", errstr, errlen))
             goto done;
     }
     c->L = calloc((size_t)hp->n_layers, sizeof *c->L);
@@ -337,7 +365,7 @@ static int load_weights(cu_t *c, const backend_params_t *p, char *errstr, size_t
             if (W->bk.data) memcpy(hb + c->qd, W->bk.data, (size_t)c->kvd * 4);
             if (W->bv.data) memcpy(hb + c->qd + c->kvd, W->bv.data, (size_t)c->kvd * 4);
             /* on cs, then waited for: cs does not synchronise with the legacy default stream */
-            int e = ck(cudaMalloc((void **)&D->bqkv, n * 4), "bias allocation", errstr, errlen) ||
+            int e = dmalloc(c, &D->bqkv, n * 4, "bias allocation", errstr, errlen) ||
                     ck(cudaMemcpyAsync(D->bqkv, hb, n * 4, cudaMemcpyHostToDevice, c->cs),
                        "bias upload", errstr, errlen) ||
                     ck(cudaStreamSynchronize(c->cs), "bias upload", errstr, errlen);
@@ -346,7 +374,7 @@ static int load_weights(cu_t *c, const backend_params_t *p, char *errstr, size_t
         }
     }
     size_t nf = (size_t)hp->rope_dim / 2;
-    if (ck(cudaMalloc((void **)&c->inv_freq, nf * 4 + 4), "rope allocation", errstr, errlen) ||
+    if (dmalloc(c, &c->inv_freq, nf * 4 + 4, "rope allocation", errstr, errlen) ||
         ck(cudaMemcpyAsync(c->inv_freq, m->rope_inv_freq, nf * 4, cudaMemcpyHostToDevice, c->cs),
            "rope upload", errstr, errlen) ||
         ck(cudaStreamSynchronize(c->cs), "rope upload", errstr, errlen))
@@ -354,7 +382,7 @@ static int load_weights(cu_t *c, const backend_params_t *p, char *errstr, size_t
     rc = 0;
 done:
     if (ld.h_stage) cudaFreeHost(ld.h_stage);
-    if (ld.d_stage) cudaFree(ld.d_stage);
+    dfree(c, ld.d_stage, UPLOAD_CHUNK);
     return rc;
 }
 
@@ -362,21 +390,22 @@ done:
 
 static void graphs_drop(cu_t *c);
 
-/* Makes the metadata buffers hold at least n int32 (host pinned and device). */
+/* Makes the metadata buffers hold at least n int32 (host pinned and device): exactly n the
+ * first time (the size devmem_plan counts), doubling after. d_meta moving drops the graphs. */
 static int meta_reserve(cu_t *c, size_t n, char *errstr, size_t errlen)
 {
     if (n <= c->meta_cap) return 0;
-    size_t cap = c->meta_cap ? c->meta_cap : 1024;
+    size_t cap = c->meta_cap ? c->meta_cap : n;
     while (cap < n) cap *= 2;
     if (ck(cudaStreamSynchronize(c->cs), "metadata resize", errstr, errlen)) return -1;
     graphs_drop(c);
     cudaFreeHost(c->h_meta);
-    cudaFree(c->d_meta);
+    dfree(c, c->d_meta, c->meta_cap * 4);
     c->h_meta = NULL;
     c->d_meta = NULL;
     c->meta_cap = 0;
     if (ck(cudaMallocHost((void **)&c->h_meta, cap * 4), "metadata allocation", errstr, errlen) ||
-        ck(cudaMalloc((void **)&c->d_meta, cap * 4), "metadata allocation", errstr, errlen))
+        dmalloc(c, &c->d_meta, cap * 4, "block-table buffer", errstr, errlen))
         return -1;
     c->meta_cap = cap;
     return 0;
@@ -394,6 +423,7 @@ typedef struct {
 static int sample_rows(cu_t *c, const backend_batch_t *b, const step_out_t *o, char *errstr,
                        size_t errlen);
 static int sample_results(cu_t *c, int R, int L, const step_out_t *o);
+static int kv_wait_batch(cu_t *c, const backend_batch_t *b, char *errstr, size_t errlen);
 
 /* Enqueues on cs the forward pass of the T tokens whose metadata cu_step uploaded to d_meta
  * (fixed offsets: tokens, pos, tok_seq, logits_idx, bt_off at k * max_T, bt at 5 max_T), up to
@@ -475,7 +505,11 @@ static int graph_bucket(const cu_t *c, const backend_batch_t *b)
     return k;
 }
 
-/* Destroys every captured graph (their kernels hold pointers into d_meta). */
+/* Destroys every captured graph. A graph holds the pointers of every buffer enqueue_forward
+ * passes: d_meta, the weights, the activations, the attention scratch (part), the KV pool with
+ * its scratch block, logits and the cuBLAS workspace. Of these only d_meta moves after creation
+ * (meta_reserve calls this); the rest live as long as the backend. The penalty table (d_counts,
+ * which may move) is read by the sampling launched after a replay, never inside a graph. */
 static void graphs_drop(cu_t *c)
 {
     for (int k = 0; k < GRAPH_BUCKETS; k++) {
@@ -575,7 +609,7 @@ static int cu_step(backend_t *be, const backend_batch_t *b, const step_out_t *o,
         }
     }
     int32_t *d = c->d_meta;
-    if (ck(cudaStreamWaitEvent(c->cs, c->ev_kv_written, 0), "wait for KV writes", errstr, errlen) ||
+    if (kv_wait_batch(c, b, errstr, errlen) ||
         ck(cudaMemcpyAsync(d, h, (5 * mT + off) * 4, cudaMemcpyHostToDevice, c->cs),
            "metadata upload", errstr, errlen) ||
         ck(cudaEventRecord(c->ev_meta, c->cs), "metadata event", errstr, errlen))
@@ -717,16 +751,16 @@ static int cu_slot_load(backend_t *be, const int32_t *counts, char *errstr, size
         }
         c->slot_used = used;
         memset(used + c->slot_cap, 0, (size_t)(cap - c->slot_cap));
-        if (ck(cudaMalloc((void **)&d, (size_t)cap * row), "penalty counts", errstr, errlen))
-            return -1;
+        if (dmalloc(c, &d, (size_t)cap * row, "penalty counts", errstr, errlen)) return -1;
         if (c->slot_cap &&
             (ck(cudaMemcpyAsync(d, c->d_counts, (size_t)c->slot_cap * row,
                                 cudaMemcpyDeviceToDevice, c->cs), "penalty counts", errstr, errlen) ||
              ck(cudaStreamSynchronize(c->cs), "penalty counts", errstr, errlen))) {
-            cudaFree(d);
+            dfree(c, d, (size_t)cap * row);
             return -1;
         }
-        cudaFree(c->d_counts);
+        /* no graph reads d_counts (graphs_drop): moving it keeps them */
+        dfree(c, c->d_counts, (size_t)c->slot_cap * row);
         c->d_counts = d;
         c->slot_cap = cap;
     }
@@ -745,14 +779,95 @@ static void cu_slot_free(backend_t *be, int slot)
     if (slot >= 0 && slot < c->slot_cap) c->slot_used[slot] = 0;
 }
 
-/* ---- KV block transfers ---- */
+/* ---- KV block transfers (copy stream xs) ----
+ *
+ * Host to device (tier-2 prefix hits): kv_block_write takes a slot of the page-locked staging
+ * ring (n_stage slots, KV_STAGE_BYTES in all; the host waits only when every slot's copy is
+ * still queued), queues the copy on xs behind the compute queued so far (ev_compute: the block
+ * may have been another sequence's), and gives it write ticket t (1, 2, ...: the writes' order
+ * on xs), kept in blk_ticket[block] and recorded as event ev_wr[t % KV_WRITE_EVENTS]. An event
+ * re-recorded by a later ticket completes later, so waiting on it for an earlier one is still
+ * correct. A step or block copy on cs waits, on the device, for the largest ticket among the
+ * blocks it reads or writes that is not known complete (wr_done), and for nothing else; the
+ * engine asks kv_write_pending before it schedules such a sequence, so in practice it waits for
+ * nothing. Staging rather than registering the arena with cudaHostRegister: an arena slot is
+ * shared memory that other workers may rewrite while a copy is in flight, and the engine checks
+ * a block's parent and tokens after the tier has copied it out; the device must get that copy.
+ * Device to host (tier-2 stores): kv_block_read copies on xs, behind the compute queued so far
+ * and the writes before it, into a staging slot and waits for it. */
 
-static unsigned char *stage_slot(cu_t *c, int *slot)
+/* Takes the next staging slot once its previous copy is done: 0, or -1 on a device error. */
+static int stage_acquire(cu_t *c, int *slot)
 {
-    *slot = c->stage_next;
-    c->stage_next = (c->stage_next + 1) % KV_STAGE_SLOTS;
-    if (cudaEventSynchronize(c->ev_stage[*slot]) != cudaSuccess) return NULL;
-    return c->h_stage + (size_t)*slot * c->base.kv_block_bytes;
+    const int s = c->stage_next;
+    c->stage_next = (s + 1) % c->n_stage;
+    c->stage_held = -1;
+    if (cudaEventSynchronize(c->ev_stage[s]) != cudaSuccess) return -1;
+    *slot = s;
+    return 0;
+}
+
+static unsigned char *stage_ptr(const cu_t *c, int slot)
+{
+    return c->h_stage + (size_t)slot * c->base.kv_block_bytes;
+}
+
+/* The largest write ticket of blocks[0..n) (out-of-pool entries, such as -1, skipped), 0 none. */
+static uint64_t max_ticket(const cu_t *c, const int32_t *blocks, int n)
+{
+    uint64_t t = 0;
+    for (int i = 0; i < n; i++) {
+        const int32_t b = blocks[i];
+        if (b >= 0 && b < c->base.params.n_kv_blocks && c->blk_ticket[b] > t) t = c->blk_ticket[b];
+    }
+    return t;
+}
+
+/* Whether write ticket t has completed: 1, 0 (still queued), or -1 (device error). Never
+ * waits. */
+static int ticket_done(cu_t *c, uint64_t t)
+{
+    if (t <= c->wr_done) return 1;
+    const int e = (int)(t % KV_WRITE_EVENTS);
+    cudaError_t rc = cudaEventQuery(c->ev_wr[e]);
+    if (rc == cudaErrorNotReady) return 0;
+    if (rc != cudaSuccess) return -1;
+    if (c->ev_wr_ticket[e] > c->wr_done) c->wr_done = c->ev_wr_ticket[e]; /* xs is in order */
+    return 1;
+}
+
+/* Makes cs wait for write ticket t (0: none) unless it has completed. */
+static int wait_ticket(cu_t *c, uint64_t t, char *errstr, size_t errlen)
+{
+    if (t == 0) return 0;
+    int d = ticket_done(c, t);
+    if (d < 0)
+        return ck(cudaEventQuery(c->ev_wr[t % KV_WRITE_EVENTS]), "KV block write", errstr, errlen);
+    if (d) return 0;
+    return ck(cudaStreamWaitEvent(c->cs, c->ev_wr[t % KV_WRITE_EVENTS], 0), "wait for KV writes",
+              errstr, errlen);
+}
+
+/* Makes cs wait for the writes still in flight to the blocks batch b reads or writes. */
+static int kv_wait_batch(cu_t *c, const backend_batch_t *b, char *errstr, size_t errlen)
+{
+    const int B = c->base.params.block_tokens;
+    uint64_t t = 0;
+    for (int s = 0; s < b->n_seqs; s++) {
+        const int nb = b->pos[b->seq_start[s + 1] - 1] / B + 1;
+        const uint64_t ts = max_ticket(c, b->block_tables[s], nb);
+        if (ts > t) t = ts;
+    }
+    return wait_ticket(c, t, errstr, errlen);
+}
+
+static void *cu_kv_stage_buffer(backend_t *be)
+{
+    cu_t *c = (cu_t *)be;
+    int slot;
+    if (cudaSetDevice(c->dev) != cudaSuccess || stage_acquire(c, &slot)) return NULL;
+    c->stage_held = slot;
+    return stage_ptr(c, slot);
 }
 
 static int cu_kv_read(backend_t *be, int32_t block, void *dst)
@@ -761,8 +876,8 @@ static int cu_kv_read(backend_t *be, int32_t block, void *dst)
     if (block < 0 || block >= be->params.n_kv_blocks || cudaSetDevice(c->dev) != cudaSuccess)
         return -1;
     int slot;
-    unsigned char *st = stage_slot(c, &slot);
-    if (!st) return -1;
+    if (stage_acquire(c, &slot)) return -1;
+    unsigned char *st = stage_ptr(c, slot);
     const size_t n = be->kv_block_bytes;
     if (cudaStreamWaitEvent(c->xs, c->ev_compute, 0) != cudaSuccess ||
         cudaMemcpyAsync(st, c->kv + (size_t)block * n, n, cudaMemcpyDeviceToHost, c->xs) !=
@@ -774,25 +889,42 @@ static int cu_kv_read(backend_t *be, int32_t block, void *dst)
     return 0;
 }
 
-/* Returns once src is copied into a staging slot; the device copy completes asynchronously on
- * the copy stream, before the next forward step or block copy runs. */
+/* Returns once the copy is queued (src copied into a staging slot first unless it is the slot
+ * kv_stage_buffer handed out); kv_write_pending says when it is done. */
 static int cu_kv_write(backend_t *be, int32_t block, const void *src)
 {
     cu_t *c = (cu_t *)be;
     if (block < 0 || block >= be->params.n_kv_blocks || cudaSetDevice(c->dev) != cudaSuccess)
         return -1;
-    int slot;
-    unsigned char *st = stage_slot(c, &slot);
-    if (!st) return -1;
     const size_t n = be->kv_block_bytes;
-    memcpy(st, src, n);
+    int slot = c->stage_held;
+    if (slot < 0 || src != stage_ptr(c, slot)) {
+        if (stage_acquire(c, &slot)) return -1;
+        memcpy(stage_ptr(c, slot), src, n);
+    }
+    c->stage_held = -1;
+    const uint64_t t = c->wr_ticket + 1;
+    const int e = (int)(t % KV_WRITE_EVENTS);
     if (cudaStreamWaitEvent(c->xs, c->ev_compute, 0) != cudaSuccess ||
-        cudaMemcpyAsync(c->kv + (size_t)block * n, st, n, cudaMemcpyHostToDevice, c->xs) !=
-            cudaSuccess ||
+        cudaMemcpyAsync(c->kv + (size_t)block * n, stage_ptr(c, slot), n, cudaMemcpyHostToDevice,
+                        c->xs) != cudaSuccess ||
         cudaEventRecord(c->ev_stage[slot], c->xs) != cudaSuccess ||
-        cudaEventRecord(c->ev_kv_written, c->xs) != cudaSuccess)
+        cudaEventRecord(c->ev_wr[e], c->xs) != cudaSuccess)
         return -1;
+    c->wr_ticket = t;
+    c->ev_wr_ticket[e] = t;
+    c->blk_ticket[block] = t;
     return 0;
+}
+
+static int cu_kv_pending(backend_t *be, const int32_t *blocks, int n)
+{
+    cu_t *c = (cu_t *)be;
+    const uint64_t t = max_ticket(c, blocks, n);
+    if (t <= c->wr_done) return 0;
+    if (cudaSetDevice(c->dev) != cudaSuccess) return -1;
+    const int d = ticket_done(c, t);
+    return d < 0 ? -1 : !d;
 }
 
 static int cu_kv_copy(backend_t *be, int32_t dst, int32_t src)
@@ -803,7 +935,9 @@ static int cu_kv_copy(backend_t *be, int32_t dst, int32_t src)
         return -1;
     if (dst == src) return 0;
     const size_t n = be->kv_block_bytes;
-    if (cudaStreamWaitEvent(c->cs, c->ev_kv_written, 0) != cudaSuccess ||
+    const int32_t both[2] = {dst, src};
+    char err[160];
+    if (wait_ticket(c, max_ticket(c, both, 2), err, sizeof err) ||
         cudaMemcpyAsync(c->kv + (size_t)dst * n, c->kv + (size_t)src * n, n,
                         cudaMemcpyDeviceToDevice, c->cs) != cudaSuccess ||
         cudaEventRecord(c->ev_compute, c->cs) != cudaSuccess)
@@ -817,6 +951,7 @@ static int cu_sync(backend_t *be)
     if (cudaSetDevice(c->dev) != cudaSuccess || cudaStreamSynchronize(c->cs) != cudaSuccess ||
         cudaStreamSynchronize(c->xs) != cudaSuccess)
         return -1;
+    c->wr_done = c->wr_ticket;
     return 0;
 }
 
@@ -866,11 +1001,16 @@ static void cu_free(backend_t *be)
     cudaFree(c->blas_ws);
     if (c->h_meta) cudaFreeHost(c->h_meta);
     if (c->h_stage) cudaFreeHost(c->h_stage);
+    free(c->blk_ticket);
     cuda_blas_free(c->blas);
-    for (int i = 0; i < KV_STAGE_SLOTS; i++)
-        if (c->ev_stage[i]) cudaEventDestroy(c->ev_stage[i]);
+    if (c->ev_stage) {
+        for (int i = 0; i < c->n_stage; i++)
+            if (c->ev_stage[i]) cudaEventDestroy(c->ev_stage[i]);
+        free(c->ev_stage);
+    }
+    for (int i = 0; i < KV_WRITE_EVENTS; i++)
+        if (c->ev_wr[i]) cudaEventDestroy(c->ev_wr[i]);
     if (c->ev_compute) cudaEventDestroy(c->ev_compute);
-    if (c->ev_kv_written) cudaEventDestroy(c->ev_kv_written);
     if (c->ev_meta) cudaEventDestroy(c->ev_meta);
     if (c->cs) cudaStreamDestroy(c->cs);
     if (c->xs) cudaStreamDestroy(c->xs);
@@ -897,12 +1037,39 @@ static const backend_ops_t cuda_ops = {
     .kv_block_read = cu_kv_read,
     .kv_block_write = cu_kv_write,
     .kv_block_copy = cu_kv_copy,
+    .kv_write_pending = cu_kv_pending,
+    .kv_stage_buffer = cu_kv_stage_buffer,
     .synchronize = cu_sync,
 };
 
-static int dmalloc(void *pp, size_t bytes, const char *what, char *errstr, size_t errlen)
+/* Creates the copy stream, its events, the staging ring and the ticket table (creation). */
+static int kv_transfer_init(cu_t *c, char *errstr, size_t errlen)
 {
-    return ck(cudaMalloc((void **)pp, bytes ? bytes : 4), what, errstr, errlen);
+    size_t n = KV_STAGE_BYTES / c->base.kv_block_bytes;
+    if (n < KV_STAGE_MIN) n = KV_STAGE_MIN;
+    if (n > KV_STAGE_MAX) n = KV_STAGE_MAX;
+    c->stage_held = -1;
+    c->blk_ticket = calloc((size_t)c->base.params.n_kv_blocks, sizeof *c->blk_ticket);
+    c->ev_stage = calloc(n, sizeof *c->ev_stage);
+    if (!c->blk_ticket || !c->ev_stage) {
+        sw_seterr(errstr, errlen, "cuda: out of memory");
+        return -1;
+    }
+    c->n_stage = (int)n;
+    if (ck(cudaStreamCreateWithFlags(&c->xs, cudaStreamNonBlocking), "copy stream", errstr,
+           errlen) ||
+        ck(cudaMallocHost((void **)&c->h_stage, n * c->base.kv_block_bytes), "pinned KV staging",
+           errstr, errlen))
+        return -1;
+    for (int i = 0; i < c->n_stage; i++)
+        if (ck(cudaEventCreateWithFlags(&c->ev_stage[i], cudaEventDisableTiming), "event", errstr,
+               errlen))
+            return -1;
+    for (int i = 0; i < KV_WRITE_EVENTS; i++)
+        if (ck(cudaEventCreateWithFlags(&c->ev_wr[i], cudaEventDisableTiming), "event", errstr,
+               errlen))
+            return -1;
+    return 0;
 }
 
 int backend_cuda_device_count(void)
@@ -914,6 +1081,11 @@ int backend_cuda_device_count(void)
     }
     return n;
 }
+
+/* engine/devmem.h's formula for model and p on a device with free_b bytes free (budget
+ * free_b x p->mem_fraction). */
+static int cuda_devmem_plan(const model_t *m, const backend_params_t *p, int qkv_bias,
+                            uint64_t free_b, devmem_t *out, char *errstr, size_t errlen);
 
 backend_t *backend_cuda_new(const model_t *model, const backend_params_t *params, char *errstr,
                             size_t errlen)
@@ -995,89 +1167,108 @@ backend_t *backend_cuda_new(const model_t *model, const backend_params_t *params
     if (ck(cudaSetDevice(c->dev), "select device", errstr, errlen)) goto fail;
     size_t free_b = 0, total_b = 0;
     if (ck(cudaMemGetInfo(&free_b, &total_b), "device memory query", errstr, errlen)) goto fail;
+    devmem_t dm;
     {
-        const size_t budget = (size_t)((double)free_b * (double)params->mem_fraction);
-        const size_t wb = weight_bytes(model, c->welem);
-        const size_t bb = c->base.kv_block_bytes;
-        const size_t ab = act_bytes(model, c->max_T, c->welem) + bb; /* + the scratch block */
-        size_t kvb = (size_t)params->n_kv_blocks * bb;
-        if (wb + ab > budget || (params->n_kv_blocks > 0 && wb + ab + kvb > budget)) {
-            sw_seterr(errstr, errlen, "cuda: the model does not fit: weights %.1f MiB (%s) + "
-                      "activations %.1f MiB (%d batch tokens) + KV pool %.1f MiB > budget %.1f MiB "
-                      "(cuda mem_fraction %.2f of %.1f MiB free, %.1f MiB total)", mib(wb),
-                      dtype_name(wt), mib(ab), c->max_T, mib(kvb), mib(budget),
-                      (double)params->mem_fraction, mib(free_b), mib(total_b));
+        const int bias = !params->synthetic_seed &&
+                         (model->layers[0].bq.data || model->layers[0].bk.data ||
+                          model->layers[0].bv.data);
+        if (cuda_devmem_plan(model, params, bias, (uint64_t)free_b, &dm, errstr, errlen)) {
+            size_t n = strlen(errstr);
+            if (n < errlen)
+                snprintf(errstr + n, errlen - n, " [budget = cuda.mem_fraction %.2f x %.1f MiB "
+                         "free of %.1f MiB]", (double)params->mem_fraction, mib(free_b),
+                         mib(total_b));
             goto fail;
         }
-        if (params->n_kv_blocks == 0) {
-            size_t nb = (budget - wb - ab) / bb;
-            if (nb < 1) {
-                sw_seterr(errstr, errlen, "cuda: no room for a KV block of %.2f MiB: weights %.1f "
-                          "MiB + activations %.1f MiB leave %.1f MiB of the %.1f MiB budget "
-                          "(cuda mem_fraction %.2f of %.1f MiB free)", mib(bb), mib(wb), mib(ab),
-                          mib(budget - wb - ab), mib(budget), (double)params->mem_fraction,
-                          mib(free_b));
-                goto fail;
-            }
-            if (nb > (size_t)1 << 30) nb = (size_t)1 << 30;
-            c->base.params.n_kv_blocks = (int)nb;
-        }
+        c->dev_budget = (uint64_t)((double)free_b * (double)params->mem_fraction);
+        c->mem_fraction = params->mem_fraction;
+        c->base.params.n_kv_blocks = (int)dm.kv_blocks;
+        c->base.dev_bytes_planned = dm.total;
+        c->base.dev_allocations = dm.allocations;
     }
+    if (kv_transfer_init(c, errstr, errlen)) goto fail;
     if (ck(cudaStreamCreateWithFlags(&c->cs, cudaStreamNonBlocking), "stream", errstr, errlen) ||
-        ck(cudaStreamCreateWithFlags(&c->xs, cudaStreamNonBlocking), "copy stream", errstr,
-           errlen) ||
         ck(cudaEventCreateWithFlags(&c->ev_compute, cudaEventDisableTiming), "event", errstr,
-           errlen) ||
-        ck(cudaEventCreateWithFlags(&c->ev_kv_written, cudaEventDisableTiming), "event", errstr,
            errlen) ||
         ck(cudaEventCreateWithFlags(&c->ev_meta, cudaEventDisableTiming), "event", errstr, errlen))
         goto fail;
-    for (int i = 0; i < KV_STAGE_SLOTS; i++)
-        if (ck(cudaEventCreateWithFlags(&c->ev_stage[i], cudaEventDisableTiming), "event", errstr,
-               errlen))
-            goto fail;
-    if (dmalloc(&c->blas_ws, BLAS_WORKSPACE, "cuBLAS workspace", errstr, errlen) ||
+    if (dmalloc(c, &c->blas_ws, BLAS_WORKSPACE, "cuBLAS workspace", errstr, errlen) ||
         !(c->blas = cuda_blas_new(c->cs, c->blas_ws, BLAS_WORKSPACE, errstr, errlen)))
         goto fail;
     if (load_weights(c, params, errstr, errlen)) goto fail;
 
     {
         const size_t T = (size_t)c->max_T, dim = hp->dim, hd = hp->head_dim, we = c->welem;
-        const size_t ffn = hp->ffn_dim;
-        /* the pool, and the graphs' scratch block after it */
+        const size_t ffn = hp->ffn_dim, V = (size_t)hp->n_vocab;
+        /* the pool, and the graphs' scratch block after it (devmem_t.kv_scratch) */
         const size_t kv_total = ((size_t)c->base.params.n_kv_blocks + 1) * c->base.kv_block_bytes;
-        if (dmalloc(&c->x, T * dim * 4, "activations", errstr, errlen) ||
-            dmalloc(&c->xn, T * dim * we, "activations", errstr, errlen) ||
-            dmalloc(&c->qkv, T * (size_t)c->qkvd * 4, "activations", errstr, errlen) ||
-            dmalloc(&c->att, T * (size_t)c->qd * we, "activations", errstr, errlen) ||
-            dmalloc(&c->gu, T * 2 * ffn * 4, "activations", errstr, errlen) ||
-            dmalloc(&c->hbuf, T * ffn * we, "activations", errstr, errlen) ||
-            dmalloc(&c->rope_cs, T * (size_t)hp->rope_dim * 4, "activations", errstr, errlen) ||
-            dmalloc(&c->part, T * (size_t)hp->n_heads * ATT_SPLIT_SLOTS * (hd + 2) * 4,
+        if (dmalloc(c, &c->x, T * dim * 4, "activations", errstr, errlen) ||
+            dmalloc(c, &c->xn, T * dim * we, "activations", errstr, errlen) ||
+            dmalloc(c, &c->qkv, T * (size_t)c->qkvd * 4, "activations", errstr, errlen) ||
+            dmalloc(c, &c->att, T * (size_t)c->qd * we, "activations", errstr, errlen) ||
+            dmalloc(c, &c->gu, T * 2 * ffn * 4, "activations", errstr, errlen) ||
+            dmalloc(c, &c->hbuf, T * ffn * we, "activations", errstr, errlen) ||
+            dmalloc(c, &c->rope_cs, T * (size_t)hp->rope_dim * 4, "activations", errstr, errlen) ||
+            dmalloc(c, &c->part, T * (size_t)hp->n_heads * ATT_SPLIT_SLOTS * (hd + 2) * 4,
                     "attention scratch", errstr, errlen) ||
-            dmalloc(&c->logits, T * (size_t)hp->n_vocab * 4, "logits", errstr, errlen) ||
-            dmalloc(&c->d_ids, T * 4, "logits", errstr, errlen) ||
-            dmalloc(&c->d_srows, T * sizeof(cuk_sample_row_t), "sampling", errstr, errlen) ||
-            dmalloc(&c->d_sout, cuk_sample_out_words((int)T, SAMPLER_MAX_LOGPROBS) * 4,
+            dmalloc(c, &c->logits, T * V * 4, "logits", errstr, errlen) ||
+            dmalloc(c, &c->d_ids, T * 4, "logits", errstr, errlen) ||
+            dmalloc(c, &c->d_srows, T * sizeof(cuk_sample_row_t), "sampling", errstr, errlen) ||
+            dmalloc(c, &c->d_sout, cuk_sample_out_words((int)T, SAMPLER_MAX_LOGPROBS) * 4,
                     "sampling", errstr, errlen) ||
+            dmalloc(c, &c->d_counts, (size_t)dm.penalty_slots * V * 4, "penalty counts", errstr,
+                    errlen) ||
             ck(cudaMallocHost((void **)&c->h_srows, T * sizeof(cuk_sample_row_t)),
                "pinned sampling rows", errstr, errlen) ||
             ck(cudaMallocHost((void **)&c->h_sout,
                               cuk_sample_out_words((int)T, SAMPLER_MAX_LOGPROBS) * 4),
                "pinned sampling results", errstr, errlen) ||
-            meta_reserve(c, 5 * T + 1024, errstr, errlen) ||
-            ck(cudaMallocHost((void **)&c->h_stage, KV_STAGE_SLOTS * c->base.kv_block_bytes),
-               "pinned KV staging", errstr, errlen))
+            meta_reserve(c, (size_t)dm.metadata_words, errstr, errlen))
             goto fail;
-        cudaError_t krc = cudaMalloc((void **)&c->kv, kv_total);
-        if (krc != cudaSuccess) {
-            sw_seterr(errstr, errlen, "cuda: KV pool of %d blocks, %.1f MiB: %s",
-                      c->base.params.n_kv_blocks, mib(kv_total), cudaGetErrorString(krc));
+        c->slot_cap = (int)dm.penalty_slots;
+        if (!(c->slot_used = calloc((size_t)c->slot_cap, 1))) {
+            sw_seterr(errstr, errlen, "cuda: out of memory");
             goto fail;
         }
+        char what[96];
+        snprintf(what, sizeof what, "KV pool of %d blocks + the graphs' scratch block",
+                 c->base.params.n_kv_blocks);
+        if (dmalloc(c, &c->kv, kv_total, what, errstr, errlen)) goto fail;
+    }
+    /* what creation took from the device, the formula's figure beside it */
+    size_t free_after = 0;
+    if (ck(cudaDeviceSynchronize(), "creation", errstr, errlen) ||
+        ck(cudaMemGetInfo(&free_after, &total_b), "device memory query", errstr, errlen))
+        goto fail;
+    c->base.dev_bytes_measured = free_b > free_after ? (uint64_t)(free_b - free_after) : 0;
+    if (c->dev_used != dm.total) { /* an allocation outside the formula: a bug here */
+        sw_seterr(errstr, errlen, "cuda: internal: allocated %llu bytes, engine/devmem.h says %llu",
+                  (unsigned long long)c->dev_used, (unsigned long long)dm.total);
+        goto fail;
     }
     return &c->base;
 fail:
     cu_free(&c->base);
     return NULL;
+}
+
+static int cuda_devmem_plan(const model_t *m, const backend_params_t *p, int qkv_bias, uint64_t free_b,
+                     devmem_t *out, char *errstr, size_t errlen)
+{
+    const hparams_t *hp = &m->hp;
+    const devmem_shape_t sh = {
+        .n_layers = hp->n_layers, .n_heads = hp->n_heads, .n_kv_heads = hp->n_kv_heads,
+        .head_dim = hp->head_dim, .dim = hp->dim, .ffn_dim = hp->ffn_dim, .n_vocab = hp->n_vocab,
+        .rope_dim = hp->rope_dim, .ctx_len = hp->ctx_len, .tied_output = m->tied_output,
+        .qkv_bias = qkv_bias,
+    };
+    const devmem_params_t dp = {
+        .weight_elem = (int)cuk_elem_bytes(p->weight_type),
+        .kv_elem = p->kv_type == DT_F32 ? 4 : 2,
+        .block_tokens = p->block_tokens, .max_batch_tokens = p->max_batch_tokens,
+        .max_seqs = p->max_seqs, .max_ctx = p->max_ctx, .n_kv_blocks = p->n_kv_blocks,
+        .synthetic = p->synthetic_seed != 0,
+        .budget = (uint64_t)((double)free_b * (double)p->mem_fraction),
+    };
+    return devmem_plan(&sh, &dp, out, errstr, errlen);
 }
