@@ -55,7 +55,7 @@ cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPILLWAY_WERROR=ON 
   -DSPILLWAY_CUDA=OFF -DSPILLWAY_SHARED_DIR="$SHARED" >/dev/null
 cmake --build build-asan -j"$JOBS"
 echo "=== tests: ASan+UBSan === [${SECONDS}s]"
-# Tests labelled "slow" (the CUDA sampler's emulation: system time, not our code's paths) ran in
+# Tests labelled "slow" (the CUDA kernels' emulation: system time, not our code's paths) ran in
 # the Release stage and are not repeated here. The sanitized run takes the same paths with fewer messages in the overload test (a 2,000-request
 # backlog; SPILLWAY_CLASSES_BULK overrides). The fault tests keep their full counts: at half
 # (SPILLWAY_FAULTS_SCALE=0.5) test_faults_group had no work left when its third worker left.
