@@ -11,7 +11,6 @@
 #include <thread>
 #include <vector>
 
-thread_local uint3 threadIdx, blockIdx;
 dim3 blockDim, gridDim;
 
 namespace cuemu {

@@ -65,7 +65,7 @@ enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 #define __launch_bounds__(...)
 
 /* ---- the runtime (tests/support/cuemu.cpp) ---- */
-extern thread_local uint3 threadIdx, blockIdx;
+inline thread_local uint3 threadIdx, blockIdx; /* C++17 inline: one object per thread, no TLS wrapper call */
 extern dim3 blockDim, gridDim;
 namespace cuemu {
 /* The barrier of the whole block (kind 0: __syncthreads, 1: the end of a block). */
