@@ -124,8 +124,7 @@ static void engine_start(worker_t *w, wreq_t *r)
     }
     engine_request_t q;
     engine_request_default(&q);
-    q.prompt = r->toks ? r->toks : r->req.input_ids;
-    q.n_prompt = r->toks ? r->n_toks : r->req.n_input_ids;
+    q.prompt = wreq_prompt(r, &q.n_prompt);
     q.max_tokens = r->req.max_tokens;
     q.sampling = r->req.sampling; /* as parsed (defaults: sampler_params_default) */
     q.stop = (const char *const *)r->req.stop;
@@ -135,7 +134,7 @@ static void engine_start(worker_t *w, wreq_t *r)
     q.priority = w->classes[r->cls].priority * 2001 + r->req.priority;
     /* cache.isolation tenant: a tenant's prefixes are its own (NULL tenant: the shared scope of
      * requests without one) */
-    if (strcmp(w->cfg.cache_isolation, "tenant") == 0) q.cache_scope = r->req.tenant;
+    q.cache_scope = wreq_cache_scope(w, r);
     q.user = r;
     if (r->req.stream && w->aux) {
         q.progress = on_engine_progress;

@@ -406,9 +406,9 @@ static fwd_peer_t *affinity_target(worker_t *w, wreq_t *r)
     int min = w->cfg.forward_affinity_min_blocks;
     wmodel_t *m = r->model;
     if (min <= 0 || !m || !m->cache) return NULL;
-    const int32_t *toks = r->toks ? r->toks : r->req.input_ids; /* as the engine thread gives */
-    int n = r->toks ? r->n_toks : r->req.n_input_ids;
-    const char *scope = !strcmp(w->cfg.cache_isolation, "tenant") ? r->req.tenant : NULL;
+    int n;
+    const int32_t *toks = wreq_prompt(r, &n);
+    const char *scope = wreq_cache_scope(w, r);
     uint64_t seed;
     int nb = engine_prefix_names(m->eng, scope, toks, n, &seed, f->names, FWD_MAX_BLOCKS);
     if (nb < min) return NULL;

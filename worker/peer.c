@@ -27,8 +27,8 @@ static void inbox_push(worker_t *w, wreq_t *r)
 static void prefetch_one(worker_t *w, wreq_t *r)
 {
     if (atomic_load(&r->cancelled) || !r->model || !r->model->cache) return;
-    const int32_t *toks = r->toks ? r->toks : r->req.input_ids;
-    int n_toks = r->toks ? r->n_toks : r->req.n_input_ids;
+    int n_toks;
+    const int32_t *toks = wreq_prompt(r, &n_toks);
     engine_info_t info;
     engine_info(r->model->eng, &info);
     if (info.block_tokens <= 0 || n_toks <= info.block_tokens) return;
@@ -36,8 +36,7 @@ static void prefetch_one(worker_t *w, wreq_t *r)
     if (max > CACHE_PEER_MAX_NAMES) max = CACHE_PEER_MAX_NAMES;
     uint64_t *names = malloc(sizeof *names * (size_t)max);
     if (!names) return;
-    /* the scope the engine thread will submit it with (engine_start) */
-    const char *scope = strcmp(w->cfg.cache_isolation, "tenant") == 0 ? r->req.tenant : NULL;
+    const char *scope = wreq_cache_scope(w, r);
     uint64_t seed;
     int n = engine_prefix_names(r->model->eng, scope, toks, n_toks, &seed, names, max);
     cache_prefetch_t pf;

@@ -394,6 +394,11 @@ int wfatal_is(worker_t *w);
 /* ---- worker/wreq.c ---- */
 void wreq_free(worker_t *w, wreq_t *r);
 int wreq_deadline_passed(const wreq_t *r);
+/* What the engine thread submits for r (parsed): its prompt tokens (*n of them; r keeps them) and
+ * its cache scope (r's tenant under cache.isolation tenant, else NULL). Forwarding and the peer
+ * prefetch name r's KV blocks from these, so they name what the engine will look up. */
+const int32_t *wreq_prompt(const wreq_t *r, int *n);
+const char *wreq_cache_scope(const worker_t *w, const wreq_t *r);
 
 /* ---- worker/models.c ---- */
 void wmodel_release(worker_t *w, wreq_t *r);

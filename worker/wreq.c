@@ -28,6 +28,17 @@ void wreq_free(worker_t *w, wreq_t *r)
     free(r);
 }
 
+const int32_t *wreq_prompt(const wreq_t *r, int *n)
+{
+    *n = r->toks ? r->n_toks : r->req.n_input_ids;
+    return r->toks ? r->toks : r->req.input_ids;
+}
+
+const char *wreq_cache_scope(const worker_t *w, const wreq_t *r)
+{
+    return strcmp(w->cfg.cache_isolation, "tenant") == 0 ? r->req.tenant : NULL;
+}
+
 /* 1 when r has a deadline and it has passed (wall clock). Any thread holding r. */
 int wreq_deadline_passed(const wreq_t *r)
 {
