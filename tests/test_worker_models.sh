@@ -93,9 +93,7 @@ with open(f"{work}/ids.txt", "a") as ids:
 PY
 ( for c in $(seq 0 9); do "$SPILLWAY" produce -b "$BOOTSTRAP" -t "${NS}prompts" "$WORK/load$c.jsonl"; sleep 0.7; done ) &
 PPID_=$!
-# a progress count, not a read of the records: the real kcat (broker_lib.sh's kcat would check
-# every record against its schema at each poll, and the poll would lag the load it waits for)
-count() { command kcat -b "$BOOTSTRAP" -C -t "${NS}results" -e -q -o beginning -f '.\n' 2>/dev/null | wc -l || true; }
+count() { kcat -b "$BOOTSTRAP" -C -t "${NS}results" -e -q -o beginning -f '.\n' 2>/dev/null | wc -l || true; }
 for _ in $(seq 1 900); do
   [ "$(count)" -ge $((N1 + 2 + 600)) ] && break
   sleep 0.2
