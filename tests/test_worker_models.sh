@@ -91,11 +91,15 @@ for c in range(10):
 with open(f"{work}/ids.txt", "a") as ids:
     for i in range(n): ids.write(f"s{i:05d}\n")
 PY
-( for c in $(seq 0 9); do "$SPILLWAY" produce -b "$BOOTSTRAP" -t "${NS}prompts" "$WORK/load$c.jsonl"; sleep 0.7; done ) &
+# the first half of the load, then (after the swap, below) the second half: requests consumed
+# before the swap get v1 and those after it v2 whatever the machine's speed
+( for c in $(seq 0 4); do "$SPILLWAY" produce -b "$BOOTSTRAP" -t "${NS}prompts" "$WORK/load$c.jsonl"; sleep 0.7; done
+  for _ in $(seq 1 1200); do grep -q "model swap: story" "$WORK/worker.log" && break; sleep 0.1; done
+  for c in $(seq 5 9); do "$SPILLWAY" produce -b "$BOOTSTRAP" -t "${NS}prompts" "$WORK/load$c.jsonl"; sleep 0.7; done ) &
 PPID_=$!
 count() { kcat -b "$BOOTSTRAP" -C -t "${NS}results" -e -q -o beginning -f '.\n' 2>/dev/null | wc -l || true; }
 for _ in $(seq 1 900); do
-  [ "$(count)" -ge $((N1 + 2 + 600)) ] && break
+  [ "$(count)" -ge $((N1 + 2 + 300)) ] && break
   sleep 0.2
 done
 printf 'models = story=%s, alt=%s\nmodel.default = story\n' "$WORK/story-v2.gguf" "$WORK/alt.gguf" > "$CONF"
