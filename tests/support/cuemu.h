@@ -20,7 +20,8 @@
  * What it does not check: warp timing and independent thread scheduling (lanes of a warp here
  * run as free threads that meet only at shuffles), the device memory model (everything is
  * host memory, coherent, no caches), bank conflicts, occupancy, register limits and speed.
- * Only the CUDA features the kernels of engine/cuda use are here; blocks run in order, so a
+ * Only the CUDA features the kernels of engine/cuda and the drivers of their tests use are here
+ * (the runtime's memory calls too: cudaMalloc is malloc); blocks run in order, so a
  * kernel that depends on blocks running concurrently (none does) would deadlock.
  *
  * Use: define nothing; include this header (directly or through the cuda_*.h shims in
@@ -35,6 +36,7 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <functional>
@@ -53,7 +55,12 @@ struct alignas(16) uint4 {
 };
 
 typedef struct cuemu_stream *cudaStream_t;
-enum cudaError { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorInvalidConfiguration = 9 };
+enum cudaError {
+    cudaSuccess = 0,
+    cudaErrorInvalidValue = 1,
+    cudaErrorMemoryAllocation = 2,
+    cudaErrorInvalidConfiguration = 9
+};
 typedef enum cudaError cudaError_t;
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 
@@ -121,6 +128,43 @@ template <class F> static inline launcher<F> launch_of(F *fn, dim3 g, dim3 b, si
 #define CUK_DYN_SHARED(type, name) type *name = (type *)cuemu::dyn_smem()
 
 static inline cudaError_t cudaGetLastError(void) { return cuemu::last_error_take(); }
+static inline const char *cudaGetErrorString(cudaError_t e)
+{
+    return e == cudaSuccess               ? "no error"
+           : e == cudaErrorInvalidValue     ? "invalid argument"
+           : e == cudaErrorMemoryAllocation ? "out of memory"
+                                            : "invalid configuration argument";
+}
+
+/* The runtime's memory calls for a test driver: "device" memory is host memory from malloc, a
+ * copy of any kind is memcpy, and a stream has nothing to wait for (launches are synchronous). */
+enum cudaMemcpyKind {
+    cudaMemcpyHostToHost = 0,
+    cudaMemcpyHostToDevice = 1,
+    cudaMemcpyDeviceToHost = 2,
+    cudaMemcpyDeviceToDevice = 3
+};
+static inline cudaError_t cudaMalloc(void **p, size_t n)
+{
+    *p = malloc(n);
+    return *p || !n ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+static inline cudaError_t cudaFree(void *p)
+{
+    free(p);
+    return cudaSuccess;
+}
+static inline cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind)
+{
+    memcpy(dst, src, n);
+    return cudaSuccess;
+}
+static inline cudaError_t cudaMemset(void *p, int v, size_t n)
+{
+    memset(p, v, n);
+    return cudaSuccess;
+}
+static inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
 template <class F>
 static inline cudaError_t cudaFuncSetAttribute(F *fn, enum cudaFuncAttribute, int value)
 {
