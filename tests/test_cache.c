@@ -50,70 +50,22 @@
 
 #include "cache/cache.h"
 #include "check.h"
+#include "support/cache_test.h"
 
 #define SEED 0x5eed5eed12345678ull
 #define BB_SMALL ((size_t)4096 * 3 + 123) /* 63 slots in 1 MiB */
 #define BB_8 ((size_t)4096 * 30 + 123)    /* 8 slots in 1 MiB */
 #define BB_12 ((size_t)4096 * 20 + 123)   /* 12 slots in 1 MiB */
 
-/* ---- helpers: time, content, names ---- */
+/* ---- helpers: what a block was computed from ---- */
 
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-static uint64_t mix(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-
-/* The bytes of block `name`: a deterministic function of the name. */
-static void fill(void *buf, size_t n, uint64_t name)
-{
-    uint8_t *b = buf;
-    uint64_t s = name;
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        s = mix(s);
-        memcpy(b + i, &s, 8);
-    }
-    for (; i < n; i++) b[i] = (uint8_t)mix(s + i);
-}
-
-static int content_ok(const void *buf, size_t n, uint64_t name)
-{
-    const uint8_t *b = buf;
-    uint64_t s = name;
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        s = mix(s);
-        if (memcmp(b + i, &s, 8)) return 0;
-    }
-    for (; i < n; i++)
-        if (b[i] != (uint8_t)mix(s + i)) return 0;
-    return 1;
-}
-
-/* A fake chain of block names (h_i depends on h_{i-1}, like the engine's). */
 /* What a stored block was computed from (cache_store_begin's parent and tokens): derived from
  * its name, so that fetch_block can check the slot gave back the meta stored with the block. */
 enum { MAX_BT = 32 };
-static uint64_t meta_parent(uint64_t name) { return mix(name ^ 0xa5a5a5a5ull); }
+static uint64_t meta_parent(uint64_t name) { return ct_mix(name ^ 0xa5a5a5a5ull); }
 static void meta_tokens(int32_t *t, uint64_t parent)
 {
-    for (int i = 0; i < MAX_BT; i++) t[i] = (int32_t)(mix(parent + (uint64_t)i) & 0x7fff);
+    for (int i = 0; i < MAX_BT; i++) t[i] = (int32_t)(ct_mix(parent + (uint64_t)i) & 0x7fff);
 }
 
 static void *begin_block(cache_t *c, uint64_t name)
@@ -124,7 +76,7 @@ static void *begin_block(cache_t *c, uint64_t name)
 }
 
 /* cache_fetch, plus a check that the parent and the 16 tokens came back with the block: when
- * they did not, dst's first byte is flipped, so the caller's content check (content_ok) fails
+ * they did not, dst's first byte is flipped, so the caller's content check (ct_content_ok) fails
  * as for wrong bytes (no CHECK here: the counters are not thread-safe, and threads call it). */
 static int fetch_block(cache_t *c, int i, void *dst)
 {
@@ -136,15 +88,6 @@ static int fetch_block(cache_t *c, int i, void *dst)
         if (memcmp(got, want, 16 * sizeof *got) != 0) ((uint8_t *)dst)[0] ^= 0xff;
     }
     return rc;
-}
-
-static void make_chain(uint64_t *names, int n, uint64_t salt)
-{
-    uint64_t h = mix(salt);
-    for (int i = 0; i < n; i++) {
-        h = mix(h ^ (uint64_t)(i + 1) * 0x100000001b3ull);
-        names[i] = h ? h : 1;
-    }
 }
 
 /* ---- helpers: log capture (the cache logs from its writer thread too) ---- */
@@ -206,34 +149,6 @@ static void cap_clear(logcap_t *l)
     pthread_mutex_unlock(&l->mu);
 }
 
-/* ---- helpers: redis-server.sh ---- */
-
-typedef struct {
-    char dir[300];
-    int port;
-    int pid;
-} redis_t;
-
-static int redis_start(redis_t *r, const char *dir)
-{
-    memset(r, 0, sizeof *r);
-    snprintf(r->dir, sizeof r->dir, "%s", dir);
-    char cmd[1024];
-    snprintf(cmd, sizeof cmd, "SPILLWAY_SVC_OWNER=%d '%s/scripts/redis-server.sh' start '%s' 2>&1",
-             (int)getpid(), SPILLWAY_SOURCE_DIR, dir);
-    FILE *p = popen(cmd, "r");
-    if (!p) return -1;
-    char line[512];
-    while (fgets(line, sizeof line, p)) {
-        if (sscanf(line, "REDIS_PORT=%d", &r->port) == 1 ||
-            sscanf(line, "REDIS_PID=%d", &r->pid) == 1)
-            continue;
-        fprintf(stderr, "  redis-server.sh: %s", line);
-    }
-    int st = pclose(p);
-    return st == 0 && r->port > 0 && r->pid > 0 ? 0 : -1;
-}
-
 /* Waits (5 s at most) until process pid is stopped (running 0) or not (running 1). */
 static int wait_proc_state(int pid, int running)
 {
@@ -250,50 +165,16 @@ static int wait_proc_state(int pid, int running)
             int stopped = p[2] == 'T' || p[2] == 't';
             if (stopped != running) return 1;
         }
-        sleep_ms(10);
+        ct_sleep_ms(10);
     }
     return 0;
-}
-
-static int redis_script(const char *verb, const redis_t *r)
-{
-    char cmd[1024];
-    snprintf(cmd, sizeof cmd, "'%s/scripts/redis-server.sh' %s '%s' >/dev/null 2>&1",
-             SPILLWAY_SOURCE_DIR, verb, r->dir);
-    return system(cmd);
-}
-
-/* A direct command on the server (set-up and inspection), NULL on failure. */
-static redisReply *redis_cmd(int port, const char *auth_user, const char *auth_pass, int db,
-                             const char *fmt, const char *arg)
-{
-    struct timeval tv = {2, 0};
-    redisContext *ctx = redisConnectWithTimeout("127.0.0.1", port, tv);
-    if (!ctx || ctx->err) {
-        if (ctx) redisFree(ctx);
-        return NULL;
-    }
-    redisSetTimeout(ctx, tv);
-    redisReply *r = NULL;
-    if (auth_pass) {
-        r = auth_user ? redisCommand(ctx, "AUTH %s %s", auth_user, auth_pass)
-                      : redisCommand(ctx, "AUTH %s", auth_pass);
-        if (r) freeReplyObject(r);
-    }
-    if (db) {
-        r = redisCommand(ctx, "SELECT %d", db);
-        if (r) freeReplyObject(r);
-    }
-    r = redisCommand(ctx, fmt, arg);
-    redisFree(ctx);
-    return r;
 }
 
 /* ---- helpers: the cache ---- */
 
 typedef struct {
     char dir[256];  /* arenas live here */
-    redis_t redis;  /* the main server */
+    ct_redis_t redis;  /* the main server */
 } env_t;
 
 static cache_config_t cfg_for(const char *arena, int port, const char *host_id, logcap_t *lc)
@@ -326,7 +207,7 @@ static int store(cache_t *c, uint64_t name, size_t bb)
 {
     void *b = begin_block(c, name);
     if (!b) return 0;
-    fill(b, bb, name);
+    ct_fill(b, bb, name);
     cache_store_commit(c, b);
     return 1;
 }
@@ -341,20 +222,20 @@ static cache_stats_t stats(cache_t *c)
 /* Waits (5 s at most) until the handle has indexed `stores` blocks; 1 when it did. */
 static int wait_stores(cache_t *c, uint64_t stores)
 {
-    int64_t end = now_ms() + 5000;
+    int64_t end = ct_now_ms() + 5000;
     while (stats(c).stores < stores) {
-        if (now_ms() > end) return 0;
-        sleep_ms(2);
+        if (ct_now_ms() > end) return 0;
+        ct_sleep_ms(2);
     }
     return 1;
 }
 
 static int wait_dropped(cache_t *c, uint64_t dropped)
 {
-    int64_t end = now_ms() + 5000;
+    int64_t end = ct_now_ms() + 5000;
     while (stats(c).stores_dropped < dropped) {
-        if (now_ms() > end) return 0;
-        sleep_ms(2);
+        if (ct_now_ms() > end) return 0;
+        ct_sleep_ms(2);
     }
     return 1;
 }
@@ -367,7 +248,7 @@ static int fetch_all(cache_t *c, const uint64_t *names, int k, size_t bb, int *w
     int ok = 0;
     for (int i = 0; i < k; i++) {
         if (fetch_block(c, i, buf)) continue;
-        if (content_ok(buf, bb, names[i]))
+        if (ct_content_ok(buf, bb, names[i]))
             ok++;
         else if (wrong)
             (*wrong)++;
@@ -459,7 +340,7 @@ static void test_round_trip(env_t *e)
     CHECK(check_ok(c)); /* empty index: every slot free */
 
     uint64_t ch[10];
-    make_chain(ch, 10, 1);
+    ct_chain(ch, 10, 1);
     CHECK(cache_lookup(c, ch, 10) == 0);
     for (int i = 0; i < 6; i++) CHECK(store(c, ch[i], BB_SMALL));
     CHECK(wait_stores(c, 6));
@@ -507,7 +388,7 @@ static void test_round_trip(env_t *e)
         CHECK(b1 != NULL);
         CHECK(begin_block(c2, ch[8]) == NULL);
         CHECK(stats(c2).stores_dropped == 1);
-        fill(b1, BB_SMALL, ch[7]);
+        ct_fill(b1, BB_SMALL, ch[7]);
         cache_store_commit(c2, b1);
         CHECK(wait_stores(c2, 1));
         CHECK(cache_lookup(c2, ch, 10) == 8);
@@ -565,9 +446,9 @@ static void test_processes(env_t *e)
     CHECKF(c, "%s", err);
     if (!c) return;
     uint64_t ch[10], chb[5], chc[4];
-    make_chain(ch, 10, 1);
-    make_chain(chb, 5, 2);
-    make_chain(chc, 4, 3);
+    ct_chain(ch, 10, 1);
+    ct_chain(chb, 5, 2);
+    ct_chain(chc, 4, 3);
     CHECK(cache_lookup(c, ch, 10) == 8);
 
     int base = check_failures_;
@@ -646,7 +527,7 @@ static void test_mismatch(env_t *e)
     CHECKF(a, "%s", err);
     if (!a) return;
     uint64_t ch[5];
-    make_chain(ch, 5, 4);
+    ct_chain(ch, 5, 4);
     for (int i = 0; i < 5; i++) store(a, ch[i], BB_SMALL);
     CHECK(wait_stores(a, 5));
     CHECK(cache_lookup(a, ch, 5) == 5);
@@ -744,7 +625,7 @@ static void test_eviction(env_t *e)
     if (!c) return;
     CHECK(stats(c).arena_slots == 8);
     uint64_t nm[51];
-    make_chain(nm, 51, 5);
+    ct_chain(nm, 51, 5);
     int stored = 0;
     for (int i = 0; i < 50; i++) {
         stored += store(c, nm[i], BB_8);
@@ -818,7 +699,7 @@ static void *cc_thread(void *arg)
         return NULL;
     }
     uint64_t chains[CC_CHAINS][CC_LEN];
-    for (int i = 0; i < CC_CHAINS; i++) make_chain(chains[i], CC_LEN, 600 + (uint64_t)i);
+    for (int i = 0; i < CC_CHAINS; i++) ct_chain(chains[i], CC_LEN, 600 + (uint64_t)i);
     uint8_t *buf = malloc(BB_12);
     unsigned s = a->seed;
     for (int op = 0; op < CC_OPS; op++) {
@@ -828,7 +709,7 @@ static void *cc_thread(void *arg)
             void *b = begin_block(c, name);
             if (b) {
                 atomic_fetch_add(&a->sh->offered, 1);
-                fill(b, BB_12, name);
+                ct_fill(b, BB_12, name);
                 if (rand_r(&s) % 20 == 0)
                     cache_store_cancel(c, b);
                 else
@@ -841,7 +722,7 @@ static void *cc_thread(void *arg)
             for (int i = 0; i < k; i++) {
                 if (fetch_block(c, i, buf)) {
                     atomic_fetch_add(&a->sh->fetch_miss, 1);
-                } else if (content_ok(buf, BB_12, chains[ch][i])) {
+                } else if (ct_content_ok(buf, BB_12, chains[ch][i])) {
                     atomic_fetch_add(&a->sh->hits, 1);
                 } else {
                     atomic_fetch_add(&a->sh->wrong, 1);
@@ -871,7 +752,7 @@ static void test_concurrency(env_t *e)
     CHECK(sh != MAP_FAILED);
     if (sh == MAP_FAILED) return;
     memset(sh, 0, sizeof *sh);
-    int64_t t0 = now_ms();
+    int64_t t0 = ct_now_ms();
     pid_t pids[CC_PROCS];
     if (getenv("SPILLWAY_TEST_NO_FORK")) {
         /* ThreadSanitizer: the same handles as threads of this process (a forked child that
@@ -902,7 +783,7 @@ static void test_concurrency(env_t *e)
         CHECK(pids[p] > 0 && child_ok(pids[p]));
     fprintf(stderr, "  %lld ms: %ld offered, %ld dropped, %ld evictions; %ld found, %ld fetched "
                     "right, %ld fetch misses (%ld torn), %ld wrong, %ld redis errors\n",
-            (long long)(now_ms() - t0), (long)sh->offered, (long)sh->dropped, (long)sh->evictions,
+            (long long)(ct_now_ms() - t0), (long)sh->offered, (long)sh->dropped, (long)sh->evictions,
             (long)sh->found, (long)sh->hits, (long)sh->fetch_miss, (long)sh->torn, (long)sh->wrong,
             (long)sh->errors);
     CHECK(sh->failed_new == 0);
@@ -923,7 +804,7 @@ static void test_concurrency(env_t *e)
         uint64_t chains[CC_CHAINS][CC_LEN];
         int total = 0, wrong = 0;
         for (int i = 0; i < CC_CHAINS; i++) {
-            make_chain(chains[i], CC_LEN, 600 + (uint64_t)i);
+            ct_chain(chains[i], CC_LEN, 600 + (uint64_t)i);
             int k = cache_lookup(c, chains[i], CC_LEN);
             CHECK(fetch_all(c, chains[i], k, BB_12, &wrong) == k);
             total += k;
@@ -971,7 +852,7 @@ static void test_torn(env_t *e)
     if (!c) return;
     int n = stats(c).arena_slots;
     uint64_t ch[3];
-    make_chain(ch, 3, 7);
+    ct_chain(ch, 3, 7);
     for (int i = 0; i < 3; i++) store(c, ch[i], BB_SMALL);
     CHECK(wait_stores(c, 3));
     raw_map_t m;
@@ -983,13 +864,13 @@ static void test_torn(env_t *e)
     *byte ^= 0x01;
     uint8_t *buf = malloc(BB_SMALL);
     CHECK(cache_lookup(c, ch, 3) == 3);
-    CHECK(fetch_block(c, 0, buf) == 0 && content_ok(buf, BB_SMALL, ch[0]));
+    CHECK(fetch_block(c, 0, buf) == 0 && ct_content_ok(buf, BB_SMALL, ch[0]));
     CHECK(fetch_block(c, 1, buf) == -1);
-    CHECK(fetch_block(c, 2, buf) == 0 && content_ok(buf, BB_SMALL, ch[2]));
+    CHECK(fetch_block(c, 2, buf) == 0 && ct_content_ok(buf, BB_SMALL, ch[2]));
     CHECK(stats(c).misses_torn == 1);
     CHECK(cache_check(c, err, sizeof err) == -1 && strstr(err, "checksum"));
     *byte ^= 0x01;
-    CHECK(fetch_block(c, 1, buf) == 0 && content_ok(buf, BB_SMALL, ch[1]));
+    CHECK(fetch_block(c, 1, buf) == 0 && ct_content_ok(buf, BB_SMALL, ch[1]));
     CHECK(check_ok(c));
     /* a header naming another generation is a miss too */
     uint64_t g = atomic_load(slot_word(&m, slot, 2));
@@ -1006,16 +887,16 @@ static void test_torn(env_t *e)
     CHECK(cache_lookup(c, ch, 3) == 3);
     CHECK(fetch_block(c, 0, buf) == -1);
     uint64_t x[2];
-    make_chain(x, 2, 77);
+    ct_chain(x, 2, 77);
     uint64_t stores0 = stats(c).stores;
     CHECK(store(c, x[0], BB_SMALL));
     CHECK(wait_stores(c, stores0 + 1));
     CHECK(cache_lookup(c, x, 1) == 1);
-    CHECK(fetch_block(c, 0, buf) == 0 && content_ok(buf, BB_SMALL, x[0]));
+    CHECK(fetch_block(c, 0, buf) == 0 && ct_content_ok(buf, BB_SMALL, x[0]));
     set_all_even(&m, n);
     CHECK(check_ok(c));
     CHECK(cache_lookup(c, ch, 3) == 3);
-    CHECK(fetch_block(c, 0, buf) == 0 && content_ok(buf, BB_SMALL, ch[0]));
+    CHECK(fetch_block(c, 0, buf) == 0 && ct_content_ok(buf, BB_SMALL, ch[0]));
 
     /* a live writer holds every slot: the store is dropped, its slot given back */
     set_all_odd(&m, n, getpid());
@@ -1050,11 +931,11 @@ static pid_t redis_restart_on(int port, const char *dir)
         _exit(127);
     }
     for (int i = 0; i < 100 && pid > 0; i++) {
-        redisReply *r = redis_cmd(port, NULL, NULL, 0, "PING%s", "");
+        redisReply *r = ct_redis_cmd(port, NULL, NULL, 0, "PING%s", "");
         int ok = r && r->type == REDIS_REPLY_STATUS && !strcmp(r->str, "PONG");
         if (r) freeReplyObject(r);
         if (ok) return pid;
-        sleep_ms(50);
+        ct_sleep_ms(50);
     }
     if (pid > 0) {
         kill(pid, SIGKILL);
@@ -1066,10 +947,10 @@ static pid_t redis_restart_on(int port, const char *dir)
 static void test_redis_faults(env_t *e, const char *workdir)
 {
     fprintf(stderr, "8: Redis stopped, resumed, killed, restarted\n");
-    redis_t r;
+    ct_redis_t r;
     char rdir[400];
     snprintf(rdir, sizeof rdir, "%s/r8", workdir);
-    if (redis_start(&r, rdir)) {
+    if (ct_redis_start(&r, rdir)) {
         CHECKF(0, "cannot start a redis-server in %s", rdir);
         return;
     }
@@ -1088,8 +969,8 @@ static void test_redis_faults(env_t *e, const char *workdir)
     CHECKF(c, "%s", err);
     if (!c) goto out;
     uint64_t ch[4], ch2[4];
-    make_chain(ch, 4, 8);
-    make_chain(ch2, 4, 88);
+    ct_chain(ch, 4, 8);
+    ct_chain(ch2, 4, 88);
     for (int i = 0; i < 4; i++) store(c, ch[i], BB_SMALL);
     CHECK(wait_stores(c, 4));
     CHECK(cache_lookup(c, ch, 4) == 4);
@@ -1098,14 +979,14 @@ static void test_redis_faults(env_t *e, const char *workdir)
      * bounded reconnect attempt (the kernel still accepts connections) */
     kill(r.pid, SIGSTOP);
     CHECK(wait_proc_state(r.pid, 0));
-    int64_t worst = 0, t0 = now_ms();
+    int64_t worst = 0, t0 = ct_now_ms();
     int got = 0;
-    while (now_ms() - t0 < 700) {
-        int64_t t = now_ms();
+    while (ct_now_ms() - t0 < 700) {
+        int64_t t = ct_now_ms();
         got += cache_lookup(c, ch, 4);
-        int64_t el = now_ms() - t;
+        int64_t el = ct_now_ms() - t;
         if (el > worst) worst = el;
-        sleep_ms(10);
+        ct_sleep_ms(10);
     }
     cache_stats_t st = stats(c);
     fprintf(stderr, "  stopped: slowest lookup %lld ms (bound %lld), %" PRIu64 " errors\n",
@@ -1124,34 +1005,34 @@ static void test_redis_faults(env_t *e, const char *workdir)
     kill(r.pid, SIGCONT);
     CHECK(wait_proc_state(r.pid, 1));
     /* resumed: back after the backoff, the index intact */
-    int64_t until = now_ms() + 5000;
+    int64_t until = ct_now_ms() + 5000;
     int k = 0;
-    while ((k = cache_lookup(c, ch, 4)) != 4 && now_ms() < until) sleep_ms(20);
+    while ((k = cache_lookup(c, ch, 4)) != 4 && ct_now_ms() < until) ct_sleep_ms(20);
     CHECK(k == 4);
     int wrong = 0;
     CHECK(fetch_all(c, ch, 4, BB_SMALL, &wrong) == 4 && wrong == 0);
     CHECK(stats(c).redis_up == 1);
     CHECK(cap_has(&lc, "reconnected"));
     /* the writer reconnects too */
-    until = now_ms() + 5000;
-    while (stats(c).stores < 5 && now_ms() < until) {
+    until = ct_now_ms() + 5000;
+    while (stats(c).stores < 5 && ct_now_ms() < until) {
         store(c, ch2[0], BB_SMALL);
-        sleep_ms(20);
+        ct_sleep_ms(20);
     }
     CHECK(stats(c).stores >= 5);
     CHECK(check_ok(c));
 
     /* killed: connections refused at once */
-    CHECK(redis_script("kill", &r) == 0);
+    CHECK(ct_redis_script(&r, "kill") == 0);
     worst = 0;
-    t0 = now_ms();
+    t0 = ct_now_ms();
     got = 0;
-    while (now_ms() - t0 < 400) {
-        int64_t t = now_ms();
+    while (ct_now_ms() - t0 < 400) {
+        int64_t t = ct_now_ms();
         got += cache_lookup(c, ch, 4);
-        int64_t el = now_ms() - t;
+        int64_t el = ct_now_ms() - t;
         if (el > worst) worst = el;
-        sleep_ms(10);
+        ct_sleep_ms(10);
     }
     fprintf(stderr, "  killed: slowest lookup %lld ms\n", (long long)worst);
     CHECK(got == 0 && worst < bound);
@@ -1169,18 +1050,18 @@ static void test_redis_faults(env_t *e, const char *workdir)
     if (rp < 0) {
         fprintf(stderr, "  (port %d taken meanwhile: restart part skipped)\n", r.port);
     } else {
-        until = now_ms() + 5000;
-        while (!stats(c).redis_up && now_ms() < until) {
+        until = ct_now_ms() + 5000;
+        while (!stats(c).redis_up && ct_now_ms() < until) {
             CHECK(cache_lookup(c, ch, 4) == 0);
-            sleep_ms(20);
+            ct_sleep_ms(20);
         }
         CHECK(stats(c).redis_up == 1);
         CHECK(cache_lookup(c, ch, 4) == 0);
         uint64_t s0 = stats(c).stores;
-        until = now_ms() + 5000;
-        while (stats(c).stores < s0 + 4 && now_ms() < until) {
+        until = ct_now_ms() + 5000;
+        while (stats(c).stores < s0 + 4 && ct_now_ms() < until) {
             for (int i = 0; i < 4; i++) store(c, ch[i], BB_SMALL);
-            sleep_ms(20);
+            ct_sleep_ms(20);
         }
         CHECK(cache_lookup(c, ch, 4) == 4);
         CHECK(fetch_all(c, ch, 4, BB_SMALL, &wrong) == 4 && wrong == 0);
@@ -1189,14 +1070,14 @@ static void test_redis_faults(env_t *e, const char *workdir)
          * restart (cache_config_t.health_ms, 1000 ms by default) */
         kill(rp, SIGKILL);
         waitpid(rp, NULL, 0);
-        until = now_ms() + 4000;
-        while (stats(c).redis_up && now_ms() < until) sleep_ms(20);
+        until = ct_now_ms() + 4000;
+        while (stats(c).redis_up && ct_now_ms() < until) ct_sleep_ms(20);
         fprintf(stderr, "  killed while idle: redis_up %d\n", stats(c).redis_up);
         CHECK(stats(c).redis_up == 0);
         rp = redis_restart_on(r.port, rdir2);
         if (rp >= 0) {
-            until = now_ms() + 8000;
-            while (!stats(c).redis_up && now_ms() < until) sleep_ms(20);
+            until = ct_now_ms() + 8000;
+            while (!stats(c).redis_up && ct_now_ms() < until) ct_sleep_ms(20);
             CHECK(stats(c).redis_up == 1);
         }
         cache_free(c);
@@ -1208,7 +1089,7 @@ static void test_redis_faults(env_t *e, const char *workdir)
     }
     if (c) cache_free(c);
 out:
-    redis_script("stop", &r);
+    ct_redis_script(&r, "stop");
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", rdir2);
     if (system(cmd)) {}
@@ -1219,20 +1100,20 @@ out:
 static void test_auth(env_t *e, const char *workdir)
 {
     fprintf(stderr, "9: AUTH with a password and with an ACL user; SELECT\n");
-    redis_t r;
+    ct_redis_t r;
     char rdir[400];
     snprintf(rdir, sizeof rdir, "%s/r9", workdir);
-    if (redis_start(&r, rdir)) {
+    if (ct_redis_start(&r, rdir)) {
         CHECKF(0, "cannot start a redis-server in %s", rdir);
         return;
     }
     /* redis-server.sh checks readiness with an unauthenticated PING, so the passwords are set
      * once it runs */
     redisReply *rep =
-        redis_cmd(r.port, NULL, NULL, 0, "ACL SETUSER alice on >pw ~* &* +@all%s", "");
+        ct_redis_cmd(r.port, NULL, NULL, 0, "ACL SETUSER alice on >pw ~* &* +@all%s", "");
     CHECK(rep && rep->type == REDIS_REPLY_STATUS);
     if (rep) freeReplyObject(rep);
-    rep = redis_cmd(r.port, NULL, NULL, 0, "CONFIG SET requirepass %s", "secret");
+    rep = ct_redis_cmd(r.port, NULL, NULL, 0, "CONFIG SET requirepass %s", "secret");
     CHECK(rep && rep->type == REDIS_REPLY_STATUS);
     if (rep) freeReplyObject(rep);
 
@@ -1240,7 +1121,7 @@ static void test_auth(env_t *e, const char *workdir)
     arena_path(path, sizeof path, e, "t9");
     cache_geometry_t geo = {SEED, 16, BB_SMALL};
     uint64_t ch[2];
-    make_chain(ch, 2, 9);
+    ct_chain(ch, 2, 9);
     struct {
         const char *user, *pass;
         int db, ok;
@@ -1283,10 +1164,10 @@ static void test_auth(env_t *e, const char *workdir)
     /* the ACL user's index went to db 3, the password-only one's to db 0 */
     char key[128];
     snprintf(key, sizeof key, "spwtest:t9:%016" PRIx64 ":blk", (uint64_t)SEED);
-    rep = redis_cmd(r.port, "alice", "pw", 3, "HLEN %s", key);
+    rep = ct_redis_cmd(r.port, "alice", "pw", 3, "HLEN %s", key);
     CHECK(rep && rep->type == REDIS_REPLY_INTEGER && rep->integer == 2);
     if (rep) freeReplyObject(rep);
-    rep = redis_cmd(r.port, NULL, "secret", 0, "HLEN %s", key);
+    rep = ct_redis_cmd(r.port, NULL, "secret", 0, "HLEN %s", key);
     CHECK(rep && rep->type == REDIS_REPLY_INTEGER && rep->integer == 2);
     if (rep) freeReplyObject(rep);
 
@@ -1298,17 +1179,17 @@ static void test_auth(env_t *e, const char *workdir)
     cache_t *c = cache_new(&cfg, &geo, err, sizeof err);
     CHECKF(c, "%s", err);
     if (c) {
-        rep = redis_cmd(r.port, NULL, "secret", 0, "SCRIPT FLUSH%s", "");
+        rep = ct_redis_cmd(r.port, NULL, "secret", 0, "SCRIPT FLUSH%s", "");
         CHECK(rep && rep->type == REDIS_REPLY_STATUS);
         if (rep) freeReplyObject(rep);
         CHECK(cache_lookup(c, ch, 2) == 2);
         uint64_t x[2];
-        make_chain(x, 2, 99);
+        ct_chain(x, 2, 99);
         store(c, x[0], BB_SMALL);
         CHECK(wait_stores(c, 1));
         CHECK(cache_lookup(c, x, 1) == 1);
         CHECK(stats(c).redis_errors == 0);
-        rep = redis_cmd(r.port, NULL, "secret", 0, "FLUSHALL%s", "");
+        rep = ct_redis_cmd(r.port, NULL, "secret", 0, "FLUSHALL%s", "");
         CHECK(rep && rep->type == REDIS_REPLY_STATUS);
         if (rep) freeReplyObject(rep);
         CHECK(cache_lookup(c, ch, 2) == 0);
@@ -1323,7 +1204,7 @@ static void test_auth(env_t *e, const char *workdir)
         CHECK(check_ok(c));
         cache_free(c);
     }
-    redis_script("stop", &r);
+    ct_redis_script(&r, "stop");
 }
 
 /* ---- 10: arena file permissions ---- */
@@ -1359,7 +1240,7 @@ static void test_permissions(env_t *e)
     cache_config_t cfg = cfg_for(path, e->redis.port, "t10", &lc);
     cache_geometry_t geo = {SEED, 16, BB_SMALL};
     uint64_t ch[2];
-    make_chain(ch, 2, 10);
+    ct_chain(ch, 2, 10);
 
     /* created 0600 even under umask 0 (the mode is explicit, not the umask's leftover) */
     mode_t old_umask = umask(0);
@@ -1490,7 +1371,7 @@ int main(void)
         fprintf(stderr, "SKIP: redis-server / redis-cli not installed (scripts/install-deps.sh)\n");
         return 77;
     }
-    int64_t t0 = now_ms();
+    int64_t t0 = ct_now_ms();
     char workdir[] = "/tmp/spillway-cache-test.XXXXXX";
     if (!mkdtemp(workdir)) {
         perror("mkdtemp");
@@ -1502,7 +1383,7 @@ int main(void)
     if (!mkdtemp(e.dir)) snprintf(e.dir, sizeof e.dir, "%s", workdir);
     char rdir[400];
     snprintf(rdir, sizeof rdir, "%s/r1", workdir);
-    if (redis_start(&e.redis, rdir)) {
+    if (ct_redis_start(&e.redis, rdir)) {
         fprintf(stderr, "cannot start redis-server in %s\n", rdir);
         return 1;
     }
@@ -1521,10 +1402,10 @@ int main(void)
     test_permissions(&e);
     test_secret(&e);
 
-    redis_script("stop", &e.redis);
+    ct_redis_script(&e.redis, "stop");
     char cmd[800];
     snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", e.dir, workdir);
     if (system(cmd)) fprintf(stderr, "cleanup failed: %s\n", cmd);
-    fprintf(stderr, "test_cache: %.1f s\n", (double)(now_ms() - t0) / 1000.0);
+    fprintf(stderr, "test_cache: %.1f s\n", (double)(ct_now_ms() - t0) / 1000.0);
     return check_exit();
 }

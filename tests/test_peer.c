@@ -37,6 +37,7 @@
 #include "cache/cache.h"
 #include "cache/cache_internal.h"
 #include "check.h"
+#include "support/cache_test.h"
 
 #define SEED 0x5eed5eed0000beefull
 #define BT 16                          /* tokens per block */
@@ -44,92 +45,18 @@
 
 /* ---- helpers ---- */
 
-static void sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-static uint64_t mix(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-
-/* The KV bytes of block `name`: a deterministic function of it. */
-static void fill(void *buf, size_t n, uint64_t name)
-{
-    uint8_t *b = buf;
-    uint64_t s = name;
-    for (size_t i = 0; i < n; i++) {
-        if (i % 8 == 0) s = mix(s);
-        b[i] = (uint8_t)(s >> (8 * (i % 8)));
-    }
-}
-
 /* A chain: names[i] follows names[i-1]; tokens [n x BT] the blocks were computed from. */
 static void make_chain(uint64_t *names, int32_t *tokens, int n, uint64_t salt)
 {
-    uint64_t h = mix(salt);
-    for (int i = 0; i < n; i++) {
-        h = mix(h ^ (uint64_t)(i + 1) * 0x100000001b3ull);
-        names[i] = h ? h : 1;
-        for (int t = 0; t < BT; t++) tokens[i * BT + t] = (int32_t)(mix(h + (uint64_t)t) & 0x7fff);
-    }
-}
-
-typedef struct {
-    char dir[512];
-    int port;
-    int pid;
-} redis_t;
-
-static int redis_start(redis_t *r, const char *dir)
-{
-    memset(r, 0, sizeof *r);
-    snprintf(r->dir, sizeof r->dir, "%s", dir);
-    char cmd[1024];
-    snprintf(cmd, sizeof cmd, "SPILLWAY_SVC_OWNER=%d '%s/scripts/redis-server.sh' start '%s' 2>&1",
-             (int)getpid(), SPILLWAY_SOURCE_DIR, dir);
-    FILE *p = popen(cmd, "r");
-    if (!p) return -1;
-    char line[512];
-    while (fgets(line, sizeof line, p))
-        if (sscanf(line, "REDIS_PORT=%d", &r->port) != 1 &&
-            sscanf(line, "REDIS_PID=%d", &r->pid) != 1)
-            fprintf(stderr, "  redis-server.sh: %s", line);
-    return pclose(p) == 0 && r->port > 0 ? 0 : -1;
-}
-
-static void redis_stop(const redis_t *r)
-{
-    char cmd[1024];
-    snprintf(cmd, sizeof cmd, "'%s/scripts/redis-server.sh' stop '%s' >/dev/null 2>&1",
-             SPILLWAY_SOURCE_DIR, r->dir);
-    if (system(cmd) != 0) fprintf(stderr, "redis-server.sh stop failed\n");
-}
-
-/* One command on the server (set-up), its reply freed; 0 when it answered without error. */
-static int redis_do(int port, int argc, const char **argv)
-{
-    struct timeval tv = {2, 0};
-    redisContext *ctx = redisConnectWithTimeout("127.0.0.1", port, tv);
-    if (!ctx || ctx->err) {
-        if (ctx) redisFree(ctx);
-        return -1;
-    }
-    redisReply *r = redisCommandArgv(ctx, argc, argv, NULL);
-    int rc = r && r->type != REDIS_REPLY_ERROR ? 0 : -1;
-    if (r) freeReplyObject(r);
-    redisFree(ctx);
-    return rc;
+    ct_chain(names, n, salt);
+    for (int i = 0; i < n; i++)
+        for (int t = 0; t < BT; t++)
+            tokens[i * BT + t] = (int32_t)(ct_mix(names[i] + (uint64_t)t) & 0x7fff);
 }
 
 typedef struct {
     char dir[256];
-    redis_t redis;
+    ct_redis_t redis;
 } env_t;
 
 static const unsigned char SECRET[CACHE_SECRET_BYTES] = "0123456789abcdef0123456789abcdef";
@@ -165,7 +92,7 @@ static cache_t *host_new(const env_t *e, const char *host_id, int ttl_ms)
     return host_new_peer(e, host_id, ttl_ms, "", NULL, 2000);
 }
 
-/* Stores names[0..n) (content fill(name), meta from tokens) through the step-thread API (the
+/* Stores names[0..n) (content ct_fill(name), meta from tokens) through the step-thread API (the
  * leading ones already indexed skipped) and waits (5 s at most) until the index holds all of
  * them. 0 when it does. */
 static int store_chain(cache_t *c, const uint64_t *names, const int32_t *tokens, int n)
@@ -173,12 +100,12 @@ static int store_chain(cache_t *c, const uint64_t *names, const int32_t *tokens,
     for (int i = cache_lookup(c, names, n); i < n; i++) {
         void *buf = cache_store_begin(c, names[i], i ? names[i - 1] : SEED, tokens + i * BT);
         if (!buf) return -1;
-        fill(buf, BB, names[i]);
+        ct_fill(buf, BB, names[i]);
         cache_store_commit(c, buf);
     }
     for (int t = 0; t < 500; t++) {
         if (cache_lookup(c, names, n) == n) return 0;
-        sleep_ms(10);
+        ct_sleep_ms(10);
     }
     return -1;
 }
@@ -195,7 +122,7 @@ static int locate_host(cache_t *c, const uint64_t *names, int n, const char *hos
                 *out = peers[i];
                 return 0;
             }
-        sleep_ms(10);
+        ct_sleep_ms(10);
     }
     return -1;
 }
@@ -244,9 +171,9 @@ static void test_locate(const env_t *e)
     const char *bad1[] = {"HSET", fkey, "bad host", "v1 99999999999999 "};
     const char *bad2[] = {"HSET", fkey, "hostX", "v2 1 x"};
     const char *bad3[] = {"HSET", fkey, "hostY", "v1 99999999999999 a b"};
-    CHECK(redis_do(e->redis.port, 4, bad1) == 0);
-    CHECK(redis_do(e->redis.port, 4, bad2) == 0);
-    CHECK(redis_do(e->redis.port, 4, bad3) == 0);
+    CHECK(ct_redis_argv(e->redis.port, 4, bad1) == 0);
+    CHECK(ct_redis_argv(e->redis.port, 4, bad2) == 0);
+    CHECK(ct_redis_argv(e->redis.port, 4, bad3) == 0);
     k = cache_locate(b, names, N, peers, 8);
     CHECKF(k == 1 && !strcmp(peers[0].host_id, "hostA") && peers[0].n_blocks == 4, "k %d", k);
     /* a host gone: ignored once its record is older than the TTL */
@@ -260,7 +187,7 @@ static void test_locate(const env_t *e)
         CHECK(c3 != NULL);
         int gone = 0;
         for (int t = 0; t < 200 && c3 && !gone; t++) {
-            sleep_ms(20);
+            ct_sleep_ms(20);
             k = cache_locate(c3, names, N, peers, 8);
             gone = 1;
             for (int i = 0; i < k; i++) gone &= strcmp(peers[i].host_id, "hostC") != 0;
@@ -274,7 +201,7 @@ out:
 }
 
 
-/* Leading blocks of names[0..n) that c's tier 2 gives back byte-identical (KV fill(name),
+/* Leading blocks of names[0..n) that c's tier 2 gives back byte-identical (KV ct_fill(name),
  * parent, tokens). */
 static int verify_local(cache_t *c, const uint64_t *names, const int32_t *tokens, int n)
 {
@@ -284,7 +211,7 @@ static int verify_local(cache_t *c, const uint64_t *names, const int32_t *tokens
         uint64_t parent = 0;
         int32_t t[BT];
         if (cache_fetch(c, i, kv, &parent, t)) break;
-        fill(want, BB, names[i]);
+        ct_fill(want, BB, names[i]);
         if (memcmp(kv, want, BB) || parent != (i ? names[i - 1] : SEED) ||
             memcmp(t, tokens + i * BT, sizeof t))
             break;
@@ -302,7 +229,7 @@ static int prefetch(cache_t *c, const uint64_t *names, const int32_t *tokens, in
     cache_peer_t p;
     if (locate_host(c, names, n, from, &p)) return -1;
     for (int t = 0; t < 500 && !p.peer_addr[0]; t++) {
-        sleep_ms(10);
+        ct_sleep_ms(10);
         if (locate_host(c, names, n, from, &p)) return -1;
     }
     return cache_peer_prefetch(c, SEED, names, tokens, n, out);
@@ -358,7 +285,7 @@ static void test_fetch(const env_t *e)
     for (int t = 0; t < 500 && (!addr_a[0] || !addr_x[0]); t++) {
         cache_peer_listen_addr(a, addr_a, sizeof addr_a);
         cache_peer_listen_addr(x, addr_x, sizeof addr_x);
-        if (!addr_a[0] || !addr_x[0]) sleep_ms(10);
+        if (!addr_a[0] || !addr_x[0]) ct_sleep_ms(10);
     }
     CHECK(addr_a[0] && addr_x[0]);
     int err = -1;
@@ -435,7 +362,7 @@ static void *rogue_main(void *arg)
         peer_recv(&pc, &type, &p, &len, 1 << 20) || type != PEER_REQ)
         goto out;
     if (r->mode == ROGUE_STALL) {
-        sleep_ms(1500);
+        ct_sleep_ms(1500);
         goto out;
     }
     arena_t fake;
@@ -603,13 +530,13 @@ static void test_takeover(const env_t *e)
     cache_t *p1 = host_new_peer(e, "twin", 10000, listen, SECRET, 2000);
     char a1[CACHE_PEER_ADDR_MAX] = "", a2[CACHE_PEER_ADDR_MAX] = "";
     for (int t = 0; t < 500 && p1 && !a1[0]; t++) {
-        sleep_ms(10);
+        ct_sleep_ms(10);
         cache_peer_listen_addr(p1, a1, sizeof a1);
     }
     CHECKF(!strcmp(a1, listen), "p1 serves on \"%s\"", a1);
     cache_t *p2 = host_new_peer(e, "twin", 10000, listen, SECRET, 2000);
     CHECK(p1 && p2);
-    sleep_ms(300);
+    ct_sleep_ms(300);
     if (p2) cache_peer_listen_addr(p2, a2, sizeof a2);
     CHECKF(!a2[0], "p2 serves on \"%s\" too", a2);
     /* the host's record names the port whichever of them wrote it last */
@@ -619,7 +546,7 @@ static void test_takeover(const env_t *e)
     CHECK(obs && locate_host(obs, &nm, 1, "twin", &p) == 0 && !strcmp(p.peer_addr, listen));
     cache_free(p1);
     for (int t = 0; t < 500 && p2 && !a2[0]; t++) {
-        sleep_ms(10);
+        ct_sleep_ms(10);
         cache_peer_listen_addr(p2, a2, sizeof a2);
     }
     CHECKF(!strcmp(a2, listen), "p2 took over: \"%s\"", a2);
@@ -645,7 +572,7 @@ int main(void)
     snprintf(e.dir, sizeof e.dir, "%s", workdir);
     char rdir[400];
     snprintf(rdir, sizeof rdir, "%s/redis", workdir);
-    if (redis_start(&e.redis, rdir)) {
+    if (ct_redis_start(&e.redis, rdir)) {
         fprintf(stderr, "cannot start redis-server in %s\n", rdir);
         return 1;
     }
@@ -654,7 +581,7 @@ int main(void)
     test_rogue(&e);
     test_cost(&e);
     test_takeover(&e);
-    redis_stop(&e.redis);
+    if (ct_redis_script(&e.redis, "stop") != 0) fprintf(stderr, "redis-server.sh stop failed\n");
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", workdir);
     if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", workdir);
