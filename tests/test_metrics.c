@@ -1,103 +1,19 @@
 /* tests/test_metrics.c: worker/metrics.{h,c}: the text builder (value formatting, families,
  * label escaping), histogram bucket math, and the HTTP server (/metrics, /healthz, /readyz, 404,
- * 405, HEAD, port in use) through a plain-socket HTTP/1.0 client; concurrent observers while
- * /metrics is scraped 100 times (every scrape self-consistent, counts monotonic, exact at the
- * end). */
-#include <arpa/inet.h>
-#include <errno.h>
+ * 405, HEAD, port in use) through a plain-socket HTTP/1.0 client (tests/support/http_client.h);
+ * concurrent observers while /metrics is scraped 100 times (every scrape self-consistent, counts
+ * monotonic, exact at the end). */
 #include <math.h>
-#include <netinet/in.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/time.h>
 #include <unistd.h>
 
 #include "check.h"
+#include "tests/support/http_client.h"
 #include "worker/metrics.h"
-
-/* ---- a minimal HTTP/1.0 client -------------------------------------------------------------- */
-
-typedef struct {
-    int status;       /* 0 when the request failed */
-    char ctype[128];  /* Content-Type header, "" if none */
-    char *body;       /* owned, NUL-terminated */
-    size_t body_len;
-} http_resp_t;
-
-static void http_resp_free(http_resp_t *r)
-{
-    free(r->body);
-    memset(r, 0, sizeof *r);
-}
-
-/* Sends "METHOD path HTTP/1.0" to 127.0.0.1:port and reads the whole response. 0 or -1. */
-static int http_do(int port, const char *method, const char *path, http_resp_t *r)
-{
-    memset(r, 0, sizeof *r);
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) return -1;
-    struct timeval tv = {5, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    struct sockaddr_in sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sin_family = AF_INET;
-    sa.sin_port = htons((uint16_t)port);
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    char *buf = NULL;
-    size_t len = 0, cap = 0;
-    if (connect(fd, (struct sockaddr *)&sa, sizeof sa)) goto fail;
-    char req[512];
-    int n = snprintf(req, sizeof req, "%s %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", method, path);
-    if (write(fd, req, (size_t)n) != n) goto fail;
-    for (;;) {
-        if (len + 4096 + 1 > cap) {
-            cap = cap ? cap * 2 : 16384;
-            char *p = realloc(buf, cap);
-            if (!p) goto fail;
-            buf = p;
-        }
-        ssize_t got = read(fd, buf + len, cap - len - 1);
-        if (got < 0 && errno == EINTR) continue;
-        if (got < 0) goto fail;
-        if (got == 0) break;
-        len += (size_t)got;
-    }
-    close(fd);
-    fd = -1;
-    if (!buf) goto fail;
-    buf[len] = '\0';
-    if (sscanf(buf, "HTTP/1.%*d %d", &r->status) != 1) goto fail;
-    char *end = strstr(buf, "\r\n\r\n");
-    if (!end) goto fail;
-    *end = '\0';
-    for (char *line = strstr(buf, "\r\n"); line && line < end; line = strstr(line + 2, "\r\n")) {
-        if (!strncasecmp(line + 2, "Content-Type:", 13)) {
-            const char *v = line + 2 + 13;
-            while (*v == ' ') v++;
-            size_t vl = strcspn(v, "\r");
-            if (vl >= sizeof r->ctype) vl = sizeof r->ctype - 1;
-            memcpy(r->ctype, v, vl);
-            r->ctype[vl] = '\0';
-        }
-    }
-    r->body_len = len - (size_t)(end + 4 - buf);
-    r->body = malloc(r->body_len + 1);
-    if (!r->body) goto fail;
-    memcpy(r->body, end + 4, r->body_len);
-    r->body[r->body_len] = '\0';
-    free(buf);
-    return 0;
-fail:
-    if (fd >= 0) close(fd);
-    free(buf);
-    http_resp_free(r);
-    return -1;
-}
 
 /* ---- parsing the rendered histogram ------------------------------------------------------- */
 
@@ -332,12 +248,12 @@ static void test_server(void)
     }
     int port = metrics_server_port(s);
     CHECK(port > 0 && port < 65536);
-    http_resp_t r;
+    th_resp_t r;
 
     /* /metrics */
     metrics_hist_observe(&a->ttft, 0.05);
     metrics_hist_observe(&a->ttft, 7);
-    CHECK(http_do(port, "GET", "/metrics", &r) == 0);
+    CHECK(th_request(port, "GET", "/metrics", 5, &r) == 0);
     CHECK(r.status == 200);
     CHECKF(!strcmp(r.ctype, "text/plain; version=0.0.4; charset=utf-8"), "%s", r.ctype);
     if (r.body) {
@@ -355,49 +271,49 @@ static void test_server(void)
         CHECKF(strstr(r.body, lag), "%s", r.body);
         CHECK(strstr(r.body, "spillway:request_success_total{finished_reason=\"stop\"} 0\n"));
     }
-    http_resp_free(&r);
+    th_resp_free(&r);
     metrics_hist_init(&a->ttft); /* no scrape is in flight */
 
     /* HEAD: headers only */
-    CHECK(http_do(port, "HEAD", "/metrics", &r) == 0);
+    CHECK(th_request(port, "HEAD", "/metrics", 5, &r) == 0);
     CHECK(r.status == 200 && r.body_len == 0);
     CHECK(!strcmp(r.ctype, "text/plain; version=0.0.4; charset=utf-8"));
-    http_resp_free(&r);
+    th_resp_free(&r);
 
     /* /healthz */
-    CHECK(http_do(port, "GET", "/healthz", &r) == 0);
+    CHECK(th_request(port, "GET", "/healthz", 5, &r) == 0);
     CHECK(r.status == 200 && r.body && !strcmp(r.body, "ok\n"));
-    http_resp_free(&r);
+    th_resp_free(&r);
     atomic_store(&a->sick, 1);
-    CHECK(http_do(port, "GET", "/healthz", &r) == 0);
+    CHECK(th_request(port, "GET", "/healthz", 5, &r) == 0);
     CHECKF(r.status == 503 && r.body && !strcmp(r.body, "loop stuck"), "%d %s", r.status,
            r.body ? r.body : "");
-    http_resp_free(&r);
+    th_resp_free(&r);
     atomic_store(&a->sick, 0);
 
     /* /readyz, both states */
-    CHECK(http_do(port, "GET", "/readyz", &r) == 0);
+    CHECK(th_request(port, "GET", "/readyz", 5, &r) == 0);
     CHECKF(r.status == 503 && r.body && !strcmp(r.body, "no partitions assigned\n"), "%d %s",
            r.status, r.body ? r.body : "");
-    http_resp_free(&r);
+    th_resp_free(&r);
     atomic_store(&a->ready, 1);
-    CHECK(http_do(port, "GET", "/readyz", &r) == 0);
+    CHECK(th_request(port, "GET", "/readyz", 5, &r) == 0);
     CHECK(r.status == 200 && r.body && !strcmp(r.body, "ready\n"));
-    http_resp_free(&r);
+    th_resp_free(&r);
 
     /* unknown path, query string, other method */
-    CHECK(http_do(port, "GET", "/nope", &r) == 0);
+    CHECK(th_request(port, "GET", "/nope", 5, &r) == 0);
     CHECK(r.status == 404);
-    http_resp_free(&r);
-    CHECK(http_do(port, "GET", "/healthz?x=1", &r) == 0);
+    th_resp_free(&r);
+    CHECK(th_request(port, "GET", "/healthz?x=1", 5, &r) == 0);
     CHECK(r.status == 200);
-    http_resp_free(&r);
-    CHECK(http_do(port, "POST", "/metrics", &r) == 0);
+    th_resp_free(&r);
+    CHECK(th_request(port, "POST", "/metrics", 5, &r) == 0);
     CHECK(r.status == 405);
-    http_resp_free(&r);
-    CHECK(http_do(port, "DELETE", "/readyz", &r) == 0);
+    th_resp_free(&r);
+    CHECK(th_request(port, "DELETE", "/readyz", 5, &r) == 0);
     CHECK(r.status == 405);
-    http_resp_free(&r);
+    th_resp_free(&r);
 
     /* port in use */
     char err2[256] = "";
@@ -428,8 +344,8 @@ static void test_server(void)
     double last_count = 0, last_req = 0;
     int scrapes_ok = 0, consistent = 1, monotonic = 1, increases = 0;
     for (int k = 0; k < 100; k++) {
-        if (http_do(port, "GET", "/metrics", &r) || r.status != 200) {
-            http_resp_free(&r);
+        if (th_request(port, "GET", "/metrics", 5, &r) || r.status != 200) {
+            th_resp_free(&r);
             continue;
         }
         parsed_hist_t ph;
@@ -445,7 +361,7 @@ static void test_server(void)
         double req = sample_value(r.body, STOP_SERIES);
         if (req < last_req) monotonic = 0;
         last_req = req;
-        http_resp_free(&r);
+        th_resp_free(&r);
     }
     atomic_store(&stop, 1);
     uint64_t per_val[5] = {0}, total = 0;
@@ -459,7 +375,7 @@ static void test_server(void)
     CHECK(monotonic);
     /* (on a loaded 2-CPU machine the observers may be descheduled during some scrapes) */
     CHECKF(increases >= 5, "only %d of 100 scrapes saw new observations", increases);
-    CHECK(http_do(port, "GET", "/metrics", &r) == 0);
+    CHECK(th_request(port, "GET", "/metrics", 5, &r) == 0);
     if (r.body) {
         parsed_hist_t ph;
         CHECK(parse_hist(r.body, "spillway:time_to_first_token_seconds", &ph) == 0);
@@ -484,7 +400,7 @@ static void test_server(void)
         fprintf(stderr, "concurrent: %llu observations during 100 scrapes (%d saw new ones)\n",
                 (unsigned long long)total, increases);
     }
-    http_resp_free(&r);
+    th_resp_free(&r);
     CHECK(atomic_load(&a->renders) >= 102);
 
     metrics_server_free(s);

@@ -7,64 +7,29 @@
  *     most the one refresh an assignment change may still have pending);
  *   - with every broker down, a scrape still answers with the cached lag of the 4 partitions
  *     (a scrape that asked the broker would have none to show). */
-#include <arpa/inet.h>
-#include <errno.h>
 #include <librdkafka/rdkafka.h>
 #include <librdkafka/rdkafka_mock.h>
-#include <netinet/in.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "check.h"
+#include "tests/support/http_client.h"
 #include "tests/support/mock_kafka.h"
 #include "worker/worker.h"
 
 #define MODEL SPILLWAY_MODELS "/stories260K.gguf"
 #define NPARTS 4
 
-/* GET /metrics from 127.0.0.1:port (HTTP/1.0). The whole response (caller frees) or NULL. */
+/* GET /metrics from 127.0.0.1:port: the body (caller frees) or NULL. */
 static char *scrape(int port)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) return NULL;
-    struct timeval tv = {10, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    struct sockaddr_in sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sin_family = AF_INET;
-    sa.sin_port = htons((uint16_t)port);
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    char *buf = NULL;
-    size_t len = 0, cap = 0;
-    const char req[] = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-    if (connect(fd, (struct sockaddr *)&sa, sizeof sa)) goto fail;
-    if (write(fd, req, sizeof req - 1) != (ssize_t)(sizeof req - 1)) goto fail;
-    for (;;) {
-        if (len + 4097 > cap) {
-            cap = cap ? cap * 2 : 65536;
-            char *p = realloc(buf, cap);
-            if (!p) goto fail;
-            buf = p;
-        }
-        ssize_t got = read(fd, buf + len, cap - len - 1);
-        if (got < 0 && errno == EINTR) continue;
-        if (got < 0) goto fail;
-        if (got == 0) break;
-        len += (size_t)got;
-    }
-    close(fd);
-    if (!buf) return NULL;
-    buf[len] = '\0';
-    return buf;
-fail:
-    close(fd);
-    free(buf);
-    return NULL;
+    th_resp_t r;
+    if (th_request(port, "GET", "/metrics", 10, &r)) return NULL;
+    return r.body; /* ownership moves to the caller */
 }
 
 /* Lines that start with prefix. */
