@@ -30,27 +30,16 @@
 static worker_t *make_worker(const char *brokers, const char *suffix, const char *inputs,
                              const char *const (*kv)[2], int n)
 {
-    worker_config_t c;
-    char err[512], out[32], dlq[32], group[32];
-    snprintf(out, sizeof out, "out-%s", suffix);
-    snprintf(dlq, sizeof dlq, "dlq-%s", suffix);
-    snprintf(group, sizeof group, "g-%s", suffix);
-    worker_config_default(&c);
-    const char *base[][2] = {
-        {"brokers", brokers}, {"group.id", group}, {"input.topics", inputs},
-        {"output.topic", out}, {"dlq.topic", dlq}, {"model", MODEL}, {"threads", "1"},
-        {"kv.mem_mb", "16"}, {"commit.interval.ms", "100"}, {"worker.id", "wc"},
+    enum { MAX_KV = 16 };
+    const char *all[2 + MAX_KV][2] = {
         {"classes", "gold:priority=100,standard:priority=50,batch:priority=0"},
-        {"class.default", "batch"},
-        {"log.level", getenv("WLOG") ? getenv("WLOG") : "warn"}};
-    for (size_t i = 0; i < sizeof base / sizeof base[0]; i++)
-        CHECKF(!worker_config_set(&c, base[i][0], base[i][1], "test", err, sizeof err), "%s", err);
-    for (int i = 0; i < n; i++)
-        CHECKF(!worker_config_set(&c, kv[i][0], kv[i][1], "test", err, sizeof err), "%s", err);
-    worker_config_add_kafka(&c, "log_level=3", "test", err, sizeof err);
-    worker_t *w = worker_new(&c, err, sizeof err);
+        {"class.default", "batch"}};
+    CHECK(n <= MAX_KV);
+    for (int i = 0; i < n && i < MAX_KV; i++) all[2 + i][0] = kv[i][0], all[2 + i][1] = kv[i][1];
+    char err[512];
+    worker_t *w = tk_worker_new(brokers, suffix, inputs, MODEL, "wc", (const char *const (*)[2])all,
+                                2 + (n < MAX_KV ? n : MAX_KV), err, sizeof err);
     CHECKF(w != NULL, "%s", err);
-    worker_config_free(&c);
     return w;
 }
 

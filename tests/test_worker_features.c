@@ -37,28 +37,12 @@
 #define COLLECT(topic, want, arr) \
     tk_collect(brokers, topic, 1, want, 30000, arr, (int)(sizeof arr / sizeof arr[0]))
 
-/* A worker on topics in/out/dlq with extra settings kv[0..n) ("key", "value" pairs). */
+/* A worker on topics in/out/dlq-SUFFIX with extra settings kv[0..n) ("key", "value" pairs). */
 static worker_t *make_worker(const char *brokers, const char *suffix, const char *const (*kv)[2], int n)
 {
-    worker_config_t c;
-    char err[512], in[32], out[32], dlq[32], group[32];
-    snprintf(in, sizeof in, "in-%s", suffix);
-    snprintf(out, sizeof out, "out-%s", suffix);
-    snprintf(dlq, sizeof dlq, "dlq-%s", suffix);
-    snprintf(group, sizeof group, "g-%s", suffix);
-    worker_config_default(&c);
-    const char *base[][2] = {{"brokers", brokers}, {"group.id", group}, {"input.topics", in},
-                             {"output.topic", out}, {"dlq.topic", dlq}, {"model", MODEL},
-                             {"threads", "1"}, {"kv.mem_mb", "16"}, {"commit.interval.ms", "100"},
-                             {"worker.id", "wf"}, {"log.level", getenv("WLOG") ? getenv("WLOG") : "warn"}};
-    for (size_t i = 0; i < sizeof base / sizeof base[0]; i++)
-        CHECKF(!worker_config_set(&c, base[i][0], base[i][1], "test", err, sizeof err), "%s", err);
-    for (int i = 0; i < n; i++)
-        CHECKF(!worker_config_set(&c, kv[i][0], kv[i][1], "test", err, sizeof err), "%s", err);
-    worker_config_add_kafka(&c, "log_level=3", "test", err, sizeof err);
-    worker_t *w = worker_new(&c, err, sizeof err);
+    char err[512];
+    worker_t *w = tk_worker_new(brokers, suffix, NULL, MODEL, "wf", kv, n, err, sizeof err);
     CHECKF(w != NULL, "%s", err);
-    worker_config_free(&c);
     return w;
 }
 

@@ -273,3 +273,32 @@ int tk_run_until(worker_t *w, uint64_t outputs, int timeout_ms, worker_stats_t *
     worker_stats(w, st);
     return rc;
 }
+
+worker_t *tk_worker_new(const char *brokers, const char *suffix, const char *inputs,
+                        const char *model, const char *id, const char *const (*kv)[2], int n,
+                        char *err, size_t errlen)
+{
+    worker_config_t c;
+    char in[64], out[64], dlq[64], group[64];
+    snprintf(in, sizeof in, "in-%s", suffix);
+    snprintf(out, sizeof out, "out-%s", suffix);
+    snprintf(dlq, sizeof dlq, "dlq-%s", suffix);
+    snprintf(group, sizeof group, "g-%s", suffix);
+    worker_config_default(&c);
+    const char *base[][2] = {{"brokers", brokers}, {"group.id", group},
+                             {"input.topics", inputs ? inputs : in}, {"output.topic", out},
+                             {"dlq.topic", dlq}, {"model", model}, {"threads", "1"},
+                             {"kv.mem_mb", "16"}, {"commit.interval.ms", "100"},
+                             {"worker.id", id},
+                             {"log.level", getenv("WLOG") ? getenv("WLOG") : "warn"}};
+    worker_t *w = NULL;
+    for (size_t i = 0; i < sizeof base / sizeof base[0]; i++)
+        if (worker_config_set(&c, base[i][0], base[i][1], "test", err, errlen)) goto fail;
+    for (int i = 0; i < n; i++)
+        if (worker_config_set(&c, kv[i][0], kv[i][1], "test", err, errlen)) goto fail;
+    if (worker_config_add_kafka(&c, "log_level=3", "test", err, errlen)) goto fail;
+    w = worker_new(&c, err, errlen); /* copies what it keeps of c */
+fail:
+    worker_config_free(&c);
+    return w;
+}

@@ -81,6 +81,15 @@ int tk_count_id(const tk_rec_t *recs, int n, const char *id);
 int64_t tk_committed(const char *brokers, const char *group, const char *topic, int nparts,
                      int64_t *per);
 
+/* A worker of the tests on the cluster at brokers: group g-SUFFIX, input topics `inputs` (NULL:
+ * in-SUFFIX), results out-SUFFIX, dead letters dlq-SUFFIX, the model at `model`, 1 thread,
+ * kv.mem_mb 16, commit.interval.ms 100, worker.id `id`, log.level from $WLOG (default warn),
+ * librdkafka's log_level 3; then kv[0..n) ("key", "value" pairs, set in order: a later one
+ * overrides). NULL on failure, with the reason in err. Caller frees with worker_free. */
+worker_t *tk_worker_new(const char *brokers, const char *suffix, const char *inputs,
+                        const char *model, const char *id, const char *const (*kv)[2], int n,
+                        char *err, size_t errlen);
+
 /* A worker running worker_run on a thread of its own. */
 typedef struct {
     worker_t *w;
