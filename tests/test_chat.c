@@ -418,64 +418,7 @@ static int copy_with_key(const char *src, const char *dst, const char *key, cons
     if (!g) return -1;
     gguf_writer_t *w = gguf_writer_new();
     int rc = w ? gguf_writer_set_alignment(w, gguf_alignment(g)) : -1;
-    for (int64_t i = 0; rc == 0 && i < gguf_n_kv(g); i++) {
-        const char *k = gguf_kv_key(g, i);
-        int t = gguf_kv_type(g, i);
-        int64_t iv;
-        float fv;
-        int bv;
-        gguf_str_t sv;
-        if (t == GGUF_STRING) {
-            if (gguf_get_str(g, k, &sv)) return -1;
-            char *tmp = malloc(sv.len + 1);
-            memcpy(tmp, sv.ptr, sv.len);
-            tmp[sv.len] = 0;
-            rc = gguf_writer_add_str(w, k, tmp);
-            free(tmp);
-        } else if (t == GGUF_ARRAY) {
-            int et;
-            uint64_t n;
-            rc = gguf_get_arr(g, k, &et, &n);
-            if (rc == 0 && et == GGUF_STRING) {
-                const char **strs = calloc(n + 1, sizeof *strs);
-                uint64_t *lens = calloc(n + 1, sizeof *lens);
-                for (uint64_t j = 0; j < n && rc == 0; j++) {
-                    rc = gguf_get_arr_str(g, k, j, &sv);
-                    strs[j] = sv.ptr;
-                    lens[j] = sv.len;
-                }
-                if (rc == 0) rc = gguf_writer_add_arr_str(w, k, strs, lens, n);
-                free(strs);
-                free(lens);
-            } else if (rc == 0) {
-                rc = gguf_writer_add_arr(w, k, et, gguf_get_arr_data(g, k), n);
-            }
-        } else if (t == GGUF_FLOAT32 || t == GGUF_FLOAT64) {
-            rc = gguf_get_f32(g, k, &fv);
-            double dv = fv;
-            if (rc == 0) rc = gguf_writer_add_scalar(w, k, t, t == GGUF_FLOAT32 ? (void *)&fv
-                                                                                : (void *)&dv);
-        } else if (t == GGUF_BOOL) {
-            rc = gguf_get_bool(g, k, &bv);
-            uint8_t b8 = (uint8_t)bv;
-            if (rc == 0) rc = gguf_writer_add_scalar(w, k, t, &b8);
-        } else {
-            rc = gguf_get_i64(g, k, &iv);
-            union { uint8_t u8; int8_t i8; uint16_t u16; int16_t i16; uint32_t u32; int32_t i32;
-                    uint64_t u64; int64_t i64; } u;
-            switch (t) {
-            case GGUF_UINT8: u.u8 = (uint8_t)iv; break;
-            case GGUF_INT8: u.i8 = (int8_t)iv; break;
-            case GGUF_UINT16: u.u16 = (uint16_t)iv; break;
-            case GGUF_INT16: u.i16 = (int16_t)iv; break;
-            case GGUF_UINT32: u.u32 = (uint32_t)iv; break;
-            case GGUF_INT32: u.i32 = (int32_t)iv; break;
-            case GGUF_UINT64: u.u64 = (uint64_t)iv; break;
-            default: u.i64 = iv; break;
-            }
-            if (rc == 0) rc = gguf_writer_add_scalar(w, k, t, &u);
-        }
-    }
+    for (int64_t i = 0; rc == 0 && i < gguf_n_kv(g); i++) rc = gguf_writer_copy_kv(w, g, i);
     if (rc == 0) rc = gguf_writer_add_str(w, key, value);
     for (int64_t i = 0; rc == 0 && i < gguf_n_tensors(g); i++) {
         const gguf_tensor_t *t = gguf_tensor(g, i);

@@ -140,8 +140,6 @@ static int gguf_rewrite(const char *src, const char *dst, const char *const *dro
     char err[256];
     gguf_t *g = gguf_open(src, err, sizeof err);
     gguf_writer_t *w = gguf_writer_new();
-    const char **strs = NULL;
-    uint64_t *lens = NULL;
     int rc = -1;
     if (!g || !w || gguf_writer_set_alignment(w, gguf_alignment(g))) goto done;
     for (int64_t i = 0; i < gguf_n_kv(g); i++) {
@@ -149,68 +147,15 @@ static int gguf_rewrite(const char *src, const char *dst, const char *const *dro
         int skip = 0;
         for (int d = 0; d < n_drop; d++) skip |= !strcmp(key, drop[d]);
         if (skip) continue;
-        int t = gguf_kv_type(g, i), e = 0;
         int64_t iv;
-        float fv;
-        int bv;
         if (arr_key && !strcmp(key, arr_key)) {
             int32_t a[64];
             if (gguf_get_i64(g, key, &iv) || n_arr > 64) goto done;
             for (int k = 0; k < n_arr; k++) a[k] = (int32_t)iv;
-            e = gguf_writer_add_arr(w, key, GGUF_INT32, a, (uint64_t)n_arr);
-        } else if (t == GGUF_STRING) {
-            gguf_str_t s;
-            char buf[4096];
-            if (gguf_get_str(g, key, &s) || s.len >= sizeof buf) goto done;
-            memcpy(buf, s.ptr, s.len);
-            buf[s.len] = 0;
-            e = gguf_writer_add_str(w, key, buf);
-        } else if (t == GGUF_ARRAY) {
-            int et;
-            uint64_t n;
-            if (gguf_get_arr(g, key, &et, &n)) goto done;
-            if (et == GGUF_STRING) {
-                free(strs);
-                free(lens);
-                strs = malloc(sizeof *strs * (n ? n : 1));
-                lens = malloc(sizeof *lens * (n ? n : 1));
-                if (!strs || !lens) goto done;
-                for (uint64_t j = 0; j < n; j++) {
-                    gguf_str_t s;
-                    if (gguf_get_arr_str(g, key, j, &s)) goto done;
-                    strs[j] = s.ptr;
-                    lens[j] = s.len;
-                }
-                e = gguf_writer_add_arr_str(w, key, strs, lens, n);
-            } else {
-                e = gguf_writer_add_arr(w, key, et, gguf_get_arr_data(g, key), n);
-            }
-        } else if (t == GGUF_FLOAT32 || t == GGUF_FLOAT64) {
-            if (gguf_get_f32(g, key, &fv)) goto done;
-            double dv = fv;
-            e = t == GGUF_FLOAT32 ? gguf_writer_add_scalar(w, key, t, &fv)
-                                  : gguf_writer_add_scalar(w, key, t, &dv);
-        } else if (t == GGUF_BOOL) {
-            if (gguf_get_bool(g, key, &bv)) goto done;
-            uint8_t b = (uint8_t)bv;
-            e = gguf_writer_add_scalar(w, key, t, &b);
-        } else {
-            if (gguf_get_i64(g, key, &iv)) goto done;
-            union { uint8_t u8; int8_t i8; uint16_t u16; int16_t i16; uint32_t u32; int32_t i32;
-                    uint64_t u64; int64_t i64; } u;
-            switch (t) {
-            case GGUF_UINT8: u.u8 = (uint8_t)iv; break;
-            case GGUF_INT8: u.i8 = (int8_t)iv; break;
-            case GGUF_UINT16: u.u16 = (uint16_t)iv; break;
-            case GGUF_INT16: u.i16 = (int16_t)iv; break;
-            case GGUF_UINT32: u.u32 = (uint32_t)iv; break;
-            case GGUF_INT32: u.i32 = (int32_t)iv; break;
-            case GGUF_UINT64: u.u64 = (uint64_t)iv; break;
-            default: u.i64 = iv; break;
-            }
-            e = gguf_writer_add_scalar(w, key, t, &u);
+            if (gguf_writer_add_arr(w, key, GGUF_INT32, a, (uint64_t)n_arr)) goto done;
+        } else if (gguf_writer_copy_kv(w, g, i)) {
+            goto done;
         }
-        if (e) goto done;
     }
     for (int64_t i = 0; i < gguf_n_tensors(g); i++) {
         const gguf_tensor_t *t = gguf_tensor(g, i);
@@ -219,8 +164,6 @@ static int gguf_rewrite(const char *src, const char *dst, const char *const *dro
     rc = gguf_writer_write(w, dst);
 done:
     if (rc) fprintf(stderr, "gguf_rewrite %s: %s\n", src, w ? gguf_writer_errstr(w) : err);
-    free(strs);
-    free(lens);
     gguf_writer_free(w);
     gguf_close(g);
     return rc;

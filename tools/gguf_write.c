@@ -180,6 +180,79 @@ int gguf_writer_add_scalar(gguf_writer_t *w, const char *key, int type, const vo
     return add_kv(w, key, type, blob, n);
 }
 
+int gguf_writer_copy_kv(gguf_writer_t *w, const gguf_t *g, int64_t i)
+{
+    const char *k = gguf_kv_key(g, i);
+    const int t = gguf_kv_type(g, i);
+    int64_t iv;
+    float fv;
+    int bv;
+    gguf_str_t sv;
+    if (t == GGUF_STRING) {
+        if (gguf_get_str(g, k, &sv)) goto unreadable;
+        char *tmp = malloc(sv.len + 1);
+        if (!tmp) return w_fail(w, "gguf writer: out of memory");
+        memcpy(tmp, sv.ptr, sv.len);
+        tmp[sv.len] = 0;
+        int rc = gguf_writer_add_str(w, k, tmp);
+        free(tmp);
+        return rc;
+    }
+    if (t == GGUF_ARRAY) {
+        int et;
+        uint64_t n;
+        if (gguf_get_arr(g, k, &et, &n)) goto unreadable;
+        if (et != GGUF_STRING) return gguf_writer_add_arr(w, k, et, gguf_get_arr_data(g, k), n);
+        const char **strs = calloc(n + 1, sizeof *strs);
+        uint64_t *lens = calloc(n + 1, sizeof *lens);
+        int rc = strs && lens ? 0 : w_fail(w, "gguf writer: out of memory");
+        for (uint64_t j = 0; j < n && rc == 0; j++) {
+            if (gguf_get_arr_str(g, k, j, &sv)) rc = w_fail(w, "gguf writer: '%s'[%" PRIu64 "]: "
+                                                            "cannot be read", k, j);
+            strs[j] = sv.ptr;
+            lens[j] = sv.len;
+        }
+        if (rc == 0) rc = gguf_writer_add_arr_str(w, k, strs, lens, n);
+        free(strs);
+        free(lens);
+        return rc;
+    }
+    if (t == GGUF_FLOAT32 || t == GGUF_FLOAT64) {
+        if (gguf_get_f32(g, k, &fv)) goto unreadable;
+        double dv = fv;
+        return gguf_writer_add_scalar(w, k, t, t == GGUF_FLOAT32 ? (void *)&fv : (void *)&dv);
+    }
+    if (t == GGUF_BOOL) {
+        if (gguf_get_bool(g, k, &bv)) goto unreadable;
+        uint8_t b8 = (uint8_t)bv;
+        return gguf_writer_add_scalar(w, k, t, &b8);
+    }
+    if (gguf_get_i64(g, k, &iv)) goto unreadable;
+    union {
+        uint8_t u8;
+        int8_t i8;
+        uint16_t u16;
+        int16_t i16;
+        uint32_t u32;
+        int32_t i32;
+        uint64_t u64;
+        int64_t i64;
+    } u;
+    switch (t) {
+    case GGUF_UINT8: u.u8 = (uint8_t)iv; break;
+    case GGUF_INT8: u.i8 = (int8_t)iv; break;
+    case GGUF_UINT16: u.u16 = (uint16_t)iv; break;
+    case GGUF_INT16: u.i16 = (int16_t)iv; break;
+    case GGUF_UINT32: u.u32 = (uint32_t)iv; break;
+    case GGUF_INT32: u.i32 = (int32_t)iv; break;
+    case GGUF_UINT64: u.u64 = (uint64_t)iv; break;
+    default: u.i64 = iv; break;
+    }
+    return gguf_writer_add_scalar(w, k, t, &u);
+unreadable:
+    return w_fail(w, "gguf writer: '%s' (type %d) cannot be read", k ? k : "", t);
+}
+
 int gguf_writer_add_u32(gguf_writer_t *w, const char *key, uint32_t v)
 {
     return gguf_writer_add_scalar(w, key, GGUF_UINT32, &v);
