@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "support/run_cmd.h"
 #include "engine/devmem.h"
 #include "engine/dtype.h"
 #include "engine/model.h"
@@ -34,23 +35,6 @@ typedef struct {
     double gpu_bytes;    /* 0: none (kv_blocks given) */
     float fraction;
 } dcase_t;
-
-/* Runs `bin args` (stdout into out[cap]); the exit status, or -1. */
-static int run_cmd(const char *bin, const char *args, char *out, size_t cap)
-{
-    char cmd[1024];
-    snprintf(cmd, sizeof cmd, "'%s' %s", bin, args);
-    FILE *f = popen(cmd, "r");
-    if (!f) return -1;
-    size_t n = 0, r;
-    while (n + 1 < cap && (r = fread(out + n, 1, cap - 1 - n, f)) > 0) n += r;
-    out[n] = 0;
-    char sink[4096];
-    while (fread(sink, 1, sizeof sink, f) > 0) {
-    }
-    int st = pclose(f);
-    return st >= 0 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
 static long long jget(const json_t *j, const char *key)
 {
@@ -131,7 +115,7 @@ static void check_model(const char *bin, const char *path, int all_f32, const dc
     int frc = devmem_plan(&sh, &dp, &d, err, sizeof err);
     snprintf(args, sizeof args, "plan --json --backend cuda -m '%s' %s 2>/dev/null", path,
              dc->args);
-    int rc = run_cmd(bin, args, out, 1 << 16);
+    int rc = tr_run_cmd(bin, args, out, 1 << 16);
     if (frc) {
         CHECKF(rc == 1, "%s: the formula refuses (%s) but plan exits %d", args, err, rc);
         goto done;
@@ -185,21 +169,21 @@ static void check_refusals(const char *bin, const char *path)
 {
     char args[768], out[4096];
     snprintf(args, sizeof args, "plan --backend cuda -m '%s' --gpu-mem 40M 2>&1", path);
-    CHECKF(run_cmd(bin, args, out, sizeof out) == 1 && strstr(out, "cuda.mem_fraction") &&
+    CHECKF(tr_run_cmd(bin, args, out, sizeof out) == 1 && strstr(out, "cuda.mem_fraction") &&
                strstr(out, "MiB"), "%s:\n%s", args, out);
     snprintf(args, sizeof args,
              "plan --backend cuda -m '%s' --gpu-mem 2G --mem-fraction 0.5 --kv-blocks 100000 2>&1",
              path);
-    CHECKF(run_cmd(bin, args, out, sizeof out) == 1 && strstr(out, "KV pool") &&
+    CHECKF(tr_run_cmd(bin, args, out, sizeof out) == 1 && strstr(out, "KV pool") &&
                strstr(out, "kv.blocks"), "%s:\n%s", args, out);
     snprintf(args, sizeof args, "plan --backend cuda -m '%s' 2>&1", path);
-    CHECKF(run_cmd(bin, args, out, sizeof out) == 2 && strstr(out, "--kv-blocks"), "%s:\n%s",
+    CHECKF(tr_run_cmd(bin, args, out, sizeof out) == 2 && strstr(out, "--kv-blocks"), "%s:\n%s",
            args, out);
     snprintf(args, sizeof args, "plan --backend cuda --mem-fraction 1.5 -m '%s' --kv-blocks 8 2>&1",
              path);
-    CHECKF(run_cmd(bin, args, out, sizeof out) == 2, "%s:\n%s", args, out);
+    CHECKF(tr_run_cmd(bin, args, out, sizeof out) == 2, "%s:\n%s", args, out);
     snprintf(args, sizeof args, "plan --backend cuda -m '%s' --gpu-mem 2G", path);
-    CHECKF(run_cmd(bin, args, out, sizeof out) == 0 && strstr(out, "device total") &&
+    CHECKF(tr_run_cmd(bin, args, out, sizeof out) == 0 && strstr(out, "device total") &&
                strstr(out, "what the budget leaves"), "table:\n%s", out);
 }
 

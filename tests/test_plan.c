@@ -38,6 +38,7 @@
 
 #include "cache/cache.h"
 #include "check.h"
+#include "support/run_cmd.h"
 #include "engine/dtype.h"
 #include "engine/engine.h"
 #include "engine/gguf.h"
@@ -52,31 +53,13 @@ typedef struct {
     char dir[64];      /* temporary folder (models, arena) */
 } ctx_t;
 
-/* Runs `bin args` through the shell; its stdout (at most cap - 1 bytes) into out, NUL-terminated.
- * Returns the exit status, or -1 when it could not run. */
-static int run_cmd(const ctx_t *c, const char *args, char *out, size_t cap)
-{
-    char cmd[1024];
-    snprintf(cmd, sizeof cmd, "'%s' %s", c->bin, args);
-    FILE *f = popen(cmd, "r");
-    if (!f) return -1;
-    size_t n = 0, r;
-    while (n + 1 < cap && (r = fread(out + n, 1, cap - 1 - n, f)) > 0) n += r;
-    out[n] = 0;
-    char sink[4096];
-    while (fread(sink, 1, sizeof sink, f) > 0) {
-    }
-    int st = pclose(f);
-    return st >= 0 && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 /* `spillway plan --json -m model args`, parsed; NULL (and a failed check) when it fails. */
 static json_t *plan(const ctx_t *c, const char *model, const char *args)
 {
     char cmdargs[768], *out = malloc(1 << 16);
     if (!out) return NULL;
     snprintf(cmdargs, sizeof cmdargs, "plan --json -m '%s' %s", model, args);
-    int rc = run_cmd(c, cmdargs, out, 1 << 16);
+    int rc = tr_run_cmd(c->bin, cmdargs, out, 1 << 16);
     CHECKF(rc == 0, "spillway %s: exit %d", cmdargs, rc);
     json_error_t je;
     json_t *j = rc == 0 ? json_loads(out, 0, &je) : NULL;
@@ -187,7 +170,7 @@ static int inspect_kv(const ctx_t *c, const char *model, long long *f16, long lo
     char args[512], *out = malloc(1 << 20);
     if (!out) return -1;
     snprintf(args, sizeof args, "inspect '%s'", model);
-    int rc = run_cmd(c, args, out, 1 << 20);
+    int rc = tr_run_cmd(c->bin, args, out, 1 << 20);
     const char *p = rc == 0 ? strstr(out, "KV bytes per token: ") : NULL;
     int ok = p && sscanf(p, "KV bytes per token: %lld (f16), %lld (f32)", f16, f32) == 2;
     free(out);
@@ -383,14 +366,14 @@ static void check_cli(const ctx_t *c, const char *model)
     char args[512], out[8192];
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         snprintf(args, sizeof args, "plan -m '%s' %s 2>/dev/null", model, bad[i].args);
-        int rc = run_cmd(c, args, out, sizeof out);
+        int rc = tr_run_cmd(c->bin, args, out, sizeof out);
         CHECKF(rc == bad[i].rc, "plan %s: exit %d, want %d", bad[i].args, rc, bad[i].rc);
     }
-    CHECKF(run_cmd(c, "plan 2>/dev/null", out, sizeof out) == 2, "plan without -m");
-    CHECKF(run_cmd(c, "plan -m /nonexistent.gguf 2>/dev/null", out, sizeof out) == 1, "missing file");
-    CHECKF(run_cmd(c, "plan --help", out, sizeof out) == 0 && strstr(out, "--gpu-mem"), "--help");
+    CHECKF(tr_run_cmd(c->bin, "plan 2>/dev/null", out, sizeof out) == 2, "plan without -m");
+    CHECKF(tr_run_cmd(c->bin, "plan -m /nonexistent.gguf 2>/dev/null", out, sizeof out) == 1, "missing file");
+    CHECKF(tr_run_cmd(c->bin, "plan --help", out, sizeof out) == 0 && strstr(out, "--gpu-mem"), "--help");
     snprintf(args, sizeof args, "plan -m '%s' --gpu-mem 2G", model);
-    CHECKF(run_cmd(c, args, out, sizeof out) == 0 && strstr(out, "KV pool") &&
+    CHECKF(tr_run_cmd(c->bin, args, out, sizeof out) == 0 && strstr(out, "KV pool") &&
                strstr(out, "host arena") && strstr(out, "--gpu-mem"),
            "table output:\n%s", out);
 }

@@ -1,7 +1,7 @@
 /* tests/support/cache_test.h: what the tests of the cache (tests/test_cache.c, tests/test_peer.c)
  * share: a throwaway redis-server started with scripts/redis-server.sh, direct commands on it,
  * and block names and contents derived from numbers, so every fetched block can be checked byte
- * for byte. Linked into every tests/test_*.c, engine-only builds too (spillway_test_cache).
+ * for byte. Linked into every tests/test_*.c, engine-only builds too (spillway_test_base).
  *
  * Threads: any; nothing here keeps state between calls. Failures are return values: the tests
  * count them with check.h. */
