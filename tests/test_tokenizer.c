@@ -12,6 +12,7 @@
 #include "check.h"
 #include "engine/gguf.h"
 #include "engine/tokenizer.h"
+#include "support/utf8_check.h"
 
 #define VEC_DIR SPILLWAY_MODELS "/tokenizer-vectors"
 
@@ -112,35 +113,6 @@ static char *pieces(const tokenizer_t *t, const int32_t *ids, int n, size_t *len
     out[w] = 0;
     *len = w;
     return out;
-}
-
-/* 1 when s[0..n) is well-formed UTF-8 made of complete characters. */
-static int utf8_complete(const unsigned char *s, size_t n)
-{
-    size_t i = 0;
-    while (i < n) {
-        unsigned char c = s[i];
-        size_t k;
-        unsigned lo = 0x80, hi = 0xBF;
-        if (c < 0x80) k = 1;
-        else if (c >= 0xC2 && c <= 0xDF) k = 2;
-        else if (c >= 0xE0 && c <= 0xEF) {
-            k = 3;
-            if (c == 0xE0) lo = 0xA0;
-            if (c == 0xED) hi = 0x9F;
-        } else if (c >= 0xF0 && c <= 0xF4) {
-            k = 4;
-            if (c == 0xF0) lo = 0x90;
-            if (c == 0xF4) hi = 0x8F;
-        } else
-            return 0;
-        if (i + k > n) return 0;
-        if (k > 1 && (s[i + 1] < lo || s[i + 1] > hi)) return 0;
-        for (size_t j = 2; j < k; j++)
-            if ((s[i + j] & 0xC0) != 0x80) return 0;
-        i += k;
-    }
-    return 1;
 }
 
 /* Streams ids through the decoder; every chunk must be complete UTF-8. Malloc'd result. */

@@ -28,6 +28,7 @@
 
 #include "engine/gguf.h"
 #include "engine/tokenizer.h"
+#include "../support/utf8_check.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -127,35 +128,6 @@ static void init(void)
     if (!n_toks)
         fprintf(stderr, "fuzz_tokenizer: no vocabulary under %s (set SPILLWAY_MODELS): nothing "
                         "is fuzzed\n", dir);
-}
-
-/* 1 when s[0..n) is well-formed UTF-8 made of complete characters. */
-static int utf8_complete(const unsigned char *s, size_t n)
-{
-    size_t i = 0;
-    while (i < n) {
-        unsigned char c = s[i];
-        size_t k;
-        unsigned lo = 0x80, hi = 0xBF;
-        if (c < 0x80) k = 1;
-        else if (c >= 0xC2 && c <= 0xDF) k = 2;
-        else if (c >= 0xE0 && c <= 0xEF) {
-            k = 3;
-            if (c == 0xE0) lo = 0xA0;
-            if (c == 0xED) hi = 0x9F;
-        } else if (c >= 0xF0 && c <= 0xF4) {
-            k = 4;
-            if (c == 0xF0) lo = 0x90;
-            if (c == 0xF4) hi = 0x8F;
-        } else
-            return 0;
-        if (i + k > n) return 0;
-        if (k > 1 && (s[i + 1] < lo || s[i + 1] > hi)) return 0;
-        for (size_t j = 2; j < k; j++)
-            if ((s[i + j] & 0xC0) != 0x80) return 0;
-        i += k;
-    }
-    return 1;
 }
 
 typedef struct {
