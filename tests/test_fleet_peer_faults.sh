@@ -38,34 +38,12 @@
 # whatever happened (and by its watchdog if this script is killed).
 # Skips (77) when not root, when ip netns does not work, or without the broker's tools.
 set -euo pipefail
-# shellcheck source=tests/broker_lib.sh
-. "$(dirname "${BASH_SOURCE[0]}")/broker_lib.sh"
-[ "$(id -u)" = 0 ] || { echo "SKIP: needs root (ip netns)"; exit 77; }
-command -v ip >/dev/null 2>&1 && ip netns list >/dev/null 2>&1 || { echo "SKIP: no ip netns"; exit 77; }
-command -v bridge >/dev/null 2>&1 || { echo "SKIP: no bridge command (iproute2)"; exit 77; }
-command -v curl >/dev/null 2>&1 || { echo "SKIP: no curl"; exit 77; }
-command -v jq >/dev/null 2>&1 || { echo "FAIL: jq not found"; exit 1; }
+# shellcheck source=tests/fleet_lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/fleet_lib.sh"
 command -v redis-cli >/dev/null 2>&1 || { echo "SKIP: no redis-cli"; exit 77; }
 FORWARD=${FLEET_FORWARD:-0}
-if [ "$FORWARD" = 1 ]; then bt_init fleet_forward_faults "$1" "$2" redis; else bt_init fleet_peer_faults "$1" "$2" redis; fi
-FB=$ROOT/scripts/fleet-bed.sh
-BED=$WORK/bed
+if [ "$FORWARD" = 1 ]; then fleet_init fleet_forward_faults "$1" "$2"; else fleet_init fleet_peer_faults "$1" "$2"; fi
 : >"$WORK/sent.txt"
-
-bt_at_exit() {
-  if [ -e "$WORK/.failed" ]; then "$FB" down "$BED" --keep; else "$FB" down "$BED"; fi
-}
-
-fail() {
-  echo "FAIL: $*"
-  touch "$WORK/.failed"
-  "$FB" status "$BED" 2>&1 || true
-  local f
-  for f in "$BED"/hosts/*/*.log; do
-    [ -f "$f" ] && { echo "--- $f (warnings, end)"; grep -E ' (WARN|ERROR) ' "$f" | tail -n 15; }
-  done
-  exit 1
-}
 
 # request ID TEXT: one request line (JSON) for prompt TEXT.
 request() {
