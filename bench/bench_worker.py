@@ -29,7 +29,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import random
 import re
 import shlex
@@ -38,6 +37,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from machine import cpu_model, git_rev
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KB = os.path.join(ROOT, "scripts", "kafka-broker.sh")
@@ -52,28 +53,6 @@ PREFIXES = [
     "There was a small cat who liked to",
     "Mom said, \"Let's go to the",
 ]
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def git_rev():
-    try:
-        rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], text=True,
-                             capture_output=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
-                               text=True, capture_output=True).stdout.strip()
-        return rev + ("+dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def write_requests(path, n, max_tokens, expired, seed):

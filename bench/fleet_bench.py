@@ -51,7 +51,6 @@ import collections
 import datetime
 import json
 import os
-import platform
 import random
 import re
 import shlex
@@ -60,6 +59,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from machine import cpu_model, git_rev
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FB = os.path.join(ROOT, "scripts", "fleet-bed.sh")
@@ -70,28 +71,6 @@ QUESTIONS = ["Who is in the story", "What did they find", "Where did they go",
 
 def log(msg):
     print("[fleet_bench %s] %s" % (time.strftime("%H:%M:%S"), msg), file=sys.stderr, flush=True)
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def git_rev():
-    try:
-        rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], text=True,
-                             capture_output=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
-                               text=True, capture_output=True).stdout.strip()
-        return rev + ("+dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def ensure_model(args):

@@ -101,7 +101,6 @@ import datetime
 import json
 import mmap
 import os
-import platform
 import shlex
 import statistics
 import struct
@@ -109,6 +108,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from machine import cpu_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 T0 = time.monotonic()
@@ -123,17 +124,6 @@ def log(msg):
 def sh(cmd, **kw):
     log("$ " + " ".join(shlex.quote(c) for c in cmd))
     return subprocess.run(cmd, check=True, text=True, **kw)
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def mmm(vals):
