@@ -35,6 +35,7 @@ int main(void)
 }
 #else
 
+#include "bench/benchlib.h"
 #include "engine/backend.h"
 #include "engine/cuda/cuda_blas.h"
 #include "engine/cuda/cuda_kernels.h"
@@ -55,13 +56,6 @@ int main(void)
 #define GOAL_DECODE1 0.75
 #define GOAL_PREFILL 0.60
 #define GOAL_TP_8B 12500.0
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 #define CK(x, what)                                                                            \
     do {                                                                                       \
@@ -262,13 +256,13 @@ static int bench_model(const char *preset, double bw, double flops, int steps)
         .mem_fraction = 0.9f, .synthetic_seed = 42, .max_seqs = max_seqs,
         .max_ctx = per_seq * BLOCK_TOKENS,
     };
-    double t0 = now();
+    double t0 = bench_now();
     be = backend_cuda_new(&s.m, &bp, err, sizeof err);
     if (!be) {
         fprintf(stderr, "bench_cuda: %s: %s\n", preset, err);
         goto done;
     }
-    double t_load = now() - t0;
+    double t_load = bench_now() - t0;
     u.tokens = malloc(MAX_T * 4);
     u.pos = malloc(MAX_T * 4);
     u.seq_start = malloc((MAX_T + 1) * 4);
@@ -306,12 +300,12 @@ static int bench_model(const char *preset, double bw, double flops, int steps)
             if (step(be, &u, B, start, 1, 1, err, sizeof err)) goto fwd_fail;
             for (int i = 0; i < B; i++) start[i]++;
         }
-        double ts = now();
+        double ts = bench_now();
         for (int k = 0; k < steps; k++) {
             if (step(be, &u, B, start, 1, 1, err, sizeof err)) goto fwd_fail;
             for (int i = 0; i < B; i++) start[i]++;
         }
-        double tps = (double)B * steps / (now() - ts);
+        double tps = (double)B * steps / (bench_now() - ts);
         double step_s = fmax(wbytes / bw, 2.0 * params * B / flops);
         double ceil_tps = B / step_s;
         char goal[64] = "";
@@ -324,17 +318,17 @@ static int bench_model(const char *preset, double bw, double flops, int steps)
         int st[PREFILL_SEQS] = {0};
         if (step(be, &u, PREFILL_SEQS, st, PREFILL_LEN, 1, err, sizeof err)) goto fwd_fail;
         const int reps = 3;
-        double ts = now();
+        double ts = bench_now();
         for (int r = 0; r < reps; r++)
             if (step(be, &u, PREFILL_SEQS, st, PREFILL_LEN, 1, err, sizeof err)) goto fwd_fail;
-        double tps = (double)PREFILL_SEQS * PREFILL_LEN * reps / (now() - ts);
+        double tps = (double)PREFILL_SEQS * PREFILL_LEN * reps / (bench_now() - ts);
         double ceil_tps = flops / (2.0 * params);
         printf("| prefill %dx%d | %.0f | %.0f | %.2f | >= %.0f%% of GEMM rate: %s |\n",
                PREFILL_SEQS, PREFILL_LEN, tps, ceil_tps, tps / ceil_tps, GOAL_PREFILL * 100,
                mark(tps / ceil_tps, GOAL_PREFILL));
     }
     {
-        double ts = now();
+        double ts = bench_now();
         const int per_step = MAX_T / TP_IN;
         for (int s0 = 0; s0 < TP_SEQS; s0 += per_step) {
             int st[MAX_T / TP_IN] = {0};
@@ -349,7 +343,7 @@ static int bench_model(const char *preset, double bw, double flops, int steps)
             if (step(be, &u, TP_SEQS, start, 1, 1, err, sizeof err)) goto fwd_fail;
             for (int i = 0; i < TP_SEQS; i++) start[i]++;
         }
-        double tps = (double)TP_SEQS * TP_OUT / (now() - ts);
+        double tps = (double)TP_SEQS * TP_OUT / (bench_now() - ts);
         char goal[64] = "";
         if (strcmp(preset, "llama-3.1-8b") == 0)
             snprintf(goal, sizeof goal, ">= %.0f tok/s: %s", GOAL_TP_8B, mark(tps, GOAL_TP_8B));

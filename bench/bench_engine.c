@@ -17,6 +17,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench/benchlib.h"
 #include "bench/membw.h"
 #include "engine/cpu/threadpool.h"
 #include "engine/engine.h"
@@ -29,19 +30,6 @@ static void on_done(void *arg, const engine_result_t *r)
 {
     (void)r;
     ((cnt_t *)arg)->done++;
-}
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
 }
 
 static unsigned long long rng_state = 88172645463325252ull;
@@ -79,12 +67,12 @@ static int measure(engine_t *e, int n_seq, int prompt_len, int gen, double *t_pr
         }
     }
     free(p);
-    double t0 = now();
+    double t0 = bench_now();
     if (engine_step(e, err, sizeof err) != 1) {
         fprintf(stderr, "step: %s\n", err);
         return -1;
     }
-    double t1 = now();
+    double t1 = bench_now();
     if (engine_n_waiting(e) != 0) {
         fprintf(stderr, "bench: prompts did not fit one step\n");
         return -1;
@@ -93,7 +81,7 @@ static int measure(engine_t *e, int n_seq, int prompt_len, int gen, double *t_pr
         fprintf(stderr, "run: %s\n", err);
         return -1;
     }
-    double t2 = now();
+    double t2 = bench_now();
     *t_prefill = t1 - t0;
     *t_decode = t2 - t1;
     return cnt.done == n_seq ? 0 : -1;
@@ -175,7 +163,7 @@ int main(int argc, char **argv)
         if (measure(e, 1, P, 1, &tp, &td)) return 1;
         v[r] = P / tp;
     }
-    qsort(v, (size_t)reps, sizeof *v, cmp_d);
+    qsort(v, (size_t)reps, sizeof *v, bench_cmp_double);
     printf("| prefill %d tokens | %.1f | %.1f | %.1f |\n", P, v[0], v[reps / 2], v[reps - 1]);
     if (jf)
         fprintf(jf, "{\"model\": \"%s\", \"workload\": \"prefill\", \"n\": %d, \"min\": %.3f, "
@@ -200,7 +188,7 @@ int main(int argc, char **argv)
             if (measure(e, n, 16, G, &tp, &td)) return 1;
             v[r] = (double)n * (G - 1) / td;
         }
-        qsort(v, (size_t)reps, sizeof *v, cmp_d);
+        qsort(v, (size_t)reps, sizeof *v, bench_cmp_double);
         printf("| decode, %d sequence%s x %d tokens | %.1f | %.1f | %.1f |\n", n, n > 1 ? "s" : "",
                G, v[0], v[reps / 2], v[reps - 1]);
         if (jf)
@@ -209,7 +197,7 @@ int main(int argc, char **argv)
                     model, n, G, v[0], v[reps / 2], v[reps - 1]);
         if (n == 1) {
             bw[reps] = membw_read(bw_pool, bw_buf, bw_bytes, 3);
-            qsort(bw, (size_t)reps + 1, sizeof *bw, cmp_d);
+            qsort(bw, (size_t)reps + 1, sizeof *bw, bench_cmp_double);
             printf("| read bandwidth before each decode-1 repetition and after, GB/s | %.1f | %.1f | "
                    "%.1f |\n", bw[0], bw[(reps + 1) / 2], bw[reps]);
             if (jf)

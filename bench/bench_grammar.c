@@ -13,6 +13,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench/benchlib.h"
 #include "consumer/json_schema.h"
 #include "engine/engine.h"
 #include "engine/grammar.h"
@@ -29,13 +30,6 @@ static void on_done(void *arg, const engine_result_t *r)
     c->done++;
     c->tokens += r->n_tokens;
     c->stopped += r->finish == ENGINE_FINISH_STOP;
-}
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 typedef struct {
@@ -70,12 +64,12 @@ static int run(engine_t *e, int n_seq, int gen, grammar_t *g, run_t *out)
             return -1;
         }
     }
-    double t0 = now();
+    double t0 = bench_now();
     if (engine_run(e, err, sizeof err) != 0) {
         fprintf(stderr, "run: %s\n", err);
         return -1;
     }
-    out->wall = now() - t0;
+    out->wall = bench_now() - t0;
     engine_stats(e, &st1);
     out->grammar_s = st1.grammar_seconds - st0.grammar_seconds;
     out->tokens = cnt.tokens;

@@ -26,36 +26,16 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench/benchlib.h"
 #include "cache/cache.h"
 #include "engine/engine.h"
 
 static const unsigned char SECRET[ENGINE_KV_SECRET_BYTES] = "bench_peer: one deployment key";
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 static double median(double *v, int n)
 {
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    qsort(v, (size_t)n, sizeof *v, bench_cmp_double);
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-static int32_t rnd_tok(uint64_t *st, int n_vocab)
-{
-    *st ^= *st >> 12;
-    *st ^= *st << 25;
-    *st ^= *st >> 27;
-    return (int32_t)((*st * 2685821657736338717ull >> 33) % (uint64_t)(n_vocab - 8)) + 4;
 }
 
 static int done_count;
@@ -77,7 +57,7 @@ static double run_prompt(engine_t *e, const int32_t *toks, int n)
     uint64_t id;
     char err[256];
     done_count = 0;
-    double t0 = now();
+    double t0 = bench_now();
     if (engine_submit(e, &q, on_done, NULL, &id, err, sizeof err)) {
         fprintf(stderr, "engine_submit: %s\n", err);
         return -1;
@@ -86,7 +66,7 @@ static double run_prompt(engine_t *e, const int32_t *toks, int n)
         fprintf(stderr, "engine_run: %s\n", err);
         return -1;
     }
-    return now() - t0;
+    return bench_now() - t0;
 }
 
 static cache_t *mk_host(const char *arena, const char *host_id, const char *listen,
@@ -213,14 +193,14 @@ int main(int argc, char **argv)
     if (serve) goto fetch;
     /* recompute: the 1-token baseline, then each K */
     for (int r = 0; r < reps; r++) {
-        toks[0] = rnd_tok(&st, info.n_vocab);
+        toks[0] = bench_rnd_tok(&st, info.n_vocab);
         samples[r] = run_prompt(e, toks, 1);
     }
     base = median(samples, reps);
     for (int i = 0; i < nk; i++) {
         int n = ks[i] * B + 1;
         for (int r = 0; r < reps; r++) {
-            for (int j = 0; j < n; j++) toks[j] = rnd_tok(&st, info.n_vocab);
+            for (int j = 0; j < n; j++) toks[j] = bench_rnd_tok(&st, info.n_vocab);
             samples[r] = run_prompt(e, toks, n) - base;
         }
         t_rec[i] = median(samples, reps);
@@ -234,7 +214,7 @@ fetch:
     for (int i = 0; i < nk; i++) {
         int k = ks[i];
         for (int r = 0; r < reps; r++) {
-            for (int j = 0; j < k * B + 1; j++) toks[j] = rnd_tok(&st_fetch, info.n_vocab);
+            for (int j = 0; j < k * B + 1; j++) toks[j] = bench_rnd_tok(&st_fetch, info.n_vocab);
             uint64_t seed;
             if (engine_prefix_names(namer, NULL, toks, k * B + 1, &seed, names, k) != k) return 1;
             for (int j = 0; a && j < k; j++) {
@@ -258,9 +238,9 @@ fetch:
             for (int t = 0; a && t < 1000 && cache_lookup(a, names, k) < k; t++) usleep(2000);
             if (!b) continue;
             int error;
-            double t0 = now();
+            double t0 = bench_now();
             int got = cache_peer_fetch(b, addr, seed, names, toks, k, &error);
-            samples[r] = now() - t0;
+            samples[r] = bench_now() - t0;
             if (got != k) {
                 fprintf(stderr, "fetch of %d blocks got %d (%s)\n", k, got,
                         cache_peer_error_name(error));

@@ -24,6 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench/benchlib.h"
 #include "cache/cache.h"
 #include "engine/engine.h"
 
@@ -47,28 +48,6 @@ static void on_done(void *arg, const engine_result_t *r)
     x->done++;
     x->ttft_sum += (double)(r->t_first_token - r->t_submit) * 1e-9;
     x->n_cached += r->n_cached;
-}
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-/* xorshift64*: the caller owns the state */
-static int32_t rnd_tok(uint64_t *st, int n_vocab)
-{
-    *st ^= *st >> 12;
-    *st ^= *st << 25;
-    *st ^= *st >> 27;
-    return (int32_t)((*st * 2685821657736338717ull >> 33) % (uint64_t)(n_vocab - 8)) + 4;
 }
 
 static engine_t *mk_engine(const opts_t *o, int prefix_cache)
@@ -130,9 +109,9 @@ static int32_t *mk_prompt(const opts_t *o, int n_vocab, int shared, int i, int *
     uint64_t st = 0x9e3779b97f4a7c15ull;
     int k = 0;
     if (shared)
-        for (; k < o->prefix; k++) t[k] = rnd_tok(&st, n_vocab);
+        for (; k < o->prefix; k++) t[k] = bench_rnd_tok(&st, n_vocab);
     st = 0x2545f4914f6cdd1dull + (uint64_t)(i + 1) * 0x9e3779b97f4a7c15ull + (uint64_t)shared;
-    for (; k < len; k++) t[k] = rnd_tok(&st, n_vocab);
+    for (; k < len; k++) t[k] = bench_rnd_tok(&st, n_vocab);
     *n = len;
     return t;
 }
@@ -143,7 +122,7 @@ static double run_reqs(const opts_t *o, engine_t *e, int shared, int first, int 
     engine_info_t info;
     engine_info(e, &info);
     char err[512];
-    double t0 = now();
+    double t0 = bench_now();
     for (int i = first; i < first + n; i++) {
         int len;
         int32_t *p = mk_prompt(o, info.n_vocab, shared, i, &len);
@@ -165,7 +144,7 @@ static double run_reqs(const opts_t *o, engine_t *e, int shared, int first, int 
         fprintf(stderr, "run: %s\n", err);
         return -1;
     }
-    return now() - t0;
+    return bench_now() - t0;
 }
 
 typedef struct {
@@ -181,7 +160,7 @@ static void fig_add(fig_t *f, double x)
 /* Prints one table row and, with --json, its JSON line (key: a stable identifier for run.py). */
 static void row(const opts_t *o, const char *key, const char *name, fig_t *f, const char *unit)
 {
-    qsort(f->v, (size_t)f->n, sizeof f->v[0], cmp_d);
+    qsort(f->v, (size_t)f->n, sizeof f->v[0], bench_cmp_double);
     if (!f->n) return;
     printf("| %-44s | %10.2f | %10.2f | %10.2f | %-8s |\n", name, f->v[0], f->v[f->n / 2],
            f->v[f->n - 1], unit);
@@ -197,7 +176,7 @@ static void row(const opts_t *o, const char *key, const char *name, fig_t *f, co
 
 static double med(fig_t *f)
 {
-    qsort(f->v, (size_t)f->n, sizeof f->v[0], cmp_d);
+    qsort(f->v, (size_t)f->n, sizeof f->v[0], bench_cmp_double);
     return f->n ? f->v[f->n / 2] : 0;
 }
 

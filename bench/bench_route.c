@@ -23,6 +23,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench/benchlib.h"
 #include "producer/route.h"
 
 enum { WINDOW = 1000 };
@@ -40,12 +41,6 @@ static uint64_t xorshift(uint64_t *s)
     *s ^= *s >> 7;
     *s ^= *s << 17;
     return *s;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
 }
 
 typedef struct {
@@ -140,8 +135,8 @@ int main(int argc, char **argv)
                 route_free(rt);
             }
         }
-        qsort(tp, (size_t)reps, sizeof *tp, cmp_double);
-        qsort(tk, (size_t)reps, sizeof *tk, cmp_double);
+        qsort(tp, (size_t)reps, sizeof *tp, bench_cmp_double);
+        qsort(tk, (size_t)reps, sizeof *tk, bench_cmp_double);
         /* balance of the last run's picks */
         long *tot = calloc((size_t)parts, sizeof *tot), *win = calloc((size_t)parts, sizeof *win);
         double worst = 0;
