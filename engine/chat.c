@@ -856,6 +856,24 @@ const char *chat_template_roles(const char *name)
     }
 }
 
+/* The templates of render_simple's form (every message: pre role mid content suf, the content
+ * trimmed when trim) and the opener of the assistant's turn that a generation prompt adds. */
+static const struct {
+    int t; /* enum tmpl */
+    const char *pre, *mid, *suf;
+    int trim;
+    const char *opener;
+} SIMPLE[] = {
+    {T_CHATML, "<|im_start|>", "\n", "<|im_end|>\n", 0, "<|im_start|>assistant\n"},
+    {T_PHI4, "<|im_start|>", "<|im_sep|>", "<|im_end|>", 0, "<|im_start|>assistant<|im_sep|>"},
+    {T_PHI3, "<|", "|>\n", "<|end|>\n", 0, "<|assistant|>\n"},
+    {T_FALCON3, "<|", "|>\n", "\n", 0, "<|assistant|>\n"},
+    {T_ZEPHYR, "<|", "|>\n", "<|endoftext|>\n", 0, "<|assistant|>\n"},
+    {T_GLMEDGE, "<|", "|>\n", "", 0, "<|assistant|>"},
+    {T_LLAMA3, "<|start_header_id|>", "<|end_header_id|>\n\n", "<|eot_id|>", 1,
+     "<|start_header_id|>assistant<|end_header_id|>\n\n"},
+};
+
 /* Renders into *b (zeroed by the caller, freed by it). check_roles: refuse a role outside the
  * template's list. 0, or CHAT_E* + errstr. */
 static int render(const char *name, const engine_chat_msg_t *msgs, int n,
@@ -885,36 +903,12 @@ static int render(const char *name, const engine_chat_msg_t *msgs, int n,
     }
     put(b, "", 0); /* an empty conversation still gives "" */
     const char *opener = NULL;
+    for (size_t i = 0; i < sizeof SIMPLE / sizeof SIMPLE[0]; i++)
+        if (SIMPLE[i].t == t) {
+            render_simple(b, msgs, n, SIMPLE[i].pre, SIMPLE[i].mid, SIMPLE[i].suf, SIMPLE[i].trim);
+            opener = SIMPLE[i].opener;
+        }
     switch (t) {
-    case T_CHATML:
-        render_simple(b, msgs, n, "<|im_start|>", "\n", "<|im_end|>\n", 0);
-        opener = "<|im_start|>assistant\n";
-        break;
-    case T_PHI4:
-        render_simple(b, msgs, n, "<|im_start|>", "<|im_sep|>", "<|im_end|>", 0);
-        opener = "<|im_start|>assistant<|im_sep|>";
-        break;
-    case T_PHI3:
-        render_simple(b, msgs, n, "<|", "|>\n", "<|end|>\n", 0);
-        opener = "<|assistant|>\n";
-        break;
-    case T_FALCON3:
-        render_simple(b, msgs, n, "<|", "|>\n", "\n", 0);
-        opener = "<|assistant|>\n";
-        break;
-    case T_ZEPHYR:
-        render_simple(b, msgs, n, "<|", "|>\n", "<|endoftext|>\n", 0);
-        opener = "<|assistant|>\n";
-        break;
-    case T_GLMEDGE:
-        render_simple(b, msgs, n, "<|", "|>\n", "", 0);
-        opener = "<|assistant|>";
-        break;
-    case T_LLAMA3:
-        render_simple(b, msgs, n, "<|start_header_id|>", "<|end_header_id|>\n\n", "<|eot_id|>",
-                      1);
-        opener = "<|start_header_id|>assistant<|end_header_id|>\n\n";
-        break;
     case T_GEMMA:
         render_gemma(b, msgs, n);
         opener = "<start_of_turn>model\n";
