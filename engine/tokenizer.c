@@ -1188,6 +1188,40 @@ static int spm_try_bigram(const tokenizer_t *t, scratch_t *sc, int32_t l, int32_
     return heap_push(sc, &bg, 0);
 }
 
+static int bpe_try_bigram(const tokenizer_t *t, scratch_t *sc, int32_t l, int32_t r)
+{
+    if (l < 0 || r < 0) return 0;
+    const sym_t *a = &sc->sym[l], *b = &sc->sym[r];
+    int32_t rank = merge_rank(t, sc->buf + a->start, a->n, sc->buf + b->start, b->n);
+    if (rank < 0) return 0;
+    bigram_t bg = {0.0f, rank, l, r, a->n + b->n};
+    return heap_push(sc, &bg, 1);
+}
+
+/* Merges the n symbols of sc->buf, the best adjacent pair first, until no pair merges: mode 0
+ * (SentencePiece) a pair merges when it is a token, the highest score first; mode 1 (BPE) when it
+ * is a merge rule, the lowest rank first. 0, or -1 out of memory. */
+static int merge_symbols(const tokenizer_t *t, scratch_t *sc, long n, int mode)
+{
+    int (*try_bigram)(const tokenizer_t *, scratch_t *, int32_t, int32_t) =
+        mode ? bpe_try_bigram : spm_try_bigram;
+    sc->heap_n = 0;
+    for (long i = 1; i < n; i++)
+        if (try_bigram(t, sc, (int32_t)i - 1, (int32_t)i) != 0) return -1;
+    while (sc->heap_n) {
+        bigram_t bg = heap_pop(sc, mode);
+        sym_t *a = &sc->sym[bg.left], *b = &sc->sym[bg.right];
+        if (a->n == 0 || b->n == 0 || a->n + b->n != bg.size) continue;
+        a->n += b->n;
+        b->n = 0;
+        a->next = b->next;
+        if (b->next >= 0) sc->sym[b->next].prev = bg.left;
+        if (try_bigram(t, sc, a->prev, bg.left) != 0) return -1;
+        if (try_bigram(t, sc, bg.left, a->next) != 0) return -1;
+    }
+    return 0;
+}
+
 /* One text fragment through SentencePiece-style merging. */
 static int spm_fragment(const tokenizer_t *t, scratch_t *sc, const char *s, size_t len,
                         int prefix, sink_t *out)
@@ -1211,20 +1245,7 @@ static int spm_fragment(const tokenizer_t *t, scratch_t *sc, const char *s, size
     long n = split_symbols(sc, w);
     if (n < 0) return -1;
     if (n == 0) return 0;
-    sc->heap_n = 0;
-    for (long i = 1; i < n; i++)
-        if (spm_try_bigram(t, sc, (int32_t)i - 1, (int32_t)i) != 0) return -1;
-    while (sc->heap_n) {
-        bigram_t bg = heap_pop(sc, 0);
-        sym_t *a = &sc->sym[bg.left], *b = &sc->sym[bg.right];
-        if (a->n == 0 || b->n == 0 || a->n + b->n != bg.size) continue;
-        a->n += b->n;
-        b->n = 0;
-        a->next = b->next;
-        if (b->next >= 0) sc->sym[b->next].prev = bg.left;
-        if (spm_try_bigram(t, sc, a->prev, bg.left) != 0) return -1;
-        if (spm_try_bigram(t, sc, bg.left, a->next) != 0) return -1;
-    }
+    if (merge_symbols(t, sc, n, 0) != 0) return -1;
     for (int32_t i = 0; i != -1; i = sc->sym[i].next) {
         const sym_t *y = &sc->sym[i];
         int32_t id = piece_lookup(t, sc, sc->buf + y->start, y->n);
@@ -1239,16 +1260,6 @@ static int spm_fragment(const tokenizer_t *t, scratch_t *sc, const char *s, size
         }
     }
     return 0;
-}
-
-static int bpe_try_bigram(const tokenizer_t *t, scratch_t *sc, int32_t l, int32_t r)
-{
-    if (l < 0 || r < 0) return 0;
-    const sym_t *a = &sc->sym[l], *b = &sc->sym[r];
-    int32_t rank = merge_rank(t, sc->buf + a->start, a->n, sc->buf + b->start, b->n);
-    if (rank < 0) return 0;
-    bigram_t bg = {0.0f, rank, l, r, a->n + b->n};
-    return heap_push(sc, &bg, 1);
 }
 
 /* One pre-token (raw bytes) through byte mapping and ranked merges. */
@@ -1269,20 +1280,7 @@ static int bpe_word(const tokenizer_t *t, scratch_t *sc, const char *s, size_t l
     }
     long n = split_symbols(sc, w);
     if (n <= 0) return (int)n;
-    sc->heap_n = 0;
-    for (long i = 1; i < n; i++)
-        if (bpe_try_bigram(t, sc, (int32_t)i - 1, (int32_t)i) != 0) return -1;
-    while (sc->heap_n) {
-        bigram_t bg = heap_pop(sc, 1);
-        sym_t *a = &sc->sym[bg.left], *b = &sc->sym[bg.right];
-        if (a->n == 0 || b->n == 0 || a->n + b->n != bg.size) continue;
-        a->n += b->n;
-        b->n = 0;
-        a->next = b->next;
-        if (b->next >= 0) sc->sym[b->next].prev = bg.left;
-        if (bpe_try_bigram(t, sc, a->prev, bg.left) != 0) return -1;
-        if (bpe_try_bigram(t, sc, bg.left, a->next) != 0) return -1;
-    }
+    if (merge_symbols(t, sc, n, 1) != 0) return -1;
     for (int32_t i = 0; i != -1; i = sc->sym[i].next) {
         const sym_t *y = &sc->sym[i];
         int32_t id = piece_lookup(t, sc, sc->buf + y->start, y->n);
