@@ -128,16 +128,22 @@ static void ph_rope_table(void *arg, int ith, int nth)
                          c->rope_cs + t * m->hp.rope_dim);
 }
 
-static void ph_attn_norm(void *arg, int ith, int nth)
+/* xn = rmsnorm(x) with weights w over this thread's share of the batch's rows (the norm ahead of
+ * attention or of the FFN when it is not fused into their matmuls). */
+static void pre_norm(const job_t *j, const float *w, int ith, int nth)
 {
-    job_t *j = arg;
     const cpu_t *c = j->c;
     const int dim = c->base.model->hp.dim;
     long lo, hi;
     tpool_split(j->T, ith, nth, &lo, &hi);
     for (long t = lo; t < hi; t++)
-        c->k->rmsnorm(c->x + t * dim, j->L->attn_norm.data, c->base.model->hp.norm_eps,
-                      c->xn + t * dim, dim);
+        c->k->rmsnorm(c->x + t * dim, w, c->base.model->hp.norm_eps, c->xn + t * dim, dim);
+}
+
+static void ph_attn_norm(void *arg, int ith, int nth)
+{
+    job_t *j = arg;
+    pre_norm(j, j->L->attn_norm.data, ith, nth);
 }
 
 static void ph_qkv(void *arg, int ith, int nth)
@@ -352,13 +358,7 @@ static void ph_post_ffn_norm(void *arg, int ith, int nth)
 static void ph_ffn_norm(void *arg, int ith, int nth)
 {
     job_t *j = arg;
-    const cpu_t *c = j->c;
-    const int dim = c->base.model->hp.dim;
-    long lo, hi;
-    tpool_split(j->T, ith, nth, &lo, &hi);
-    for (long t = lo; t < hi; t++)
-        c->k->rmsnorm(c->x + t * dim, j->L->ffn_norm.data, c->base.model->hp.norm_eps,
-                      c->xn + t * dim, dim);
+    pre_norm(j, j->L->ffn_norm.data, ith, nth);
 }
 
 /* gate, up for this thread's rows, then silu(gate) * up on the same rows. */
