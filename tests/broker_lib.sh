@@ -16,7 +16,9 @@
 #     servers ($WORK/redis*) are killed (SIGKILL) and removed, and WORK and every path in BT_RM are removed -- WORK is
 #     kept (and its path printed) when BT_KEEP=1 or a $WORK/.failed file exists.
 # Also: say MESSAGE (timestamped since T0), fail MESSAGE (the default: the message and the end of
-# every $WORK/*.log, exit 1; a test may define its own after sourcing), bt_broker [DIR] (a broker:
+# every $WORK/*.log, exit 1; a test may define its own after sourcing), stop_worker PID NAME (a
+# worker the test started, logging to $WORK/NAME.log: SIGTERM, then exit status 0 and a clean
+# stop in the log, or fail), bt_broker [DIR] (a broker:
 # sets BOOTSTRAP, PID and BROKER (its folder)), bt_topic NAME PARTITIONS [options] (creates topic
 # NAME on that broker), bt_free_port (a free port for a server the test starts).
 #
@@ -164,6 +166,14 @@ fail() {
 # bt_free_port [PORT...]: a loopback port free now (and none of the PORTs given), below the kernel's ephemeral range (scripts/svc-lib.sh's
 # svc_pick_port, as the test servers pick theirs), so no client connection of another process can
 # be given it before the test's server binds it (a port from bind(0) can be: it is ephemeral).
+stop_worker() {
+  local rc=0
+  kill -TERM "$1"
+  wait "$1" || rc=$?
+  [ "$rc" = 0 ] || fail "$2 exit status $rc after SIGTERM"
+  grep -q ' INFO stopped: ' "$WORK/$2.log" || fail "$2: no clean stop in the log"
+}
+
 bt_free_port() {
   (
     # shellcheck source=scripts/svc-lib.sh

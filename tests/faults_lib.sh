@@ -140,15 +140,6 @@ run_worker() {
   PIDS+=("$WPID")
 }
 
-# stop_worker PID NAME: SIGTERM; exit status 0 and a clean stop in the log.
-stop_worker() {
-  local rc=0
-  kill -TERM "$1"
-  wait "$1" || rc=$?
-  [ "$rc" = 0 ] || fail "$2 exit status $rc after SIGTERM"
-  grep -q ' INFO stopped: ' "$WORK/$2.log" || fail "$2: no clean stop in the log"
-}
-
 # count_out PREFIX [ISOLATION]: records in results + DLQ whose key starts with PREFIX.
 count_out() {
   local t n=0 c

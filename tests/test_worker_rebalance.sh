@@ -106,14 +106,6 @@ wait_results() {
   done
   echo "$c"
 }
-# stop_worker PID NAME: SIGTERM, wait, exit status 0 and a clean stop in the log.
-stop_worker() {
-  local rc=0
-  kill -TERM "$1"
-  wait "$1" || rc=$?
-  [ "$rc" = 0 ] || fail "$2 exit status $rc after SIGTERM"
-  grep -q ' INFO stopped: ' "$WORK/$2.log" || fail "$2: no clean stop in the log"
-}
 collect() {
   "$SPILLWAY" collect -b "$BOOTSTRAP" -t "${NS}results" --ids "$WORK/$1.ids" --timeout 120 >/dev/null \
     2>"$WORK/collect-$1.txt" || { cat "$WORK/collect-$1.txt"; fail "$1: not every id came back"; }
