@@ -162,6 +162,33 @@ static void test_golden(void)
     engine_free(e);
 }
 
+/* got[0..n) has want[0..n)'s tokens and logprobs, bit for bit; what names got's run in failures. */
+static void check_same(const res_t *want, const res_t *got, int n, const char *what)
+{
+    for (int i = 0; i < n; i++) {
+        CHECKF(want[i].n_toks == got[i].n_toks &&
+                   !memcmp(want[i].toks, got[i].toks, sizeof(int32_t) * (size_t)want[i].n_toks),
+               "prompt %d: %s tokens differ", i, what);
+        CHECKF(!memcmp(want[i].lp, got[i].lp, sizeof(float) * (size_t)want[i].n_toks),
+               "prompt %d: %s logprobs differ (not bit-identical)", i, what);
+    }
+}
+
+/* The prompts of the prefix tests: one long shared prefix (more than two 16-token blocks), five
+ * short tails. The caller frees each. */
+static void shared_prompts(char *prompts[5])
+{
+    static const char *shared =
+        "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
+        "park. One day, she saw a big, red ball. She wanted to play with it, but it was too high. ";
+    const char *tails[] = {"Lily", "Her mom", "A bird", "The ball", "She"};
+    for (int i = 0; i < 5; i++) {
+        prompts[i] = malloc(strlen(shared) + strlen(tails[i]) + 1);
+        strcpy(prompts[i], shared);
+        strcat(prompts[i], tails[i]);
+    }
+}
+
 /* Greedy outputs and logprobs are identical alone, batched, with small chunks, and with the
  * prefix cache on or off; prefix blocks are reused. */
 static void test_batch_invariance(void)
@@ -197,16 +224,8 @@ static void test_batch_invariance(void)
     e = mk(&c);
     CHECK(run(e, NP, PROMPTS, &rq, chunked) == 0);
     engine_free(e);
-    for (int i = 0; i < NP; i++) {
-        CHECKF(alone[i].n_toks == batch[i].n_toks && !memcmp(alone[i].toks, batch[i].toks, sizeof(int32_t) * (size_t)alone[i].n_toks),
-               "prompt %d: batched tokens differ from alone", i);
-        CHECKF(!memcmp(alone[i].lp, batch[i].lp, sizeof(float) * (size_t)alone[i].n_toks),
-               "prompt %d: batched logprobs differ from alone (not bit-identical)", i);
-        CHECKF(alone[i].n_toks == chunked[i].n_toks && !memcmp(alone[i].toks, chunked[i].toks, sizeof(int32_t) * (size_t)alone[i].n_toks),
-               "prompt %d: chunked tokens differ", i);
-        CHECKF(!memcmp(alone[i].lp, chunked[i].lp, sizeof(float) * (size_t)alone[i].n_toks),
-               "prompt %d: chunked logprobs differ", i);
-    }
+    check_same(alone, batch, NP, "batched");
+    check_same(alone, chunked, NP, "chunked");
     res_clear(alone, NP);
     res_clear(batch, NP);
     res_clear(chunked, NP);
@@ -216,16 +235,8 @@ static void test_batch_invariance(void)
  * logprobs, bit for bit, as with private blocks. */
 static void test_shared_prefix(void)
 {
-    static const char *shared =
-        "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
-        "park. One day, she saw a big, red ball. She wanted to play with it, but it was too high. ";
-    const char *tails[] = {"Lily", "Her mom", "A bird", "The ball", "She"};
     char *prompts[5];
-    for (int i = 0; i < 5; i++) {
-        prompts[i] = malloc(strlen(shared) + strlen(tails[i]) + 1);
-        strcpy(prompts[i], shared);
-        strcat(prompts[i], tails[i]);
-    }
+    shared_prompts(prompts);
     engine_request_t rq;
     engine_request_default(&rq);
     rq.sampling.temperature = 0;
@@ -253,12 +264,7 @@ static void test_shared_prefix(void)
     CHECK(shr[0].n_cached == 0);
     for (int i = 1; i < 5; i++) CHECKF(shr[i].n_cached >= 32, "request %d: %d cached tokens", i, shr[i].n_cached);
     CHECK(st.prefix_hits > 0);
-    for (int i = 0; i < 5; i++) {
-        CHECKF(priv[i].n_toks == shr[i].n_toks && !memcmp(priv[i].toks, shr[i].toks, sizeof(int32_t) * (size_t)priv[i].n_toks),
-               "prompt %d: shared-prefix tokens differ", i);
-        CHECKF(!memcmp(priv[i].lp, shr[i].lp, sizeof(float) * (size_t)priv[i].n_toks),
-               "prompt %d: shared-prefix logprobs differ", i);
-    }
+    check_same(priv, shr, 5, "shared-prefix");
     res_clear(priv, 5);
     res_clear(shr, 5);
     for (int i = 0; i < 5; i++) free(prompts[i]);
@@ -269,16 +275,8 @@ static void test_shared_prefix(void)
  * outputs equal those of private computation. */
 static void test_prefix_compute_once(void)
 {
-    static const char *shared =
-        "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
-        "park. One day, she saw a big, red ball. She wanted to play with it, but it was too high. ";
-    const char *tails[] = {"Lily", "Her mom", "A bird", "The ball", "She"};
     char *prompts[5];
-    for (int i = 0; i < 5; i++) {
-        prompts[i] = malloc(strlen(shared) + strlen(tails[i]) + 1);
-        strcpy(prompts[i], shared);
-        strcat(prompts[i], tails[i]);
-    }
+    shared_prompts(prompts);
     engine_request_t rq;
     engine_request_default(&rq);
     rq.sampling.temperature = 0;
@@ -313,13 +311,7 @@ static void test_prefix_compute_once(void)
     }
     /* computed once: prompt tokens computed = all prompts minus what was reused */
     CHECKF(st.cached_tokens >= 4 * 32, "cached tokens %llu", (unsigned long long)st.cached_tokens);
-    for (int i = 0; i < 5; i++) {
-        CHECKF(priv[i].n_toks == shr[i].n_toks &&
-                   !memcmp(priv[i].toks, shr[i].toks, sizeof(int32_t) * (size_t)priv[i].n_toks),
-               "prompt %d: tokens differ", i);
-        CHECKF(!memcmp(priv[i].lp, shr[i].lp, sizeof(float) * (size_t)priv[i].n_toks),
-               "prompt %d: logprobs differ", i);
-    }
+    check_same(priv, shr, 5, "computed-once");
     res_clear(priv, 5);
     res_clear(shr, 5);
     for (int i = 0; i < 5; i++) free(prompts[i]);
