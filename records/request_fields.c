@@ -193,16 +193,26 @@ static char *content_dup(const json_t *content, size_t len)
     return d;
 }
 
-int rq_read_messages(pctx_t *c, const field_t *f, const json_t *v, request_t *r)
+/* The size of prompt field f's value v, an array of 1..max elements (unit: what one is called);
+ * -1 after failing c: not an array, empty (empty_prompt), or more than max (over). */
+static long prompt_array(pctx_t *c, const field_t *f, const json_t *v, int max, rec_err_t over,
+                         const char *unit)
 {
     char acc[128];
     if (!json_is_array(v)) return rq_wrong_type(c, f, v);
     size_t n = json_array_size(v);
-    if (n == 0) return rq_fail(c, REC_EMPTY_PROMPT, "messages: empty array; expected %s",
-                            rq_accepted(f, c->lim, acc, sizeof acc));
-    if (n > (size_t)c->lim->max_messages)
-        return rq_fail(c, REC_PROMPT_BYTES, "messages: %zu messages, over the limit of %d", n,
-                    c->lim->max_messages);
+    if (n == 0) return rq_fail(c, REC_EMPTY_PROMPT, "%s: empty array; expected %s", f->name,
+                               rq_accepted(f, c->lim, acc, sizeof acc));
+    if (n > (size_t)max)
+        return rq_fail(c, over, "%s: %zu %s, over the limit of %d", f->name, n, unit, max);
+    return (long)n;
+}
+
+int rq_read_messages(pctx_t *c, const field_t *f, const json_t *v, request_t *r)
+{
+    long an = prompt_array(c, f, v, c->lim->max_messages, REC_PROMPT_BYTES, "messages");
+    if (an < 0) return -1;
+    const size_t n = (size_t)an;
     size_t total = 0;
     for (size_t i = 0; i < n; i++) {
         const json_t *m = json_array_get(v, i);
@@ -245,14 +255,9 @@ int rq_read_messages(pctx_t *c, const field_t *f, const json_t *v, request_t *r)
 
 int rq_read_input_ids(pctx_t *c, const field_t *f, const json_t *v, request_t *r)
 {
-    char acc[128];
-    if (!json_is_array(v)) return rq_wrong_type(c, f, v);
-    size_t n = json_array_size(v);
-    if (n == 0) return rq_fail(c, REC_EMPTY_PROMPT, "input_ids: empty array; expected %s",
-                            rq_accepted(f, c->lim, acc, sizeof acc));
-    if (n > (size_t)c->lim->max_input_ids)
-        return rq_fail(c, REC_PROMPT_TOKENS, "input_ids: %zu ids, over the limit of %d", n,
-                    c->lim->max_input_ids);
+    long an = prompt_array(c, f, v, c->lim->max_input_ids, REC_PROMPT_TOKENS, "ids");
+    if (an < 0) return -1;
+    const size_t n = (size_t)an;
     r->input_ids = malloc(n * sizeof *r->input_ids);
     if (!r->input_ids) return rq_oom(c);
     for (size_t i = 0; i < n; i++) {
