@@ -52,15 +52,7 @@ for t in pmax pb results; do "$KB" topic "$WORK/broker" "$t" "$PARTS" >/dev/null
 "$KB" topic "$WORK/broker" dlq 1 >/dev/null
 
 # ---- 1. max throughput: drain a backlog ----
-gen mx M "$MAX_N" 0
-produce mx pmax
-run_worker w0 g0 pmax -s worker.id=w0 "${OPTS[@]}"
-W0=$WPID
-c=$(wait_out M "$MAX_N" 600)
-[ "$c" -ge "$MAX_N" ] || fail "max: $c of $MAX_N results"
-stop_worker "$W0" w0
-kcat -b "$BOOTSTRAP" -C -t results -e -q -o beginning -f '%k %T\n' -X fetch.wait.max.ms=5 2>/dev/null |
-  awk '$1 ~ /^M/ { print $2 }' | sort -n >"$WORK/max.ts"
+drain_backlog "$MAX_N" pmax "${OPTS[@]}"
 # from the result at 10% to the last: without the start-up ramp
 MAX=$(awk '{ t[NR] = $1 } END { i = int(NR / 10) + 1; printf "%.1f", (NR - i) * 1000 / (t[NR] - t[i]) }' "$WORK/max.ts")
 R=$(python3 -c "print(round($MAX * $STEADY_FRAC, 1))")

@@ -43,36 +43,16 @@ RP=$(free_port); MS=$(free_port); MV=$(free_port)
 OPTS=(-s max.inflight=64 -s commit.interval.ms=200)
 TIER2=(-s cache.redis.host=127.0.0.1 -s cache.redis.port="$RP" -s cache.arena.path="$SHM/arena"
        -s cache.arena.mb=64 -s cache.host_id=soak -s metrics.bind=127.0.0.1)
-redis_start() {
-  mkdir -p "$WORK/redis"
-  (exec redis-server --bind 127.0.0.1 --port "$RP" --save '' --appendonly no --dir "$WORK/redis" \
-     --logfile "$WORK/redis/redis.log" --daemonize no) </dev/null >/dev/null 2>&1 &
-  RPID=$!
-  disown "$RPID" 2>/dev/null || true
-  PIDS+=("$RPID")
-  for _ in $(seq 1 100); do
-    [ "$(timeout 2 redis-cli -p "$RP" ping 2>/dev/null || true)" = PONG ] && return 0
-    sleep 0.1
-  done
-  fail "redis-server did not start on port $RP"
-}
 metric_sum() { curl -s --max-time 2 "http://127.0.0.1:$1/metrics" 2>/dev/null | awk -v k="$2" 'index($1, k) == 1 { s += $2; f = 1 } END { print (f ? s + 0 : "NA") }'; }
 
 broker_start
-redis_start
+redis_start "$RP"
 for t in pmax pk results; do "$KB" topic "$WORK/broker" "$t" "$PARTS" >/dev/null; done
 "$KB" topic "$WORK/broker" dlq 1 >/dev/null
 
 # ---- max throughput of one worker ----
-gen mx M "$MAX_N" 0
-produce mx pmax
-run_worker w0 g0 pmax -s worker.id=w0 "${OPTS[@]}"
-W0=$WPID
-c=$(wait_out M "$MAX_N" 600)
-[ "$c" -ge "$MAX_N" ] || fail "max: $c of $MAX_N results"
-stop_worker "$W0" w0
-MAX=$(kcat -b "$BOOTSTRAP" -C -t results -e -q -o beginning -f '%k %T\n' -X fetch.wait.max.ms=5 2>/dev/null |
-  awk '$1 ~ /^M/ { print $2 }' | sort -n | awk 'NR == 1 { a = $1 } { b = $1; n++ } END { printf "%.1f", (n - 1) * 1000 / (b - a) }')
+drain_backlog "$MAX_N" pmax "${OPTS[@]}"
+MAX=$(awk 'NR == 1 { a = $1 } { b = $1; n++ } END { printf "%.1f", (n - 1) * 1000 / (b - a) }' "$WORK/max.ts")
 R=$(python3 -c "print(round($MAX * $LOAD, 1))")
 say "max throughput $MAX results/s; soak at $R/s for $DURATION s, kill -9 every $KILL_EVERY s, Redis restart at $REDIS_AT s"
 
@@ -123,7 +103,7 @@ while :; do
   if [ "$redis_done" = 0 ] && [ "$el" -ge "$REDIS_AT" ]; then
     kill -9 "$RPID"
     sleep 5
-    redis_start
+    redis_start "$RP"
     redis_done=1
     say "Redis killed at ${el} s and started again 5 s later"
   fi

@@ -140,6 +140,41 @@ run_worker() {
   PIDS+=("$WPID")
 }
 
+# drain_backlog N TOPIC [spillway worker options]: the max throughput run of the benchmarks: N
+# requests (ids M00000..) produced to TOPIC, drained by one worker (w0, group g0) with the options
+# given, then stopped; the results' timestamps (ms, ascending) into $WORK/max.ts. Fails when fewer
+# than N results come within 600 s.
+drain_backlog() {
+  local n=$1 topic=$2 w c
+  shift 2
+  gen mx M "$n" 0
+  produce mx "$topic"
+  run_worker w0 g0 "$topic" -s worker.id=w0 "$@"
+  w=$WPID
+  c=$(wait_out M "$n" 600)
+  [ "$c" -ge "$n" ] || fail "max: $c of $n results"
+  stop_worker "$w" w0
+  kcat -b "$BOOTSTRAP" -C -t results -e -q -o beginning -f '%k %T\n' -X fetch.wait.max.ms=5 2>/dev/null |
+    awk '$1 ~ /^M/ { print $2 }' | sort -n >"$WORK/max.ts"
+}
+
+# redis_start PORT: a redis-server on 127.0.0.1:PORT (no persistence, its files in $WORK/redis),
+# once it answers PING; RPID is its pid (in PIDS: killed at exit). Unlike scripts/redis-server.sh
+# it takes the port it is given, so a killed server comes back where its clients look for it.
+redis_start() {
+  mkdir -p "$WORK/redis"
+  (exec redis-server --bind 127.0.0.1 --port "$1" --save '' --appendonly no --dir "$WORK/redis" \
+     --logfile "$WORK/redis/redis.log" --daemonize no) </dev/null >/dev/null 2>&1 &
+  RPID=$!
+  disown "$RPID" 2>/dev/null || true
+  PIDS+=("$RPID")
+  for _ in $(seq 1 100); do
+    [ "$(timeout 2 redis-cli -p "$1" ping 2>/dev/null || true)" = PONG ] && return 0
+    sleep 0.1
+  done
+  fail "redis-server did not start on port $1"
+}
+
 # count_out PREFIX [ISOLATION]: records in results + DLQ whose key starts with PREFIX.
 count_out() {
   local t n=0 c

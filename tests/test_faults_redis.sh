@@ -123,19 +123,6 @@ served() { # NAME MIN SECONDS: results of worker t2 among the ids of NAME
   done
   echo "$c"
 }
-redis_start() {
-  mkdir -p "$WORK/redis"
-  (exec redis-server --bind 127.0.0.1 --port "$RP" --save '' --appendonly no --dir "$WORK/redis" \
-     --logfile "$WORK/redis/redis.log" --daemonize no) </dev/null >/dev/null 2>&1 &
-  RPID=$!
-  disown "$RPID" 2>/dev/null || true
-  PIDS+=("$RPID")
-  for _ in $(seq 1 100); do
-    [ "$(timeout 2 redis-cli -p "$RP" ping 2>/dev/null || true)" = PONG ] && return 0
-    sleep 0.1
-  done
-  fail "redis-server did not start on port $RP"
-}
 
 # ---- 1. Redis absent ----
 t=$(now_ms)
@@ -150,7 +137,7 @@ up=$(metric spillway:redis_up); h_a=$(hits2)
 say "1 Redis absent: 240 served, redis_up=$up tier2_hits=$h_a"
 
 # ---- 2. Redis started ----
-redis_start
+redis_start "$RP"
 r0=$(now_ms)
 produce b pt
 wait_metric spillway:redis_up 1 60
@@ -173,7 +160,7 @@ down_s=$(secs_since "$k0")
 [ "$(served c 240 120)" -ge 240 ] || fail "3: not every result after Redis was killed"
 alive "Redis killed"
 h_c=$(hits2)
-redis_start
+redis_start "$RP"
 r0=$(now_ms)
 produce d pt
 wait_metric spillway:redis_up 1 60
