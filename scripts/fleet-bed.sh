@@ -75,20 +75,10 @@ RS=$HERE/redis-server.sh
 MARKER=.spillway-fleet-bed
 LOCK=${TMPDIR:-/tmp}/spillway-fleet-bed.lock
 
-usage() {
-  sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2
-  exit 2
-}
-
 # ---------------------------------------------------------------- state
 
 # bed_dir DIR: DIR as an absolute path, checked to be a bed's.
-bed_dir() {
-  local dir
-  dir=$(svc_abs "$1")
-  [ -f "$dir/$MARKER" ] || svc_die "$dir is not a folder made by fleet-bed.sh up"
-  echo "$dir"
-}
+bed_dir() { svc_dir "$1" "$MARKER" "fleet-bed.sh up"; }
 
 # load DIR: reads DIR/env (written by up with declare -p, so sourcing it is safe).
 load() {
@@ -584,22 +574,22 @@ cmd_exec() {
   exec ip netns exec "$ns" "$@"
 }
 
-[ $# -ge 1 ] || usage
+[ $# -ge 1 ] || svc_usage
 cmd=$1
 shift
 case $cmd in
-  up)      [ $# -ge 1 ] || usage; cmd_up "$@" ;;
-  down)    [ $# -ge 1 ] && [ $# -le 2 ] || usage; cmd_down "$@" ;;
-  status)  [ $# = 1 ] || usage; cmd_status "$1" ;;
-  env)     [ $# = 1 ] || usage; cmd_env "$1" ;;
-  wait)    [ $# -ge 1 ] && [ $# -le 2 ] || usage; cmd_wait "$@" ;;
-  exec)    [ $# -ge 3 ] || usage; cmd_exec "$@" ;;
-  cut)     [ $# -ge 2 ] && [ $# -le 3 ] || usage; cmd_cut "$@" ;;
-  restore) [ $# = 2 ] || usage; cmd_restore "$@" ;;
-  kill)    [ $# -ge 3 ] && [ $# -le 4 ] || usage; cmd_kill "$@" ;;
-  stop)    [ $# = 3 ] || usage; cmd_stop "$@" ;;
-  start)   [ $# = 3 ] || usage; cmd_start "$@" ;;
-  move)    [ $# -ge 3 ] && [ $# -le 4 ] || usage; cmd_move "$@" ;;
-  -h|--help|help) usage ;;
-  *) usage ;;
+  up)      [ $# -ge 1 ] || svc_usage; cmd_up "$@" ;;
+  down)    [ $# -ge 1 ] && [ $# -le 2 ] || svc_usage; cmd_down "$@" ;;
+  status)  [ $# = 1 ] || svc_usage; cmd_status "$1" ;;
+  env)     [ $# = 1 ] || svc_usage; cmd_env "$1" ;;
+  wait)    [ $# -ge 1 ] && [ $# -le 2 ] || svc_usage; cmd_wait "$@" ;;
+  exec)    [ $# -ge 3 ] || svc_usage; cmd_exec "$@" ;;
+  cut)     [ $# -ge 2 ] && [ $# -le 3 ] || svc_usage; cmd_cut "$@" ;;
+  restore) [ $# = 2 ] || svc_usage; cmd_restore "$@" ;;
+  kill)    [ $# -ge 3 ] && [ $# -le 4 ] || svc_usage; cmd_kill "$@" ;;
+  stop)    [ $# = 3 ] || svc_usage; cmd_stop "$@" ;;
+  start)   [ $# = 3 ] || svc_usage; cmd_start "$@" ;;
+  move)    [ $# -ge 3 ] && [ $# -le 4 ] || svc_usage; cmd_move "$@" ;;
+  -h|--help|help) svc_usage ;;
+  *) svc_usage ;;
 esac

@@ -69,11 +69,6 @@ MARKER=.spillway-kafka-broker
 # Short-lived tools (storage format, topic creation): small heap, no C2, quick to start.
 TOOL_OPTS=(-Xms64m -Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Djava.awt.headless=true)
 
-usage() {
-  sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2
-  exit 2
-}
-
 kafka_home() { svc_abs "${SPILLWAY_KAFKA_HOME:-$HOME/.cache/spillway-kafka}"; }
 
 # ensure_lib: sets LIB to a folder holding every jar, fetching them first when needed.
@@ -402,12 +397,7 @@ use_lib_of() {
 }
 
 # broker_dir DIR: DIR as an absolute path, checked to be one of ours.
-broker_dir() {
-  local dir
-  dir=$(svc_abs "$1")
-  [ -f "$dir/$MARKER" ] || svc_die "$dir is not a folder made by kafka-broker.sh start"
-  echo "$dir"
-}
+broker_dir() { svc_dir "$1" "$MARKER" "kafka-broker.sh start"; }
 
 cmd_start() {
   local dir port cport attempt rc
@@ -471,30 +461,16 @@ cmd_restart() {
 }
 
 cmd_stop() {
-  local dir pid start
-  dir=$(svc_abs "$1")
-  [ -e "$dir" ] || return 0
-  dir=$(broker_dir "$dir")
-  pid=$(svc_env_get "$dir/env" PID)
-  start=$(svc_env_get "$dir/env" PID_START)
-  if svc_alive "$pid" "$start"; then
-    svc_terminate "$pid" "$start" "${SPILLWAY_KAFKA_STOP_TIMEOUT:-30}" ||
-      svc_die "pid $pid would not stop"
-  fi
-  rm -rf -- "$dir"
+  local dir
+  [ -e "$1" ] || return 0
+  dir=$(broker_dir "$1")
+  svc_stop "$dir" PID PID_START "${SPILLWAY_KAFKA_STOP_TIMEOUT:-30}"
 }
 
 cmd_kill() {
-  local dir pid start
+  local dir
   dir=$(broker_dir "$1")
-  pid=$(svc_env_get "$dir/env" PID)
-  start=$(svc_env_get "$dir/env" PID_START)
-  if ! svc_alive "$pid" "$start"; then
-    svc_log "no broker running in $dir"
-    return 0
-  fi
-  kill -KILL "$pid"
-  svc_wait_gone "$pid" "$start" 10 || svc_die "pid $pid still there after SIGKILL"
+  svc_kill "$dir" PID PID_START broker
 }
 
 cmd_topic() {
@@ -525,16 +501,16 @@ cmd_topic() {
   done
 }
 
-[ $# -ge 1 ] || usage
+[ $# -ge 1 ] || svc_usage
 cmd=$1
 shift
 case $cmd in
-  fetch)   [ $# = 0 ] || usage; ensure_lib; echo "KAFKA_LIB=$LIB" ;;
-  start)   [ $# = 1 ] || usage; cmd_start "$1" ;;
-  stop)    [ $# = 1 ] || usage; cmd_stop "$1" ;;
-  kill)    [ $# = 1 ] || usage; cmd_kill "$1" ;;
-  restart) [ $# = 1 ] || usage; cmd_restart "$1" ;;
-  topic)   [ $# -ge 3 ] || usage; cmd_topic "$@" ;;
-  -h|--help|help) usage ;;
-  *) usage ;;
+  fetch)   [ $# = 0 ] || svc_usage; ensure_lib; echo "KAFKA_LIB=$LIB" ;;
+  start)   [ $# = 1 ] || svc_usage; cmd_start "$1" ;;
+  stop)    [ $# = 1 ] || svc_usage; cmd_stop "$1" ;;
+  kill)    [ $# = 1 ] || svc_usage; cmd_kill "$1" ;;
+  restart) [ $# = 1 ] || svc_usage; cmd_restart "$1" ;;
+  topic)   [ $# -ge 3 ] || svc_usage; cmd_topic "$@" ;;
+  -h|--help|help) svc_usage ;;
+  *) svc_usage ;;
 esac

@@ -27,17 +27,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$HERE/svc-lib.sh"
 MARKER=.spillway-redis-server
 
-usage() {
-  sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2
-  exit 2
-}
-
-server_dir() {
-  local dir
-  dir=$(svc_abs "$1")
-  [ -f "$dir/$MARKER" ] || svc_die "$dir is not a folder made by redis-server.sh start"
-  echo "$dir"
-}
+server_dir() { svc_dir "$1" "$MARKER" "redis-server.sh start"; }
 
 cmd_start() {
   local dir port attempt pid start t0 deadline reply
@@ -98,33 +88,22 @@ EOF
 }
 
 cmd_stop() {
-  local dir pid start
-  dir=$(svc_abs "$1")
-  [ -e "$dir" ] || return 0
-  dir=$(server_dir "$dir")
-  pid=$(svc_env_get "$dir/env" REDIS_PID)
-  start=$(svc_env_get "$dir/env" REDIS_PID_START)
-  svc_terminate "$pid" "$start" 10 || svc_die "pid $pid would not stop"
-  rm -rf -- "$dir"
+  local dir
+  [ -e "$1" ] || return 0
+  dir=$(server_dir "$1")
+  svc_stop "$dir" REDIS_PID REDIS_PID_START 10
 }
 
 cmd_kill() {
-  local dir pid start
+  local dir
   dir=$(server_dir "$1")
-  pid=$(svc_env_get "$dir/env" REDIS_PID)
-  start=$(svc_env_get "$dir/env" REDIS_PID_START)
-  if ! svc_alive "$pid" "$start"; then
-    svc_log "no server running in $dir"
-    return 0
-  fi
-  kill -KILL "$pid"
-  svc_wait_gone "$pid" "$start" 10 || svc_die "pid $pid still there after SIGKILL"
+  svc_kill "$dir" REDIS_PID REDIS_PID_START server
 }
 
-[ $# = 2 ] || usage
+[ $# = 2 ] || svc_usage
 case $1 in
   start) cmd_start "$2" ;;
   stop)  cmd_stop "$2" ;;
   kill)  cmd_kill "$2" ;;
-  *) usage ;;
+  *) svc_usage ;;
 esac

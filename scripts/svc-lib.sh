@@ -1,10 +1,17 @@
 # shellcheck shell=bash
-# Helpers shared by scripts/kafka-broker.sh and scripts/redis-server.sh (sourced, not run).
+# Helpers shared by scripts/kafka-broker.sh, scripts/redis-server.sh and scripts/fleet-bed.sh
+# (sourced, not run).
 # Throwaway test services: each lives in its own folder, listens on free loopback ports, and is
 # identified by PID plus the kernel's start time of that PID, so a recycled PID is never signalled.
 
 svc_die() { echo "${SVC_NAME:-svc}: $*" >&2; exit 1; }
 svc_log() { echo "${SVC_NAME:-svc}: $*" >&2; }
+
+# svc_usage: the running script's header comment (its lines 2 up to `set -euo`) on stderr; exit 2.
+svc_usage() {
+  sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2
+  exit 2
+}
 
 # Milliseconds since the epoch.
 svc_now_ms() { date +%s%3N; }
@@ -84,6 +91,39 @@ svc_pick_port() {
 svc_env_get() {
   [ -f "$1" ] || return 0
   sed -n "s/^$2=//p" "$1" | tail -n 1
+}
+
+# svc_dir DIR MARKER MAKER: DIR as an absolute path, checked to hold the file MARKER that MAKER
+# (e.g. "redis-server.sh start") leaves in the folders it makes.
+svc_dir() {
+  local dir
+  dir=$(svc_abs "$1")
+  [ -f "$dir/$2" ] || svc_die "$dir is not a folder made by $3"
+  echo "$dir"
+}
+
+# svc_stop DIR PID_KEY START_KEY SECONDS: the process DIR/env names (PID_KEY, START_KEY) stopped
+# with svc_terminate (SIGKILL after SECONDS), then DIR removed.
+svc_stop() {
+  local pid start
+  pid=$(svc_env_get "$1/env" "$2")
+  start=$(svc_env_get "$1/env" "$3")
+  svc_terminate "$pid" "$start" "$4" || svc_die "pid $pid would not stop"
+  rm -rf -- "$1"
+}
+
+# svc_kill DIR PID_KEY START_KEY WHAT: SIGKILL (a crash) of the process DIR/env names, waited for;
+# DIR stays. A note, and nothing else, when no WHAT runs there.
+svc_kill() {
+  local pid start
+  pid=$(svc_env_get "$1/env" "$2")
+  start=$(svc_env_get "$1/env" "$3")
+  if ! svc_alive "$pid" "$start"; then
+    svc_log "no $4 running in $1"
+    return 0
+  fi
+  kill -KILL "$pid"
+  svc_wait_gone "$pid" "$start" 10 || svc_die "pid $pid still there after SIGKILL"
 }
 
 # svc_watchdog OWNER PID START DIR: in the background, stops PID (TERM, then KILL) and removes
