@@ -157,6 +157,18 @@ static int prepare_prompt(worker_t *w, wreq_t *r, const char **code, char *err, 
     return 0;
 }
 
+void wadmit_inbox_push(worker_t *w, wreq_t *r)
+{
+    r->next = NULL;
+    pthread_mutex_lock(&w->mu);
+    if (w->inbox_tail) w->inbox_tail->next = r;
+    else w->inbox = r;
+    w->inbox_tail = r;
+    atomic_fetch_add(&w->st.inbox_n, 1);
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
 void wadmit_intake(worker_t *w, rd_kafka_message_t *m)
 {
     if (m->err) {
@@ -285,14 +297,7 @@ enqueue:
     atomic_fetch_add(&w->st.cost_sum, (uint64_t)r->cost);
     atomic_fetch_add(&w->st.cost_n, 1);
     if (wpeer_offer(w, r)) goto out; /* to the inbox after its prefix fetch (worker/peer.c) */
-    r->next = NULL;
-    pthread_mutex_lock(&w->mu);
-    if (w->inbox_tail) w->inbox_tail->next = r;
-    else w->inbox = r;
-    w->inbox_tail = r;
-    atomic_fetch_add(&w->st.inbox_n, 1);
-    pthread_cond_signal(&w->cv);
-    pthread_mutex_unlock(&w->mu);
+    wadmit_inbox_push(w, r);
 out:
     add_since(&w->st.ns_intake, t0);
 }

@@ -10,19 +10,6 @@
  * (the engine thread frees it). */
 #include "worker/worker_int.h"
 
-/* Hands r to the engine thread (as intake does). */
-static void inbox_push(worker_t *w, wreq_t *r)
-{
-    r->next = NULL;
-    pthread_mutex_lock(&w->mu);
-    if (w->inbox_tail) w->inbox_tail->next = r;
-    else w->inbox = r;
-    w->inbox_tail = r;
-    atomic_fetch_add(&w->st.inbox_n, 1);
-    pthread_cond_signal(&w->cv);
-    pthread_mutex_unlock(&w->mu);
-}
-
 /* Peer thread: the fetch for one request (cancelled or not: a fetched prefix serves others). */
 static void prefetch_one(worker_t *w, wreq_t *r)
 {
@@ -64,7 +51,7 @@ static void *peer_main(void *arg)
         int stopping = w->peer_stop;
         pthread_mutex_unlock(&w->peer_mu);
         if (!stopping) prefetch_one(w, r);
-        inbox_push(w, r);
+        wadmit_inbox_push(w, r);
         pthread_mutex_lock(&w->peer_mu);
     }
     pthread_mutex_unlock(&w->peer_mu);

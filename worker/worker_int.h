@@ -448,6 +448,9 @@ void wout_periodic_commit(worker_t *w, int force);
 
 /* ---- worker/admit.c ---- */
 void wadmit_intake(worker_t *w, rd_kafka_message_t *m);
+/* Hands r (ownership moves) to the engine thread: appends it to w's inbox and wakes that
+ * thread. Any thread (takes w->mu). */
+void wadmit_inbox_push(worker_t *w, wreq_t *r);
 
 /* ---- worker/peer.c ---- */
 void wpeer_start(worker_t *w);
