@@ -171,8 +171,7 @@ static int rd_str(rd_t *r, const uint8_t **s, uint64_t *len, const char *field, 
     return 0;
 }
 
-/* Bytes of a fixed-size value type; 0 for STRING, ARRAY and unknown types. */
-static size_t type_size(uint32_t t)
+size_t gguf_type_size(int t)
 {
     switch (t) {
     case GGUF_UINT8: case GGUF_INT8: case GGUF_BOOL: return 1;
@@ -198,7 +197,7 @@ static int rd_array(rd_t *r, int depth, uint32_t *elem_type, uint64_t *count);
 /* Validates and skips one value of type t (already known to be a valid type). */
 static int rd_value(rd_t *r, uint32_t t, int depth)
 {
-    size_t sz = type_size(t);
+    size_t sz = gguf_type_size((int)t);
     if (sz) {
         if (rd_need(r, sz, "value", -1)) return -1;
         if (t == GGUF_BOOL && r->p[r->pos] > 1)
@@ -222,7 +221,7 @@ static int rd_array(rd_t *r, int depth, uint32_t *elem_type, uint64_t *count)
     if (rd_u32(r, &et, "array element type")) return -1;
     if (et > GGUF_FLOAT64) return rd_fail(r, at, "unknown array element type %" PRIu32, et);
     if (rd_u64(r, &n, "array length")) return -1;
-    size_t esz = type_size(et);
+    size_t esz = gguf_type_size((int)et);
     size_t min = esz ? esz : et == GGUF_STRING ? 8 : 12;
     size_t left = r->size - r->pos;
     if (n > left / min)
@@ -803,7 +802,7 @@ int gguf_get_arr(const gguf_t *g, const char *key, int *elem_type, uint64_t *n)
 const void *gguf_get_arr_data(const gguf_t *g, const char *key)
 {
     const struct gguf_kv *kv = kv_find(g, key);
-    if (!kv || kv->type != GGUF_ARRAY || type_size((uint32_t)kv->elem_type) == 0) return NULL;
+    if (!kv || kv->type != GGUF_ARRAY || gguf_type_size(kv->elem_type) == 0) return NULL;
     return kv->val;
 }
 
@@ -902,7 +901,7 @@ void gguf_kv_format(const gguf_t *g, int64_t i, char *buf, size_t buflen)
         fmt_add(&f, "[%s; %" PRIu64 "]", type_names[kv->elem_type], kv->n);
         if (kv->elem_type == GGUF_ARRAY || kv->n == 0) goto done;
         fmt_add(&f, " [");
-        size_t esz = type_size((uint32_t)kv->elem_type);
+        size_t esz = gguf_type_size(kv->elem_type);
         for (uint64_t j = 0; j < kv->n && j < SHOW; j++) {
             if (j) fmt_add(&f, ", ");
             if (kv->elem_type == GGUF_STRING) fmt_str(&f, str_at(kv->strs[j]), 40);

@@ -26,6 +26,10 @@ enum gguf_type {
     GGUF_FLOAT64 = 12,
 };
 
+/* Bytes of a value of fixed-size type t (enum gguf_type); 0 for STRING, ARRAY and unknown
+ * types. */
+size_t gguf_type_size(int t);
+
 typedef struct {
     const char *ptr; /* not NUL-terminated; points into the mapping */
     uint64_t len;

@@ -90,17 +90,6 @@ const char *gguf_writer_errstr(const gguf_writer_t *w)
     return w ? w->errstr : "gguf writer: NULL writer";
 }
 
-static size_t scalar_size(int t)
-{
-    switch (t) {
-    case GGUF_UINT8: case GGUF_INT8: case GGUF_BOOL: return 1;
-    case GGUF_UINT16: case GGUF_INT16: return 2;
-    case GGUF_UINT32: case GGUF_INT32: case GGUF_FLOAT32: return 4;
-    case GGUF_UINT64: case GGUF_INT64: case GGUF_FLOAT64: return 8;
-    default: return 0;
-    }
-}
-
 static void put_le(uint8_t *p, uint64_t v, size_t n)
 {
     for (size_t i = 0; i < n; i++) p[i] = (uint8_t)(v >> (8 * i));
@@ -109,7 +98,7 @@ static void put_le(uint8_t *p, uint64_t v, size_t n)
 /* Little-endian bytes of the host object v of scalar type t into p. */
 static void put_scalar(uint8_t *p, int t, const void *v)
 {
-    size_t n = scalar_size(t);
+    size_t n = gguf_type_size(t);
     uint64_t x = 0;
     switch (n) {
     case 1: { uint8_t u; memcpy(&u, v, 1); x = u; break; }
@@ -162,7 +151,7 @@ int gguf_writer_set_alignment(gguf_writer_t *w, uint32_t alignment)
 
 int gguf_writer_add_scalar(gguf_writer_t *w, const char *key, int type, const void *value)
 {
-    size_t n = scalar_size(type);
+    size_t n = gguf_type_size(type);
     if (n == 0) return w_fail(w, "gguf writer: '%s': type %d is not a fixed-size scalar", key ? key : "", type);
     if (!value) return w_fail(w, "gguf writer: '%s': NULL value", key ? key : "");
     if (type == GGUF_BOOL && *(const uint8_t *)value > 1)
@@ -293,7 +282,7 @@ int gguf_writer_add_str(gguf_writer_t *w, const char *key, const char *v)
 
 int gguf_writer_add_arr(gguf_writer_t *w, const char *key, int elem_type, const void *data, uint64_t n)
 {
-    size_t es = scalar_size(elem_type);
+    size_t es = gguf_type_size(elem_type);
     if (es == 0)
         return w_fail(w, "gguf writer: '%s': array element type %d is not a fixed-size scalar",
                       key ? key : "", elem_type);

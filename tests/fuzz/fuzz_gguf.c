@@ -7,17 +7,6 @@
 
 #include "engine/gguf.h"
 
-static size_t elem_size(int t)
-{
-    switch (t) {
-    case GGUF_UINT8: case GGUF_INT8: case GGUF_BOOL: return 1;
-    case GGUF_UINT16: case GGUF_INT16: return 2;
-    case GGUF_UINT32: case GGUF_INT32: case GGUF_FLOAT32: return 4;
-    case GGUF_UINT64: case GGUF_INT64: case GGUF_FLOAT64: return 8;
-    default: return 0;
-    }
-}
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -51,7 +40,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (!gguf_get_str(g, key, &s) && s.len) sink += (uint8_t)s.ptr[0] + (uint8_t)s.ptr[s.len - 1];
         if (!gguf_get_arr(g, key, &et, &n)) {
             const uint8_t *d = gguf_get_arr_data(g, key);
-            size_t es = elem_size(et);
+            size_t es = gguf_type_size(et);
             if ((d != NULL) != (es != 0)) abort();
             if (d && n) sink += d[0] + d[n * es - 1];
             for (uint64_t j = 0; j < n; j++)
