@@ -1198,10 +1198,12 @@ static int bpe_try_bigram(const tokenizer_t *t, scratch_t *sc, int32_t l, int32_
     return heap_push(sc, &bg, 1);
 }
 
-/* Merges the n symbols of sc->buf, the best adjacent pair first, until no pair merges: mode 0
- * (SentencePiece) a pair merges when it is a token, the highest score first; mode 1 (BPE) when it
- * is a merge rule, the lowest rank first. 0, or -1 out of memory. */
-static int merge_symbols(const tokenizer_t *t, scratch_t *sc, long n, int mode)
+/* Merges the n symbols of sc->buf, the best adjacent pair first, until no pair merges, then
+ * emits each symbol's token. Mode 0 (SentencePiece): a pair merges when it is a token, the
+ * highest score first; a symbol that is no token gives its bytes' byte tokens (<0xNN>, else
+ * unk). Mode 1 (BPE): a pair merges when it is a merge rule, the lowest rank first; a symbol
+ * that is no token gives those of its single bytes that are tokens. 0, or -1 out of memory. */
+static int merge_emit(const tokenizer_t *t, scratch_t *sc, long n, int mode, sink_t *out)
 {
     int (*try_bigram)(const tokenizer_t *, scratch_t *, int32_t, int32_t) =
         mode ? bpe_try_bigram : spm_try_bigram;
@@ -1218,6 +1220,25 @@ static int merge_symbols(const tokenizer_t *t, scratch_t *sc, long n, int mode)
         if (b->next >= 0) sc->sym[b->next].prev = bg.left;
         if (try_bigram(t, sc, a->prev, bg.left) != 0) return -1;
         if (try_bigram(t, sc, bg.left, a->next) != 0) return -1;
+    }
+    for (int32_t i = 0; i != -1; i = sc->sym[i].next) {
+        const sym_t *y = &sc->sym[i];
+        int32_t id = piece_lookup(t, sc, sc->buf + y->start, y->n);
+        if (id >= 0) {
+            emit(out, id);
+            continue;
+        }
+        for (uint32_t j = 0; j < y->n; j++) {
+            const char *byte = sc->buf + y->start + j;
+            int32_t b;
+            if (mode == 0) {
+                b = t->spm_byte_tok[(unsigned char)*byte];
+                if (b < 0) b = t->unk;
+            } else {
+                b = piece_lookup(t, sc, byte, 1);
+            }
+            if (b >= 0) emit(out, b);
+        }
     }
     return 0;
 }
@@ -1245,21 +1266,7 @@ static int spm_fragment(const tokenizer_t *t, scratch_t *sc, const char *s, size
     long n = split_symbols(sc, w);
     if (n < 0) return -1;
     if (n == 0) return 0;
-    if (merge_symbols(t, sc, n, 0) != 0) return -1;
-    for (int32_t i = 0; i != -1; i = sc->sym[i].next) {
-        const sym_t *y = &sc->sym[i];
-        int32_t id = piece_lookup(t, sc, sc->buf + y->start, y->n);
-        if (id >= 0) {
-            emit(out, id);
-            continue;
-        }
-        for (uint32_t j = 0; j < y->n; j++) {
-            int32_t b = t->spm_byte_tok[(unsigned char)sc->buf[y->start + j]];
-            if (b < 0) b = t->unk;
-            if (b >= 0) emit(out, b);
-        }
-    }
-    return 0;
+    return merge_emit(t, sc, n, 0, out);
 }
 
 /* One pre-token (raw bytes) through byte mapping and ranked merges. */
@@ -1280,21 +1287,7 @@ static int bpe_word(const tokenizer_t *t, scratch_t *sc, const char *s, size_t l
     }
     long n = split_symbols(sc, w);
     if (n <= 0) return (int)n;
-    if (merge_symbols(t, sc, n, 1) != 0) return -1;
-    for (int32_t i = 0; i != -1; i = sc->sym[i].next) {
-        const sym_t *y = &sc->sym[i];
-        int32_t id = piece_lookup(t, sc, sc->buf + y->start, y->n);
-        if (id >= 0) {
-            emit(out, id);
-            continue;
-        }
-        /* not a token: its single bytes, where those happen to be tokens */
-        for (uint32_t j = 0; j < y->n; j++) {
-            int32_t b = piece_lookup(t, sc, sc->buf + y->start + j, 1);
-            if (b >= 0) emit(out, b);
-        }
-    }
-    return 0;
+    return merge_emit(t, sc, n, 1, out);
 }
 
 /* Pre-tokenises valid UTF-8 s[0..len) with regex stages stage.. and encodes each piece, depth
