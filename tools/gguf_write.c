@@ -191,6 +191,7 @@ int gguf_writer_copy_kv(gguf_writer_t *w, const gguf_t *g, int64_t i)
         int et;
         uint64_t n;
         if (gguf_get_arr(g, k, &et, &n)) goto unreadable;
+        if (et == GGUF_ARRAY) return w_fail(w, "gguf writer: '%s': arrays of arrays are not copied", k);
         if (et != GGUF_STRING) return gguf_writer_add_arr(w, k, et, gguf_get_arr_data(g, k), n);
         const char **strs = calloc(n + 1, sizeof *strs);
         uint64_t *lens = calloc(n + 1, sizeof *lens);

@@ -35,8 +35,10 @@ int gguf_writer_add_arr_str(gguf_writer_t *w, const char *key, const char *const
 int gguf_writer_add_tensor(gguf_writer_t *w, const char *name, int type, int n_dims,
                            const int64_t *ne, const void *data);
 /* The key/value pair at index i of g (0 <= i < gguf_n_kv(g)) under the same key and type: what
- * a rewrite of a GGUF file copies unchanged. A FLOAT64 value passes through float (the reader
- * gives F32). -1 when g cannot read it or w refuses it (w's errstr says which). */
+ * a rewrite of a GGUF file copies unchanged. Values go through the reader's getters: integers
+ * through int64 (a UINT64 above INT64_MAX cannot be read), FLOAT64 through float (rounded to F32
+ * precision), strings up to an embedded NUL; arrays of arrays are refused. 0, or -1 when g cannot
+ * read the value or w refuses it (w's errstr says which). */
 int gguf_writer_copy_kv(gguf_writer_t *w, const gguf_t *g, int64_t i);
 /* Any fixed-size scalar type (not STRING or ARRAY): value points to a host object of that
  * type's C type (uint8_t, int8_t, ..., float, double; BOOL: a uint8_t 0 or 1). */

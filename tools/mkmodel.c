@@ -1111,91 +1111,6 @@ static int convert_row(void *user, int64_t row, void *dst, size_t row_bytes)
     return mkmodel_quantize_row(c->type, x, dst, c->ne[0]);
 }
 
-/* Copies kv i of g to w with its type. Values go through the reader's getters: integers through
- * int64 (a u64 above INT64_MAX is refused), FLOAT64 through float (rounded to F32 precision),
- * strings up to an embedded NUL; arrays of arrays are refused. 0, or -1 + errstr. */
-static int copy_kv(const gguf_t *g, int64_t i, gguf_writer_t *w, char *errstr, size_t errlen)
-{
-    const char *key = gguf_kv_key(g, i);
-    int type = gguf_kv_type(g, i), rc = 0;
-    switch (type) {
-    case GGUF_STRING: {
-        gguf_str_t s;
-        if (gguf_get_str(g, key, &s)) break;
-        char *c = malloc(s.len + 1);
-        if (!c) return sw_seterr(errstr, errlen, "mkmodel: out of memory");
-        memcpy(c, s.ptr, s.len);
-        c[s.len] = 0;
-        rc = gguf_writer_add_str(w, key, c);
-        free(c);
-        break;
-    }
-    case GGUF_ARRAY: {
-        int et;
-        uint64_t n;
-        if (gguf_get_arr(g, key, &et, &n)) break;
-        if (et == GGUF_STRING) {
-            const char **p = malloc(sizeof *p * (n ? n : 1));
-            uint64_t *l = malloc(sizeof *l * (n ? n : 1));
-            if (!p || !l) {
-                free(p);
-                free(l);
-                return sw_seterr(errstr, errlen, "mkmodel: out of memory");
-            }
-            for (uint64_t j = 0; j < n; j++) {
-                gguf_str_t s = {"", 0};
-                gguf_get_arr_str(g, key, j, &s);
-                p[j] = s.ptr;
-                l[j] = s.len;
-            }
-            rc = gguf_writer_add_arr_str(w, key, p, l, n);
-            free(p);
-            free(l);
-        } else if (et == GGUF_ARRAY) {
-            return sw_seterr(errstr, errlen, "mkmodel: key '%s': arrays of arrays are not copied", key);
-        } else {
-            rc = gguf_writer_add_arr(w, key, et, gguf_get_arr_data(g, key), n);
-        }
-        break;
-    }
-    case GGUF_FLOAT32: case GGUF_FLOAT64: {
-        float f;
-        if (gguf_get_f32(g, key, &f)) break;
-        double d = f;
-        rc = type == GGUF_FLOAT32 ? gguf_writer_add_f32(w, key, f)
-                                  : gguf_writer_add_scalar(w, key, GGUF_FLOAT64, &d);
-        break;
-    }
-    case GGUF_BOOL: {
-        int b;
-        if (gguf_get_bool(g, key, &b)) break;
-        rc = gguf_writer_add_bool(w, key, b);
-        break;
-    }
-    default: { /* integers: through int64, stored back in their own width */
-        int64_t v;
-        if (gguf_get_i64(g, key, &v))
-            return sw_seterr(errstr, errlen, "mkmodel: key '%s': value not copied", key);
-        union { uint8_t u8; int8_t i8; uint16_t u16; int16_t i16; uint32_t u32; int32_t i32;
-                uint64_t u64; int64_t i64; } u;
-        switch (type) {
-        case GGUF_UINT8: u.u8 = (uint8_t)v; break;
-        case GGUF_INT8: u.i8 = (int8_t)v; break;
-        case GGUF_UINT16: u.u16 = (uint16_t)v; break;
-        case GGUF_INT16: u.i16 = (int16_t)v; break;
-        case GGUF_UINT32: u.u32 = (uint32_t)v; break;
-        case GGUF_INT32: u.i32 = (int32_t)v; break;
-        case GGUF_UINT64: u.u64 = (uint64_t)v; break;
-        default: u.i64 = v; break;
-        }
-        rc = gguf_writer_add_scalar(w, key, type, &u);
-        break;
-    }
-    }
-    if (rc) return sw_seterr(errstr, errlen, "mkmodel: %s", gguf_writer_errstr(w));
-    return 0;
-}
-
 static int64_t round_up(int64_t v, int64_t m)
 {
     return (v + m - 1) / m * m;
@@ -1428,7 +1343,10 @@ int mkmodel_convert(const char *src, const char *dst, const mkmodel_convert_t *c
         if (c->pad && (!strcmp(key, k_dim) || !strcmp(key, k_ffn) || !strcmp(key, k_eps) ||
                        !strcmp(key, k_kl) || !strcmp(key, k_vl)))
             continue;
-        if (copy_kv(g, i, w, errstr, errlen)) goto fail;
+        if (gguf_writer_copy_kv(w, g, i)) {
+            sw_seterr(errstr, errlen, "mkmodel: %s", gguf_writer_errstr(w));
+            goto fail;
+        }
     }
     int e = 0;
     {
