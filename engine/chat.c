@@ -561,15 +561,21 @@ static const char NO_MESSAGE[] =
     "the conversation has no messages (the template reads messages[0])";
 #define L3_HEADER(r) "<|start_header_id|>" r "<|end_header_id|>\n\n"
 
+/* A Llama 3 header turn of message m, its content trimmed (the caller ends it). */
+static void l3_turn(sb_t *b, const engine_chat_msg_t *m)
+{
+    puts_(b, "<|start_header_id|>");
+    puts_(b, role_of(m));
+    puts_(b, "<|end_header_id|>\n\n");
+    content_trim(b, content_of(m));
+}
+
 /* Llama 3 Instruct: BOS before the first message; every message a header turn, trimmed. */
 static void render_j_llama3(sb_t *b, const engine_chat_msg_t *m, int n, int agp)
 {
     for (int i = 0; i < n; i++) {
         if (i == 0) puts_(b, "<|begin_of_text|>");
-        puts_(b, "<|start_header_id|>");
-        puts_(b, role_of(&m[i]));
-        puts_(b, "<|end_header_id|>\n\n");
-        content_trim(b, content_of(&m[i]));
+        l3_turn(b, &m[i]);
         puts_(b, "<|eot_id|>");
     }
     if (agp) puts_(b, L3_HEADER("assistant"));
@@ -597,10 +603,7 @@ static void render_j_llama31(sb_t *b, const engine_chat_msg_t *m, int n, int agp
             puts_(b, L3_HEADER("ipython"));
             content_json(b, content_of(&m[i]));
         } else {
-            puts_(b, "<|start_header_id|>");
-            puts_(b, role_of(&m[i]));
-            puts_(b, "<|end_header_id|>\n\n");
-            content_trim(b, content_of(&m[i]));
+            l3_turn(b, &m[i]);
         }
         puts_(b, "<|eot_id|>");
     }
