@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test: installs dependencies, builds Release with -Werror and runs ctest (all but the
-# real-broker fault scenarios), builds the ASan+UBSan configuration and runs every test, builds
+# real-broker fault scenarios), builds the ASan+UBSan configuration and runs every test but the
+# real-broker tests that are not fault scenarios (label release_only) and the slow ones, builds
 # the ThreadSanitizer configuration and runs the threaded parts' tests, then runs each libFuzzer
 # target for a bounded time. Exit status 0 only when everything passed.
 #   SPILLWAY_FUZZ_SECONDS  seconds per fuzz target (default 60; 0 skips fuzzing)
@@ -55,13 +56,13 @@ cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPILLWAY_WERROR=ON 
   -DSPILLWAY_CUDA=OFF -DSPILLWAY_SHARED_DIR="$SHARED" >/dev/null
 cmake --build build-asan -j"$JOBS"
 echo "=== tests: ASan+UBSan === [${SECONDS}s]"
-# Tests labelled "slow" (the CUDA kernels' emulation: system time, not our code's paths) ran in
-# the Release stage and are not repeated here. The sanitized run takes the same paths with fewer messages in the overload test (a 2,000-request
-# backlog; SPILLWAY_CLASSES_BULK overrides). The fault tests keep their full counts: at half
+# Tests labelled "slow" (the CUDA kernels' emulation: system time, not our code's paths) and
+# "release_only" (the real-broker tests that are not fault scenarios) ran in the Release stage and
+# are not repeated here; the worker's Kafka paths run under ASan+UBSan in the fault scenarios and
+# the mock-cluster tests. The fault tests keep their full counts: at half
 # (SPILLWAY_FAULTS_SCALE=0.5) test_faults_group had no work left when its third worker left.
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-  SPILLWAY_CLASSES_BULK=${SPILLWAY_CLASSES_BULK:-2000} \
-  ctest --output-on-failure -j"$TEST_JOBS" -LE slow)
+  ctest --output-on-failure -j"$TEST_JOBS" -LE 'slow|release_only')
 
 echo "=== build: ThreadSanitizer === [${SECONDS}s]"
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPILLWAY_WERROR=ON -DSPILLWAY_TSAN=ON \
