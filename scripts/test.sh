@@ -3,7 +3,8 @@
 # real-broker fault scenarios), builds the ASan+UBSan configuration and runs every test but the
 # real-broker tests that are not fault scenarios (label release_only) and the slow ones, builds
 # the ThreadSanitizer configuration and runs the threaded parts' tests, then runs each libFuzzer
-# target for a bounded time. Exit status 0 only when everything passed.
+# target for a bounded time. Each sanitizer and fuzz build runs at nice 19 behind the tests of
+# the stage before it. Exit status 0 only when everything passed.
 #   SPILLWAY_FUZZ_SECONDS  seconds per fuzz target (default 60; 0 skips fuzzing)
 #   SPILLWAY_TEST_JOBS     tests run at once (default: the number of CPUs)
 #   SPILLWAY_SHARED_DIR    folder holding models/ (default: ../shared next to the checkout)
@@ -41,7 +42,15 @@ echo "=== build: Release, -Werror, CUDA backend $CUDA === [${SECONDS}s]"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DSPILLWAY_WERROR=ON -DSPILLWAY_CUDA=$CUDA \
   -DSPILLWAY_SHARED_DIR="$SHARED" >/dev/null
 cmake --build build -j"$JOBS"
-echo "=== tests: Release === [${SECONDS}s]"
+# The next stage's build runs behind this stage's tests at the lowest CPU priority (nice 19): the
+# real-broker tests mostly wait (group joins, timeouts, the broker), and at nice 19 the build takes
+# only the CPU they leave (CFS gives it ~1.5% of a CPU that a test wants). Its output goes to
+# build-asan/build.log, printed when it fails.
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPILLWAY_WERROR=ON -DSPILLWAY_SANITIZE=ON \
+  -DSPILLWAY_CUDA=OFF -DSPILLWAY_SHARED_DIR="$SHARED" >/dev/null
+nice -n 19 cmake --build build-asan -j"$JOBS" >build-asan/build.log 2>&1 &
+asan_build=$!
+echo "=== tests: Release (ASan+UBSan build behind them, nice 19) === [${SECONDS}s]"
 # The four real-broker fault scenarios (test_faults_*.sh) run once, in the ASan+UBSan stage
 # below, where their recovery paths are also checked for memory errors; so do the single-purpose
 # real-broker fault tests (oversized records, a peer killed, a late EndTxn answer, the forged KV
@@ -49,12 +58,32 @@ echo "=== tests: Release === [${SECONDS}s]"
 # (ctest label "fault", set in CMakeLists.txt; their times: bench/RESULTS.md)
 # The real-broker tests that leave the broker alone share one broker per ctest run (the fixture
 # kafka_broker, CMakeLists.txt), in this stage and in the next.
-(cd build && ctest --output-on-failure -j"$TEST_JOBS" -LE fault)
+rel_rc=0
+(cd build && ctest --output-on-failure -j"$TEST_JOBS" -LE fault) || rel_rc=$?
+echo "=== build: ASan+UBSan (waiting for it) === [${SECONDS}s]"
+asan_rc=0
+wait "$asan_build" || asan_rc=$?
+[ "$asan_rc" = 0 ] || { tail -n 60 build-asan/build.log; echo "test.sh: the ASan+UBSan build failed" >&2; }
+[ "$rel_rc" = 0 ] || { echo "test.sh: Release tests failed (above)" >&2; exit 1; }
+[ "$asan_rc" = 0 ] || exit 1
 
-echo "=== build: ASan+UBSan === [${SECONDS}s]"
-cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPILLWAY_WERROR=ON -DSPILLWAY_SANITIZE=ON \
+# The ThreadSanitizer and fuzz builds run behind the ASan+UBSan tests the same way.
+cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPILLWAY_WERROR=ON -DSPILLWAY_TSAN=ON \
   -DSPILLWAY_CUDA=OFF -DSPILLWAY_SHARED_DIR="$SHARED" >/dev/null
-cmake --build build-asan -j"$JOBS"
+# only what the stage runs: the tests labelled "threaded" (CMakeLists.txt) and what they run
+# (test_cache_tier.sh: spillway)
+TSAN_TARGETS="spillway test_engine test_kvpool test_metrics test_cache test_peer
+  test_consumer_offsets test_worker_mock test_worker_txn_mock test_worker_features"
+fuzz_targets=$(for src in tests/fuzz/fuzz_*.c; do basename "$src" .c; done)
+if [ "$FUZZ_SECONDS" -gt 0 ]; then
+  CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPILLWAY_FUZZ=ON \
+    -DSPILLWAY_CUDA=OFF -DSPILLWAY_SHARED_DIR="$SHARED" >/dev/null
+fi
+# shellcheck disable=SC2086 # one word per target
+( nice -n 19 cmake --build build-tsan -j"$JOBS" --target $TSAN_TARGETS &&
+  if [ "$FUZZ_SECONDS" -gt 0 ]; then nice -n 19 cmake --build build-fuzz -j"$JOBS" --target $fuzz_targets; fi
+) >build-tsan/build.log 2>&1 &
+late_builds=$!
 echo "=== tests: ASan+UBSan === [${SECONDS}s]"
 # Tests labelled "slow" (the CUDA kernels' emulation: system time, not our code's paths) and
 # "release_only" (the real-broker tests that are not fault scenarios) ran in the Release stage and
@@ -62,15 +91,14 @@ echo "=== tests: ASan+UBSan === [${SECONDS}s]"
 # the mock-cluster tests. The fault tests keep their full counts: at half
 # (SPILLWAY_FAULTS_SCALE=0.5) test_faults_group had no work left when its third worker left.
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-  ctest --output-on-failure -j"$TEST_JOBS" -LE 'slow|release_only')
+  ctest --output-on-failure -j"$TEST_JOBS" -LE 'slow|release_only') || asan_rc=$?
+echo "=== build: ThreadSanitizer and fuzz targets (waiting for them) === [${SECONDS}s]"
+late_rc=0
+wait "$late_builds" || late_rc=$?
+[ "$late_rc" = 0 ] || { tail -n 60 build-tsan/build.log; echo "test.sh: the ThreadSanitizer or fuzz build failed" >&2; }
+[ "$asan_rc" = 0 ] || { echo "test.sh: ASan+UBSan tests failed (above)" >&2; exit 1; }
+[ "$late_rc" = 0 ] || exit 1
 
-echo "=== build: ThreadSanitizer === [${SECONDS}s]"
-cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPILLWAY_WERROR=ON -DSPILLWAY_TSAN=ON \
-  -DSPILLWAY_CUDA=OFF -DSPILLWAY_SHARED_DIR="$SHARED" >/dev/null
-# only what the stage runs: the threaded parts' tests and the spillway command (test_cache_tier.sh)
-# the tests labelled "threaded" (CMakeLists.txt) and what they run (test_cache_tier.sh: spillway)
-cmake --build build-tsan -j"$JOBS" --target spillway test_engine test_kvpool test_metrics test_cache test_peer \
-  test_consumer_offsets test_worker_mock test_worker_txn_mock test_worker_features
 echo "=== tests: ThreadSanitizer (the threaded parts: scheduler and thread pool, cache, metrics, worker) === [${SECONDS}s]"
 # tests/tsan/suppressions.txt: uninstrumented libraries, and the arena's seqlock copy (by design)
 (cd build-tsan && TSAN_OPTIONS="suppressions=$ROOT/tests/tsan/suppressions.txt halt_on_error=1 die_after_fork=0" \
@@ -78,11 +106,7 @@ echo "=== tests: ThreadSanitizer (the threaded parts: scheduler and thread pool,
 
 if [ "$FUZZ_SECONDS" -gt 0 ]; then
   echo "=== fuzz: ${FUZZ_SECONDS}s per target === [${SECONDS}s]"
-  CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPILLWAY_FUZZ=ON \
-    -DSPILLWAY_CUDA=OFF -DSPILLWAY_SHARED_DIR="$SHARED" >/dev/null
-  targets=$(for src in tests/fuzz/fuzz_*.c; do basename "$src" .c; done)
-  # shellcheck disable=SC2086 # one word per target
-  cmake --build build-fuzz -j"$JOBS" --target $targets
+  targets=$fuzz_targets
   # libFuzzer runs on one thread: JOBS targets at once, each for FUZZ_SECONDS on its own copy of
   # its corpus; each target's last lines are printed when it ends, and any failure fails the stage.
   fuzz_dir=$(mktemp -d)
