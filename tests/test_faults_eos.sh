@@ -84,20 +84,27 @@ done
 
 # stop_in_txn NAME PID: kill -STOP PID while its transaction is open: the coordinator's state of
 # the transactional id is read while the worker is stopped (kafka-transactions.sh describe); not
-# "Ongoing": CONT, a random moment of work, STOP again (8 tries). Sets ST (the state), TS (when
-# stopped, ms) and TRY.
+# "Ongoing": CONT, 1 to 3 s of work, STOP again, for up to 90 s. A missed try keeps the worker
+# stopped as long as the describe takes (seconds of JVM start-up), which can outlast its 3 s
+# session: the next try waits until it can have rejoined its group and opened a transaction
+# again (it opens at the first output after a commit). Sets ST (the state), TS (when stopped,
+# ms) and TRY.
 TXID=spillway-ge-eosw
 stop_in_txn() {
-  ST=
-  for TRY in 1 2 3 4 5 6 7 8; do
+  ST= TRY=0
+  local until=$(( $(date +%s) + 90 ))
+  while [ "$(date +%s)" -lt "$until" ]; do
+    TRY=$((TRY + 1))
     kill -STOP "$2"
     TS=$(now_ms)
     ST=$(txn_state "$TXID")
     [ "${ST%% *}" = Ongoing ] && return 0
     kill -CONT "$2"
-    sleep "0.$(printf '%03d' "$(rand_ms 0 400)")"
+    local pause
+    pause=$(rand_ms 1000 3000)
+    sleep "$((pause / 1000)).$(printf '%03d' $((pause % 1000)))"
   done
-  fail "$1: no open transaction caught by 8 STOPs (last state: $ST)"
+  fail "$1: no open transaction caught by $TRY STOPs in 90 s (last state: $ST)"
 }
 
 # ---- 2. kill -STOP longer than the transaction timeout ----
