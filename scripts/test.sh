@@ -38,6 +38,17 @@ elif [ "${SPILLWAY_REQUIRE_CUDA:-0}" = 1 ]; then
 else
   echo "test.sh: no nvcc: the CUDA backend is not built (install NVIDIA's CUDA toolkit)"
 fi
+# join_build TESTS_RC PID LOG TESTS BUILD: waits for the background build PID (its output in
+# LOG); when the stage's tests (exit status TESTS_RC) or the build failed, says which (the
+# build's last lines from LOG) and exits 1.
+join_build() {
+  local build_rc=0
+  wait "$2" || build_rc=$?
+  [ "$build_rc" = 0 ] || { tail -n 60 "$3"; echo "test.sh: the $5 build failed" >&2; }
+  [ "$1" = 0 ] || { echo "test.sh: $4 tests failed (above)" >&2; exit 1; }
+  [ "$build_rc" = 0 ] || exit 1
+}
+
 echo "=== build: Release, -Werror, CUDA backend $CUDA === [${SECONDS}s]"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DSPILLWAY_WERROR=ON -DSPILLWAY_CUDA=$CUDA \
   -DSPILLWAY_SHARED_DIR="$SHARED" >/dev/null
@@ -61,11 +72,7 @@ echo "=== tests: Release (ASan+UBSan build behind them, nice 19) === [${SECONDS}
 rel_rc=0
 (cd build && ctest --output-on-failure -j"$TEST_JOBS" -LE fault) || rel_rc=$?
 echo "=== build: ASan+UBSan (waiting for it) === [${SECONDS}s]"
-asan_rc=0
-wait "$asan_build" || asan_rc=$?
-[ "$asan_rc" = 0 ] || { tail -n 60 build-asan/build.log; echo "test.sh: the ASan+UBSan build failed" >&2; }
-[ "$rel_rc" = 0 ] || { echo "test.sh: Release tests failed (above)" >&2; exit 1; }
-[ "$asan_rc" = 0 ] || exit 1
+join_build "$rel_rc" "$asan_build" build-asan/build.log Release ASan+UBSan
 
 # The ThreadSanitizer and fuzz builds run behind the ASan+UBSan tests the same way.
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPILLWAY_WERROR=ON -DSPILLWAY_TSAN=ON \
@@ -90,14 +97,11 @@ echo "=== tests: ASan+UBSan === [${SECONDS}s]"
 # are not repeated here; the worker's Kafka paths run under ASan+UBSan in the fault scenarios and
 # the mock-cluster tests. The fault tests keep their full counts: at half
 # (SPILLWAY_FAULTS_SCALE=0.5) test_faults_group had no work left when its third worker left.
+asan_rc=0
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --output-on-failure -j"$TEST_JOBS" -LE 'slow|release_only') || asan_rc=$?
 echo "=== build: ThreadSanitizer and fuzz targets (waiting for them) === [${SECONDS}s]"
-late_rc=0
-wait "$late_builds" || late_rc=$?
-[ "$late_rc" = 0 ] || { tail -n 60 build-tsan/build.log; echo "test.sh: the ThreadSanitizer or fuzz build failed" >&2; }
-[ "$asan_rc" = 0 ] || { echo "test.sh: ASan+UBSan tests failed (above)" >&2; exit 1; }
-[ "$late_rc" = 0 ] || exit 1
+join_build "$asan_rc" "$late_builds" build-tsan/build.log ASan+UBSan "ThreadSanitizer or fuzz"
 
 echo "=== tests: ThreadSanitizer (the threaded parts: scheduler and thread pool, cache, metrics, worker) === [${SECONDS}s]"
 # tests/tsan/suppressions.txt: uninstrumented libraries, and the arena's seqlock copy (by design)
