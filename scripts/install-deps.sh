@@ -16,7 +16,7 @@ PKGS=(
   librdkafka-dev
   python3 python3-numpy
   clang
-  default-jre-headless maven kcat redis-server
+  default-jdk-headless maven kcat redis-server  # the JDK: javac for tests/kafka/KafkaQuery.java
   python3-jsonschema python3-yaml python3-jinja2
 )
 missing=()

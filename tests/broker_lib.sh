@@ -19,8 +19,10 @@
 # every $WORK/*.log, exit 1; a test may define its own after sourcing), stop_worker PID NAME (a
 # worker the test started, logging to $WORK/NAME.log: SIGTERM, then exit status 0 and a clean
 # stop in the log, or fail), bt_broker [DIR] (a broker:
-# sets BOOTSTRAP, PID and BROKER (its folder)), bt_topic NAME PARTITIONS [options] (creates topic
-# NAME on that broker), bt_free_port (a free port for a server the test starts).
+# sets BOOTSTRAP, PID and BROKER (its folder), and starts the test's Kafka admin client),
+# bt_topic NAME PARTITIONS [--config K=V]... (creates topic NAME on that broker), bt_query (asks
+# that client: topics, a group's committed offsets, a transaction's state), bt_free_port (a free
+# port for a server the test starts).
 #
 # Shared broker: run by ctest, a test listed in CMakeLists.txt's SPILLWAY_SHARED_BROKER_TESTS
 # gets SPILLWAY_TEST_BROKER (a folder) and the fixture kafka_broker, whose setup
@@ -190,14 +192,72 @@ bt_broker() {
     BOOTSTRAP=$(sed -n 's/^BOOTSTRAP=//p' "$BROKER/env")
     PID=$(sed -n 's/^PID=//p' "$BROKER/env")
     kill -0 "$PID" 2>/dev/null || fail "the shared broker (pid $PID, $BROKER) is not running"
-    return 0
+  else
+    BROKER=$WORK/${1:-broker}
+    eval "$("$KB" start "$BROKER" | grep -E '^(BOOTSTRAP|PID)=')"
   fi
-  BROKER=$WORK/${1:-broker}
-  eval "$("$KB" start "$BROKER" | grep -E '^(BOOTSTRAP|PID)=')"
+  [ -n "${BT_QUERY_PID:-}" ] || bt_query_start
 }
 
-# bt_topic NAME PARTITIONS [TopicCommand options]: topic NAME on the broker of bt_broker,
+# bt_query_start: starts the test's Kafka admin client (tests/kafka/KafkaQuery.java: the broker's
+# own tools' answers, one JVM for the whole test instead of one per question) for the broker of
+# bt_broker, which calls it; its class is compiled once per source version (javac, from a JDK)
+# into a folder beside the Kafka jars. Requests go in through a FIFO (fd BT_QUERY_IN), answers
+# come back through another (fd BT_QUERY_OUT); its log: $WORK/query.log.
+bt_query_start() {
+  local lib src dir tmp
+  lib=$(sed -n 's/^KAFKA_LIB=//p' "$BROKER/env" | tail -n 1)
+  [ -d "$lib" ] || fail "no KAFKA_LIB in $BROKER/env"
+  src=$ROOT/tests/kafka/KafkaQuery.java
+  dir=$(dirname "$lib")/query-$(sha256sum "$src" | cut -c1-16)
+  if [ ! -f "$dir/KafkaQuery.class" ]; then
+    command -v javac >/dev/null 2>&1 ||
+      fail "javac not found: the tests' Kafka client needs a JDK (scripts/install-deps.sh installs default-jdk-headless)"
+    tmp=$(mktemp -d "$dir.XXXXXX")
+    javac -nowarn -cp "$lib/*" -d "$tmp" "$src" >"$WORK/javac.log" 2>&1 ||
+      { cat "$WORK/javac.log"; rm -rf "$tmp"; fail "compiling $src"; }
+    # another test may have compiled it meanwhile: the first rename wins
+    mv -T "$tmp" "$dir" 2>/dev/null || rm -rf "$tmp"
+  fi
+  mkfifo "$WORK/.query.in" "$WORK/.query.out"
+  java -Xms32m -Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 \
+    "-Dlog4j2.configurationFile=$BROKER/tools-log4j2.properties" -cp "$lib/*:$dir" \
+    KafkaQuery "$BOOTSTRAP" "$WORK/.query.out" <"$WORK/.query.in" >"$WORK/query.log" 2>&1 &
+  BT_QUERY_PID=$!
+  disown "$BT_QUERY_PID" 2>/dev/null || true
+  PIDS+=("$BT_QUERY_PID")
+  exec {BT_QUERY_IN}>"$WORK/.query.in"
+  exec {BT_QUERY_OUT}<"$WORK/.query.out"
+}
+
+# bt_query REQUEST...: the admin client's answer to REQUEST (tests/kafka/KafkaQuery.java lists
+# them: topic, offsets, txn), one line per line of the answer; fails the test when the answer
+# is an error or none comes within 60 s. Works inside $(...) (the FIFOs' fds are inherited), one
+# request at a time.
+bt_query() {
+  local line ans=()
+  printf '%s\n' "$*" >&"$BT_QUERY_IN"
+  while IFS= read -r -t 60 line <&"$BT_QUERY_OUT"; do
+    if [ "$line" = . ]; then
+      case ${ans[0]:-} in "error "*) fail "Kafka admin request '$*': ${ans[0]#error }" ;; esac
+      [ "${#ans[@]}" -eq 0 ] || printf '%s\n' "${ans[@]}"
+      return 0
+    fi
+    ans+=("$line")
+  done
+  tail -n 20 "$WORK/query.log" >&2
+  fail "Kafka admin request '$*': no answer within 60 s"
+}
+
+# bt_topic NAME PARTITIONS [--config KEY=VALUE]...: topic NAME on the broker of bt_broker,
 # returned once every partition has a leader.
 bt_topic() {
-  "$KB" topic "$BROKER" "$@" >/dev/null
+  local name=$1 parts=$2 cfg=()
+  shift 2
+  while [ $# -gt 0 ]; do
+    [ "$1" = --config ] && [ $# -ge 2 ] || fail "bt_topic: only --config KEY=VALUE options, not '$1'"
+    cfg+=("$2")
+    shift 2
+  done
+  bt_query topic "$name" "$parts" "${cfg[@]}" >/dev/null
 }

@@ -8,10 +8,11 @@
 # input message is keyed by its id, and results and dead letters keep their input's key), that
 # the ids in results plus DLQ equal the ids produced, and counts duplicates.
 #
-# Committed offsets: kafka-consumer-groups.sh is not installed, but its class is in the broker's
-# jars (org.apache.kafka.tools.consumer.group.ConsumerGroupCommand): `--describe --group G`
-# prints, per partition, the group's committed offset (CURRENT-OFFSET) and the log end offset,
-# exactly as the broker's group coordinator stores them. One JVM start (~2 s) per call.
+# Committed offsets and transaction states come from the test's one Kafka admin client
+# (tests/broker_lib.sh's bt_query, tests/kafka/KafkaQuery.java): the group coordinator's and the
+# transaction coordinator's answers, as kafka-consumer-groups.sh and kafka-transactions.sh print
+# them, in milliseconds (a JVM start per question took seconds, and a worker stopped while one
+# started could outlast its session).
 #
 # kcat reads with fetch.wait.max.ms=5: at the log end it would otherwise wait 500 ms for -e.
 #
@@ -77,7 +78,6 @@ broker_start() {
   export SPILLWAY_KAFKA_PROPS="group.min.session.timeout.ms=1000
 transaction.abort.timed.out.transaction.cleanup.interval.ms=1000"
   bt_broker
-  KAFKA_LIB=$(sed -n 's/^KAFKA_LIB=//p' "$WORK/broker/env")
   say "broker at $BOOTSTRAP (ready in $(sed -n 's/^STARTUP_MS=//p' "$WORK/broker/env") ms)"
 }
 
@@ -246,22 +246,14 @@ PY
 # committed GROUP TOPIC OUT: the group's committed offsets of TOPIC's partitions, one line
 # "PARTITION COMMITTED LOG_END" each (COMMITTED -1: none yet), into OUT.
 committed() {
-  java -Xms64m -Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 \
-    "-Dlog4j2.configurationFile=$WORK/broker/tools-log4j2.properties" -cp "$KAFKA_LIB/*" \
-    org.apache.kafka.tools.consumer.group.ConsumerGroupCommand --bootstrap-server "$BOOTSTRAP" \
-    --describe --group "$1" >"$3.raw" 2>&1 || { cat "$3.raw"; fail "describing group $1"; }
-  awk -v g="$1" -v t="$2" '$1 == g && $2 == t { print $3, ($4 == "-" ? -1 : $4), $5 }' "$3.raw" |
-    sort -n >"$3"
+  bt_query offsets "$1" "$2" >"$3"
 }
 
 # txn_state TXID: the transaction coordinator's view of TXID, "STATE EPOCH DURATION_MS" (e.g.
-# "Ongoing 3 180"), from the broker's own tool (kafka-transactions.sh describe).
+# "Ongoing 3 180"; "None" for the duration when none is open), as kafka-transactions.sh
+# describe prints it.
 txn_state() {
-  java -Xms64m -Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 \
-    "-Dlog4j2.configurationFile=$WORK/broker/tools-log4j2.properties" -cp "$KAFKA_LIB/*" \
-    org.apache.kafka.tools.TransactionsCommand --bootstrap-server "$BOOTSTRAP" \
-    describe --transactional-id "$1" >"$WORK/txn.raw" 2>&1 || { cat "$WORK/txn.raw"; fail "describing transaction $1"; }
-  awk -v id="$1" '$2 == id { print $5, $4, $8 }' "$WORK/txn.raw"
+  bt_query txn "$1"
 }
 
 # at_log_end GROUP TOPIC PARTITIONS: every partition's committed offset is its log end offset.
@@ -269,7 +261,7 @@ at_log_end() {
   committed "$1" "$2" "$WORK/end-$1"
   awk -v n="$3" '{ k++; sum += $2; if ($2 != $3) bad = bad " p" $1 ":" $2 "/" $3 }
        END { exit !(k == n && bad == "") }' "$WORK/end-$1" ||
-    { cat "$WORK/end-$1.raw"; fail "group $1: committed offsets not at the log end"; }
+    { cat "$WORK/end-$1"; fail "group $1: committed offsets not at the log end"; }
   echo "committed offsets at the log end of all $3 partitions ($(awk '{ printf "%s%d", (NR > 1 ? " " : ""), $2 }' "$WORK/end-$1"))"
 }
 

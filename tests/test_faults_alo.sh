@@ -42,8 +42,8 @@ faults_init faults-alo
 say "seed $SEED, scale $SCALE"
 
 broker_start
-for t in p1 p2 p3 results; do "$KB" topic "$WORK/broker" "$t" 4 >/dev/null; done
-"$KB" topic "$WORK/broker" dlq 1 >/dev/null
+for t in p1 p2 p3 results; do bt_topic "$t" 4; done
+bt_topic dlq 1
 say "topics created"
 
 SESSION=(-X consumer.session.timeout.ms=45000 -X consumer.max.poll.interval.ms=300000

@@ -12,7 +12,7 @@
 #      read_committed ("covered").
 #   2. 300 longer prompts (1..96 tokens) arrive, so that transactions stay open; kill -STOP for
 #      ~9 s, longer than the transaction timeout (and the 3 s consumer session), caught while a
-#      transaction is open (kafka-transactions.sh describe says Ongoing during the STOP, else
+#      transaction is open (the transaction coordinator says Ongoing during the STOP, else
 #      the worker is continued and stopped again a moment later); kill -CONT once the broker has
 #      aborted the transaction (PrepareAbort/CompleteAbort: checked) and bumped the producer's
 #      epoch: the worker must either recover (and commit more results) or exit with status 1
@@ -39,8 +39,8 @@ faults_init faults-eos
 say "seed $SEED, scale $SCALE"
 
 broker_start
-for t in pe results; do "$KB" topic "$WORK/broker" "$t" 4 >/dev/null; done
-"$KB" topic "$WORK/broker" dlq 1 >/dev/null
+for t in pe results; do bt_topic "$t" 4; done
+bt_topic dlq 1
 say "topics created"
 
 N=$(scaled 6000)
@@ -83,12 +83,9 @@ for mark in $marks; do
 done
 
 # stop_in_txn NAME PID: kill -STOP PID while its transaction is open: the coordinator's state of
-# the transactional id is read while the worker is stopped (kafka-transactions.sh describe); not
-# "Ongoing": CONT, 1 to 3 s of work, STOP again, for up to 90 s. A missed try keeps the worker
-# stopped as long as the describe takes (seconds of JVM start-up), which can outlast its 3 s
-# session: the next try waits until it can have rejoined its group and opened a transaction
-# again (it opens at the first output after a commit). Sets ST (the state), TS (when stopped,
-# ms) and TRY.
+# the transactional id is read while the worker is stopped (the test's admin client, bt_query:
+# milliseconds, far below the worker's 3 s session); not "Ongoing": CONT, 0.2 to 1 s of work,
+# STOP again, for up to 90 s. Sets ST (the state), TS (when stopped, ms) and TRY.
 TXID=spillway-ge-eosw
 stop_in_txn() {
   ST= TRY=0
@@ -101,7 +98,7 @@ stop_in_txn() {
     [ "${ST%% *}" = Ongoing ] && return 0
     kill -CONT "$2"
     local pause
-    pause=$(rand_ms 1000 3000)
+    pause=$(rand_ms 200 1000)
     sleep "$((pause / 1000)).$(printf '%03d' $((pause % 1000)))"
   done
   fail "$1: no open transaction caught by $TRY STOPs in 90 s (last state: $ST)"

@@ -41,10 +41,10 @@ faults_init faults-group
 say "seed $SEED, scale $SCALE"
 
 broker_start
-for t in pg-eos pg-alo; do "$KB" topic "$WORK/broker" "$t" 6 >/dev/null; done
-for t in ps pd; do "$KB" topic "$WORK/broker" "$t" 4 >/dev/null; done
-"$KB" topic "$WORK/broker" results 6 >/dev/null
-"$KB" topic "$WORK/broker" dlq 1 >/dev/null
+for t in pg-eos pg-alo; do bt_topic "$t" 6; done
+for t in ps pd; do bt_topic "$t" 4; done
+bt_topic results 6
+bt_topic dlq 1
 say "topics created"
 
 # by_worker PREFIX ISOLATION: "WORKER COUNT" lines, results whose key starts with PREFIX

@@ -42,9 +42,9 @@ MP=$(bt_free_port "$RP")
 say "Redis port $RP (nothing listening yet), metrics port $MP, STOP phase ${STOP_S} s"
 
 broker_start
-for t in pt pref; do "$KB" topic "$WORK/broker" "$t" 2 >/dev/null; done
-"$KB" topic "$WORK/broker" results 2 >/dev/null
-"$KB" topic "$WORK/broker" dlq 1 >/dev/null
+for t in pt pref; do bt_topic "$t" 2; done
+bt_topic results 2
+bt_topic dlq 1
 
 # inputs: phase files a..f (kcat key<TAB>value), E in chunks of 10 for the trickle
 python3 - "$WORK" "$STOP_S" <<'PY'

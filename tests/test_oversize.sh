@@ -16,7 +16,6 @@ bt_init oversize "$1" "$2"
 fail() { echo "FAIL: $*"; [ -f "$WORK/w.log" ] && tail -n 20 "$WORK/w.log"; exit 1; }
 
 bt_broker
-KAFKA_LIB=$(sed -n 's/^KAFKA_LIB=//p' "$BROKER/env")
 
 # random (incompressible) text, so that lz4 does not bring the records under the broker's limit
 python3 - "$WORK" <<'PY'
@@ -46,10 +45,7 @@ run_mode() { # MODE
   WPID=$!
   local end=$(( $(date +%s) + 120 )) off=
   while [ "$(date +%s)" -lt "$end" ]; do
-    off=$(java -Xms64m -Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 \
-      "-Dlog4j2.configurationFile=$BROKER/tools-log4j2.properties" -cp "$KAFKA_LIB/*" \
-      org.apache.kafka.tools.consumer.group.ConsumerGroupCommand --bootstrap-server "$BOOTSTRAP" \
-      --describe --group "$g" 2>/dev/null | awk -v t="$in" '$2 == t { print $4 }')
+    off=$(bt_query offsets "$g" "$in" | awk '$1 == 0 { print $2 }')
     [ "$off" = 4 ] && break
     kill -0 "$WPID" 2>/dev/null || fail "$mode: the worker exited"
     sleep 1

@@ -20,8 +20,8 @@ bt_init route "$1" "$2"
 
 bt_broker
 say "broker at $BOOTSTRAP"
-for t in rt-aff rt-bytes rt-rand rt-bad rt-batch; do "$KB" topic "$WORK/broker" "$t" 12 >/dev/null; done
-for t in results prompts.dlq; do "$KB" topic "$WORK/broker" "$t" 1 >/dev/null; done
+for t in rt-aff rt-bytes rt-rand rt-bad rt-batch; do bt_topic "$t" 12; done
+for t in results prompts.dlq; do bt_topic "$t" 1; done
 
 python3 - "$WORK" <<'PY'
 import json, random, sys

@@ -40,8 +40,8 @@ BT_RM+=("$SHM")
 broker_start
 eval "$("$RS" start "$WORK/redis" | grep -E '^(REDIS_PORT|REDIS_PID)=')"
 say "redis on port $REDIS_PORT"
-for t in fin fin3 fwd fwd3 results; do "$KB" topic "$WORK/broker" "$t" 2 >/dev/null; done
-"$KB" topic "$WORK/broker" dlq 1 >/dev/null
+for t in fin fin3 fwd fwd3 results; do bt_topic "$t" 2; done
+bt_topic dlq 1
 
 # gen_hop NAME PREFIX N: N prompts, every second one carrying __spillway.hop=1; NAME.in is
 # "id<TAB>hop<TAB>value", NAME.ids the ids, NAME.hop the ids with the header.
@@ -227,8 +227,8 @@ say "3: exactly-once: 1200 ids once under read_committed; ea logged $nf forwards
 # then y (host hy, its own arena, the same Redis and secret) joins, and 60 requests that share
 # that prompt's first blocks arrive on both partitions: y's are forwarded to x (hx holds them,
 # hy none), so x answers every one.
-"$KB" topic "$WORK/broker" fin4 2 >/dev/null
-"$KB" topic "$WORK/broker" fwd4 2 >/dev/null
+bt_topic fin4 2
+bt_topic fwd4 2
 python3 - "$WORK" <<'PY'
 import json, sys
 work = sys.argv[1]

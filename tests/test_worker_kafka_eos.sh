@@ -25,7 +25,6 @@ fail() {
 }
 
 bt_broker
-KAFKA_LIB=$(sed -n 's/^KAFKA_LIB=//p' "$BROKER/env")
 say "broker at $BOOTSTRAP"
 bt_topic "${NS}prompts" 4
 bt_topic "${NS}results" 4
@@ -151,11 +150,8 @@ ndlq=$(kcat -b "$BOOTSTRAP" -C -t "${NS}prompts.dlq" -e -q -o beginning -f '%h\n
 [ "$ndlq" = 2 ] || fail "$ndlq DLQ records under read_committed, want 2"
 
 # the group's committed offsets are at the log end of every input partition
-java -Xms64m -Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 \
-  "-Dlog4j2.configurationFile=$BROKER/tools-log4j2.properties" -cp "$KAFKA_LIB/*" \
-  org.apache.kafka.tools.consumer.group.ConsumerGroupCommand --bootstrap-server "$BOOTSTRAP" \
-  --describe --group "${NS}spw-eos" >"$WORK/offsets.txt" 2>&1 || { cat "$WORK/offsets.txt"; fail "describe group"; }
-awk -v g="${NS}spw-eos" -v t="${NS}prompts" '$1 == g && $2 == t { n++; if ($4 != $5) bad = bad " " $3 ":" $4 "/" $5; sum += $4 }
+bt_query offsets "${NS}spw-eos" "${NS}prompts" >"$WORK/offsets.txt"
+awk '{ n++; if ($2 != $3) bad = bad " " $1 ":" $2 "/" $3; sum += $2 }
      END { printf "%d partitions, committed offsets sum %d%s\n", n, sum, bad ? ", behind:" bad : "";
            exit !(n == 4 && bad == "") }' "$WORK/offsets.txt" ||
   { cat "$WORK/offsets.txt"; fail "committed offsets are not at the log end"; }

@@ -29,7 +29,6 @@ fail() {
 }
 
 bt_broker
-KAFKA_LIB=$(sed -n 's/^KAFKA_LIB=//p' "$BROKER/env")
 say "broker at $BOOTSTRAP"
 
 python3 - "$WORK" <<'PY'
@@ -95,11 +94,8 @@ PY
   # the committed offset passes all four messages
   end=$(( $(date +%s) + 30 ))
   while :; do
-    java -Xms64m -Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 \
-      "-Dlog4j2.configurationFile=$BROKER/tools-log4j2.properties" -cp "$KAFKA_LIB/*" \
-      org.apache.kafka.tools.consumer.group.ConsumerGroupCommand --bootstrap-server "$BOOTSTRAP" \
-      --describe --group "$G" >"$WORK/offsets.txt" 2>&1 || true
-    off=$(awk -v g="$G" '$1 == g && $3 == "0" { print $4 }' "$WORK/offsets.txt")
+    bt_query offsets "$G" "$P" >"$WORK/offsets.txt"
+    off=$(awk '$1 == 0 { print $2 }' "$WORK/offsets.txt")
     [ "$off" = 4 ] && break
     [ "$(date +%s)" -lt "$end" ] || { cat "$WORK/offsets.txt"; fail "$MODE: committed offset '$off', want 4"; }
     sleep 0.5

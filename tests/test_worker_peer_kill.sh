@@ -25,9 +25,9 @@ MODELS=$2
 faults_init peer-kill
 
 broker_start
-"$KB" topic "$WORK/broker" pk 4 >/dev/null
-"$KB" topic "$WORK/broker" results 4 >/dev/null
-"$KB" topic "$WORK/broker" dlq 1 >/dev/null
+bt_topic pk 4
+bt_topic results 4
+bt_topic dlq 1
 
 gen k K 6000 0
 head -n 4000 "$WORK/k.in" >"$WORK/k1.in"

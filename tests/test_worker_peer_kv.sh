@@ -23,7 +23,7 @@ SHM=$("$ROOT/scripts/shm-dir.sh" spillway-peer-kv)
 BT_RM+=("$SHM")
 
 bt_broker
-for t in ta tb results dlq; do "$KB" topic "$WORK/broker" "$t" 1 >/dev/null; done
+for t in ta tb results dlq; do bt_topic "$t" 1; done
 eval "$("$RS" start "$WORK/redis" | grep -E '^(REDIS_PORT|REDIS_PID)=')"
 PP=$(bt_free_port)
 MA=$(bt_free_port "$PP")
