@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Runs every test: installs dependencies, builds Release with -Werror and runs ctest (all but the
-# real-broker fault scenarios), builds the ASan+UBSan configuration and runs every test but the
-# real-broker tests that are not fault scenarios (label release_only) and the slow ones, builds
-# the ThreadSanitizer configuration and runs the threaded parts' tests, then runs each libFuzzer
-# target for a bounded time. Each sanitizer and fuzz build runs at nice 19 behind the tests of
-# the stage before it. Exit status 0 only when everything passed.
+# Runs every test: installs dependencies, builds Release with -Werror and runs the real-broker
+# tests there (ctest labels broker, release and slow: CMakeLists.txt), builds the ASan+UBSan
+# configuration and runs every other test under it, builds the ThreadSanitizer configuration and
+# runs the threaded parts' tests, then runs each libFuzzer target for a bounded time. Each
+# sanitizer and fuzz build runs at nice 19 behind the tests of the stage before it. Exit status
+# 0 only when everything passed.
 #   SPILLWAY_FUZZ_SECONDS  seconds per fuzz target (default 60; 0 skips fuzzing)
-#   SPILLWAY_TEST_JOBS     tests run at once (default: the number of CPUs)
+#   SPILLWAY_TEST_JOBS     ctest's -j in the sanitizer stages (default: the number of CPUs)
+#   SPILLWAY_BROKER_JOBS   ctest's -j in the Release stage (default: twice the number of CPUs;
+#                          a fault scenario counts as two)
 #   SPILLWAY_SHARED_DIR    folder holding models/ (default: ../shared next to the checkout)
 #   SPILLWAY_REQUIRE_CUDA  1: fail when no nvcc is found (CI sets it: its machines have the CUDA
 #                          toolkit in /usr/local/cuda); otherwise the CUDA backend is built when
@@ -15,9 +17,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 JOBS=$(nproc)
-# Tests at once: one per CPU (more make every test slower and leave the timing-dependent ones
-# less slack; bench/RESULTS.md).
+# Tests at once in the sanitizer stages: one per CPU (their tests compute; more make every test
+# slower and leave the timing-dependent ones less slack; bench/RESULTS.md). The Release stage's
+# real-broker tests mostly wait (group joins, sessions, outages, the broker): two per CPU, the
+# fault scenarios counting as two (ctest PROCESSORS).
 TEST_JOBS=${SPILLWAY_TEST_JOBS:-$JOBS}
+BROKER_JOBS=${SPILLWAY_BROKER_JOBS:-$((2 * JOBS))}
 SHARED=${SPILLWAY_SHARED_DIR:-$ROOT/../shared}
 FUZZ_SECONDS=${SPILLWAY_FUZZ_SECONDS:-60}
 
@@ -61,16 +66,14 @@ cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPILLWAY_WERROR=ON 
   -DSPILLWAY_CUDA=OFF -DSPILLWAY_SHARED_DIR="$SHARED" >/dev/null
 nice -n 19 cmake --build build-asan -j"$JOBS" >build-asan/build.log 2>&1 &
 asan_build=$!
-echo "=== tests: Release (ASan+UBSan build behind them, nice 19) === [${SECONDS}s]"
-# The four real-broker fault scenarios (test_faults_*.sh) run once, in the ASan+UBSan stage
-# below, where their recovery paths are also checked for memory errors; so do the single-purpose
-# real-broker fault tests (oversized records, a peer killed, a late EndTxn answer, the forged KV
-# block, forwarding between workers with kill -9, the multi-host test bed with hosts cut off).
-# (ctest label "fault", set in CMakeLists.txt; their times: bench/RESULTS.md)
-# The real-broker tests that leave the broker alone share one broker per ctest run (the fixture
-# kafka_broker, CMakeLists.txt), in this stage and in the next.
+echo "=== tests: Release: real-broker, CUDA and ISA kernel tests (ASan+UBSan build behind them, nice 19) === [${SECONDS}s]"
+# The real-broker tests (fault scenarios included) run here only: they run the optimised worker
+# users run, and under the sanitizers they took most of CI's time computing stories260K. The
+# worker's Kafka paths run under ASan+UBSan and ThreadSanitizer in the mock-cluster tests
+# (test_worker_mock, test_worker_txn_mock, test_worker_features, ...). The tests that leave the
+# broker alone share one broker per ctest run (the fixture kafka_broker, CMakeLists.txt).
 rel_rc=0
-(cd build && ctest --output-on-failure -j"$TEST_JOBS" -LE fault) || rel_rc=$?
+(cd build && ctest --output-on-failure -j"$BROKER_JOBS" -L 'broker|release|slow') || rel_rc=$?
 echo "=== build: ASan+UBSan (waiting for it) === [${SECONDS}s]"
 join_build "$rel_rc" "$asan_build" build-asan/build.log Release ASan+UBSan
 
@@ -91,15 +94,10 @@ fi
   if [ "$FUZZ_SECONDS" -gt 0 ]; then nice -n 19 cmake --build build-fuzz -j"$JOBS" --target $fuzz_targets; fi
 ) >build-tsan/build.log 2>&1 &
 late_builds=$!
-echo "=== tests: ASan+UBSan === [${SECONDS}s]"
-# Tests labelled "slow" (the CUDA kernels' emulation: system time, not our code's paths) and
-# "release_only" (the real-broker tests that are not fault scenarios) ran in the Release stage and
-# are not repeated here; the worker's Kafka paths run under ASan+UBSan in the fault scenarios and
-# the mock-cluster tests. The fault tests keep their full counts: at half
-# (SPILLWAY_FAULTS_SCALE=0.5) test_faults_group had no work left when its third worker left.
+echo "=== tests: ASan+UBSan: every test but the real-broker and slow ones === [${SECONDS}s]"
 asan_rc=0
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-  ctest --output-on-failure -j"$TEST_JOBS" -LE 'slow|release_only') || asan_rc=$?
+  ctest --output-on-failure -j"$TEST_JOBS" -LE 'broker|slow') || asan_rc=$?
 echo "=== build: ThreadSanitizer and fuzz targets (waiting for them) === [${SECONDS}s]"
 join_build "$asan_rc" "$late_builds" build-tsan/build.log ASan+UBSan "ThreadSanitizer or fuzz"
 
