@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every test: installs dependencies, builds Release with -Werror and runs the real-broker
-# tests there (ctest labels broker, release and slow: CMakeLists.txt), builds the ASan+UBSan
+# tests there (ctest labels broker and release: CMakeLists.txt), builds the ASan+UBSan
 # configuration and runs every other test under it, builds the ThreadSanitizer configuration and
 # runs the threaded parts' tests, then runs each libFuzzer target for a bounded time. Each
 # sanitizer and fuzz build runs at nice 19 behind the tests of the stage before it. Exit status
@@ -73,7 +73,7 @@ echo "=== tests: Release: real-broker, CUDA and ISA kernel tests (ASan+UBSan bui
 # (test_worker_mock, test_worker_txn_mock, test_worker_features, ...). The tests that leave the
 # broker alone share one broker per ctest run (the fixture kafka_broker, CMakeLists.txt).
 rel_rc=0
-(cd build && ctest --output-on-failure -j"$BROKER_JOBS" -L 'broker|release|slow') || rel_rc=$?
+(cd build && ctest --output-on-failure -j"$BROKER_JOBS" -L 'broker|release') || rel_rc=$?
 echo "=== build: ASan+UBSan (waiting for it) === [${SECONDS}s]"
 join_build "$rel_rc" "$asan_build" build-asan/build.log Release ASan+UBSan
 
@@ -94,10 +94,10 @@ fi
   if [ "$FUZZ_SECONDS" -gt 0 ]; then nice -n 19 cmake --build build-fuzz -j"$JOBS" --target $fuzz_targets; fi
 ) >build-tsan/build.log 2>&1 &
 late_builds=$!
-echo "=== tests: ASan+UBSan: every test but the real-broker and slow ones === [${SECONDS}s]"
+echo "=== tests: ASan+UBSan: every test but the real-broker ones === [${SECONDS}s]"
 asan_rc=0
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
-  ctest --output-on-failure -j"$TEST_JOBS" -LE 'broker|slow') || asan_rc=$?
+  ctest --output-on-failure -j"$TEST_JOBS" -LE broker) || asan_rc=$?
 echo "=== build: ThreadSanitizer and fuzz targets (waiting for them) === [${SECONDS}s]"
 join_build "$asan_rc" "$late_builds" build-tsan/build.log ASan+UBSan "ThreadSanitizer or fuzz"
 

@@ -13,9 +13,12 @@
  * What this proves and what it does not: cuemu.h (indexing, synchronisation, arithmetic logic
  * yes; warp timing, the device memory model, speed no). tests/test_cuda.c runs the same kernels
  * on a device. */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <vector>
 
@@ -168,8 +171,75 @@ static void test_attention(const attn_case &c, int *compared)
     }
 }
 
+/* ---- the emulation's own checks: what cuemu.h says it reports, it reports ---- */
+
+/* lanes 0..15 of warp 0 shuffle while the rest of the block ends: a deadlock */
+static __global__ void k_half_warp_shuffle(float *out)
+{
+    if (threadIdx.x < 16) out[threadIdx.x] = __shfl_xor_sync(0xffffu, 1.0f, 1);
+}
+/* thread 0 waits at __syncthreads while the others end the block: a divergent barrier */
+static __global__ void k_divergent(float *out)
+{
+    if (threadIdx.x == 0) __syncthreads();
+    out[threadIdx.x] = 1.0f;
+}
+/* thread 0 writes shared memory that every thread reads with no barrier between */
+static __global__ void k_missing_barrier(float *out)
+{
+    CUK_DYN_SHARED(float, sh);
+    if (threadIdx.x == 0) sh[0] = 1.0f;
+    out[threadIdx.x] = sh[0];
+}
+
+/* Runs kernel k on 2 blocks of 64 threads in a child process: true when the child aborted with
+ * a message containing want on stderr. */
+static bool child_reports(void (*k)(float *), const char *want)
+{
+    int pfd[2];
+    if (pipe(pfd)) return false;
+    fflush(stdout);
+    const pid_t pid = fork();
+    if (pid < 0) return false;
+    if (pid == 0) {
+        dup2(pfd[1], 2);
+        close(pfd[0]);
+        static float out[64];
+        cuemu::launch_of(k, dim3(2), dim3(64), 0, nullptr)(out);
+        _exit(0);
+    }
+    close(pfd[1]);
+    char buf[4096];
+    size_t n = 0;
+    ssize_t r;
+    while (n + 1 < sizeof buf && (r = read(pfd[0], buf + n, sizeof buf - 1 - n)) > 0) n += (size_t)r;
+    buf[n] = 0;
+    close(pfd[0]);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    return WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT && strstr(buf, want);
+}
+
+static void test_emulation(void)
+{
+    CHECKF(child_reports(k_half_warp_shuffle, "cuemu: deadlock"),
+           "a shuffle by half a warp is not reported as a deadlock");
+    CHECKF(child_reports(k_divergent, "cuemu: divergent barrier"),
+           "a __syncthreads of one thread is not reported as a divergent barrier");
+    /* the block runs in descending thread order too: some thread reads before thread 0 writes
+     * and sees the poison */
+    std::vector<float> out(64, 0.0f);
+    CUK_LAUNCH(2, 64, sizeof(float), nullptr, k_missing_barrier)(out.data());
+    int poisoned = 0;
+    for (float v : out) poisoned += isnan(v);
+    CHECKF(poisoned > 0, "a read of shared memory before its write without a barrier saw the "
+           "write in every thread");
+    printf("emulation: a deadlock and a divergent barrier reported, a missing barrier exposed "
+           "(%d of 64 threads read the poison)\n", poisoned);
+}
+
 /* Usage: test_cuemu [attention|sampling] [quick]: both parts by default; quick: one attention
- * case and a small vocabulary. */
+ * case and a small vocabulary. The emulation's own checks run first, always. */
 int main(int argc, char **argv)
 {
     int attn = 1, smp = 1, quick = 0;
@@ -182,6 +252,7 @@ int main(int argc, char **argv)
             return 2;
         }
     }
+    test_emulation();
     int compared = 0, n_cases = 0;
     const int Bs[3] = {8, 16, 64}, grps[3] = {1, 4, 8};
     for (int bi = 0; bi < 3 && attn; bi++)

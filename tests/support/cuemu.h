@@ -2,23 +2,26 @@
  * real kernel sources of engine/cuda (*.cu, included unchanged by a C++ test driver compiled
  * with the host compiler; no nvcc, no GPU) can be run and compared with the CPU backend.
  *
- * Model: a launch runs its blocks one after another on a team of blockDim OS threads, one per
- * CUDA thread. __syncthreads() is a barrier of the team; a warp shuffle or ballot is a barrier
- * of the warp's 32 threads around a per-warp exchange buffer; shared memory is a function-local
- * static (one block at a time uses it) and the dynamic shared memory a buffer filled with a
- * poison pattern (NaN as F32) before each block; atomics are host atomics.
+ * Model: a launch runs its blocks one after another on a team of blockDim fibers (ucontext),
+ * one per CUDA thread, on the launching OS thread. __syncthreads() is a barrier of the team; a
+ * warp shuffle or ballot is a barrier of the warp's 32 threads around a per-warp exchange
+ * buffer; a fiber waiting at a barrier yields, and the scheduler resumes the live fibers round
+ * robin, in ascending and descending thread order on alternate passes (so code that reads what
+ * another thread writes without a barrier between sees both orders); shared memory is a
+ * function-local static (one block at a time uses it) and the dynamic shared memory a buffer
+ * filled with a poison pattern (NaN as F32) before each block; atomics are host atomics.
  *
  * What it checks: the kernels' indexing (every thread's reads and writes; under ASan, reads
  * and writes out of the buffers), their synchronisation logic (a __syncthreads reached by part
  * of a block while the rest waits at the end of the block, or by different barriers, is reported
- * as "divergent barrier"; a barrier or shuffle that never completes is reported after
- * CUEMU_TIMEOUT_S seconds instead of hanging; a launch whose dynamic shared memory exceeds 48 KiB
+ * as "divergent barrier"; a barrier or shuffle that can never complete is reported as
+ * "deadlock" at once instead of hanging; a launch whose dynamic shared memory exceeds 48 KiB
  * without cudaFuncSetAttribute, or any launch beyond the hardware limits, fails) and their
  * arithmetic (F32 operations in the same order as on the device up to contraction: nvcc may
  * fuse a * b + c into an FMA where the source does not forbid it, the host compiler here does
  * not, so results may differ in the last bits; fast intrinsics are not emulated).
  * What it does not check: warp timing and independent thread scheduling (lanes of a warp here
- * run as free threads that meet only at shuffles), the device memory model (everything is
+ * run one after another and meet only at shuffles), the device memory model (everything is
  * host memory, coherent, no caches), bank conflicts, occupancy, register limits and speed.
  * Only the CUDA features the kernels of engine/cuda and the drivers of their tests use are here
  * (the runtime's memory calls too: cudaMalloc is malloc); blocks run in order, so a
@@ -40,8 +43,6 @@
 #include <string.h>
 
 #include <functional>
-
-#define CUEMU_TIMEOUT_S 120
 
 struct dim3 {
     unsigned x, y, z;
@@ -72,7 +73,7 @@ enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 #define __launch_bounds__(...)
 
 /* ---- the runtime (tests/support/cuemu.cpp) ---- */
-inline thread_local uint3 threadIdx, blockIdx; /* C++17 inline: one object per thread, no TLS wrapper call */
+inline thread_local uint3 threadIdx, blockIdx; /* set by the scheduler for the fiber it resumes */
 extern dim3 blockDim, gridDim;
 namespace cuemu {
 /* The barrier of the whole block (kind 0: __syncthreads, 1: the end of a block). */
@@ -82,7 +83,7 @@ void warp_barrier();
 /* Per-warp exchange buffers, double-buffered: a lane writes slot [phase][lane], passes the warp
  * barrier, reads; the next exchange uses the other phase. */
 uint64_t *warp_slot(int warp, int phase);
-int &warp_phase(); /* the calling thread's phase */
+int &warp_phase(); /* the calling CUDA thread's phase */
 void *dyn_smem();
 cudaError_t last_error_take();
 void set_max_dyn_smem(const void *fn, int bytes);
