@@ -4,7 +4,8 @@
 # run to its end (no retry), and prints per test the passes, failures and mean time, then the
 # total time. A test that fails once in N is flaky: investigate it, do not rerun it.
 #   tests/repeat-broker-tests.sh [N [BUILD_DIR]]   N default 20, BUILD_DIR default build (built)
-#   SPILLWAY_REPEAT_JOBS   tests at once (default 1: each test starts a broker and workers)
+#   SPILLWAY_REPEAT_JOBS   ctest's -j (default: twice the number of CPUs, as scripts/test.sh's
+#                          Release stage runs them; a fault scenario counts as two)
 #   SPILLWAY_REPEAT_ONLY   an extended regex: only the broker tests whose name matches it
 # Each pass's ctest output is kept in BUILD_DIR/repeat-broker/pass-K.log; exit status 0 only
 # when every run of every test passed. Each pass is one ctest run: the tests that share a broker
@@ -15,7 +16,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-20}
 BUILD=$(realpath "${2:-build}")
-JOBS=${SPILLWAY_REPEAT_JOBS:-1}
+JOBS=${SPILLWAY_REPEAT_JOBS:-$((2 * $(nproc)))}
 [ -f "$BUILD/CTestTestfile.cmake" ] || { echo "no ctest build in $BUILD" >&2; exit 2; }
 # the tests labelled "broker" (CMakeLists.txt)
 # (without the fixture's tests: ctest adds them to any run that needs them)
