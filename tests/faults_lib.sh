@@ -175,23 +175,23 @@ redis_start() {
   fail "redis-server did not start on port $1"
 }
 
+# keys_out [ISOLATION]: the keys of every record in results + DLQ, one a line.
+keys_out() {
+  local t
+  for t in results dlq; do
+    kcat -b "$BOOTSTRAP" -C -t "$t" -e -q -o beginning -f '%k\n' -X fetch.wait.max.ms=5 \
+      -X isolation.level="${1:-read_uncommitted}" 2>/dev/null
+  done
+}
+
 # count_out PREFIX [ISOLATION]: records in results + DLQ whose key starts with PREFIX.
 count_out() {
-  local t n=0 c
-  for t in results dlq; do
-    c=$(kcat -b "$BOOTSTRAP" -C -t "$t" -e -q -o beginning -f '%k\n' -X fetch.wait.max.ms=5 \
-          -X isolation.level="${2:-read_uncommitted}" 2>/dev/null | grep -c "^$1" || true)
-    n=$((n + c))
-  done
-  echo "$n"
+  keys_out "${2:-}" | grep -c "^$1" || true
 }
 
 # distinct_out PREFIX: distinct keys starting with PREFIX in results + DLQ (read_uncommitted).
 distinct_out() {
-  local t
-  for t in results dlq; do
-    kcat -b "$BOOTSTRAP" -C -t "$t" -e -q -o beginning -f '%k\n' -X fetch.wait.max.ms=5 2>/dev/null
-  done | { grep "^$1" || true; } | sort -u | wc -l
+  keys_out | { grep "^$1" || true; } | sort -u | wc -l
 }
 
 # wait_out PREFIX MIN SECONDS [ISOLATION]: waits until count_out >= MIN; prints the count. Each
@@ -219,13 +219,10 @@ dump() {
 # letter (the keys of both topics against the ids: kcat and grep, no JSON), then until results +
 # DLQ stop growing for 2 s (the tail a restarted worker redoes).
 wait_all() {
-  local end=$(( $(date +%s) + $2 )) iso=${3:-read_uncommitted} prev=-1 stable=0 n want got t
+  local end=$(( $(date +%s) + $2 )) iso=${3:-read_uncommitted} prev=-1 stable=0 n want got
   want=$(sort -u "$WORK/$1.ids" | wc -l)
   while :; do
-    got=$(for t in results dlq; do
-            kcat -b "$BOOTSTRAP" -C -t "$t" -e -q -o beginning -f '%k\n' -X fetch.wait.max.ms=5 \
-              -X isolation.level="$iso" 2>/dev/null
-          done | sort -u | grep -cxFf "$WORK/$1.ids" || true)
+    got=$(keys_out "$iso" | sort -u | grep -cxFf "$WORK/$1.ids" || true)
     [ "$got" -ge "$want" ] && break
     [ "$(date +%s)" -lt "$end" ] || fail "$1: not every id came back within $2 s ($got of $want)"
     sleep 0.5
