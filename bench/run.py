@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""bench/run.py: the engine benchmark of issue 8, side by side with llama.cpp when given its binaries.
+"""bench/run.py: the engine benchmark of issues 8 and 19, side by side with llama.cpp when given its binaries.
 
 One command: builds Release (spillway, bench_engine, bench_prefix, bench_kernels), makes the
 synthetic models it needs with `spillway mkmodel` (under BUILD/models, reused when present) and
@@ -79,11 +79,13 @@ and no shared-prefix workload, which would take hours at this size on 2 threads)
 type it does not support yet) is reported as "refused" rows with llama.cpp's figures alone; the
 run goes on.
 
-Goals (issue 8, SmolLM2-135M-shaped synthetic model, 2 threads; printed whatever the settings):
-F16 prefill >= 1.0x llama.cpp, F16 single-stream decode >= 1.0x, F16 decode at 16 sequences
->= 1.5x; Q8_0 and Q4_K single-stream decode >= 1.0x; batch-1 decode >= 80% of the measured read
-bandwidth and prefill >= 70% of the best GEMM rate (every dtype); shared prefix >= 3x
-llama-batched-bench without sharing and >= 1.2x with -pps (fair row).
+Goals (GOALS below; 2 threads, printed whatever the settings). smollm2-135m (issue 8): F16
+prefill >= 1.0x llama.cpp, F16 single-stream decode >= 1.0x, F16 decode at 16 sequences >= 1.5x;
+Q8_0 and Q4_K single-stream decode >= 1.0x; batch-1 decode >= 80% of the measured read bandwidth
+and prefill >= 70% of the best GEMM rate (every dtype); shared prefix >= 3x llama-batched-bench
+without sharing and >= 1.2x with -pps (fair row). llama-3.2-1b (issue 19), every dtype: prefill
+and single-stream decode >= 1.0x llama.cpp, decode at 16 sequences >= 1.3x, single-stream decode
+>= 85% of the read bandwidth (no prefill GEMM goal: its rate is printed). Other presets: no goal.
 
 Without --llama-bench / --llama-batched-bench (or --llama-dir) only spillway is measured; a
 llama.cpp run that fails (e.g. a GGUF it refuses) is reported in the notes and its cells left
@@ -375,6 +377,26 @@ PRESETS = {"135m": "smollm2-135m", "llama-1b": "llama-3.2-1b"}
 PRESET_DEFAULTS = {"llama-3.2-1b": {"dtypes": "f16,q8_0,q4_k_m,q6_k", "batches": "16", "no_prefix": True}}
 # dtypes spillway mkmodel writes itself; any other name is a llama-quantize type
 MKMODEL_DTYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_k")
+# Goals per preset (2 threads): ratios against llama.cpp by dtype ("*": every dtype) and shares
+# of the measured ceilings; None: no goal.
+GOALS = {
+    "smollm2-135m": {"prefill": {"f16": 1.0}, "decode1": {"f16": 1.0, "q8_0": 1.0, "q4_k": 1.0},
+                     "decode16": {"f16": 1.5}, "decode1_bw": 0.80, "prefill_gemm": 0.70,
+                     "prefix_noshare": {"*": 3.0}, "prefix_pps": {"*": 1.2}},
+    "llama-3.2-1b": {"prefill": {"*": 1.0}, "decode1": {"*": 1.0}, "decode16": {"*": 1.3},
+                     "decode1_bw": 0.85, "prefill_gemm": None},
+}
+
+
+def goal_for(preset, what, dt=None):
+    """The goal of row kind `what` for dtype dt in preset: ("ratio", x), ("ceil", x) or None."""
+    g = GOALS.get(preset, {}).get(what)
+    if g is None:
+        return None
+    if what in ("decode1_bw", "prefill_gemm"):
+        return ("ceil", g)
+    v = g.get(dt, g.get("*"))
+    return ("ratio", v) if v is not None else None
 
 
 def make_model(spillway, bd, preset, dt, pad, llama_quantize=None, threads=2):
@@ -549,7 +571,8 @@ def main():
                                 f"tokens (tokens/s)", None, peer.get(("decode", n))))
                 if n == 1:
                     rows.append(Row(f"{lab} decode 1 sequence (GB/s of weights)", None,
-                                    scale(peer.get(("decode", 1)), gb), ("ceil", 0.80), (ceil, "read bw")))
+                                    scale(peer.get(("decode", 1)), gb), goal_for(args.preset, "decode1_bw"),
+                                    (ceil, "read bw")))
         for r in ours:
             if r["workload"] == "info":
                 if r["weight_bytes"] != mf["total_bytes"]:
@@ -559,31 +582,29 @@ def main():
             if r["workload"] == "read_bw":  # after the decode-1 figure it was measured with
                 rows.append(Row(f"{dt}: read bandwidth measured between the decode-1 repetitions (GB/s)", o))
                 rows.append(Row(f"{dt} decode 1 sequence (GB/s of weights), against that bandwidth", dec1,
-                                scale(peer.get(("decode", 1)), mf["bytes_per_token"] / 1e9), ("ceil", 0.80),
-                                ({"read bw": o[1]}, "read bw")))
+                                scale(peer.get(("decode", 1)), mf["bytes_per_token"] / 1e9),
+                                goal_for(args.preset, "decode1_bw"), ({"read bw": o[1]}, "read bw")))
                 continue
             if r["workload"] == "prefill":
                 key = ("prefill", r["n"])
-                g = ("ratio", 1.0) if dt == "f16" else None
+                g = goal_for(args.preset, "prefill", dt)
                 rows.append(Row(f"{dt} prefill {r['n']} tokens (tokens/s)", o, peer.get(key), g))
                 fl = mf["prefill_flops"](r["n"]) / r["n"] / 1e9
                 rows.append(Row(f"{dt} prefill {r['n']} tokens (GFLOP/s, matmuls + attention)", scale(o, fl),
-                                scale(peer.get(key), fl), ("ceil", 0.70), (ceil, "best GEMM")))
+                                scale(peer.get(key), fl), goal_for(args.preset, "prefill_gemm"),
+                                (ceil, "best GEMM")))
             else:
                 n = r["n"]
                 key = ("decode", n)
-                g = None
-                if n == 1 and dt in ("f16", "q8_0", "q4_k"):
-                    g = ("ratio", 1.0)
-                elif n == 16 and dt == "f16":
-                    g = ("ratio", 1.5)
+                g = goal_for(args.preset, "decode1" if n == 1 else f"decode{n}", dt)
                 lab = "1 sequence" if n == 1 else f"{n} sequences"
                 rows.append(Row(f"{dt} decode {lab} x {r['gen']} tokens (tokens/s)", o, peer.get(key), g))
                 if n == 1:
                     gb = mf["bytes_per_token"] / 1e9
                     dec1 = scale(o, gb)
                     rows.append(Row(f"{dt} decode 1 sequence (GB/s of weights)", dec1,
-                                    scale(peer.get(key), gb), ("ceil", 0.80), (ceil, "read bw")))
+                                    scale(peer.get(key), gb), goal_for(args.preset, "decode1_bw"),
+                                    (ceil, "read bw")))
 
     # ---- (d) shared prefix
     for dt in prefix_dtypes:
@@ -617,9 +638,9 @@ def main():
             continue
         rows += [
             Row(f"{w}: spillway cache on / llama.cpp no sharing (-npp {P + S} -ntg {G} -npl {N})", on,
-                peer_noshare, ("ratio", 3.0)),
+                peer_noshare, goal_for(args.preset, "prefix_noshare", dt)),
             Row(f"{w}: spillway cache on / llama.cpp -pps{kvu} (-npp {P} -ntg {S + G}: suffix as decode)", on,
-                peer_pps, ("ratio", 1.2)),
+                peer_pps, goal_for(args.preset, "prefix_pps", dt)),
             Row(f"{w}: spillway cache on / llama.cpp -pps{kvu} (-npp {P} -ntg {G}: suffixes dropped, less work)",
                 on, peer_lit),
             Row(f"{w}: spillway cache OFF / llama.cpp no sharing", off, peer_noshare),
@@ -648,8 +669,10 @@ def main():
         notes.append("llama.cpp: " + ", ".join(f"{k} {peer_info[k]}" for k in
                                                 ("build_commit", "build_number", "backends", "flash_attn",
                                                  "type_k", "n_threads") if k in peer_info))
-    if args.preset != "smollm2-135m" or args.threads != 2 or args.quick:
-        notes.append("the goals are set for smollm2-135m, 2 threads and the full workloads: "
+    if args.preset not in GOALS:
+        notes.append(f"no goals are set for {args.preset}: the goal column is empty")
+    elif args.threads != 2 or args.quick:
+        notes.append(f"the goals of {args.preset} are set for 2 threads and the full workloads: "
                      "this run differs, so read the goal column as indicative")
     if os.environ.get("OMP_WAIT_POLICY"):
         notes.append(f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']} in the environment (llama.cpp's OpenMP "
