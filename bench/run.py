@@ -87,6 +87,12 @@ without sharing and >= 1.2x with -pps (fair row). llama-3.2-1b (issue 19), every
 and single-stream decode >= 1.0x llama.cpp, decode at 16 sequences >= 1.3x, single-stream decode
 >= 85% of the read bandwidth (no prefill GEMM goal: its rate is printed). Other presets: no goal.
 
+--interleave runs the engines in turns: each of --reps rounds runs one repetition of spillway's
+bench_engine, then one of llama-bench and llama-batched-bench, and a figure's min / median / max
+are over the rounds. On a machine whose memory bandwidth or CPU share moves within minutes (a
+shared VM) both sides then see the same minutes; without it all of spillway's repetitions run
+before all of llama.cpp's. It costs a model load per round.
+
 Without --llama-bench / --llama-batched-bench (or --llama-dir) only spillway is measured; a
 llama.cpp run that fails (e.g. a GGUF it refuses) is reported in the notes and its cells left
 empty. --quick shrinks every workload (prompt 128, 32 generated, batches 4,16, shared prefix
@@ -94,8 +100,9 @@ empty. --quick shrinks every workload (prompt 128, 32 generated, batches 4,16, s
 
 Full run: 10-15 min on a quiet 2-core machine (579 s at caf93f0, 836 s at 1af0fb2), plus the
 build on a fresh checkout; --quick takes ~2 min. Run it on a quiet machine: the notes give the
-load average, and llama.cpp's spinning OpenMP threads lose up to 40x when other processes take
-the cores:
+load average and the CPUs other processes (and a hypervisor's steal) took during the run, and call
+the run busy above 0.25 of a CPU; llama.cpp's spinning OpenMP threads lose up to 40x when other
+processes take the cores:
   bench/run.py --dtypes f16,q8_0,q4_k --reps 3 --llama-dir /work/peer/llama.cpp/build/bin
 """
 import argparse
@@ -111,7 +118,7 @@ import sys
 import tempfile
 import time
 
-from machine import cpu_model
+from machine import cpu_model, cpu_snapshot, others_cpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 T0 = time.monotonic()
@@ -131,6 +138,27 @@ def sh(cmd, **kw):
 def mmm(vals):
     vals = sorted(vals)
     return vals[0], statistics.median(vals), vals[-1]
+
+
+def merge_rounds(rounds):
+    """bench_engine's records of several runs (a list per run) as one run's: per workload the
+    min / median / max over the runs' medians (each run's own when there is one run)."""
+    if len(rounds) == 1:
+        return rounds[0]
+    out, seen = [], {}
+    for recs in rounds:
+        for r in recs:
+            key = (r.get("workload"), r.get("n"), r.get("gen"))
+            if key not in seen:
+                seen[key] = dict(r, _vals=[])
+                out.append(seen[key])
+            if "median" in r:
+                seen[key]["_vals"].append(r["median"])
+    for r in out:
+        vals = r.pop("_vals")
+        if vals:
+            r["min"], r["median"], r["max"] = mmm(vals)
+    return out
 
 
 def scale(t, k):
@@ -269,10 +297,11 @@ def run_peer(cmd, notes, what, timeout):
     return r.stdout + "\n" + r.stderr
 
 
-def llama_bench(args, model, p, g, notes, info):
-    """{"prefill": (min, med, max), "decode": (...)} tokens/s from llama-bench -o jsonl."""
+def llama_bench(args, model, p, g, notes, info, reps=None):
+    """{"prefill": [samples], "decode": [samples]} tokens/s from llama-bench -o jsonl, -r reps
+    (default args.reps)."""
     cmd = [args.llama_bench, "-m", model, "-p", str(p), "-n", str(g), "-t", str(args.threads),
-           "-r", str(args.reps), "-o", "jsonl"] + shlex.split(args.llama_args)
+           "-r", str(reps or args.reps), "-o", "jsonl"] + shlex.split(args.llama_args)
     out = run_peer(cmd, notes, f"llama-bench on {os.path.basename(model)}", args.timeout)
     res = {}
     for r in json_lines(out or ""):
@@ -280,9 +309,9 @@ def llama_bench(args, model, p, g, notes, info):
         if not samples:
             continue
         if r.get("n_prompt") == p and r.get("n_gen") == 0:
-            res["prefill"] = mmm(samples)
+            res["prefill"] = list(samples)
         elif r.get("n_gen") == g and r.get("n_prompt") == 0:
-            res["decode"] = mmm(samples)
+            res["decode"] = list(samples)
         for k in ("build_commit", "build_number", "model_size", "model_n_params", "model_type",
                   "flash_attn", "n_threads", "cpu_info", "backends", "type_k"):
             if k in r:
@@ -457,6 +486,9 @@ def main():
     ap.add_argument("--kernel-rounds", type=int, default=3)
     ap.add_argument("--kernel-seconds", type=float, default=0.2)
     ap.add_argument("--q4k-pad", type=int, default=256, help="--pad for the q4_k model (0: none)")
+    ap.add_argument("--interleave", action="store_true",
+                    help="alternate the engines: each round runs one repetition of spillway, then of llama.cpp "
+                         "(--reps rounds), so that both sides see the same minutes of a shared machine")
     ap.add_argument("--quick", action="store_true", help="small workloads, 1 repetition: tests the harness")
     ap.add_argument("--llama-dir", help="directory holding llama-bench and llama-batched-bench")
     ap.add_argument("--llama-bench", help="path of llama.cpp's llama-bench")
@@ -493,6 +525,7 @@ def main():
     batches = ints(args.batches)
 
     load0 = os.getloadavg()[0]
+    snap0 = cpu_snapshot()
     bd = args.build_dir
     if not args.no_build:
         sh(["cmake", "-S", ROOT, "-B", bd, "-DCMAKE_BUILD_TYPE=Release"], stdout=subprocess.DEVNULL)
@@ -528,40 +561,49 @@ def main():
                      f"{mf['heads']} heads x {mf['head_dim']}, vocab {mf['vocab']}, {mf['params'] / 1e6:.1f} M "
                      f"parameters, {mf['total_bytes'] / 1e6:.1f} MB; matrices: {census}; decode reads "
                      f"{mf['bytes_per_token'] / 1e6:.1f} MB per token")
-        jf = os.path.join(tmp.name, f"engine-{dt}.jsonl")
         refused = None
-        try:  # a model spillway does not load (a weight type it lacks): refused rows, the run goes on
-            sh([os.path.join(bd, "bench_engine"), model, "--threads", str(args.threads), "--reps", str(args.reps),
-                "--prompt", str(args.prompt), "--gen", str(args.gen), "--batches", args.batches, "--json", jf],
-               stdout=sys.stderr, stderr=subprocess.PIPE)
-        except subprocess.CalledProcessError as e:
-            sys.stderr.write(e.stderr or "")
-            lines = [l for l in (e.stderr or "").splitlines() if l.strip()]
-            refused = (lines[-1] if lines else f"exit {e.returncode}").strip()
-            notes.append(f"{dt}: spillway refused {os.path.basename(model)}: {refused}")
         ours = []
-        if refused is None:
-            with open(jf) as f:
-                ours = [json.loads(l) for l in f if l.strip()]
         peer = {}
+        lb_samples, tg_samples = {}, {}
+        # --interleave: one repetition of each side at a time, spillway then llama.cpp, args.reps
+        # rounds; else all of spillway's repetitions, then all of llama.cpp's
+        rounds, per = (args.reps, 1) if args.interleave else (1, args.reps)
+        for rnd in range(rounds):
+            if refused is None:
+                jf = os.path.join(tmp.name, f"engine-{dt}-{rnd}.jsonl")
+                try:  # a model spillway does not load (a weight type it lacks): refused rows, the run goes on
+                    sh([os.path.join(bd, "bench_engine"), model, "--threads", str(args.threads), "--reps",
+                        str(per), "--prompt", str(args.prompt), "--gen", str(args.gen), "--batches",
+                        args.batches, "--json", jf], stdout=sys.stderr, stderr=subprocess.PIPE)
+                    with open(jf) as f:
+                        ours.append([json.loads(l) for l in f if l.strip()])
+                except subprocess.CalledProcessError as e:
+                    sys.stderr.write(e.stderr or "")
+                    lines = [l for l in (e.stderr or "").splitlines() if l.strip()]
+                    refused = (lines[-1] if lines else f"exit {e.returncode}").strip()
+                    notes.append(f"{dt}: spillway refused {os.path.basename(model)}: {refused}")
+            if args.llama_bench:
+                pi = {}
+                lb = llama_bench(args, model, args.prompt, args.gen, notes, pi, per)
+                peer_info.update(pi)
+                if rnd == 0 and "model_size" in pi and pi["model_size"] != mf["total_bytes"]:
+                    notes.append(f"{dt}: llama.cpp's model_size {pi['model_size']} bytes, the GGUF's tensors "
+                                 f"{mf['total_bytes']}")
+                if rnd == 0 and "model_n_params" in pi and pi["model_n_params"] != mf["params"]:
+                    notes.append(f"{dt}: llama.cpp counts {pi['model_n_params']} parameters, the GGUF holds "
+                                 f"{mf['params']}")
+                for k, v in lb.items():
+                    lb_samples.setdefault(k, []).extend(v)
+            if args.llama_batched_bench:
+                for _ in range(per):
+                    for r in batched_bench(args, model, 16, args.gen, batches, False, notes, "decode"):
+                        tg_samples.setdefault(r["pl"], []).append(r["speed_tg"])
+        ours = merge_rounds(ours)
         if args.llama_bench:
-            pi = {}
-            lb = llama_bench(args, model, args.prompt, args.gen, notes, pi)
-            peer_info.update(pi)
-            if "model_size" in pi and pi["model_size"] != mf["total_bytes"]:
-                notes.append(f"{dt}: llama.cpp's model_size {pi['model_size']} bytes, the GGUF's tensors "
-                             f"{mf['total_bytes']}")
-            if "model_n_params" in pi and pi["model_n_params"] != mf["params"]:
-                notes.append(f"{dt}: llama.cpp counts {pi['model_n_params']} parameters, the GGUF holds {mf['params']}")
-            peer[("prefill", args.prompt)] = lb.get("prefill")
-            peer[("decode", 1)] = lb.get("decode")
-        if args.llama_batched_bench:
-            speeds = {}
-            for _ in range(args.reps):
-                for r in batched_bench(args, model, 16, args.gen, batches, False, notes, "decode"):
-                    speeds.setdefault(r["pl"], []).append(r["speed_tg"])
-            for pl, v in speeds.items():
-                peer[("decode", pl)] = mmm(v)
+            peer[("prefill", args.prompt)] = mmm(lb_samples["prefill"]) if "prefill" in lb_samples else None
+            peer[("decode", 1)] = mmm(lb_samples["decode"]) if "decode" in lb_samples else None
+        for pl, v in tg_samples.items():
+            peer[("decode", pl)] = mmm(v)
         if refused is not None:
             lab = f"{dt} (spillway: refused)"
             gb = mf["bytes_per_token"] / 1e9
@@ -674,15 +716,22 @@ def main():
     elif args.threads != 2 or args.quick:
         notes.append(f"the goals of {args.preset} are set for 2 threads and the full workloads: "
                      "this run differs, so read the goal column as indicative")
+    if args.interleave:
+        notes.append(f"--interleave: {args.reps} rounds of one repetition each, spillway then llama.cpp, "
+                     f"per dtype; min / median / max over the rounds")
     if os.environ.get("OMP_WAIT_POLICY"):
         notes.append(f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']} in the environment (llama.cpp's OpenMP "
                      f"threads; spillway does not use OpenMP)")
     load1 = os.getloadavg()[0]
+    others = others_cpus(snap0, cpu_snapshot())
+    busy = others > 0.25 if others is not None else (load0 > 0.5 or load1 > args.threads + 1)
     notes.append(f"load average (1 min) {load0:.1f} at the start, {load1:.1f} at the end (the run's own "
                  f"{args.threads} threads included), {os.cpu_count()} CPUs"
+                 + (f"; other processes and the hypervisor's steal took {others:.2f} CPUs on average during "
+                    f"the run (/proc/stat less this run's own CPU time)" if others is not None else "")
                  + (": the machine was busy, the figures are not reliable (llama.cpp's spinning OpenMP "
                     "threads slow down by up to 40x when the cores are oversubscribed, ours less)"
-                    if load0 > 0.5 or load1 > args.threads + 1 else ""))
+                    if busy else ""))
     out = table(rows, have_peer)
     print(out)
     if notes:
