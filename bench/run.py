@@ -406,8 +406,8 @@ PRESETS = {"135m": "smollm2-135m", "llama-1b": "llama-3.2-1b"}
 PRESET_DEFAULTS = {"llama-3.2-1b": {"dtypes": "f16,q8_0,q4_k_m,q6_k", "batches": "16", "no_prefix": True}}
 # dtypes spillway mkmodel writes itself; any other name is a llama-quantize type
 MKMODEL_DTYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_k")
-# Goals per preset (2 threads): ratios against llama.cpp by dtype ("*": every dtype) and shares
-# of the measured ceilings; None: no goal.
+# Goals per preset (2 threads): ratios against llama.cpp, a dict by dtype ("*": every dtype), and
+# shares of the measured ceilings, a number; None: no goal.
 GOALS = {
     "smollm2-135m": {"prefill": {"f16": 1.0}, "decode1": {"f16": 1.0, "q8_0": 1.0, "q4_k": 1.0},
                      "decode16": {"f16": 1.5}, "decode1_bw": 0.80, "prefill_gemm": 0.70,
@@ -422,7 +422,7 @@ def goal_for(preset, what, dt=None):
     g = GOALS.get(preset, {}).get(what)
     if g is None:
         return None
-    if what in ("decode1_bw", "prefill_gemm"):
+    if not isinstance(g, dict):  # a share of a ceiling, the same for every dtype
         return ("ceil", g)
     v = g.get(dt, g.get("*"))
     return ("ratio", v) if v is not None else None
