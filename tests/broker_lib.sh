@@ -35,12 +35,12 @@
 # SPILLWAY_TEST_BROKER unset).
 #
 # Every record a test reads is checked against its schema: kcat is a function here that runs
-# the real kcat and then, after a read of what a topic holds (-C with -e, formatted with %s or
-# %h, or -J), reads the same records again as JSON envelopes and passes them to
-# tests/validate_records.py (results, dead letters, stream chunks and usage records, told apart by
-# their content; schemas/). A record that fails is printed and listed in
-# $WORK/.schema_failures, and the test then fails at exit (bt_cleanup) whatever it found
-# otherwise. Each record is checked once ($WORK/.schema_seen).
+# the real kcat and notes every read of what a topic holds (-C with -e, formatted with %s or %h,
+# or -J); at exit (bt_cleanup, before the brokers stop) those topics and every topic of the
+# test (its brokers', or its own on the shared broker) are read again from the beginning as
+# JSON envelopes and passed to tests/validate_records.py (results, dead letters, stream chunks
+# and usage records, told apart by their content; schemas/). A record that fails is printed and
+# listed in $WORK/.schema_failures, and the test then fails whatever it found otherwise.
 
 bt_init() {
   local name=$1 redis=${4:-}
@@ -105,54 +105,80 @@ kcat() {
 }
 
 # bt_check_topics: the schema check of every topic of every broker the test started that still
-# answers, and of the test's own topics (named from NS) on the shared broker when it used that
-# one (records read by other clients than kcat, e.g. spillway collect, included); run at exit,
-# before the brokers stop.
+# answers, of the test's own topics (named from NS) on the shared broker when it used that one
+# (records read by other clients than kcat, e.g. spillway collect, included), and of every other
+# topic the test read with kcat (bt_check_read): each read from its beginning, all through one
+# tests/validate_records.py. Run at exit, before the brokers stop.
 bt_check_topics() {
-  local d bs t
+  local d bs t line key seen=" "
+  local -a a reads=()
   for d in "$WORK"/broker* ${SPILLWAY_TEST_BROKER:+"$SPILLWAY_TEST_BROKER/ctest-$PPID"}; do
     [ -f "$d/env" ] || continue
     bs=$(sed -n 's/^BOOTSTRAP=//p' "$d/env" | tail -n 1)
     [ -n "$bs" ] || continue
-    for t in $(timeout 20 command kcat -b "$bs" -L -m 5 2>/dev/null |
+    for t in $(timeout 20 kcat -b "$bs" -L -m 5 2>/dev/null |
                sed -n 's/^  topic "\([^"]*\)".*/\1/p'); do
       case $t in __*) continue ;; esac
       # the shared broker holds the other tests' topics too: only this test's are checked
       case $d in "$WORK"/*) ;; *) case $t in "${NS:-}"?*) ;; *) continue ;; esac ;; esac
-      bt_check_read -C -b "$bs" -t "$t" -e -J -o beginning -X fetch.wait.max.ms=5 -m 5
+      reads+=("$(printf '%q ' -b "$bs" -t "$t")")
+      seen+=" $bs/$t "
     done
   done
+  if [ -s "$WORK/.schema_reads" ]; then
+    while IFS= read -r line; do
+      eval "a=($line)"
+      bs="" t=""
+      set -- "${a[@]}"
+      while [ $# -gt 0 ]; do
+        case $1 in -b) bs=$2; shift ;; -t) t=$2; shift ;; esac
+        shift
+      done
+      case $seen in *" $bs/$t "*) continue ;; esac
+      seen+=" $bs/$t "
+      if timeout 20 kcat -L -m 5 "${a[@]}" >/dev/null 2>&1; then
+        reads+=("$line")
+      else
+        echo "note: records read from $t at $bs were not schema-checked (the broker no longer answers)" >&2
+      fi
+    done < <(sort -u "$WORK/.schema_reads")
+  fi
+  [ "${#reads[@]}" -gt 0 ] || return 0
+  local out rc=0
+  out=$(for line in "${reads[@]}"; do
+          eval "a=($line)"
+          timeout 60 kcat -C -J -q -e -o beginning -X fetch.wait.max.ms=5 -m 5 "${a[@]}" 2>/dev/null
+        done | python3 "$ROOT/tests/validate_records.py" "" "$WORK/.schema_seen" "${NS:-}") || rc=$?
+  if [ "$rc" = 1 ]; then
+    printf '%s\n' "$out" >>"$WORK/.schema_failures"
+    printf 'schema check failed:\n%s\n' "$out" >&2
+  elif [ "$rc" != 0 ]; then
+    printf '%s\n' "${out:-validate_records.py exited $rc}" >&2
+  fi
+  return 0
 }
 
-# bt_check_read KCAT_ARGS...: the schema check of a kcat read (see the top). Never fails the
-# caller: failures go to $WORK/.schema_failures.
+# bt_check_read KCAT_ARGS...: notes a kcat read of records' content (-C, -e, -J or a -f with %s
+# or %h) in $WORK/.schema_reads (its broker, topic and client settings), for bt_check_topics to
+# check at exit. Never fails the caller.
 bt_check_read() {
-  local topic="" consume=0 end=0 content=0 args=()
+  local topic="" consume=0 end=0 content=0 client=()
   while [ $# -gt 0 ]; do
     case $1 in
       -C) consume=1 ;;
-      -e) end=1; args+=(-e) ;;
+      -e) end=1 ;;
       -J) content=1 ;;
-      -q) ;;
       -f) case $2 in *%s*|*%h*) content=1 ;; esac; shift ;;
-      -t) topic=$2; args+=(-t "$2"); shift ;;
-      -b|-p|-o|-c|-X|-K|-k|-D|-s|-F|-m) args+=("$1" "$2"); shift ;;
-      *) args+=("$1") ;;
+      -t) topic=$2; client+=(-t "$2"); shift ;;
+      -b|-X|-F) case $1$2 in -Xisolation.level=*|-Xfetch.*) ;; *) client+=("$1" "$2") ;; esac; shift ;;
+      -p|-o|-c|-K|-k|-D|-s|-m) shift ;;
     esac
     shift
   done
   [ "$consume" = 1 ] && [ "$end" = 1 ] && [ "$content" = 1 ] && [ -n "$topic" ] &&
     [ -d "${WORK:-}" ] || return 0
-  local out rc=0
-  out=$(timeout 60 kcat -C -J -q "${args[@]}" 2>/dev/null |
-        python3 "$ROOT/tests/validate_records.py" "$topic" "$WORK/.schema_seen") || rc=$?
-  if [ "$rc" = 1 ]; then
-    printf '%s\n' "$out" >>"$WORK/.schema_failures"
-    printf 'schema check of topic %s failed:\n%s\n' "$topic" "$out" >&2
-  elif [ "$rc" != 0 ] && [ ! -e "$WORK/.schema_skip" ]; then
-    printf '%s\n' "${out:-validate_records.py exited $rc}" >&2
-    touch "$WORK/.schema_skip"
-  fi
+  printf '%q ' "${client[@]}" >>"$WORK/.schema_reads"
+  echo >>"$WORK/.schema_reads"
   return 0
 }
 

@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # Runs the real-broker tests (ctest label "broker": the tests/test_*.sh that start a Kafka broker)
-# N times in a row through ctest, every
-# run to its end (no retry), and prints per test the passes, failures and mean time, then the
-# total time. A test that fails once in N is flaky: investigate it, do not rerun it.
+# N times each in one ctest run (`ctest --repeat until-fail:N`: a test runs again as soon as its
+# last run passed, beside the others; no retry), and prints per test its runs, passes, failures
+# and mean time, then the total time. A test that fails once in N is flaky: investigate it, do
+# not rerun it.
 #   tests/repeat-broker-tests.sh [N [BUILD_DIR]]   N default 20, BUILD_DIR default build (built)
 #   SPILLWAY_REPEAT_JOBS   ctest's -j (default: twice the number of CPUs, as scripts/test.sh's
 #                          Release stage runs them; a fault scenario counts as two)
 #   SPILLWAY_REPEAT_ONLY   an extended regex: only the broker tests whose name matches it
-# Each pass's ctest output is kept in BUILD_DIR/repeat-broker/pass-K.log; exit status 0 only
-# when every run of every test passed. Each pass is one ctest run: the tests that share a broker
-# (CMakeLists.txt's SPILLWAY_SHARED_BROKER_TESTS) share one per pass, started and stopped by the
-# ctest fixture kafka_broker (its two tests, kafka_broker_start and kafka_broker_stop, are
-# counted in the table like the others).
+# ctest's output is kept in BUILD_DIR/repeat-broker/run.log; exit status 0 only when every test
+# ran N times and passed every time. The tests that share a broker (CMakeLists.txt's
+# SPILLWAY_SHARED_BROKER_TESTS) share one for the whole run, started and stopped by the ctest
+# fixture kafka_broker (its two tests, kafka_broker_start and kafka_broker_stop, run N times too
+# and are counted in the table like the others: a start finds the broker running, a stop after
+# the first finds it gone).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-20}
@@ -26,25 +28,34 @@ names=$(cd "$BUILD" && ctest -N -L broker | sed -nE 's/^ *Test +#[0-9]+: (.+)$/\
 [ -n "$names" ] || { echo "no broker test matches" >&2; exit 2; }
 regex="^($(echo "$names" | sed 's/\./\\./g' | paste -sd'|'))\$"
 echo "broker tests ($(echo "$names" | wc -l)): $(echo "$names" | tr '\n' ' ')"
-echo "$N pass(es), $JOBS at once, load average $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) CPUs"
+echo "$N run(s) of each, $JOBS at once, load average $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) CPUs"
 mkdir -p "$BUILD/repeat-broker"
-res="$BUILD/repeat-broker/results.txt"
-: >"$res"
+log="$BUILD/repeat-broker/run.log"
 t0=$SECONDS
-for k in $(seq 1 "$N"); do
-  p0=$SECONDS
-  rc=0
-  (cd "$BUILD" && ctest --output-on-failure -j"$JOBS" -R "$regex") >"$BUILD/repeat-broker/pass-$k.log" 2>&1 ||
-    rc=$?
-  # "  3/17 Test  #12: test_x.sh ..........   Passed   31.20 sec" / "***Failed" / "***Timeout"
-  sed -nE 's/^ *[0-9]+\/[0-9]+ Test +#[0-9]+: ([^ ]+) \.+ *(\*\*\*)?([A-Za-z]+).* ([0-9.]+) sec$/\1 \3 \4/p' \
-    "$BUILD/repeat-broker/pass-$k.log" | sed "s/^/$k /" >>"$res"
-  fails=$(awk -v k="$k" '$1 == k && $3 != "Passed"' "$res" | awk '{ print $2 }' | paste -sd' ')
-  echo "pass $k/$N: $((SECONDS - p0)) s, ctest exit $rc${fails:+, failed: $fails}"
-done
+rc=0
+(cd "$BUILD" && ctest --output-on-failure -j"$JOBS" -R "$regex" --repeat until-fail:"$N") >"$log" 2>&1 ||
+  rc=$?
+echo "ctest exit $rc after $((SECONDS - t0)) s"
 echo
-printf '%-28s %6s %6s %9s\n' test passed failed mean_s
-awk '{ n[$2]++; if ($3 == "Passed") p[$2]++; else f[$2]++; t[$2] += $4 }
-     END { for (x in n) printf "%-28s %6d %6d %9.1f\n", x, p[x], f[x], t[x] / n[x] }' "$res" | sort
-echo "total: $((SECONDS - t0)) s for $N pass(es); logs in $BUILD/repeat-broker/"
-! awk '$3 != "Passed"' "$res" | grep -q .
+# every run's line: "  3/17 Test  #12: test_x.sh ....   Passed   31.20 sec" (the "3/17 " only on a
+# test's last run), "***Failed", "***Timeout", "***Exception: ..."
+res="$BUILD/repeat-broker/results.txt"
+sed -nE 's/^ *([0-9]+\/[0-9]+ )?Test +#[0-9]+: ([^ ]+) \.+ *(\*\*\*)?([A-Za-z]+).* ([0-9.]+) sec$/\2 \4 \5/p' \
+  "$log" >"$res"
+printf '%-30s %5s %6s %6s %9s\n' test runs passed failed mean_s
+awk '{ n[$1]++; if ($2 == "Passed") p[$1]++; else f[$1]++; t[$1] += $3 }
+     END { for (x in n) printf "%-30s %5d %6d %6d %9.1f\n", x, n[x], p[x], f[x], t[x] / n[x] }' "$res" | sort
+echo "total: $((SECONDS - t0)) s, $(wc -l <"$res") runs; ctest output in $log"
+# every test N times, every run passed
+expect=$( (echo "$names"; echo kafka_broker_start; echo kafka_broker_stop) | sort -u)
+bad=0
+while read -r t; do
+  runs=$(awk -v t="$t" '$1 == t' "$res" | wc -l)
+  fails=$(awk -v t="$t" '$1 == t && $2 != "Passed"' "$res" | wc -l)
+  if [ "$runs" != "$N" ] || [ "$fails" != 0 ]; then
+    case $t in kafka_broker_*) grep -q "^$t " "$res" || continue ;; esac
+    echo "$t: $runs run(s) of $N, $fails failed"
+    bad=1
+  fi
+done <<<"$expect"
+[ "$rc" = 0 ] && [ "$bad" = 0 ]

@@ -5,7 +5,7 @@
 #                                 parent), which dies with that ctest process even when the
 #                                 cleanup below never runs (scripts/svc-lib.sh's watchdog). A
 #                                 broker already running there is kept (ctest --repeat).
-#   shared_broker.sh stop ROOT    stops it and removes its folder.
+#   shared_broker.sh stop ROOT    stops it and removes its folder (nothing to do when it is gone).
 # Exit 77 (skipped) without java, mvn or kcat: the tests then skip by themselves (bt_init).
 # Its settings are those of the fault tests' brokers (tests/faults_lib.sh): consumer sessions may
 # be 1 s, timed-out transactions are aborted within a second of their timeout. It waits up to
@@ -37,6 +37,8 @@ transaction.abort.timed.out.transaction.cleanup.interval.ms=1000" "$KB" start "$
     echo "shared broker in $DIR: $(grep -E '^(BOOTSTRAP|STARTUP_MS)=' "$DIR/env" | paste -sd' ')"
     ;;
   stop)
+    # a stop after the first (ctest --repeat) finds nothing to stop
+    [ -e "$DIR" ] || { echo "no shared broker in $DIR (stopped already)"; exit 0; }
     "$KB" stop "$DIR"
     ;;
   *) echo "usage: $0 start|stop ROOT" >&2; exit 2 ;;

@@ -2,7 +2,7 @@
 """Checks the records a worker wrote against schemas/ (called by tests/broker_lib.sh's kcat
 wrapper after every read of a topic; not a test itself).
 
-Usage: validate_records.py TOPIC SEEN_FILE < kcat -J envelopes (one JSON object a line)
+Usage: validate_records.py TOPIC SEEN_FILE [PREFIX] < kcat -J envelopes (one JSON object a line)
 Exit: 0 every record valid, 1 a record failed its schema (one line each on stdout), 77 no
 jsonschema module.
 
@@ -13,7 +13,9 @@ record, with "finish_reason" and "timings" a result. Anything else (a request on
 deferral topic) is not spillway's output and is left alone, except on a topic named like an
 output topic (results*, replies*, r-*, *.stream, usage*; *dlq*, d-*), where it must be one of
 those. SEEN_FILE lists "topic partition offset" of the records already checked (appended to),
-so a test that polls a topic checks each record once.
+so a test that polls a topic checks each record once. PREFIX (a test's namespace, tests/broker_lib.sh's
+NS) is taken off a topic's name before it is matched: "usage-123-prompts" is the input topic
+"prompts" of the test "usage", not a usage topic.
 """
 import json
 import os
@@ -53,6 +55,7 @@ def kind_of(headers, value):
 
 def main():
     topic, seen_file = sys.argv[1], sys.argv[2]
+    prefix = sys.argv[3] if len(sys.argv) > 3 else ""
     seen = set()
     if os.path.exists(seen_file):
         with open(seen_file, encoding="utf-8") as f:
@@ -77,6 +80,8 @@ def main():
             value = None
         kind = kind_of(headers, value)
         name = m.get("topic", topic)
+        if prefix and name.startswith(prefix):
+            name = name[len(prefix):]
         if kind is None:
             if DLQ_TOPIC.match(name):
                 print("%s: not a dead letter (no __spillway.errors.code header)" % where)
