@@ -4,10 +4,13 @@
 # start another transaction on that producer instance), against a real Apache Kafka 4.x broker
 # (scripts/kafka-broker.sh) with stories260K:
 #   200 short prompts over 2 partitions -> `spillway worker -s delivery=exactly-once
-#   -s transaction.commit.timeout.ms=1000 -s max.inflight=16` with the test plugin
+#   -s transaction.commit.timeout.ms=4000 -s max.inflight=16` with the test plugin
 #   tests/kafka/delay_endtxn.c loaded into its producer (-X producer.plugin.library.paths),
-#   which holds the first EndTxn response back for 3 s: the commit times out with the outcome
-#   unknown to the worker (the broker committed it). The worker must replace the producer
+#   which holds the first EndTxn response back for 10 s: the commit times out with the outcome
+#   unknown to the worker (the broker committed it). The other commits must not time out (each
+#   one that does is rightly aborted, and its records would fail the check below): 4 s leaves
+#   room for a loaded machine (with 1 s, at a load average of 15 on 2 CPUs, a flush took most
+#   of a commit's second and two more commits timed out). The worker must replace the producer
 #   instance (log line "replacing producer"), rewind to the committed offsets (which then include
 #   that transaction's), serve the rest and stop on SIGTERM with status 0. Then, read with
 #   read_committed: every id exactly once; read_uncommitted: no other record (the timed-out
@@ -46,12 +49,12 @@ PY
 "$SPILLWAY" produce -b "$BOOTSTRAP" -t "${NS}prompts" --key-prefix 0 "$WORK/in.jsonl" 2>/dev/null
 say "produced $N prompts"
 
-echo 3000 >"$WORK/delay"
+echo 10000 >"$WORK/delay"
 SPILLWAY_TEST_ENDTXN_DELAY_FILE=$WORK/delay \
   "$SPILLWAY" worker -b "$BOOTSTRAP" -t "${NS}prompts" -o "${NS}results" -d "${NS}prompts.dlq" -g "${NS}spw-endtxn" \
     -m "$MODEL" \
     -s delivery=exactly-once -s worker.id=eosd -s threads=1 -s commit.interval.ms=200 \
-    -s transaction.commit.timeout.ms=1000 -s max.inflight=16 -s kv.mem_mb=64 -s log.level=info \
+    -s transaction.commit.timeout.ms=4000 -s max.inflight=16 -s kv.mem_mb=64 -s log.level=info \
     -X log_level=3 -X consumer.session.timeout.ms=6000 -X "producer.plugin.library.paths=$PLUGIN" \
     >"$WORK/w.log" 2>&1 &
 WPID=$!
