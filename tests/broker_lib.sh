@@ -110,7 +110,7 @@ kcat() {
 # topic the test read with kcat (bt_check_read): each read from its beginning, all through one
 # tests/validate_records.py. Run at exit, before the brokers stop.
 bt_check_topics() {
-  local d bs t line key seen=" "
+  local d bs t line seen=" "
   local -a a reads=()
   for d in "$WORK"/broker* ${SPILLWAY_TEST_BROKER:+"$SPILLWAY_TEST_BROKER/ctest-$PPID"}; do
     [ -f "$d/env" ] || continue
