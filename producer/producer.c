@@ -251,6 +251,14 @@ int producer_fatal(producer_t *p, char *errstr, size_t errlen)
     return 1;
 }
 
+int producer_fenced(producer_t *p)
+{
+    char e[8];
+    rd_kafka_resp_err_t err = rd_kafka_fatal_error(p->rk, e, sizeof e);
+    return err == RD_KAFKA_RESP_ERR__FENCED || err == RD_KAFKA_RESP_ERR_PRODUCER_FENCED ||
+           err == RD_KAFKA_RESP_ERR_INVALID_PRODUCER_EPOCH;
+}
+
 int producer_txn_begin(producer_t *p, char *errstr, size_t errlen)
 {
     rd_kafka_error_t *e = rd_kafka_begin_transaction(p->rk);

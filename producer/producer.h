@@ -81,6 +81,9 @@ int producer_poll(producer_t *p, int timeout_ms);
 int producer_flush(producer_t *p, int timeout_ms);
 /* 1 (and errstr) once the producer raised a fatal error (e.g. fenced): it cannot go on. */
 int producer_fatal(producer_t *p, char *errstr, size_t errlen);
+/* 1 when the producer's fatal error is a fence (_FENCED, PRODUCER_FENCED, INVALID_PRODUCER_EPOCH:
+ * the transaction coordinator bumped this transactional.id's epoch), 0 otherwise. */
+int producer_fenced(producer_t *p);
 
 /* What a produce error means for the record (from producev or in its delivery report). */
 enum {

@@ -6,10 +6,15 @@
  *    UNKNOWN_PRODUCER_ID, Produce TOPIC_AUTHORIZATION_FAILED): the transaction is aborted, the
  *    input rewound and processed again (more messages consumed than produced), the worker goes
  *    on and every result arrives;
- *  - exactly-once, fatal errors (EndTxn PRODUCER_FENCED, TxnOffsetCommit
- *    TRANSACTIONAL_ID_AUTHORIZATION_FAILED, AddOffsetsToTxn and Produce INVALID_PRODUCER_EPOCH):
- *    worker_run returns -1 with the reason and no transaction was committed; a restarted worker
- *    with the same transactional.id serves everything;
+ *  - exactly-once, fatal errors (TxnOffsetCommit TRANSACTIONAL_ID_AUTHORIZATION_FAILED; EndTxn
+ *    PRODUCER_FENCED with transaction.fence.window.ms 0; AddOffsetsToTxn INVALID_PRODUCER_EPOCH
+ *    twice, the second fence within the window): worker_run returns -1 with the reason and no
+ *    transaction was committed; a restarted worker with the same transactional.id serves
+ *    everything;
+ *  - exactly-once, one fence (EndTxn PRODUCER_FENCED, Produce INVALID_PRODUCER_EPOCH: what the
+ *    broker answers after aborting a transaction that outlived transaction.timeout.ms): the
+ *    producer instance is replaced, the input rewound, every input answered once by the new
+ *    instance, and the worker goes on;
  *  - exactly-once, the assignment lost (a heartbeat answered ILLEGAL_GENERATION) with outputs
  *    in the open transaction: it is aborted, and everything is served again;
  *  - exactly-once, the EndTxn of a commit, or of the abort after an abortable error, answered
@@ -452,16 +457,24 @@ static int case_abort_produce(void)
                               RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED);
 }
 
-/* A fatal error on api at broker: worker_run returns -1 with the reason, no transaction was
- * committed; with restart, a new worker with the same transactional.id serves everything. */
-static int case_eos_fatal(const char *tag, int broker, int api, rd_kafka_resp_err_t err,
-                          int restart)
+/* A fatal error on api at broker, nerr times in a row, with transaction.fence.window.ms window
+ * (NULL: the default): worker_run returns -1 with a reason containing want, no transaction was
+ * committed, and fences producer instances were replaced first; with restart, a new worker with
+ * the same transactional.id serves everything. */
+static int case_eos_fatal(const char *tag, int broker, int api, rd_kafka_resp_err_t err, int nerr,
+                          const char *window, int fences, const char *want, int restart)
 {
     env_t e;
     if (env_init(&e, tag, 8)) return -1;
     produce_prompts(&e, tok2);
-    rd_kafka_mock_broker_push_request_error_rtts(e.mc, broker, (int16_t)api, 1, err, 0);
-    worker_t *w = make_worker(&e, 1, NULL);
+    if (nerr == 1)
+        rd_kafka_mock_broker_push_request_error_rtts(e.mc, broker, (int16_t)api, 1, err, 0);
+    else
+        rd_kafka_mock_broker_push_request_error_rtts(e.mc, broker, (int16_t)api, 2, err, 0, err, 0);
+    char wkey[64];
+    snprintf(wkey, sizeof wkey, "transaction.fence.window.ms=%s", window ? window : "300000");
+    const char *extra[] = {wkey, NULL};
+    worker_t *w = make_worker(&e, 1, extra);
     if (!w) return -1;
     run_t run;
     run_start(&run, w);
@@ -472,10 +485,14 @@ static int case_eos_fatal(const char *tag, int broker, int api, rd_kafka_resp_er
     worker_stats_t st;
     worker_stats(w, &st);
     CHECKF(run.rc == -1, "%s: worker_run returned %d", tag, run.rc);
-    CHECKF(strstr(run.err, "fatal") || strstr(run.err, "exactly-once"), "reason: '%s'", run.err);
+    CHECKF(strstr(run.err, want) != NULL, "reason: '%s', want '%s'", run.err, want);
     CHECKF(st.txn_commits == 0, "%llu transactions committed", (unsigned long long)st.txn_commits);
+    CHECKF(st.producer_fences == (uint64_t)fences && st.producer_restarts == (uint64_t)fences,
+           "%llu fences recovered, %llu producers replaced, want %d",
+           (unsigned long long)st.producer_fences, (unsigned long long)st.producer_restarts, fences);
     CHECK(stack_left(&e, broker, api) == 0);
-    fprintf(stderr, "summary: %s: stopped with \"%s\"\n", rd_kafka_err2name(err), run.err);
+    fprintf(stderr, "summary: %s x%d: %d fence(s) recovered, then stopped with \"%s\"\n",
+            rd_kafka_err2name(err), nerr, fences, run.err);
     worker_free(w);
     if (restart) { /* count from the end: the mock keeps the failed transaction's records */
         reader_t rd;
@@ -505,24 +522,95 @@ static int case_eos_fatal(const char *tag, int broker, int api, rd_kafka_resp_er
     return 0;
 }
 
+/* a fence with transaction.fence.window.ms 0: the worker stops, as on any fatal error */
 static int case_fatal_endtxn(void)
 {
-    return case_eos_fatal("fatal-endtxn", B_TXN, API_END_TXN, RD_KAFKA_RESP_ERR_PRODUCER_FENCED, 1);
+    return case_eos_fatal("fatal-endtxn", B_TXN, API_END_TXN, RD_KAFKA_RESP_ERR_PRODUCER_FENCED, 1,
+                          "0", 0, "(stopping; restart the worker)", 1);
 }
+/* not a fence: stops */
 static int case_fatal_offsets(void)
 {
     return case_eos_fatal("fatal-offsets", B_GROUP, API_TXN_OFFSET_COMMIT,
-                          RD_KAFKA_RESP_ERR_TRANSACTIONAL_ID_AUTHORIZATION_FAILED, 0);
+                          RD_KAFKA_RESP_ERR_TRANSACTIONAL_ID_AUTHORIZATION_FAILED, 1, NULL, 0,
+                          "fatal", 0);
 }
-static int case_fatal_addoffsets(void)
+/* fenced twice within the window (two workers sharing a transactional.id fence each other in
+ * turn): the first is recovered from, the second stops the worker */
+static int case_fenced_twice(void)
 {
-    return case_eos_fatal("fatal-addoffsets", B_TXN, API_ADD_OFFSETS_TO_TXN,
-                          RD_KAFKA_RESP_ERR_INVALID_PRODUCER_EPOCH, 0);
+    return case_eos_fatal("fenced-twice", B_TXN, API_ADD_OFFSETS_TO_TXN,
+                          RD_KAFKA_RESP_ERR_INVALID_PRODUCER_EPOCH, 2, NULL, 1, "fenced again", 1);
 }
-static int case_fatal_produce(void)
+
+/* Exactly-once, one fence (error err on api at broker; what a broker answers once it aborted a
+ * transaction that outlived transaction.timeout.ms and bumped the epoch, e.g. after a network
+ * partition): the worker replaces its producer instance (a second InitProducerId, whose answer
+ * the mock holds back 3 s, so that the test reads every record of the old instance first),
+ * rewinds and goes on; every input is answered exactly once by the new instance (the mock
+ * stores no transactional offsets: the rewind goes back to the beginning). The old code
+ * stopped on every fence. */
+static int case_eos_fenced(const char *tag, int broker, int api, rd_kafka_resp_err_t err)
 {
-    return case_eos_fatal("fatal-produce", B_OUT, API_PRODUCE,
-                          RD_KAFKA_RESP_ERR_INVALID_PRODUCER_EPOCH, 0);
+    env_t e;
+    if (env_init(&e, tag, 16)) return -1;
+    produce_prompts(&e, tok2);
+    rd_kafka_mock_broker_push_request_error_rtts(e.mc, B_TXN, API_INIT_PRODUCER_ID, 2,
+                                                 RD_KAFKA_RESP_ERR_NO_ERROR, 0,
+                                                 RD_KAFKA_RESP_ERR_NO_ERROR, 3000);
+    rd_kafka_mock_broker_push_request_error_rtts(e.mc, broker, (int16_t)api, 1, err, 0);
+    worker_t *w = make_worker(&e, 1, NULL);
+    if (!w) return -1;
+    reader_t rd;
+    reader_init(&rd, &e);
+    run_t run;
+    run_start(&run, w);
+    int64_t end = tk_now_ms() + 30000;
+    while (stack_left(&e, B_TXN, API_INIT_PRODUCER_ID) > 0 && !run_done(&run) && tk_now_ms() < end)
+        usleep(20000);
+    CHECKF(stack_left(&e, B_TXN, API_INIT_PRODUCER_ID) == 0,
+           "no second InitProducerId (worker %s: %s)", run_done(&run) ? "stopped" : "running",
+           run_done(&run) ? run.err : "");
+    CHECK(stack_left(&e, broker, api) == 0);
+    reader_catch_up(&rd, e.out); /* the old instance's records, all of them */
+    int old_records = rd.records;
+    int64_t next = rd.next; /* from here: the new instance's records */
+    rd_kafka_t *c = rd.c;
+    memset(&rd, 0, sizeof rd);
+    rd.c = c;
+    rd.n = e.n;
+    rd.tag = e.tag;
+    rd.next = next;
+    if (eos_finish(&e, &run, &rd, 30000)) return -1;
+    reader_catch_up(&rd, e.out);
+    worker_stats_t st;
+    worker_stats(w, &st);
+    CHECKF(run.rc == 0, "%s", run.err);
+    CHECKF(st.producer_fences == 1 && st.producer_restarts == 1,
+           "%llu fences recovered, %llu producers replaced", (unsigned long long)st.producer_fences,
+           (unsigned long long)st.producer_restarts);
+    CHECKF(st.txn_commits >= 1, "%llu commits", (unsigned long long)st.txn_commits);
+    CHECKF(rd.records == e.n && rd.distinct == e.n, "new instance: %d records, %d ids, want %d",
+           rd.records, rd.distinct, e.n);
+    fprintf(stderr, "summary: %s on api %d: producer replaced (2 InitProducerId), %d record(s) "
+                    "of the fenced instance, then %d records for %d inputs in %llu committed "
+                    "transaction(s)\n",
+            rd_kafka_err2name(err), api, old_records, rd.records, e.n,
+            (unsigned long long)st.txn_commits);
+    worker_free(w);
+    reader_free(&rd);
+    env_free(&e);
+    return 0;
+}
+
+static int case_fenced_endtxn(void)
+{
+    return case_eos_fenced("fenced-endtxn", B_TXN, API_END_TXN, RD_KAFKA_RESP_ERR_PRODUCER_FENCED);
+}
+static int case_fenced_produce(void)
+{
+    return case_eos_fenced("fenced-produce", B_OUT, API_PRODUCE,
+                           RD_KAFKA_RESP_ERR_INVALID_PRODUCER_EPOCH);
 }
 
 /* Exactly-once, the assignment is lost (a heartbeat answered ILLEGAL_GENERATION) while outputs
@@ -848,10 +936,11 @@ int main(void)
         {.name = "eos_abort_txn_offset_commit", .fn = case_abort_offsets},
         {.name = "eos_abort_end_txn", .fn = case_abort_endtxn},
         {.name = "eos_abort_produce", .fn = case_abort_produce},
-        {.name = "eos_fatal_end_txn", .fn = case_fatal_endtxn},
+        {.name = "eos_fatal_end_txn_window_0", .fn = case_fatal_endtxn},
         {.name = "eos_fatal_txn_offset_commit", .fn = case_fatal_offsets},
-        {.name = "eos_fatal_add_offsets", .fn = case_fatal_addoffsets},
-        {.name = "eos_fatal_produce", .fn = case_fatal_produce},
+        {.name = "eos_fenced_twice", .fn = case_fenced_twice},
+        {.name = "eos_fenced_end_txn", .fn = case_fenced_endtxn},
+        {.name = "eos_fenced_produce", .fn = case_fenced_produce},
         {.name = "eos_lost", .fn = case_eos_lost},
         {.name = "eos_end_txn_timeout", .fn = case_endtxn_timeout},
         {.name = "eos_abort_timeout", .fn = case_abort_timeout},

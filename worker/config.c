@@ -49,6 +49,11 @@ static const key_t_ KEYS[] = {
      "exactly-once: a transaction commit (or abort) not done in this long has an unknown "
      "outcome: the producer instance is replaced (same `transactional.id`, new epoch) and the "
      "input rewound to the committed offsets (see \"Delivery guarantees\")"},
+    {"transaction.fence.window.ms", K_INT, F(txn_fence_window_ms), "300000", 0, 86400000,
+     "exactly-once: a fenced producer (the broker aborted a transaction that outlived "
+     "`transaction.timeout.ms` while the worker was cut off or stalled) is replaced and the "
+     "input rewound, unless the last fence was less than this long ago: then another worker "
+     "shares its `transactional.id` and it stops (0 = stop on every fence)"},
     {"output.max_retries", K_INT, F(output_max_retries), "3", 0, 1000000,
      "an output the broker refuses with a permanent error is produced again at most this many "
      "times, then dead-lettered"},

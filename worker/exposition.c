@@ -228,8 +228,13 @@ void wexpo_render(void *arg, metrics_buf_t *b)
     fam(b, "spillway:transaction_aborts_total", "counter", "exactly-once transactions aborted");
     metrics_sample(b, "spillway:transaction_aborts_total", NULL, (double)st.txn_aborts);
     fam(b, "spillway:producer_restarts_total", "counter",
-        "exactly-once: producer instances replaced after a transaction's outcome was unknown");
+        "exactly-once: producer instances replaced after a transaction's outcome was unknown "
+        "or a fence");
     metrics_sample(b, "spillway:producer_restarts_total", NULL, (double)st.producer_restarts);
+    fam(b, "spillway:producer_fences_total", "counter",
+        "exactly-once: fences of the producer recovered from by replacing it (the coordinator "
+        "aborted a transaction that outlived transaction.timeout.ms)");
+    metrics_sample(b, "spillway:producer_fences_total", NULL, (double)st.producer_fences);
     fam(b, "spillway:produce_retries_total", "counter",
         "outputs produced again after a failed delivery");
     metrics_sample(b, "spillway:produce_retries_total", NULL, (double)st.produce_retries);

@@ -294,7 +294,12 @@ void wout_send(worker_t *w, wreq_t *r)
     }
     if (eos && !w->txn_open) {
         if (producer_txn_begin(w->prod, err, sizeof err)) {
-            wfatal_set(w, "%s", err);
+            char fe[512];
+            /* a fence recovered from rewinds: r's ticket is then stale and r is dropped */
+            if (producer_fatal(w->prod, fe, sizeof fe))
+                wout_producer_fatal(w, fe);
+            else
+                wfatal_set(w, "%s", err);
             retry_later(w, r, 100);
             return;
         }
@@ -520,22 +525,23 @@ static const char *fenced_hint(const char *err)
                                 : "";
 }
 
-/* Exactly-once, after PRODUCER_TXN_UNCERTAIN (why: its errstr): the transaction may have
- * committed or not, and the broker may still apply requests of this producer instance, which
+static const char UNKNOWN[] = "the transaction's outcome is unknown";
+
+/* Exactly-once, after PRODUCER_TXN_UNCERTAIN or a fence (why: its errstr): the transaction may
+ * have committed or not, and the broker may still apply requests of this producer instance, which
  * without KIP-890 (librdkafka #5423) could land in its next transaction. So the next transaction
  * starts on a new instance: producer_renew destroys the old one and initialises a new one with
  * the same transactional.id, whose epoch bump fences the old requests and makes the coordinator
  * finish the transaction (committed or aborted). Only then are the committed offsets settled
  * (the consumer reads them read_committed, i.e. stable), and every assigned partition is rewound
  * to them, as after an abort: what the transaction committed is not served again, what it did
- * not commit is. 0, or -1 when fatal. Poll thread. */
-static int txn_renew(worker_t *w, const char *why)
+ * not commit is. what: the cause, for the log line. 0, or -1 when fatal. Poll thread. */
+static int txn_renew(worker_t *w, const char *why, const char *what)
 {
     char err[512];
     w->txn_open = 0;
-    wlog(w, SW_LOG_WARN,
-         "exactly-once: %s; the transaction's outcome is unknown: replacing producer %s",
-         why, producer_name(w->prod));
+    wlog(w, SW_LOG_WARN, "exactly-once: %s; %s: replacing producer %s", why, what,
+         producer_name(w->prod));
     if (producer_renew(w->prod, err, sizeof err)) {
         wfatal_set(w, "exactly-once: %s%s (stopping; restart the worker)", err, fenced_hint(err));
         return -1;
@@ -546,6 +552,38 @@ static int txn_renew(worker_t *w, const char *why)
          "offsets", producer_name(w->prod));
     if (consumer_rewind(w->cons, err, sizeof err)) wlog(w, SW_LOG_ERROR, "rewind: %s", err);
     return 0;
+}
+
+/* A fence: the coordinator bumped the epoch of this transactional.id, aborting the open
+ * transaction, because the transaction outlived transaction.timeout.ms (the worker was cut off
+ * from the broker or stalled: the broker's abort is what fenced it) or because another instance
+ * initialised with the same transactional.id. The first is recovered from as an unknown outcome
+ * is (txn_renew: a new instance, whose init settles the aborted transaction, then the rewind).
+ * A second fence within transaction.fence.window.ms of the last recovered one means another
+ * live worker shares the id (each init fences the other): the worker stops, so that one of the
+ * two goes on. Anything else fatal stops the worker. Poll thread. */
+void wout_producer_fatal(worker_t *w, const char *err)
+{
+    int64_t now = mono_ms();
+    if (w->cfg.delivery == WORKER_EOS && w->cfg.txn_fence_window_ms > 0 &&
+        producer_fenced(w->prod)) {
+        if (w->fence_ms && now - w->fence_ms < w->cfg.txn_fence_window_ms) {
+            wfatal_set(w,
+                       "exactly-once: %s: fenced again %lld ms after the last fence (within "
+                       "transaction.fence.window.ms %d): another worker has this worker's "
+                       "transactional.id (worker.id '%s'); give each worker its own (stopping)",
+                       err, (long long)(now - w->fence_ms), w->cfg.txn_fence_window_ms,
+                       w->worker_id);
+            return;
+        }
+        w->fence_ms = now;
+        atomic_fetch_add(&w->st.producer_fences, 1);
+        txn_renew(w, err,
+                  "fenced (the broker aborted a transaction that outlived transaction.timeout.ms, "
+                  "or another worker shares this transactional.id)");
+        return;
+    }
+    wfatal_set(w, "exactly-once: %s%s (stopping; restart the worker)", err, fenced_hint(err));
 }
 
 /* Exactly-once: commits the open transaction with the offsets it covers. 0, or -1 when fatal. */
@@ -570,9 +608,10 @@ int wout_txn_commit(worker_t *w)
         char e2[256];
         if (consumer_rewind(w->cons, e2, sizeof e2)) wlog(w, SW_LOG_ERROR, "rewind: %s", e2);
     } else if (rc == PRODUCER_TXN_UNCERTAIN) {
-        if (txn_renew(w, err)) rc = PRODUCER_TXN_FATAL;
+        if (txn_renew(w, err, UNKNOWN)) rc = PRODUCER_TXN_FATAL;
     } else {
-        wfatal_set(w, "exactly-once: %s%s (stopping; restart the worker)", err, fenced_hint(err));
+        wout_producer_fatal(w, err);
+        if (!wfatal_is(w)) rc = PRODUCER_TXN_ABORTED;
     }
     if (offs) rd_kafka_topic_partition_list_destroy(offs);
     return rc == PRODUCER_TXN_FATAL ? -1 : 0;
@@ -604,11 +643,11 @@ void wout_hook_lost(void *arg)
     w->txn_open = 0;
     int rc = producer_txn_abort(w->prod, w->cfg.txn_commit_timeout_ms, err, sizeof err);
     if (rc == PRODUCER_TXN_UNCERTAIN) {
-        txn_renew(w, err);
+        txn_renew(w, err, UNKNOWN);
         return;
     }
     if (rc != PRODUCER_TXN_OK) {
-        wfatal_set(w, "exactly-once: %s%s (stopping; restart the worker)", err, fenced_hint(err));
+        wout_producer_fatal(w, err);
         return;
     }
     atomic_fetch_add(&w->st.txn_aborts, 1);

@@ -511,7 +511,7 @@ int worker_run(worker_t *w, const volatile sig_atomic_t *stop, char *errstr, siz
         wout_usage_records(w, 0);
         wout_throughput_tick(w);
         char e[512];
-        if (producer_fatal(w->prod, e, sizeof e)) wfatal_set(w, "%s", e);
+        if (producer_fatal(w->prod, e, sizeof e)) wout_producer_fatal(w, e);
         atomic_store(&w->st.inflight, consumer_pending(w->cons));
         int n_assigned = consumer_n_assigned(w->cons);
         if (atomic_exchange(&w->st.assigned, n_assigned) != n_assigned) wlag_kick(w);
@@ -686,6 +686,7 @@ void worker_stats(const worker_t *w, worker_stats_t *st)
     st->txn_commits = atomic_load(&m->st.txn_commits);
     st->txn_aborts = atomic_load(&m->st.txn_aborts);
     st->producer_restarts = atomic_load(&m->st.producer_restarts);
+    st->producer_fences = atomic_load(&m->st.producer_fences);
     st->commits = atomic_load(&m->st.commits);
     st->pauses = atomic_load(&m->st.pauses);
     st->resumes = atomic_load(&m->st.resumes);

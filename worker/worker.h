@@ -60,6 +60,8 @@ typedef struct {
     int commit_interval_ms;    /* offset commit / transaction period */
     int txn_commit_timeout_ms; /* exactly-once: a commit or abort longer than this leaves the
                                   outcome unknown: the producer instance is replaced */
+    int txn_fence_window_ms;   /* exactly-once: a fence is recovered from (producer replaced)
+                                  unless the last one was less than this long ago; 0 = never */
     int output_max_retries;    /* an output refused with a permanent error is sent again at most
                                   this many times, then dead-lettered */
     long dlq_truncate_bytes;   /* a dead letter refused for its size carries this much of the
@@ -298,7 +300,9 @@ typedef struct {
     uint64_t expired;          /* results with finish_reason "expired" */
     uint64_t produce_retries;  /* outputs produced again after a failed delivery */
     uint64_t txn_commits, txn_aborts;
-    uint64_t producer_restarts; /* exactly-once: producer instances replaced (outcome unknown) */
+    uint64_t producer_restarts; /* exactly-once: producer instances replaced (outcome unknown,
+                                   or fenced) */
+    uint64_t producer_fences;   /* exactly-once: fences recovered from (a replacement each) */
     uint64_t commits;          /* offset commits sent (at-least-once) */
     uint64_t pauses, resumes;
     uint64_t prompt_tokens, completion_tokens, cached_tokens;

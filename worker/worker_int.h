@@ -148,7 +148,7 @@ struct wreq {
 typedef struct {
     atomic_uint_fast64_t consumed, results, dlq, expired, produce_retries, txn_commits, txn_aborts,
         commits, pauses, resumes, prompt_tokens, completion_tokens, cached_tokens, dropped, ttft_n,
-        ttft_us_sum, producer_restarts;
+        ttft_us_sum, producer_restarts, producer_fences;
     atomic_int inflight, assigned;
     /* phase times, ns (worker_stats_t); each is added to by one thread only */
     atomic_uint_fast64_t ns_poll, ns_intake, ns_parse, ns_tokenize, ns_produce, ns_commit,
@@ -318,6 +318,7 @@ struct worker {
     volatile sig_atomic_t *stats_flag;
     int txn_open;
     int64_t txn_start_ms, last_commit_ms;
+    int64_t fence_ms;            /* the last fence recovered from (monotonic ms); 0 = none */
     stats_t st;
 };
 
@@ -440,6 +441,9 @@ void wout_on_delivery(void *arg, void *opaque, rd_kafka_resp_err_t err);
 void wout_on_aux_delivery(void *arg, void *opaque, rd_kafka_resp_err_t err);
 void wout_drain(worker_t *w);
 int wout_txn_commit(worker_t *w);
+/* The producer raised a fatal error (err: its text). Exactly-once, a fence is recovered from
+ * (see output.c); anything else stops the worker (wfatal_set). Poll thread. */
+void wout_producer_fatal(worker_t *w, const char *err);
 void wout_hook_before_revoke(void *arg);
 void wout_hook_lost(void *arg);
 void wout_usage_records(worker_t *w, int force);
