@@ -26,8 +26,10 @@
 #      b. A duplicate transactional id: a second exactly-once worker with the same worker.id (so
 #         the same transactional.id) joins while the first is busy. The second's
 #         init_transactions fences the first, which must exit with status 1 and an "ERROR fatal:"
-#         line saying it was fenced (what the worker does: wfatal_set in worker/log.c, the
-#         process exits 1 so that a supervisor restarts it); the second serves everything: set
+#         line saying it was fenced (the first fence it recovers from by replacing its producer,
+#         which fences the second, which recovers in turn; the first's next fence, within
+#         transaction.fence.window.ms, stops it: wfatal_set in worker/log.c, the process exits 1
+#         so that a supervisor restarts it); the second serves everything: set
 #         equality and zero duplicates under read_committed.
 # SPILLWAY_FAULTS_SCALE multiplies the message counts, SPILLWAY_FAULTS_ONLY="4 5" selects
 # scenarios (4a/4b/5a/5b all run under their number), SPILLWAY_FAULTS_KEEP=1 keeps the work folder

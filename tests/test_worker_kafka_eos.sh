@@ -7,7 +7,9 @@
 #   (a fixed worker.id, hence a fixed transactional.id) is killed with SIGKILL mid-batch and
 #   restarted -> while the restarted worker runs, a third one starts with the same worker.id and
 #   200 more prompts arrive: the third fences the second (a zombie), which must stop with a
-#   "fatal" log line and exit status 1 -> the third drains everything and stops on SIGTERM with
+#   "fatal" log line and exit status 1 (it recovers from the first fence, and its replacement
+#   producer fences the third, which recovers in turn: the second's next fence, within
+#   transaction.fence.window.ms, stops it) -> the third drains everything and stops on SIGTERM with
 #   status 0. Then, read with read_committed: every
 #   id exactly once (zero duplicates, set equality), exactly 2 DLQ records, and the group's
 #   committed offsets equal the log end offsets of every input partition.
