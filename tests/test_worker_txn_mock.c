@@ -266,6 +266,21 @@ static void reader_add(reader_t *rd, const rd_kafka_message_t *m)
     json_decref(o);
 }
 
+/* Forgets what was read (counts, seen inputs), so that what follows is counted alone; the next
+ * record read is the one after the last read. */
+static void reader_rebase(reader_t *rd)
+{
+    rd_kafka_t *c = rd->c;
+    int n = rd->n;
+    const char *tag = rd->tag;
+    int64_t next = rd->next;
+    memset(rd, 0, sizeof *rd);
+    rd->c = c;
+    rd->n = n;
+    rd->tag = tag;
+    rd->next = next;
+}
+
 /* Reads every result written up to now (the high watermark when called). */
 static void reader_catch_up(reader_t *rd, const char *topic)
 {
@@ -317,6 +332,19 @@ static size_t stack_left(const env_t *e, int broker, int api)
     size_t n = 0;
     rd_kafka_mock_broker_error_stack_cnt(e->mc, broker, (int16_t)api, &n);
     return n;
+}
+
+/* Waits until the InitProducerId answers pushed on the transaction coordinator are all taken
+ * (the replacement instance's reached it, so the old instance is gone) or the worker stopped;
+ * checked. */
+static void wait_inits_taken(const env_t *e, run_t *run)
+{
+    int64_t end = tk_now_ms() + 30000;
+    while (stack_left(e, B_TXN, API_INIT_PRODUCER_ID) > 0 && !run_done(run) && tk_now_ms() < end)
+        usleep(20000);
+    CHECKF(stack_left(e, B_TXN, API_INIT_PRODUCER_ID) == 0,
+           "%s: no second InitProducerId (worker %s: %s)", e->tag,
+           run_done(run) ? "stopped" : "running", run_done(run) ? run->err : "");
 }
 
 /* Exactly-once: waits until every request has a result and nothing is in flight, then stops the
@@ -498,13 +526,7 @@ static int case_eos_fatal(const char *tag, int broker, int api, rd_kafka_resp_er
         reader_t rd;
         reader_init(&rd, &e);
         reader_catch_up(&rd, e.out);
-        int64_t next = rd.next;
-        rd_kafka_t *c = rd.c;
-        memset(&rd, 0, sizeof rd);
-        rd.c = c;
-        rd.n = e.n;
-        rd.tag = e.tag;
-        rd.next = next;
+        reader_rebase(&rd);
         w = make_worker(&e, 1, NULL);
         if (!w) return -1;
         run_start(&run, w);
@@ -565,22 +587,11 @@ static int case_eos_fenced(const char *tag, int broker, int api, rd_kafka_resp_e
     reader_init(&rd, &e);
     run_t run;
     run_start(&run, w);
-    int64_t end = tk_now_ms() + 30000;
-    while (stack_left(&e, B_TXN, API_INIT_PRODUCER_ID) > 0 && !run_done(&run) && tk_now_ms() < end)
-        usleep(20000);
-    CHECKF(stack_left(&e, B_TXN, API_INIT_PRODUCER_ID) == 0,
-           "no second InitProducerId (worker %s: %s)", run_done(&run) ? "stopped" : "running",
-           run_done(&run) ? run.err : "");
+    wait_inits_taken(&e, &run);
     CHECK(stack_left(&e, broker, api) == 0);
     reader_catch_up(&rd, e.out); /* the old instance's records, all of them */
     int old_records = rd.records;
-    int64_t next = rd.next; /* from here: the new instance's records */
-    rd_kafka_t *c = rd.c;
-    memset(&rd, 0, sizeof rd);
-    rd.c = c;
-    rd.n = e.n;
-    rd.tag = e.tag;
-    rd.next = next;
+    reader_rebase(&rd); /* from here: the new instance's records */
     if (eos_finish(&e, &run, &rd, 30000)) return -1;
     reader_catch_up(&rd, e.out);
     worker_stats_t st;
@@ -702,24 +713,14 @@ static int case_eos_endtxn_timeout(const char *tag, int abort)
     run_t run;
     run_start(&run, w);
     /* the new instance's InitProducerId reached the coordinator: the old instance is gone */
-    int64_t end = tk_now_ms() + 30000;
-    while (stack_left(&e, B_TXN, API_INIT_PRODUCER_ID) > 0 && !run_done(&run) && tk_now_ms() < end)
-        usleep(20000);
-    CHECKF(stack_left(&e, B_TXN, API_INIT_PRODUCER_ID) == 0,
-           "no second InitProducerId (worker %s)", run_done(&run) ? "stopped" : "running");
+    wait_inits_taken(&e, &run);
     CHECK(stack_left(&e, B_TXN, API_END_TXN) == 0);
     CHECK(stack_left(&e, B_GROUP, API_TXN_OFFSET_COMMIT) == 0);
     reader_catch_up(&rd, e.out); /* the old instance's records, all of them */
     int old_records = rd.records;
     CHECKF(old_records >= 1 && rd.distinct == old_records,
            "timed-out transaction: %d records, %d ids", old_records, rd.distinct);
-    int64_t next = rd.next; /* from here: the new instance's records */
-    rd_kafka_t *c = rd.c;
-    memset(&rd, 0, sizeof rd);
-    rd.c = c;
-    rd.n = e.n;
-    rd.tag = e.tag;
-    rd.next = next;
+    reader_rebase(&rd); /* from here: the new instance's records */
     if (eos_finish(&e, &run, &rd, 30000)) return -1;
     reader_catch_up(&rd, e.out);
     worker_stats_t st;
