@@ -191,9 +191,7 @@ fail() {
   exit 1
 }
 
-# bt_free_port [PORT...]: a loopback port free now (and none of the PORTs given), below the kernel's ephemeral range (scripts/svc-lib.sh's
-# svc_pick_port, as the test servers pick theirs), so no client connection of another process can
-# be given it before the test's server binds it (a port from bind(0) can be: it is ephemeral).
+# stop_worker PID NAME: SIGTERM, then exit status 0 and a clean stop in $WORK/NAME.log, or fail.
 stop_worker() {
   local rc=0
   kill -TERM "$1"
@@ -202,6 +200,10 @@ stop_worker() {
   grep -q ' INFO stopped: ' "$WORK/$2.log" || fail "$2: no clean stop in the log"
 }
 
+# bt_free_port [PORT...]: a loopback port free now (and none of the PORTs given), below the
+# kernel's ephemeral range (scripts/svc-lib.sh's svc_pick_port, as the test servers pick theirs),
+# so no client connection of another process can be given it before the test's server binds it
+# (a port from bind(0) can be: it is ephemeral).
 bt_free_port() {
   (
     # shellcheck source=scripts/svc-lib.sh
