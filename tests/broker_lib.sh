@@ -200,6 +200,31 @@ stop_worker() {
   grep -q ' INFO stopped: ' "$WORK/$2.log" || fail "$2: no clean stop in the log"
 }
 
+# one_fenced PID_A NAME_A PID_B NAME_B SECONDS: two exactly-once workers share a transactional.id;
+# they fence each other in turn (each recovers from one fence by replacing its producer) until one
+# is fenced again within transaction.fence.window.ms and stops. Which one is a race: their
+# InitProducerId requests may interleave. Waits up to SECONDS for one to exit; it must exit 1 with
+# an 'ERROR fatal:' line saying fenced (or old epoch), and the other must still run a second
+# later. Sets FENCED_NAME (the one that stopped), SURV_PID and SURV_NAME (the other).
+one_fenced() {
+  local end=$(( $(date +%s) + $5 )) pid name rc=0
+  while :; do
+    if ! kill -0 "$1" 2>/dev/null; then pid=$1 name=$2 SURV_PID=$3 SURV_NAME=$4; break; fi
+    if ! kill -0 "$3" 2>/dev/null; then pid=$3 name=$4 SURV_PID=$1 SURV_NAME=$2; break; fi
+    [ "$(date +%s)" -lt "$end" ] || fail "neither $2 nor $4 stopped within $5 s of sharing a transactional.id"
+    sleep 0.2
+  done
+  wait "$pid" || rc=$?
+  [ "$rc" = 1 ] || fail "fenced worker $name exit status $rc, want 1"
+  # librdkafka says "fenced by a newer instance" or, when a produce request meets the new epoch
+  # first, "Producer attempted an operation with an old epoch"
+  grep ' ERROR fatal: ' "$WORK/$name.log" | grep -Eqi 'fenced|old epoch' ||
+    fail "no 'ERROR fatal:' line saying fenced (or old epoch) in $name's log"
+  sleep 1
+  kill -0 "$SURV_PID" 2>/dev/null || fail "$SURV_NAME stopped as well as $name"
+  FENCED_NAME=$name
+}
+
 # bt_free_port [PORT...]: a loopback port free now (and none of the PORTs given), below the
 # kernel's ephemeral range (scripts/svc-lib.sh's svc_pick_port, as the test servers pick theirs),
 # so no client connection of another process can be given it before the test's server binds it
