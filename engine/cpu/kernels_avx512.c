@@ -318,18 +318,35 @@ AI void rows_pass(const int dt, const int R, const int C, const char *W, size_t 
     }
 }
 
+/* The one pass of a few tokens over rows [ob, oe) streamed from memory, prefetching far ahead:
+ * tiles of R rows spread over R runs (kernels_impl.h), then single rows. */
+AI void rows_stream(const int dt, const int R, const int C, const char *W, size_t wrb, int64_t K,
+                    const float *x, int64_t ldx, float *y, int64_t ldy, int64_t ob, int64_t oe)
+{
+    const int64_t q = (oe - ob) / R;
+    float t[KERN_SPREAD_MAX];
+    for (int64_t i = 0; i < q; i++) {
+        tile(dt, R, C, W + (size_t)(ob + i) * wrb, (size_t)q * wrb, 0, K, K, x, ldx, t, R,
+             PF_STREAM_BYTES, NULL);
+        kern_spread_store(t, R, C, y + ob + i, ldy, q);
+    }
+    for (int64_t o = ob + R * q; o < oe; o++)
+        tile(dt, 1, C, W + (size_t)o * wrb, wrb, 0, K, K, x, ldx, y + o, ldy, PF_STREAM_BYTES,
+             NULL);
+}
+
 AI void matmul_dt(const int dt, const char *W, size_t wrb, int64_t K, const float *x,
                   int64_t ldx, float *y, int64_t ldy, int T, int64_t o0, int64_t o1)
 {
-    /* Few tokens: one pass over the weights, streamed from memory; prefetch far ahead. */
+    /* Few tokens: one pass over the weights, streamed from memory. */
     if (T <= 6) stream_head(W + (size_t)o0 * wrb, (size_t)(o1 - o0) * wrb);
     switch (T) {
-    case 1: rows_pass(dt, 8, 1, W, wrb, K, x, ldx, y, ldy, o0, o1, PF_STREAM_BYTES, NULL); return;
-    case 2: rows_pass(dt, 8, 2, W, wrb, K, x, ldx, y, ldy, o0, o1, PF_STREAM_BYTES, NULL); return;
-    case 3: rows_pass(dt, 4, 3, W, wrb, K, x, ldx, y, ldy, o0, o1, PF_STREAM_BYTES, NULL); return;
-    case 4: rows_pass(dt, 4, 4, W, wrb, K, x, ldx, y, ldy, o0, o1, PF_STREAM_BYTES, NULL); return;
-    case 5: rows_pass(dt, 4, 5, W, wrb, K, x, ldx, y, ldy, o0, o1, PF_STREAM_BYTES, NULL); return;
-    case 6: rows_pass(dt, 4, 6, W, wrb, K, x, ldx, y, ldy, o0, o1, PF_STREAM_BYTES, NULL); return;
+    case 1: rows_stream(dt, 8, 1, W, wrb, K, x, ldx, y, ldy, o0, o1); return;
+    case 2: rows_stream(dt, 8, 2, W, wrb, K, x, ldx, y, ldy, o0, o1); return;
+    case 3: rows_stream(dt, 4, 3, W, wrb, K, x, ldx, y, ldy, o0, o1); return;
+    case 4: rows_stream(dt, 4, 4, W, wrb, K, x, ldx, y, ldy, o0, o1); return;
+    case 5: rows_stream(dt, 4, 5, W, wrb, K, x, ldx, y, ldy, o0, o1); return;
+    case 6: rows_stream(dt, 4, 6, W, wrb, K, x, ldx, y, ldy, o0, o1); return;
     default: break;
     }
     /* Many tokens: panels of rows kept in L2 while every token tile passes over them; the
@@ -546,11 +563,17 @@ AI void q4k_rows_isa(const int vnni, const char *W, size_t wrb, int64_t nsb,
             float *yt = y + (int64_t)t * ldy;
             const size_t pfd = t == 0 ? PF_STREAM_BYTES : 0;
             int64_t o = ob;
-            if (T - t == 1) /* one token: rows in fours (the x block loads and the reductions
-                               shared) */
-                for (; o + Q4K_ROWS <= oe; o += Q4K_ROWS)
-                    q4k_tile(vnni, Q4K_ROWS, 1, (const block_q4_K *)(W + (size_t)o * wrb), wrb, nsb,
-                             xt, yt + o, ldy, pfd);
+            if (T - t == 1) { /* one token: rows in fours (the x block loads and the reductions
+                                 shared), spread over four runs (kernels_impl.h) */
+                const int64_t q = (oe - ob) / Q4K_ROWS;
+                float ts[Q4K_ROWS];
+                for (int64_t i = 0; i < q; i++) {
+                    q4k_tile(vnni, Q4K_ROWS, 1, (const block_q4_K *)(W + (size_t)(ob + i) * wrb),
+                             (size_t)q * wrb, nsb, xt, ts, Q4K_ROWS, pfd);
+                    kern_spread_store(ts, Q4K_ROWS, 1, yt + ob + i, ldy, q);
+                }
+                o = ob + Q4K_ROWS * q;
+            }
             for (; o < oe; o++) {
                 const block_q4_K *row = (const block_q4_K *)(W + (size_t)o * wrb);
                 switch (T - t) {
@@ -718,16 +741,33 @@ AI void b32_pass(const int dt, const int vnni, const int R, const int C, const c
         b32_tile(dt, vnni, 1, C, W + (size_t)o * wrb, wrb, nb, xq, xd, y + o, ldy, pfd);
 }
 
+/* The one pass of a few tokens over rows [ob, oe) streamed from memory: tiles of R rows spread
+ * over R runs (kernels_impl.h), then single rows. */
+AI void b32_stream(const int dt, const int vnni, const int R, const int C, const char *W,
+                   size_t wrb, int64_t nb, const int8_t *xq, const float *xd, float *y, int64_t ldy,
+                   int64_t ob, int64_t oe)
+{
+    const int64_t q = (oe - ob) / R;
+    float t[KERN_SPREAD_MAX];
+    for (int64_t i = 0; i < q; i++) {
+        b32_tile(dt, vnni, R, C, W + (size_t)(ob + i) * wrb, (size_t)q * wrb, nb, xq, xd, t, R,
+                 PF_STREAM_BYTES);
+        kern_spread_store(t, R, C, y + ob + i, ldy, q);
+    }
+    for (int64_t o = ob + R * q; o < oe; o++)
+        b32_tile(dt, vnni, 1, C, W + (size_t)o * wrb, wrb, nb, xq, xd, y + o, ldy, PF_STREAM_BYTES);
+}
+
 AI void b32_rows_isa(const int dt, const int vnni, const char *W, size_t wrb, int64_t nb,
                      const int8_t *xq, const float *xd, int T, float *y, int64_t ldy, int64_t o0,
                      int64_t o1)
 {
     if (T <= 4) stream_head(W + (size_t)o0 * wrb, (size_t)(o1 - o0) * wrb);
     switch (T) { /* few tokens: one pass streaming the rows from memory */
-    case 1: b32_pass(dt, vnni, 8, 1, W, wrb, nb, xq, xd, y, ldy, o0, o1, PF_STREAM_BYTES); return;
-    case 2: b32_pass(dt, vnni, 8, 2, W, wrb, nb, xq, xd, y, ldy, o0, o1, PF_STREAM_BYTES); return;
-    case 3: b32_pass(dt, vnni, 4, 3, W, wrb, nb, xq, xd, y, ldy, o0, o1, PF_STREAM_BYTES); return;
-    case 4: b32_pass(dt, vnni, 4, 4, W, wrb, nb, xq, xd, y, ldy, o0, o1, PF_STREAM_BYTES); return;
+    case 1: b32_stream(dt, vnni, 8, 1, W, wrb, nb, xq, xd, y, ldy, o0, o1); return;
+    case 2: b32_stream(dt, vnni, 8, 2, W, wrb, nb, xq, xd, y, ldy, o0, o1); return;
+    case 3: b32_stream(dt, vnni, 4, 3, W, wrb, nb, xq, xd, y, ldy, o0, o1); return;
+    case 4: b32_stream(dt, vnni, 4, 4, W, wrb, nb, xq, xd, y, ldy, o0, o1); return;
     default: break;
     }
     /* panels of rows kept in L2 while every tile of tokens passes over them */

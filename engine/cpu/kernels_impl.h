@@ -33,6 +33,26 @@ static inline int kern_wtype_ok(int t, int64_t K)
     }
 }
 
+/* ---- Streaming passes: the row order of a few tokens' pass over weights read from memory ----
+ * Such a pass takes its rows [ob, oe) in tiles of R rows (R > 1), tile i < q = (oe - ob) / R
+ * made of the rows ob + i + j q, j < R: each row slot of the tile walks its own run of q
+ * consecutive rows, so the pass reads R sequential streams, which the hardware prefetchers
+ * follow. (R consecutive rows per tile interleave the reads within a page when rows are short --
+ * a 2048-wide Q4_K row is 1152 bytes -- and streamed up to 25% slower: bench/RESULTS.md,
+ * 2026-12-03.) The rows ob + R q .. oe - 1 are the caller's, one at a time. A row's arithmetic
+ * does not depend on the rows beside it in a tile (kernels.h's batch invariance), so the order
+ * changes no value. The tile (row stride q * wrb) writes its R x C sums to t[c * R + r]
+ * (t of at least KERN_SPREAD_MAX floats); kern_spread_store puts them in place. */
+#define KERN_SPREAD_MAX 64 /* R * C of the largest streaming tile */
+
+/* y[c * ldy + r * q] = t[c * R + r] for r < R, c < C; y at the tile's first row. */
+static inline void kern_spread_store(const float *t, int R, int C, float *y, int64_t ldy,
+                                     int64_t q)
+{
+    for (int c = 0; c < C; c++)
+        for (int r = 0; r < R; r++) y[c * ldy + r * q] = t[c * R + r];
+}
+
 /* ---- Q4_K's int8 route (kernels.h), shared by every ISA ---- */
 
 /* The ISA's part: y[t * ldy + o] for t < T, o in [o0, o1), from rows of nsb Q4_K super-blocks

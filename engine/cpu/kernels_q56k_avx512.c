@@ -230,10 +230,16 @@ AI void q56k_rows_isa(const int dt, const int vnni, const char *W, size_t wrb, i
             float *yt = y + (int64_t)t * ldy;
             const size_t pfd = t == 0 ? Q56_PF_BYTES : 0;
             int64_t o = ob;
-            if (T - t == 1)
-                for (; o + Q56_ROWS <= oe; o += Q56_ROWS)
-                    q56k_tile(dt, vnni, Q56_ROWS, 1, W + (size_t)o * wrb, wrb, nsb, xt, yt + o,
-                              ldy, pfd);
+            if (T - t == 1) { /* one token: rows in fours spread over four runs (kernels_impl.h) */
+                const int64_t q = (oe - ob) / Q56_ROWS;
+                float ts[Q56_ROWS];
+                for (int64_t i = 0; i < q; i++) {
+                    q56k_tile(dt, vnni, Q56_ROWS, 1, W + (size_t)(ob + i) * wrb, (size_t)q * wrb,
+                              nsb, xt, ts, Q56_ROWS, pfd);
+                    kern_spread_store(ts, Q56_ROWS, 1, yt + ob + i, ldy, q);
+                }
+                o = ob + Q56_ROWS * q;
+            }
             for (; o < oe; o++) {
                 const char *row = W + (size_t)o * wrb;
                 switch (T - t) {

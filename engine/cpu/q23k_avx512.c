@@ -203,9 +203,17 @@ AI void q23k_rows(const int dt, const int vnni, const char *W, size_t wrb, int64
             float *yt = y + (int64_t)t * ldy;
             const size_t pfd = t == 0 ? Q23K_PF_BYTES : 0;
             int64_t o = ob;
-            if (T - t == 1) /* one token: rows in fours (sharing the loads of x) */
-                for (; o + Q23K_ROWS <= oe; o += Q23K_ROWS)
-                    q23k_tile(dt, vnni, Q23K_ROWS, 1, W + (size_t)o * wrb, wrb, nsb, xt, st, yt + o, ldy, pfd);
+            if (T - t == 1) { /* one token: rows in fours (sharing the loads of x), spread over
+                                 four runs (kernels_impl.h) */
+                const int64_t q = (oe - ob) / Q23K_ROWS;
+                float ts[Q23K_ROWS];
+                for (int64_t i = 0; i < q; i++) {
+                    q23k_tile(dt, vnni, Q23K_ROWS, 1, W + (size_t)(ob + i) * wrb, (size_t)q * wrb,
+                              nsb, xt, st, ts, Q23K_ROWS, pfd);
+                    kern_spread_store(ts, Q23K_ROWS, 1, yt + ob + i, ldy, q);
+                }
+                o = ob + Q23K_ROWS * q;
+            }
             for (; o < oe; o++) {
                 const char *row = W + (size_t)o * wrb;
                 switch (T - t) {

@@ -194,16 +194,34 @@ AI void qb32_pass(const int dt, const int vnni, const int R, const int C, const 
         qb32_tile(dt, vnni, 1, C, W + (size_t)o * wrb, wrb, nb, xq, xd, xs, y + o, ldy, pfd);
 }
 
+/* The one pass of a few tokens over rows [ob, oe) streamed from memory: tiles of R rows spread
+ * over R runs (kernels_impl.h), then single rows. */
+AI void qb32_stream(const int dt, const int vnni, const int R, const int C, const char *W,
+                    size_t wrb, int64_t nb, const int8_t *xq, const float *xd, const float *xs,
+                    float *y, int64_t ldy, int64_t ob, int64_t oe)
+{
+    const int64_t q = (oe - ob) / R;
+    float t[KERN_SPREAD_MAX];
+    for (int64_t i = 0; i < q; i++) {
+        qb32_tile(dt, vnni, R, C, W + (size_t)(ob + i) * wrb, (size_t)q * wrb, nb, xq, xd, xs, t,
+                  R, QL_PF_BYTES);
+        kern_spread_store(t, R, C, y + ob + i, ldy, q);
+    }
+    for (int64_t o = ob + R * q; o < oe; o++)
+        qb32_tile(dt, vnni, 1, C, W + (size_t)o * wrb, wrb, nb, xq, xd, xs, y + o, ldy,
+                  QL_PF_BYTES);
+}
+
 AI void qb32_rows(const int dt, const int vnni, const char *W, size_t wrb, int64_t nb,
                   const int8_t *xq, const float *xd, const float *xs, int T, float *y,
                   int64_t ldy, int64_t o0, int64_t o1)
 {
     if (T <= 4) ql_stream_head(W + (size_t)o0 * wrb, (size_t)(o1 - o0) * wrb);
     switch (T) { /* few tokens: one pass streaming the rows from memory */
-    case 1: qb32_pass(dt, vnni, 8, 1, W, wrb, nb, xq, xd, xs, y, ldy, o0, o1, QL_PF_BYTES); return;
-    case 2: qb32_pass(dt, vnni, 4, 2, W, wrb, nb, xq, xd, xs, y, ldy, o0, o1, QL_PF_BYTES); return;
-    case 3: qb32_pass(dt, vnni, 4, 3, W, wrb, nb, xq, xd, xs, y, ldy, o0, o1, QL_PF_BYTES); return;
-    case 4: qb32_pass(dt, vnni, 2, 4, W, wrb, nb, xq, xd, xs, y, ldy, o0, o1, QL_PF_BYTES); return;
+    case 1: qb32_stream(dt, vnni, 8, 1, W, wrb, nb, xq, xd, xs, y, ldy, o0, o1); return;
+    case 2: qb32_stream(dt, vnni, 4, 2, W, wrb, nb, xq, xd, xs, y, ldy, o0, o1); return;
+    case 3: qb32_stream(dt, vnni, 4, 3, W, wrb, nb, xq, xd, xs, y, ldy, o0, o1); return;
+    case 4: qb32_stream(dt, vnni, 2, 4, W, wrb, nb, xq, xd, xs, y, ldy, o0, o1); return;
     default: break;
     }
     /* panels of rows kept in L2 while every tile of tokens passes over them */
@@ -377,9 +395,16 @@ AI void iq4xs_rows_isa(const int vnni, const char *W, size_t wrb, int64_t nsb,
             float *yt = y + (int64_t)t * ldy;
             const size_t pfd = t == 0 ? QL_PF_BYTES : 0;
             int64_t o = ob;
-            if (T - t == 1)
-                for (; o + XS_ROWS <= oe; o += XS_ROWS)
-                    iq4xs_tile(vnni, XS_ROWS, 1, W + (size_t)o * wrb, wrb, nsb, xt, yt + o, ldy, pfd);
+            if (T - t == 1) { /* one token: rows spread over XS_ROWS runs (kernels_impl.h) */
+                const int64_t q = (oe - ob) / XS_ROWS;
+                float ts[XS_ROWS];
+                for (int64_t i = 0; i < q; i++) {
+                    iq4xs_tile(vnni, XS_ROWS, 1, W + (size_t)(ob + i) * wrb, (size_t)q * wrb, nsb,
+                               xt, ts, XS_ROWS, pfd);
+                    kern_spread_store(ts, XS_ROWS, 1, yt + ob + i, ldy, q);
+                }
+                o = ob + XS_ROWS * q;
+            }
             for (; o < oe; o++) {
                 const char *row = W + (size_t)o * wrb;
                 switch (T - t) {
