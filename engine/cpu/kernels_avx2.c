@@ -181,26 +181,30 @@ AI void tile(const int dt, const int R, const int C, const char *W, size_t wrb, 
         for (int c = 0; c < C; c++) y[c * ldy + r] = simd_hsum8(acc[r][c]);
 }
 
-/* Rows [ob, oe): tiles of R rows -- with spread (the one pass of a few tokens streamed from
- * memory) spread over R runs (kernels_impl.h) -- then single rows. */
 AI void rows_pass(const int dt, const int R, const int C, const char *W, size_t wrb, int64_t K,
                   const float *x, int64_t ldx, float *y, int64_t ldy, int64_t ob, int64_t oe,
-                  size_t pfd, const int spread)
+                  size_t pfd)
 {
     int64_t o = ob;
-    if (spread) {
-        const int64_t q = (oe - ob) / R;
-        float t[KERN_SPREAD_MAX];
-        for (int64_t i = 0; i < q; i++) {
-            tile(dt, R, C, W + (size_t)(ob + i) * wrb, (size_t)q * wrb, K, x, ldx, t, R, pfd);
-            kern_spread_store(t, R, C, y + ob + i, ldy, q);
-        }
-        o = ob + R * q;
-    } else {
-        for (; o + R <= oe; o += R)
-            tile(dt, R, C, W + (size_t)o * wrb, wrb, K, x, ldx, y + o, ldy, pfd);
-    }
+    for (; o + R <= oe; o += R)
+        tile(dt, R, C, W + (size_t)o * wrb, wrb, K, x, ldx, y + o, ldy, pfd);
     for (; o < oe; o++) tile(dt, 1, C, W + (size_t)o * wrb, wrb, K, x, ldx, y + o, ldy, pfd);
+}
+
+/* The one pass of a few tokens over rows [ob, oe) streamed from memory, prefetching far ahead:
+ * tiles of R rows spread over R runs (kernels_impl.h), then single rows. */
+AI void rows_stream(const int dt, const int R, const int C, const char *W, size_t wrb, int64_t K,
+                    const float *x, int64_t ldx, float *y, int64_t ldy, int64_t ob, int64_t oe)
+{
+    const int64_t q = (oe - ob) / R;
+    float t[KERN_SPREAD_MAX];
+    for (int64_t i = 0; i < q; i++) {
+        tile(dt, R, C, W + (size_t)(ob + i) * wrb, (size_t)q * wrb, K, x, ldx, t, R,
+             PF_STREAM_BYTES);
+        kern_spread_store(t, R, C, y + ob + i, ldy, q);
+    }
+    for (int64_t o = ob + R * q; o < oe; o++)
+        tile(dt, 1, C, W + (size_t)o * wrb, wrb, K, x, ldx, y + o, ldy, PF_STREAM_BYTES);
 }
 
 AI void matmul_dt(const int dt, const char *W, size_t wrb, int64_t K, const float *x,
@@ -212,12 +216,12 @@ AI void matmul_dt(const int dt, const char *W, size_t wrb, int64_t K, const floa
          * 16 registers: the F16 / BF16 tiles spilled (measured on a Zen 3: 4 rows stream
          * 10-30% faster). F32 weights are FMA memory operands, and Q4_0 is unmeasured: 8. */
         const int rows = dt == DT_F16 || dt == DT_BF16 ? 4 : 8;
-        if (rows == 4) rows_pass(dt, 4, 1, W, wrb, K, x, ldx, y, ldy, o0, o1, PF_STREAM_BYTES, 1);
-        else rows_pass(dt, 8, 1, W, wrb, K, x, ldx, y, ldy, o0, o1, PF_STREAM_BYTES, 1);
+        if (rows == 4) rows_stream(dt, 4, 1, W, wrb, K, x, ldx, y, ldy, o0, o1);
+        else rows_stream(dt, 8, 1, W, wrb, K, x, ldx, y, ldy, o0, o1);
         return;
     }
     if (T == 2) {
-        rows_pass(dt, 4, 2, W, wrb, K, x, ldx, y, ldy, o0, o1, PF_STREAM_BYTES, 1);
+        rows_stream(dt, 4, 2, W, wrb, K, x, ldx, y, ldy, o0, o1);
         return;
     }
     int64_t panel = wrb ? (int64_t)(KERN_PANEL_BYTES / wrb) : (o1 - o0);
@@ -227,13 +231,13 @@ AI void matmul_dt(const int dt, const char *W, size_t wrb, int64_t K, const floa
         int t = 0;
         for (; t + TILE_C <= T; t += TILE_C)
             rows_pass(dt, TILE_R, TILE_C, W, wrb, K, x + t * ldx, ldx, y + t * ldy, ldy, ob, oe,
-                      t == 0 ? PF_STREAM_BYTES : 0, 0);
+                      t == 0 ? PF_STREAM_BYTES : 0);
         const float *xt = x + t * ldx;
         float *yt = y + t * ldy;
         switch (T - t) {
-        case 1: rows_pass(dt, TILE_R, 1, W, wrb, K, xt, ldx, yt, ldy, ob, oe, 0, 0); break;
-        case 2: rows_pass(dt, TILE_R, 2, W, wrb, K, xt, ldx, yt, ldy, ob, oe, 0, 0); break;
-        case 3: rows_pass(dt, TILE_R, 3, W, wrb, K, xt, ldx, yt, ldy, ob, oe, 0, 0); break;
+        case 1: rows_pass(dt, TILE_R, 1, W, wrb, K, xt, ldx, yt, ldy, ob, oe, 0); break;
+        case 2: rows_pass(dt, TILE_R, 2, W, wrb, K, xt, ldx, yt, ldy, ob, oe, 0); break;
+        case 3: rows_pass(dt, TILE_R, 3, W, wrb, K, xt, ldx, yt, ldy, ob, oe, 0); break;
         default: break;
         }
     }
@@ -454,30 +458,37 @@ AI void b32_tile(const int dt, const int R, const int C, const char *W, size_t w
 /* Rows [ob, oe): tiles of R rows, then single rows. */
 AI void b32_pass(const int dt, const int R, const int C, const char *W, size_t wrb, int64_t nb,
                  const int8_t *xq, const float *xd, float *y, int64_t ldy, int64_t ob,
-                 int64_t oe, size_t pfd, const int spread)
+                 int64_t oe, size_t pfd)
 {
     int64_t o = ob;
-    if (spread) { /* the one pass of a few tokens: spread over R runs (kernels_impl.h) */
-        const int64_t q = (oe - ob) / R;
-        float t[KERN_SPREAD_MAX];
-        for (int64_t i = 0; i < q; i++) {
-            b32_tile(dt, R, C, W + (size_t)(ob + i) * wrb, (size_t)q * wrb, nb, xq, xd, t, R, pfd);
-            kern_spread_store(t, R, C, y + ob + i, ldy, q);
-        }
-        o = ob + R * q;
-    } else {
-        for (; o + R <= oe; o += R)
-            b32_tile(dt, R, C, W + (size_t)o * wrb, wrb, nb, xq, xd, y + o, ldy, pfd);
-    }
+    for (; o + R <= oe; o += R)
+        b32_tile(dt, R, C, W + (size_t)o * wrb, wrb, nb, xq, xd, y + o, ldy, pfd);
     for (; o < oe; o++) b32_tile(dt, 1, C, W + (size_t)o * wrb, wrb, nb, xq, xd, y + o, ldy, pfd);
+}
+
+/* The one pass of a few tokens over rows [ob, oe) streamed from memory: tiles of R rows spread
+ * over R runs (kernels_impl.h), then single rows. */
+AI void b32_stream(const int dt, const int R, const int C, const char *W, size_t wrb, int64_t nb,
+                   const int8_t *xq, const float *xd, float *y, int64_t ldy, int64_t ob,
+                   int64_t oe)
+{
+    const int64_t q = (oe - ob) / R;
+    float t[KERN_SPREAD_MAX];
+    for (int64_t i = 0; i < q; i++) {
+        b32_tile(dt, R, C, W + (size_t)(ob + i) * wrb, (size_t)q * wrb, nb, xq, xd, t, R,
+                 PF_STREAM_BYTES);
+        kern_spread_store(t, R, C, y + ob + i, ldy, q);
+    }
+    for (int64_t o = ob + R * q; o < oe; o++)
+        b32_tile(dt, 1, C, W + (size_t)o * wrb, wrb, nb, xq, xd, y + o, ldy, PF_STREAM_BYTES);
 }
 
 AI void b32_rows(const int dt, const char *W, size_t wrb, int64_t nb, const int8_t *xq,
                  const float *xd, int T, float *y, int64_t ldy, int64_t o0, int64_t o1)
 {
     if (T <= 2) { /* one pass streaming the rows from memory */
-        if (T == 1) b32_pass(dt, 4, 1, W, wrb, nb, xq, xd, y, ldy, o0, o1, PF_STREAM_BYTES, 1);
-        else b32_pass(dt, 4, 2, W, wrb, nb, xq, xd, y, ldy, o0, o1, PF_STREAM_BYTES, 1);
+        if (T == 1) b32_stream(dt, 4, 1, W, wrb, nb, xq, xd, y, ldy, o0, o1);
+        else b32_stream(dt, 4, 2, W, wrb, nb, xq, xd, y, ldy, o0, o1);
         return;
     }
     /* panels of rows kept in L2 while every tile of tokens passes over them */
@@ -489,12 +500,12 @@ AI void b32_rows(const int dt, const char *W, size_t wrb, int64_t nb, const int8
         int t = 0;
         for (; t + 3 <= T; t += 3)
             b32_pass(dt, TILE_R, 3, W, wrb, nb, xq + t * K, xd + t * nb, y + t * ldy, ldy, ob, oe,
-                     t == 0 ? PF_STREAM_BYTES : 0, 0);
+                     t == 0 ? PF_STREAM_BYTES : 0);
         const int8_t *xt = xq + t * K;
         const float *xdt = xd + t * nb;
         float *yt = y + t * ldy;
-        if (T - t == 1) b32_pass(dt, TILE_R, 1, W, wrb, nb, xt, xdt, yt, ldy, ob, oe, 0, 0);
-        if (T - t == 2) b32_pass(dt, TILE_R, 2, W, wrb, nb, xt, xdt, yt, ldy, ob, oe, 0, 0);
+        if (T - t == 1) b32_pass(dt, TILE_R, 1, W, wrb, nb, xt, xdt, yt, ldy, ob, oe, 0);
+        if (T - t == 2) b32_pass(dt, TILE_R, 2, W, wrb, nb, xt, xdt, yt, ldy, ob, oe, 0);
     }
 }
 

@@ -134,24 +134,30 @@ AI void qb32_tile(const int dt, const int R, const int C, const char *W, size_t 
 /* Rows [ob, oe): tiles of R rows, then single rows. */
 AI void qb32_pass(const int dt, const int R, const int C, const char *W, size_t wrb, int64_t nb,
                   const int8_t *xq, const float *xd, const float *xs, float *y, int64_t ldy,
-                  int64_t ob, int64_t oe, size_t pfd, const int spread)
+                  int64_t ob, int64_t oe, size_t pfd)
 {
     int64_t o = ob;
-    if (spread) { /* the one pass of a few tokens: spread over R runs (kernels_impl.h) */
-        const int64_t q = (oe - ob) / R;
-        float t[KERN_SPREAD_MAX];
-        for (int64_t i = 0; i < q; i++) {
-            qb32_tile(dt, R, C, W + (size_t)(ob + i) * wrb, (size_t)q * wrb, nb, xq, xd, xs, t,
-                      R, pfd);
-            kern_spread_store(t, R, C, y + ob + i, ldy, q);
-        }
-        o = ob + R * q;
-    } else {
-        for (; o + R <= oe; o += R)
-            qb32_tile(dt, R, C, W + (size_t)o * wrb, wrb, nb, xq, xd, xs, y + o, ldy, pfd);
-    }
+    for (; o + R <= oe; o += R)
+        qb32_tile(dt, R, C, W + (size_t)o * wrb, wrb, nb, xq, xd, xs, y + o, ldy, pfd);
     for (; o < oe; o++)
         qb32_tile(dt, 1, C, W + (size_t)o * wrb, wrb, nb, xq, xd, xs, y + o, ldy, pfd);
+}
+
+/* The one pass of a few tokens over rows [ob, oe) streamed from memory: tiles of R rows spread
+ * over R runs (kernels_impl.h), then single rows. */
+AI void qb32_stream(const int dt, const int R, const int C, const char *W, size_t wrb, int64_t nb,
+                    const int8_t *xq, const float *xd, const float *xs, float *y, int64_t ldy,
+                    int64_t ob, int64_t oe)
+{
+    const int64_t q = (oe - ob) / R;
+    float t[KERN_SPREAD_MAX];
+    for (int64_t i = 0; i < q; i++) {
+        qb32_tile(dt, R, C, W + (size_t)(ob + i) * wrb, (size_t)q * wrb, nb, xq, xd, xs, t, R,
+                  QL_PF_BYTES);
+        kern_spread_store(t, R, C, y + ob + i, ldy, q);
+    }
+    for (int64_t o = ob + R * q; o < oe; o++)
+        qb32_tile(dt, 1, C, W + (size_t)o * wrb, wrb, nb, xq, xd, xs, y + o, ldy, QL_PF_BYTES);
 }
 
 AI void qb32_rows(const int dt, const char *W, size_t wrb, int64_t nb, const int8_t *xq,
@@ -159,11 +165,11 @@ AI void qb32_rows(const int dt, const char *W, size_t wrb, int64_t nb, const int
                   int64_t o1)
 {
     if (T == 1) { /* one pass streaming the rows from memory */
-        qb32_pass(dt, 4, 1, W, wrb, nb, xq, xd, xs, y, ldy, o0, o1, QL_PF_BYTES, 1);
+        qb32_stream(dt, 4, 1, W, wrb, nb, xq, xd, xs, y, ldy, o0, o1);
         return;
     }
     if (T == 2) {
-        qb32_pass(dt, 4, 2, W, wrb, nb, xq, xd, xs, y, ldy, o0, o1, QL_PF_BYTES, 1);
+        qb32_stream(dt, 4, 2, W, wrb, nb, xq, xd, xs, y, ldy, o0, o1);
         return;
     }
     /* panels of rows kept in L2 while every tile of tokens passes over them */
@@ -175,12 +181,12 @@ AI void qb32_rows(const int dt, const char *W, size_t wrb, int64_t nb, const int
         int t = 0;
         for (; t + 3 <= T; t += 3)
             qb32_pass(dt, 2, 3, W, wrb, nb, xq + t * K, xd + t * nb, xs + t * nb, y + t * ldy, ldy,
-                      ob, oe, t == 0 ? QL_PF_BYTES : 0, 0);
+                      ob, oe, t == 0 ? QL_PF_BYTES : 0);
         const int8_t *xt = xq + t * K;
         const float *xdt = xd + t * nb, *xst = xs + t * nb;
         float *yt = y + t * ldy;
-        if (T - t == 1) qb32_pass(dt, 2, 1, W, wrb, nb, xt, xdt, xst, yt, ldy, ob, oe, 0, 0);
-        if (T - t == 2) qb32_pass(dt, 2, 2, W, wrb, nb, xt, xdt, xst, yt, ldy, ob, oe, 0, 0);
+        if (T - t == 1) qb32_pass(dt, 2, 1, W, wrb, nb, xt, xdt, xst, yt, ldy, ob, oe, 0);
+        if (T - t == 2) qb32_pass(dt, 2, 2, W, wrb, nb, xt, xdt, xst, yt, ldy, ob, oe, 0);
     }
 }
 
