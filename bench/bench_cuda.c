@@ -1,7 +1,8 @@
 /* bench/bench_cuda.c: the CUDA backend against the device's own ceilings, printed as a markdown
  * table.
  *   copy bandwidth  device-to-device cudaMemcpy of a 2 GiB buffer, bytes read + written per s
- *   GEMM rate       cuBLAS BF16 GEMM 8192^3 with F32 accumulation (the backend's cuk_gemm), FLOP/s
+ *   GEMM rate       cuBLAS BF16 GEMM 8192^3 with F32 accumulation, cuBLAS's own algorithm (not the
+ *                   engine's fixed ones: cuda_blas_set_fixed 0), FLOP/s
  * Then per model shape (mkmodel presets llama-3.2-1b and llama-3.1-8b, BF16 weights, F16 KV):
  *   decode@B   tokens/s of B sequences (B = 1, 8, 64, 256) each decoding one token per step at a
  *              context of 128..160, greedy on the device (forward_argmax); ceiling: the larger
@@ -98,6 +99,7 @@ static int ceilings(double *bw, double *flops)
         fprintf(stderr, "bench_cuda: %s\n", err);
         goto fail;
     }
+    cuda_blas_set_fixed(h, 0); /* the device's best GEMM, the reference rate */
     CK(cudaMalloc(&w, (size_t)M * M * 2), "gemm buffer");
     CK(cudaMalloc(&x, (size_t)M * M * 2), "gemm buffer");
     CK(cudaMalloc((void **)&y, (size_t)M * M * 4), "gemm buffer");

@@ -265,6 +265,41 @@ static void test_gemm(cuda_blas_t *h, int t)
     cudaFree(dW); cudaFree(dX);
 }
 
+/* Batch invariance of cuda_blas_gemm: a token's row of Y is bit-identical whether its row of X
+ * runs alone, among 17, or among 300 (at another index), for a weight shape of the engine's
+ * kind; none of these calls may take the cublasGemmEx path (cuda_blas.h). */
+static void test_gemm_invariance(cuda_blas_t *h, int t)
+{
+    const int N = 1000, K = 2048, T = 300, ldy = N;
+    float *W = rand_vec((size_t)N * K, -1, 1), *X = rand_vec((size_t)T * K, -1, 1);
+    void *dW = dup_as(W, (size_t)N * K, t), *dX = dup_as(X, (size_t)T * K, t);
+    const size_t xrow = (size_t)K * (t == DT_F32 ? 4 : 2);
+    float *dY = NULL, *dY1 = NULL;
+    CU(cudaMalloc((void **)&dY, (size_t)T * ldy * 4));
+    CU(cudaMalloc((void **)&dY1, (size_t)T * ldy * 4));
+    const long ex0 = cuda_blas_gemm_ex_calls(h);
+    CHECK(cuda_blas_gemm(h, t, dW, N, K, dX, T, dY, ldy, 0.0f) == 0);
+    float *all = fetch(dY, (size_t)T * ldy, DT_F32);
+    /* alone: rows 0, 5, 299, each as a one-token call */
+    const int rows[3] = {0, 5, T - 1};
+    for (int i = 0; i < 3; i++) {
+        CU(cudaMemset(dY1, 0xff, (size_t)ldy * 4));
+        CHECK(cuda_blas_gemm(h, t, (const char *)dW, N, K, (const char *)dX + rows[i] * xrow, 1,
+                             dY1, ldy, 0.0f) == 0);
+        float *one = fetch(dY1, (size_t)ldy, DT_F32);
+        CHECK(memcmp(one, all + (size_t)rows[i] * ldy, (size_t)N * 4) == 0);
+        free(one);
+    }
+    /* rows 100..116 as a 17-token call */
+    CU(cudaMemset(dY1, 0xff, (size_t)17 * ldy * 4));
+    CHECK(cuda_blas_gemm(h, t, dW, N, K, (const char *)dX + 100 * xrow, 17, dY1, ldy, 0.0f) == 0);
+    float *mid = fetch(dY1, (size_t)17 * ldy, DT_F32);
+    CHECK(memcmp(mid, all + (size_t)100 * ldy, (size_t)17 * ldy * 4) == 0);
+    CHECK(cuda_blas_gemm_ex_calls(h) == ex0);
+    free(mid); free(all); free(W); free(X);
+    cudaFree(dW); cudaFree(dX); cudaFree(dY); cudaFree(dY1);
+}
+
 static void test_argmax(void)
 {
     const int T = 5, V = 32000;
@@ -1128,6 +1163,7 @@ int main(void)
     for (int i = 0; i < 3; i++) {
         test_embed_rmsnorm_swiglu(types[i]);
         test_gemm(h, types[i]);
+        test_gemm_invariance(h, types[i]);
     }
     /* GQA groups 1, 4, 8; head_dim 8 (stories260K), 64, 128; both RoPE kinds; biases */
     test_rope_attention(4, 4, 8, ROPE_NORM, DT_F32, DT_F32, 0);

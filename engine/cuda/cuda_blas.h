@@ -10,7 +10,7 @@
  * e.g. the lib folder of the nvidia-cublas Python wheel), then the dynamic linker's own search
  * (LD_LIBRARY_PATH, the ld.so cache) for libcublas.so.13, libcublas.so.12, libcublas.so. The
  * libcublasLt beside a libcublas found by path is loaded first, so cuBLAS finds it even when its
- * folder is on no search path.
+ * folder is on no search path; cuBLASLt's functions are taken from that dependency.
  *
  * Threads: an object is used by one thread at a time (its handle is cuBLAS's handle). Ownership:
  * the caller owns the object; the stream and workspace given at creation stay the caller's and
@@ -44,12 +44,28 @@ const char *cuda_blas_describe(const cuda_blas_t *b);
 const char *cuda_blas_status(const cuda_blas_t *b, int status);
 
 /* Y[t][o] = sum_k W[o][k] X[t][k] + beta * Y[t][o], t < T, o < N: W [N][K] and X [T][K] of
- * wtype (DT_F32, DT_F16 or DT_BF16; row-major, rows contiguous), Y F32 with row stride
- * ldy >= N, accumulation in F32 (DT_F32 without TF32: the F32 mode tracks the CPU backend).
- * beta 1 adds the product into Y (the residual adds). Enqueued on the handle's stream; returns
- * the cuBLAS status (0 = success). */
+ * wtype (DT_F32, DT_F16 or DT_BF16; row-major, rows contiguous; W, X and Y at least 256-byte
+ * aligned, as cudaMalloc gives), Y F32 with row stride ldy >= N, accumulation in F32 (DT_F32
+ * without TF32: the F32 mode tracks the CPU backend). beta 1 adds the product into Y (the
+ * residual adds). Enqueued on the handle's stream; returns the cuBLAS status (0 = success).
+ *
+ * Batch invariance: through cuBLASLt, each (wtype, N, K, ldy) gets one algorithm at its first
+ * call -- the heuristic's choice for 128 tokens among the configurations that do not split K,
+ * pinned to one split and no reduction -- and every later call of that shape uses it whatever
+ * T is, so each output is one thread block's walk over K in an order T does not change, and a
+ * token's row of Y does not depend on the other rows of X. Without cuBLASLt, for a shape no
+ * such algorithm is accepted for, or when cuBLASLt refuses a call, the call goes through
+ * cublasGemmEx, whose algorithm may change with T (counted: cuda_blas_gemm_ex_calls). */
 int cuda_blas_gemm(cuda_blas_t *b, int wtype, const void *d_W, int N, int K, const void *d_X,
                    int T, float *d_Y, int ldy, float beta);
+
+/* on 0: every later cuda_blas_gemm goes through cublasGemmEx with cuBLAS's own choice of
+ * algorithm for each shape (a reference GEMM rate; not batch invariant); on 1 (the default at
+ * creation): the fixed algorithms above. */
+void cuda_blas_set_fixed(cuda_blas_t *b, int on);
+
+/* How many cuda_blas_gemm calls so far went through cublasGemmEx (not batch invariant). */
+long cuda_blas_gemm_ex_calls(const cuda_blas_t *b);
 
 #ifdef __cplusplus
 }
