@@ -117,8 +117,19 @@ typedef struct {
     /* Optional (NULL: none). A page-locked host buffer of kv_block_bytes to fill and pass as
      * the src of the next kv_block_write, which then queues its copy without copying the bytes
      * once more on the host. Owned by the backend; valid until the next kv_block_read,
-     * kv_block_write or kv_stage_buffer call. NULL on a device error. */
+     * kv_block_read_async, kv_block_write or kv_stage_buffer call. NULL on a device error. */
     void *(*kv_stage_buffer)(backend_t *b);
+    /* Optional pair (NULL: kv_block_read, which returns with the bytes). kv_block_read_async
+     * queues the copy of block (as the forward steps queued so far leave it) towards dst
+     * (kv_block_bytes of the caller's memory, which must stay valid until the ticket is
+     * answered) and returns at once with *ticket; 0, or -1 when nothing was queued (the caller
+     * may then use kv_block_read). The caller must not let the block be rewritten (it keeps a
+     * reference) until then. kv_read_done answers a ticket: 1 when dst holds the block, 0
+     * while the copy is in flight (only with wait 0; wait 1 blocks until it is not), -1 on a
+     * device error (dst not filled). Each ticket is asked until it is answered 1 or -1, and
+     * every ticket is answered before the backend is freed. */
+    int (*kv_block_read_async)(backend_t *b, int32_t block, void *dst, uint64_t *ticket);
+    int (*kv_read_done)(backend_t *b, uint64_t ticket, int wait);
     /* Waits for queued work; 0 or -1. */
     int (*synchronize)(backend_t *b);
 } backend_ops_t;

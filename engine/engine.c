@@ -129,6 +129,14 @@ struct engine {
     uint32_t *gmask;          /* [GRAMMAR_MASK_WORDS(n_vocab)] mask scratch of the step */
 
     engine_kv_tier_t tier;    /* tier 2; tier.lookup NULL = none */
+    struct tier_store {       /* a tier-2 store whose block is still being copied off the
+                                 device (backend kv_block_read_async); the block holds a
+                                 reference of its own until the copy is answered */
+        uint64_t ticket;
+        void *buf;            /* the tier's buffer, committed once the copy is answered */
+        int32_t block;
+    } *stores;                /* [n_stores], capacity cap_stores */
+    int n_stores, cap_stores;
     void *kv_stage;           /* [kv_block_bytes] tier 2 fetch staging */
     int32_t *tok_stage;       /* [block_tokens] tokens of a tier 2 fetch */
     uint64_t kv_seed;         /* chain seed of the shared scope */
@@ -219,6 +227,54 @@ static void seq_release_blocks(engine_t *e, seq_t *s)
     s->n_computed = 0;
 }
 
+/* Commits to tier 2 the stores whose copies have been answered (all of them with wait 1, which
+ * blocks until each is), dropping each block's extra reference. Step thread. */
+static void tier_stores_reap(engine_t *e, int wait)
+{
+    int kept = 0;
+    for (int i = 0; i < e->n_stores; i++) {
+        struct tier_store *ts = &e->stores[i];
+        const int d = e->be->ops->kv_read_done(e->be, ts->ticket, wait);
+        if (d == 0) {
+            e->stores[kept++] = *ts;
+            continue;
+        }
+        e->tier.store_commit(e->tier.arg, ts->buf, d == 1);
+        e->st.tier2_stores += (uint64_t)(d == 1);
+        kvpool_unref(e->pool, ts->block);
+    }
+    e->n_stores = kept;
+}
+
+/* Offers block b, named name, to tier 2: the copy off the device is queued and committed later
+ * (tier_stores_reap) where the backend can, else made now. */
+static void tier_store(engine_t *e, int32_t b, uint64_t name, uint64_t parent,
+                       const int32_t *toks)
+{
+    void *buf = e->tier.store_begin(e->tier.arg, name, parent, toks);
+    if (!buf) return;
+    if (e->be->ops->kv_block_read_async && e->be->ops->kv_read_done) {
+        if (e->n_stores == e->cap_stores) {
+            const int cap = e->cap_stores ? 2 * e->cap_stores : 16;
+            struct tier_store *grown = realloc(e->stores, sizeof *grown * (size_t)cap);
+            if (grown) {
+                e->stores = grown;
+                e->cap_stores = cap;
+            }
+        }
+        uint64_t ticket;
+        if (e->n_stores < e->cap_stores &&
+            e->be->ops->kv_block_read_async(e->be, b, buf, &ticket) == 0) {
+            kvpool_ref(e->pool, b);
+            e->stores[e->n_stores++] = (struct tier_store){ticket, buf, b};
+            return;
+        }
+    }
+    const int ok = e->be->ops->kv_block_read(e->be, b, buf) == 0;
+    e->st.tier2_stores += (uint64_t)ok;
+    e->tier.store_commit(e->tier.arg, buf, ok);
+}
+
 /* Names and publishes the full, computed blocks not yet named. */
 static void seq_publish(engine_t *e, seq_t *s)
 {
@@ -231,14 +287,7 @@ static void seq_publish(engine_t *e, seq_t *s)
         uint64_t name = s->n_named < s->n_pnames ? s->pnames[s->n_named]
                                                  : kvpool_block_name(e->pool, s->last_name, toks);
         kvpool_publish(e->pool, b, name, s->last_name, toks);
-        if (e->tier.store_begin) {
-            void *buf = e->tier.store_begin(e->tier.arg, name, s->last_name, toks);
-            if (buf) {
-                int ok = e->be->ops->kv_block_read(e->be, b, buf) == 0;
-                e->st.tier2_stores += (uint64_t)ok;
-                e->tier.store_commit(e->tier.arg, buf, ok);
-            }
-        }
+        if (e->tier.store_begin) tier_store(e, b, name, s->last_name, toks);
         s->last_name = name;
         s->n_named++;
     }
@@ -339,6 +388,8 @@ static void seq_finish(engine_t *e, seq_t *s, int finish)
 void engine_free(engine_t *e)
 {
     if (!e) return;
+    tier_stores_reap(e, 1);
+    free(e->stores);
     for (int i = 0; i < e->n_waiting; i++) {
         seq_release_blocks(e, e->waiting[i]);
         seq_free_pen_slot(e, e->waiting[i]);
@@ -1130,6 +1181,7 @@ static int plan_device_sampling(engine_t *e, int n)
 
 int engine_step(engine_t *e, char *errstr, size_t errlen)
 {
+    if (e->n_stores) tier_stores_reap(e, 0);
     int n = plan_step(e);
     if (n == 0) {
         for (int i = 0; i < e->n_running; i++) {
@@ -1149,6 +1201,7 @@ int engine_step(engine_t *e, char *errstr, size_t errlen)
             seq_finish(e, s, ENGINE_FINISH_LENGTH);
             return 1;
         }
+        if (e->n_stores) tier_stores_reap(e, 1); /* idle: finish the stores in flight */
         return 0;
     }
     int T = 0, n_logits = 0;
@@ -1261,6 +1314,7 @@ int engine_token_to_piece(const engine_t *e, int32_t id, char *buf, size_t cap)
 
 int engine_set_kv_tier(engine_t *e, const engine_kv_tier_t *tier, char *errstr, size_t errlen)
 {
+    tier_stores_reap(e, 1); /* the stores in flight belong to the tier attached now */
     if (!tier) {
         memset(&e->tier, 0, sizeof e->tier);
         return 0;

@@ -766,9 +766,80 @@ static void er_done(void *arg, const engine_result_t *r)
     memcpy(res->out[i], r->tokens, (size_t)res->n_out[i] * 4);
 }
 
+/* A tier 2 in this process's memory (the engine_kv_tier_t contract): blocks kept by name with
+ * their parent and tokens; store buffers are poisoned until filled. */
+enum { MT_MAX = 64, MT_BT = 16 };
+typedef struct {
+    size_t bytes;             /* kv_block_bytes */
+    int n;                    /* blocks kept */
+    uint64_t name[MT_MAX], parent[MT_MAX];
+    int32_t tokens[MT_MAX][MT_BT];
+    unsigned char *kv[MT_MAX];
+    int last[MT_MAX];         /* indices of the last lookup's hits */
+    int begun, committed, dropped;
+} mem_tier_t;
+
+static int mt_find(const mem_tier_t *t, uint64_t name)
+{
+    for (int i = 0; i < t->n; i++)
+        if (t->name[i] == name) return i;
+    return -1;
+}
+
+static int mt_lookup(void *arg, const uint64_t *names, int n)
+{
+    mem_tier_t *t = arg;
+    int k = 0;
+    while (k < n && k < MT_MAX && (t->last[k] = mt_find(t, names[k])) >= 0) k++;
+    return k;
+}
+
+static int mt_fetch(void *arg, int i, void *dst, uint64_t *parent, int32_t *tokens)
+{
+    mem_tier_t *t = arg;
+    const int j = t->last[i];
+    memcpy(dst, t->kv[j], t->bytes);
+    *parent = t->parent[j];
+    memcpy(tokens, t->tokens[j], sizeof t->tokens[j]);
+    return 0;
+}
+
+/* A buffer: [bytes] of KV, then name, parent and tokens (kept at commit). */
+static void *mt_store_begin(void *arg, uint64_t name, uint64_t parent, const int32_t *tokens)
+{
+    mem_tier_t *t = arg;
+    if (t->n + t->begun - t->committed - t->dropped >= MT_MAX || mt_find(t, name) >= 0)
+        return NULL;
+    unsigned char *b = malloc(t->bytes + 16 + sizeof(int32_t) * MT_BT);
+    if (!b) return NULL;
+    memset(b, 0xff, t->bytes);
+    memcpy(b + t->bytes, &name, 8);
+    memcpy(b + t->bytes + 8, &parent, 8);
+    memcpy(b + t->bytes + 16, tokens, sizeof(int32_t) * MT_BT);
+    t->begun++;
+    return b;
+}
+
+static void mt_store_commit(void *arg, void *buf, int ok)
+{
+    mem_tier_t *t = arg;
+    unsigned char *b = buf;
+    if (!ok) {
+        t->dropped++;
+        free(b);
+        return;
+    }
+    t->committed++;
+    memcpy(&t->name[t->n], b + t->bytes, 8);
+    memcpy(&t->parent[t->n], b + t->bytes + 8, 8);
+    memcpy(t->tokens[t->n], b + t->bytes + 16, sizeof(int32_t) * MT_BT);
+    t->kv[t->n++] = b;
+}
+
 /* Runs the requests (the last one sampled at temperature 0.9 when `mixed`, else greedy too) on
- * `backend` in F32; stats to *st. 0 or -1. */
-static int engine_requests(const char *backend, int mixed, er_results_t *res, engine_stats_t *st)
+ * `backend` in F32, with tier 2 in *tier when not NULL; stats to *st. 0 or -1. */
+static int engine_requests_tier(const char *backend, int mixed, er_results_t *res,
+                                engine_stats_t *st, mem_tier_t *tier)
 {
     /* stories260K's tokens of "Once upon a time", "Once upon a time, there was a little girl
      * named Lily. She loved to play", "The cat sat", "Once upon a time, there was" */
@@ -789,12 +860,23 @@ static int engine_requests(const char *backend, int mixed, er_results_t *res, en
     cfg.kv_blocks = 256;
     cfg.max_batch_tokens = 16; /* the 21-token prompt is prefilled in chunks beside decodes */
     cfg.max_seqs = 8;
+    static const unsigned char secret[ENGINE_KV_SECRET_BYTES] = {7, 1, 2}; /* names shared */
+    if (tier) cfg.kv_secret = secret;
     char err[512];
     engine_t *e = engine_new(&cfg, err, sizeof err);
     CHECKF(e != NULL, "engine_new(%s): %s", backend, err);
     if (!e) return -1;
     memset(res, 0, sizeof *res);
     int rc = 0;
+    if (tier) {
+        engine_info_t info;
+        engine_info(e, &info);
+        tier->bytes = info.kv_block_bytes;
+        engine_kv_tier_t kt = {tier, mt_lookup, mt_fetch, mt_store_begin, mt_store_commit};
+        rc = engine_set_kv_tier(e, &kt, err, sizeof err);
+        CHECKF(rc == 0 && info.block_tokens == MT_BT, "tier: %s (block_tokens %d)", err,
+               info.block_tokens);
+    }
     for (int i = 0; i < ER_REQS && rc == 0; i++) {
         engine_request_t rq;
         engine_request_default(&rq);
@@ -821,6 +903,45 @@ static int engine_requests(const char *backend, int mixed, er_results_t *res, en
     engine_stats(e, st);
     engine_free(e);
     return rc;
+}
+
+static int engine_requests(const char *backend, int mixed, er_results_t *res, engine_stats_t *st)
+{
+    return engine_requests_tier(backend, mixed, res, st, NULL);
+}
+
+/* Tier-2 round trip on the device: the first engine's computed blocks go to the tier through
+ * the asynchronous device-to-host copies (kv_block_read_async), each filled before it is
+ * committed (the poison is gone); a second engine finds them there, copies them back to the
+ * device, and generates the same greedy tokens. */
+static void test_tier2_round_trip(void)
+{
+    mem_tier_t *t = calloc(1, sizeof *t);
+    er_results_t *a = malloc(sizeof *a), *b = malloc(sizeof *b);
+    engine_stats_t sa, sb;
+    if (!t || !a || !b) abort();
+    if (engine_requests_tier("cuda", 0, a, &sa, t) == 0) {
+        CHECKF(t->committed > 0 && t->dropped == 0 && t->committed == t->begun &&
+                   sa.tier2_stores == (uint64_t)t->committed,
+               "stores: %d begun, %d committed, %d dropped, engine counted %llu", t->begun,
+               t->committed, t->dropped, (unsigned long long)sa.tier2_stores);
+        for (int i = 0; i < t->n; i++) {
+            size_t poison = 0;
+            for (size_t j = 0; j < t->bytes; j++) poison += t->kv[i][j] == 0xff;
+            CHECKF(poison < t->bytes / 2, "stored block %d: %zu of %zu bytes still poison", i,
+                   poison, t->bytes);
+        }
+        if (engine_requests_tier("cuda", 0, b, &sb, t) == 0) {
+            CHECKF(sb.tier2_hits > 0, "second engine: %llu tier-2 hits",
+                   (unsigned long long)sb.tier2_hits);
+            for (int i = 0; i < ER_REQS; i++)
+                CHECKF(a->n_out[i] == b->n_out[i] &&
+                           !memcmp(a->out[i], b->out[i], sizeof(int32_t) * (size_t)a->n_out[i]),
+                       "request %d: tokens differ after the tier-2 round trip", i);
+        }
+    }
+    for (int i = 0; i < t->n; i++) free(t->kv[i]);
+    free(t); free(a); free(b);
 }
 
 /* The engine's greedy steps through forward_argmax (ids, not logits) give the CPU backend's
@@ -1026,6 +1147,32 @@ static void test_copy_stream(void)
         CHECKF(bad == 0, "block %d: %zu of %zu floats differ", blk, bad, nf);
     }
     CHECK(g->ops->kv_write_pending(g, blocks, NB) == 0); /* the reads came after them on xs */
+
+    /* asynchronous reads (tier-2 stores): answered in reverse order, half of them after the
+     * staging ring has come round (every slot handed out again), which moves their bytes early */
+    CHECK(g->ops->kv_block_read_async && g->ops->kv_read_done);
+    float *rd = malloc(n * NB);
+    uint64_t tk[NB];
+    if (!rd) abort();
+    for (int i = 0; i < NB; i++) {
+        memset(rd + (size_t)i * nf, 0xff, n);
+        CHECK(g->ops->kv_block_read_async(g, i, rd + (size_t)i * nf, &tk[i]) == 0);
+    }
+    for (int i = NB - 1; i >= NB / 2; i--) {
+        int d;
+        while ((d = g->ops->kv_read_done(g, tk[i], 0)) == 0) {}
+        CHECKF(d == 1, "kv_read_done: %d", d);
+        CHECK(g->ops->kv_read_done(g, tk[i], 1) == 1); /* answered: stays answered */
+    }
+    for (int i = 0; i < 4096 + 1; i++) CHECK(g->ops->kv_stage_buffer(g) != NULL);
+    for (int i = NB / 2 - 1; i >= 0; i--) CHECK(g->ops->kv_read_done(g, tk[i], 1) == 1);
+    for (int i = 0; i < NB; i++) {
+        size_t bad = 0;
+        for (size_t j = 0; j < nf; j++)
+            bad += rd[(size_t)i * nf + j] != (float)(i * 1000003 + (int)j) * 1e-6f;
+        CHECKF(bad == 0, "async read of block %d: %zu of %zu floats differ", i, bad, nf);
+    }
+    free(rd);
     const int32_t none[3] = {-1, 60, 61};
     CHECK(g->ops->kv_write_pending(g, none, 3) == 0);
 
@@ -1184,6 +1331,7 @@ int main(void)
     test_engine_argmax();
     test_memory_accounting();
     test_copy_stream();
+    test_tier2_round_trip();
 
     cuda_blas_free(h);
     cudaStreamDestroy(S);

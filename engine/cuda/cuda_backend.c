@@ -9,7 +9,8 @@
  * finally RMSNorm of the rows whose logits are wanted and GEMM(output), then either the logits
  * copied to the host, or their argmax (cuk_argmax), or a sample of each row (cuk_sample,
  * cuda_sample.h) whose ids and logprobs come back in one copy to page-locked memory.
- * GEMMs run in cuBLAS with F32 accumulation; activations entering a GEMM are in weight_type,
+ * GEMMs run in cuBLAS(Lt) with F32 accumulation (cuda_blas.h: one algorithm per weight shape);
+ * activations entering a GEMM are in weight_type,
  * the residual stream and GEMM outputs are F32.
  *
  * Decode steps (one token a sequence, the logits of each; at most GRAPH_MAX_T tokens) run as
@@ -110,6 +111,11 @@ typedef struct {
     /* KV block transfers (xs): page-locked staging ring, write tickets */
     unsigned char *h_stage; /* pinned [n_stage][kv_block_bytes] */
     cudaEvent_t *ev_stage; /* [n_stage]: the copy through the slot is done */
+    uint64_t *rd_ticket;   /* [n_stage]: the asynchronous read whose bytes the slot holds or
+                              will hold, not yet copied to rd_dst (0: none) */
+    void **rd_dst;         /* [n_stage]: where that read's bytes go */
+    uint64_t rd_seq;       /* asynchronous reads queued so far */
+    int rd_error;          /* a slot's read was finished early and failed */
     int n_stage, stage_next;
     int stage_held;        /* slot handed out by kv_stage_buffer, -1 none */
     cudaEvent_t ev_wr[KV_WRITE_EVENTS]; /* recorded on xs after write ticket t at t % N */
@@ -794,7 +800,12 @@ static void cu_slot_free(backend_t *be, int slot)
  * shared memory that other workers may rewrite while a copy is in flight, and the engine checks
  * a block's parent and tokens after the tier has copied it out; the device must get that copy.
  * Device to host (tier-2 stores): kv_block_read copies on xs, behind the compute queued so far
- * and the writes before it, into a staging slot and waits for it. */
+ * and the writes before it, into a staging slot and waits for it. kv_block_read_async queues
+ * the same copy and returns; the slot remembers the read (rd_ticket, rd_dst) until its bytes
+ * reach dst: when kv_read_done finds the copy done, or when the ring comes round to the slot
+ * again (stage_acquire then waits for that copy and moves the bytes first). A ticket is
+ * (read number << 12) | slot (KV_STAGE_MAX slots fit in 12 bits), so a ticket whose slot no
+ * longer names it was finished early. */
 
 /* Takes the next staging slot once its previous copy is done: 0, or -1 on a device error. */
 static int stage_acquire(cu_t *c, int *slot)
@@ -802,7 +813,16 @@ static int stage_acquire(cu_t *c, int *slot)
     const int s = c->stage_next;
     c->stage_next = (s + 1) % c->n_stage;
     c->stage_held = -1;
-    if (cudaEventSynchronize(c->ev_stage[s]) != cudaSuccess) return -1;
+    if (cudaEventSynchronize(c->ev_stage[s]) != cudaSuccess) {
+        if (c->rd_ticket[s]) c->rd_error = 1;
+        c->rd_ticket[s] = 0;
+        return -1;
+    }
+    if (c->rd_ticket[s]) { /* an asynchronous read not yet answered: its bytes go out first */
+        memcpy(c->rd_dst[s], c->h_stage + (size_t)s * c->base.kv_block_bytes,
+               c->base.kv_block_bytes);
+        c->rd_ticket[s] = 0;
+    }
     *slot = s;
     return 0;
 }
@@ -887,6 +907,42 @@ static int cu_kv_read(backend_t *be, int32_t block, void *dst)
         return -1;
     memcpy(dst, st, n);
     return 0;
+}
+
+static int cu_kv_read_async(backend_t *be, int32_t block, void *dst, uint64_t *ticket)
+{
+    cu_t *c = (cu_t *)be;
+    if (block < 0 || block >= be->params.n_kv_blocks || !dst ||
+        cudaSetDevice(c->dev) != cudaSuccess)
+        return -1;
+    int slot;
+    if (stage_acquire(c, &slot)) return -1;
+    const size_t n = be->kv_block_bytes;
+    if (cudaStreamWaitEvent(c->xs, c->ev_compute, 0) != cudaSuccess ||
+        cudaMemcpyAsync(stage_ptr(c, slot), c->kv + (size_t)block * n, n, cudaMemcpyDeviceToHost,
+                        c->xs) != cudaSuccess ||
+        cudaEventRecord(c->ev_stage[slot], c->xs) != cudaSuccess)
+        return -1;
+    const uint64_t t = (++c->rd_seq << 12) | (uint64_t)slot;
+    c->rd_ticket[slot] = t;
+    c->rd_dst[slot] = dst;
+    *ticket = t;
+    return 0;
+}
+
+static int cu_kv_read_done(backend_t *be, uint64_t ticket, int wait)
+{
+    cu_t *c = (cu_t *)be;
+    const int slot = (int)(ticket & 4095);
+    if (slot >= c->n_stage || c->rd_ticket[slot] != ticket) return c->rd_error ? -1 : 1;
+    if (cudaSetDevice(c->dev) != cudaSuccess) return -1;
+    cudaError_t rc = wait ? cudaEventSynchronize(c->ev_stage[slot])
+                          : cudaEventQuery(c->ev_stage[slot]);
+    if (rc == cudaErrorNotReady) return 0;
+    c->rd_ticket[slot] = 0;
+    if (rc != cudaSuccess) return -1;
+    memcpy(c->rd_dst[slot], stage_ptr(c, slot), be->kv_block_bytes);
+    return 1;
 }
 
 /* Returns once the copy is queued (src copied into a staging slot first unless it is the slot
@@ -1002,6 +1058,8 @@ static void cu_free(backend_t *be)
     if (c->h_meta) cudaFreeHost(c->h_meta);
     if (c->h_stage) cudaFreeHost(c->h_stage);
     free(c->blk_ticket);
+    free(c->rd_ticket);
+    free(c->rd_dst);
     cuda_blas_free(c->blas);
     if (c->ev_stage) {
         for (int i = 0; i < c->n_stage; i++)
@@ -1039,6 +1097,8 @@ static const backend_ops_t cuda_ops = {
     .kv_block_copy = cu_kv_copy,
     .kv_write_pending = cu_kv_pending,
     .kv_stage_buffer = cu_kv_stage_buffer,
+    .kv_block_read_async = cu_kv_read_async,
+    .kv_read_done = cu_kv_read_done,
     .synchronize = cu_sync,
 };
 
@@ -1051,7 +1111,9 @@ static int kv_transfer_init(cu_t *c, char *errstr, size_t errlen)
     c->stage_held = -1;
     c->blk_ticket = calloc((size_t)c->base.params.n_kv_blocks, sizeof *c->blk_ticket);
     c->ev_stage = calloc(n, sizeof *c->ev_stage);
-    if (!c->blk_ticket || !c->ev_stage) {
+    c->rd_ticket = calloc(n, sizeof *c->rd_ticket);
+    c->rd_dst = calloc(n, sizeof *c->rd_dst);
+    if (!c->blk_ticket || !c->ev_stage || !c->rd_ticket || !c->rd_dst) {
         sw_seterr(errstr, errlen, "cuda: out of memory");
         return -1;
     }
