@@ -20,6 +20,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <vector>
 
 #include "support/cuemu.h"
@@ -240,6 +241,108 @@ static void test_emulation(void)
 
 /* Usage: test_cuemu [attention|sampling] [quick]: both parts by default; quick: one attention
  * case and a small vocabulary. The emulation's own checks run first, always. */
+/* ---- FP8 (E4M3) quantisation and the GEMM epilogue ---- */
+
+/* The value of E4M3 code c (NaN for 0x7f / 0xff), from the format's definition. */
+static double e4m3_value(int c)
+{
+    const int s = c >> 7, e = (c >> 3) & 15, m = c & 7;
+    if (e == 15 && m == 7) return NAN;
+    const double v = e == 0 ? m / 8.0 * ldexp(1.0, -6) : (1.0 + m / 8.0) * ldexp(1.0, e - 7);
+    return s ? -v : v;
+}
+
+/* The reference encoder, independent of the kernel's bit manipulation: the nearest of the 126
+ * finite non-negative codes by value (ties to the even code), |y| > 448 to 448, NaN to 0x7f. */
+static int e4m3_ref(float y)
+{
+    if (y != y) return (std::signbit(y) ? 0x80 : 0) | 0x7f;
+    const double a = fabs((double)y);
+    int best = 0;
+    for (int c = 1; c <= 0x7e; c++) {
+        const double d = fabs(e4m3_value(c) - a), db = fabs(e4m3_value(best) - a);
+        if (d < db || (d == db && !(c & 1))) best = c;
+    }
+    return (std::signbit(y) ? 0x80 : 0) | best;
+}
+
+static void test_fp8(void)
+{
+    /* rows: random magnitudes over many octaves; every code's value and every midpoint between
+     * neighbours (ties) scaled so amax is exactly 448; zeros; a NaN; values below 2^-9 */
+    const int cols = 300;
+    std::vector<std::vector<float>> rows;
+    for (int r = 0; r < 6; r++) {
+        std::vector<float> v(cols);
+        for (int i = 0; i < cols; i++)
+            v[i] = (float)((urand() * 2 - 1) * ldexp(1.0, (int)(urand() * 24) - 12 + r));
+        rows.push_back(v);
+    }
+    std::vector<float> codes(cols, 0.0f);
+    int k = 0;
+    for (int c = 0; c <= 0x7e && k + 2 < cols; c++) {
+        codes[k++] = (float)e4m3_value(c);
+        if (c < 0x7e) codes[k++] = (float)((e4m3_value(c) + e4m3_value(c + 1)) / 2); /* tie */
+    }
+    codes[k++] = -448.0f;
+    rows.push_back(codes);
+    rows.push_back(std::vector<float>(cols, 0.0f));
+    std::vector<float> odd(cols);
+    for (int i = 0; i < cols; i++) odd[i] = (float)((urand() - 0.5) * 1e-3);
+    odd[7] = NAN;
+    odd[8] = 1e-30f;
+    rows.push_back(odd);
+    const int R = (int)rows.size();
+    std::vector<float> src((size_t)R * cols);
+    for (int r = 0; r < R; r++) memcpy(&src[(size_t)r * cols], rows[r].data(), cols * 4);
+    std::vector<uint8_t> q((size_t)R * cols, 0xaa);
+    std::vector<float> sc(R, NAN);
+    CHECK(cuk_quant_fp8_rows(DT_F32, src.data(), R, cols, q.data(), sc.data(), NULL) == 0);
+    int bad = 0;
+    for (int r = 0; r < R; r++) {
+        float amax = 0.0f;
+        for (int i = 0; i < cols; i++)
+            if (src[(size_t)r * cols + i] == src[(size_t)r * cols + i])
+                amax = fmaxf(amax, fabsf(src[(size_t)r * cols + i]));
+        const float s = amax > 0.0f ? amax / 448.0f : 1.0f;
+        CHECKF(sc[r] == s, "fp8 row %d: scale %g, want %g", r, sc[r], s);
+        for (int i = 0; i < cols; i++) {
+            const int want = e4m3_ref(src[(size_t)r * cols + i] / s);
+            const int got = q[(size_t)r * cols + i];
+            if (got != want && bad++ < 5)
+                fprintf(stderr, "fp8 row %d col %d: %.9g / %g -> 0x%02x, want 0x%02x\n", r, i,
+                        src[(size_t)r * cols + i], s, got, want);
+        }
+    }
+    CHECKF(bad == 0, "fp8 quantisation: %d codes differ from the reference", bad);
+    /* the codes row is its own scale 1 (amax 448): every code comes back as itself */
+    for (int c = 0; c <= 0x7e; c++) CHECK(q[(size_t)6 * cols + 2 * c] == c);
+
+    /* epilogue: beta 0 and 1, acc with a wider stride than y */
+    const int T = 3, N = 5, lda = 7, ldy = 6;
+    std::vector<float> acc((size_t)T * lda), sx(T), sw(N), y((size_t)T * ldy), y0;
+    for (auto &v : acc) v = (float)(urand() * 100 - 50);
+    for (auto &v : sx) v = (float)urand();
+    for (auto &v : sw) v = (float)urand();
+    for (auto &v : y) v = (float)(urand() - 0.5);
+    y0 = y;
+    for (int beta = 0; beta <= 1; beta++) {
+        y = y0;
+        CHECK(cuk_fp8_epilogue(acc.data(), lda, sx.data(), sw.data(), T, N, (float)beta,
+                               y.data(), ldy, NULL) == 0);
+        for (int t = 0; t < T; t++)
+            for (int o = 0; o < ldy; o++) {
+                float want = y0[(size_t)t * ldy + o];
+                if (o < N) {
+                    const float v = acc[(size_t)t * lda + o] * sx[t] * sw[o];
+                    want = beta ? want + v : v;
+                }
+                CHECKF(y[(size_t)t * ldy + o] == want, "fp8 epilogue beta %d [%d][%d]", beta, t, o);
+            }
+    }
+    printf("fp8: %d rows x %d quantised as the reference encoder, epilogue exact\n", R, cols);
+}
+
 int main(int argc, char **argv)
 {
     int attn = 1, smp = 1, quick = 0;
@@ -253,6 +356,7 @@ int main(int argc, char **argv)
         }
     }
     test_emulation();
+    test_fp8();
     int compared = 0, n_cases = 0;
     const int Bs[3] = {8, 16, 64}, grps[3] = {1, 4, 8};
     for (int bi = 0; bi < 3 && attn; bi++)

@@ -590,6 +590,95 @@ static __global__ void k_argmax(const float *logits, int n_vocab, int32_t *ids)
     }
 }
 
+/* ---- FP8 (E4M3) ---- */
+
+/* x -> E4M3 byte: round to nearest even, finite values beyond 448 saturate, NaN -> 0x7f. */
+static __device__ __forceinline__ uint8_t e4m3_encode(float x)
+{
+    const uint32_t u = __float_as_uint(x);
+    const uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
+    const float a = fabsf(x);
+    if (a != a) return (uint8_t)(sign | 0x7f);
+    if (a > CUK_FP8_MAX) return (uint8_t)(sign | 0x7e);
+    if (a < 0.015625f) { /* below 2^-6: subnormal steps of 2^-9 (8 steps = the least normal) */
+        const float q = rintf(a * 512.0f); /* exact scaling, then round half to even */
+        return (uint8_t)(sign | (uint32_t)q);
+    }
+    const uint32_t ua = __float_as_uint(a);
+    int e = (int)(ua >> 23) - 127; /* -6 .. 8 */
+    uint32_t m = (ua & 0x7fffffu) >> 20, rem = ua & 0xfffffu;
+    if (rem > 0x80000u || (rem == 0x80000u && (m & 1u))) m++;
+    if (m == 8u) {
+        m = 0;
+        e++;
+    }
+    if (e > 8 || (e == 8 && m == 7u)) return (uint8_t)(sign | 0x7e); /* 448 < a rounded up */
+    return (uint8_t)(sign | ((uint32_t)(e + 7) << 3) | m);
+}
+
+static __device__ float block_max(float v)
+{
+    __shared__ float red[32];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) red[w] = v;
+    __syncthreads();
+    v = lane < nw ? red[lane] : 0.0f;
+    return warp_max(v);
+}
+
+static __global__ void k_quant_fp8_rows(int st, const void *src, int cols, uint8_t *q,
+                                        float *scale)
+{
+    const size_t r = blockIdx.x, base = r * (size_t)cols;
+    float amax = 0.0f;
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) {
+        amax = fmaxf(amax, fabsf(ld_elem(st, src, base + i))); /* NaN: ignored here, encoded
+                                                                 as NaN below */
+    }
+    amax = block_max(amax);
+    const float s = amax > 0.0f ? amax / CUK_FP8_MAX : 1.0f;
+    for (int i = threadIdx.x; i < cols; i += blockDim.x)
+        q[base + i] = e4m3_encode(ld_elem(st, src, base + i) / s);
+    if (threadIdx.x == 0) scale[r] = s;
+}
+
+extern "C" int cuk_quant_fp8_rows(int src_type, const void *d_src, int rows, int cols,
+                                  uint8_t *d_q, float *d_scale, cudaStream_t stream)
+{
+    if (!cuk_elem_bytes(src_type) || cols < 1) return (int)cudaErrorInvalidValue;
+    if (rows <= 0) return 0;
+    CUK_LAUNCH(rows, CUK_THREADS, 0, stream, k_quant_fp8_rows)(src_type, d_src, cols, d_q,
+                                                              d_scale);
+    return launched();
+}
+
+static __global__ void k_fp8_epilogue(const float *acc, int lda, const float *sx,
+                                      const float *sw, int T, int N, float beta, float *y,
+                                      int ldy)
+{
+    const size_t n = (size_t)T * N;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const int t = (int)(i / (size_t)N), o = (int)(i % (size_t)N);
+        const float v = __fmul_rn(__fmul_rn(acc[(size_t)t * lda + o], sx[t]), sw[o]);
+        float *yp = y + (size_t)t * ldy + o;
+        *yp = beta != 0.0f ? __fadd_rn(*yp, v) : v;
+    }
+}
+
+extern "C" int cuk_fp8_epilogue(const float *d_acc, int lda, const float *d_sx,
+                                const float *d_sw, int T, int N, float beta, float *d_y, int ldy,
+                                cudaStream_t stream)
+{
+    if (N < 1 || lda < N || ldy < N) return (int)cudaErrorInvalidValue;
+    if (T <= 0) return 0;
+    CUK_LAUNCH(grid_for((size_t)T * N), CUK_THREADS, 0, stream, k_fp8_epilogue)(
+        d_acc, lda, d_sx, d_sw, T, N, beta, d_y, ldy);
+    return launched();
+}
+
 extern "C" int cuk_argmax(const float *d_logits, int T, int n_vocab, int32_t *d_ids,
                           cudaStream_t stream)
 {

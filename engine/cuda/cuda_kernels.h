@@ -124,6 +124,26 @@ size_t cuk_attention_smem(int n_heads, int n_kv_heads, int head_dim);
  * wins), t < T. d_logits: [T][n_vocab] F32; d_ids: [T] int32. */
 int cuk_argmax(const float *d_logits, int T, int n_vocab, int32_t *d_ids, cudaStream_t stream);
 
+/* ---- FP8 (E4M3) weights and activations ----
+ * E4M3 as NVIDIA's __nv_fp8_e4m3 (OCP "FN"): sign, 4 exponent bits (bias 7), 3 mantissa bits,
+ * subnormals, no infinities, 0x7f / 0xff NaN, largest finite 448. Encoding rounds to nearest
+ * even and saturates finite values beyond 448 to +-448 (__NV_SATFINITE); NaN stays NaN. */
+#define CUK_FP8_MAX 448.0f
+
+/* Per-row scaled quantisation: for each row r < rows of d_src ([rows][cols] of src_type, F32,
+ * F16 or BF16): amax = max |x| over the row's non-NaN elements, scale[r] = amax / 448 (1 when
+ * amax is 0), q[r][i] = e4m3(x[r][i] / scale[r]) (IEEE division; a NaN stays NaN, an infinite
+ * amax makes the row's finite values 0 and its infinities NaN). d_q: [rows][cols] bytes; d_scale: [rows] F32.
+ * Weights at load (one scale per output channel) and GEMM inputs (one per token). */
+int cuk_quant_fp8_rows(int src_type, const void *d_src, int rows, int cols, uint8_t *d_q,
+                       float *d_scale, cudaStream_t stream);
+
+/* The FP8 GEMM's epilogue: v = (acc[t][o] * sx[t]) * sw[o] (F32, each product rounded), then
+ * d_y[t * ldy + o] = beta ? d_y[t * ldy + o] + v : v, for t < T, o < N. d_acc: [T][lda] F32
+ * (may be d_y itself when beta is 0 and lda == ldy). */
+int cuk_fp8_epilogue(const float *d_acc, int lda, const float *d_sx, const float *d_sw, int T,
+                     int N, float beta, float *d_y, int ldy, cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif
