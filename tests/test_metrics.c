@@ -219,6 +219,14 @@ typedef struct {
     uint64_t n; /* observations made (read after join) */
 } observer_t;
 
+/* Observations recorded in h so far: the sum of its buckets, each read once. */
+static uint64_t hist_total(metrics_hist_t *h)
+{
+    uint64_t n = 0;
+    for (int i = 0; i < METRICS_HIST_NBUCKETS; i++) n += atomic_load(&h->buckets[i]);
+    return n;
+}
+
 static void *observer(void *arg)
 {
     observer_t *o = arg;
@@ -343,7 +351,14 @@ static void test_server(void)
     while (atomic_load(&started) < OBS_THREADS) usleep(1000); /* every scrape races them */
     double last_count = 0, last_req = 0;
     int scrapes_ok = 0, consistent = 1, monotonic = 1, increases = 0;
+    int waited_out = 0;
     for (int k = 0; k < 100; k++) {
+        /* each scrape after an observation the previous one cannot have seen: the rendered count
+         * is the sum of bucket reads made after this one, so it must exceed last_count (the
+         * observers keep racing the render either way) */
+        for (int w = 0; w < 100000 && hist_total(&a->ttft) <= (uint64_t)last_count; w++)
+            usleep(100);
+        waited_out += hist_total(&a->ttft) <= (uint64_t)last_count;
         if (th_request(port, "GET", "/metrics", 5, &r) || r.status != 200) {
             th_resp_free(&r);
             continue;
@@ -373,8 +388,8 @@ static void test_server(void)
     CHECK(scrapes_ok == 100);
     CHECK(consistent);
     CHECK(monotonic);
-    /* (on a loaded 2-CPU machine the observers may be descheduled during some scrapes) */
-    CHECKF(increases >= 5, "only %d of 100 scrapes saw new observations", increases);
+    CHECKF(waited_out == 0, "%d scrapes found no new observation after 10 s", waited_out);
+    CHECKF(increases == 100, "only %d of 100 scrapes saw new observations", increases);
     CHECK(th_request(port, "GET", "/metrics", 5, &r) == 0);
     if (r.body) {
         parsed_hist_t ph;
