@@ -20,7 +20,9 @@
  * The models are not read from files: the backend fills BF16 weights of the preset's shape on
  * the device from a seed (backend_params_t.synthetic_seed), so an 8B shape costs no 16 GB file
  * and no upload. Goals on an H200 are printed beside the numbers.
- * usage: bench_cuda [--models llama-3.2-1b,llama-3.1-8b] [--steps N]
+ * --dtypes bf16,fp8 (the default) runs every model in BF16, then with cuda.dtype fp8 (E4M3 layer
+ * matrices: the decode ceiling counts their bytes as 1 a weight).
+ * usage: bench_cuda [--models llama-3.2-1b,llama-3.1-8b] [--dtypes bf16,fp8] [--steps N]
  * Exit 0 when it ran (goals missed or not), 1 on an error, 77 without a CUDA device. */
 #include <math.h>
 #include <stdio.h>
@@ -241,8 +243,9 @@ static const char *mark(double v, double goal)
     return v >= goal ? "met" : "missed";
 }
 
-static int bench_model(const char *preset, double bw, double flops, int steps)
+static int bench_model(const char *preset, int wtype, double bw, double flops, int steps)
 {
+    const int fp8 = wtype == BACKEND_WTYPE_FP8;
     synth_t s;
     backend_t *be = NULL;
     bufs_t u = {0};
@@ -254,7 +257,7 @@ static int bench_model(const char *preset, double bw, double flops, int steps)
     const int per_seq = (TP_IN + TP_OUT + PREFILL_LEN + BLOCK_TOKENS - 1) / BLOCK_TOKENS + 1;
     backend_params_t bp = {
         .threads = 1, .block_tokens = BLOCK_TOKENS, .n_kv_blocks = max_seqs * per_seq,
-        .kv_type = DT_F16, .max_batch_tokens = MAX_T, .weight_type = DT_BF16,
+        .kv_type = DT_F16, .max_batch_tokens = MAX_T, .weight_type = wtype,
         .mem_fraction = 0.9f, .synthetic_seed = 42, .max_seqs = max_seqs,
         .max_ctx = per_seq * BLOCK_TOKENS,
     };
@@ -277,10 +280,13 @@ static int bench_model(const char *preset, double bw, double flops, int steps)
     for (int i = 0; i < max_seqs * per_seq; i++) u.blocks[i] = i;
     for (int i = 0; i < max_seqs; i++) u.tables[i] = u.blocks + (size_t)i * per_seq;
 
-    const double wbytes = matrix_params(hp) * 2.0; /* BF16 matrices read once per step */
+    /* the matrices read once per step: BF16, or (fp8) E4M3 layer matrices and a BF16 output */
     const double params = matrix_params(hp);
-    printf("\n### %s (BF16, synthetic weights; %d layers, dim %d, ffn %d, vocab %d; load %.1f s)\n\n",
-           preset, hp->n_layers, hp->dim, hp->ffn_dim, hp->n_vocab, t_load);
+    const double out_params = (double)hp->n_vocab * hp->dim;
+    const double wbytes = fp8 ? (params - out_params) + out_params * 2.0 : params * 2.0;
+    printf("\n### %s (%s, synthetic weights; %d layers, dim %d, ffn %d, vocab %d; load %.1f s)\n\n",
+           preset, fp8 ? "FP8 E4M3 layer matrices, BF16 output" : "BF16", hp->n_layers, hp->dim,
+           hp->ffn_dim, hp->n_vocab, t_load);
     printf("| figure | tokens/s | ceiling tokens/s | fraction | goal |\n|---|---|---|---|---|\n");
 
     int start[TP_SEQS];
@@ -542,13 +548,14 @@ fail:
 
 int main(int argc, char **argv)
 {
-    const char *models = "llama-3.2-1b,llama-3.1-8b";
+    const char *models = "llama-3.2-1b,llama-3.1-8b", *dtypes = "bf16,fp8";
     int steps = 32;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--models") && i + 1 < argc) models = argv[++i];
+        else if (!strcmp(argv[i], "--dtypes") && i + 1 < argc) dtypes = argv[++i];
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: bench_cuda [--models a,b] [--steps N]\n");
+            fprintf(stderr, "usage: bench_cuda [--models a,b] [--dtypes bf16,fp8] [--steps N]\n");
             return 2;
         }
     }
@@ -569,8 +576,19 @@ int main(int argc, char **argv)
     char list[256];
     snprintf(list, sizeof list, "%s", models);
     int rc = 0;
-    for (char *save = NULL, *m = strtok_r(list, ",", &save); m; m = strtok_r(NULL, ",", &save))
-        if (bench_model(m, bw, flops, steps)) rc = 1;
+    /* every model in BF16 first, then in FP8 (a device below 8.9 refuses FP8, saying why) */
+    char dl[64];
+    snprintf(dl, sizeof dl, "%s", dtypes);
+    for (char *sd = NULL, *d = strtok_r(dl, ",", &sd); d; d = strtok_r(NULL, ",", &sd)) {
+        const int wt = !strcmp(d, "fp8") ? BACKEND_WTYPE_FP8 : !strcmp(d, "bf16") ? DT_BF16 : -1;
+        if (wt < 0) {
+            fprintf(stderr, "bench_cuda: --dtypes: %s is not bf16 or fp8\n", d);
+            return 2;
+        }
+        snprintf(list, sizeof list, "%s", models);
+        for (char *save = NULL, *m = strtok_r(list, ",", &save); m; m = strtok_r(NULL, ",", &save))
+            if (bench_model(m, wt, bw, flops, steps)) rc = 1;
+    }
     if (bench_sampling()) rc = 1;
     if (bench_attention(bw)) rc = 1;
     return rc;

@@ -14,7 +14,12 @@
  * A scored token t contributes -log softmax(logits at t - 1)[t], in double from the F32 logits.
  * Printed: tokens scored, mean NLL (nats), perplexity = exp(mean NLL). The logits come from
  * engine_raw_forward in chunks of --batch-tokens (default 512) positions; the CPU kernels are
- * batch invariant, so the numbers do not depend on the chunking or on --threads. */
+ * batch invariant, so the numbers do not depend on the chunking or on --threads.
+ *
+ * --kld-dtype T runs a second engine, the same but for cuda.dtype T, over the same windows and
+ * chunks, and prints its perplexity, the mean of KL(base || this) over the scored tokens
+ * (softmaxes in double) and the share of them whose argmaxes agree: e.g. --backend cuda
+ * --cuda-dtype fp8 --kld-dtype bf16, FP8 weights against BF16. */
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -69,6 +74,31 @@ static double token_nll(const float *l, int n, int target)
     return log(s) + mx - (double)l[target];
 }
 
+/* KL(P || Q) of the softmaxes of logits p (base) and q over n, in double, and whether their
+ * argmaxes (first on ties) agree. */
+static double token_kld(const float *p, const float *q, int n, int *agree)
+{
+    double mp = p[0], mq = q[0];
+    int ap = 0, aq = 0;
+    for (int i = 1; i < n; i++) {
+        if (p[i] > mp) mp = p[i], ap = i;
+        if (q[i] > mq) mq = q[i], aq = i;
+    }
+    double sp = 0, sq = 0;
+    for (int i = 0; i < n; i++) {
+        sp += exp((double)p[i] - mp);
+        sq += exp((double)q[i] - mq);
+    }
+    const double lp = log(sp) + mp, lq = log(sq) + mq; /* log-normalisers */
+    double kl = 0;
+    for (int i = 0; i < n; i++) {
+        const double a = (double)p[i] - lp, b = (double)q[i] - lq;
+        kl += exp(a) * (a - b);
+    }
+    *agree = ap == aq;
+    return kl > 0 ? kl : 0; /* rounding can leave -1e-17 */
+}
+
 /* The model's trained context length: <arch>.context_length, 2048 when absent (as model_load
  * reads it). Opens only the header (gguf_open touches no tensor data). */
 static int model_context(const char *path, int64_t *ctx, char *err, size_t errlen)
@@ -93,13 +123,14 @@ int cli_eval(int argc, char **argv)
         {"model", required_argument, 0, 'm'},
         {"file", required_argument, 0, 'f'},
         {"stride", required_argument, 0, 5001},
+        {"kld-dtype", required_argument, 0, 5002},
         {"help", no_argument, 0, 'h'},
         CLI_ENGINE_LONGOPTS,
         {0, 0, 0, 0},
     };
     engine_config_t cfg;
     engine_config_default(&cfg);
-    const char *text_path = NULL;
+    const char *text_path = NULL, *kld_dtype = NULL;
     long stride = 0;
     int opt;
     optind = 1;
@@ -111,8 +142,10 @@ int cli_eval(int argc, char **argv)
         case 'm': cfg.model_path = optarg; break;
         case 'f': text_path = optarg; break;
         case 5001: if (cli_parse_int("--stride", optarg, 1, 1 << 30, &stride)) return 2; break;
+        case 5002: kld_dtype = optarg; break;
         case 'h':
-            printf("usage: spillway eval -m MODEL -f TEXT [--ctx N] [--stride S] [--threads N]\n"
+            printf("usage: spillway eval -m MODEL -f TEXT [--ctx N] [--stride S] [--kld-dtype T]\n"
+                   "       [--threads N]\n"
                    "  Perplexity of MODEL on the text file TEXT: windows of N tokens (default\n"
                    "  min(model context, %d)), each run alone and starting with BOS (when the\n"
                    "  tokenizer adds one). Without --stride the windows lie side by side and every\n"
@@ -120,6 +153,11 @@ int cli_eval(int argc, char **argv)
                    "  starts every S tokens and scores its last S tokens (the first window all of\n"
                    "  its own), so each is predicted from at least N - S tokens.\n"
                    "  Prints tokens scored, mean NLL (nats) and perplexity = exp(mean NLL).\n"
+                   "  --kld-dtype T: also runs the model with cuda.dtype T (the base, e.g. bf16 for\n"
+                   "  --cuda-dtype fp8) over the same windows and prints the base's perplexity,\n"
+                   "  the mean KL divergence KL(base || this) per scored token (nats) and how\n"
+                   "  often the two argmaxes agree. (The CPU backend has one arithmetic whatever\n"
+                   "  the dtype: there it prints 0 and 100%%, a check of the comparison.)\n"
                    "Engine options (the workers' keys of the same name; --ctx: the window):\n",
                    EVAL_DEFAULT_CTX);
             cli_engine_help(stdout);
@@ -137,10 +175,10 @@ int cli_eval(int argc, char **argv)
 
     int rc = 1;
     int want_ctx = cfg.max_ctx;
-    engine_t *e = NULL;
-    int32_t *tok = NULL, *blocks = NULL, *win = NULL;
-    float *logits = NULL;
-    int n_blocks = 0;
+    engine_t *e = NULL, *eb = NULL; /* eb: the --kld-dtype base */
+    int32_t *tok = NULL, *blocks = NULL, *win = NULL, *bblocks = NULL;
+    float *logits = NULL, *blogits = NULL;
+    int n_blocks = 0, n_bblocks = 0;
     char err[512];
     /* The engine is sized for one window: the KV pool holds exactly its blocks. */
     cfg.prefix_cache = 0;
@@ -175,6 +213,14 @@ int cli_eval(int argc, char **argv)
         fprintf(stderr, "spillway: %s\n", err);
         goto out;
     }
+    if (kld_dtype) {
+        engine_config_t bc = cfg;
+        bc.cuda_dtype = kld_dtype;
+        if (!(eb = engine_new(&bc, err, sizeof err))) {
+            fprintf(stderr, "spillway: --kld-dtype %s: %s\n", kld_dtype, err);
+            goto out;
+        }
+    }
     engine_info_t info;
     engine_info(e, &info);
     const int nv = info.n_vocab, chunk = info.max_batch_tokens;
@@ -204,9 +250,22 @@ int cli_eval(int argc, char **argv)
         fprintf(stderr, "spillway: out of KV blocks\n");
         goto out;
     }
+    if (eb) {
+        bblocks = malloc(sizeof *bblocks * (size_t)n_blocks);
+        blogits = malloc(sizeof *blogits * (size_t)nv * (size_t)chunk);
+        if (!bblocks || !blogits) {
+            fprintf(stderr, "spillway: out of memory\n");
+            goto out;
+        }
+        if (engine_raw_alloc_blocks(eb, n_blocks, bblocks) != 0) {
+            fprintf(stderr, "spillway: out of KV blocks (--kld-dtype engine)\n");
+            goto out;
+        }
+        n_bblocks = n_blocks;
+    }
 
-    double nll = 0;
-    long scored = 0, windows = 0;
+    double nll = 0, bnll = 0, kld = 0;
+    long scored = 0, windows = 0, agree = 0;
     int next = 1; /* first token not scored yet (token 0 has no context) */
     for (long s = 0;; s += stride) {
         int n = n_tok - s < ctx ? (int)(n_tok - s) : ctx;
@@ -221,10 +280,23 @@ int cli_eval(int argc, char **argv)
                 fprintf(stderr, "spillway: %s\n", err);
                 goto out;
             }
+            const int32_t *bbp = bblocks;
+            if (eb && engine_raw_forward(eb, 1, &tp, &m, &p0, &bbp, blogits, err, sizeof err)) {
+                fprintf(stderr, "spillway: --kld-dtype %s: %s\n", kld_dtype, err);
+                goto out;
+            }
             /* logits at position p predict window token p + 1 */
             for (int p = p0; p < p0 + m && p + 1 < n; p++) {
                 if (p + 1 < first) continue;
-                nll += token_nll(logits + (size_t)(p - p0) * (size_t)nv, nv, win[p + 1]);
+                const float *l = logits + (size_t)(p - p0) * (size_t)nv;
+                nll += token_nll(l, nv, win[p + 1]);
+                if (eb) {
+                    const float *bl = blogits + (size_t)(p - p0) * (size_t)nv;
+                    int same;
+                    bnll += token_nll(bl, nv, win[p + 1]);
+                    kld += token_kld(bl, l, nv, &same);
+                    agree += same;
+                }
                 scored++;
             }
         }
@@ -243,8 +315,18 @@ int cli_eval(int argc, char **argv)
     printf("tokens scored: %ld\n", scored);
     printf("mean NLL: %.6f\n", mean);
     printf("perplexity: %.6f\n", exp(mean));
+    if (eb) {
+        printf("base (cuda.dtype %s) perplexity: %.6f\n", kld_dtype, exp(bnll / (double)scored));
+        printf("mean KL divergence from the base: %.6g\n", kld / (double)scored);
+        printf("top-1 agreement with the base: %.4f%% (%ld of %ld)\n",
+               100.0 * (double)agree / (double)scored, agree, scored);
+    }
     rc = 0;
 out:
+    if (eb && n_bblocks) engine_raw_free_blocks(eb, n_bblocks, bblocks);
+    engine_free(eb);
+    free(bblocks);
+    free(blogits);
     if (e && n_blocks) engine_raw_free_blocks(e, n_blocks, blocks);
     engine_free(e);
     free(text);

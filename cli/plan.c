@@ -91,7 +91,8 @@ typedef struct {
     int from_gpu;              /* 1: the pool is what --gpu-mem leaves; 0: --kv-mem */
     uint64_t gpu_bytes, kv_mem_bytes, arena_bytes, reserve_bytes;
     int cuda;                  /* --backend cuda: the device figures come from devmem_plan */
-    int cuda_welem;            /* --cuda-dtype's element bytes */
+    int cuda_welem;            /* --cuda-dtype's element bytes (fp8: 2, the non-layer ones) */
+    int cuda_fp8;              /* --cuda-dtype fp8 */
     const char *cuda_dtype;
     float mem_fraction;        /* --mem-fraction (cuda.mem_fraction) */
     int kv_blocks;             /* --kv-blocks (kv.blocks), 0 = what the budget leaves */
@@ -332,7 +333,7 @@ static int plan_compute(const plan_model_t *m, plan_t *p, char *errstr, size_t e
             .weight_elem = p->cuda_welem, .kv_elem = p->kv_elem, .block_tokens = p->block_tokens,
             .max_batch_tokens = p->batch_tokens, .max_seqs = p->max_seqs,
             .max_ctx = p->ctx_req > 0 && p->ctx_req < m->ctx_len ? p->ctx_req : m->ctx_len,
-            .n_kv_blocks = p->kv_blocks, .budget = p->dev_budget,
+            .n_kv_blocks = p->kv_blocks, .budget = p->dev_budget, .fp8 = p->cuda_fp8,
         };
         if (devmem_plan(&sh, &dp, &p->dev, errstr, errlen)) return -1;
         if (!p->from_gpu) p->dev_budget = 0;
@@ -661,7 +662,7 @@ static void plan_usage(FILE *f)
             "                       --mem-fraction; the pool is --kv-blocks blocks or what the\n"
             "                       budget leaves (one of --gpu-mem, --kv-blocks is needed)\n"
             "  --mem-fraction F     cuda.mem_fraction (default %s)\n"
-            "  --cuda-dtype T       cuda.dtype: bf16, f16 or f32 (default %s)\n"
+            "  --cuda-dtype T       cuda.dtype: bf16, f16, f32 or fp8 (default %s)\n"
             "  --kv-blocks N        kv.blocks: a fixed pool (with --backend cuda)\n",
             key_default("kv.mem_mb"), key_default("cache.arena.mb"),
             key_default("cuda.mem_fraction"), key_default("cuda.dtype"));
@@ -783,9 +784,10 @@ int cli_plan(int argc, char **argv)
         p.cuda = 1;
         p.cuda_dtype = ec.cuda_dtype;
         p.cuda_welem = strcmp(ec.cuda_dtype, "f32") == 0 ? 4 : 2;
+        p.cuda_fp8 = strcmp(ec.cuda_dtype, "fp8") == 0;
         if (strcmp(ec.cuda_dtype, "bf16") && strcmp(ec.cuda_dtype, "f16") &&
-            strcmp(ec.cuda_dtype, "f32")) {
-            fprintf(stderr, "spillway: plan: --cuda-dtype must be bf16, f16 or f32\n");
+            strcmp(ec.cuda_dtype, "f32") && !p.cuda_fp8) {
+            fprintf(stderr, "spillway: plan: --cuda-dtype must be bf16, f16, f32 or fp8\n");
             return 2;
         }
         p.mem_fraction = ec.cuda_mem_fraction;

@@ -25,6 +25,12 @@
  * on a layer with a sliding window W (model.h). When every layer has one (model_kv_window > 0),
  * the table entries of blocks wholly before the first key of the sequence's first token may be
  * -1 (the engine released them). */
+/* backend_params_t.weight_type of cuda.dtype fp8: each layer's matrices in FP8 E4M3 with an F32
+ * scale per output row (quantised at load), GEMM inputs quantised per token, F32 accumulation;
+ * the embedding, the output matrix and the activations in BF16. A device of compute capability
+ * 8.9 or later (Ada, Hopper). Not a file type. */
+#define BACKEND_WTYPE_FP8 1008
+
 typedef struct {
     int n_tokens;
     const int32_t *tokens;              /* [n_tokens] token ids */
@@ -45,7 +51,8 @@ typedef struct {
     int max_batch_tokens; /* largest n_tokens a forward call may get (sizes scratch) */
     /* CUDA backend only (the CPU backend ignores them) */
     int weight_type;      /* device dtype of the matrices: DT_BF16, DT_F16 or DT_F32 (every file
-                             type is converted at load; DT_F32 computes like the CPU backend) */
+                             type is converted at load; DT_F32 computes like the CPU backend),
+                             or BACKEND_WTYPE_FP8 */
     float mem_fraction;   /* share (0, 1] of the device's free memory at creation that weights,
                              activations and the KV pool may take together */
     uint64_t synthetic_seed; /* 0: weights come from the model. Else the matrices are filled on

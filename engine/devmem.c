@@ -24,8 +24,16 @@ int devmem_plan(const devmem_shape_t *s, const devmem_params_t *p, devmem_t *o, 
     const uint64_t qkvd = qd + 2 * kvd, V = (uint64_t)s->n_vocab, L = (uint64_t)s->n_layers;
     int allocs = 0;
 
-    uint64_t per_layer = (qkvd * dim + dim * qd + 2 * ffn * dim + dim * ffn) * we + 2 * dim * 4;
-    allocs += 6 * s->n_layers;
+    if (p->fp8 && we != 2) return sw_seterr(errstr, errlen, "devmem: fp8 takes weight_elem 2");
+    if (p->fp8 && (dim % 16 || qd % 16 || ffn % 16))
+        return sw_seterr(errstr, errlen, "cuda: cuda.dtype fp8 needs dim, n_heads x head_dim and "
+                         "ffn_dim in multiples of 16 (%llu, %llu, %llu): use bf16",
+                         (unsigned long long)dim, (unsigned long long)qd,
+                         (unsigned long long)ffn);
+    const uint64_t mat_elems = qkvd * dim + dim * qd + 2 * ffn * dim + dim * ffn;
+    uint64_t per_layer = (p->fp8 ? mat_elems + (qkvd + dim + 2 * ffn + dim) * 4 : mat_elems * we) +
+                         2 * dim * 4;
+    allocs += 6 * s->n_layers + (p->fp8 ? 4 * s->n_layers : 0);
     if (s->qkv_bias) {
         per_layer += qkvd * 4;
         allocs += s->n_layers;
@@ -39,6 +47,12 @@ int devmem_plan(const devmem_shape_t *s, const devmem_params_t *p, devmem_t *o, 
                           (uint64_t)s->rope_dim * 4 + V * 4 + 4) +
                      o->att_partials;
     allocs += 10;
+    if (p->fp8) {
+        uint64_t kmax = dim > qd ? dim : qd;
+        if (ffn > kmax) kmax = ffn;
+        o->activations += T * (kmax + 4 + dim * 4);
+        allocs += 3;
+    }
 
     const uint64_t seqs = p->max_seqs > 0 ? (uint64_t)p->max_seqs : T;
     o->penalty_slots = (uint64_t)p->max_seqs > DEVMEM_MIN_PEN_SLOTS ? (uint64_t)p->max_seqs
@@ -53,7 +67,7 @@ int devmem_plan(const devmem_shape_t *s, const devmem_params_t *p, devmem_t *o, 
     o->metadata_words = 5 * T + seqs * ((ctx + B - 1) / B) + 1 + 1024;
     o->metadata = o->metadata_words * 4;
     o->workspace = DEVMEM_BLAS_WORKSPACE;
-    o->upload = p->synthetic ? 0 : DEVMEM_UPLOAD_CHUNK;
+    o->upload = p->synthetic && !p->fp8 ? 0 : DEVMEM_UPLOAD_CHUNK;
     allocs += 2;
     o->kv_block = B * L * 2 * kvd * (uint64_t)p->kv_elem;
     o->kv_scratch = o->kv_block;
@@ -66,9 +80,12 @@ int devmem_plan(const devmem_shape_t *s, const devmem_params_t *p, devmem_t *o, 
                        "smaller cuda.dtype, or raise cuda.mem_fraction (a reload or a second "
                        "model needs the first engine's fraction to leave it room)";
     if (o->weights + o->workspace + o->upload > p->budget)
-        return sw_seterr(errstr, errlen, "cuda: the weights do not fit: weights %.1f MiB (%d-byte "
-                         "elements) + cuBLAS workspace %.1f MiB + load staging %.1f MiB > budget "
-                         "%.1f MiB; %s", mib(o->weights), p->weight_elem, mib(o->workspace),
+        return sw_seterr(errstr, errlen, "cuda: the weights do not fit: weights %.1f MiB (%s) + "
+                         "cuBLAS workspace %.1f MiB + load staging %.1f MiB > budget %.1f MiB; %s",
+                         mib(o->weights),
+                         p->fp8 ? "fp8 layer matrices" : p->weight_elem == 2 ? "2-byte elements"
+                                                                               : "4-byte elements",
+                         mib(o->workspace),
                          mib(o->upload), mib(p->budget), keys);
     if (o->fixed > p->budget)
         return sw_seterr(errstr, errlen, "cuda: the model does not fit: weights %.1f MiB + "

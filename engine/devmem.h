@@ -6,14 +6,18 @@
  * qd = n_heads x head_dim, kvd = n_kv_heads x head_dim, qkvd = qd + 2 kvd, ffn = ffn_dim):
  *   weights     per layer: (qkvd x dim + dim x qd + 2 ffn x dim + dim x ffn) x we + 2 x dim x 4
  *               [+ qkvd x 4 with q/k/v biases]; embedding n_vocab x dim x we (twice when the
- *               output matrix is not tied); output norm dim x 4; RoPE inv_freq rope_dim/2 x 4 + 4
+ *               output matrix is not tied); output norm dim x 4; RoPE inv_freq rope_dim/2 x 4 + 4.
+ *               fp8: the four layer matrices 1 byte an element plus 4 bytes a row (scales:
+ *               qkvd + dim + 2 ffn + dim rows), the rest as above with we = 2
  *   activations T x (dim x 4 + dim x we + qkvd x 4 + qd x we + 2 ffn x 4 + ffn x we +
  *               rope_dim x 4 + n_vocab x 4 + 4) + attention split-K partials T x n_heads x
  *               DEVMEM_ATT_SPLIT_SLOTS x (head_dim + 2) x 4 (a batch of t tokens uses
  *               min(DEVMEM_ATT_SPLITS, T x DEVMEM_ATT_SPLIT_SLOTS / t) chunks of at least
  *               ATT_MIN_CHUNK keys a token, CUDA-graph steps of Tg tokens DEVMEM_ATT_SPLITS
  *               when Tg x DEVMEM_ATT_SPLITS <= T x DEVMEM_ATT_SPLIT_SLOTS:
- *               engine/cuda/cuda_backend.c)
+ *               engine/cuda/cuda_backend.c); fp8 adds T x (max(dim, qd, ffn) + 4 + dim x 4)
+ *               (the quantised GEMM input, its per-token scales, and the F32 product of the
+ *               GEMMs whose result is added to the residual)
  *   sampling    rows T x DEVMEM_SAMPLE_ROW_BYTES, results T x (2 + 2 SAMPLER_MAX_LOGPROBS) x 4,
  *               penalty counts max(max_seqs, DEVMEM_MIN_PEN_SLOTS) x n_vocab x 4 (more slots,
  *               when more sequences sample with penalties, double the table within the budget)
@@ -26,7 +30,8 @@
  *               of CUDA-graph decode steps; never given to the engine
  *   KV pool     n_kv_blocks x block_tokens x n_layers x 2 x kvd x kv_elem; n_kv_blocks 0 = as
  *               many blocks as budget - everything above leaves (at most 2^30)
- *   upload      DEVMEM_UPLOAD_CHUNK while weights load (freed after; not with synthetic weights):
+ *   upload      DEVMEM_UPLOAD_CHUNK while weights load (freed after; not with synthetic weights
+ *               unless fp8, which draws them in BF16 there before quantising):
  *               weights + workspace + upload must fit the budget too.
  * Not counted (outside the budget): the CUDA context and the modules' code, cuBLAS's own handle
  * state, the memory the driver takes for instantiated CUDA graphs (up to GRAPH_BUCKETS of
@@ -70,6 +75,9 @@ typedef struct {
     int max_ctx;           /* longest sequence in tokens; 0: the model's context */
     int n_kv_blocks;       /* 0: what the budget leaves */
     int synthetic;         /* 1: weights filled on the device (no upload staging) */
+    int fp8;               /* 1: cuda.dtype fp8: the layer matrices in E4M3 (1 byte) with an F32
+                              scale per row, embedding, output and activations in BF16
+                              (weight_elem 2), plus the FP8 GEMMs' scratch */
     uint64_t budget;       /* bytes the engine may take: cuda.mem_fraction x free at creation */
 } devmem_params_t;
 
@@ -85,7 +93,8 @@ typedef struct {
 } devmem_t;
 
 /* Fills out from s and p. 0, or -1 with errstr (naming the sizes, the budget and the keys to
- * change) when the parameters are out of range, or weights and scratch, the requested pool or
+ * change) when the parameters are out of range (fp8: dim, n_heads x head_dim or ffn_dim not a
+ * multiple of 16, as the backend refuses), or weights and scratch, the requested pool or
  * the load staging exceed p->budget, or the budget leaves no KV block. out is filled either way
  * (kv_blocks 0 when it failed to fit). */
 int devmem_plan(const devmem_shape_t *s, const devmem_params_t *p, devmem_t *out, char *errstr,

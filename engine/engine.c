@@ -462,8 +462,9 @@ engine_t *engine_new(const engine_config_t *cfg, char *errstr, size_t errlen)
         if (c->cuda_dtype && strcmp(c->cuda_dtype, "bf16") == 0) cuda_wtype = DT_BF16;
         else if (c->cuda_dtype && strcmp(c->cuda_dtype, "f16") == 0) cuda_wtype = DT_F16;
         else if (c->cuda_dtype && strcmp(c->cuda_dtype, "f32") == 0) cuda_wtype = DT_F32;
+        else if (c->cuda_dtype && strcmp(c->cuda_dtype, "fp8") == 0) cuda_wtype = BACKEND_WTYPE_FP8;
         else {
-            sw_seterr(errstr, errlen, "engine: cuda_dtype must be bf16, f16 or f32");
+            sw_seterr(errstr, errlen, "engine: cuda_dtype must be bf16, f16, f32 or fp8");
             goto fail;
         }
         if (!(c->cuda_mem_fraction > 0.0f && c->cuda_mem_fraction <= 1.0f)) {

@@ -21,8 +21,10 @@
 #   gpu-mem     `spillway plan --backend cuda` (engine/devmem.h) against what the CUDA engine
 #               took from the device (scripts/gpu-mem-check.sh: within 2 MiB per allocation +
 #               64 MiB), stories260K in F32 and BF16 with fixed pools
+#   fp8-eval    spillway eval of a random model (dims multiples of 16) with cuda.dtype fp8
+#               against bf16 (--kld-dtype): perplexities, mean KL divergence, top-1 agreement
 #   bench_cuda  copy bandwidth, GEMM rate, decode/prefill/128-in-128-out on synthetic
-#               Llama-3.2-1B and Llama-3.1-8B shapes, beside the H200 goals
+#               Llama-3.2-1B and Llama-3.1-8B shapes, BF16 then FP8, beside the H200 goals
 # Without a GPU (no nvidia-smi, or it lists none) the GPU stages say so and are skipped, and the
 # rest runs: a rehearsal. Writes gpu-check.md (the table), gpu-check.log (all output),
 # test_cuda.log and bench_cuda.md to $OUT when set (the device tool), else to BUILD/out.
@@ -303,6 +305,21 @@ if [ "$HAVE_GPU" -eq 1 ]; then
 else
   say "=== gpu-mem: SKIPPED (no GPU) ==="
   row gpu-mem "skipped: no GPU" 0 "plan --backend cuda vs the device's free memory"
+fi
+if [ "$HAVE_GPU" -eq 1 ]; then
+  # cuda.dtype fp8 against bf16 on the same windows (spillway eval --kld-dtype): a random model
+  # whose dims are multiples of 16 (stories260K's ffn 172 is not), the README as the text
+  fp8m="$OUTDIR/fp8-eval.gguf"
+  stage fp8-eval 60 bash -c '"$1" mkmodel -o "$2" --dim 1024 --layers 4 --heads 16 --kv-heads 4 \
+    --ffn 2816 --vocab 32000 --ctx 1024 --dtype f16 --seed 7 &&
+    "$1" eval -m "$2" -f README.md --ctx 512 --backend cuda --cuda-dtype fp8 --kld-dtype bf16' \
+    fp8 "$BUILD/spillway" "$fp8m"
+  rc=$?
+  record fp8-eval $rc "$(grep -E '^(mean KL divergence|top-1 agreement)' "$LOG" | tail -2 | tr '\n' ';')"
+  rm -f "$fp8m"
+else
+  say "=== fp8-eval: SKIPPED (no GPU) ==="
+  row fp8-eval "skipped: no GPU" 0 "spillway eval --cuda-dtype fp8 --kld-dtype bf16"
 fi
 if [ "$HAVE_GPU" -eq 1 ]; then
   stage bench_cuda 240 bash -c 'set -o pipefail; "$1" | tee "$2"' bench "$BUILD/bench_cuda" \

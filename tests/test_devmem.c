@@ -34,6 +34,7 @@ typedef struct {
     int welem, kv_elem, block_tokens, batch_tokens, max_seqs, ctx, kv_blocks;
     double gpu_bytes;    /* 0: none (kv_blocks given) */
     float fraction;
+    int fp8;             /* --cuda-dtype fp8 */
 } dcase_t;
 
 static long long jget(const json_t *j, const char *key)
@@ -109,10 +110,36 @@ static void check_model(const char *bin, const char *path, int all_f32, const dc
         .weight_elem = dc->welem, .kv_elem = dc->kv_elem, .block_tokens = dc->block_tokens,
         .max_batch_tokens = dc->batch_tokens, .max_seqs = dc->max_seqs,
         .max_ctx = dc->ctx > 0 && dc->ctx < hp->ctx_len ? dc->ctx : hp->ctx_len,
-        .n_kv_blocks = dc->kv_blocks, .budget = budget,
+        .n_kv_blocks = dc->kv_blocks, .budget = budget, .fp8 = dc->fp8,
     };
     devmem_t d;
     int frc = devmem_plan(&sh, &dp, &d, err, sizeof err);
+    if (dc->fp8) {
+        /* fp8 by the model's own matrices: BF16's weights less a byte an element of the four
+         * layer matrices, plus a 4-byte scale a row */
+        devmem_params_t bp = dp;
+        devmem_t db;
+        bp.fp8 = 0;
+        const int brc = devmem_plan(&sh, &bp, &db, err, sizeof err);
+        uint64_t el = 0, rows = 0;
+        for (int l = 0; l < hp->n_layers; l++) {
+            const layer_weights_t *L = &m->layers[l];
+            const weight_t *ws[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up,
+                                     &L->w_down};
+            for (int i = 0; i < 7; i++) {
+                el += (uint64_t)ws[i]->rows * (uint64_t)ws[i]->cols;
+                rows += (uint64_t)ws[i]->rows;
+            }
+        }
+        const int mult16 = hp->dim % 16 == 0 && (hp->n_heads * hp->head_dim) % 16 == 0 &&
+                           hp->ffn_dim % 16 == 0;
+        CHECKF(mult16 ? frc == 0 && brc == 0 && d.weights == db.weights - el + rows * 4
+                      : frc != 0 && strstr(err, "multiples of 16"),
+               "%s: fp8 weights %llu, bf16 %llu, %llu layer elements, %llu rows (%s)", path,
+               (unsigned long long)d.weights, (unsigned long long)db.weights,
+               (unsigned long long)el, (unsigned long long)rows, frc ? err : "");
+        if (!mult16) snprintf(err, sizeof err, "fp8: dims not multiples of 16");
+    }
     snprintf(args, sizeof args, "plan --json --backend cuda -m '%s' %s 2>/dev/null", path,
              dc->args);
     int rc = tr_run_cmd(bin, args, out, 1 << 16);
@@ -217,14 +244,17 @@ int main(void)
     CHECKF(mkmodel_write(&p, smol, err, sizeof err) == 0, "%s", err);
 
     static const dcase_t cases[] = {
-        {"--kv-blocks 64", 2, 2, 16, 512, 64, 0, 64, 0, 0.9f},
+        {"--kv-blocks 64", 2, 2, 16, 512, 64, 0, 64, 0, 0.9f, 0},
         {"--kv-blocks 300 --cuda-dtype f32 --kv-type f32 --block-tokens 32 --batch-tokens 128 "
-         "--max-seqs 16 --ctx 200", 4, 4, 32, 128, 16, 200, 300, 0, 0.9f},
-        {"--gpu-mem 1G", 2, 2, 16, 512, 64, 0, 0, 1073741824.0, 0.9f},
+         "--max-seqs 16 --ctx 200", 4, 4, 32, 128, 16, 200, 300, 0, 0.9f, 0},
+        {"--gpu-mem 1G", 2, 2, 16, 512, 64, 0, 0, 1073741824.0, 0.9f, 0},
         {"--gpu-mem 3.5G --mem-fraction 0.45 --cuda-dtype f16 --batch-tokens 2048 --max-seqs 256",
-         2, 2, 16, 2048, 256, 0, 0, 3758096384.0, 0.45f},
+         2, 2, 16, 2048, 256, 0, 0, 3758096384.0, 0.45f, 0},
         {"--gpu-mem 900M --mem-fraction 0.3 --cuda-dtype f32 --block-tokens 7 --ctx 100000", 4, 2,
-         7, 512, 64, 100000, 0, 943718400.0, 0.3f},
+         7, 512, 64, 100000, 0, 943718400.0, 0.3f, 0},
+        {"--kv-blocks 64 --cuda-dtype fp8", 2, 2, 16, 512, 64, 0, 64, 0, 0.9f, 1},
+        {"--gpu-mem 1G --cuda-dtype fp8 --batch-tokens 256", 2, 2, 16, 256, 64, 0, 0,
+         1073741824.0, 0.9f, 1},
     };
     const struct { const char *path; int all_f32; } models[] = {
         {SPILLWAY_MODELS "/stories260K.gguf", 1}, {tiny, 0}, {untied, 1}, {qwen, 0}, {smol, 0},

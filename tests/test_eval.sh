@@ -74,6 +74,14 @@ NTOK=$(sed -n 's/.*: \([0-9]*\) tokens (BOS first).*/\1/p' "$WORK/base.out")
 WIN=$(sed -n 's/.*, \([0-9]*\) windows$/\1/p' "$WORK/base.out")
 [ -n "$NTOK" ] && [ -n "$WIN" ] || fail "no token/window counts in the output"
 check "tokens scored = tokens - windows" "a == b" "$N" "$((NTOK - WIN))"
+# --kld-dtype: a second engine over the same windows; on the CPU backend the dtype changes no
+# arithmetic, so the comparison must find nothing (the CUDA fp8-vs-bf16 use is gpu-check's)
+run_eval kld "$STORIES" --kld-dtype bf16
+check "--kld-dtype: the same perplexity" "a == b" "$(ppl kld)" "$P"
+check "--kld-dtype on the cpu: base perplexity equal" "a == b" "$(field kld "base (cuda.dtype bf16) perplexity")" "$P"
+check "--kld-dtype on the cpu: KL divergence 0" "a == 0" "$(field kld "mean KL divergence from the base")" 0
+grep -q "^top-1 agreement with the base: 100.0000% ($N of $N)" "$WORK/kld.out" || fail "--kld-dtype: top-1 agreement not 100%"
+
 check "the text is more than one window" "a >= 2" "$WIN" 0
 run_eval t2 "$STORIES" --threads 2
 [ "$(ppl t2)" = "$P" ] && [ "$(nll t2)" = "$(nll base)" ] || fail "2 threads changed the result"

@@ -109,7 +109,9 @@ static const key_t_ KEYS[] = {
      "CUDA backend: index of the device to use (as CUDA numbers them after "
      "`CUDA_VISIBLE_DEVICES`)"},
     {"cuda.dtype", K_CHOICE, F(cuda_dtype), "bf16", 0, 0,
-     "CUDA backend: device weight type; `f32` with `kv.type` f32 computes like the CPU backend"},
+     "CUDA backend: device weight type; `f32` with `kv.type` f32 computes like the CPU backend; "
+     "`fp8` (compute capability 8.9+): the layer matrices in E4M3 with a scale per row, "
+     "embedding and output in bf16 (see GPU deployment)"},
     {"cuda.mem_fraction", K_DOUBLE, F(cuda_mem_fraction), "0.9", 0, 0,
      "CUDA backend: share of the free device memory at start for every device allocation "
      "(weights, scratch, sampling, KV pool: `spillway plan --backend cuda`); with `kv.blocks` 0 "
@@ -316,7 +318,7 @@ static const struct {
     {"kv.type", "f16|f32"},
     {"cache.isolation", "tenant|none"},
     {"log.format", "text|json"},
-    {"cuda.dtype", "bf16|f16|f32"},
+    {"cuda.dtype", "bf16|f16|f32|fp8"},
     {"backend", "cpu|cuda|auto"},
     {"route.mode", "affinity|bytes|random"},
 };

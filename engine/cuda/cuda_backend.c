@@ -85,7 +85,11 @@ _Static_assert(sizeof(cuk_sample_row_t) == DEVMEM_SAMPLE_ROW_BYTES,
 _Static_assert(CUK_SAMPLE_MAX_LOGPROBS == SAMPLER_MAX_LOGPROBS,
                "engine/devmem.h counts SAMPLER_MAX_LOGPROBS logprobs a row");
 
+_Static_assert(BACKEND_WTYPE_FP8 == CUDA_BLAS_FP8, "one code for FP8 GEMMs");
+
 typedef struct {
+    /* fp8: each matrix in E4M3 bytes with F32 row scales s* ([rows]); else s* NULL */
+    float *sqkv, *so, *sgu, *sdown;
     void *wqkv;            /* [qd + 2 kvd][dim] wtype: rows of wq, then wk, then wv */
     float *bqkv;           /* [qd + 2 kvd] F32 or NULL (qwen2 biases; absent ones zero) */
     void *wo;              /* [dim][qd] wtype */
@@ -98,7 +102,13 @@ typedef struct {
 typedef struct {
     backend_t base;
     int dev;               /* CUDA device index */
-    int wtype;
+    int wtype;             /* embedding, output, GEMM inputs: DT_F32, DT_F16 or DT_BF16 (fp8) */
+    int fp8;               /* 1: the layer matrices are E4M3 (cu_layer_t), GEMM inputs
+                              quantised per token into xq / xsc, products added to the residual
+                              through acc */
+    uint8_t *xq;           /* fp8: [max_T][max(dim, qd, ffn)] quantised GEMM input */
+    float *xsc;            /* fp8: [max_T] its per-token scales */
+    float *acc;            /* fp8: [max_T][dim] F32 product before the residual add */
     size_t welem;          /* bytes per weight / GEMM-input activation element */
     size_t kv_elem;        /* 4 (F32) or 2 (F16) */
     int max_T;
@@ -191,6 +201,33 @@ static int gemm(cu_t *c, const void *W, int N, int K, const void *X, int T, floa
     sw_seterr(errstr, errlen, "cuda: %s: cuBLAS %s", what, cuda_blas_status(c->blas, rc));
     return -1;
 }
+/* The longest GEMM input row of an FP8 layer GEMM: max(dim, qd, ffn). */
+static int fp8_kmax(const cu_t *c, const hparams_t *hp)
+{
+    int k = hp->dim > c->qd ? hp->dim : c->qd;
+    return hp->ffn_dim > k ? hp->ffn_dim : k;
+}
+
+/* A layer GEMM: Y = W X (+ Y when beta 1). fp8 (S the weight's row scales): X ([T][K] wtype)
+ * quantised per token into xq / xsc, the E4M3 product into Y (beta 0) or acc (beta 1), then
+ * scaled by token and row (and added) by cuk_fp8_epilogue. Else gemm(). */
+static int lgemm(cu_t *c, const void *W, const float *S, int N, int K, const void *X, int T,
+                 float *Y, int ldy, float beta, const char *what, char *errstr, size_t errlen)
+{
+    if (!S) return gemm(c, W, N, K, X, T, Y, ldy, beta, what, errstr, errlen);
+    float *out = beta != 0.0f ? c->acc : Y;
+    const int ldo = beta != 0.0f ? N : ldy;
+    if (ck(cuk_quant_fp8_rows(c->wtype, X, T, K, c->xq, c->xsc, c->cs), what, errstr, errlen))
+        return -1;
+    int rc = cuda_blas_gemm(c->blas, CUDA_BLAS_FP8, W, N, K, c->xq, T, out, ldo, 0.0f);
+    if (rc != 0) {
+        sw_seterr(errstr, errlen, "cuda: %s (fp8): cuBLASLt %s", what, cuda_blas_status(c->blas, rc));
+        return -1;
+    }
+    return ck(cuk_fp8_epilogue(out, ldo, c->xsc, S, T, N, beta, Y, ldy, c->cs), what, errstr,
+              errlen);
+}
+
 static double mib(size_t b)
 {
     return (double)b / (1024.0 * 1024.0);
@@ -290,6 +327,54 @@ static int upload(loader_t *ld, const weight_t *w, int dst_type, void *d_dst, fl
     return 0;
 }
 
+/* Writes weight w quantised to E4M3 rows (d_q: [rows][cols] bytes, d_scale: [rows] F32;
+ * cuk_quant_fp8_rows), chunk by chunk through the staging buffers (synthetic weights: drawn in
+ * BF16 on the device first, a seed per chunk). Synchronous. */
+static int upload_fp8(loader_t *ld, const weight_t *w, uint8_t *d_q, float *d_scale,
+                      float synth_lo, float synth_hi)
+{
+    cu_t *c = ld->c;
+    const int st = w->type;
+    const int raw = st == DT_F32 || st == DT_F16 || st == DT_BF16;
+    const int in_type = ld->seed ? DT_BF16 : raw ? st : DT_F32;
+    const size_t row_in = ld->seed ? (size_t)w->cols * 2 : raw ? w->row_bytes : (size_t)w->cols * 4;
+    const size_t rows_per = UPLOAD_CHUNK / row_in;
+    if (rows_per < 1) {
+        sw_seterr(ld->errstr, ld->errlen, "cuda: a weight row of %zu bytes exceeds the %zu-byte "
+                  "upload buffer", row_in, UPLOAD_CHUNK);
+        return -1;
+    }
+    for (int64_t r0 = 0; r0 < w->rows; r0 += (int64_t)rows_per) {
+        const int64_t nr = w->rows - r0 < (int64_t)rows_per ? w->rows - r0 : (int64_t)rows_per;
+        if (ld->seed) {
+            uint64_t s = ld->seed * 0x9e3779b97f4a7c15ull + ++ld->n_filled;
+            if (ck(cuk_fill_random(DT_BF16, ld->d_stage, (size_t)nr * (size_t)w->cols, s,
+                                   synth_lo, synth_hi, c->cs),
+                   "synthetic weights", ld->errstr, ld->errlen))
+                return -1;
+        } else {
+            const char *src = (const char *)w->data + (size_t)r0 * w->row_bytes;
+            if (raw) {
+                memcpy(ld->h_stage, src, (size_t)nr * w->row_bytes);
+            } else {
+                for (int64_t r = 0; r < nr; r++)
+                    dtype_dequant_row(st, src + (size_t)r * w->row_bytes,
+                                      (float *)ld->h_stage + (size_t)r * w->cols, w->cols);
+            }
+            if (ck(cudaMemcpyAsync(ld->d_stage, ld->h_stage, (size_t)nr * row_in,
+                                   cudaMemcpyHostToDevice, c->cs),
+                   "weight upload", ld->errstr, ld->errlen))
+                return -1;
+        }
+        if (ck(cuk_quant_fp8_rows(in_type, ld->d_stage, (int)nr, (int)w->cols,
+                                  d_q + (size_t)r0 * (size_t)w->cols, d_scale + r0, c->cs),
+               "fp8 weight quantisation", ld->errstr, ld->errlen) ||
+            ck(cudaStreamSynchronize(c->cs), "weight upload", ld->errstr, ld->errlen))
+            return -1;
+    }
+    return 0;
+}
+
 /* Allocates *d and uploads w converted to dst_type (rows x cols elements). */
 static int dev_weight(loader_t *ld, const weight_t *w, int dst_type, void **d, float lo, float hi)
 {
@@ -298,19 +383,24 @@ static int dev_weight(loader_t *ld, const weight_t *w, int dst_type, void **d, f
     return upload(ld, w, dst_type, *d, lo, hi);
 }
 
-/* Uploads the matrices ws[0..n) stacked by rows into one new [sum rows][cols] buffer. */
-static int dev_stack(loader_t *ld, const weight_t *const *ws, int n, void **d)
+/* A layer matrix: the matrices ws[0..n) stacked by rows into one new [sum rows][cols] buffer
+ * *d, in wtype, or (fp8) in E4M3 with their row scales in a new buffer *ds. */
+static int dev_stack(loader_t *ld, const weight_t *const *ws, int n, void **d, float **ds)
 {
     cu_t *c = ld->c;
     size_t rows = 0;
     for (int i = 0; i < n; i++) rows += (size_t)ws[i]->rows;
-    if (dmalloc(c, d, rows * (size_t)ws[0]->cols * c->welem, "weight allocation", ld->errstr,
-                ld->errlen))
+    const size_t el = c->fp8 ? 1 : c->welem;
+    if (dmalloc(c, d, rows * (size_t)ws[0]->cols * el, "weight allocation", ld->errstr,
+                ld->errlen) ||
+        (c->fp8 && dmalloc(c, (void **)ds, rows * 4, "weight scales", ld->errstr, ld->errlen)))
         return -1;
     size_t off = 0;
     for (int i = 0; i < n; i++) {
         float a = 1.0f / sqrtf((float)ws[i]->cols);
-        if (upload(ld, ws[i], c->wtype, (char *)*d + off * (size_t)ws[i]->cols * c->welem, -a, a))
+        char *dst = (char *)*d + off * (size_t)ws[i]->cols * el;
+        if (c->fp8 ? upload_fp8(ld, ws[i], (uint8_t *)dst, *ds + off, -a, a)
+                   : upload(ld, ws[i], c->wtype, dst, -a, a))
             return -1;
         off += (size_t)ws[i]->rows;
     }
@@ -330,10 +420,12 @@ static int load_weights(cu_t *c, const backend_params_t *p, char *errstr, size_t
     loader_t ld = {.c = c, .seed = p->synthetic_seed, .errstr = errstr, .errlen = errlen};
     int rc = -1;
     if (!ld.seed) {
-        if (ck(cudaMallocHost(&ld.h_stage, UPLOAD_CHUNK), "pinned upload buffer", errstr, errlen) ||
-            dmalloc(c, &ld.d_stage, UPLOAD_CHUNK, "weight upload buffer", errstr, errlen))
+        if (ck(cudaMallocHost(&ld.h_stage, UPLOAD_CHUNK), "pinned upload buffer", errstr, errlen))
             goto done;
     }
+    if ((!ld.seed || c->fp8) &&
+        dmalloc(c, &ld.d_stage, UPLOAD_CHUNK, "weight upload buffer", errstr, errlen))
+        goto done;
     c->L = calloc((size_t)hp->n_layers, sizeof *c->L);
     if (!c->L) {
         sw_seterr(errstr, errlen, "cuda: out of memory");
@@ -353,10 +445,10 @@ static int load_weights(cu_t *c, const backend_params_t *p, char *errstr, size_t
         cu_layer_t *D = &c->L[l];
         const weight_t *qkv[3] = {&W->wq, &W->wk, &W->wv};
         const weight_t *gu[2] = {&W->w_gate, &W->w_up};
-        float ao = 1.0f / sqrtf((float)W->wo.cols), ad = 1.0f / sqrtf((float)W->w_down.cols);
-        if (dev_stack(&ld, qkv, 3, &D->wqkv) ||
-            dev_weight(&ld, &W->wo, c->wtype, &D->wo, -ao, ao) || dev_stack(&ld, gu, 2, &D->wgu) ||
-            dev_weight(&ld, &W->w_down, c->wtype, &D->wdown, -ad, ad) ||
+        const weight_t *wo[1] = {&W->wo}, *wd[1] = {&W->w_down};
+        if (dev_stack(&ld, qkv, 3, &D->wqkv, &D->sqkv) || dev_stack(&ld, wo, 1, &D->wo, &D->so) ||
+            dev_stack(&ld, gu, 2, &D->wgu, &D->sgu) ||
+            dev_stack(&ld, wd, 1, &D->wdown, &D->sdown) ||
             dev_vec(&ld, &W->attn_norm, &D->attn_norm) || dev_vec(&ld, &W->ffn_norm, &D->ffn_norm))
             goto done;
         if (!ld.seed && (W->bq.data || W->bk.data || W->bv.data)) {
@@ -472,17 +564,19 @@ static int enqueue_forward(cu_t *c, int T, int n_logits, int n_splits, int grid_
         };
         if (ck(cuk_rmsnorm(c->x, NULL, T, dim, L->attn_norm, hp->norm_eps, wt, c->xn, c->cs),
                "attention norm", errstr, errlen) ||
-            gemm(c, L->wqkv, c->qkvd, dim, c->xn, T, c->qkv, c->qkvd, 0.0f, "qkv gemm", errstr,
-                 errlen) ||
+            lgemm(c, L->wqkv, L->sqkv, c->qkvd, dim, c->xn, T, c->qkv, c->qkvd, 0.0f, "qkv gemm",
+                  errstr, errlen) ||
             ck(cuk_qkv_rope_store(&qa, c->cs), "rope/kv store", errstr, errlen) ||
             ck(cuk_attention(&aa, c->cs), "attention", errstr, errlen) ||
-            gemm(c, L->wo, dim, c->qd, c->att, T, c->x, dim, 1.0f, "wo gemm", errstr, errlen) ||
+            lgemm(c, L->wo, L->so, dim, c->qd, c->att, T, c->x, dim, 1.0f, "wo gemm", errstr,
+                  errlen) ||
             ck(cuk_rmsnorm(c->x, NULL, T, dim, L->ffn_norm, hp->norm_eps, wt, c->xn, c->cs),
                "ffn norm", errstr, errlen) ||
-            gemm(c, L->wgu, 2 * ffn, dim, c->xn, T, c->gu, 2 * ffn, 0.0f, "gate/up gemm", errstr,
-                 errlen) ||
+            lgemm(c, L->wgu, L->sgu, 2 * ffn, dim, c->xn, T, c->gu, 2 * ffn, 0.0f, "gate/up gemm",
+                  errstr, errlen) ||
             ck(cuk_swiglu(c->gu, T, ffn, wt, c->hbuf, c->cs), "swiglu", errstr, errlen) ||
-            gemm(c, L->wdown, dim, ffn, c->hbuf, T, c->x, dim, 1.0f, "down gemm", errstr, errlen))
+            lgemm(c, L->wdown, L->sdown, dim, ffn, c->hbuf, T, c->x, dim, 1.0f, "down gemm", errstr,
+                  errlen))
             return -1;
     }
     if (n_logits > 0 &&
@@ -1027,6 +1121,10 @@ static void cu_free(backend_t *be)
             cudaFree(c->L[l].wo);
             cudaFree(c->L[l].wgu);
             cudaFree(c->L[l].wdown);
+            cudaFree(c->L[l].sqkv);
+            cudaFree(c->L[l].so);
+            cudaFree(c->L[l].sgu);
+            cudaFree(c->L[l].sdown);
             cudaFree(c->L[l].attn_norm);
             cudaFree(c->L[l].ffn_norm);
         }
@@ -1039,6 +1137,9 @@ static void cu_free(backend_t *be)
     cudaFree(c->kv);
     cudaFree(c->x);
     cudaFree(c->xn);
+    cudaFree(c->xq);
+    cudaFree(c->xsc);
+    cudaFree(c->acc);
     cudaFree(c->qkv);
     cudaFree(c->att);
     cudaFree(c->gu);
@@ -1156,12 +1257,13 @@ backend_t *backend_cuda_new(const model_t *model, const backend_params_t *params
     const int wt = params->weight_type;
     if (params->block_tokens < 1 || params->n_kv_blocks < 0 || params->max_batch_tokens < 1 ||
         (params->kv_type != DT_F32 && params->kv_type != DT_F16) ||
-        (wt != DT_BF16 && wt != DT_F16 && wt != DT_F32) || !(params->mem_fraction > 0.0f) ||
+        (wt != DT_BF16 && wt != DT_F16 && wt != DT_F32 && wt != BACKEND_WTYPE_FP8) ||
+        !(params->mem_fraction > 0.0f) ||
         params->mem_fraction > 1.0f) {
         sw_seterr(errstr, errlen, "cuda: bad parameters (block tokens %d, blocks %d, batch tokens "
                   "%d, kv type %s, weight type %s, mem_fraction %g: (0, 1])", params->block_tokens,
                   params->n_kv_blocks, params->max_batch_tokens, dtype_name(params->kv_type),
-                  dtype_name(wt), (double)params->mem_fraction);
+                  wt == BACKEND_WTYPE_FP8 ? "fp8" : dtype_name(wt), (double)params->mem_fraction);
         return NULL;
     }
     if (hp->n_expert > 0) {
@@ -1211,8 +1313,9 @@ backend_t *backend_cuda_new(const model_t *model, const backend_params_t *params
     c->base.ctx = c;
     c->base.model = model;
     c->base.params = *params;
-    c->wtype = wt;
-    c->welem = cuk_elem_bytes(wt);
+    c->fp8 = wt == BACKEND_WTYPE_FP8;
+    c->wtype = c->fp8 ? DT_BF16 : wt;
+    c->welem = cuk_elem_bytes(c->wtype);
     c->kv_elem = params->kv_type == DT_F32 ? 4 : 2;
     c->base.kv_block_bytes = (size_t)params->block_tokens * model_kv_bytes_per_token(model, c->kv_elem);
     c->max_T = params->max_batch_tokens;
@@ -1227,6 +1330,27 @@ backend_t *backend_cuda_new(const model_t *model, const backend_params_t *params
     }
     c->dev = params->device;
     if (ck(cudaSetDevice(c->dev), "select device", errstr, errlen)) goto fail;
+    if (c->fp8) {
+        int major = 0, minor = 0;
+        if (ck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->dev),
+               "device query", errstr, errlen) ||
+            ck(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, c->dev),
+               "device query", errstr, errlen))
+            goto fail;
+        if (major * 10 + minor < 89) {
+            sw_seterr(errstr, errlen, "cuda: cuda.dtype fp8 needs a device of compute capability "
+                      "8.9 or later (FP8 tensor cores: Ada, Hopper); device %d is %d.%d: use "
+                      "bf16", c->dev, major, minor);
+            goto fail;
+        }
+        /* cuBLASLt's FP8 GEMMs take K and the leading dimensions in multiples of 16 */
+        if (hp->dim % 16 || c->qd % 16 || hp->ffn_dim % 16) {
+            sw_seterr(errstr, errlen, "cuda: cuda.dtype fp8 needs dim, n_heads x head_dim and "
+                      "ffn_dim in multiples of 16 (%d, %d, %d): use bf16", hp->dim, c->qd,
+                      hp->ffn_dim);
+            goto fail;
+        }
+    }
     size_t free_b = 0, total_b = 0;
     if (ck(cudaMemGetInfo(&free_b, &total_b), "device memory query", errstr, errlen)) goto fail;
     devmem_t dm;
@@ -1266,6 +1390,11 @@ backend_t *backend_cuda_new(const model_t *model, const backend_params_t *params
         const size_t kv_total = ((size_t)c->base.params.n_kv_blocks + 1) * c->base.kv_block_bytes;
         if (dmalloc(c, &c->x, T * dim * 4, "activations", errstr, errlen) ||
             dmalloc(c, &c->xn, T * dim * we, "activations", errstr, errlen) ||
+            (c->fp8 &&
+             (dmalloc(c, (void **)&c->xq, T * (size_t)fp8_kmax(c, hp), "fp8 activations", errstr,
+                      errlen) ||
+              dmalloc(c, (void **)&c->xsc, T * 4, "fp8 activations", errstr, errlen) ||
+              dmalloc(c, (void **)&c->acc, T * dim * 4, "fp8 activations", errstr, errlen))) ||
             dmalloc(c, &c->qkv, T * (size_t)c->qkvd * 4, "activations", errstr, errlen) ||
             dmalloc(c, &c->att, T * (size_t)c->qd * we, "activations", errstr, errlen) ||
             dmalloc(c, &c->gu, T * 2 * ffn * 4, "activations", errstr, errlen) ||
@@ -1325,7 +1454,8 @@ static int cuda_devmem_plan(const model_t *m, const backend_params_t *p, int qkv
         .qkv_bias = qkv_bias,
     };
     const devmem_params_t dp = {
-        .weight_elem = (int)cuk_elem_bytes(p->weight_type),
+        .weight_elem = p->weight_type == BACKEND_WTYPE_FP8 ? 2 : (int)cuk_elem_bytes(p->weight_type),
+        .fp8 = p->weight_type == BACKEND_WTYPE_FP8,
         .kv_elem = p->kv_type == DT_F32 ? 4 : 2,
         .block_tokens = p->block_tokens, .max_batch_tokens = p->max_batch_tokens,
         .max_seqs = p->max_seqs, .max_ctx = p->max_ctx, .n_kv_blocks = p->n_kv_blocks,

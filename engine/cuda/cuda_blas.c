@@ -21,7 +21,7 @@
 
 typedef void *blas_handle_t; /* cublasHandle_t */
 typedef int blas_status_t;   /* cublasStatus_t */
-enum { BLAS_STATUS_SUCCESS = 0, BLAS_STATUS_INVALID_VALUE = 7 };
+enum { BLAS_STATUS_SUCCESS = 0, BLAS_STATUS_INVALID_VALUE = 7, BLAS_STATUS_NOT_SUPPORTED = 15 };
 enum { BLAS_OP_N = 0, BLAS_OP_T = 1 };                          /* cublasOperation_t */
 enum { BLAS_COMPUTE_32F = 68, BLAS_COMPUTE_32F_PEDANTIC = 69 }; /* cublasComputeType_t */
 enum { BLAS_GEMM_DEFAULT = -1 };                                /* cublasGemmAlgo_t */
@@ -448,6 +448,9 @@ int cuda_blas_gemm(cuda_blas_t *b, int wtype, const void *d_W, int N, int K, con
         dt = CUDA_R_16F;
     } else if (wtype == DT_BF16) {
         dt = CUDA_R_16BF;
+    } else if (wtype == CUDA_BLAS_FP8) {
+        dt = CUDA_R_8F_E4M3;
+        if (K % 16 || beta != 0.0f) return BLAS_STATUS_INVALID_VALUE;
     } else {
         return BLAS_STATUS_INVALID_VALUE;
     }
@@ -461,6 +464,7 @@ int cuda_blas_gemm(cuda_blas_t *b, int wtype, const void *d_W, int N, int K, con
                          p->d, &p->algo, b->ws, b->ws_bytes, b->stream) == BLAS_STATUS_SUCCESS)
             return BLAS_STATUS_SUCCESS;
     }
+    if (wtype == CUDA_BLAS_FP8) return BLAS_STATUS_NOT_SUPPORTED; /* cuBLASLt only */
     b->gemm_ex_calls++;
     return b->fn.gemm_ex(b->h, BLAS_OP_T, BLAS_OP_N, N, T, K, &alpha, d_W, dt, K, d_X, dt, K,
                          &beta, d_Y, CUDA_R_32F, ldy, ct, BLAS_GEMM_DEFAULT);

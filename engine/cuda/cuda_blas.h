@@ -43,8 +43,14 @@ const char *cuda_blas_describe(const cuda_blas_t *b);
 /* cuBLAS's text for a status code returned by cuda_blas_gemm (static). */
 const char *cuda_blas_status(const cuda_blas_t *b, int status);
 
+/* wtype of an FP8 GEMM (not a file type): W and X in E4M3 bytes (cuda_kernels.h), K a multiple
+ * of 16, beta 0, through cuBLASLt only (no cublasGemmEx fallback: CUBLAS_STATUS_NOT_SUPPORTED
+ * without a cuBLASLt algorithm); the caller applies the scales (cuk_fp8_epilogue). A device
+ * of compute capability 8.9 or later. */
+#define CUDA_BLAS_FP8 1008
+
 /* Y[t][o] = sum_k W[o][k] X[t][k] + beta * Y[t][o], t < T, o < N: W [N][K] and X [T][K] of
- * wtype (DT_F32, DT_F16 or DT_BF16; row-major, rows contiguous; W, X and Y at least 256-byte
+ * wtype (DT_F32, DT_F16, DT_BF16 or CUDA_BLAS_FP8; row-major, rows contiguous; W, X and Y at least 256-byte
  * aligned, as cudaMalloc gives), Y F32 with row stride ldy >= N, accumulation in F32 (DT_F32
  * without TF32: the F32 mode tracks the CPU backend). beta 1 adds the product into Y (the
  * residual adds). Enqueued on the handle's stream; returns the cuBLAS status (0 = success).
