@@ -272,6 +272,21 @@ typedef struct {
     size_t errlen;
 } loader_t;
 
+/* Rows [r0, r0 + nr) of w into the pinned staging buffer: as they are for F32, F16 and BF16
+ * files, else widened to F32 on the host. */
+static void stage_rows(loader_t *ld, const weight_t *w, int64_t r0, int64_t nr)
+{
+    const int st = w->type;
+    const char *src = (const char *)w->data + (size_t)r0 * w->row_bytes;
+    if (st == DT_F32 || st == DT_F16 || st == DT_BF16) {
+        memcpy(ld->h_stage, src, (size_t)nr * w->row_bytes);
+        return;
+    }
+    for (int64_t r = 0; r < nr; r++)
+        dtype_dequant_row(st, src + (size_t)r * w->row_bytes,
+                          (float *)ld->h_stage + (size_t)r * w->cols, w->cols);
+}
+
 /* Writes weight w (rows x cols of any supported file type) to d_dst (rows x cols of dst_type),
  * chunk by chunk through the pinned and device staging buffers. Synchronous. */
 static int upload(loader_t *ld, const weight_t *w, int dst_type, void *d_dst, float synth_lo,
@@ -300,14 +315,7 @@ static int upload(loader_t *ld, const weight_t *w, int dst_type, void *d_dst, fl
     }
     for (int64_t r0 = 0; r0 < w->rows; r0 += (int64_t)rows_per) {
         int64_t nr = w->rows - r0 < (int64_t)rows_per ? w->rows - r0 : (int64_t)rows_per;
-        const char *src = (const char *)w->data + (size_t)r0 * w->row_bytes;
-        if (raw) {
-            memcpy(ld->h_stage, src, (size_t)nr * w->row_bytes);
-        } else {
-            for (int64_t r = 0; r < nr; r++)
-                dtype_dequant_row(st, src + (size_t)r * w->row_bytes,
-                                  (float *)ld->h_stage + (size_t)r * w->cols, w->cols);
-        }
+        stage_rows(ld, w, r0, nr);
         const size_t cnt = (size_t)nr * (size_t)w->cols;
         void *dst = (char *)d_dst + (size_t)r0 * (size_t)w->cols * de;
         if (in_type == dst_type) {
@@ -353,14 +361,7 @@ static int upload_fp8(loader_t *ld, const weight_t *w, uint8_t *d_q, float *d_sc
                    "synthetic weights", ld->errstr, ld->errlen))
                 return -1;
         } else {
-            const char *src = (const char *)w->data + (size_t)r0 * w->row_bytes;
-            if (raw) {
-                memcpy(ld->h_stage, src, (size_t)nr * w->row_bytes);
-            } else {
-                for (int64_t r = 0; r < nr; r++)
-                    dtype_dequant_row(st, src + (size_t)r * w->row_bytes,
-                                      (float *)ld->h_stage + (size_t)r * w->cols, w->cols);
-            }
+            stage_rows(ld, w, r0, nr);
             if (ck(cudaMemcpyAsync(ld->d_stage, ld->h_stage, (size_t)nr * row_in,
                                    cudaMemcpyHostToDevice, c->cs),
                    "weight upload", ld->errstr, ld->errlen))
