@@ -9,6 +9,13 @@
  *             that time (a shared machine's bandwidth changes from minute to minute).
  * usage: bench_engine MODEL [--threads N] [--reps R] [--prompt P] [--gen G] [--batches 4,16,64]
  *                          [--kv-type f16|f32] [--json FILE]
+ *        bench_engine MODEL --serve N,IN,OUT [--backend cpu|cuda] [--cuda-dtype T] [--max-seqs S]
+ *                          [--batch-tokens B] [--threads N] [--kv-type f16|f32]
+ * --serve: instead of the above, N requests of IN random prompt tokens generating OUT tokens
+ * each (greedy, EOS ignored) are submitted at once and engine_run serves them with its own
+ * scheduler (continuous batching: at most S sequences, B tokens a step; defaults 256 and 4096),
+ * on the backend given (default cpu): wall seconds, generated tokens/s, all tokens/s, steps. The
+ * CUDA backend's pool takes what cuda.mem_fraction leaves (kv_blocks 0); the CPU's 2 GiB.
  * --json appends one JSON object per figure to FILE (read by bench/run.py), after one object with
  * "workload": "info" (the model's shapes, weight_bytes, kernel set, threads, KV type); the read
  * bandwidth is "workload": "read_bw" (GB/s, 1e9 bytes). */
@@ -87,6 +94,53 @@ static int measure(engine_t *e, int n_seq, int prompt_len, int gen, double *t_pr
     return cnt.done == n_seq ? 0 : -1;
 }
 
+/* --serve: n requests of in random tokens, out generated each, all submitted, then engine_run. */
+static int serve(engine_t *e, int n, int in, int out)
+{
+    engine_info_t info;
+    engine_info(e, &info);
+    cnt_t cnt = {0};
+    char err[512];
+    int32_t *p = malloc(sizeof *p * (size_t)in);
+    if (!p) return -1;
+    for (int s = 0; s < n; s++) {
+        for (int i = 0; i < in; i++) p[i] = rnd_tok(info.n_vocab);
+        engine_request_t rq;
+        engine_request_default(&rq);
+        rq.prompt = p;
+        rq.n_prompt = in;
+        rq.sampling.temperature = 0;
+        rq.max_tokens = out;
+        rq.ignore_eos = 1;
+        if (engine_submit(e, &rq, on_done, &cnt, NULL, err, sizeof err) != 0) {
+            fprintf(stderr, "submit: %s\n", err);
+            free(p);
+            return -1;
+        }
+    }
+    free(p);
+    engine_stats_t st0, st1;
+    engine_stats(e, &st0);
+    const double t0 = bench_now();
+    if (engine_run(e, err, sizeof err) != 0) {
+        fprintf(stderr, "run: %s\n", err);
+        return -1;
+    }
+    const double dt = bench_now() - t0;
+    engine_stats(e, &st1);
+    if (cnt.done != n) {
+        fprintf(stderr, "serve: %d of %d requests finished\n", cnt.done, n);
+        return -1;
+    }
+    printf("| figure | value |\n|---|---:|\n");
+    printf("| requests x prompt / generated tokens | %d x %d / %d |\n", n, in, out);
+    printf("| wall seconds (submit to last result) | %.2f |\n", dt);
+    printf("| generated tokens/s | %.0f |\n", (double)n * out / dt);
+    printf("| prompt + generated tokens/s | %.0f |\n", (double)n * (in + out) / dt);
+    printf("| engine steps | %llu |\n", (unsigned long long)(st1.steps - st0.steps));
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -99,7 +153,21 @@ int main(int argc, char **argv)
     const char *kv = "f16";
     FILE *jf = NULL;
     int batches[16] = {4, 16, 64}, nb = 3;
+    int sv_n = 0, sv_in = 0, sv_out = 0, max_seqs = 256, batch_tokens = 4096;
+    const char *backend = "cpu", *cuda_dtype = "bf16";
     for (int i = 2; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--serve")) {
+            if (sscanf(argv[i + 1], "%d,%d,%d", &sv_n, &sv_in, &sv_out) != 3 || sv_n < 1 ||
+                sv_in < 1 || sv_out < 1) {
+                fprintf(stderr, "--serve N,IN,OUT: three counts >= 1\n");
+                return 2;
+            }
+            continue;
+        }
+        if (!strcmp(argv[i], "--backend")) { backend = argv[i + 1]; continue; }
+        if (!strcmp(argv[i], "--cuda-dtype")) { cuda_dtype = argv[i + 1]; continue; }
+        if (!strcmp(argv[i], "--max-seqs")) { max_seqs = atoi(argv[i + 1]); continue; }
+        if (!strcmp(argv[i], "--batch-tokens")) { batch_tokens = atoi(argv[i + 1]); continue; }
         if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--prompt")) P = atoi(argv[i + 1]);
@@ -126,6 +194,33 @@ int main(int argc, char **argv)
     if (reps < 1 || reps > 100) reps = 3;
     engine_config_t cfg;
     engine_config_default(&cfg);
+    if (sv_n) {
+        cfg.model_path = model;
+        cfg.threads = threads;
+        cfg.kv_type = kv;
+        cfg.backend = backend;
+        cfg.cuda_dtype = cuda_dtype;
+        cfg.prefix_cache = 0;
+        cfg.max_seqs = max_seqs;
+        cfg.max_batch_tokens = batch_tokens;
+        cfg.max_ctx = sv_in + sv_out;
+        if (strcmp(backend, "cuda") != 0) cfg.kv_mem_mb = 2048;
+        char err[512];
+        engine_t *e = engine_new(&cfg, err, sizeof err);
+        if (!e) {
+            fprintf(stderr, "bench: %s\n", err);
+            return 1;
+        }
+        engine_info_t info;
+        engine_info(e, &info);
+        printf("model %s: %s dim %d layers %d, backend %s%s%s, %d KV blocks, max_seqs %d, "
+               "batch tokens %d\n\n", model, info.arch, info.dim, info.n_layers, info.backend,
+               strcmp(backend, "cuda") ? "" : " ", strcmp(backend, "cuda") ? "" : cuda_dtype,
+               info.kv_blocks, max_seqs, batch_tokens);
+        const int rc = serve(e, sv_n, sv_in, sv_out);
+        engine_free(e);
+        return rc ? 1 : 0;
+    }
     cfg.model_path = model;
     cfg.threads = threads;
     cfg.kv_type = kv;

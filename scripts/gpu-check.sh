@@ -23,6 +23,8 @@
 #               64 MiB), stories260K in F32 and BF16 with fixed pools
 #   fp8-eval    spillway eval of a random model (dims multiples of 16) with cuda.dtype fp8
 #               against bf16 (--kld-dtype): perplexities, mean KL divergence, top-1 agreement
+#   engine-serve  bench_engine --serve 1000,128,128 through the engine's scheduler on a random
+#               Llama-3.2-1B-shaped BF16 file, cuda.dtype bf16 then fp8 (engine_serve.md)
 #   bench_cuda  copy bandwidth, GEMM rate, decode/prefill/128-in-128-out on synthetic
 #               Llama-3.2-1B and Llama-3.1-8B shapes, BF16 then FP8, beside the H200 goals
 # Without a GPU (no nvidia-smi, or it lists none) the GPU stages say so and are skipped, and the
@@ -110,6 +112,12 @@ finish() {
     echo
     if [ "$HAVE_GPU" -eq 0 ]; then
       echo "NO GPU on this machine: the GPU stages (test_cuda on a device, bench_cuda) did not run."
+    fi
+    if [ -s "$OUTDIR/engine_serve.md" ]; then
+      echo
+      echo "## engine-serve (bench_engine --serve 1000,128,128, Llama-3.2-1B shape)"
+      echo
+      cat "$OUTDIR/engine_serve.md"
     fi
     if [ -s "$OUTDIR/bench_cuda.md" ]; then
       echo
@@ -258,7 +266,7 @@ rc=$?
 record configure $rc "engine only, CUDA on"
 [ $rc -eq 0 ] || finish
 stage build 200 cmake --build "$BUILD" -j"$JOBS" --target spillway test_engine test_kernels \
-  test_cuda bench_cuda
+  test_cuda bench_cuda bench_engine
 rc=$?
 record build $rc "-j$JOBS"
 [ $rc -eq 0 ] || finish
@@ -320,6 +328,24 @@ if [ "$HAVE_GPU" -eq 1 ]; then
 else
   say "=== fp8-eval: SKIPPED (no GPU) ==="
   row fp8-eval "skipped: no GPU" 0 "spillway eval --cuda-dtype fp8 --kld-dtype bf16"
+fi
+if [ "$HAVE_GPU" -eq 1 ]; then
+  # the engine's own numbers (scheduler, continuous batching, device sampling): 1,000 requests of
+  # 128 prompt tokens generating 128 each on the Llama-3.2-1B shape (a random BF16 file: the 8B
+  # one would take minutes to write), BF16 then FP8
+  m1b="$BUILD/serve-1b.gguf"
+  stage engine-serve 90 bash -c 'set -o pipefail; "$1" mkmodel -o "$2" --preset llama-3.2-1b \
+    --dtype bf16 && for d in bf16 fp8; do echo "### engine, cuda.dtype $d"; echo;
+    "$3" "$2" --serve 1000,128,128 --backend cuda --cuda-dtype "$d" --max-seqs 256 \
+      --batch-tokens 4096 || exit 1; echo; done | tee "$4"' \
+    serve "$BUILD/spillway" "$m1b" "$BUILD/bench_engine" "$OUTDIR/engine_serve.md"
+  rc=$?
+  record engine-serve $rc "$(grep -E '^\| generated tokens/s' "$OUTDIR/engine_serve.md" 2>/dev/null |
+    awk -F'|' '{printf "%s%s tok/s", (NR > 1 ? "; fp8" : "bf16"), $3}')"
+  rm -f "$m1b"
+else
+  say "=== engine-serve: SKIPPED (no GPU) ==="
+  row engine-serve "skipped: no GPU" 0 "bench_engine --serve 1000,128,128 on the 1B shape"
 fi
 if [ "$HAVE_GPU" -eq 1 ]; then
   stage bench_cuda 240 bash -c 'set -o pipefail; "$1" | tee "$2"' bench "$BUILD/bench_cuda" \
