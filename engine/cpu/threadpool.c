@@ -16,7 +16,11 @@
  * Memory ordering. fn/arg are written before the claim flags are cleared (release) and read
  * after a successful claim (acq_rel exchange that read the cleared flag). A part's writes happen
  * before its release decrement of `pending`, which the caller reads with acquire. A new job is
- * published only after `pending` reached 0, i.e. after every part of the previous one ended. */
+ * published only after `pending` reached 0, i.e. after every part of the previous one ended.
+ *
+ * Stopping (tpool_free) sets `stop` and bumps `gen` but leaves every claim flag set: a worker
+ * between its stop check and its claim then finds nothing to take, instead of the previous
+ * job's part with a stale arg. */
 #include "engine/cpu/threadpool.h"
 
 #include <limits.h>
@@ -139,13 +143,19 @@ static void *worker_main(void *v)
     return NULL;
 }
 
-/* Publishes the current fn/arg (or stop) to the workers. */
+/* Moves gen on and wakes the sleepers. */
+static void bump_gen(tpool_t *p)
+{
+    atomic_fetch_add(&p->gen, 1); /* seq_cst: ordered before the sleepers load */
+    if (atomic_load(&p->sleepers) > 0) futex_wake_all(&p->gen);
+}
+
+/* Publishes the current fn/arg to the workers. */
 static void publish(tpool_t *p)
 {
     atomic_store_explicit(&p->pending, (unsigned)(p->n - 1), memory_order_relaxed);
     for (int i = 1; i < p->n; i++) atomic_store_explicit(&p->claimed[i], 0, memory_order_release);
-    atomic_fetch_add(&p->gen, 1); /* seq_cst: ordered before the sleepers load */
-    if (atomic_load(&p->sleepers) > 0) futex_wake_all(&p->gen);
+    bump_gen(p);
 }
 
 static void wait_workers(tpool_t *p)
@@ -206,8 +216,11 @@ void tpool_free(tpool_t *p)
 {
     if (!p) return;
     if (p->n_started > 0) {
+        /* stop, without clearing the claim flags: a worker that read stop = 0 just before, and
+         * claims now, must find every part of the last job taken -- else it would run that job's
+         * fn on its arg, which its caller no longer holds */
         atomic_store(&p->stop, 1);
-        publish(p);
+        bump_gen(p);
         for (int i = 1; i <= p->n_started; i++) pthread_join(p->workers[i].tid, NULL);
     }
     free(p->claimed);
