@@ -82,7 +82,7 @@ cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPILLWAY_WERROR=ON 
   -DSPILLWAY_CUDA=OFF -DSPILLWAY_SHARED_DIR="$SHARED" >/dev/null
 # only what the stage runs: the tests labelled "threaded" (CMakeLists.txt) and what they run
 # (test_cache_tier.sh: spillway)
-TSAN_TARGETS="spillway test_engine test_kvpool test_metrics test_cache test_peer
+TSAN_TARGETS="spillway test_engine test_threadpool test_kvpool test_metrics test_cache test_peer
   test_consumer_offsets test_worker_mock test_worker_txn_mock test_worker_features"
 fuzz_targets=$(for src in tests/fuzz/fuzz_*.c; do basename "$src" .c; done)
 if [ "$FUZZ_SECONDS" -gt 0 ]; then
