@@ -48,17 +48,16 @@ static int32_t rnd_tok(int n_vocab)
     return (int32_t)(3 + rng_state % (unsigned long long)(n_vocab - 3));
 }
 
-/* Runs n_seq requests of prompt_len random tokens generating gen tokens each. Returns the
- * seconds of the first step (prefill of all prompts, which the config lets fit in one step)
- * in *t_prefill and of all later steps (pure decode) in *t_decode. */
-static int measure(engine_t *e, int n_seq, int prompt_len, int gen, double *t_prefill, double *t_decode)
+/* Submits n greedy requests of prompt_len random tokens generating gen tokens each (EOS
+ * ignored), counting results in *cnt. 0, or -1 after printing why. */
+static int submit_random(engine_t *e, int n, int prompt_len, int gen, cnt_t *cnt)
 {
     engine_info_t info;
     engine_info(e, &info);
-    cnt_t cnt = {0};
     char err[512];
     int32_t *p = malloc(sizeof *p * (size_t)prompt_len);
-    for (int s = 0; s < n_seq; s++) {
+    if (!p) return -1;
+    for (int s = 0; s < n; s++) {
         for (int i = 0; i < prompt_len; i++) p[i] = rnd_tok(info.n_vocab);
         engine_request_t rq;
         engine_request_default(&rq);
@@ -67,13 +66,24 @@ static int measure(engine_t *e, int n_seq, int prompt_len, int gen, double *t_pr
         rq.sampling.temperature = 0;
         rq.max_tokens = gen;
         rq.ignore_eos = 1;
-        if (engine_submit(e, &rq, on_done, &cnt, NULL, err, sizeof err) != 0) {
+        if (engine_submit(e, &rq, on_done, cnt, NULL, err, sizeof err) != 0) {
             fprintf(stderr, "submit: %s\n", err);
             free(p);
             return -1;
         }
     }
     free(p);
+    return 0;
+}
+
+/* Runs n_seq requests of prompt_len random tokens generating gen tokens each. Returns the
+ * seconds of the first step (prefill of all prompts, which the config lets fit in one step)
+ * in *t_prefill and of all later steps (pure decode) in *t_decode. */
+static int measure(engine_t *e, int n_seq, int prompt_len, int gen, double *t_prefill, double *t_decode)
+{
+    cnt_t cnt = {0};
+    char err[512];
+    if (submit_random(e, n_seq, prompt_len, gen, &cnt)) return -1;
     double t0 = bench_now();
     if (engine_step(e, err, sizeof err) != 1) {
         fprintf(stderr, "step: %s\n", err);
@@ -97,28 +107,9 @@ static int measure(engine_t *e, int n_seq, int prompt_len, int gen, double *t_pr
 /* --serve: n requests of in random tokens, out generated each, all submitted, then engine_run. */
 static int serve(engine_t *e, int n, int in, int out)
 {
-    engine_info_t info;
-    engine_info(e, &info);
     cnt_t cnt = {0};
     char err[512];
-    int32_t *p = malloc(sizeof *p * (size_t)in);
-    if (!p) return -1;
-    for (int s = 0; s < n; s++) {
-        for (int i = 0; i < in; i++) p[i] = rnd_tok(info.n_vocab);
-        engine_request_t rq;
-        engine_request_default(&rq);
-        rq.prompt = p;
-        rq.n_prompt = in;
-        rq.sampling.temperature = 0;
-        rq.max_tokens = out;
-        rq.ignore_eos = 1;
-        if (engine_submit(e, &rq, on_done, &cnt, NULL, err, sizeof err) != 0) {
-            fprintf(stderr, "submit: %s\n", err);
-            free(p);
-            return -1;
-        }
-    }
-    free(p);
+    if (submit_random(e, n, in, out, &cnt)) return -1;
     engine_stats_t st0, st1;
     engine_stats(e, &st0);
     const double t0 = bench_now();
