@@ -291,7 +291,7 @@ rc=$?
 sed -n '/=== test_cuda/,$p' "$LOG" >"$OUTDIR/test_cuda.log"
 if [ "$HAVE_GPU" -eq 1 ]; then
   [ $rc -eq 77 ] && say "gpu-check: test_cuda skipped although nvidia-smi lists a GPU: a failure"
-  record test_cuda $rc "kernels vs CPU, greedy stories260K cuda f32 == cpu, device sampling == cpu sampler"
+  record test_cuda $rc "kernels vs CPU, greedy stories260K cuda f32 == cpu, device sampling == cpu sampler, GEMM batch invariance, tier-2 round trip, fp8"
   # device sampling's own lines (tests/test_cuda.c prints them only when its checks ran)
   while IFS= read -r line; do
     row "  sampling" "$([ $rc -eq 0 ] && echo passed || echo 'see test_cuda')" 0 "${line#sampling: }"

@@ -6,7 +6,11 @@
  * far below 1e-3 (NMSE_F32), BF16/F16 outputs below NMSE_HALF. Outputs are filled with NaN before
  * each run, so a kernel that leaves an element unwritten fails. Then end to end: greedy
  * generation on stories260K with the CUDA backend in F32 (weights and KV) must produce the CPU
- * backend's tokens exactly.
+ * backend's tokens exactly. Also: the GEMMs' batch invariance (a row bit-identical alone, among
+ * 17 and among 300 tokens, with no cublasGemmEx fallback), the copy stream (writes, reads,
+ * asynchronous reads across a staging-ring wrap), a tier-2 round trip between two engines
+ * through the asynchronous stores (same greedy tokens), and cuda.dtype fp8 (logits near BF16's;
+ * refused below compute capability 8.9 and for dims not multiples of 16).
  *
  * Exit 77 (skipped) when the build has no CUDA backend or the machine has no CUDA device; before
  * skipping for want of a device it checks that the engine refuses the CUDA backend there with a
