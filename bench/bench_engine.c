@@ -185,45 +185,25 @@ int main(int argc, char **argv)
     if (reps < 1 || reps > 100) reps = 3;
     engine_config_t cfg;
     engine_config_default(&cfg);
-    if (sv_n) {
-        cfg.model_path = model;
-        cfg.threads = threads;
-        cfg.kv_type = kv;
-        cfg.backend = backend;
-        cfg.cuda_dtype = cuda_dtype;
-        cfg.prefix_cache = 0;
-        cfg.max_seqs = max_seqs;
-        cfg.max_batch_tokens = batch_tokens;
-        cfg.max_ctx = sv_in + sv_out;
-        if (strcmp(backend, "cuda") != 0) cfg.kv_mem_mb = 2048;
-        char err[512];
-        engine_t *e = engine_new(&cfg, err, sizeof err);
-        if (!e) {
-            fprintf(stderr, "bench: %s\n", err);
-            return 1;
-        }
-        engine_info_t info;
-        engine_info(e, &info);
-        printf("model %s: %s dim %d layers %d, backend %s%s%s, %d KV blocks, max_seqs %d, "
-               "batch tokens %d\n\n", model, info.arch, info.dim, info.n_layers, info.backend,
-               strcmp(backend, "cuda") ? "" : " ", strcmp(backend, "cuda") ? "" : cuda_dtype,
-               info.kv_blocks, max_seqs, batch_tokens);
-        const int rc = serve(e, sv_n, sv_in, sv_out);
-        engine_free(e);
-        return rc ? 1 : 0;
-    }
     cfg.model_path = model;
     cfg.threads = threads;
     cfg.kv_type = kv;
     cfg.prefix_cache = 0;
-    cfg.max_seqs = 64;
-    int maxb = 1;
-    for (int i = 0; i < nb; i++) maxb = batches[i] > maxb ? batches[i] : maxb;
-    cfg.max_seqs = maxb;
-    cfg.max_batch_tokens = P > maxb * 16 ? P : maxb * 16;
-    cfg.sched_window = maxb; /* admit every batched prompt in the first step (it compares at most
-                                sched_window + 1 candidates per step) */
     cfg.kv_mem_mb = 2048;
+    if (sv_n) {
+        cfg.backend = backend;
+        cfg.cuda_dtype = cuda_dtype;
+        cfg.max_seqs = max_seqs;
+        cfg.max_batch_tokens = batch_tokens;
+        cfg.max_ctx = sv_in + sv_out;
+    } else {
+        int maxb = 1;
+        for (int i = 0; i < nb; i++) maxb = batches[i] > maxb ? batches[i] : maxb;
+        cfg.max_seqs = maxb;
+        cfg.max_batch_tokens = P > maxb * 16 ? P : maxb * 16;
+        cfg.sched_window = maxb; /* admit every batched prompt in the first step (it compares at
+                                    most sched_window + 1 candidates per step) */
+    }
     char err[512];
     engine_t *e = engine_new(&cfg, err, sizeof err);
     if (!e) {
@@ -232,6 +212,15 @@ int main(int argc, char **argv)
     }
     engine_info_t info;
     engine_info(e, &info);
+    if (sv_n) {
+        printf("model %s: %s dim %d layers %d, backend %s%s%s, %d KV blocks, max_seqs %d, "
+               "batch tokens %d\n\n", model, info.arch, info.dim, info.n_layers, info.backend,
+               strcmp(backend, "cuda") ? "" : " ", strcmp(backend, "cuda") ? "" : cuda_dtype,
+               info.kv_blocks, max_seqs, batch_tokens);
+        const int rc = serve(e, sv_n, sv_in, sv_out);
+        engine_free(e);
+        return rc ? 1 : 0;
+    }
     printf("model %s: %s dim %d layers %d heads %d/%d ffn %d vocab %d, %.1f MiB weights; "
            "%d threads, kernels %s, KV %s\n\n",
            model, info.arch, info.dim, info.n_layers, info.n_heads, info.n_kv_heads, info.ffn_dim,
