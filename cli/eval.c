@@ -63,33 +63,33 @@ static char *read_file(const char *path, size_t *len)
     return buf;
 }
 
+/* log sum_i exp(l[i]) over n logits, in double (shifted by the largest), and in *amax the index
+ * of the first largest. */
+static double log_norm(const float *l, int n, int *amax)
+{
+    double mx = l[0];
+    int am = 0;
+    for (int i = 1; i < n; i++)
+        if (l[i] > mx) mx = l[i], am = i;
+    double s = 0;
+    for (int i = 0; i < n; i++) s += exp((double)l[i] - mx);
+    *amax = am;
+    return log(s) + mx;
+}
+
 /* -log softmax(l)[target] over n logits, in double. */
 static double token_nll(const float *l, int n, int target)
 {
-    double mx = l[0];
-    for (int i = 1; i < n; i++)
-        if (l[i] > mx) mx = l[i];
-    double s = 0;
-    for (int i = 0; i < n; i++) s += exp((double)l[i] - mx);
-    return log(s) + mx - (double)l[target];
+    int am;
+    return log_norm(l, n, &am) - (double)l[target];
 }
 
 /* KL(P || Q) of the softmaxes of logits p (base) and q over n, in double, and whether their
  * argmaxes (first on ties) agree. */
 static double token_kld(const float *p, const float *q, int n, int *agree)
 {
-    double mp = p[0], mq = q[0];
-    int ap = 0, aq = 0;
-    for (int i = 1; i < n; i++) {
-        if (p[i] > mp) mp = p[i], ap = i;
-        if (q[i] > mq) mq = q[i], aq = i;
-    }
-    double sp = 0, sq = 0;
-    for (int i = 0; i < n; i++) {
-        sp += exp((double)p[i] - mp);
-        sq += exp((double)q[i] - mq);
-    }
-    const double lp = log(sp) + mp, lq = log(sq) + mq; /* log-normalisers */
+    int ap, aq;
+    const double lp = log_norm(p, n, &ap), lq = log_norm(q, n, &aq);
     double kl = 0;
     for (int i = 0; i < n; i++) {
         const double a = (double)p[i] - lp, b = (double)q[i] - lq;
