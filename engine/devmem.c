@@ -25,6 +25,7 @@ int devmem_plan(const devmem_shape_t *s, const devmem_params_t *p, devmem_t *o, 
     int allocs = 0;
 
     if (p->fp8 && we != 2) return sw_seterr(errstr, errlen, "devmem: fp8 takes weight_elem 2");
+    /* cuBLASLt's FP8 GEMMs take K and the leading dimensions in multiples of 16 */
     if (p->fp8 && (dim % 16 || qd % 16 || ffn % 16))
         return sw_seterr(errstr, errlen, "cuda: cuda.dtype fp8 needs dim, n_heads x head_dim and "
                          "ffn_dim in multiples of 16 (%llu, %llu, %llu): use bf16",

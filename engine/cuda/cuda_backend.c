@@ -1344,13 +1344,6 @@ backend_t *backend_cuda_new(const model_t *model, const backend_params_t *params
                       "bf16", c->dev, major, minor);
             goto fail;
         }
-        /* cuBLASLt's FP8 GEMMs take K and the leading dimensions in multiples of 16 */
-        if (hp->dim % 16 || c->qd % 16 || hp->ffn_dim % 16) {
-            sw_seterr(errstr, errlen, "cuda: cuda.dtype fp8 needs dim, n_heads x head_dim and "
-                      "ffn_dim in multiples of 16 (%d, %d, %d): use bf16", hp->dim, c->qd,
-                      hp->ffn_dim);
-            goto fail;
-        }
     }
     size_t free_b = 0, total_b = 0;
     if (ck(cudaMemGetInfo(&free_b, &total_b), "device memory query", errstr, errlen)) goto fail;
