@@ -15,8 +15,9 @@
  * logits (B = 1, 64, 256), microseconds per step for greedy, temperature + top-p, top-k + top-p
  * + min-p, penalties + logprobs, beside cuk_argmax and the time the logits would take to cross
  * PCIe at 25 GB/s (what sampling on the host moved per step).
- * Then decode attention alone (cuk_attention) on the 8B shape, batch 1..256 x context 512..32k:
- * microseconds per call and KV bytes read per second against the copy bandwidth.
+ * Then decode attention alone on the 8B shape, batch 1..256 x context 512..32k, the CUDA-core
+ * cuk_attention and the tensor-core cuk_attention_tc (what BF16 and FP8 use): microseconds per
+ * call and the tensor-core kernel's KV bytes read per second against the copy bandwidth.
  * The models are not read from files: the backend fills BF16 weights of the preset's shape on
  * the device from a seed (backend_params_t.synthetic_seed), so an 8B shape costs no 16 GB file
  * and no upload. Goals on an H200 are printed beside the numbers.
@@ -452,12 +453,15 @@ fail:
     return rc;
 }
 
-/* Decode attention alone (cuk_attention as the backend launches it: up to 32 splits of at least
- * 128 keys) on the Llama-3.1-8B shape (32 query heads, 8 kv heads, head dim 128, F16 KV in
- * blocks of 16, one layer): B sequences each decoding one token at context ctx. KV bytes read
- * per call = B x ctx x 2 x 8 x 128 x 2; the table gives microseconds per call and those bytes
- * per second as a fraction of the copy bandwidth (read + write) measured above. Shapes whose
- * pool would pass ATT_BENCH_MAX_POOL are left out ("-"). */
+/* Decode attention alone, as the backend launches it, on the Llama-3.1-8B shape (32 query heads,
+ * 8 kv heads, head dim 128, F16 KV in blocks of 16, one layer): B sequences each decoding one
+ * token at context ctx. cuk_attention (F32 weights or KV): up to 32 splits of at least 128 keys;
+ * cuk_attention_tc (BF16 / FP8): chunks of 128 keys scattered over up to 32 blocks a token when
+ * the partials fit ATT_BENCH_TC_SLOTS a token, else folded. KV bytes read per call = B x ctx x 2
+ * x 8 x 128 x 2; the table gives microseconds per call of each kernel and the tensor-core
+ * kernel's bytes per second as a fraction of the copy bandwidth (read + write) measured above.
+ * Shapes whose pool would pass ATT_BENCH_MAX_POOL are left out ("-"). */
+#define ATT_BENCH_TC_SLOTS 256
 #define ATT_BENCH_MAX_POOL ((size_t)24 << 30)
 static int bench_attention(double bw)
 {
@@ -468,16 +472,21 @@ static int bench_attention(double bw)
     cudaEvent_t e0 = NULL, e1 = NULL;
     void *dkv = NULL, *dout = NULL;
     float *dq = NULL, *dpart = NULL;
-    int32_t *dmeta = NULL, *hmeta = NULL;
+    int32_t *dmeta = NULL, *hmeta = NULL, *dtiles = NULL, *htiles = NULL;
     int rc = -1;
     float ms = 0;
     CK(cudaEventCreate(&e0), "event");
     CK(cudaEventCreate(&e1), "event");
     CK(cudaMalloc((void **)&dq, (size_t)256 * NH * HD * 4), "q");
     CK(cudaMalloc(&dout, (size_t)256 * NH * HD * 2), "out");
-    CK(cudaMalloc((void **)&dpart, (size_t)256 * NH * 32 * (HD + 2) * 4), "partials");
+    htiles = malloc(sizeof(int32_t) * (256 + 3));
+    if (!htiles) goto fail;
+    CK(cudaMalloc((void **)&dtiles, sizeof(int32_t) * (256 + 3)), "tiles");
+    CK(cudaMalloc((void **)&dpart, (size_t)256 * NH * ATT_BENCH_TC_SLOTS * (HD + 2) * 4),
+       "partials");
     CK(cuk_fill_random(DT_F32, dq, (size_t)256 * NH * HD, 11, -1.0f, 1.0f, 0), "fill");
-    printf("\n| decode attention, 8B shape, us per call (KV GB/s, fraction of copy bandwidth) |");
+    printf("\n| decode attention, 8B shape, us per call: CUDA cores / tensor cores (tensor cores' KV "
+           "GB/s, fraction of copy bandwidth) |");
     for (int ci = 0; ci < NC; ci++) printf(" ctx %d |", ctxs[ci]);
     printf("\n|---|");
     for (int ci = 0; ci < NC; ci++) printf("---|");
@@ -521,8 +530,25 @@ static int bench_attention(double bw)
             CK(cudaEventRecord(e1, 0), "event");
             CK(cudaEventSynchronize(e1), "attention");
             CK(cudaEventElapsedTime(&ms, e0, e1), "event");
+            const double us_simt = ms * 1e3 / REPS;
+            /* tensor cores: every token its own tile */
+            const int nch = (ctx + 127) / 128, fold = nch > ATT_BENCH_TC_SLOTS;
+            htiles[0] = B;
+            htiles[1] = fold;
+            for (int b = 0; b <= B; b++) htiles[2 + b] = b;
+            CK(cudaMemcpy(dtiles, htiles, sizeof(int32_t) * (size_t)(B + 3),
+                          cudaMemcpyHostToDevice), "tiles");
+            aa.tiles = dtiles;
+            aa.n_splits = ATT_BENCH_TC_SLOTS;
+            aa.grid_splits = fold ? 1 : gs;
+            CK(cuk_attention_tc(&aa, 0), "tc attention"); /* warm-up */
+            CK(cudaEventRecord(e0, 0), "event");
+            for (int r = 0; r < REPS; r++) CK(cuk_attention_tc(&aa, 0), "tc attention");
+            CK(cudaEventRecord(e1, 0), "event");
+            CK(cudaEventSynchronize(e1), "tc attention");
+            CK(cudaEventElapsedTime(&ms, e0, e1), "event");
             const double us = ms * 1e3 / REPS, gbs = (double)pool / (us * 1e-6) / 1e9;
-            printf(" %.0f (%.0f, %.2f) |", us, gbs, gbs * 1e9 / bw);
+            printf(" %.0f / %.0f (%.0f, %.2f) |", us_simt, us, gbs, gbs * 1e9 / bw);
             fflush(stdout);
             cudaFree(dkv);
             cudaFree(dmeta);
@@ -541,6 +567,8 @@ fail:
     cudaFree(dq);
     cudaFree(dout);
     cudaFree(dpart);
+    cudaFree(dtiles);
+    free(htiles);
     if (e0) cudaEventDestroy(e0);
     if (e1) cudaEventDestroy(e1);
     return rc;

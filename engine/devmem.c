@@ -65,7 +65,7 @@ int devmem_plan(const devmem_shape_t *s, const devmem_params_t *p, devmem_t *o, 
     const uint64_t ctx = p->max_ctx > 0 ? (uint64_t)p->max_ctx
                                         : (s->ctx_len > 0 ? (uint64_t)s->ctx_len : 1);
     const uint64_t B = (uint64_t)p->block_tokens;
-    o->metadata_words = 5 * T + seqs * ((ctx + B - 1) / B) + 1 + 1024;
+    o->metadata_words = 6 * T + 3 + seqs * ((ctx + B - 1) / B) + 1 + 1024;
     o->metadata = o->metadata_words * 4;
     o->workspace = DEVMEM_BLAS_WORKSPACE;
     o->upload = p->synthetic && !p->fp8 ? 0 : DEVMEM_UPLOAD_CHUNK;

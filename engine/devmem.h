@@ -21,9 +21,11 @@
  *   sampling    rows T x DEVMEM_SAMPLE_ROW_BYTES, results T x (2 + 2 SAMPLER_MAX_LOGPROBS) x 4,
  *               penalty counts max(max_seqs, DEVMEM_MIN_PEN_SLOTS) x n_vocab x 4 (more slots,
  *               when more sequences sample with penalties, double the table within the budget)
- *   metadata    (5 T + seqs x ceil(ctx / block_tokens) + 1 + 1024) x 4, seqs = max_seqs (T if
- *               0), ctx = max_ctx (the model's context if 0); the + 1 is the block table of the
- *               padding tokens of a CUDA-graph decode step (the scratch block). The captured
+ *   metadata    (6 T + 3 + seqs x ceil(ctx / block_tokens) + 1 + 1024) x 4, seqs = max_seqs (T
+ *               if 0), ctx = max_ctx (the model's context if 0); 6 T + 3: tokens, positions,
+ *               sequences, logit rows, table offsets and the attention tiles; the + 1 is the
+ *               block table of the padding tokens of a CUDA-graph decode step (the scratch
+ *               block). The captured
  *               graphs read this buffer in place (tokens, positions, tables)
  *   workspace   DEVMEM_BLAS_WORKSPACE (cuBLAS)
  *   KV scratch  one KV block after the pool (same allocation), written by the padding tokens

@@ -467,17 +467,34 @@ static void test_rope_attention(int nh, int nkv, int hd, int rope_kind, int kv_t
 
     /* attention over the pool (the reference uses the device's q, and kvh with the batch's K/V) */
     const int max_ctx = c.pos[5] + 1;
-    for (int variant = 0; variant < 2; variant++) {
-        int n_splits = variant ? 11 : 1;
-        int chunk = (max_ctx + n_splits - 1) / n_splits;
+    /* variants 0, 1: cuk_attention with 1 and 11 splits; 2, 3: cuk_attention_tc (when it takes
+     * the shape) folding tiles of a sequence's tokens, and scattering chunks of 32 keys with
+     * every token its own tile, which must give variant 2's output bit for bit */
+    const int tc = cuk_attention_tc_supported(nh, nkv, hd, kv_type);
+    float *tc_out = NULL;
+    for (int variant = 0; variant < (tc ? 4 : 2); variant++) {
+        int n_splits = variant == 1 ? 11 : variant == 3 ? (max_ctx + 31) / 32 : 1;
+        int chunk = variant >= 2 ? 32 : (max_ctx + n_splits - 1) / n_splits;
         float *dpart = dpoison((size_t)T * nh * n_splits * (hd + 2), DT_F32);
         void *dout = dpoison((size_t)T * nh * hd, out_type);
+        int32_t tiles[6 + 3], nt = 0;
+        for (int t = 0; t < T; t++)
+            if (variant == 3 || t == 0 || c.seq[t] != c.seq[t - 1] ||
+                t - tiles[2 + nt - 1] >= cuk_attention_tc_tile_tokens(nh, nkv))
+                tiles[2 + nt++] = t;
+        tiles[0] = nt;
+        tiles[1] = variant == 2;
+        tiles[2 + nt] = T;
+        int32_t *dtiles = NULL;
+        CU(cudaMalloc((void **)&dtiles, sizeof tiles));
+        CU(cudaMemcpy(dtiles, tiles, sizeof tiles, cudaMemcpyHostToDevice));
         cuk_attn_args_t aa = {.T = T, .n_heads = nh, .n_kv_heads = nkv, .head_dim = hd,
                               .qkv = dqkv, .ld = qkvd, .kv = pg, .scale = 1.0f / sqrtf((float)hd),
                               .n_splits = n_splits, .chunk = chunk, .part = dpart,
-                              .out_type = out_type, .out = dout};
-        CU(cuk_attention(&aa, S));
+                              .out_type = out_type, .out = dout, .tiles = dtiles};
+        CU(variant >= 2 ? cuk_attention_tc(&aa, S) : cuk_attention(&aa, S));
         float *yo = fetch(dout, (size_t)T * nh * hd, out_type);
+        cudaFree(dtiles);
         double *ro = calloc((size_t)T * nh * hd, sizeof(double));
         double *sc = malloc(sizeof(double) * (size_t)max_ctx);
         for (int t = 0; t < T; t++)
@@ -500,12 +517,18 @@ static void test_rope_attention(int nh, int nkv, int hd, int rope_kind, int kv_t
                 }
             }
         char what[96];
-        snprintf(what, sizeof what, "attention nh %d nkv %d hd %d kv %s splits %d", nh, nkv, hd,
-                 dtype_name(kv_type), n_splits);
+        snprintf(what, sizeof what, "attention%s nh %d nkv %d hd %d kv %s splits %d",
+                 variant >= 2 ? " (tensor cores)" : "", nh, nkv, hd, dtype_name(kv_type), n_splits);
         CHECK_NMSE(yo, ro, (size_t)T * nh * hd, out_type, what);
-        free(yo); free(ro); free(sc);
+        if (variant == 3)
+            CHECKF(memcmp(yo, tc_out, sizeof(float) * (size_t)T * nh * hd) == 0,
+                   "%s: scatter differs from fold", what);
+        if (variant == 2) tc_out = yo;
+        else free(yo);
+        free(ro); free(sc);
         cudaFree(dpart); cudaFree(dout);
     }
+    free(tc_out);
     free(kvh); free(qkv); free(bias); free(inv); free(cs); free(rcs); free(rq); free(yq);
     free(rqq); free(yqq); free(ykv); free(rkv);
     cudaFree(dkv); cudaFree(dmeta); cudaFree(dinv); cudaFree(dcs); cudaFree(dqkv); cudaFree(dbias);
@@ -611,6 +634,59 @@ static void test_attention_long(int nkv, int grp, int hd, int B, int kv_type)
         free(yo);
         cudaFree(dpart);
         cudaFree(dout);
+    }
+    /* cuk_attention_tc as the backend launches it: chunks of 128 keys, folded (one block per
+     * token) and scattered (scratch for every chunk, 32 blocks along the split axis); the two
+     * and each token alone bit-identical */
+    if (cuk_attention_tc_supported(nh, nh / grp, hd, kv_type)) {
+        const int ns = (ctx[T - 1] + 127) / 128;
+        int32_t tiles[2 + T + 1] = {T, 0};
+        for (int t = 0; t <= T; t++) tiles[2 + t] = t;
+        int32_t *dt = NULL;
+        CU(cudaMalloc((void **)&dt, sizeof tiles * 2));
+        float *dpart = dpoison((size_t)T * nh * ns * (hd + 2), DT_F32);
+        float *yo[2];
+        char what[128];
+        snprintf(what, sizeof what, "long attention (tensor cores) nkv %d grp %d hd %d B %d", nkv,
+                 grp, hd, B);
+        for (int fold = 0; fold < 2; fold++) {
+            tiles[1] = fold;
+            CU(cudaMemcpy(dt, tiles, sizeof tiles, cudaMemcpyHostToDevice));
+            float *dout = dpoison((size_t)T * ld, DT_F32);
+            cuk_attn_args_t aa = {.T = T, .n_heads = nh, .n_kv_heads = nkv, .head_dim = hd,
+                                  .qkv = dq, .ld = ld, .kv = pg, .scale = 1.0f / sqrtf((float)hd),
+                                  .n_splits = ns, .chunk = 128, .grid_splits = fold ? 1 : 32,
+                                  .part = dpart, .out_type = DT_F32, .out = dout, .tiles = dt};
+            CU(cuk_attention_tc(&aa, S));
+            yo[fold] = fetch(dout, (size_t)T * ld, DT_F32);
+            CHECK_NMSE(yo[fold], ro, (size_t)T * ld, DT_F32, what);
+            cudaFree(dout);
+        }
+        CHECKF(memcmp(yo[0], yo[1], sizeof(float) * (size_t)T * ld) == 0,
+               "%s: scatter differs from fold", what);
+        int same = 0;
+        for (int t = 0; t < T; t++) { /* alone, scattered */
+            const int32_t one[5] = {1, 0, 0, 1};
+            CU(cudaMemcpy(dt + 8, one, sizeof one, cudaMemcpyHostToDevice));
+            float *d1 = dpoison((size_t)ld, DT_F32);
+            cuk_attn_args_t a1 = {.T = 1, .n_heads = nh, .n_kv_heads = nkv, .head_dim = hd,
+                                  .qkv = dq + (size_t)t * ld, .ld = ld, .kv = pg,
+                                  .scale = 1.0f / sqrtf((float)hd), .n_splits = ns, .chunk = 128,
+                                  .grid_splits = 32, .part = dpart, .out_type = DT_F32,
+                                  .out = d1, .tiles = dt + 8};
+            a1.kv.pos = dmeta + t;
+            a1.kv.tok_seq = dmeta + T + t;
+            CU(cuk_attention_tc(&a1, S));
+            float *y1 = fetch(d1, (size_t)ld, DT_F32);
+            same += memcmp(y1, yo[0] + (size_t)t * ld, (size_t)ld * 4) == 0;
+            free(y1);
+            cudaFree(d1);
+        }
+        CHECKF(same == T, "%s: %d of %d tokens identical alone and in the batch", what, same, T);
+        free(yo[0]);
+        free(yo[1]);
+        cudaFree(dpart);
+        cudaFree(dt);
     }
     free(kvh); free(q); free(perm); free(meta); free(ro); free(sc);
     cudaFree(dkv); cudaFree(dq); cudaFree(dmeta);
@@ -975,6 +1051,82 @@ static int prompt_logits(const char *path, const char *dtype, float *out, int n_
     }
     engine_free(e);
     return rc;
+}
+
+/* The tensor-core attention in the engine (BF16 weights, F16 KV: cuk_attention_tc): a 40-token
+ * prompt's logits computed in one chunk, in chunks of 17 and 23 beside another sequence's
+ * prefill and decode, and one token a step (decode steps, CUDA graphs) are bit-identical, row
+ * by row: the kernel's tiles, fold or scatter mode and the batch do not change a token. */
+static void test_tc_engine_invariance(void)
+{
+    char dir[] = "/tmp/spillway-tc-XXXXXX", path[64], err[512];
+    if (!mkdtemp(dir)) abort();
+    snprintf(path, sizeof path, "%s/m.gguf", dir);
+    mkmodel_params_t p;
+    CHECK(mkmodel_preset("tiny", &p) == 0);
+    p.dim = 128;
+    p.n_heads = 4;
+    p.n_kv_heads = 2; /* head dim 32 */
+    p.ffn_dim = 256;
+    p.n_vocab = 512;
+    p.seed = 9;
+    CHECKF(mkmodel_write(&p, path, err, sizeof err) == 0, "mkmodel: %s", err);
+    engine_config_t cfg;
+    engine_config_default(&cfg);
+    cfg.model_path = path;
+    cfg.backend = "cuda";
+    cfg.cuda_dtype = "bf16";
+    cfg.kv_type = "f16";
+    cfg.threads = 1;
+    cfg.kv_blocks = 16;
+    engine_t *e = engine_new(&cfg, err, sizeof err);
+    CHECKF(e != NULL, "bf16 engine: %s", err);
+    if (!e) return;
+    enum { N = 40, V = 512 };
+    int32_t toks[N], other[25];
+    for (int i = 0; i < N; i++) toks[i] = (int32_t)((i * 53 + 7) % V);
+    for (int i = 0; i < 25; i++) other[i] = (int32_t)((i * 29 + 3) % V);
+    float *ref = malloc(sizeof(float) * N * V), *got = malloc(sizeof(float) * (N + 26) * V);
+    if (!ref || !got) abort();
+    int32_t ba[3], bb[3], bo[2];
+    CHECK(engine_raw_alloc_blocks(e, 3, ba) == 0 && engine_raw_alloc_blocks(e, 3, bb) == 0 &&
+          engine_raw_alloc_blocks(e, 2, bo) == 0);
+    { /* one chunk */
+        const int32_t *tp[1] = {toks}, *bt[1] = {ba};
+        int n[1] = {N}, st[1] = {0};
+        CHECKF(engine_raw_forward(e, 1, tp, n, st, bt, ref, err, sizeof err) == 0, "%s", err);
+    }
+    int same = 0;
+    { /* 17 tokens beside the other prompt's 25; then 23 beside its first decode */
+        const int32_t *tp[2] = {toks, other}, *bt[2] = {bb, bo};
+        int n[2] = {17, 25}, st[2] = {0, 0};
+        CHECKF(engine_raw_forward(e, 2, tp, n, st, bt, got, err, sizeof err) == 0, "%s", err);
+        for (int i = 0; i < 17; i++) same += !memcmp(got + i * V, ref + i * V, V * 4);
+        const int32_t *tp2[2] = {toks + 17, other + 24};
+        int n2[2] = {23, 1}, st2[2] = {17, 25};
+        CHECKF(engine_raw_forward(e, 2, tp2, n2, st2, bt, got, err, sizeof err) == 0, "%s", err);
+        for (int i = 0; i < 23; i++) same += !memcmp(got + i * V, ref + (17 + i) * V, V * 4);
+    }
+    CHECKF(same == N, "tc engine: %d of %d rows identical in chunks of 17 + 23 beside another "
+           "sequence", same, N);
+    same = 0;
+    for (int i = 0; i < N; i++) { /* one token a step into the first table again */
+        const int32_t *tp[1] = {toks + i}, *bt[1] = {ba};
+        int n[1] = {1}, st[1] = {i};
+        CHECKF(engine_raw_forward(e, 1, tp, n, st, bt, got, err, sizeof err) == 0, "%s", err);
+        same += !memcmp(got, ref + i * V, V * 4);
+    }
+    CHECKF(same == N, "tc engine: %d of %d rows identical one token a step", same, N);
+    printf("tc engine: 40 prompt rows bit-identical in one chunk, in two beside another "
+           "sequence, and one token a step\n");
+    engine_raw_free_blocks(e, 3, ba);
+    engine_raw_free_blocks(e, 3, bb);
+    engine_raw_free_blocks(e, 2, bo);
+    engine_free(e);
+    free(ref);
+    free(got);
+    unlink(path);
+    rmdir(dir);
 }
 
 /* cuda.dtype fp8: a model of dims in multiples of 16 (mkmodel, F32) runs with E4M3 layer
@@ -1418,6 +1570,7 @@ int main(void)
     test_copy_stream();
     test_tier2_round_trip();
     test_fp8_engine();
+    test_tc_engine_invariance();
 
     cuda_blas_free(h);
     cudaStreamDestroy(S);

@@ -49,6 +49,87 @@ struct attn_case {
     int B, grp, hd, kv_type;
 };
 
+/* The tensor-core kernel (cuk_attention_tc) on test_attention's batch: against the CPU
+ * backend within the F16 rounding of q and the probabilities; then bit for bit against itself
+ * with the work cut differently: fold and scatter modes, every tile size, fewer scatter blocks
+ * than chunks, each token alone; and chunks of 32 keys, fold against scatter. */
+static std::vector<int32_t> tc_tiles(const std::vector<int32_t> &seq, int T, int tq, int mode)
+{
+    std::vector<int32_t> tl{0, mode};
+    for (int t = 0; t < T; t++)
+        if (t == 0 || seq[t] != seq[t - 1] || t - tl.back() >= tq) tl.push_back(t);
+    tl[0] = (int)tl.size() - 2;
+    tl.push_back(T);
+    return tl;
+}
+
+static void test_attention_tc(const attn_case &c, int T, const std::vector<int32_t> &pos,
+                              const std::vector<int32_t> &seq, const cuk_paged_t &pg,
+                              std::vector<float> &qkv, int qkvd, const std::vector<float> &ref,
+                              int *compared)
+{
+    const int nkv = 2, nh = nkv * c.grp, hd = c.hd, tq = cuk_attention_tc_tile_tokens(nh, nkv);
+    const float scale = 1.0f / sqrtf((float)hd);
+    /* one run: tiles of at most `tiles_of` tokens, mode, chunk, scratch splits and grid */
+    auto run = [&](int tiles_of, int mode, int chunk, int ns, int gs, int out_type) {
+        std::vector<int32_t> tl = tc_tiles(seq, T, tiles_of, mode);
+        std::vector<float> part((size_t)T * nh * ns * (hd + 2), NAN);
+        std::vector<float> out((size_t)T * nh * hd, NAN);
+        cuk_attn_args_t a = {T, nh, nkv, hd, qkv.data(), qkvd, pg, scale, ns, chunk, gs,
+                             part.data(), out_type, out.data(), tl.data()};
+        CHECKF(cuk_attention_tc(&a, NULL) == 0, "tc attention launch");
+        return out;
+    };
+    std::vector<float> base = run(tq, 1, 128, 1, 0, DT_F32);
+    double worst = 0;
+    for (size_t i = 0; i < base.size(); i++) {
+        double d = fabs((double)base[i] - ref[i]) / (1.0 + fabs((double)ref[i]));
+        if (!(d <= worst)) worst = d;
+    }
+    /* q and the probabilities rounded to F16 (relative 2^-11 each) */
+    CHECKF(worst <= 1e-3, "tc attention B %d grp %d hd %d: worst relative error %g against the "
+           "cpu backend", c.B, c.grp, hd, worst);
+    *compared += (int)base.size();
+    const size_t bytes = base.size() * 4;
+    struct { int tiles_of, mode, chunk, ns, gs; } same[] = {
+        {tq, 0, 128, 32, 0}, {1, 0, 128, 32, 2}, {1, 1, 128, 1, 0}, {2, 0, 128, 3, 1},
+        {3, 1, 128, 1, 0}};
+    for (auto &v : same) {
+        std::vector<float> o = run(v.tiles_of, v.mode, v.chunk, v.ns, v.gs, DT_F32);
+        CHECKF(memcmp(o.data(), base.data(), bytes) == 0, "tc attention B %d grp %d hd %d: "
+               "tiles of %d, mode %d, splits %d, grid %d differ from the fold of tiles of %d",
+               c.B, c.grp, hd, v.tiles_of, v.mode, v.ns, v.gs, tq);
+    }
+    std::vector<float> f32 = run(tq, 1, 32, 1, 0, DT_F32), s32 = run(1, 0, 32, 10, 3, DT_F32);
+    CHECKF(memcmp(f32.data(), s32.data(), bytes) == 0, "tc attention chunks of 32: scatter "
+           "differs from fold");
+    for (int t = 0; t < T; t++) { /* each token alone */
+        cuk_paged_t p1 = pg;
+        p1.pos = &pos[t];
+        p1.tok_seq = &seq[t];
+        const int32_t tl[4] = {1, 1, 0, 1};
+        std::vector<float> one((size_t)nh * hd, NAN), part(hd + 2, NAN);
+        cuk_attn_args_t a = {1, nh, nkv, hd, qkv.data() + (size_t)t * qkvd, qkvd, p1, scale, 1,
+                             128, 0, part.data(), DT_F32, one.data(), tl};
+        CHECKF(cuk_attention_tc(&a, NULL) == 0, "tc attention launch");
+        CHECKF(memcmp(one.data(), &base[(size_t)t * nh * hd], one.size() * 4) == 0,
+               "tc attention B %d grp %d hd %d: token %d alone differs from its batch output",
+               c.B, c.grp, hd, t);
+    }
+    std::vector<int32_t> tl = tc_tiles(seq, T, tq, 0);
+    std::vector<float> part((size_t)T * nh * 32 * (hd + 2), NAN);
+    std::vector<uint16_t> ob((size_t)T * nh * hd, 0xffff);
+    cuk_attn_args_t ab = {T, nh, nkv, hd, qkv.data(), qkvd, pg, scale, 32, 128, 0, part.data(),
+                          DT_BF16, ob.data(), tl.data()};
+    CHECKF(cuk_attention_tc(&ab, NULL) == 0, "tc attention launch");
+    int bad = 0;
+    for (size_t i = 0; i < ob.size(); i++) bad += ob[i] != __float2bfloat16_rn(base[i]).x;
+    CHECKF(bad == 0, "tc attention bf16 output: %d values differ from the f32 output rounded",
+           bad);
+    printf("tc attention B %d grp %d hd %d: worst relative error %.2e against the cpu backend; "
+           "fold, scatter, tile sizes and tokens alone bit-identical\n", c.B, c.grp, hd, worst);
+}
+
 /* One batch: sequence s has its tokens at positions pos[...]; tables are shuffled pool blocks. */
 static void test_attention(const attn_case &c, int *compared)
 {
@@ -139,7 +220,7 @@ static void test_attention(const attn_case &c, int *compared)
         const int ns = splits[si], chunk = si == 1 ? 32 : 128;
         std::vector<float> part((size_t)T * nh * ns * (hd + 2), NAN), out((size_t)T * nh * hd, NAN);
         cuk_attn_args_t aa = {T, nh, nkv, hd, qkv.data(), qkvd, pg, 1.0f / sqrtf((float)hd), ns,
-                              chunk, si == 2 ? 0 : ns, part.data(), DT_F32, out.data()};
+                              chunk, si == 2 ? 0 : ns, part.data(), DT_F32, out.data(), NULL};
         CHECKF(cuk_attention(&aa, NULL) == 0, "attention launch");
         double worst = 0;
         for (size_t i = 0; i < out.size(); i++) {
@@ -170,6 +251,8 @@ static void test_attention(const attn_case &c, int *compared)
         CHECKF(bad == 0, "attention bf16 output: %d of %zu values differ from the f32 output "
                "rounded", bad, ob.size());
     }
+    if (cuk_attention_tc_supported(nh, nkv, hd, c.kv_type))
+        test_attention_tc(c, T, pos, seq, pg, qkv, qkvd, ref, compared);
 }
 
 /* ---- the emulation's own checks: what cuemu.h says it reports, it reports ---- */
@@ -366,7 +449,7 @@ int main(int argc, char **argv)
             const int k = bi * 3 + gi, r = (bi + gi) % 3;
             const int hd = r == 0 ? 64 : r == 1 ? 128 : 96;
             attn_case c = {Bs[bi], grps[gi], hd, k % 2 ? DT_F16 : DT_F32};
-            if (quick && k) continue;
+            if (quick && k > 1) continue; /* one F32 case, one F16 (tensor-core) case */
             test_attention(c, &compared);
             n_cases++;
         }
@@ -376,11 +459,15 @@ int main(int argc, char **argv)
          * memory */
         test_attention(attn_case{16, 4, 36, DT_F16}, &compared);
         test_attention(attn_case{16, 32, 256, DT_F32}, &compared);
-        n_cases += 2;
+        /* tensor-core tiles of 4 tokens of 16 heads at head dim 96; of 9 tokens of 7 heads (63
+         * of the 64 rows) at head dim 80 */
+        test_attention(attn_case{16, 16, 96, DT_F16}, &compared);
+        test_attention(attn_case{8, 7, 80, DT_F16}, &compared);
+        n_cases += 4;
     }
     if (attn)
-        printf("attention: %d cases, %d outputs within 2e-5 of the cpu backend's\n", n_cases,
-               compared);
+        printf("attention: %d cases, %d outputs within 2e-5 (tensor-core kernel: 1e-3) of the cpu "
+               "backend's\n", n_cases, compared);
     if (smp) {
         const int V = quick ? 300 : 1000;
         test_sample_vs_cpu(V, quick ? 2 : 3, NULL, urand);

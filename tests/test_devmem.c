@@ -67,7 +67,7 @@ static void check_graph_buffers(const model_t *m, const dcase_t *dc, const devme
     const uint64_t seqs = dc->max_seqs > 0 ? (uint64_t)dc->max_seqs : T;
     const uint64_t ctx = (uint64_t)dp->max_ctx;
     CHECKF(d->metadata == d->metadata_words * 4 &&
-               d->metadata_words >= 5 * T + seqs * ((ctx + B - 1) / B) + 1,
+               d->metadata_words >= 6 * T + 3 + seqs * ((ctx + B - 1) / B) + 1,
            "%s: metadata %llu words cannot hold a padded decode step", args,
            (unsigned long long)d->metadata_words);
     uint64_t need = 0, graph_need = 0;

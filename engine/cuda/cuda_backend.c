@@ -74,6 +74,8 @@
  * per chunk (cuk_attention). */
 #define ATT_SPLITS DEVMEM_ATT_SPLITS
 #define ATT_MIN_CHUNK 128
+/* Offset of the block tables in the metadata buffers, for a max_T of mT (int32 units). */
+#define META_BT(mT) (6 * (mT) + 3)
 /* CUDA graphs of decode steps: buckets of 1, 2, 4, ..., GRAPH_MAX_T tokens. */
 #define GRAPH_BUCKETS 9
 #define GRAPH_MAX_T (1 << (GRAPH_BUCKETS - 1))
@@ -111,6 +113,9 @@ typedef struct {
     float *acc;            /* fp8: [max_T][dim] F32 product before the residual add */
     size_t welem;          /* bytes per weight / GEMM-input activation element */
     size_t kv_elem;        /* 4 (F32) or 2 (F16) */
+    int attn_tc;           /* 1: attention by cuk_attention_tc (F16 KV, weights not F32, a head
+                              shape it takes), tiles of tile_tokens; 0: cuk_attention */
+    int tile_tokens;
     int max_T;
     int qd, kvd, qkvd;     /* n_heads hd, n_kv_heads hd, qd + 2 kvd */
     cudaStream_t cs, xs;
@@ -168,7 +173,8 @@ typedef struct {
     unsigned char *slot_used; /* [slot_cap] host */
     int slot_cap;
 
-    /* batch metadata: tokens[T], pos[T], tok_seq[T], logits_idx[T], bt_off[T], bt[...] */
+    /* batch metadata: tokens[T], pos[T], tok_seq[T], logits_idx[T], bt_off[T] at k * max_T,
+     * the attention tiles [max_T + 3] at 5 max_T (cuk_attention_tc), bt[...] at META_BT */
     int32_t *d_meta;       /* device, meta_cap int32 */
     int32_t *h_meta;       /* pinned host, meta_cap int32 (ev_meta: upload done) */
     size_t meta_cap;
@@ -537,7 +543,7 @@ static int enqueue_forward(cu_t *c, int T, int n_logits, int n_splits, int grid_
     const size_t mT = (size_t)c->max_T;
     const int32_t *d = c->d_meta;
     const int32_t *d_tok = d, *d_pos = d + mT, *d_seq = d + 2 * mT, *d_lidx = d + 3 * mT;
-    const int32_t *d_btoff = d + 4 * mT, *d_bt = d + 5 * mT;
+    const int32_t *d_btoff = d + 4 * mT, *d_bt = d + META_BT(mT);
     const int dim = hp->dim, hd = hp->head_dim, ffn = hp->ffn_dim;
     const int wt = c->wtype;
     cuk_paged_t pg = {
@@ -561,14 +567,15 @@ static int enqueue_forward(cu_t *c, int T, int n_logits, int n_splits, int grid_
             .T = T, .n_heads = hp->n_heads, .n_kv_heads = hp->n_kv_heads, .head_dim = hd,
             .qkv = c->qkv, .ld = c->qkvd, .kv = pg, .scale = 1.0f / sqrtf((float)hd),
             .n_splits = n_splits, .chunk = ATT_MIN_CHUNK, .grid_splits = grid_splits,
-            .part = c->part, .out_type = wt, .out = c->att,
+            .part = c->part, .out_type = wt, .out = c->att, .tiles = d + 5 * mT,
         };
         if (ck(cuk_rmsnorm(c->x, NULL, T, dim, L->attn_norm, hp->norm_eps, wt, c->xn, c->cs),
                "attention norm", errstr, errlen) ||
             lgemm(c, L->wqkv, L->sqkv, c->qkvd, dim, c->xn, T, c->qkv, c->qkvd, 0.0f, "qkv gemm",
                   errstr, errlen) ||
             ck(cuk_qkv_rope_store(&qa, c->cs), "rope/kv store", errstr, errlen) ||
-            ck(cuk_attention(&aa, c->cs), "attention", errstr, errlen) ||
+            ck(c->attn_tc ? cuk_attention_tc(&aa, c->cs) : cuk_attention(&aa, c->cs), "attention",
+               errstr, errlen) ||
             lgemm(c, L->wo, L->so, dim, c->qd, c->att, T, c->x, dim, 1.0f, "wo gemm", errstr,
                   errlen) ||
             ck(cuk_rmsnorm(c->x, NULL, T, dim, L->ffn_norm, hp->norm_eps, wt, c->xn, c->cs),
@@ -606,6 +613,37 @@ static int graph_bucket(const cu_t *c, const backend_batch_t *b)
     return k;
 }
 
+/* The attention's split-K for a step of T tokens (Tg for a graph step, graph = 1) whose longest
+ * context is max_ctx keys, prefill = some sequence has more than one token in it:
+ *  - cuk_attention: ATT_SPLITS chunks of at least ATT_MIN_CHUNK keys a token, fewer when the
+ *    scratch cannot hold that many for T tokens; grid_splits: no more than the longest
+ *    context's non-empty chunks (a graph: all of them, 0).
+ *  - cuk_attention_tc: fixed chunks of ATT_MIN_CHUNK keys, so the mode and the grid do not
+ *    change what a token gets (cuda_kernels.h): scatter (scratch of n_splits = what the scratch
+ *    holds for T tokens, at most ATT_SPLITS blocks along the split axis, each looping over its
+ *    chunks) for decode steps whose every token's chunks fit; else fold, where a block does a
+ *    whole tile (a prefill's tiles already fill the device). A graph's n_splits and
+ *    grid_splits depend on Tg only: they are captured; the mode is in the metadata. */
+typedef struct {
+    int n_splits, grid_splits, fold;
+} att_split_t;
+static att_split_t att_splits(const cu_t *c, int T, int graph, int max_ctx, int prefill)
+{
+    att_split_t r = {0, 0, 0};
+    const int slots = (int)((size_t)c->max_T * ATT_SPLIT_SLOTS / (size_t)T);
+    const int nch = (max_ctx + ATT_MIN_CHUNK - 1) / ATT_MIN_CHUNK;
+    if (!c->attn_tc) {
+        r.n_splits = slots < 1 ? 1 : slots > ATT_SPLITS ? ATT_SPLITS : slots;
+        r.grid_splits = graph ? 0 : nch < r.n_splits ? nch : r.n_splits;
+        return r;
+    }
+    r.n_splits = slots < 1 ? 1 : slots;
+    const int cap = r.n_splits < ATT_SPLITS ? r.n_splits : ATT_SPLITS;
+    r.fold = prefill || nch > r.n_splits;
+    r.grid_splits = graph ? cap : r.fold ? 1 : nch < cap ? nch : cap;
+    return r;
+}
+
 /* Destroys every captured graph. A graph holds the pointers of every buffer enqueue_forward
  * passes: d_meta, the weights, the activations, the attention scratch (part), the KV pool with
  * its scratch block, logits and the cuBLAS workspace. Of these only d_meta moves after creation
@@ -625,12 +663,13 @@ static void graphs_drop(cu_t *c)
 static int graph_step(cu_t *c, int k, char *errstr, size_t errlen)
 {
     const int Tg = 1 << k;
+    const att_split_t sp = att_splits(c, Tg, 1, 0, 0);
     if (!c->graph[k] && !c->graph_failed[k]) {
         cudaGraph_t g = NULL;
         int rc = ck(cudaStreamBeginCapture(c->cs, cudaStreamCaptureModeThreadLocal),
                     "graph capture", errstr, errlen);
         if (!rc) {
-            rc = enqueue_forward(c, Tg, Tg, ATT_SPLITS, 0, errstr, errlen);
+            rc = enqueue_forward(c, Tg, Tg, sp.n_splits, sp.grid_splits, errstr, errlen);
             /* ends the capture whatever happened inside it (the stream leaves capture mode) */
             if (ck(cudaStreamEndCapture(c->cs, &g), "graph capture", errstr, errlen)) rc = -1;
         }
@@ -650,7 +689,7 @@ static int graph_step(cu_t *c, int k, char *errstr, size_t errlen)
     }
     if (!c->graph[k]) {
         c->graph_fallbacks++;
-        return enqueue_forward(c, Tg, Tg, ATT_SPLITS, 0, errstr, errlen);
+        return enqueue_forward(c, Tg, Tg, sp.n_splits, sp.grid_splits, errstr, errlen);
     }
     c->graph_replays++;
     return ck(cudaGraphLaunch(c->graph[k], c->cs), "graph launch", errstr, errlen);
@@ -683,11 +722,11 @@ static int cu_step(backend_t *be, const backend_batch_t *b, const step_out_t *o,
 
     /* Metadata to the device: the pinned buffer is free once the previous upload is done. */
     if (ck(cudaEventSynchronize(c->ev_meta), "metadata", errstr, errlen) ||
-        meta_reserve(c, 5 * mT + n_bt + 1, errstr, errlen))
+        meta_reserve(c, META_BT(mT) + n_bt + 1, errstr, errlen))
         return -1;
     int32_t *h = c->h_meta;
     int32_t *h_tok = h, *h_pos = h + mT, *h_seq = h + 2 * mT, *h_lidx = h + 3 * mT;
-    int32_t *h_btoff = h + 4 * mT, *h_bt = h + 5 * mT;
+    int32_t *h_btoff = h + 4 * mT, *h_bt = h + META_BT(mT);
     memcpy(h_tok, b->tokens, (size_t)T * 4);
     memcpy(h_pos, b->pos, (size_t)T * 4);
     if (b->n_logits) memcpy(h_lidx, b->logits_idx, (size_t)b->n_logits * 4);
@@ -709,27 +748,28 @@ static int cu_step(backend_t *be, const backend_batch_t *b, const step_out_t *o,
             h_lidx[t] = t;
         }
     }
+    const att_split_t sp = att_splits(c, Tg, gb >= 0, max_ctx, T > b->n_seqs);
+    if (c->attn_tc) { /* tiles: runs of at most tile_tokens tokens of one sequence */
+        int32_t *tl = h + 5 * mT;
+        int nt = 0;
+        for (int t = 0; t < Tg; t++)
+            if (t == 0 || h_seq[t] != h_seq[t - 1] || t - tl[2 + nt - 1] >= c->tile_tokens)
+                tl[2 + nt++] = t;
+        tl[0] = nt;
+        tl[1] = sp.fold;
+        tl[2 + nt] = Tg;
+    }
     int32_t *d = c->d_meta;
     if (kv_wait_batch(c, b, errstr, errlen) ||
-        ck(cudaMemcpyAsync(d, h, (5 * mT + off) * 4, cudaMemcpyHostToDevice, c->cs),
+        ck(cudaMemcpyAsync(d, h, (META_BT(mT) + off) * 4, cudaMemcpyHostToDevice, c->cs),
            "metadata upload", errstr, errlen) ||
         ck(cudaEventRecord(c->ev_meta, c->cs), "metadata event", errstr, errlen))
         return -1;
 
     if (gb >= 0) {
         if (graph_step(c, gb, errstr, errlen)) return -1;
-    } else {
-        /* Split-K: ATT_SPLITS chunks of at least ATT_MIN_CHUNK keys per token
-         * (cuda_kernels.h), so a token's attention does not depend on its batch; fewer when the
-         * scratch cannot hold that many for T tokens (batches of more than max_T *
-         * ATT_SPLIT_SLOTS / ATT_SPLITS tokens). */
-        int n_splits = (int)((mT * ATT_SPLIT_SLOTS) / (size_t)T);
-        if (n_splits > ATT_SPLITS) n_splits = ATT_SPLITS;
-        if (n_splits < 1) n_splits = 1;
-        /* no token has more non-empty chunks than ceil(n_ctx / ATT_MIN_CHUNK) */
-        int grid_splits = (max_ctx + ATT_MIN_CHUNK - 1) / ATT_MIN_CHUNK;
-        if (grid_splits > n_splits) grid_splits = n_splits;
-        if (enqueue_forward(c, T, b->n_logits, n_splits, grid_splits, errstr, errlen)) return -1;
+    } else if (enqueue_forward(c, T, b->n_logits, sp.n_splits, sp.grid_splits, errstr, errlen)) {
+        return -1;
     }
     if (b->n_logits > 0) {
         if (o->rows) {
@@ -1318,6 +1358,10 @@ backend_t *backend_cuda_new(const model_t *model, const backend_params_t *params
     c->wtype = c->fp8 ? DT_BF16 : wt;
     c->welem = cuk_elem_bytes(c->wtype);
     c->kv_elem = params->kv_type == DT_F32 ? 4 : 2;
+    c->attn_tc = c->wtype != DT_F32 &&
+                 cuk_attention_tc_supported(hp->n_heads, hp->n_kv_heads, hp->head_dim,
+                                            params->kv_type);
+    c->tile_tokens = cuk_attention_tc_tile_tokens(hp->n_heads, hp->n_kv_heads);
     c->base.kv_block_bytes = (size_t)params->block_tokens * model_kv_bytes_per_token(model, c->kv_elem);
     c->max_T = params->max_batch_tokens;
     c->qd = hp->n_heads * hp->head_dim;

@@ -547,6 +547,317 @@ extern "C" int cuk_attention(const cuk_attn_args_t *a, cudaStream_t stream)
     return launched();
 }
 
+/* ---- tensor-core paged attention (F16 KV): query tiles x key tiles through mma.sync ---- */
+
+/* Query rows (token, head of the group) per block: 4 warps of 16 rows. */
+#define TC_ROWS 64
+/* Keys per shared-memory tile. */
+#define TC_KEYS 32
+/* 32-bit words of padding per shared row (keeps the fragment loads free of bank conflicts). */
+#define TC_PADW 4
+
+/* Two F16 (round to nearest even) in one word, lo in the low half: an mma fragment register. */
+static __device__ __forceinline__ uint32_t h2_pack(float lo, float hi)
+{
+    const __half l = __float2half_rn(lo), h = __float2half_rn(hi);
+    uint16_t ul, uh;
+    memcpy(&ul, &l, 2);
+    memcpy(&uh, &h, 2);
+    return (uint32_t)ul | ((uint32_t)uh << 16);
+}
+
+/* One step of the left fold of chunk partials (cuk_attention_tc): the state (M, L, O) and a
+ * chunk's (m, l, o) give M' = max(M, m), O' = o cb + O ca and L' = l cb + L ca, with ca =
+ * e^(M - M') and cb = e^(m - M') (0 for an empty side, M or m = -inf). Every rounding is
+ * explicit, so the kernel's fold and the merge kernel's compute the same bits. */
+static __device__ __forceinline__ void tc_fold_coef(float M, float m, float *Mn, float *ca,
+                                                    float *cb)
+{
+    *Mn = fmaxf(M, m);
+    *ca = M == -INFINITY ? 0.0f : expf(__fsub_rn(M, *Mn));
+    *cb = m == -INFINITY ? 0.0f : expf(__fsub_rn(m, *Mn));
+}
+static __device__ __forceinline__ float tc_fold(float O, float ca, float o, float cb)
+{
+    return __fmaf_rn(o, cb, __fmul_rn(O, ca));
+}
+
+/* Block (tile, g, z), 128 threads: the rows (t, hh) of the tile's tokens t (tiles[2 + tile] <=
+ * t < tiles[3 + tile], all of one sequence) and query heads g * grp + hh of kv head g, row r =
+ * (t - t0) * grp + hh, against the chunks of a.chunk keys [c * chunk, (c + 1) * chunk) of the
+ * tile's context (kmax = the largest pos + 1 of its tokens). Fold mode (tiles[1] != 0; blocks
+ * z > 0 return): the block folds every chunk and writes the output. Scatter mode: block z
+ * computes chunks z, z + gridDim.z, ... and writes each as a partial (o, m, l) of the rows whose
+ * context reaches it, at part[((t * n_heads + h) * n_splits + c)]; k_attn_tc_merge folds them.
+ * Per chunk: fresh online softmax over its tiles of TC_KEYS keys in order; S = Q K^T by mma
+ * (Q and K as F16, F32 accumulators), s = S * scale (F32), keys past a row's position -inf;
+ * per row m, l (the unrounded p summed) and o = sum P V by mma with P rounded to F16. Keys past
+ * kmax are zero in shared memory, never read from the pool. Shared memory (dynamic, words):
+ * Q [TC_ROWS][QW], K [TC_KEYS][QW] as F16 pairs along the head dim, V^T [HD][VW] as pairs
+ * along the keys. Warp w owns rows 16 w .. 16 w + 15; lane (g4 = lane / 4, c4 = lane % 4)
+ * holds rows g4 and g4 + 8 of them (mma's fragment layout, cuda_launch.h). */
+template <int D16>
+static __global__ void __launch_bounds__(128) k_attn_tc(cuk_attn_args_t a)
+{
+    constexpr int HD = 16 * D16, NO = 2 * D16; /* head dim; 8-wide output tiles */
+    constexpr int QW = HD / 2 + TC_PADW, VW = TC_KEYS / 2 + TC_PADW;
+    CUK_DYN_SHARED(uint32_t, tc_sm);
+    uint32_t *qs = tc_sm, *ks = qs + TC_ROWS * QW, *vt = ks + TC_KEYS * QW;
+    const int tile = blockIdx.x, g = blockIdx.y, z = blockIdx.z;
+    if (tile >= a.tiles[0]) return; /* whole blocks only: no barrier is skipped by part */
+    const int fold = a.tiles[1];
+    if (fold && z > 0) return;
+    const int t0 = a.tiles[2 + tile], t1 = a.tiles[3 + tile];
+    const int grp = a.n_heads / a.n_kv_heads, nkv = a.n_kv_heads;
+    const int nrows = (t1 - t0) * grp;
+    int kmax = 0;
+    for (int t = t0; t < t1; t++) kmax = max(kmax, a.kv.pos[t] + 1);
+    const int C = a.chunk, nch = (kmax + C - 1) / C;
+    if (!fold && z >= nch) return;
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g4 = lane >> 2, c4 = lane & 3;
+
+    for (int i = threadIdx.x; i < TC_ROWS * (HD / 2); i += blockDim.x) {
+        const int r = i / (HD / 2), e2 = i - r * (HD / 2);
+        uint32_t v = 0;
+        if (r < nrows) {
+            const int t = t0 + r / grp, hh = r - (r / grp) * grp;
+            const float *q = a.qkv + (size_t)t * a.ld + (size_t)(g * grp + hh) * HD + 2 * e2;
+            v = h2_pack(q[0], q[1]);
+        }
+        qs[r * QW + e2] = v;
+    }
+    const int rw = 16 * w, rows[2] = {rw + g4, rw + g4 + 8};
+    const bool live = rw < nrows; /* uniform over the warp */
+    int prow[2], trow[2];
+    for (int h = 0; h < 2; h++) {
+        trow[h] = t0 + rows[h] / grp;
+        prow[h] = rows[h] < nrows ? a.kv.pos[trow[h]] : -1; /* -1: every key masked */
+    }
+    const int B = a.kv.block_tokens;
+    const int32_t *tab = a.kv.bt + a.kv.bt_off[a.kv.tok_seq[t0]];
+    const __half *kv = (const __half *)a.kv.kv;
+
+    float M[2] = {-INFINITY, -INFINITY}, L[2] = {0.0f, 0.0f}, O[NO][4];
+#pragma unroll
+    for (int d = 0; d < NO; d++) O[d][0] = O[d][1] = O[d][2] = O[d][3] = 0.0f;
+    for (int c = fold ? 0 : z; c < nch; c += fold ? 1 : (int)gridDim.z) {
+        const int j0 = c * C, j1 = min(kmax, j0 + C);
+        float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, o[NO][4];
+#pragma unroll
+        for (int d = 0; d < NO; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
+        for (int jt = j0; jt < j1; jt += TC_KEYS) {
+            __syncthreads(); /* Q is stored; the previous tile is no longer read */
+            /* K rows and V^T columns of key pairs (2 kp, 2 kp + 1), 8 head elements a thread */
+            for (int i = threadIdx.x; i < (TC_KEYS / 2) * (HD / 8); i += blockDim.x) {
+                const int kp = i / (HD / 8), e = (i - kp * (HD / 8)) * 8;
+                uint32_t kw[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+                uint32_t vw[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+                for (int u = 0; u < 2; u++) {
+                    const int j = jt + 2 * kp + u;
+                    if (j >= kmax) continue;
+                    const int32_t blk = tab[j / B];
+                    const int slot = j - (j / B) * B;
+                    const uint4 k4 = *(const uint4 *)(kv + kv_index(a.kv, nkv, HD, blk, 0, slot, g, e));
+                    const uint4 v4 = *(const uint4 *)(kv + kv_index(a.kv, nkv, HD, blk, 1, slot, g, e));
+                    memcpy(kw[u], &k4, 16);
+                    memcpy(vw[u], &v4, 16);
+                }
+                for (int u = 0; u < 2; u++)
+                    for (int x = 0; x < 4; x++) ks[(2 * kp + u) * QW + e / 2 + x] = kw[u][x];
+                for (int x = 0; x < 8; x++) {
+                    const int sh = (x & 1) * 16;
+                    const uint32_t lo = (vw[0][x >> 1] >> sh) & 0xffffu;
+                    const uint32_t hi = (vw[1][x >> 1] >> sh) & 0xffffu;
+                    vt[(e + x) * VW + kp] = lo | (hi << 16);
+                }
+            }
+            __syncthreads();
+            if (!live) continue;
+            float s[4][4];
+#pragma unroll
+            for (int n = 0; n < 4; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < D16; kk++) {
+                const uint32_t af[4] = {qs[rows[0] * QW + 8 * kk + c4], qs[rows[1] * QW + 8 * kk + c4],
+                                        qs[rows[0] * QW + 8 * kk + 4 + c4],
+                                        qs[rows[1] * QW + 8 * kk + 4 + c4]};
+#pragma unroll
+                for (int n = 0; n < 4; n++) {
+                    const uint32_t bf[2] = {ks[(8 * n + g4) * QW + 8 * kk + c4],
+                                            ks[(8 * n + g4) * QW + 8 * kk + 4 + c4]};
+                    cuk_mma_f16_16816(s[n], af, bf);
+                }
+            }
+            /* online softmax per row (h: rows[0], rows[1]); the 4 lanes of a quad share a row */
+            float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+            for (int n = 0; n < 4; n++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int j = jt + 8 * n + 2 * c4 + (i & 1);
+                    s[n][i] = j <= prow[i >> 1] ? __fmul_rn(s[n][i], a.scale) : -INFINITY;
+                    mx[i >> 1] = fmaxf(mx[i >> 1], s[n][i]);
+                }
+            float ms[2], corr[2];
+            for (int h = 0; h < 2; h++) {
+                mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+                mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+                const float mn = fmaxf(m[h], mx[h]);
+                ms[h] = mn == -INFINITY ? 0.0f : mn;
+                corr[h] = expf(__fsub_rn(m[h], ms[h])); /* 0 while m is -inf */
+                m[h] = mn;
+            }
+            float ps[2] = {0.0f, 0.0f};
+#pragma unroll
+            for (int n = 0; n < 4; n++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    s[n][i] = expf(__fsub_rn(s[n][i], ms[i >> 1])); /* p; 0 where masked */
+                    ps[i >> 1] = __fadd_rn(ps[i >> 1], s[n][i]);
+                }
+            for (int h = 0; h < 2; h++) {
+                ps[h] = __fadd_rn(ps[h], __shfl_xor_sync(0xffffffffu, ps[h], 1));
+                ps[h] = __fadd_rn(ps[h], __shfl_xor_sync(0xffffffffu, ps[h], 2));
+                l[h] = __fadd_rn(__fmul_rn(l[h], corr[h]), ps[h]);
+            }
+#pragma unroll
+            for (int d = 0; d < NO; d++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) o[d][i] = __fmul_rn(o[d][i], corr[i >> 1]);
+#pragma unroll
+            for (int jj = 0; jj < 2; jj++) {
+                const uint32_t af[4] = {h2_pack(s[2 * jj][0], s[2 * jj][1]),
+                                        h2_pack(s[2 * jj][2], s[2 * jj][3]),
+                                        h2_pack(s[2 * jj + 1][0], s[2 * jj + 1][1]),
+                                        h2_pack(s[2 * jj + 1][2], s[2 * jj + 1][3])};
+#pragma unroll
+                for (int d = 0; d < NO; d++) {
+                    const uint32_t bf[2] = {vt[(8 * d + g4) * VW + 8 * jj + c4],
+                                            vt[(8 * d + g4) * VW + 8 * jj + 4 + c4]};
+                    cuk_mma_f16_16816(o[d], af, bf);
+                }
+            }
+        }
+        if (!live) continue;
+        if (fold) {
+            float ca[2], cb[2];
+            for (int h = 0; h < 2; h++) {
+                tc_fold_coef(M[h], m[h], &M[h], &ca[h], &cb[h]);
+                L[h] = tc_fold(L[h], ca[h], l[h], cb[h]);
+            }
+#pragma unroll
+            for (int d = 0; d < NO; d++)
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    O[d][i] = tc_fold(O[d][i], ca[i >> 1], o[d][i], cb[i >> 1]);
+            continue;
+        }
+        for (int h = 0; h < 2; h++) {
+            if (prow[h] < j0) continue; /* this chunk holds none of the row's keys */
+            const int hh = rows[h] - (rows[h] / grp) * grp;
+            float *out = a.part + (((size_t)trow[h] * a.n_heads + g * grp + hh) * a.n_splits + c) *
+                                      (HD + 2);
+#pragma unroll
+            for (int d = 0; d < NO; d++) {
+                out[8 * d + 2 * c4] = o[d][2 * h];
+                out[8 * d + 2 * c4 + 1] = o[d][2 * h + 1];
+            }
+            if (c4 == 0) {
+                out[HD] = m[h];
+                out[HD + 1] = l[h];
+            }
+        }
+    }
+    if (!fold || !live) return;
+    for (int h = 0; h < 2; h++) {
+        if (prow[h] < 0) continue;
+        const int hh = rows[h] - (rows[h] / grp) * grp;
+        const float inv = __fdiv_rn(1.0f, L[h]);
+        const size_t base = ((size_t)trow[h] * a.n_heads + g * grp + hh) * HD;
+#pragma unroll
+        for (int d = 0; d < NO; d++) {
+            st_elem(a.out_type, a.out, base + 8 * d + 2 * c4, __fmul_rn(O[d][2 * h], inv));
+            st_elem(a.out_type, a.out, base + 8 * d + 2 * c4 + 1, __fmul_rn(O[d][2 * h + 1], inv));
+        }
+    }
+}
+
+/* Block (t, h) of a scatter-mode step (fold mode: returns): the left fold of token t's chunk
+ * partials 0 .. ceil(n_ctx / chunk) - 1 with the kernel's own tc_fold, so a token's output is
+ * the same bits whichever mode computed it. */
+static __global__ void k_attn_tc_merge(cuk_attn_args_t a)
+{
+    if (a.tiles[1]) return;
+    const int t = blockIdx.x, h = blockIdx.y, hd = a.head_dim;
+    const int n_ctx = a.kv.pos[t] + 1, ns = (n_ctx + a.chunk - 1) / a.chunk;
+    const float *base = a.part + ((size_t)t * a.n_heads + h) * a.n_splits * (hd + 2);
+    for (int e = threadIdx.x; e < hd; e += blockDim.x) {
+        float M = -INFINITY, L = 0.0f, O = 0.0f;
+        for (int s = 0; s < ns; s++) {
+            const float *p = base + (size_t)s * (hd + 2);
+            float ca, cb;
+            tc_fold_coef(M, p[hd], &M, &ca, &cb);
+            L = tc_fold(L, ca, p[hd + 1], cb);
+            O = tc_fold(O, ca, p[e], cb);
+        }
+        st_elem(a.out_type, a.out, ((size_t)t * a.n_heads + h) * hd + e,
+                __fmul_rn(O, __fdiv_rn(1.0f, L)));
+    }
+}
+
+extern "C" int cuk_attention_tc_supported(int n_heads, int n_kv_heads, int head_dim, int kv_type)
+{
+    return kv_type == DT_F16 && n_kv_heads > 0 && n_heads % n_kv_heads == 0 &&
+           n_heads / n_kv_heads <= CUK_MAX_GROUP && head_dim > 0 && head_dim % 16 == 0 &&
+           head_dim <= CUK_TC_MAX_HEAD_DIM;
+}
+
+extern "C" int cuk_attention_tc_tile_tokens(int n_heads, int n_kv_heads)
+{
+    return n_kv_heads > 0 && n_heads >= n_kv_heads ? TC_ROWS / (n_heads / n_kv_heads) : 0;
+}
+
+extern "C" size_t cuk_attention_tc_smem(int head_dim)
+{
+    return sizeof(uint32_t) * ((size_t)(TC_ROWS + TC_KEYS) * (head_dim / 2 + TC_PADW) +
+                               (size_t)head_dim * (TC_KEYS / 2 + TC_PADW));
+}
+
+template <int D16> static int launch_tc(const cuk_attn_args_t *a, dim3 grid, cudaStream_t stream)
+{
+    CUK_LAUNCH(grid, 128, cuk_attention_tc_smem(16 * D16), stream, k_attn_tc<D16>)(*a);
+    return launched();
+}
+
+extern "C" int cuk_attention_tc(const cuk_attn_args_t *a, cudaStream_t stream)
+{
+    if (!cuk_attention_tc_supported(a->n_heads, a->n_kv_heads, a->head_dim, a->kv.kv_type) ||
+        !a->tiles || a->chunk < TC_KEYS || a->chunk % TC_KEYS || a->n_splits < 1 ||
+        a->grid_splits < 0 || a->grid_splits > a->n_splits ||
+        (a->grid_splits ? a->grid_splits : a->n_splits) > 65535 ||
+        !cuk_elem_bytes(a->out_type))
+        return (int)cudaErrorInvalidValue;
+    if (a->T <= 0) return 0;
+    const int gz = a->grid_splits ? a->grid_splits : a->n_splits;
+    const dim3 grid((unsigned)a->T, (unsigned)a->n_kv_heads, (unsigned)gz);
+    int rc;
+    switch (a->head_dim / 16) {
+    case 1: rc = launch_tc<1>(a, grid, stream); break;
+    case 2: rc = launch_tc<2>(a, grid, stream); break;
+    case 3: rc = launch_tc<3>(a, grid, stream); break;
+    case 4: rc = launch_tc<4>(a, grid, stream); break;
+    case 5: rc = launch_tc<5>(a, grid, stream); break;
+    case 6: rc = launch_tc<6>(a, grid, stream); break;
+    case 7: rc = launch_tc<7>(a, grid, stream); break;
+    default: rc = launch_tc<8>(a, grid, stream); break;
+    }
+    if (rc) return rc;
+    const int mthreads = (a->head_dim + 31) / 32 * 32;
+    CUK_LAUNCH(dim3((unsigned)a->T, (unsigned)a->n_heads), mthreads, 0, stream,
+               k_attn_tc_merge)(*a);
+    return launched();
+}
+
 /* ---- greedy pick ---- */
 
 static __device__ __forceinline__ void better(float &v, int &i, float v2, int i2)

@@ -113,12 +113,42 @@ typedef struct {
     float *part;
     int out_type;
     void *out;
+    const int32_t *tiles; /* cuk_attention_tc only (NULL for cuk_attention) */
 } cuk_attn_args_t;
 int cuk_attention(const cuk_attn_args_t *a, cudaStream_t stream);
 #define CUK_MAX_HEAD_DIM 256
 #define CUK_MAX_GROUP 32
 /* Dynamic shared memory bytes of one cuk_attention block for this shape. */
 size_t cuk_attention_smem(int n_heads, int n_kv_heads, int head_dim);
+
+/* Tensor-core attention (mma.sync m16n8k16, F16 inputs, F32 accumulators; sm_80 and later)
+ * over an F16 KV pool, for head dims that are multiples of 16 up to CUK_TC_MAX_HEAD_DIM
+ * (cuk_attention_tc_supported): the same contract as cuk_attention but for how the work is cut
+ * and what it rounds:
+ *  - Tiles: a block serves the query heads of one kv head for up to
+ *    cuk_attention_tc_tile_tokens() tokens of ONE sequence (a prefill chunk's tokens share each
+ *    K/V tile). d_tiles (device): [0] = NT tiles, [1] = mode (below), [2 + i] = the first token
+ *    of tile i, [2 + NT] = T; a tile's tokens are consecutive in the batch and of one sequence.
+ *    The grid is (T, n_kv_heads, grid_splits or n_splits): blocks past NT return at once.
+ *  - Chunks at fixed positions: token t's keys are cut into chunks [c * chunk, (c + 1) * chunk)
+ *    (chunk a multiple of 32); each chunk is a fresh online softmax, and the chunks are combined
+ *    by a left fold in chunk order (every rounding explicit). Mode 1 (fold): each block folds
+ *    its tile's chunks itself and writes the output (one block per tile and kv head). Mode 0
+ *    (scatter): block z computes chunks z, z + gridDim.z, ... as partials in d_part, which then
+ *    needs n_splits >= ceil((pos[t] + 1) / chunk) for every token; a merge kernel folds them.
+ *    Both modes compute the same bits, and a row's result depends only on its own query, its
+ *    position and its sequence's keys: not on the tile's other tokens, the mode, grid_splits or
+ *    the batch. So the caller may choose the mode and tiles per step freely.
+ *  - Rounding: q rounded to F16, scores and the softmax in F32 (scores scaled after the dot
+ *    product, as cuk_attention), probabilities rounded to F16 for the P V product; the row sum
+ *    of the softmax is of the unrounded probabilities. Not bit-compatible with cuk_attention.
+ * Dynamic shared memory: cuk_attention_tc_smem(head_dim) bytes (under 48 KiB). */
+#define CUK_TC_MAX_HEAD_DIM 128
+int cuk_attention_tc(const cuk_attn_args_t *a, cudaStream_t stream);
+int cuk_attention_tc_supported(int n_heads, int n_kv_heads, int head_dim, int kv_type);
+/* Most tokens a tile holds: 64 query rows / (n_heads / n_kv_heads). */
+int cuk_attention_tc_tile_tokens(int n_heads, int n_kv_heads);
+size_t cuk_attention_tc_smem(int head_dim);
 
 /* d_ids[t] = the index of the largest of d_logits[t][0..n_vocab) (the lowest on ties; NaN never
  * wins), t < T. d_logits: [T][n_vocab] F32; d_ids: [T] int32. */

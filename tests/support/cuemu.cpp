@@ -60,6 +60,7 @@ struct state {
     barrier block_bar;
     barrier warp_bar[kMaxThreads / 32];
     uint64_t slots[kMaxThreads / 32][2][32];
+    uint32_t mma_slots[kMaxThreads / 32][2][32][6];
     std::vector<unsigned char> smem;
     std::map<const void *, int> max_dyn;
     cudaError_t last = cudaSuccess;
@@ -158,6 +159,7 @@ void warp_barrier()
 }
 
 uint64_t *warp_slot(int warp, int phase) { return st().slots[warp][phase]; }
+uint32_t *warp_mma_slot(int warp, int phase, int lane) { return st().mma_slots[warp][phase][lane]; }
 int &warp_phase() { return st().fib[threadIdx.x].phase; }
 void *dyn_smem() { return st().smem.data(); }
 

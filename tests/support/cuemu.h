@@ -84,6 +84,8 @@ void warp_barrier();
  * barrier, reads; the next exchange uses the other phase. */
 uint64_t *warp_slot(int warp, int phase);
 int &warp_phase(); /* the calling CUDA thread's phase */
+/* The warp-collective mma's exchange: 6 words of lane `lane` of the warp's [phase] buffer. */
+uint32_t *warp_mma_slot(int warp, int phase, int lane);
 void *dyn_smem();
 cudaError_t last_error_take();
 void set_max_dyn_smem(const void *fn, int bytes);
@@ -216,6 +218,7 @@ static inline float __fadd_rn(float a, float b) { return a + b; }
 static inline float __fsub_rn(float a, float b) { return a - b; }
 static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline float __fdiv_rn(float a, float b) { return a / b; }
+static inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
 static inline unsigned __float_as_uint(float f)
 {
     unsigned u;
@@ -295,6 +298,56 @@ static inline __nv_bfloat16 __float2bfloat16_rn(float f)
     u += 0x7fffu + ((u >> 16) & 1);
     b.x = (uint16_t)(u >> 16);
     return b;
+}
+
+/* ---- tensor-core MMA (engine/cuda/cuda_launch.h's cuk_mma_f16_16816) ----
+ * mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32, d = a b + d, with the fragment layouts of
+ * the PTX ISA (g = lane / 4, c = lane % 4; each 32-bit register holds two F16, the lower index
+ * in the low half): a[0] (row g, cols 2c, 2c+1), a[1] (row g+8, cols 2c, 2c+1), a[2] (row g,
+ * cols 2c+8, 2c+9), a[3] (row g+8, cols 2c+8, 2c+9); b[0] (rows 2c, 2c+1, col g), b[1] (rows
+ * 2c+8, 2c+9, col g); d[0], d[1] (row g, cols 2c, 2c+1), d[2], d[3] (row g+8, cols 2c, 2c+1).
+ * Warp-collective: every lane publishes its fragments, passes the warp barrier, and computes
+ * its own four outputs. Arithmetic: the products are exact (as on the device) and each output's
+ * 16 products and its d are summed in double and rounded once to F32; the device's tensor
+ * cores sum in their own order and precision, so the last bits may differ. Each output is a
+ * function of its own row of a, column of b and element of d only, as on the device. */
+#define CUK_HAVE_MMA 1
+static inline float cuemu_h16(uint32_t w, int hi)
+{
+    __half h;
+    h.x = (uint16_t)(hi ? w >> 16 : w & 0xffffu);
+    return __half2float(h);
+}
+static inline void cuk_mma_f16_16816(float d[4], const uint32_t a[4], const uint32_t b[2])
+{
+    const int w = (int)(threadIdx.x >> 5), l = (int)(threadIdx.x & 31);
+    int &ph = cuemu::warp_phase();
+    uint32_t *mine = cuemu::warp_mma_slot(w, ph, l);
+    for (int i = 0; i < 4; i++) mine[i] = a[i];
+    mine[4] = b[0];
+    mine[5] = b[1];
+    cuemu::warp_barrier();
+    float A[16][16], B[16][8];
+    for (int ln = 0; ln < 32; ln++) {
+        const uint32_t *s = cuemu::warp_mma_slot(w, ph, ln);
+        const int g = ln >> 2, c = ln & 3;
+        for (int hi = 0; hi < 2; hi++) {
+            A[g][2 * c + hi] = cuemu_h16(s[0], hi);
+            A[g + 8][2 * c + hi] = cuemu_h16(s[1], hi);
+            A[g][2 * c + 8 + hi] = cuemu_h16(s[2], hi);
+            A[g + 8][2 * c + 8 + hi] = cuemu_h16(s[3], hi);
+            B[2 * c + hi][g] = cuemu_h16(s[4], hi);
+            B[2 * c + 8 + hi][g] = cuemu_h16(s[5], hi);
+        }
+    }
+    ph ^= 1;
+    const int g = l >> 2, c = l & 3;
+    for (int i = 0; i < 4; i++) {
+        const int r = g + (i >> 1) * 8, col = 2 * c + (i & 1);
+        double acc = d[i];
+        for (int k = 0; k < 16; k++) acc += (double)A[r][k] * (double)B[k][col];
+        d[i] = (float)acc;
+    }
 }
 
 #endif
