@@ -455,13 +455,13 @@ fail:
 
 /* Decode attention alone, as the backend launches it, on the Llama-3.1-8B shape (32 query heads,
  * 8 kv heads, head dim 128, F16 KV in blocks of 16, one layer): B sequences each decoding one
- * token at context ctx. cuk_attention (F32 weights or KV): up to 32 splits of at least 128 keys;
- * cuk_attention_tc (BF16 / FP8): chunks of 128 keys scattered over up to 32 blocks a token when
- * the partials fit ATT_BENCH_TC_SLOTS a token, else folded. KV bytes read per call = B x ctx x 2
+ * token at context ctx. Both kernels: chunks of 128 keys scattered over up to 32 blocks a token
+ * when the partials fit ATT_BENCH_SLOTS a token, else folded (cuk_attention: F32 weights or KV;
+ * cuk_attention_tc: BF16 / FP8). KV bytes read per call = B x ctx x 2
  * x 8 x 128 x 2; the table gives microseconds per call of each kernel and the tensor-core
  * kernel's bytes per second as a fraction of the copy bandwidth (read + write) measured above.
  * Shapes whose pool would pass ATT_BENCH_MAX_POOL are left out ("-"). */
-#define ATT_BENCH_TC_SLOTS 256
+#define ATT_BENCH_SLOTS 256
 #define ATT_BENCH_MAX_POOL ((size_t)24 << 30)
 static int bench_attention(double bw)
 {
@@ -482,7 +482,7 @@ static int bench_attention(double bw)
     htiles = malloc(sizeof(int32_t) * (256 + 3));
     if (!htiles) goto fail;
     CK(cudaMalloc((void **)&dtiles, sizeof(int32_t) * (256 + 3)), "tiles");
-    CK(cudaMalloc((void **)&dpart, (size_t)256 * NH * ATT_BENCH_TC_SLOTS * (HD + 2) * 4),
+    CK(cudaMalloc((void **)&dpart, (size_t)256 * NH * ATT_BENCH_SLOTS * (HD + 2) * 4),
        "partials");
     CK(cuk_fill_random(DT_F32, dq, (size_t)256 * NH * HD, 11, -1.0f, 1.0f, 0), "fill");
     printf("\n| decode attention, 8B shape, us per call: CUDA cores / tensor cores (tensor cores' KV "
@@ -521,7 +521,7 @@ static int bench_attention(double bw)
                 .kv = {.pos = dmeta, .tok_seq = dmeta + B, .bt_off = dmeta + 2 * B,
                        .bt = dmeta + 3 * B, .kv = dkv, .kv_type = DT_F16, .block_elems = be,
                        .block_tokens = BT, .layer = 0},
-                .scale = 1.0f / sqrtf((float)HD), .n_splits = 32, .chunk = 128,
+                .scale = 1.0f / sqrtf((float)HD), .n_splits = ATT_BENCH_SLOTS, .chunk = 128,
                 .grid_splits = gs, .part = dpart, .out_type = DT_BF16, .out = dout,
             };
             CK(cuk_attention(&aa, 0), "attention"); /* warm-up */
@@ -532,14 +532,13 @@ static int bench_attention(double bw)
             CK(cudaEventElapsedTime(&ms, e0, e1), "event");
             const double us_simt = ms * 1e3 / REPS;
             /* tensor cores: every token its own tile */
-            const int nch = (ctx + 127) / 128, fold = nch > ATT_BENCH_TC_SLOTS;
+            const int nch = (ctx + 127) / 128, fold = nch > ATT_BENCH_SLOTS;
             htiles[0] = B;
             htiles[1] = fold;
             for (int b = 0; b <= B; b++) htiles[2 + b] = b;
             CK(cudaMemcpy(dtiles, htiles, sizeof(int32_t) * (size_t)(B + 3),
                           cudaMemcpyHostToDevice), "tiles");
             aa.tiles = dtiles;
-            aa.n_splits = ATT_BENCH_TC_SLOTS;
             aa.grid_splits = fold ? 1 : gs;
             CK(cuk_attention_tc(&aa, 0), "tc attention"); /* warm-up */
             CK(cudaEventRecord(e0, 0), "event");

@@ -11,11 +11,9 @@
  *               qkvd + dim + 2 ffn + dim rows), the rest as above with we = 2
  *   activations T x (dim x 4 + dim x we + qkvd x 4 + qd x we + 2 ffn x 4 + ffn x we +
  *               rope_dim x 4 + n_vocab x 4 + 4) + attention split-K partials T x n_heads x
- *               DEVMEM_ATT_SPLIT_SLOTS x (head_dim + 2) x 4 (a batch of t tokens uses
- *               min(DEVMEM_ATT_SPLITS, T x DEVMEM_ATT_SPLIT_SLOTS / t) chunks of at least
- *               ATT_MIN_CHUNK keys a token, CUDA-graph steps of Tg tokens DEVMEM_ATT_SPLITS
- *               when Tg x DEVMEM_ATT_SPLITS <= T x DEVMEM_ATT_SPLIT_SLOTS:
- *               engine/cuda/cuda_backend.c); fp8 adds T x (max(dim, qd, ffn) + 4 + dim x 4)
+ *               DEVMEM_ATT_SPLIT_SLOTS x (head_dim + 2) x 4 (a batch of t tokens keeps
+ *               T x DEVMEM_ATT_SPLIT_SLOTS / t chunk partials a token; a token with more
+ *               chunks is folded in one block: engine/cuda/cuda_backend.c); fp8 adds T x (max(dim, qd, ffn) + 4 + dim x 4)
  *               (the quantised GEMM input, its per-token scales, and the F32 product of the
  *               GEMMs whose result is added to the residual)
  *   sampling    rows T x DEVMEM_SAMPLE_ROW_BYTES, results T x (2 + 2 SAMPLER_MAX_LOGPROBS) x 4,
@@ -47,8 +45,8 @@
 
 /* Attention partials per (token, head) in the split-K scratch. */
 #define DEVMEM_ATT_SPLIT_SLOTS 8
-/* Most split-K chunks a token's attention is cut into (the backend's ATT_SPLITS): a batch of t
- * tokens uses min(DEVMEM_ATT_SPLITS, max_batch_tokens x DEVMEM_ATT_SPLIT_SLOTS / t) of them. */
+/* Most thread blocks along a token's context in the attention's split-K (the backend's
+ * ATT_SPLITS; each loops over its chunks). */
 #define DEVMEM_ATT_SPLITS 32
 /* cuBLAS workspace bytes. */
 #define DEVMEM_BLAS_WORKSPACE ((uint64_t)32 << 20)

@@ -534,11 +534,12 @@ static void test_rope_attention(int nh, int nkv, int hd, int rope_kind, int kv_t
     cudaFree(dkv); cudaFree(dmeta); cudaFree(dinv); cudaFree(dcs); cudaFree(dqkv); cudaFree(dbias);
 }
 
-/* cuk_attention over long contexts as the backend launches it (chunks of at least 128 keys, up
- * to 32 splits): five sequences decoding with contexts of 1 to 9000 keys (crossing the 32-key
- * tiles, the split chunks and the KV blocks) over shuffled block tables, nkv * grp query heads;
- * against a double-precision reference, and each token alone must give its batch output bit for
- * bit (the split of a token's context depends on its context only). */
+/* cuk_attention over long contexts as the backend launches it (chunks of 128 keys): five
+ * sequences decoding with contexts of 1 to 9000 keys (crossing the 32-key tiles, the chunks and
+ * the KV blocks) over shuffled block tables, nkv * grp query heads; against a double-precision
+ * reference with scratch for 1 partial a token (every longer context folded in its block) and
+ * for 32 (scattered up to 4096 keys, folded beyond): the two bit-identical, and each token alone
+ * must give its batch output bit for bit. */
 static void test_attention_long(int nkv, int grp, int hd, int B, int kv_type)
 {
     enum { T = 5 };
@@ -596,6 +597,7 @@ static void test_attention_long(int nkv, int grp, int hd, int B, int kv_type)
                 for (int e = 0; e < hd; e++) ro[(size_t)t * ld + h * hd + e] += sc[j] / sum * kvh[r + e];
             }
         }
+    float *first = NULL;
     for (int variant = 0; variant < 2; variant++) {
         const int ns = variant ? 32 : 1;
         float *dpart = dpoison((size_t)T * nh * ns * (hd + 2), DT_F32);
@@ -630,11 +632,16 @@ static void test_attention_long(int nkv, int grp, int hd, int B, int kv_type)
             }
             CHECKF(same == T, "%s: %d of %d tokens identical alone and in the batch", what, same,
                    T);
+            CHECKF(memcmp(first, yo, sizeof(float) * (size_t)T * ld) == 0,
+                   "%s: differs from the same chunks with scratch for one", what);
+            free(yo);
+        } else {
+            first = yo;
         }
-        free(yo);
         cudaFree(dpart);
         cudaFree(dout);
     }
+    free(first);
     /* cuk_attention_tc as the backend launches it: chunks of 128 keys, folded (one block per
      * token) and scattered (scratch for every chunk, 32 blocks along the split axis); the two
      * and each token alone bit-identical */

@@ -6,8 +6,12 @@
  *    dims 64, 96 and 128, F32 and F16 KV; also head dim 36 (F16 rows not a multiple of 16
  *    bytes: the scalar loads) and 32 query heads of head dim 256 (opted-in shared memory);
  *    contexts of 1 to 300 keys that cross the 32-key tiles, the split chunks and the KV blocks;
- *    split counts 1, 3 and 32; outputs and scratch poisoned (NaN) first; a token's output alone
+ *    scratch for 1, 3 and 32 chunk partials a token (folded in one block and scattered alike
+ *    must give the same bits); outputs and scratch poisoned (NaN) first; a token's output alone
  *    and in its batch must be bit-identical;
+ *  - cuk_attention_tc (the tensor-core kernel, mma.sync emulated as cuemu.h says) on the F16 KV
+ *    cases: against the CPU backend within F16 rounding, and bit for bit against itself in fold
+ *    and scatter modes, tiles of every size, fewer blocks than chunks and each token alone;
  *  - cuk_sample against sampler_sample: tests/support/sample_check.h, which tests/test_cuda.c
  *    runs on a device.
  * What this proves and what it does not: cuemu.h (indexing, synchronisation, arithmetic logic
@@ -215,7 +219,10 @@ static void test_attention(const attn_case &c, int *compared)
             cpu(&a);
         }
 
+    /* chunks of 128 keys with scratch for 1 partial a token (every token with more folds in one
+     * block) and for 32 (scattered): the same bits; chunks of 32 with 3 (a mix) */
     const int splits[3] = {1, 3, 32};
+    std::vector<float> first;
     for (int si = 0; si < 3; si++) {
         const int ns = splits[si], chunk = si == 1 ? 32 : 128;
         std::vector<float> part((size_t)T * nh * ns * (hd + 2), NAN), out((size_t)T * nh * hd, NAN);
@@ -231,7 +238,10 @@ static void test_attention(const attn_case &c, int *compared)
                "relative error %g against the cpu backend", B, c.grp, hd,
                c.kv_type == DT_F32 ? "f32" : "f16", ns, chunk, worst);
         *compared += (int)out.size();
+        if (si == 0) first = out;
         if (si != 2) continue;
+        CHECKF(memcmp(first.data(), out.data(), out.size() * 4) == 0, "attention B %d grp %d: "
+               "chunks of 128 scattered differ from the same chunks folded", B, c.grp);
         /* batch invariance: token 0 alone gives its batch output bit for bit */
         std::vector<float> one((size_t)nh * hd, NAN);
         cuk_attn_args_t a1 = aa;

@@ -47,10 +47,10 @@ static long long jget(const json_t *j, const char *key)
  * (engine/cuda/cuda_backend.c) needs of them, not by the formula: the scratch KV block the
  * padding tokens write (one block after the pool, in the same allocation: one more block than
  * the engine sees is in total), the metadata buffer a padded decode step uploads into (5 T
- * per-token words, every sequence's full block table and the padding's one-block table), and
- * the attention partials of every batch size (t tokens, min(DEVMEM_ATT_SPLITS, T x
- * DEVMEM_ATT_SPLIT_SLOTS / t) splits of head_dim + 2 floats per (token, head); the graph
- * buckets are the batches of DEVMEM_ATT_SPLITS splits). */
+ * per-token words, the T + 3 words of the attention tiles, every sequence's full block table
+ * and the padding's one-block table), and the attention partials of every batch size (t
+ * tokens, T x DEVMEM_ATT_SPLIT_SLOTS / t chunk partials of head_dim + 2 floats per (token,
+ * head), at least 1). */
 static void check_graph_buffers(const model_t *m, const dcase_t *dc, const devmem_params_t *dp,
                                 const devmem_t *d, const char *args)
 {
@@ -70,19 +70,15 @@ static void check_graph_buffers(const model_t *m, const dcase_t *dc, const devme
                d->metadata_words >= 6 * T + 3 + seqs * ((ctx + B - 1) / B) + 1,
            "%s: metadata %llu words cannot hold a padded decode step", args,
            (unsigned long long)d->metadata_words);
-    uint64_t need = 0, graph_need = 0;
+    uint64_t need = 0;
     for (uint64_t t = 1; t <= T; t++) {
         uint64_t n = T * DEVMEM_ATT_SPLIT_SLOTS / t;
-        if (n > DEVMEM_ATT_SPLITS) n = DEVMEM_ATT_SPLITS;
         if (n < 1) n = 1;
         const uint64_t b = t * (uint64_t)hp->n_heads * n * ((uint64_t)hp->head_dim + 2) * 4;
         if (b > need) need = b;
-        if (n == DEVMEM_ATT_SPLITS && b > graph_need) graph_need = b;
     }
-    CHECKF(need <= d->att_partials && graph_need <= d->att_partials && graph_need > 0,
-           "%s: attention scratch %llu, a batch needs %llu (a graph bucket %llu)", args,
-           (unsigned long long)d->att_partials, (unsigned long long)need,
-           (unsigned long long)graph_need);
+    CHECKF(need > 0 && need <= d->att_partials, "%s: attention scratch %llu, a batch needs %llu",
+           args, (unsigned long long)d->att_partials, (unsigned long long)need);
     CHECKF(d->att_partials < d->activations, "%s: the attention scratch is not in activations",
            args);
 }

@@ -19,8 +19,8 @@
  * metadata is uploaded into the fixed buffer d_meta, and the bucket's graph of the whole
  * forward pass up to the logits (captured from the same launches at the bucket's first step)
  * is replayed; the token pick after it is launched plainly. Every kernel argument of such a
- * step is fixed by the bucket (attention with ATT_SPLITS splits, as plain launches of a batch
- * that size use), so a replay computes exactly what plain launches would. A bucket whose
+ * step is fixed by the bucket, and the attention's split of the work (att_splits) does not
+ * change its results, so a replay computes exactly what plain launches would. A bucket whose
  * capture fails runs plain launches from then on (counted; backend_cuda_graph_counts).
  *
  * Streams: `cs` runs forward steps and block-to-block copies; `xs` (copy stream) moves KV blocks
@@ -567,7 +567,8 @@ static int enqueue_forward(cu_t *c, int T, int n_logits, int n_splits, int grid_
             .T = T, .n_heads = hp->n_heads, .n_kv_heads = hp->n_kv_heads, .head_dim = hd,
             .qkv = c->qkv, .ld = c->qkvd, .kv = pg, .scale = 1.0f / sqrtf((float)hd),
             .n_splits = n_splits, .chunk = ATT_MIN_CHUNK, .grid_splits = grid_splits,
-            .part = c->part, .out_type = wt, .out = c->att, .tiles = d + 5 * mT,
+            .part = c->part, .out_type = wt, .out = c->att,
+            .tiles = c->attn_tc ? d + 5 * mT : NULL,
         };
         if (ck(cuk_rmsnorm(c->x, NULL, T, dim, L->attn_norm, hp->norm_eps, wt, c->xn, c->cs),
                "attention norm", errstr, errlen) ||
@@ -598,8 +599,7 @@ static int enqueue_forward(cu_t *c, int T, int n_logits, int n_splits, int grid_
 
 /* The graph bucket of batch b: log2 of the smallest power of two >= its token count, when b is
  * a decode step (one token a sequence, logits of every token in order) of at most GRAPH_MAX_T
- * tokens whose padded size still gets ATT_SPLITS splits (so the graph computes exactly what
- * plain launches would); else -1. */
+ * tokens (and max_T padded); else -1. */
 static int graph_bucket(const cu_t *c, const backend_batch_t *b)
 {
     const int T = b->n_tokens;
@@ -609,21 +609,20 @@ static int graph_bucket(const cu_t *c, const backend_batch_t *b)
     int k = 0;
     while ((1 << k) < T) k++;
     const size_t Tg = (size_t)1 << k;
-    if (Tg > (size_t)c->max_T || Tg * ATT_SPLITS > (size_t)c->max_T * ATT_SPLIT_SLOTS) return -1;
+    if (Tg > (size_t)c->max_T) return -1;
     return k;
 }
 
 /* The attention's split-K for a step of T tokens (Tg for a graph step, graph = 1) whose longest
- * context is max_ctx keys, prefill = some sequence has more than one token in it:
- *  - cuk_attention: ATT_SPLITS chunks of at least ATT_MIN_CHUNK keys a token, fewer when the
- *    scratch cannot hold that many for T tokens; grid_splits: no more than the longest
- *    context's non-empty chunks (a graph: all of them, 0).
- *  - cuk_attention_tc: fixed chunks of ATT_MIN_CHUNK keys, so the mode and the grid do not
- *    change what a token gets (cuda_kernels.h): scatter (scratch of n_splits = what the scratch
- *    holds for T tokens, at most ATT_SPLITS blocks along the split axis, each looping over its
- *    chunks) for decode steps whose every token's chunks fit; else fold, where a block does a
- *    whole tile (a prefill's tiles already fill the device). A graph's n_splits and
- *    grid_splits depend on Tg only: they are captured; the mode is in the metadata. */
+ * context is max_ctx keys, prefill = some sequence has more than one token in it. Both kernels
+ * cut a token's context into fixed chunks of ATT_MIN_CHUNK keys and fold them in order, so what
+ * is chosen here changes speed only, never a token's output (cuda_kernels.h): n_splits = the
+ * partials a token the scratch holds for T tokens; grid_splits = at most ATT_SPLITS blocks
+ * along the split axis (each loops over its chunks), no more than the longest context has
+ * chunks. cuk_attention folds a token whose chunks do not fit by itself; cuk_attention_tc
+ * folds whole steps (fold = 1) with a prefill (its tiles fill the device) or with a context
+ * that does not fit. A graph's n_splits and grid_splits depend on Tg only (they are captured);
+ * the tc mode travels in the metadata. */
 typedef struct {
     int n_splits, grid_splits, fold;
 } att_split_t;
@@ -632,15 +631,10 @@ static att_split_t att_splits(const cu_t *c, int T, int graph, int max_ctx, int 
     att_split_t r = {0, 0, 0};
     const int slots = (int)((size_t)c->max_T * ATT_SPLIT_SLOTS / (size_t)T);
     const int nch = (max_ctx + ATT_MIN_CHUNK - 1) / ATT_MIN_CHUNK;
-    if (!c->attn_tc) {
-        r.n_splits = slots < 1 ? 1 : slots > ATT_SPLITS ? ATT_SPLITS : slots;
-        r.grid_splits = graph ? 0 : nch < r.n_splits ? nch : r.n_splits;
-        return r;
-    }
     r.n_splits = slots < 1 ? 1 : slots;
     const int cap = r.n_splits < ATT_SPLITS ? r.n_splits : ATT_SPLITS;
-    r.fold = prefill || nch > r.n_splits;
-    r.grid_splits = graph ? cap : r.fold ? 1 : nch < cap ? nch : cap;
+    r.fold = c->attn_tc && (prefill || nch > r.n_splits);
+    r.grid_splits = graph ? cap : r.fold ? 1 : nch < 1 ? 1 : nch < cap ? nch : cap;
     return r;
 }
 

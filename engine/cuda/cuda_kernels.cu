@@ -289,8 +289,6 @@ extern "C" int cuk_qkv_rope_store(const cuk_qkv_args_t *a, cudaStream_t stream)
 #define ATT_MAX_WARPS 8
 /* Dynamic shared memory a block may use without opting in (cudaFuncSetAttribute). */
 #define ATT_SMEM_DEFAULT (48 * 1024)
-/* Splits whose merge weights k_attn_merge keeps in shared memory (more are recomputed). */
-#define CUK_MERGE_MAX 256
 
 static __device__ __forceinline__ float kv_f(float v) { return v; }
 static __device__ __forceinline__ float kv_f(__half v) { return __half2float(v); }
@@ -316,41 +314,49 @@ static __device__ __forceinline__ float warp_max(float v)
     return v;
 }
 
-/* Keys per split of a token with n_ctx keys: its context cut into at most n_splits chunks of a
- * multiple of ATT_TILE keys, at least a.chunk. A function of n_ctx and the launch constants
- * only, so a token's result does not depend on the other tokens of its batch. */
-static __device__ __forceinline__ int att_chunk(const cuk_attn_args_t &a, int n_ctx)
+/* One step of the left fold of chunk partials (cuk_attention, cuk_attention_tc): the state (M,
+ * L, O) and a chunk's (m, l, o) give M' = max(M, m), O' = o cb + O ca and L' = l cb + L ca, with
+ * ca = e^(M - M') and cb = e^(m - M') (0 for an empty side, M or m = -inf). Every rounding is
+ * explicit, so a kernel's own fold and the merge kernel's compute the same bits. */
+static __device__ __forceinline__ void att_fold_coef(float M, float m, float *Mn, float *ca,
+                                                     float *cb)
 {
-    int c = (n_ctx + a.n_splits - 1) / a.n_splits;
-    c = (c + ATT_TILE - 1) / ATT_TILE * ATT_TILE;
-    return c > a.chunk ? c : a.chunk;
+    *Mn = fmaxf(M, m);
+    *ca = M == -INFINITY ? 0.0f : expf(__fsub_rn(M, *Mn));
+    *cb = m == -INFINITY ? 0.0f : expf(__fsub_rn(m, *Mn));
+}
+static __device__ __forceinline__ float att_fold(float O, float ca, float o, float cb)
+{
+    return __fmaf_rn(o, cb, __fmul_rn(O, ca));
 }
 
-/* Block (t, g, split) of blockDim.x = 32 * warps threads: the query heads g * grp .. g * grp +
- * grp - 1 of token t (grp = n_heads / n_kv_heads) against keys [split * chunk, min(n_ctx,
- * (split + 1) * chunk)) of kv head g, chunk = att_chunk(n_ctx). The K and V rows of each tile of
+/* Block (t, g, z) of blockDim.x = 32 * warps threads: the query heads g * grp .. g * grp + grp -
+ * 1 of token t (grp = n_heads / n_kv_heads) against the chunks of a.chunk keys [c * chunk,
+ * min(n_ctx, (c + 1) * chunk)) of kv head g, each chunk a fresh online softmax. When the token's
+ * nch = ceil(n_ctx / chunk) chunks fit the scratch (nch <= n_splits), block z computes chunks z,
+ * z + gridDim.z, ... and writes each as a partial (acc[head_dim], m, l) at part[((t * n_heads +
+ * h) * n_splits + c)], which k_attn_fold_merge folds; otherwise block 0 folds every chunk itself
+ * (att_fold, the merge's arithmetic) and writes the output, and the others return. The K and V
+ * rows of each tile of
  * ATT_TILE keys are read from the pool once, by the whole block (16-byte loads when head_dim is
  * a multiple of 16 bytes of elements: the pool is cudaMalloc'd, every row then starts 16-byte
  * aligned), into shared memory (F32) and
  * used by every query head of the group: warp w serves heads w, w + warps, ... (at most HPW).
  * Per head, lane j scores key j of the tile, the warp updates the online softmax (running max m,
  * sum l) and lane i accumulates elements i + 32 k (k < NE, NE * 32 >= head_dim) of the weighted
- * V sum. Partial = (acc[head_dim], m, l) at part[((t * n_heads + h) * n_splits + split)].
- * Splits wholly past n_ctx return at once (the merge does not read them).
+ * V sum. Blocks with no chunk return at once (the merge does not read them).
  * Shared memory (dynamic, att_smem_bytes): q [grp][hd], K tile, V tile [ATT_TILE][hd + 1]. */
 template <typename KT, int NE, int HPW>
 static __global__ void __launch_bounds__(32 * ATT_MAX_WARPS) k_attn_part(cuk_attn_args_t a)
 {
     CUK_DYN_SHARED(float, att_sm);
-    const int t = blockIdx.x, g = blockIdx.y, sp = blockIdx.z;
+    const int t = blockIdx.x, g = blockIdx.y, z = blockIdx.z;
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const int grp = a.n_heads / a.n_kv_heads, hd = a.head_dim, nkv = a.n_kv_heads;
     const int ld = hd + 1; /* padded rows: lane j reading row j hits bank (j + e) % 32 */
     const int n_ctx = a.kv.pos[t] + 1;
-    const int chunk = att_chunk(a, n_ctx);
-    const int j0 = sp * chunk;
-    if (j0 >= n_ctx) return; /* the whole block: no barrier is skipped by part of it */
-    const int j1 = min(n_ctx, j0 + chunk);
+    const int C = a.chunk, nch = (n_ctx + C - 1) / C, fold = nch > a.n_splits;
+    if (fold ? z > 0 : z >= nch) return; /* the whole block: no barrier is skipped by part */
     const int B = a.kv.block_tokens;
     const int32_t *tab = a.kv.bt + a.kv.bt_off[a.kv.tok_seq[t]];
     const KT *kv = (const KT *)a.kv.kv;
@@ -361,6 +367,16 @@ static __global__ void __launch_bounds__(32 * ATT_MAX_WARPS) k_attn_part(cuk_att
     const float *qg = a.qkv + (size_t)t * a.ld + (size_t)g * grp * hd; /* the group's heads */
     for (int i = threadIdx.x; i < grp * hd; i += blockDim.x) qs[i] = qg[i];
 
+    float M[HPW], L[HPW], O[HPW][NE]; /* the fold (fold mode) */
+#pragma unroll
+    for (int k = 0; k < HPW; k++) {
+        M[k] = -INFINITY;
+        L[k] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < NE; i++) O[k][i] = 0.0f;
+    }
+    for (int c = fold ? 0 : z; c < nch; c += fold ? 1 : (int)gridDim.z) {
+    const int j0 = c * C, j1 = min(n_ctx, j0 + C);
     float m[HPW], l[HPW], acc[HPW][NE];
 #pragma unroll
     for (int k = 0; k < HPW; k++) {
@@ -430,8 +446,16 @@ static __global__ void __launch_bounds__(32 * ATT_MAX_WARPS) k_attn_part(cuk_att
     for (int k = 0; k < HPW; k++) {
         const int hh = w + k * nw;
         if (hh >= grp) break;
+        if (fold) {
+            float ca, cb;
+            att_fold_coef(M[k], m[k], &M[k], &ca, &cb);
+            L[k] = att_fold(L[k], ca, l[k], cb);
+#pragma unroll
+            for (int i = 0; i < NE; i++) O[k][i] = att_fold(O[k][i], ca, acc[k][i], cb);
+            continue;
+        }
         const int h = g * grp + hh;
-        float *out = a.part + (((size_t)t * a.n_heads + h) * a.n_splits + sp) * (hd + 2);
+        float *out = a.part + (((size_t)t * a.n_heads + h) * a.n_splits + c) * (hd + 2);
 #pragma unroll
         for (int i = 0; i < NE; i++) {
             const int e = lane + 32 * i;
@@ -442,43 +466,43 @@ static __global__ void __launch_bounds__(32 * ATT_MAX_WARPS) k_attn_part(cuk_att
             out[hd + 1] = l[k];
         }
     }
+    }
+    if (!fold) return;
+#pragma unroll
+    for (int k = 0; k < HPW; k++) {
+        const int hh = w + k * nw;
+        if (hh >= grp) break;
+        const float inv = __fdiv_rn(1.0f, L[k]);
+        const size_t base = ((size_t)t * a.n_heads + g * grp + hh) * hd;
+#pragma unroll
+        for (int i = 0; i < NE; i++) {
+            const int e = lane + 32 * i;
+            if (e < hd) st_elem(a.out_type, a.out, base + e, __fmul_rn(O[k][i], inv));
+        }
+    }
 }
 
-/* Block (t, h): merges the partials of the splits holding keys of token t (the first
- * ceil(n_ctx / chunk)) the log-sum-exp way: o = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M),
- * M the largest m_s. The splits' weights are computed once into shared memory. */
-static __global__ void k_attn_merge(cuk_attn_args_t a)
+/* Block (t, h): the left fold (att_fold, in chunk order) of token t's chunk partials 0 ..
+ * ceil(n_ctx / chunk) - 1, normalised: the same arithmetic as a fold-mode block's, so a token's
+ * output is the same bits whichever computed it. Returns at once for a token whose blocks
+ * folded (cuk_attention: more chunks than n_splits; cuk_attention_tc: the step's mode). */
+static __global__ void k_attn_fold_merge(cuk_attn_args_t a)
 {
-    __shared__ float wsc[CUK_MERGE_MAX];
-    __shared__ float inv_l;
     const int t = blockIdx.x, h = blockIdx.y, hd = a.head_dim;
-    const int n_ctx = a.kv.pos[t] + 1;
-    const int chunk = att_chunk(a, n_ctx);
-    const int ns = (n_ctx + chunk - 1) / chunk; /* <= n_splits by att_chunk */
+    const int n_ctx = a.kv.pos[t] + 1, ns = (n_ctx + a.chunk - 1) / a.chunk;
+    if (a.tiles ? a.tiles[1] != 0 : ns > a.n_splits) return;
     const float *base = a.part + ((size_t)t * a.n_heads + h) * a.n_splits * (hd + 2);
-    if (threadIdx.x == 0) {
-        float M = -INFINITY;
-        for (int s = 0; s < ns; s++) M = fmaxf(M, base[(size_t)s * (hd + 2) + hd]);
-        float L = 0.0f;
-        for (int s = 0; s < ns; s++) {
-            const float *p = base + (size_t)s * (hd + 2);
-            const float wgt = expf(p[hd] - M);
-            if (s < CUK_MERGE_MAX) wsc[s] = wgt;
-            L += p[hd + 1] * wgt;
-        }
-        inv_l = 1.0f / L;
-    }
-    __syncthreads();
-    float M = -INFINITY;
-    if (ns > CUK_MERGE_MAX)
-        for (int s = 0; s < ns; s++) M = fmaxf(M, base[(size_t)s * (hd + 2) + hd]);
     for (int e = threadIdx.x; e < hd; e += blockDim.x) {
-        float o = 0.0f;
+        float M = -INFINITY, L = 0.0f, O = 0.0f;
         for (int s = 0; s < ns; s++) {
             const float *p = base + (size_t)s * (hd + 2);
-            o += p[e] * (s < CUK_MERGE_MAX ? wsc[s] : expf(p[hd] - M));
+            float ca, cb;
+            att_fold_coef(M, p[hd], &M, &ca, &cb);
+            L = att_fold(L, ca, p[hd + 1], cb);
+            O = att_fold(O, ca, p[e], cb);
         }
-        st_elem(a.out_type, a.out, ((size_t)t * a.n_heads + h) * hd + e, o * inv_l);
+        st_elem(a.out_type, a.out, ((size_t)t * a.n_heads + h) * hd + e,
+                __fmul_rn(O, __fdiv_rn(1.0f, L)));
     }
 }
 
@@ -525,8 +549,8 @@ extern "C" int cuk_attention(const cuk_attn_args_t *a, cudaStream_t stream)
 {
     if (a->n_kv_heads <= 0 || a->n_heads % a->n_kv_heads || a->head_dim <= 0 ||
         a->head_dim > CUK_MAX_HEAD_DIM || a->n_heads / a->n_kv_heads > CUK_MAX_GROUP ||
-        a->n_splits < 1 || a->chunk < 1 || a->n_splits > 65535 || a->grid_splits < 0 ||
-        a->grid_splits > a->n_splits ||
+        a->n_splits < 1 || a->chunk < 1 || a->grid_splits < 0 || a->grid_splits > a->n_splits ||
+        (a->grid_splits ? a->grid_splits : a->n_splits) > 65535 || a->tiles ||
         (a->kv.kv_type != DT_F32 && a->kv.kv_type != DT_F16) || !cuk_elem_bytes(a->out_type))
         return (int)cudaErrorInvalidValue;
     if (a->T <= 0) return 0;
@@ -543,7 +567,7 @@ extern "C" int cuk_attention(const cuk_attn_args_t *a, cudaStream_t stream)
     if (rc) return rc;
     const int mthreads = a->head_dim < 32 ? 32 : (a->head_dim + 31) / 32 * 32;
     CUK_LAUNCH(dim3((unsigned)a->T, (unsigned)a->n_heads), mthreads, 0, stream,
-               k_attn_merge)(*a);
+               k_attn_fold_merge)(*a);
     return launched();
 }
 
@@ -566,29 +590,13 @@ static __device__ __forceinline__ uint32_t h2_pack(float lo, float hi)
     return (uint32_t)ul | ((uint32_t)uh << 16);
 }
 
-/* One step of the left fold of chunk partials (cuk_attention_tc): the state (M, L, O) and a
- * chunk's (m, l, o) give M' = max(M, m), O' = o cb + O ca and L' = l cb + L ca, with ca =
- * e^(M - M') and cb = e^(m - M') (0 for an empty side, M or m = -inf). Every rounding is
- * explicit, so the kernel's fold and the merge kernel's compute the same bits. */
-static __device__ __forceinline__ void tc_fold_coef(float M, float m, float *Mn, float *ca,
-                                                    float *cb)
-{
-    *Mn = fmaxf(M, m);
-    *ca = M == -INFINITY ? 0.0f : expf(__fsub_rn(M, *Mn));
-    *cb = m == -INFINITY ? 0.0f : expf(__fsub_rn(m, *Mn));
-}
-static __device__ __forceinline__ float tc_fold(float O, float ca, float o, float cb)
-{
-    return __fmaf_rn(o, cb, __fmul_rn(O, ca));
-}
-
 /* Block (tile, g, z), 128 threads: the rows (t, hh) of the tile's tokens t (tiles[2 + tile] <=
  * t < tiles[3 + tile], all of one sequence) and query heads g * grp + hh of kv head g, row r =
  * (t - t0) * grp + hh, against the chunks of a.chunk keys [c * chunk, (c + 1) * chunk) of the
  * tile's context (kmax = the largest pos + 1 of its tokens). Fold mode (tiles[1] != 0; blocks
  * z > 0 return): the block folds every chunk and writes the output. Scatter mode: block z
  * computes chunks z, z + gridDim.z, ... and writes each as a partial (o, m, l) of the rows whose
- * context reaches it, at part[((t * n_heads + h) * n_splits + c)]; k_attn_tc_merge folds them.
+ * context reaches it, at part[((t * n_heads + h) * n_splits + c)]; k_attn_fold_merge folds them.
  * Per chunk: fresh online softmax over its tiles of TC_KEYS keys in order; S = Q K^T by mma
  * (Q and K as F16, F32 accumulators), s = S * scale (F32), keys past a row's position -inf;
  * per row m, l (the unrounded p summed) and o = sum P V by mma with P rounded to F16. Keys past
@@ -742,14 +750,14 @@ static __global__ void __launch_bounds__(128) k_attn_tc(cuk_attn_args_t a)
         if (fold) {
             float ca[2], cb[2];
             for (int h = 0; h < 2; h++) {
-                tc_fold_coef(M[h], m[h], &M[h], &ca[h], &cb[h]);
-                L[h] = tc_fold(L[h], ca[h], l[h], cb[h]);
+                att_fold_coef(M[h], m[h], &M[h], &ca[h], &cb[h]);
+                L[h] = att_fold(L[h], ca[h], l[h], cb[h]);
             }
 #pragma unroll
             for (int d = 0; d < NO; d++)
 #pragma unroll
                 for (int i = 0; i < 4; i++)
-                    O[d][i] = tc_fold(O[d][i], ca[i >> 1], o[d][i], cb[i >> 1]);
+                    O[d][i] = att_fold(O[d][i], ca[i >> 1], o[d][i], cb[i >> 1]);
             continue;
         }
         for (int h = 0; h < 2; h++) {
@@ -779,29 +787,6 @@ static __global__ void __launch_bounds__(128) k_attn_tc(cuk_attn_args_t a)
             st_elem(a.out_type, a.out, base + 8 * d + 2 * c4, __fmul_rn(O[d][2 * h], inv));
             st_elem(a.out_type, a.out, base + 8 * d + 2 * c4 + 1, __fmul_rn(O[d][2 * h + 1], inv));
         }
-    }
-}
-
-/* Block (t, h) of a scatter-mode step (fold mode: returns): the left fold of token t's chunk
- * partials 0 .. ceil(n_ctx / chunk) - 1 with the kernel's own tc_fold, so a token's output is
- * the same bits whichever mode computed it. */
-static __global__ void k_attn_tc_merge(cuk_attn_args_t a)
-{
-    if (a.tiles[1]) return;
-    const int t = blockIdx.x, h = blockIdx.y, hd = a.head_dim;
-    const int n_ctx = a.kv.pos[t] + 1, ns = (n_ctx + a.chunk - 1) / a.chunk;
-    const float *base = a.part + ((size_t)t * a.n_heads + h) * a.n_splits * (hd + 2);
-    for (int e = threadIdx.x; e < hd; e += blockDim.x) {
-        float M = -INFINITY, L = 0.0f, O = 0.0f;
-        for (int s = 0; s < ns; s++) {
-            const float *p = base + (size_t)s * (hd + 2);
-            float ca, cb;
-            tc_fold_coef(M, p[hd], &M, &ca, &cb);
-            L = tc_fold(L, ca, p[hd + 1], cb);
-            O = tc_fold(O, ca, p[e], cb);
-        }
-        st_elem(a.out_type, a.out, ((size_t)t * a.n_heads + h) * hd + e,
-                __fmul_rn(O, __fdiv_rn(1.0f, L)));
     }
 }
 
@@ -854,7 +839,7 @@ extern "C" int cuk_attention_tc(const cuk_attn_args_t *a, cudaStream_t stream)
     if (rc) return rc;
     const int mthreads = (a->head_dim + 31) / 32 * 32;
     CUK_LAUNCH(dim3((unsigned)a->T, (unsigned)a->n_heads), mthreads, 0, stream,
-               k_attn_tc_merge)(*a);
+               k_attn_fold_merge)(*a);
     return launched();
 }
 

@@ -89,15 +89,17 @@ int cuk_qkv_rope_store(const cuk_qkv_args_t *a, cudaStream_t stream);
  * (its own and earlier tokens of this batch included: run cuk_qkv_rope_store first).
  * GQA: one block serves all n_heads / n_kv_heads query heads of a kv head, so each K/V row is
  * read from the pool once per (token, kv head, split), not once per query head.
- * Split-K (flash-decoding): token t's context of n_ctx = pos[t] + 1 keys is cut into chunks of
- * chunk_t = max(chunk, ceil(n_ctx / n_splits) rounded up to a multiple of 32) keys; each
- * (token, kv head, chunk) block computes an online softmax (partial output, max, sum) and a
- * second kernel merges the chunks by their log-sum-exp. chunk_t depends only on n_ctx, chunk and
- * n_splits, so with fixed chunk and n_splits a token's output does not depend on its batch.
- * grid_splits: blocks launched along the split axis, 0 = n_splits; a caller that knows the
- * longest context L of the batch may pass min(n_splits, ceil(L / chunk)), an upper bound of
- * every token's non-empty chunks, to launch fewer blocks that would find no keys (they return
- * at once anyway, so a CUDA graph captured with n_splits stays right for any context).
+ * Split-K (flash-decoding) at fixed positions: token t's context of n_ctx = pos[t] + 1 keys is
+ * cut into nch = ceil(n_ctx / chunk) chunks [c * chunk, (c + 1) * chunk), each a fresh online
+ * softmax (partial output, max, sum), combined by a left fold in chunk order with every rounding
+ * explicit. When nch <= n_splits (the scratch's partials a token), block z along the split axis
+ * computes chunks z, z + grid, ... into d_part and a second kernel folds them; otherwise one
+ * block folds the token's chunks itself. The two compute the same bits, and neither n_splits
+ * nor grid_splits changes a token's output: only chunk does, so with a fixed chunk a token's
+ * output does not depend on its batch.
+ * grid_splits: blocks launched along the split axis, 0 = n_splits (at most 65535); a caller
+ * that knows the longest context L of the batch may pass fewer (down to 1), e.g. min(n_splits,
+ * ceil(L / chunk), what fills the device).
  * d_part: scratch of T * n_heads * n_splits * (head_dim + 2) F32. d_out: [T][n_heads *
  * head_dim] of out_type. head_dim <= 256, n_heads / n_kv_heads <= 32. A block uses
  * cuk_attention_smem() bytes of dynamic shared memory (opted in above 48 KiB: at most ~98 KiB,
