@@ -337,11 +337,10 @@ static __device__ __forceinline__ float att_fold(float O, float ca, float o, flo
  * z + gridDim.z, ... and writes each as a partial (acc[head_dim], m, l) at part[((t * n_heads +
  * h) * n_splits + c)], which k_attn_fold_merge folds; otherwise block 0 folds every chunk itself
  * (att_fold, the merge's arithmetic) and writes the output, and the others return. The K and V
- * rows of each tile of
- * ATT_TILE keys are read from the pool once, by the whole block (16-byte loads when head_dim is
- * a multiple of 16 bytes of elements: the pool is cudaMalloc'd, every row then starts 16-byte
- * aligned), into shared memory (F32) and
- * used by every query head of the group: warp w serves heads w, w + warps, ... (at most HPW).
+ * rows of each tile of ATT_TILE keys are read from the pool once, by the whole block (16-byte
+ * loads when head_dim is a multiple of 16 bytes of elements: the pool is cudaMalloc'd, every row
+ * then starts 16-byte aligned), into shared memory (F32) and used by every query head of the
+ * group: warp w serves heads w, w + warps, ... (at most HPW).
  * Per head, lane j scores key j of the tile, the warp updates the online softmax (running max m,
  * sum l) and lane i accumulates elements i + 32 k (k < NE, NE * 32 >= head_dim) of the weighted
  * V sum. Blocks with no chunk return at once (the merge does not read them).
@@ -376,96 +375,96 @@ static __global__ void __launch_bounds__(32 * ATT_MAX_WARPS) k_attn_part(cuk_att
         for (int i = 0; i < NE; i++) O[k][i] = 0.0f;
     }
     for (int c = fold ? 0 : z; c < nch; c += fold ? 1 : (int)gridDim.z) {
-    const int j0 = c * C, j1 = min(n_ctx, j0 + C);
-    float m[HPW], l[HPW], acc[HPW][NE];
-#pragma unroll
-    for (int k = 0; k < HPW; k++) {
-        m[k] = -INFINITY;
-        l[k] = 0.0f;
-#pragma unroll
-        for (int i = 0; i < NE; i++) acc[k][i] = 0.0f;
-    }
-    for (int jt = j0; jt < j1; jt += ATT_TILE) {
-        const int n = min(ATT_TILE, j1 - jt);
-        __syncthreads(); /* q is stored; the previous tile is no longer read */
-        if (hd % VE == 0) { /* 16-byte loads: rows start 16-byte aligned */
-            const int hv = hd / VE;
-            for (int i = threadIdx.x; i < n * hv; i += blockDim.x) {
-                const int kk = i / hv, e = (i - kk * hv) * VE, j = jt + kk;
-                const int32_t blk = tab[j / B];
-                const int slot = j - (j / B) * B;
-                float x[VE];
-                kv_vec(kv + kv_index(a.kv, nkv, hd, blk, 0, slot, g, e), x);
-#pragma unroll
-                for (int u = 0; u < VE; u++) ks[kk * ld + e + u] = x[u];
-                kv_vec(kv + kv_index(a.kv, nkv, hd, blk, 1, slot, g, e), x);
-#pragma unroll
-                for (int u = 0; u < VE; u++) vs[kk * ld + e + u] = x[u];
-            }
-        } else {
-            for (int i = threadIdx.x; i < n * hd; i += blockDim.x) {
-                const int kk = i / hd, e = i - kk * hd, j = jt + kk;
-                const int32_t blk = tab[j / B];
-                const int slot = j - (j / B) * B;
-                ks[kk * ld + e] = kv_f(kv[kv_index(a.kv, nkv, hd, blk, 0, slot, g, e)]);
-                vs[kk * ld + e] = kv_f(kv[kv_index(a.kv, nkv, hd, blk, 1, slot, g, e)]);
-            }
-        }
-        __syncthreads();
+        const int j0 = c * C, j1 = min(n_ctx, j0 + C);
+        float m[HPW], l[HPW], acc[HPW][NE];
 #pragma unroll
         for (int k = 0; k < HPW; k++) {
-            const int hh = w + k * nw; /* head within the group; uniform across the warp */
-            if (hh >= grp) break;
-            const float *q = qs + hh * hd;
-            float s = -INFINITY;
-            if (lane < n) {
-                const float *kr = ks + lane * ld;
-                float dot = 0.0f;
-                for (int e = 0; e < hd; e++) dot += q[e] * kr[e];
-                s = dot * a.scale;
-            }
-            const float mn = fmaxf(m[k], warp_max(s));
-            const float corr = expf(m[k] - mn);
-            const float p = lane < n ? expf(s - mn) : 0.0f;
-            l[k] = l[k] * corr + warp_sum(p);
+            m[k] = -INFINITY;
+            l[k] = 0.0f;
 #pragma unroll
-            for (int i = 0; i < NE; i++) acc[k][i] *= corr;
-            for (int jj = 0; jj < n; jj++) {
-                const float pj = __shfl_sync(0xffffffffu, p, jj);
-                const float *vr = vs + jj * ld;
+            for (int i = 0; i < NE; i++) acc[k][i] = 0.0f;
+        }
+        for (int jt = j0; jt < j1; jt += ATT_TILE) {
+            const int n = min(ATT_TILE, j1 - jt);
+            __syncthreads(); /* q is stored; the previous tile is no longer read */
+            if (hd % VE == 0) { /* 16-byte loads: rows start 16-byte aligned */
+                const int hv = hd / VE;
+                for (int i = threadIdx.x; i < n * hv; i += blockDim.x) {
+                    const int kk = i / hv, e = (i - kk * hv) * VE, j = jt + kk;
+                    const int32_t blk = tab[j / B];
+                    const int slot = j - (j / B) * B;
+                    float x[VE];
+                    kv_vec(kv + kv_index(a.kv, nkv, hd, blk, 0, slot, g, e), x);
 #pragma unroll
-                for (int i = 0; i < NE; i++) {
-                    const int e = lane + 32 * i;
-                    if (e < hd) acc[k][i] += pj * vr[e];
+                    for (int u = 0; u < VE; u++) ks[kk * ld + e + u] = x[u];
+                    kv_vec(kv + kv_index(a.kv, nkv, hd, blk, 1, slot, g, e), x);
+#pragma unroll
+                    for (int u = 0; u < VE; u++) vs[kk * ld + e + u] = x[u];
+                }
+            } else {
+                for (int i = threadIdx.x; i < n * hd; i += blockDim.x) {
+                    const int kk = i / hd, e = i - kk * hd, j = jt + kk;
+                    const int32_t blk = tab[j / B];
+                    const int slot = j - (j / B) * B;
+                    ks[kk * ld + e] = kv_f(kv[kv_index(a.kv, nkv, hd, blk, 0, slot, g, e)]);
+                    vs[kk * ld + e] = kv_f(kv[kv_index(a.kv, nkv, hd, blk, 1, slot, g, e)]);
                 }
             }
-            m[k] = mn;
-        }
-    }
+            __syncthreads();
 #pragma unroll
-    for (int k = 0; k < HPW; k++) {
-        const int hh = w + k * nw;
-        if (hh >= grp) break;
-        if (fold) {
-            float ca, cb;
-            att_fold_coef(M[k], m[k], &M[k], &ca, &cb);
-            L[k] = att_fold(L[k], ca, l[k], cb);
+            for (int k = 0; k < HPW; k++) {
+                const int hh = w + k * nw; /* head within the group; uniform across the warp */
+                if (hh >= grp) break;
+                const float *q = qs + hh * hd;
+                float s = -INFINITY;
+                if (lane < n) {
+                    const float *kr = ks + lane * ld;
+                    float dot = 0.0f;
+                    for (int e = 0; e < hd; e++) dot += q[e] * kr[e];
+                    s = dot * a.scale;
+                }
+                const float mn = fmaxf(m[k], warp_max(s));
+                const float corr = expf(m[k] - mn);
+                const float p = lane < n ? expf(s - mn) : 0.0f;
+                l[k] = l[k] * corr + warp_sum(p);
 #pragma unroll
-            for (int i = 0; i < NE; i++) O[k][i] = att_fold(O[k][i], ca, acc[k][i], cb);
-            continue;
-        }
-        const int h = g * grp + hh;
-        float *out = a.part + (((size_t)t * a.n_heads + h) * a.n_splits + c) * (hd + 2);
+                for (int i = 0; i < NE; i++) acc[k][i] *= corr;
+                for (int jj = 0; jj < n; jj++) {
+                    const float pj = __shfl_sync(0xffffffffu, p, jj);
+                    const float *vr = vs + jj * ld;
 #pragma unroll
-        for (int i = 0; i < NE; i++) {
-            const int e = lane + 32 * i;
-            if (e < hd) out[e] = acc[k][i];
+                    for (int i = 0; i < NE; i++) {
+                        const int e = lane + 32 * i;
+                        if (e < hd) acc[k][i] += pj * vr[e];
+                    }
+                }
+                m[k] = mn;
+            }
         }
-        if (lane == 0) {
-            out[hd] = m[k];
-            out[hd + 1] = l[k];
+#pragma unroll
+        for (int k = 0; k < HPW; k++) {
+            const int hh = w + k * nw;
+            if (hh >= grp) break;
+            if (fold) {
+                float ca, cb;
+                att_fold_coef(M[k], m[k], &M[k], &ca, &cb);
+                L[k] = att_fold(L[k], ca, l[k], cb);
+#pragma unroll
+                for (int i = 0; i < NE; i++) O[k][i] = att_fold(O[k][i], ca, acc[k][i], cb);
+                continue;
+            }
+            const int h = g * grp + hh;
+            float *out = a.part + (((size_t)t * a.n_heads + h) * a.n_splits + c) * (hd + 2);
+#pragma unroll
+            for (int i = 0; i < NE; i++) {
+                const int e = lane + 32 * i;
+                if (e < hd) out[e] = acc[k][i];
+            }
+            if (lane == 0) {
+                out[hd] = m[k];
+                out[hd + 1] = l[k];
+            }
         }
-    }
     }
     if (!fold) return;
 #pragma unroll
@@ -665,8 +664,9 @@ static __global__ void __launch_bounds__(128) k_attn_tc(cuk_attn_args_t a)
                     if (j >= kmax) continue;
                     const int32_t blk = tab[j / B];
                     const int slot = j - (j / B) * B;
-                    const uint4 k4 = *(const uint4 *)(kv + kv_index(a.kv, nkv, HD, blk, 0, slot, g, e));
-                    const uint4 v4 = *(const uint4 *)(kv + kv_index(a.kv, nkv, HD, blk, 1, slot, g, e));
+                    const size_t ik = kv_index(a.kv, nkv, HD, blk, 0, slot, g, e);
+                    const size_t iv = kv_index(a.kv, nkv, HD, blk, 1, slot, g, e);
+                    const uint4 k4 = *(const uint4 *)(kv + ik), v4 = *(const uint4 *)(kv + iv);
                     memcpy(kw[u], &k4, 16);
                     memcpy(vw[u], &v4, 16);
                 }
@@ -686,7 +686,8 @@ static __global__ void __launch_bounds__(128) k_attn_tc(cuk_attn_args_t a)
             for (int n = 0; n < 4; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
 #pragma unroll
             for (int kk = 0; kk < D16; kk++) {
-                const uint32_t af[4] = {qs[rows[0] * QW + 8 * kk + c4], qs[rows[1] * QW + 8 * kk + c4],
+                const uint32_t af[4] = {qs[rows[0] * QW + 8 * kk + c4],
+                                        qs[rows[1] * QW + 8 * kk + c4],
                                         qs[rows[0] * QW + 8 * kk + 4 + c4],
                                         qs[rows[1] * QW + 8 * kk + 4 + c4]};
 #pragma unroll
