@@ -1060,6 +1060,26 @@ static int prompt_logits(const char *path, const char *dtype, float *out, int n_
     return rc;
 }
 
+/* Writes a random model of dims in multiples of 16 (mkmodel "tiny" with dim 128, 4 heads over 2
+ * kv heads of head dim 32, ffn 256, vocab 512, seed) to <dir>/m.gguf, dir a mkdtemp template
+ * the call fills in; path (64 bytes) gets the file's path. Aborts when no directory can be
+ * made; a failed write is a check failure. */
+static void small_model(char *dir, char *path, uint64_t seed)
+{
+    char err[512];
+    if (!mkdtemp(dir)) abort();
+    snprintf(path, 64, "%s/m.gguf", dir);
+    mkmodel_params_t p;
+    CHECK(mkmodel_preset("tiny", &p) == 0);
+    p.dim = 128;
+    p.n_heads = 4;
+    p.n_kv_heads = 2;
+    p.ffn_dim = 256;
+    p.n_vocab = 512;
+    p.seed = seed;
+    CHECKF(mkmodel_write(&p, path, err, sizeof err) == 0, "mkmodel: %s", err);
+}
+
 /* The tensor-core attention in the engine (BF16 weights, F16 KV: cuk_attention_tc): a 40-token
  * prompt's logits computed in one chunk, in chunks of 17 and 23 beside another sequence's
  * prefill and decode, and one token a step (decode steps, CUDA graphs) are bit-identical, row
@@ -1067,17 +1087,7 @@ static int prompt_logits(const char *path, const char *dtype, float *out, int n_
 static void test_tc_engine_invariance(void)
 {
     char dir[] = "/tmp/spillway-tc-XXXXXX", path[64], err[512];
-    if (!mkdtemp(dir)) abort();
-    snprintf(path, sizeof path, "%s/m.gguf", dir);
-    mkmodel_params_t p;
-    CHECK(mkmodel_preset("tiny", &p) == 0);
-    p.dim = 128;
-    p.n_heads = 4;
-    p.n_kv_heads = 2; /* head dim 32 */
-    p.ffn_dim = 256;
-    p.n_vocab = 512;
-    p.seed = 9;
-    CHECKF(mkmodel_write(&p, path, err, sizeof err) == 0, "mkmodel: %s", err);
+    small_model(dir, path, 9);
     engine_config_t cfg;
     engine_config_default(&cfg);
     cfg.model_path = path;
@@ -1142,17 +1152,7 @@ static void test_tc_engine_invariance(void)
 static void test_fp8_engine(void)
 {
     char dir[] = "/tmp/spillway-fp8-XXXXXX", path[64], err[512];
-    if (!mkdtemp(dir)) abort();
-    snprintf(path, sizeof path, "%s/m.gguf", dir);
-    mkmodel_params_t p;
-    CHECK(mkmodel_preset("tiny", &p) == 0);
-    p.dim = 128;
-    p.n_heads = 4;
-    p.n_kv_heads = 2;
-    p.ffn_dim = 256;
-    p.n_vocab = 512;
-    p.seed = 5;
-    CHECKF(mkmodel_write(&p, path, err, sizeof err) == 0, "mkmodel: %s", err);
+    small_model(dir, path, 5);
     float *lb = malloc(sizeof(float) * 24 * 512), *lf = malloc(sizeof(float) * 24 * 512);
     if (!lb || !lf) abort();
     int major = 0, minor = 0;
