@@ -59,11 +59,20 @@ struct attn_case {
  * than chunks, each token alone; and chunks of 32 keys, fold against scatter. */
 static std::vector<int32_t> tc_tiles(const std::vector<int32_t> &seq, int T, int tq, int mode)
 {
-    std::vector<int32_t> tl{0, mode};
-    for (int t = 0; t < T; t++)
-        if (t == 0 || seq[t] != seq[t - 1] || t - tl.back() >= tq) tl.push_back(t);
-    tl[0] = (int)tl.size() - 2;
-    tl.push_back(T);
+    std::vector<int32_t> tl((size_t)T + 3, -7);
+    const int nt = cuk_attention_tc_tiles(seq.data(), T, tq, mode, tl.data());
+    /* the contract, checked on every call: tiles cover 0..T in order, each non-empty, of one
+     * sequence, at most tq tokens, and a new tile only where one must start */
+    CHECKF(nt >= 1 && tl[0] == nt && tl[1] == mode && tl[2] == 0 && tl[2 + nt] == T,
+           "tc tiles: header");
+    for (int i = 0; i < nt; i++) {
+        const int a = tl[2 + i], b = tl[3 + i];
+        CHECKF(a < b && b - a <= tq, "tc tiles: tile %d [%d, %d) of at most %d", i, a, b, tq);
+        for (int t = a + 1; t < b; t++) CHECKF(seq[t] == seq[a], "tc tiles: tile %d mixes", i);
+        if (i > 0) CHECKF(seq[a] != seq[a - 1] || a - tl[1 + i] == tq, "tc tiles: tile %d "
+                          "starts early", i);
+    }
+    tl.resize((size_t)nt + 3);
     return tl;
 }
 

@@ -743,16 +743,7 @@ static int cu_step(backend_t *be, const backend_batch_t *b, const step_out_t *o,
         }
     }
     const att_split_t sp = att_splits(c, Tg, gb >= 0, max_ctx, T > b->n_seqs);
-    if (c->attn_tc) { /* tiles: runs of at most tile_tokens tokens of one sequence */
-        int32_t *tl = h + 5 * mT;
-        int nt = 0;
-        for (int t = 0; t < Tg; t++)
-            if (t == 0 || h_seq[t] != h_seq[t - 1] || t - tl[2 + nt - 1] >= c->tile_tokens)
-                tl[2 + nt++] = t;
-        tl[0] = nt;
-        tl[1] = sp.fold;
-        tl[2 + nt] = Tg;
-    }
+    if (c->attn_tc) cuk_attention_tc_tiles(h_seq, Tg, c->tile_tokens, sp.fold, h + 5 * mT);
     int32_t *d = c->d_meta;
     if (kv_wait_batch(c, b, errstr, errlen) ||
         ck(cudaMemcpyAsync(d, h, (META_BT(mT) + off) * 4, cudaMemcpyHostToDevice, c->cs),

@@ -791,6 +791,20 @@ static __global__ void __launch_bounds__(128) k_attn_tc(cuk_attn_args_t a)
     }
 }
 
+extern "C" int cuk_attention_tc_tiles(const int32_t *tok_seq, int T, int tile_tokens, int fold,
+                                      int32_t *tiles)
+{
+    if (T < 1 || tile_tokens < 1) return -1;
+    int nt = 0;
+    for (int t = 0; t < T; t++)
+        if (t == 0 || tok_seq[t] != tok_seq[t - 1] || t - tiles[2 + nt - 1] >= tile_tokens)
+            tiles[2 + nt++] = t;
+    tiles[0] = nt;
+    tiles[1] = fold ? 1 : 0;
+    tiles[2 + nt] = T;
+    return nt;
+}
+
 extern "C" int cuk_attention_tc_supported(int n_heads, int n_kv_heads, int head_dim, int kv_type)
 {
     return kv_type == DT_F16 && n_kv_heads > 0 && n_heads % n_kv_heads == 0 &&

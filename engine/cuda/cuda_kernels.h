@@ -150,6 +150,11 @@ int cuk_attention_tc(const cuk_attn_args_t *a, cudaStream_t stream);
 int cuk_attention_tc_supported(int n_heads, int n_kv_heads, int head_dim, int kv_type);
 /* Most tokens a tile holds: 64 query rows / (n_heads / n_kv_heads). */
 int cuk_attention_tc_tile_tokens(int n_heads, int n_kv_heads);
+/* Host: the tiles array (above) of a batch whose token t belongs to sequence tok_seq[t] (a
+ * sequence's tokens consecutive): runs of at most tile_tokens tokens of one sequence, and the
+ * mode. tiles: room for T + 3 words. Returns the tile count, -1 for T < 1 or tile_tokens < 1. */
+int cuk_attention_tc_tiles(const int32_t *tok_seq, int T, int tile_tokens, int fold,
+                           int32_t *tiles);
 size_t cuk_attention_tc_smem(int head_dim);
 
 /* d_ids[t] = the index of the largest of d_logits[t][0..n_vocab) (the lowest on ties; NaN never
