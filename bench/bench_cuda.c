@@ -463,6 +463,27 @@ fail:
  * Shapes whose pool would pass ATT_BENCH_MAX_POOL are left out ("-"). */
 #define ATT_BENCH_SLOTS 256
 #define ATT_BENCH_MAX_POOL ((size_t)24 << 30)
+
+/* Microseconds per call of cuk_attention_tc (tc) or cuk_attention on stream 0, over reps calls
+ * after one warm-up, into *us. 0, or -1 with the error printed. */
+static int time_attention(const cuk_attn_args_t *a, int tc, int reps, cudaEvent_t e0,
+                          cudaEvent_t e1, double *us)
+{
+    float ms = 0;
+    int rc = -1;
+    const char *what = tc ? "tc attention" : "attention";
+    CK(tc ? cuk_attention_tc(a, 0) : cuk_attention(a, 0), what); /* warm-up */
+    CK(cudaEventRecord(e0, 0), "event");
+    for (int r = 0; r < reps; r++) CK(tc ? cuk_attention_tc(a, 0) : cuk_attention(a, 0), what);
+    CK(cudaEventRecord(e1, 0), "event");
+    CK(cudaEventSynchronize(e1), what);
+    CK(cudaEventElapsedTime(&ms, e0, e1), "event");
+    *us = ms * 1e3 / reps;
+    rc = 0;
+fail:
+    return rc;
+}
+
 static int bench_attention(double bw)
 {
     enum { NH = 32, NKV = 8, HD = 128, BT = 16, REPS = 10, NB = 5, NC = 7 };
@@ -474,7 +495,6 @@ static int bench_attention(double bw)
     float *dq = NULL, *dpart = NULL;
     int32_t *dmeta = NULL, *hmeta = NULL, *dtiles = NULL, *htiles = NULL;
     int rc = -1;
-    float ms = 0;
     CK(cudaEventCreate(&e0), "event");
     CK(cudaEventCreate(&e1), "event");
     CK(cudaMalloc((void **)&dq, (size_t)256 * NH * HD * 4), "q");
@@ -524,29 +544,17 @@ static int bench_attention(double bw)
                 .scale = 1.0f / sqrtf((float)HD), .n_splits = ATT_BENCH_SLOTS, .chunk = 128,
                 .grid_splits = gs, .part = dpart, .out_type = DT_BF16, .out = dout,
             };
-            CK(cuk_attention(&aa, 0), "attention"); /* warm-up */
-            CK(cudaEventRecord(e0, 0), "event");
-            for (int r = 0; r < REPS; r++) CK(cuk_attention(&aa, 0), "attention");
-            CK(cudaEventRecord(e1, 0), "event");
-            CK(cudaEventSynchronize(e1), "attention");
-            CK(cudaEventElapsedTime(&ms, e0, e1), "event");
-            const double us_simt = ms * 1e3 / REPS;
-            /* tensor cores: every token its own tile */
-            const int nch = (ctx + 127) / 128, fold = nch > ATT_BENCH_SLOTS;
-            htiles[0] = B;
-            htiles[1] = fold;
-            for (int b = 0; b <= B; b++) htiles[2 + b] = b;
+            double us_simt = 0, us = 0;
+            if (time_attention(&aa, 0, REPS, e0, e1, &us_simt)) goto fail;
+            /* tensor cores: every token its own sequence, so its own tile */
+            const int fold = (ctx + 127) / 128 > ATT_BENCH_SLOTS;
+            cuk_attention_tc_tiles(hmeta + B, B, 1, fold, htiles);
             CK(cudaMemcpy(dtiles, htiles, sizeof(int32_t) * (size_t)(B + 3),
                           cudaMemcpyHostToDevice), "tiles");
             aa.tiles = dtiles;
             aa.grid_splits = fold ? 1 : gs;
-            CK(cuk_attention_tc(&aa, 0), "tc attention"); /* warm-up */
-            CK(cudaEventRecord(e0, 0), "event");
-            for (int r = 0; r < REPS; r++) CK(cuk_attention_tc(&aa, 0), "tc attention");
-            CK(cudaEventRecord(e1, 0), "event");
-            CK(cudaEventSynchronize(e1), "tc attention");
-            CK(cudaEventElapsedTime(&ms, e0, e1), "event");
-            const double us = ms * 1e3 / REPS, gbs = (double)pool / (us * 1e-6) / 1e9;
+            if (time_attention(&aa, 1, REPS, e0, e1, &us)) goto fail;
+            const double gbs = (double)pool / (us * 1e-6) / 1e9;
             printf(" %.0f / %.0f (%.0f, %.2f) |", us_simt, us, gbs, gbs * 1e9 / bw);
             fflush(stdout);
             cudaFree(dkv);

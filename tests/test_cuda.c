@@ -477,14 +477,9 @@ static void test_rope_attention(int nh, int nkv, int hd, int rope_kind, int kv_t
         int chunk = variant >= 2 ? 32 : (max_ctx + n_splits - 1) / n_splits;
         float *dpart = dpoison((size_t)T * nh * n_splits * (hd + 2), DT_F32);
         void *dout = dpoison((size_t)T * nh * hd, out_type);
-        int32_t tiles[6 + 3], nt = 0;
-        for (int t = 0; t < T; t++)
-            if (variant == 3 || t == 0 || c.seq[t] != c.seq[t - 1] ||
-                t - tiles[2 + nt - 1] >= cuk_attention_tc_tile_tokens(nh, nkv))
-                tiles[2 + nt++] = t;
-        tiles[0] = nt;
-        tiles[1] = variant == 2;
-        tiles[2 + nt] = T;
+        int32_t tiles[6 + 3];
+        cuk_attention_tc_tiles(c.seq, T, variant == 3 ? 1 : cuk_attention_tc_tile_tokens(nh, nkv),
+                               variant == 2, tiles);
         int32_t *dtiles = NULL;
         CU(cudaMalloc((void **)&dtiles, sizeof tiles));
         CU(cudaMemcpy(dtiles, tiles, sizeof tiles, cudaMemcpyHostToDevice));
@@ -645,10 +640,10 @@ static void test_attention_long(int nkv, int grp, int hd, int B, int kv_type)
     /* cuk_attention_tc as the backend launches it: chunks of 128 keys, folded (one block per
      * token) and scattered (scratch for every chunk, 32 blocks along the split axis); the two
      * and each token alone bit-identical */
-    if (cuk_attention_tc_supported(nh, nh / grp, hd, kv_type)) {
+    if (cuk_attention_tc_supported(nh, nkv, hd, kv_type)) {
         const int ns = (ctx[T - 1] + 127) / 128;
-        int32_t tiles[2 + T + 1] = {T, 0};
-        for (int t = 0; t <= T; t++) tiles[2 + t] = t;
+        int32_t tiles[2 + T + 1];
+        cuk_attention_tc_tiles(seq, T, 1, 0, tiles); /* every token its own sequence and tile */
         int32_t *dt = NULL;
         CU(cudaMalloc((void **)&dt, sizeof tiles * 2));
         float *dpart = dpoison((size_t)T * nh * ns * (hd + 2), DT_F32);

@@ -70,10 +70,10 @@
 /* Attention partials per (token, head) that the split-K scratch holds for a full batch
  * (engine/devmem.h counts the scratch with it). */
 #define ATT_SPLIT_SLOTS DEVMEM_ATT_SPLIT_SLOTS
-/* Split-K of the attention: the most chunks a token's context is cut into, and the fewest keys
- * per chunk (cuk_attention). */
+/* Split-K of the attention (att_splits): the most thread blocks along a token's context, and
+ * the keys of every chunk (fixed: a token's output depends on it, never on the batch). */
 #define ATT_SPLITS DEVMEM_ATT_SPLITS
-#define ATT_MIN_CHUNK 128
+#define ATT_CHUNK 128
 /* Offset of the block tables in the metadata buffers, for a max_T of mT (int32 units). */
 #define META_BT(mT) (6 * (mT) + 3)
 /* CUDA graphs of decode steps: buckets of 1, 2, 4, ..., GRAPH_MAX_T tokens. */
@@ -566,7 +566,7 @@ static int enqueue_forward(cu_t *c, int T, int n_logits, int n_splits, int grid_
         cuk_attn_args_t aa = {
             .T = T, .n_heads = hp->n_heads, .n_kv_heads = hp->n_kv_heads, .head_dim = hd,
             .qkv = c->qkv, .ld = c->qkvd, .kv = pg, .scale = 1.0f / sqrtf((float)hd),
-            .n_splits = n_splits, .chunk = ATT_MIN_CHUNK, .grid_splits = grid_splits,
+            .n_splits = n_splits, .chunk = ATT_CHUNK, .grid_splits = grid_splits,
             .part = c->part, .out_type = wt, .out = c->att,
             .tiles = c->attn_tc ? d + 5 * mT : NULL,
         };
@@ -615,7 +615,7 @@ static int graph_bucket(const cu_t *c, const backend_batch_t *b)
 
 /* The attention's split-K for a step of T tokens (Tg for a graph step, graph = 1) whose longest
  * context is max_ctx keys, prefill = some sequence has more than one token in it. Both kernels
- * cut a token's context into fixed chunks of ATT_MIN_CHUNK keys and fold them in order, so what
+ * cut a token's context into fixed chunks of ATT_CHUNK keys and fold them in order, so what
  * is chosen here changes speed only, never a token's output (cuda_kernels.h): n_splits = the
  * partials a token the scratch holds for T tokens; grid_splits = at most ATT_SPLITS blocks
  * along the split axis (each loops over its chunks), no more than the longest context has
@@ -630,7 +630,7 @@ static att_split_t att_splits(const cu_t *c, int T, int graph, int max_ctx, int 
 {
     att_split_t r = {0, 0, 0};
     const int slots = (int)((size_t)c->max_T * ATT_SPLIT_SLOTS / (size_t)T);
-    const int nch = (max_ctx + ATT_MIN_CHUNK - 1) / ATT_MIN_CHUNK;
+    const int nch = (max_ctx + ATT_CHUNK - 1) / ATT_CHUNK;
     r.n_splits = slots < 1 ? 1 : slots;
     const int cap = r.n_splits < ATT_SPLITS ? r.n_splits : ATT_SPLITS;
     r.fold = c->attn_tc && (prefill || nch > r.n_splits);
