@@ -157,7 +157,7 @@ AI void tile(const int dt, const int R, const int C, const char *W, size_t wrb, 
         if (pfd && (k & 15) == 0) {
 #pragma GCC unroll 8
             for (int r = 0; r < R; r++)
-                _mm_prefetch(W + (size_t)r * wrb + elem_off(dt, k) + pfd, _MM_HINT_T0);
+                kern_pf_stream(W + (size_t)r * wrb + elem_off(dt, k) + pfd);
         }
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) w[r] = w_load(dt, W + (size_t)r * wrb, k);
@@ -436,7 +436,7 @@ AI void b32_tile(const int dt, const int R, const int C, const char *W, size_t w
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
             const char *bl = W + (size_t)r * wrb + (size_t)b * bs;
-            if (pfd) _mm_prefetch(bl + pfd, _MM_HINT_T0);
+            if (pfd) kern_pf_stream(bl + pfd);
             float dw;
             const __m256i w = b32_w32(dt, bl, &dw);
             const __m256i aw = _mm256_abs_epi8(w);

@@ -197,14 +197,22 @@ AI size_t elem_off(const int dt, int64_t k)
     return (size_t)k * (dt == DT_F32 ? 4 : 2);
 }
 
+/* One line of a row pf bytes ahead: into L1 (rows already in L2) or streamed from memory. */
+AI void pf_row(const char *p, int l1)
+{
+    if (l1) _mm_prefetch(p, _MM_HINT_T0);
+    else kern_pf_stream(p);
+}
+
 /* The part [k0, k1) of a tile's sums: y[c * ldy + r] for r < R, c < C, with W at the tile's
  * first row and x, y at its first token. k0, k1 are multiples of 32 (or k1 = K). A tile whose K
  * is cut into several ranges keeps its accumulators in save[r * C + c] in between (stored and
  * reloaded unchanged, so the arithmetic is that of one pass); the range with k1 = K reduces
- * and writes y. pfd: bytes ahead of each row's read position to prefetch (0: none). */
+ * and writes y. pfd: bytes ahead of each row's read position to prefetch (0: none), into L1 when
+ * pf_l1 (rows already in L2), else streamed from memory (kern_pf_stream). */
 AI void tile(const int dt, const int R, const int C, const char *W, size_t wrb, int64_t k0,
              int64_t k1, int64_t K, const float *x, int64_t ldx, float *y, int64_t ldy,
-             size_t pfd, __m512 *save)
+             size_t pfd, int pf_l1, __m512 *save)
 {
     const int blocked = save != NULL; /* a constant wherever tile is inlined */
     __m512 acc[TILE_RMAX][TILE_CMAX];
@@ -227,7 +235,7 @@ AI void tile(const int dt, const int R, const int C, const char *W, size_t wrb, 
             if (pfd) {
 #pragma GCC unroll 8
                 for (int r = 0; r < R; r++)
-                    _mm_prefetch(W + (size_t)r * wrb + elem_off(dt, k) + pfd, _MM_HINT_T0);
+                    pf_row(W + (size_t)r * wrb + elem_off(dt, k) + pfd, pf_l1);
             }
 #pragma GCC unroll 2
             for (int h = 0; h < 32; h += 16) {
@@ -247,8 +255,7 @@ AI void tile(const int dt, const int R, const int C, const char *W, size_t wrb, 
         __m512 w[TILE_RMAX];
         if (pfd) {
 #pragma GCC unroll 8
-            for (int r = 0; r < R; r++)
-                _mm_prefetch(W + (size_t)r * wrb + elem_off(dt, k) + pfd, _MM_HINT_T0);
+            for (int r = 0; r < R; r++) pf_row(W + (size_t)r * wrb + elem_off(dt, k) + pfd, pf_l1);
         }
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) w[r] = w_load(dt, W + (size_t)r * wrb, k);
@@ -287,33 +294,33 @@ AI void tile(const int dt, const int R, const int C, const char *W, size_t wrb, 
 AI void stream_head(const char *p, size_t n)
 {
     if (n > PF_STREAM_BYTES) n = PF_STREAM_BYTES;
-    for (size_t o = 0; o < n; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
+    for (size_t o = 0; o < n; o += 64) kern_pf_stream(p + o);
 }
 
 /* Rows [ob, oe) for tokens [0, C) of x/y (already offset to the tile's first token), in tiles
  * of R rows then single rows. With save (room for (oe - ob) * C vectors), K is cut into ranges
  * of KERN_KBLOCK and each range passes over all the rows before the next, so the x slice of a
- * range stays in L1. */
+ * range stays in L1. pfd, pf_l1: as tile's. */
 AI void rows_pass(const int dt, const int R, const int C, const char *W, size_t wrb, int64_t K,
                   const float *x, int64_t ldx, float *y, int64_t ldy, int64_t ob, int64_t oe,
-                  size_t pfd, __m512 *save)
+                  size_t pfd, int pf_l1, __m512 *save)
 {
     if (!save) {
         int64_t o = ob;
         for (; o + R <= oe; o += R)
-            tile(dt, R, C, W + (size_t)o * wrb, wrb, 0, K, K, x, ldx, y + o, ldy, pfd, NULL);
+            tile(dt, R, C, W + (size_t)o * wrb, wrb, 0, K, K, x, ldx, y + o, ldy, pfd, pf_l1, NULL);
         for (; o < oe; o++)
-            tile(dt, 1, C, W + (size_t)o * wrb, wrb, 0, K, K, x, ldx, y + o, ldy, pfd, NULL);
+            tile(dt, 1, C, W + (size_t)o * wrb, wrb, 0, K, K, x, ldx, y + o, ldy, pfd, pf_l1, NULL);
         return;
     }
     for (int64_t k0 = 0; k0 < K; k0 += KERN_KBLOCK) {
         int64_t k1 = K - k0 <= KERN_KBLOCK ? K : k0 + KERN_KBLOCK;
         int64_t o = ob;
         for (; o + R <= oe; o += R)
-            tile(dt, R, C, W + (size_t)o * wrb, wrb, k0, k1, K, x, ldx, y + o, ldy, pfd,
+            tile(dt, R, C, W + (size_t)o * wrb, wrb, k0, k1, K, x, ldx, y + o, ldy, pfd, pf_l1,
                  save + (o - ob) * C);
         for (; o < oe; o++)
-            tile(dt, 1, C, W + (size_t)o * wrb, wrb, k0, k1, K, x, ldx, y + o, ldy, pfd,
+            tile(dt, 1, C, W + (size_t)o * wrb, wrb, k0, k1, K, x, ldx, y + o, ldy, pfd, pf_l1,
                  save + (o - ob) * C);
     }
 }
@@ -327,12 +334,12 @@ AI void rows_stream(const int dt, const int R, const int C, const char *W, size_
     float t[KERN_SPREAD_MAX];
     for (int64_t i = 0; i < q; i++) {
         tile(dt, R, C, W + (size_t)(ob + i) * wrb, (size_t)q * wrb, 0, K, K, x, ldx, t, R,
-             PF_STREAM_BYTES, NULL);
+             PF_STREAM_BYTES, 0, NULL);
         kern_spread_store(t, R, C, y + ob + i, ldy, q);
     }
     for (int64_t o = ob + R * q; o < oe; o++)
         tile(dt, 1, C, W + (size_t)o * wrb, wrb, 0, K, K, x, ldx, y + o, ldy, PF_STREAM_BYTES,
-             NULL);
+             0, NULL);
 }
 
 AI void matmul_dt(const int dt, const char *W, size_t wrb, int64_t K, const float *x,
@@ -365,18 +372,18 @@ AI void matmul_dt(const int dt, const char *W, size_t wrb, int64_t K, const floa
         int t = 0;
         for (; t + TILE_C <= T; t += TILE_C)
             rows_pass(dt, TILE_R, TILE_C, W, wrb, K, x + t * ldx, ldx, y + t * ldy, ldy, ob, oe,
-                      t == 0 ? PF_STREAM_BYTES : pf_l2, save);
+                      t == 0 ? PF_STREAM_BYTES : pf_l2, t != 0, save);
         const float *xt = x + t * ldx;
         float *yt = y + t * ldy;
         switch (T - t) {
-        case 1: rows_pass(dt, TILE_R, 1, W, wrb, K, xt, ldx, yt, ldy, ob, oe, pf_l2, save); break;
-        case 2: rows_pass(dt, TILE_R, 2, W, wrb, K, xt, ldx, yt, ldy, ob, oe, pf_l2, save); break;
-        case 3: rows_pass(dt, TILE_R, 3, W, wrb, K, xt, ldx, yt, ldy, ob, oe, pf_l2, save); break;
-        case 4: rows_pass(dt, TILE_R, 4, W, wrb, K, xt, ldx, yt, ldy, ob, oe, pf_l2, save); break;
-        case 5: rows_pass(dt, TILE_R, 5, W, wrb, K, xt, ldx, yt, ldy, ob, oe, pf_l2, save); break;
+        case 1: rows_pass(dt, TILE_R, 1, W, wrb, K, xt, ldx, yt, ldy, ob, oe, pf_l2, 1, save); break;
+        case 2: rows_pass(dt, TILE_R, 2, W, wrb, K, xt, ldx, yt, ldy, ob, oe, pf_l2, 1, save); break;
+        case 3: rows_pass(dt, TILE_R, 3, W, wrb, K, xt, ldx, yt, ldy, ob, oe, pf_l2, 1, save); break;
+        case 4: rows_pass(dt, TILE_R, 4, W, wrb, K, xt, ldx, yt, ldy, ob, oe, pf_l2, 1, save); break;
+        case 5: rows_pass(dt, TILE_R, 5, W, wrb, K, xt, ldx, yt, ldy, ob, oe, pf_l2, 1, save); break;
 #if TILE_C > 6
-        case 6: rows_pass(dt, TILE_R, 6, W, wrb, K, xt, ldx, yt, ldy, ob, oe, pf_l2, save); break;
-        case 7: rows_pass(dt, TILE_R, 7, W, wrb, K, xt, ldx, yt, ldy, ob, oe, pf_l2, save); break;
+        case 6: rows_pass(dt, TILE_R, 6, W, wrb, K, xt, ldx, yt, ldy, ob, oe, pf_l2, 1, save); break;
+        case 7: rows_pass(dt, TILE_R, 7, W, wrb, K, xt, ldx, yt, ldy, ob, oe, pf_l2, 1, save); break;
 #endif
         default: break;
         }
@@ -697,8 +704,8 @@ AI void b32_tile(const int dt, const int vnni, const int R, const int C, const c
             const char *bl = W + (size_t)r * wrb + (size_t)b * bs;
             if (pfd) { /* every line of the pair: Q8_0's 68 bytes span two (measured: one per
                         * pair streams 15-20% slower from memory) */
-                _mm_prefetch(bl + pfd, _MM_HINT_T0);
-                if (dt == DT_Q8_0) _mm_prefetch(bl + pfd + 64, _MM_HINT_T0);
+                kern_pf_stream(bl + pfd);
+                if (dt == DT_Q8_0) kern_pf_stream(bl + pfd + 64);
             }
             const __m512i w = two ? b32_w64(dt, bl, 1) : b32_w64(dt, bl, 0);
             const __m512 dw = two ? b32_d16(dt, bl, 1) : b32_d16(dt, bl, 0);

@@ -108,11 +108,25 @@ static inline void q4k_unpack64(const uint8_t *scales, uint64_t *sc, uint64_t *m
     *mn = v[2] | (uint64_t)v[3] << 32;
 }
 
-/* The three lines of the Q4_K super-block pfd bytes past b into every cache level (pfd 0: none). */
+/* The software prefetch of weights streamed from memory in one pass (decode: each weight byte
+ * read once per step): the line at p into L2 and the outer levels but not into L1
+ * (`prefetcht1` on x86), so that lines fetched kilobytes ahead for several rows at once do not
+ * evict the lines the loads use now. A volatile asm, like attn_prefetch_line. Performance only. */
+static inline void kern_pf_stream(const void *p)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __asm__ volatile("prefetcht1 %0" : : "m"(*(const char *)p));
+#else
+    __builtin_prefetch(p, 0, 2);
+#endif
+}
+
+/* The three lines of the Q4_K super-block pfd bytes past b, streamed (kern_pf_stream; pfd 0:
+ * none). */
 static inline void q4k_prefetch(const void *b, size_t pfd)
 {
     if (!pfd) return;
-    for (int i = 0; i < 3; i++) __builtin_prefetch((const char *)b + pfd + 64 * i, 0, 3);
+    for (int i = 0; i < 3; i++) kern_pf_stream((const char *)b + pfd + 64 * i);
 }
 
 /* The 8 scales and 8 mins of a Q4_K super-block (engine/dtype.h's q4k_scale_min, all at once). */

@@ -17,6 +17,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/cpu/kernels_impl.h"
+
 /* kern_table_t.matmul for wtype DT_Q6_K or DT_Q5_K (the same arguments and return value);
  * -1 for any other wtype or an unsupported K. vnni: the integer sums through AVX512-VNNI (the
  * same values; only where the CPU has it). */
@@ -31,11 +33,12 @@ int kern_q56k_matmul_avx512(int vnni, int wtype, const void *W, size_t wrb, int6
 #endif
 
 /* The prefetch of a super-block of `bytes` bytes pfd bytes past b, every 64-byte line of it
- * (pfd 0: none); consecutive super-blocks of a row together cover every line. */
+ * (pfd 0: none), streamed (kern_pf_stream); consecutive super-blocks of a row together cover
+ * every line. */
 static inline void q56k_prefetch(const void *b, size_t bytes, size_t pfd)
 {
     if (!pfd) return;
-    for (size_t i = 0; i < bytes; i += 64) __builtin_prefetch((const char *)b + pfd + i, 0, 3);
+    for (size_t i = 0; i < bytes; i += 64) kern_pf_stream((const char *)b + pfd + i);
 }
 
 #endif

@@ -212,7 +212,7 @@ AI void q56k_tile(const int dt, const int vnni, const int R, const int C, const 
 AI void q56_stream_head(const char *p, size_t n)
 {
     if (n > Q56_PF_BYTES) n = Q56_PF_BYTES;
-    for (size_t o = 0; o < n; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
+    for (size_t o = 0; o < n; o += 64) kern_pf_stream(p + o);
 }
 
 AI void q56k_rows_isa(const int dt, const int vnni, const char *W, size_t wrb, int64_t nsb,

@@ -102,7 +102,7 @@ AI void qb32_tile(const int dt, const int R, const int C, const char *W, size_t 
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const char *bl = W + (size_t)r * wrb + (size_t)b * bs;
-            if (pfd) _mm_prefetch(bl + pfd, _MM_HINT_T0);
+            if (pfd) kern_pf_stream(bl + pfd);
             const __m256i w = ql_w32(dt, bl);
             const __m256i aw = is_signed ? _mm256_abs_epi8(w) : w;
             uint32_t dm = 0; /* d (and m): halves 0 (and 1); x86 is little-endian */
@@ -217,9 +217,9 @@ AI void iq4xs_tile(const int C, const block_iq4_xs *row, int64_t nsb, const kern
     for (int64_t s = 0; s < nsb; s++) {
         const block_iq4_xs *b = row + s;
         if (pfd) {
-            _mm_prefetch((const char *)b + pfd, _MM_HINT_T0);
-            _mm_prefetch((const char *)b + pfd + 64, _MM_HINT_T0);
-            _mm_prefetch((const char *)b + pfd + 128, _MM_HINT_T0);
+            kern_pf_stream((const char *)b + pfd);
+            kern_pf_stream((const char *)b + pfd + 64);
+            kern_pf_stream((const char *)b + pfd + 128);
         }
         __m256i isum[XS_TOK];
 #pragma GCC unroll 4

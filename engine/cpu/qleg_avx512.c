@@ -45,7 +45,7 @@
 AI void ql_stream_head(const char *p, size_t n)
 {
     if (n > QL_PF_BYTES) n = QL_PF_BYTES;
-    for (size_t o = 0; o < n; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
+    for (size_t o = 0; o < n; o += 64) kern_pf_stream(p + o);
 }
 
 /* The nibbles of two 16-byte groups in x's order: bytes 0..15 the low nibbles of q0, 16..31
@@ -143,7 +143,7 @@ AI void qb32_tile(const int dt, const int vnni, const int R, const int C, const 
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
             const char *bl = W + (size_t)r * wrb + (size_t)b * bs;
-            if (pfd) _mm_prefetch(bl + pfd, _MM_HINT_T0);
+            if (pfd) kern_pf_stream(bl + pfd);
             const __m512i w = two ? ql_w64(dt, vnni, bl, 1) : ql_w64(dt, vnni, bl, 0);
             __m512i aw = w;
             __mmask64 neg = 0;
@@ -319,9 +319,9 @@ AI void iq4xs_tile(const int vnni, const int R, const int C, const char *row, si
         for (int r = 0; r < R; r++) {
             const block_iq4_xs *b = (const block_iq4_xs *)(row + (size_t)r * wrb) + s;
             if (pfd) {
-                _mm_prefetch((const char *)b + pfd, _MM_HINT_T0);
-                _mm_prefetch((const char *)b + pfd + 64, _MM_HINT_T0);
-                _mm_prefetch((const char *)b + pfd + 128, _MM_HINT_T0);
+                kern_pf_stream((const char *)b + pfd);
+                kern_pf_stream((const char *)b + pfd + 64);
+                kern_pf_stream((const char *)b + pfd + 128);
             }
             const __m128i sc16 = iq4xs_scales16(b);
             const __m512i sc = _mm512_castsi128_si512(sc16);
