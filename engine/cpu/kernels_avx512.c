@@ -357,7 +357,10 @@ AI void matmul_dt(const int dt, const char *W, size_t wrb, int64_t K, const floa
     default: break;
     }
     /* Many tokens: panels of rows kept in L2 while every token tile passes over them; the
-     * first pass streams the panel in from memory. Long rows are cut into K ranges. */
+     * first pass streams the panel in from memory. Long rows are cut into K ranges (F32). The
+     * later passes prefetch: F32 its own rows from L2 into L1; F16 and BF16 the next panel from
+     * memory into L2, each line of it as the pass reaches the same line of this panel, so that
+     * the next first pass does not wait on memory. */
     int64_t panel = wrb ? (int64_t)(KERN_PANEL_BYTES / wrb) : (o1 - o0);
     panel = panel < TILE_R ? TILE_R : panel / TILE_R * TILE_R;
     __m512 *save = NULL;
@@ -366,24 +369,25 @@ AI void matmul_dt(const int dt, const char *W, size_t wrb, int64_t K, const floa
         save = save_buf;
         if (panel > KERN_KBLOCK_ROWS) panel = KERN_KBLOCK_ROWS;
     }
-    const size_t pf_l2 = dt == DT_F32 ? PF_PANEL_BYTES : 0;
+    const int l1 = dt == DT_F32; /* the later passes' prefetch: into L1, or the next panel */
     for (int64_t ob = o0; ob < o1; ob += panel) {
         int64_t oe = o1 - ob < panel ? o1 : ob + panel;
+        const size_t pf = l1 ? PF_PANEL_BYTES : oe < o1 ? (size_t)panel * wrb : 0;
         int t = 0;
         for (; t + TILE_C <= T; t += TILE_C)
             rows_pass(dt, TILE_R, TILE_C, W, wrb, K, x + t * ldx, ldx, y + t * ldy, ldy, ob, oe,
-                      t == 0 ? PF_STREAM_BYTES : pf_l2, t != 0, save);
+                      t == 0 ? PF_STREAM_BYTES : pf, t == 0 ? 0 : l1, save);
         const float *xt = x + t * ldx;
         float *yt = y + t * ldy;
         switch (T - t) {
-        case 1: rows_pass(dt, TILE_R, 1, W, wrb, K, xt, ldx, yt, ldy, ob, oe, pf_l2, 1, save); break;
-        case 2: rows_pass(dt, TILE_R, 2, W, wrb, K, xt, ldx, yt, ldy, ob, oe, pf_l2, 1, save); break;
-        case 3: rows_pass(dt, TILE_R, 3, W, wrb, K, xt, ldx, yt, ldy, ob, oe, pf_l2, 1, save); break;
-        case 4: rows_pass(dt, TILE_R, 4, W, wrb, K, xt, ldx, yt, ldy, ob, oe, pf_l2, 1, save); break;
-        case 5: rows_pass(dt, TILE_R, 5, W, wrb, K, xt, ldx, yt, ldy, ob, oe, pf_l2, 1, save); break;
+        case 1: rows_pass(dt, TILE_R, 1, W, wrb, K, xt, ldx, yt, ldy, ob, oe, pf, l1, save); break;
+        case 2: rows_pass(dt, TILE_R, 2, W, wrb, K, xt, ldx, yt, ldy, ob, oe, pf, l1, save); break;
+        case 3: rows_pass(dt, TILE_R, 3, W, wrb, K, xt, ldx, yt, ldy, ob, oe, pf, l1, save); break;
+        case 4: rows_pass(dt, TILE_R, 4, W, wrb, K, xt, ldx, yt, ldy, ob, oe, pf, l1, save); break;
+        case 5: rows_pass(dt, TILE_R, 5, W, wrb, K, xt, ldx, yt, ldy, ob, oe, pf, l1, save); break;
 #if TILE_C > 6
-        case 6: rows_pass(dt, TILE_R, 6, W, wrb, K, xt, ldx, yt, ldy, ob, oe, pf_l2, 1, save); break;
-        case 7: rows_pass(dt, TILE_R, 7, W, wrb, K, xt, ldx, yt, ldy, ob, oe, pf_l2, 1, save); break;
+        case 6: rows_pass(dt, TILE_R, 6, W, wrb, K, xt, ldx, yt, ldy, ob, oe, pf, l1, save); break;
+        case 7: rows_pass(dt, TILE_R, 7, W, wrb, K, xt, ldx, yt, ldy, ob, oe, pf, l1, save); break;
 #endif
         default: break;
         }
@@ -777,22 +781,24 @@ AI void b32_rows_isa(const int dt, const int vnni, const char *W, size_t wrb, in
     case 4: b32_stream(dt, vnni, 4, 4, W, wrb, nb, xq, xd, y, ldy, o0, o1); return;
     default: break;
     }
-    /* panels of rows kept in L2 while every tile of tokens passes over them */
+    /* panels of rows kept in L2 while every tile of tokens passes over them, the later passes
+     * prefetching the next panel into L2 (as matmul_dt's) */
     const int64_t K = nb * 32;
     int64_t panel = (int64_t)(KERN_PANEL_BYTES / wrb);
     panel = panel < B32_R ? B32_R : panel / B32_R * B32_R;
     for (int64_t ob = o0; ob < o1; ob += panel) {
         int64_t oe = o1 - ob < panel ? o1 : ob + panel;
+        const size_t pf_next = oe < o1 ? (size_t)panel * wrb : 0;
         int t = 0;
         for (; t + B32_C <= T; t += B32_C)
             b32_pass(dt, vnni, B32_R, B32_C, W, wrb, nb, xq + t * K, xd + t * nb, y + t * ldy, ldy,
-                     ob, oe, t == 0 ? PF_STREAM_BYTES : 0);
+                     ob, oe, t == 0 ? PF_STREAM_BYTES : pf_next);
         const int8_t *xt = xq + t * K;
         const float *xdt = xd + t * nb;
         float *yt = y + t * ldy;
         switch (T - t) {
-        case 1: b32_pass(dt, vnni, B32_R, 1, W, wrb, nb, xt, xdt, yt, ldy, ob, oe, 0); break;
-        case 2: b32_pass(dt, vnni, B32_R, 2, W, wrb, nb, xt, xdt, yt, ldy, ob, oe, 0); break;
+        case 1: b32_pass(dt, vnni, B32_R, 1, W, wrb, nb, xt, xdt, yt, ldy, ob, oe, pf_next); break;
+        case 2: b32_pass(dt, vnni, B32_R, 2, W, wrb, nb, xt, xdt, yt, ldy, ob, oe, pf_next); break;
         default: break;
         }
     }
