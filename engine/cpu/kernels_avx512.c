@@ -416,8 +416,12 @@ static void mm_bf16(const char *W, size_t wrb, int64_t K, const float *x, int64_
  * pairs: |sum| <= 3810, never saturates), then vpmaddwd with the sub-block's scale in every
  * 16-bit lane (int32 lanes: sc * sum of 4 products), added over the 4 chunks: 16 exact int32
  * lanes (|lane| < 2^21, so their conversion to F32 is exact). Per super-block and token:
- * acc = fma(float(lanes), d * dx, acc) in 16 lanes, accm = fma(float(m . bsum pairs), dmin * dx,
- * accm) in 4 lanes; y = simd_hsum16(acc) - (accm reduced ((0 + 2) + (1 + 3))). */
+ * acc = fma(float(lanes), d * dx, acc) in 16 lanes, and the mins' exact integer
+ * mi = sum_j m_j * bsum_j (|mi| < 2^21) into one F32 accumulator, accm = fma(float(mi), dmin * dx,
+ * accm); y = simd_hsum16(acc) - accm. With one token mi is the sum of vpmaddwd's 4 lanes of mins
+ * x bsum pairs; with several (tiles of one row) it comes for Q4K_TOK tokens at once, one token
+ * per lane, from the tile's bsum pairs laid out across tokens (q4k_layout): the same integers,
+ * so a row and token get the same bits whatever the tile. */
 
 #define Q4K_TOK 8  /* tokens per tile */
 #define Q4K_ROWS 4 /* rows per tile with one token */
@@ -434,24 +438,45 @@ AI __m512i madd_acc(const int vnni, __m512i acc, __m512i p, __m512i s)
     return _mm512_add_epi32(acc, _mm512_madd_epi16(p, s));
 }
 
+/* Tokens' bsum pairs and scales laid out across tokens for the several-token tiles: for super-block
+ * s, bt[(4 s + p) * Q4K_TOK + c] = bsum[2p] | bsum[2p+1] << 16 of token c and dxt[s * Q4K_TOK + c]
+ * = its d, for c < C; 0 for c >= C. xq: C tokens of nsb super-blocks each (token stride nsb). */
+AI void q4k_layout(const kern_q8k_t *xq, int C, int64_t nsb, int32_t *bt, float *dxt)
+{
+    for (int64_t s = 0; s < nsb; s++) {
+        for (int p = 0; p < 4; p++)
+            for (int c = 0; c < Q4K_TOK; c++) {
+                int32_t v = 0;
+                if (c < C) memcpy(&v, xq[c * nsb + s].bsum + 2 * p, 4);
+                bt[(4 * s + p) * Q4K_TOK + c] = v;
+            }
+        for (int c = 0; c < Q4K_TOK; c++) dxt[s * Q4K_TOK + c] = c < C ? xq[c * nsb + s].d : 0.0f;
+    }
+}
+
 /* Rows [0, R) at `row` (stride wrb, nsb super-blocks each) against C tokens of xq (token stride
- * nsb); y[c * ldy + r]. A row's arithmetic does not depend on R or C: its own accumulators, the
- * super-blocks in order, and the fixed reductions (four rows at once through simd_hsum16x4 and a 4 x 4
- * transpose of accm, the same trees as one row's). */
+ * nsb); y[c * ldy + r]. Either R rows (R <= Q4K_ROWS) and C == 1, or R == 1 and C tokens (C <=
+ * Q4K_TOK) with bt, dxt from q4k_layout of the same C tokens (NULL when C == 1). A row's
+ * arithmetic does not depend on R or C: its own accumulators, the super-blocks in order, and the
+ * fixed reductions (four rows at once through simd_hsum16x4, the same trees as one row's). */
 AI void q4k_tile(const int vnni, const int R, const int C, const block_q4_K *row, size_t wrb,
-                 int64_t nsb, const kern_q8k_t *xq, float *y, int64_t ldy, size_t pfd)
+                 int64_t nsb, const kern_q8k_t *xq, const int32_t *bt, const float *dxt,
+                 float *y, int64_t ldy, size_t pfd)
 {
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     const __m512i shv = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
     __m512 acc[Q4K_ROWS][Q4K_TOK];
-    __m128 accm[Q4K_ROWS][Q4K_TOK];
+    __m128 accm1[Q4K_ROWS]; /* C == 1, R < 4: row r's mins accumulator in lane 0 */
+    __m128 accm4 = _mm_setzero_ps(); /* C == 1, R == 4: row r's in lane r */
+    __m256 accm8 = _mm256_setzero_ps(); /* C > 1: token c's mins accumulator in lane c */
+    __m128i mir[Q4K_ROWS]; /* C == 1: row r's mins x bsum pairs of the super-block */
+    __m128 dmr[Q4K_ROWS];  /* C == 1: row r's dmin in lane 0 */
 #pragma GCC unroll 4
-    for (int r = 0; r < R; r++)
+    for (int r = 0; r < R; r++) {
+        accm1[r] = _mm_setzero_ps();
 #pragma GCC unroll 8
-        for (int c = 0; c < C; c++) {
-            acc[r][c] = _mm512_setzero_ps();
-            accm[r][c] = _mm_setzero_ps();
-        }
+        for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
+    }
     for (int64_t s = 0; s < nsb; s++) {
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
@@ -477,6 +502,8 @@ AI void q4k_tile(const int vnni, const int R, const int C, const block_q4_K *row
             uint32_t ddm; /* d, dmin: lanes 0, 1 */
             memcpy(&ddm, &b->d, 4);
             const __m128 dwm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)ddm));
+            const float d = _mm_cvtss_f32(dwm);
+            const __m128 dmin = _mm_movehdup_ps(dwm); /* lane 0: dmin */
 #pragma GCC unroll 8
             for (int c = 0; c < C; c++) {
                 const kern_q8k_t *xb = xq + c * nsb + s;
@@ -486,36 +513,57 @@ AI void q4k_tile(const int vnni, const int R, const int C, const block_q4_K *row
                     __m512i p = _mm512_maddubs_epi16(Q[j], _mm512_loadu_si512(xb->q + 64 * j));
                     isum = madd_acc(vnni, isum, p, S[j]);
                 }
-                __m128i ms = _mm_madd_epi16(mn, _mm_loadu_si128((const __m128i *)xb->bsum));
-                const __m128 dd = _mm_mul_ps(dwm, _mm_set1_ps(xb->d)); /* d * dx, dmin * dx */
-                acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_broadcastss_ps(dd),
+                acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(d * xb->d),
                                             acc[r][c]);
-                accm[r][c] = _mm_fmadd_ps(_mm_cvtepi32_ps(ms), _mm_shuffle_ps(dd, dd, 0x55),
-                                          accm[r][c]);
+            }
+            if (C == 1) { /* summed and accumulated below, all rows at once */
+                mir[r] = _mm_madd_epi16(mn, _mm_loadu_si128((const __m128i *)xq[s].bsum));
+                dmr[r] = dmin;
+            } else { /* R == 1 */
+                const __m256i mn8 = _mm256_castsi128_si256(mn);
+                const int32_t *bs = bt + 4 * s * Q4K_TOK;
+                __m256i mi = _mm256_setzero_si256();
+#pragma GCC unroll 4
+                for (int p = 0; p < 4; p++) {
+                    const __m256i mp = _mm256_permutevar8x32_epi32(mn8, _mm256_set1_epi32(p));
+                    const __m256i bp = _mm256_loadu_si256((const __m256i *)(bs + p * Q4K_TOK));
+                    mi = _mm256_add_epi32(mi, _mm256_madd_epi16(mp, bp));
+                }
+                const __m256 dm = _mm256_mul_ps(_mm256_broadcastss_ps(dmin),
+                                                _mm256_loadu_ps(dxt + s * Q4K_TOK));
+                accm8 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mi), dm, accm8);
+            }
+        }
+        if (C == 1 && R == 4) { /* lane r: row r's sum of its 4 lanes; dmin * dx; fma */
+            const __m128i mi = _mm_hadd_epi32(_mm_hadd_epi32(mir[0], mir[1]),
+                                              _mm_hadd_epi32(mir[2], mir[3]));
+            const __m128 dm4 = _mm_unpacklo_ps(_mm_unpacklo_ps(dmr[0], dmr[2]),
+                                               _mm_unpacklo_ps(dmr[1], dmr[3]));
+            accm4 = _mm_fmadd_ps(_mm_cvtepi32_ps(mi), _mm_mul_ps(dm4, _mm_set1_ps(xq[s].d)), accm4);
+        } else if (C == 1) {
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                __m128i mi = _mm_add_epi32(mir[r], _mm_shuffle_epi32(mir[r], 0x4e));
+                mi = _mm_add_epi32(mi, _mm_shuffle_epi32(mi, 0xb1));
+                const __m128 dm = _mm_mul_ss(dmr[r], _mm_set_ss(xq[s].d));
+                accm1[r] = _mm_fmadd_ss(_mm_cvtepi32_ps(mi), dm, accm1[r]);
             }
         }
     }
-    if (R == 4) {
+    if (C > 1) {
+        float m[Q4K_TOK];
+        _mm256_storeu_ps(m, accm8);
 #pragma GCC unroll 8
-        for (int c = 0; c < C; c++) {
-            /* lane r: ((accm lane 0 + lane 2) + (lane 1 + lane 3)) of row r, as below */
-            __m128 t0 = accm[0][c], t1 = accm[1][c], t2 = accm[2][c], t3 = accm[3][c];
-            _MM_TRANSPOSE4_PS(t0, t1, t2, t3);
-            __m128 m = _mm_add_ps(_mm_add_ps(t0, t2), _mm_add_ps(t1, t3));
-            _mm_storeu_ps(y + c * ldy,
-                          _mm_sub_ps(simd_hsum16x4(acc[0][c], acc[1][c], acc[2][c], acc[3][c]), m));
-        }
+        for (int c = 0; c < C; c++) y[c * ldy] = simd_hsum16(acc[0][c]) - m[c];
+        return;
+    }
+    if (R == 4) {
+        _mm_storeu_ps(y, _mm_sub_ps(simd_hsum16x4(acc[0][0], acc[1][0], acc[2][0], acc[3][0]),
+                                    accm4));
         return;
     }
 #pragma GCC unroll 4
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 8
-        for (int c = 0; c < C; c++) {
-            /* (0+2), (1+3) */
-            __m128 h = _mm_add_ps(accm[r][c], _mm_movehl_ps(accm[r][c], accm[r][c]));
-            float m = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
-            y[c * ldy + r] = simd_hsum16(acc[r][c]) - m;
-        }
+    for (int r = 0; r < R; r++) y[r] = simd_hsum16(acc[r][0]) - _mm_cvtss_f32(accm1[r]);
 }
 
 /* kern_q8k_quantize, the same bits: max|x| is exact in any order, d and 1/d are the same
@@ -567,11 +615,14 @@ AI void q4k_rows_isa(const int vnni, const char *W, size_t wrb, int64_t nsb,
     int64_t panel = T <= Q4K_TOK ? o1 - o0 : (int64_t)(KERN_PANEL_BYTES / wrb);
     if (panel < 1) panel = 1;
     if (T <= Q4K_TOK) stream_head(W + (size_t)o0 * wrb, (size_t)(o1 - o0) * wrb);
+    int32_t bt[KERN_Q8K_STACK * 4 * Q4K_TOK]; /* q4k_layout of the current token tile */
+    float dxt[KERN_Q8K_STACK * Q4K_TOK];
     for (int64_t ob = o0; ob < o1; ob += panel) {
         int64_t oe = o1 - ob < panel ? o1 : ob + panel;
         for (int t = 0; t < T; t += Q4K_TOK) {
             const kern_q8k_t *xt = xq + (int64_t)t * nsb;
             float *yt = y + (int64_t)t * ldy;
+            if (T - t > 1) q4k_layout(xt, T - t < Q4K_TOK ? T - t : Q4K_TOK, nsb, bt, dxt);
             const size_t pfd = t == 0 ? PF_STREAM_BYTES : 0;
             int64_t o = ob;
             if (T - t == 1) { /* one token: rows in fours (the x block loads and the reductions
@@ -580,7 +631,7 @@ AI void q4k_rows_isa(const int vnni, const char *W, size_t wrb, int64_t nsb,
                 float ts[Q4K_ROWS];
                 for (int64_t i = 0; i < q; i++) {
                     q4k_tile(vnni, Q4K_ROWS, 1, (const block_q4_K *)(W + (size_t)(ob + i) * wrb),
-                             (size_t)q * wrb, nsb, xt, ts, Q4K_ROWS, pfd);
+                             (size_t)q * wrb, nsb, xt, NULL, NULL, ts, Q4K_ROWS, pfd);
                     kern_spread_store(ts, Q4K_ROWS, 1, yt + ob + i, ldy, q);
                 }
                 o = ob + Q4K_ROWS * q;
@@ -588,14 +639,15 @@ AI void q4k_rows_isa(const int vnni, const char *W, size_t wrb, int64_t nsb,
             for (; o < oe; o++) {
                 const block_q4_K *row = (const block_q4_K *)(W + (size_t)o * wrb);
                 switch (T - t) {
-                case 1: q4k_tile(vnni, 1, 1, row, wrb, nsb, xt, yt + o, ldy, pfd); break;
-                case 2: q4k_tile(vnni, 1, 2, row, wrb, nsb, xt, yt + o, ldy, pfd); break;
-                case 3: q4k_tile(vnni, 1, 3, row, wrb, nsb, xt, yt + o, ldy, pfd); break;
-                case 4: q4k_tile(vnni, 1, 4, row, wrb, nsb, xt, yt + o, ldy, pfd); break;
-                case 5: q4k_tile(vnni, 1, 5, row, wrb, nsb, xt, yt + o, ldy, pfd); break;
-                case 6: q4k_tile(vnni, 1, 6, row, wrb, nsb, xt, yt + o, ldy, pfd); break;
-                case 7: q4k_tile(vnni, 1, 7, row, wrb, nsb, xt, yt + o, ldy, pfd); break;
-                default: q4k_tile(vnni, 1, 8, row, wrb, nsb, xt, yt + o, ldy, pfd); break;
+                case 1: q4k_tile(vnni, 1, 1, row, wrb, nsb, xt, NULL, NULL, yt + o, ldy, pfd);
+                    break;
+                case 2: q4k_tile(vnni, 1, 2, row, wrb, nsb, xt, bt, dxt, yt + o, ldy, pfd); break;
+                case 3: q4k_tile(vnni, 1, 3, row, wrb, nsb, xt, bt, dxt, yt + o, ldy, pfd); break;
+                case 4: q4k_tile(vnni, 1, 4, row, wrb, nsb, xt, bt, dxt, yt + o, ldy, pfd); break;
+                case 5: q4k_tile(vnni, 1, 5, row, wrb, nsb, xt, bt, dxt, yt + o, ldy, pfd); break;
+                case 6: q4k_tile(vnni, 1, 6, row, wrb, nsb, xt, bt, dxt, yt + o, ldy, pfd); break;
+                case 7: q4k_tile(vnni, 1, 7, row, wrb, nsb, xt, bt, dxt, yt + o, ldy, pfd); break;
+                default: q4k_tile(vnni, 1, 8, row, wrb, nsb, xt, bt, dxt, yt + o, ldy, pfd); break;
                 }
             }
         }
