@@ -129,6 +129,15 @@ static inline void q4k_prefetch(const void *b, size_t pfd)
     for (int i = 0; i < 3; i++) kern_pf_stream((const char *)b + pfd + 64 * i);
 }
 
+/* The two lines pfd bytes past b, streamed (kern_pf_stream; pfd 0: none): a block of <= 128
+ * bytes followed by the next ones, so consecutive blocks cover every line. */
+static inline void kern_pf_stream2(const void *b, size_t pfd)
+{
+    if (!pfd) return;
+    kern_pf_stream((const char *)b + pfd);
+    kern_pf_stream((const char *)b + pfd + 64);
+}
+
 /* The 8 scales and 8 mins of a Q4_K super-block (engine/dtype.h's q4k_scale_min, all at once). */
 static inline void q4k_unpack(const uint8_t *scales, uint8_t sc[8], uint8_t mn[8])
 {

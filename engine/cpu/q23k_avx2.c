@@ -65,7 +65,7 @@ AI void q23k_tile(const int dt, const int C, const char *row, int64_t nsb, const
     for (int c = 0; c < C; c++) acc[c] = accm[c] = _mm256_setzero_ps();
     for (int64_t s = 0; s < nsb; s++) {
         const char *bp = row + (size_t)s * bs;
-        simd_pf2(bp, pfd);
+        kern_pf_stream2(bp, pfd);
         __m256i U[8], S[8], sm16; /* sm16: Q3_K the 16 scales, Q2_K the 16 mins, as int16 */
         const uint8_t *qs;
         __m128 dwm; /* d (lane 0), dmin (lane 1, Q2_K) */

@@ -103,7 +103,7 @@ AI void q23k_tile(const int dt, const int vnni, const int R, const int C, const 
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const char *bp = row + (size_t)r * wrb + (size_t)s * bs;
-            simd_pf2(bp, pfd);
+            kern_pf_stream2(bp, pfd);
             __m512i U[4], S[4];
             __m256i sm16; /* Q3_K the 16 scales, Q2_K the 16 mins, as int16 */
             const uint8_t *qs;

@@ -20,14 +20,4 @@ static inline __attribute__((always_inline)) float simd_hsum8(__m256 v)
     return _mm_cvtss_f32(_mm_add_ss(p, _mm_movehdup_ps(p)));
 }
 
-/* Prefetches the two cache lines pfd bytes past b (a block of <= 128 bytes followed by the next
- * ones, so their lines are covered) as weights streamed from memory: into L2, not L1 (the hint of
- * kern_pf_stream, kernels_impl.h). pfd 0: none. */
-static inline __attribute__((always_inline)) void simd_pf2(const void *b, size_t pfd)
-{
-    if (!pfd) return;
-    _mm_prefetch((const char *)b + pfd, _MM_HINT_T1);
-    _mm_prefetch((const char *)b + pfd + 64, _MM_HINT_T1);
-}
-
 #endif
