@@ -169,6 +169,7 @@ typedef struct {
     const float *x;
     float *y;
     int T;
+    int packed; /* W is kt->pack's copy: kt->matmul_packed */
 } mm_job_t;
 
 static void mm_fn(void *arg, int ith, int nth)
@@ -177,17 +178,23 @@ static void mm_fn(void *arg, int ith, int nth)
     long lo, hi; /* split in units of 16 rows */
     tpool_split((long)((j->N + 15) / 16), ith, nth, &lo, &hi);
     int64_t o0 = lo * 16, o1 = hi * 16 < j->N ? hi * 16 : j->N;
-    if (o0 < o1) j->kt->matmul(j->wtype, j->W, j->rb, j->K, j->x, j->K, j->y, j->N, j->T, o0, o1);
+    if (o0 >= o1) return;
+    if (j->packed)
+        j->kt->matmul_packed(j->wtype, j->W, j->K, j->x, j->K, j->y, j->N, j->T, o0, o1);
+    else
+        j->kt->matmul(j->wtype, j->W, j->rb, j->K, j->x, j->K, j->y, j->N, j->T, o0, o1);
 }
 
-/* Best seconds per call; the weights cycle through the pool (pool_bytes) unless T is large. */
-static double time_matmul(tpool_t *pool, const kern_table_t *kt, int wtype, const char *wpool,
-                          size_t pool_bytes, int64_t N, int64_t K, int T, const float *x, float *y,
-                          double budget)
+/* Best seconds per call; the weights cycle through the pool (pool_bytes) unless T is large.
+ * packed: wpool holds kt->pack's copy of the pool's rows (N a multiple of KERN_PACK_ROWS, so
+ * N rows take the same bytes packed). */
+static double time_matmul_p(tpool_t *pool, const kern_table_t *kt, int wtype, const char *wpool,
+                            size_t pool_bytes, int64_t N, int64_t K, int T, const float *x,
+                            float *y, double budget, int packed)
 {
     size_t rb = dtype_row_bytes(wtype, K), wbytes = rb * (size_t)N;
     size_t copies = T <= 16 ? pool_bytes / wbytes : 1;
-    mm_job_t j = {kt, wtype, wpool, rb, K, N, x, y, T};
+    mm_job_t j = {kt, wtype, wpool, rb, K, N, x, y, T, packed};
     double best = 1e30;
     size_t c = 0;
     for (int rep = 0; rep < 4; rep++) {
@@ -202,6 +209,13 @@ static double time_matmul(tpool_t *pool, const kern_table_t *kt, int wtype, cons
         if (t / calls < best) best = t / calls;
     }
     return best;
+}
+
+static double time_matmul(tpool_t *pool, const kern_table_t *kt, int wtype, const char *wpool,
+                          size_t pool_bytes, int64_t N, int64_t K, int T, const float *x, float *y,
+                          double budget)
+{
+    return time_matmul_p(pool, kt, wtype, wpool, pool_bytes, N, K, T, x, y, budget, 0);
 }
 
 static double time_sgemm(int64_t M, int64_t N, int64_t K, const float *a, const float *b, float *c,
@@ -260,12 +274,12 @@ static double time_model(tpool_t *pool, const kern_table_t *kt, int t, const cha
         for (size_t s = 0; s < N_MODEL; s++)
             for (int r = 0; r < MODEL[s].per_layer; r++) {
                 size_t rb = dtype_row_bytes(t, kfit(t, MODEL[s].K));
-                mm_job_t j = {kt, t, wpool + off, rb, kfit(t, MODEL[s].K), MODEL[s].N, x, y, T};
+                mm_job_t j = {kt, t, wpool + off, rb, kfit(t, MODEL[s].K), MODEL[s].N, x, y, T, 0};
                 tpool_run(pool, mm_fn, &j);
                 off += rb * (size_t)MODEL[s].N;
             }
     mm_job_t j = {kt, t, wpool + off, dtype_row_bytes(t, kfit(t, 576)), kfit(t, 576), MODEL_VOCAB,
-                  x, y, T > 16 ? 1 : T};
+                  x, y, T > 16 ? 1 : T, 0};
     tpool_run(pool, mm_fn, &j);
     return now_s() - t0;
 }
@@ -350,6 +364,22 @@ static char *make_kq_pool(int t, size_t bytes)
     return w;
 }
 
+/* kt's packed copy (kern_table_t.pack) of as many whole 16-row groups of the pool's rows of
+ * width K as it holds; *bytes its size (the same bytes as those rows). NULL when kt packs no
+ * such matrix or memory runs out. */
+static char *pack_pool(const kern_table_t *kt, int t, const char *wp, int64_t K, size_t *bytes)
+{
+    if (!kt->pack_bytes) return NULL;
+    const size_t rb = dtype_row_bytes(t, K);
+    const int64_t rows = (int64_t)(KQ_POOL_BYTES / rb) / KERN_PACK_ROWS * KERN_PACK_ROWS;
+    const size_t n = kt->pack_bytes(t, rows, K);
+    char *P = n ? aligned_alloc(64, (n + 63) / 64 * 64) : NULL;
+    if (!P) return NULL;
+    kt->pack(t, wp, rb, rows, K, P);
+    *bytes = n;
+    return P;
+}
+
 static void kquant_table(tpool_t *pool, int nth, int rounds, double budget, double bw)
 {
     static const char *const isas[] = {"avx2", "avx512", "avx512-vnni"};
@@ -368,19 +398,24 @@ static void kquant_table(tpool_t *pool, int nth, int rounds, double budget, doub
             fprintf(stderr, "bench_kernels: out of memory\n");
             exit(1);
         }
-        for (size_t ii = 0; ii < sizeof isas / sizeof isas[0]; ii++) {
-            const kern_table_t *kt = kern_get(isas[ii]);
-            if (!kt) continue;
+        for (size_t ii = 0; ii < 2 * (sizeof isas / sizeof isas[0]); ii++) {
+            const kern_table_t *kt = kern_get(isas[ii / 2]);
+            const int packed = (int)(ii % 2); /* the table's own layout (kern_table_t.pack) */
+            if (!kt || (packed && !kt->pack_bytes)) continue;
             for (int s = 0; s < N_KQ_SH; s++) {
                 const int64_t N = KQ_SH[s][0], K = KQ_SH[s][1];
+                size_t pbytes = KQ_POOL_BYTES;
+                char *pk = packed ? pack_pool(kt, t, wp, K, &pbytes) : NULL;
+                if (packed && !pk) continue;
                 double best[N_KQ_TS];
                 for (int k = 0; k < N_KQ_TS; k++) best[k] = 1e30;
                 for (int r = 0; r < rounds; r++)
                     for (int k = 0; k < N_KQ_TS; k++)
-                        keep_min(&best[k], time_matmul(pool, kt, t, wp, KQ_POOL_BYTES, N, K,
-                                                       KQ_TS[k], x, y, budget));
-                printf("| %s, %d | %s | %lldx%lld ", kt->name, nth, dtype_name(t), (long long)N,
-                       (long long)K);
+                        keep_min(&best[k], time_matmul_p(pool, kt, t, packed ? pk : wp, pbytes, N,
+                                                         K, KQ_TS[k], x, y, budget, packed));
+                free(pk);
+                printf("| %s%s, %d | %s | %lldx%lld ", kt->name, packed ? " packed" : "", nth,
+                       dtype_name(t), (long long)N, (long long)K);
                 for (int k = 0; k < N_KQ_TS; k++) {
                     printf("| %.1f ", 2.0 * KQ_TS[k] * (double)N * (double)K / best[k] / 1e9);
                     if (KQ_TS[k] == 1) {
@@ -404,11 +439,15 @@ static void kquant_table(tpool_t *pool, int nth, int rounds, double budget, doub
             fprintf(stderr, "bench_kernels: out of memory\n");
             exit(1);
         }
-        for (size_t ii = 0; ii < sizeof isas / sizeof isas[0]; ii++) {
-            const kern_table_t *kt = kern_get(isas[ii]);
-            if (!kt) continue;
+        for (size_t ii = 0; ii < 2 * (sizeof isas / sizeof isas[0]); ii++) {
+            const kern_table_t *kt = kern_get(isas[ii / 2]);
+            const int packed = (int)(ii % 2);
+            if (!kt || (packed && !kt->pack_bytes)) continue;
             const int64_t K = 2048, NL = 256, NS = 2048;
             const size_t rb = dtype_row_bytes(t, K), ws = rb * (size_t)NS;
+            size_t pbytes = KQ_POOL_BYTES;
+            char *pk = packed ? pack_pool(kt, t, wp, K, &pbytes) : NULL;
+            if (packed && !pk) continue;
             static const int tl[3] = {1, 16, 64};
             double best[4] = {1e30, 1e30, 1e30, 1e30};
             size_t c = 0;
@@ -418,7 +457,12 @@ static void kquant_table(tpool_t *pool, int nth, int rounds, double budget, doub
                         int calls = 0;
                         double t0 = cpu_now_s(), el;
                         do {
-                            if (k < 3) kt->matmul(t, wp, rb, K, x, K, y, NL, tl[k], 0, NL);
+                            if (packed && k < 3)
+                                kt->matmul_packed(t, pk, K, x, K, y, NL, tl[k], 0, NL);
+                            else if (packed)
+                                kt->matmul_packed(t, pk + ws * (c++ % (pbytes / ws)), K, x, K, y,
+                                                  NS, 1, 0, NS);
+                            else if (k < 3) kt->matmul(t, wp, rb, K, x, K, y, NL, tl[k], 0, NL);
                             else kt->matmul(t, wp + ws * (c++ % (KQ_POOL_BYTES / ws)), rb, K, x, K, y,
                                             NS, 1, 0, NS);
                             calls++;
@@ -426,7 +470,9 @@ static void kquant_table(tpool_t *pool, int nth, int rounds, double budget, doub
                         } while (el < budget / 20);
                         keep_min(&best[k], el / calls);
                     }
-            printf("| %s | %s | %.1f (%.1f) | %.1f | %.1f | %.1f |\n", kt->name, dtype_name(t),
+            free(pk);
+            printf("| %s%s | %s | %.1f (%.1f) | %.1f | %.1f | %.1f |\n", kt->name,
+                   packed ? " packed" : "", dtype_name(t),
                    2.0 * (double)NL * (double)K / best[0] / 1e9,
                    (double)(rb * (size_t)NL) / best[0] / 1e9,
                    2.0 * 16 * (double)NL * (double)K / best[1] / 1e9,

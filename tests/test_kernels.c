@@ -18,7 +18,11 @@
  *
  * Batch invariance (kernels.h): every (t, o) of a batch of T tokens over rows [o0, o1) must be
  * bit-identical to the same token computed alone over a single row, for T = 1..70, ranges
- * starting and ending at odd rows, and neighbouring tokens that differ. */
+ * starting and ending at odd rows, and neighbouring tokens that differ.
+ *
+ * Packed Q4_K (the avx512-vnni table's pack / matmul_packed, where this CPU has it): the same
+ * accuracy, batch invariance and cross-ISA checks, through a matmul that packs its W first;
+ * row counts that are not multiples of 16 and ranges that start or end inside a group. */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -267,6 +271,48 @@ static void test_isa_cross(const kern_table_t *a, const kern_table_t *b, int t, 
     free(x);
     free(ya);
     free(yb);
+}
+
+/* The avx512-vnni table's packed Q4_K route seen as a matmul: W's rows [0, o1) packed, then
+ * matmul_packed, so the shared checks (accuracy, batch invariance, agreement with another ISA)
+ * run on it as they do on every matmul. */
+static int packed_matmul(int t, const void *W, size_t rb, int64_t K, const float *x, int64_t ldx,
+                         float *y, int64_t ldy, int T, int64_t o0, int64_t o1)
+{
+    const kern_table_t *kt = kern_get("avx512-vnni");
+    const size_t n = kt->pack_bytes(t, o1, K);
+    if (!n) return -1;
+    void *P = aligned_alloc(64, (n + 63) / 64 * 64);
+    if (!P) return -1;
+    kt->pack(t, W, rb, o1, K, P);
+    const int rc = kt->matmul_packed(t, P, K, x, ldx, y, ldy, T, o0, o1);
+    free(P);
+    return rc;
+}
+
+/* kern_table_t.pack of the table that has one (avx512-vnni): what it packs, and the packed route
+ * through the checks every matmul gets (kernels.h "Packed Q4_K" gives its bound: matmul's). */
+static void test_packed(const kern_table_t *kt, const kern_table_t *other)
+{
+    CHECK(kt->pack_bytes(DT_Q4_K, 37, 768) == 3 * 3 * 2304);
+    CHECK(kt->pack_bytes(DT_Q4_K, 32, 256) == 2 * 2304);
+    CHECK(kt->pack_bytes(DT_Q4_K, 37, 288) == 0); /* K not a multiple of 256 */
+    CHECK(kt->pack_bytes(DT_Q4_K, 0, 256) == 0);
+    for (int wi = 0; wi < N_WTYPES; wi++)
+        if (WTYPES[wi] != DT_Q4_K) {
+            CHECK(kt->pack_bytes(WTYPES[wi], 37, 768) == 0);
+            CHECK(kt->matmul_packed(WTYPES[wi], NULL, 768, NULL, 768, NULL, 1, 1, 0, 0) == -1);
+        }
+    kern_table_t pk = *kt;
+    pk.name = "avx512-vnni packed";
+    pk.matmul = packed_matmul;
+    static const int64_t KS_K[] = {256, 512, 768, 1536};
+    for (size_t ki = 0; ki < sizeof KS_K / sizeof KS_K[0]; ki++)
+        for (int T = 1; T <= 21; T += 4) kc_matmul_accuracy(&pk, DT_Q4_K, KS_K[ki], T, &ACC);
+    kc_batch_invariance(&pk, DT_Q4_K, 29, 256, 24, make_weights, &rng_state);
+    kc_batch_invariance(&pk, DT_Q4_K, 45, 768, 14, make_weights, &rng_state);
+    kc_batch_invariance(&pk, DT_Q4_K, 29, 1536, 14, make_weights, &rng_state);
+    test_isa_cross(&pk, other, DT_Q4_K, 768);
 }
 
 static void test_elementwise(const kern_table_t *kt)
@@ -645,6 +691,9 @@ int main(void)
         for (int wi = 0; wi < N_WTYPES; wi++)
             kc_same_bits(tabs[KC_AVX512], tabs[KC_AVX512_VNNI], WTYPES[wi], WTYPES[wi] == DT_Q4_K ? 768 : 576, make_weights,
                          &rng_state);
+    if (tabs[KC_AVX512_VNNI]) test_packed(tabs[KC_AVX512_VNNI], tabs[0]);
+    for (int i = 0; i < KC_AVX512_VNNI; i++) /* the other tables pack nothing */
+        CHECK(!tabs[i] || (!tabs[i]->pack_bytes && !tabs[i]->matmul_packed));
     test_dequant_reference();
     test_q8k_quantize();
     test_q8_quantize();

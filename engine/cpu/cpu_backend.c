@@ -1,6 +1,8 @@
 /* engine/cpu/cpu_backend.c: the CPU backend: Llama-family forward pass over the paged KV cache.
  *
- * Weights are read in place from the model's mapping. Activations live in scratch buffers sized
+ * Weights are read in place from the model's mapping, except the matrices the kernel table packs
+ * into a layout of its own (kern_table_t.pack: Q4_K with AVX512-VNNI), copied once at creation
+ * into memory the backend owns. Activations live in scratch buffers sized
  * for params.max_batch_tokens at creation; nothing is allocated per step. Each phase of a layer
  * is one tpool_run; matmuls split output rows over threads, attention splits (token, kv head)
  * items over threads. Every output value is computed in an order that does not depend on the
@@ -28,9 +30,16 @@
  * it. */
 #define ATT_QT 16
 
+/* The matrices of a layer, in the order of the packed-copy slots (cpu_t.packed). */
+enum { MAT_Q, MAT_K, MAT_V, MAT_O, MAT_GATE, MAT_UP, MAT_DOWN, MAT_N };
+
 typedef struct {
     backend_t base;
     const kern_table_t *k;
+    /* [(n_layers + 1) * MAT_N]: the kernels' packed copy of matrix i of layer l at
+     * [l * MAT_N + i], of the output head at [n_layers * MAT_N]; NULL where the matrix is used
+     * in place. Owned (aligned_alloc). */
+    void **packed;
     tpool_t *pool;
     int n_threads;
     unsigned char *kv;       /* [n_kv_blocks][kv_block_bytes] */
@@ -88,12 +97,35 @@ static const float *norm_rows(const job_t *j, const float *w, int ith)
     return xn;
 }
 
-static void mm(const cpu_t *c, const weight_t *w, const float *x, int64_t ldx, float *y,
-               int64_t ldy, int T, int ith, int nth)
+/* This thread's part [lo, hi) of n matrix rows: whole units of KERN_PACK_ROWS (the last one
+ * short), so that packed matrices split at their groups. Every phase that touches a matmul's
+ * rows after it splits them this way. */
+static void split_rows(long n, int ith, int nth, long *lo, long *hi)
+{
+    tpool_split((n + KERN_PACK_ROWS - 1) / KERN_PACK_ROWS, ith, nth, lo, hi);
+    *lo *= KERN_PACK_ROWS;
+    *hi *= KERN_PACK_ROWS;
+    if (*hi > n) *hi = n;
+    if (*lo > n) *lo = n;
+}
+
+/* y = W x over rows [lo, hi) of matrix `which` of layer `layer` (layer -1: the output head), w,
+ * through its packed copy when it has one (kernels.h: matmul's contract either way). */
+static void matmul_w(const cpu_t *c, int layer, int which, const weight_t *w, const float *x,
+                     int64_t ldx, float *y, int64_t ldy, int T, long lo, long hi)
+{
+    const int hp_layers = c->base.model->hp.n_layers;
+    const void *p = c->packed[(layer < 0 ? hp_layers : layer) * MAT_N + (layer < 0 ? 0 : which)];
+    if (p) c->k->matmul_packed(w->type, p, w->cols, x, ldx, y, ldy, T, lo, hi);
+    else c->k->matmul(w->type, w->data, w->row_bytes, w->cols, x, ldx, y, ldy, T, lo, hi);
+}
+
+static void mm(const cpu_t *c, int layer, int which, const weight_t *w, const float *x,
+               int64_t ldx, float *y, int64_t ldy, int T, int ith, int nth)
 {
     long lo, hi;
-    tpool_split((long)w->rows, ith, nth, &lo, &hi);
-    if (lo < hi) c->k->matmul(w->type, w->data, w->row_bytes, w->cols, x, ldx, y, ldy, T, lo, hi);
+    split_rows((long)w->rows, ith, nth, &lo, &hi);
+    if (lo < hi) matmul_w(c, layer, which, w, x, ldx, y, ldy, T, lo, hi);
 }
 
 static void ph_embed(void *arg, int ith, int nth)
@@ -153,9 +185,9 @@ static void ph_qkv(void *arg, int ith, int nth)
     const hparams_t *hp = &c->base.model->hp;
     const int dim = hp->dim, qd = hp->n_heads * hp->head_dim, kvd = hp->n_kv_heads * hp->head_dim;
     const float *xn = norm_rows(j, j->L->attn_norm.data, ith);
-    mm(c, &j->L->wq, xn, dim, c->q, qd, j->T, ith, nth);
-    mm(c, &j->L->wk, xn, dim, c->kk, kvd, j->T, ith, nth);
-    mm(c, &j->L->wv, xn, dim, c->vv, kvd, j->T, ith, nth);
+    mm(c, j->layer, MAT_Q, &j->L->wq, xn, dim, c->q, qd, j->T, ith, nth);
+    mm(c, j->layer, MAT_K, &j->L->wk, xn, dim, c->kk, kvd, j->T, ith, nth);
+    mm(c, j->layer, MAT_V, &j->L->wv, xn, dim, c->vv, kvd, j->T, ith, nth);
 }
 
 static void rope_apply(const hparams_t *hp, const float *cs, float *v)
@@ -320,10 +352,10 @@ static void ph_wo(void *arg, int ith, int nth)
     const hparams_t *hp = &c->base.model->hp;
     const int dim = hp->dim, qd = hp->n_heads * hp->head_dim;
     long lo, hi;
-    tpool_split(dim, ith, nth, &lo, &hi);
+    split_rows(dim, ith, nth, &lo, &hi);
     if (lo >= hi) return;
     const weight_t *w = &j->L->wo;
-    c->k->matmul(w->type, w->data, w->row_bytes, w->cols, c->att, qd, c->tmp, dim, j->T, lo, hi);
+    matmul_w(c, j->layer, MAT_O, w, c->att, qd, c->tmp, dim, j->T, lo, hi);
     if (j->L->post_attn_norm.data) return; /* ph_post_norm adds it */
     for (int t = 0; t < j->T; t++) c->k->add(c->x + (size_t)t * dim + lo, c->tmp + (size_t)t * dim + lo, hi - lo);
 }
@@ -369,12 +401,11 @@ static void ph_gate_up(void *arg, int ith, int nth)
     const hparams_t *hp = &c->base.model->hp;
     const int dim = hp->dim, ffn = hp->ffn_dim;
     long lo, hi;
-    tpool_split(ffn, ith, nth, &lo, &hi);
+    split_rows(ffn, ith, nth, &lo, &hi);
     const float *xn = norm_rows(j, j->L->ffn_norm.data, ith);
     if (lo >= hi) return;
-    const weight_t *wg = &j->L->w_gate, *wu = &j->L->w_up;
-    c->k->matmul(wg->type, wg->data, wg->row_bytes, dim, xn, dim, c->gate, ffn, j->T, lo, hi);
-    c->k->matmul(wu->type, wu->data, wu->row_bytes, dim, xn, dim, c->up, ffn, j->T, lo, hi);
+    matmul_w(c, j->layer, MAT_GATE, &j->L->w_gate, xn, dim, c->gate, ffn, j->T, lo, hi);
+    matmul_w(c, j->layer, MAT_UP, &j->L->w_up, xn, dim, c->up, ffn, j->T, lo, hi);
     for (int t = 0; t < j->T; t++) {
         float *g = c->gate + (size_t)t * ffn + lo;
         const float *u = c->up + (size_t)t * ffn + lo;
@@ -390,10 +421,9 @@ static void ph_down(void *arg, int ith, int nth)
     const hparams_t *hp = &c->base.model->hp;
     const int dim = hp->dim, ffn = hp->ffn_dim;
     long lo, hi;
-    tpool_split(dim, ith, nth, &lo, &hi);
+    split_rows(dim, ith, nth, &lo, &hi);
     if (lo >= hi) return;
-    const weight_t *w = &j->L->w_down;
-    c->k->matmul(w->type, w->data, w->row_bytes, ffn, c->gate, ffn, c->tmp, dim, j->T, lo, hi);
+    matmul_w(c, j->layer, MAT_DOWN, &j->L->w_down, c->gate, ffn, c->tmp, dim, j->T, lo, hi);
     if (j->L->post_ffn_norm.data) return; /* ph_post_norm adds it */
     for (int t = 0; t < j->T; t++) c->k->add(c->x + (size_t)t * dim + lo, c->tmp + (size_t)t * dim + lo, hi - lo);
 }
@@ -442,10 +472,10 @@ static void ph_logits(void *arg, int ith, int nth)
     job_t *j = arg;
     const cpu_t *c = j->c;
     const model_t *m = c->base.model;
-    mm(c, &m->output, c->xn, m->hp.dim, j->logits, m->hp.n_vocab, j->b->n_logits, ith, nth);
+    mm(c, -1, 0, &m->output, c->xn, m->hp.dim, j->logits, m->hp.n_vocab, j->b->n_logits, ith, nth);
     if (m->hp.logit_softcap > 0) {
         long lo, hi;
-        tpool_split((long)m->output.rows, ith, nth, &lo, &hi);
+        split_rows((long)m->output.rows, ith, nth, &lo, &hi);
         for (int t = 0; t < j->b->n_logits && lo < hi; t++)
             arch_softcap(j->logits + (size_t)t * m->hp.n_vocab + lo, hi - lo, m->hp.logit_softcap);
     }
@@ -535,6 +565,9 @@ static void cpu_free(backend_t *be)
 {
     cpu_t *c = (cpu_t *)be;
     if (!c) return;
+    if (c->packed)
+        for (int i = 0; i < (c->base.model->hp.n_layers + 1) * MAT_N; i++) free(c->packed[i]);
+    free(c->packed);
     tpool_free(c->pool);
     moe_free(c->moe);
     free(c->kv);
@@ -557,6 +590,40 @@ static void cpu_free(backend_t *be)
     free(c->apos);
     free(c->items);
     free(c);
+}
+
+/* c->packed: the kernels' packed copy of every matrix the table packs (kern_table_t.pack), in
+ * memory c owns. 0, or -1 (errstr set) when memory runs out. */
+static int pack_weights(cpu_t *c, char *errstr, size_t errlen)
+{
+    const model_t *m = c->base.model;
+    const int nl = m->hp.n_layers;
+    c->packed = calloc((size_t)(nl + 1) * MAT_N, sizeof *c->packed);
+    if (!c->packed) goto oom;
+    if (!c->k->pack_bytes) return 0;
+    for (int l = 0; l <= nl; l++) {
+        const weight_t *ws[MAT_N] = {&m->output};
+        int nw = 1;
+        if (l < nl) {
+            const layer_weights_t *L = &m->layers[l];
+            const weight_t *lw[MAT_N] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+            memcpy(ws, lw, sizeof lw);
+            nw = m->hp.n_expert > 0 ? MAT_O + 1 : MAT_N; /* MoE FFNs: moe.c's, in place */
+        }
+        for (int i = 0; i < nw; i++) {
+            const weight_t *w = ws[i];
+            const size_t n = c->k->pack_bytes(w->type, w->rows, w->cols);
+            if (!n) continue;
+            void *p = aligned_alloc(64, (n + 63) / 64 * 64);
+            if (!p) goto oom;
+            c->k->pack(w->type, w->data, w->row_bytes, w->rows, w->cols, p);
+            c->packed[l * MAT_N + i] = p;
+        }
+    }
+    return 0;
+oom:
+    sw_seterr(errstr, errlen, "cpu: out of memory for the kernels' packed copies of the weights");
+    return -1;
 }
 
 static const backend_ops_t cpu_ops = {
@@ -615,6 +682,7 @@ backend_t *backend_cpu_new(const model_t *model, const backend_params_t *params,
                 goto fail;
             }
     }
+    if (pack_weights(c, errstr, errlen) != 0) goto fail;
     c->n_threads = params->threads;
     c->max_T = params->max_batch_tokens;
     c->pool = tpool_new(params->threads, errstr, errlen);

@@ -31,6 +31,14 @@
  * of the exact value of that formula; against the exact dot product of the widened weights it
  * adds x's rounding to 8 bits, at most dx_s / 2 = max|x over the 256| / 254 per element.
  *
+ * Packed Q4_K (the avx512-vnni table's pack/matmul_packed: rows in groups of 16, one row per
+ * 32-bit lane of AVX512-VNNI's int8 dot product): the same xq and the same exact integers isum_s
+ * and msum_s per row, super-block and token; in F32, per row and token, over s in order,
+ * acc = fma(fl(isum_s), fl(d_s * dx_s), acc) and accm = fma(msum_s, fl(dmin_s * dx_s), accm),
+ * y = acc - accm. fl(isum_s) is exact below 2^24 (|isum_s| < 2^25 always), so y is within
+ * matmul's Q4_K bound above, though not bit-equal to it. Batch invariance holds (a row's lane
+ * does the same operations in every tile).
+ *
  * Q6_K and Q5_K take the same int8 activations (kern_q8k_quantize; engine/cpu/kernels_q56k.h
  * gives each ISA's order). Per super-block s and token, exactly in integers: Q6_K
  *     isum_s = sum_{j<16} sc_j * sum_{k in sub-block j of 16} (q_k - 32) * xq_k,
@@ -96,6 +104,18 @@ typedef struct {
      * Returns -1 when wtype is unsupported, else 0. */
     int (*matmul)(int wtype, const void *W, size_t w_row_bytes, int64_t K, const float *x,
                   int64_t ldx, float *y, int64_t ldy, int T, int64_t o0, int64_t o1);
+    /* Optional (NULL in a table without it): a weight layout of the table's own, for matmul.
+     * pack_bytes(wtype, rows, K): bytes of the packed copy of a rows x K matrix of wtype, or 0
+     * when the table has no layout for that type and K (then use matmul on the rows as they
+     * are). pack(...): writes the copy of W (matmul's W and w_row_bytes) to dst, 64-byte
+     * aligned and pack_bytes long; the caller owns dst; W is not referenced afterwards.
+     * matmul_packed(wtype, P, K, ...): matmul's y for rows [o0, o1) (o1 <= rows) of the matrix
+     * packed at P ("Packed Q4_K" above gives the values); any o0, o1, fastest when both are
+     * multiples of KERN_PACK_ROWS. Returns -1 when wtype or K is not packed, else 0. */
+    size_t (*pack_bytes)(int wtype, int64_t rows, int64_t K);
+    void (*pack)(int wtype, const void *W, size_t w_row_bytes, int64_t rows, int64_t K, void *dst);
+    int (*matmul_packed)(int wtype, const void *P, int64_t K, const float *x, int64_t ldx,
+                         float *y, int64_t ldy, int T, int64_t o0, int64_t o1);
     /* Row i of W (dtype wtype, K elements) converted to F32 into out[K]. */
     void (*dequant_row)(int wtype, const void *row, float *out, int64_t K);
     /* sum_i a[i] * b[i] (F32) */
@@ -112,6 +132,10 @@ typedef struct {
     void (*f32_to_f16)(const float *x, uint16_t *y, int64_t n);
     void (*f16_to_f32)(const uint16_t *x, float *y, int64_t n);
 } kern_table_t;
+
+/* Row granularity of packed layouts (kern_table_t.pack): a range of rows is best split at
+ * multiples of it. */
+#define KERN_PACK_ROWS 16
 
 /* One 256-element block of a token's activations quantised for Q4_K's int8 route. */
 #define KERN_Q8K 256

@@ -1119,15 +1119,18 @@ static void v_f16_to_f32(const uint16_t *x, float *y, int64_t n)
     }
 }
 
-/* The two tables differ only in their matmul (madd_acc: VNNI or not): the same values. */
-#define V_TABLE(NAME, MATMUL)                                                                      \
+/* The two tables' matmul differ only in madd_acc (VNNI or not): the same values. The VNNI one
+ * also packs Q4_K (q4kx16_avx512.c). */
+#define V_TABLE(NAME, MATMUL, PACK_BYTES, PACK, MATMUL_PACKED)                                     \
     {                                                                                              \
-        .name = NAME, .matmul = MATMUL, .dequant_row = v_dequant_row, .dot_f32 = v_dot,            \
+        .name = NAME, .matmul = MATMUL, .pack_bytes = PACK_BYTES, .pack = PACK,                    \
+        .matmul_packed = MATMUL_PACKED, .dequant_row = v_dequant_row, .dot_f32 = v_dot,            \
         .axpy_f32 = v_axpy, .rmsnorm = v_rmsnorm, .silu_mul = v_silu_mul, .add = v_add,            \
         .f32_to_f16 = v_f32_to_f16, .f16_to_f32 = v_f16_to_f32,                                    \
     }
-const kern_table_t kern_table_avx512 = V_TABLE("avx512", v_matmul);
-const kern_table_t kern_table_avx512_vnni = V_TABLE("avx512-vnni", v_matmul_vnni);
+const kern_table_t kern_table_avx512 = V_TABLE("avx512", v_matmul, NULL, NULL, NULL);
+const kern_table_t kern_table_avx512_vnni = V_TABLE("avx512-vnni", v_matmul_vnni, kern_q4kx16_bytes,
+                                                    kern_q4kx16_pack, kern_q4kx16_matmul_vnni);
 #undef V_TABLE
 
 #if defined(__clang__)
