@@ -164,6 +164,25 @@ static inline void kc_batch_invariance(const kern_table_t *kt, int t, int64_t N,
     free(y);
 }
 
+/* The avx512-vnni table's packed route (kern_table_t.pack / matmul_packed) seen as a matmul:
+ * W's rows [0, o1) packed, then matmul_packed, so that the checks above run on it as on every
+ * matmul (a table copy with .matmul = kc_packed_matmul). -1 when that table is missing here or
+ * packs no such matrix. */
+static inline int kc_packed_matmul(int t, const void *W, size_t rb, int64_t K, const float *x,
+                                   int64_t ldx, float *y, int64_t ldy, int T, int64_t o0,
+                                   int64_t o1)
+{
+    const kern_table_t *kt = kern_get("avx512-vnni");
+    const size_t n = kt && kt->pack_bytes ? kt->pack_bytes(t, o1, K) : 0;
+    if (!n) return -1;
+    void *P = aligned_alloc(64, (n + 63) / 64 * 64);
+    if (!P) return -1;
+    kt->pack(t, W, rb, o1, K, P);
+    const int rc = kt->matmul_packed(t, P, K, x, ldx, y, ldy, T, o0, o1);
+    free(P);
+    return rc;
+}
+
 /* Two tables give bit-identical matmuls (AVX-512 with and without VNNI) over 19 rows of width K,
  * for every batch size T = 1..20. Two CHECKs per T, one CHECKF. Draws the weights, then x. */
 static inline void kc_same_bits(const kern_table_t *a, const kern_table_t *b, int t, int64_t K,

@@ -273,25 +273,8 @@ static void test_isa_cross(const kern_table_t *a, const kern_table_t *b, int t, 
     free(yb);
 }
 
-/* The avx512-vnni table's packed Q4_K route seen as a matmul: W's rows [0, o1) packed, then
- * matmul_packed, so the shared checks (accuracy, batch invariance, agreement with another ISA)
- * run on it as they do on every matmul. */
-static int packed_matmul(int t, const void *W, size_t rb, int64_t K, const float *x, int64_t ldx,
-                         float *y, int64_t ldy, int T, int64_t o0, int64_t o1)
-{
-    const kern_table_t *kt = kern_get("avx512-vnni");
-    const size_t n = kt->pack_bytes(t, o1, K);
-    if (!n) return -1;
-    void *P = aligned_alloc(64, (n + 63) / 64 * 64);
-    if (!P) return -1;
-    kt->pack(t, W, rb, o1, K, P);
-    const int rc = kt->matmul_packed(t, P, K, x, ldx, y, ldy, T, o0, o1);
-    free(P);
-    return rc;
-}
-
 /* kern_table_t.pack of the table that has one (avx512-vnni): what it packs, and the packed route
- * through the checks every matmul gets (kernels.h "Packed Q4_K" gives its bound: matmul's). */
+ * through the checks every matmul gets (kernels.h "Packed Q4_K and Q6_K" gives its bound: matmul's). */
 static void test_packed(const kern_table_t *kt, const kern_table_t *other)
 {
     CHECK(kt->pack_bytes(DT_Q4_K, 37, 768) == 3 * 3 * 2304);
@@ -305,7 +288,7 @@ static void test_packed(const kern_table_t *kt, const kern_table_t *other)
         }
     kern_table_t pk = *kt;
     pk.name = "avx512-vnni packed";
-    pk.matmul = packed_matmul;
+    pk.matmul = kc_packed_matmul;
     static const int64_t KS_K[] = {256, 512, 768, 1536};
     for (size_t ki = 0; ki < sizeof KS_K / sizeof KS_K[0]; ki++)
         for (int T = 1; T <= 21; T += 4) kc_matmul_accuracy(&pk, DT_Q4_K, KS_K[ki], T, &ACC);

@@ -1120,7 +1120,7 @@ static void v_f16_to_f32(const uint16_t *x, float *y, int64_t n)
 }
 
 /* The two tables' matmul differ only in madd_acc (VNNI or not): the same values. The VNNI one
- * also packs Q4_K (q4kx16_avx512.c). */
+ * also packs Q4_K and Q6_K (kpack_avx512.c). */
 #define V_TABLE(NAME, MATMUL, PACK_BYTES, PACK, MATMUL_PACKED)                                     \
     {                                                                                              \
         .name = NAME, .matmul = MATMUL, .pack_bytes = PACK_BYTES, .pack = PACK,                    \
@@ -1129,8 +1129,8 @@ static void v_f16_to_f32(const uint16_t *x, float *y, int64_t n)
         .f32_to_f16 = v_f32_to_f16, .f16_to_f32 = v_f16_to_f32,                                    \
     }
 const kern_table_t kern_table_avx512 = V_TABLE("avx512", v_matmul, NULL, NULL, NULL);
-const kern_table_t kern_table_avx512_vnni = V_TABLE("avx512-vnni", v_matmul_vnni, kern_q4kx16_bytes,
-                                                    kern_q4kx16_pack, kern_q4kx16_matmul_vnni);
+const kern_table_t kern_table_avx512_vnni = V_TABLE("avx512-vnni", v_matmul_vnni, kern_kx16_bytes,
+                                                    kern_kx16_pack, kern_kx16_matmul_vnni);
 #undef V_TABLE
 
 #if defined(__clang__)

@@ -68,26 +68,37 @@ typedef void (*kern_q8k_fn)(const float *x, int64_t K, kern_q8k_t *out);
 int kern_q4k_matmul(kern_q4k_fn fn, kern_q8k_fn quant, const void *W, size_t wrb, int64_t K, const float *x,
                     int64_t ldx, float *y, int64_t ldy, int T, int64_t o0, int64_t o1);
 
-/* ---- Q4_K packed in groups of 16 rows (kern_table_t.pack_bytes/pack/matmul_packed) ----
- * Rows 16g .. 16g+15 of a Q4_K matrix (rows past the last: zero blocks) form group g; its
- * super-block s (nsb = K / 256 per row) is the KERN_Q4KX16_SB_BYTES at (g * nsb + s) * 2304:
- *   bytes    0..31   d of rows 0..15 (fp16), 32..63 their dmin (fp16);
- *   bytes   64..255  word w (< 3) of the rows' 12 scale bytes: bytes 64 + 64 w + 4 r of row r;
- *   bytes 256..2303  word i (< 32) of the rows' 128 quant bytes: bytes 256 + 64 i + 4 r of row r.
- * So one 64-byte line holds the same 4 quant bytes (8 nibbles) of all 16 rows, a row per 32-bit
- * lane: one int8 dot-product instruction multiplies them with 4 of a token's xq at once. The
- * same bytes as the rows (36 lines per super-block of 16 rows), read in one sequential stream. */
-#define KERN_Q4KX16_ROWS 16
+/* ---- Q4_K and Q6_K packed in groups of 16 rows (kern_table_t.pack_bytes/pack/matmul_packed;
+ * engine/cpu/kpack*.c) ----
+ * Rows 16g .. 16g+15 of a matrix (rows past the last: zero blocks) form group g; its
+ * super-block s (nsb = K / 256 per row) is the SB_BYTES at (g * nsb + s) * SB_BYTES, the same
+ * bytes as the 16 rows' blocks, rearranged so that one 64-byte line holds the same 4 quant bytes
+ * of all 16 rows, a row per 32-bit lane (row r's bytes at 4 r): one int8 dot-product instruction
+ * multiplies them with 4 of a token's xq at once, and a group is one sequential stream.
+ * Q4_K (2304 bytes):
+ *   0..31     d of rows 0..15 (fp16), 32..63 their dmin (fp16);
+ *   64..255   word w (< 3) of the rows' 12 scale bytes at 64 + 64 w;
+ *   256..2303 word i (< 32) of the rows' 128 qs bytes at 256 + 64 i.
+ * Q6_K (3392 bytes: the rows' 3360 and 32 of padding, so that every line of quants is a whole
+ * cache line):
+ *   0..31      d of rows 0..15 (fp16);
+ *   32..287    scales 2p, 2p + 1 (p < 8; int8) of row r at 32 + 32 p + 2 r;
+ *   288..319   zero;
+ *   320..3391  48 lines in the order one token's pass reads them: for h < 2 and wi < 8, word
+ *              16h + wi of ql, word 16h + 8 + wi of ql, word 8h + wi of qh (line 24h + 3wi + 0,
+ *              1, 2 at 320 + 64 line). */
 #define KERN_Q4KX16_SB_BYTES 2304
-/* Bytes of the packed copy of a rows x K matrix of wtype: 0 unless wtype is DT_Q4_K, rows >= 1
- * and kern_wtype_ok(DT_Q4_K, K) with K > 0. */
-size_t kern_q4kx16_bytes(int wtype, int64_t rows, int64_t K);
-/* Packs W (rows x K, row o at (const char *)W + o * wrb) into dst (kern_q4kx16_bytes long). */
-void kern_q4kx16_pack(int wtype, const void *W, size_t wrb, int64_t rows, int64_t K, void *dst);
+#define KERN_Q6KX16_SB_BYTES 3392
+#define KERN_Q6KX16_QOFF 320
+/* Bytes of the packed copy of a rows x K matrix of wtype: 0 unless wtype is DT_Q4_K or DT_Q6_K,
+ * rows >= 1 and kern_wtype_ok(wtype, K) with K > 0. */
+size_t kern_kx16_bytes(int wtype, int64_t rows, int64_t K);
+/* Packs W (rows x K, row o at (const char *)W + o * wrb) into dst (kern_kx16_bytes long). */
+void kern_kx16_pack(int wtype, const void *W, size_t wrb, int64_t rows, int64_t K, void *dst);
 #ifdef __x86_64__
-/* matmul_packed of the avx512-vnni table (engine/cpu/q4kx16_avx512.c). */
-int kern_q4kx16_matmul_vnni(int wtype, const void *P, int64_t K, const float *x, int64_t ldx,
-                            float *y, int64_t ldy, int T, int64_t o0, int64_t o1);
+/* matmul_packed of the avx512-vnni table (engine/cpu/kpack_avx512.c). */
+int kern_kx16_matmul_vnni(int wtype, const void *P, int64_t K, const float *x, int64_t ldx,
+                          float *y, int64_t ldy, int T, int64_t o0, int64_t o1);
 #endif
 
 /* ---- the int8 route of Q8_0 and Q4_0 (kernels.h), shared by every ISA ---- */

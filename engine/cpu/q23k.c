@@ -26,7 +26,8 @@ int kern_q23k_matmul(int wtype, kern_q23k_fn fn, const void *W, size_t wrb, int6
                      const float *x, int64_t ldx, float *y, int64_t ldy, int T, int64_t o0,
                      int64_t o1)
 {
-    if ((wtype != DT_Q2_K && wtype != DT_Q3_K) || !kern_wtype_ok(wtype, K)) return -1;
+    if ((wtype != DT_Q2_K && wtype != DT_Q3_K && wtype != DT_Q6_K) || !kern_wtype_ok(wtype, K))
+        return -1;
     if (T <= 0 || o1 <= o0) return 0;
     const int64_t nsb = K / QK_K;
     _Alignas(64) kern_q8k_t stack[KERN_Q8K_STACK];

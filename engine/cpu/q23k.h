@@ -34,7 +34,8 @@ typedef void (*kern_q23k_fn)(const char *W, size_t wrb, int64_t nsb, const kern_
                              const kern_q8k16_t *xs, int T, float *y, int64_t ldy, int64_t o0,
                              int64_t o1);
 
-/* matmul for wtype DT_Q2_K / DT_Q3_K (the kern_table_t contract) through fn: quantises the T
+/* matmul for wtype DT_Q2_K / DT_Q3_K (the kern_table_t contract; also DT_Q6_K, for the packed
+ * route of engine/cpu/kpack_avx512.c, which takes the same sums) through fn: quantises the T
  * tokens (one heap buffer, or on the stack in chunks of tokens when that allocation fails) and
  * runs fn. Returns 0, or -1 when wtype or K is not supported (kern_wtype_ok). */
 int kern_q23k_matmul(int wtype, kern_q23k_fn fn, const void *W, size_t wrb, int64_t K,

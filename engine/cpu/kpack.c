@@ -1,0 +1,61 @@
+/* engine/cpu/kpack.c: Q4_K and Q6_K matrices repacked in groups of 16 rows (kernels_impl.h's
+ * layouts), the portable part: the size and the packing. */
+#include <string.h>
+
+#include "engine/cpu/kernels_impl.h"
+
+/* Bytes of one packed super-block of 16 rows of type t; 0 for a type not packed. */
+static size_t sb_bytes(int t)
+{
+    return t == DT_Q4_K ? KERN_Q4KX16_SB_BYTES : t == DT_Q6_K ? KERN_Q6KX16_SB_BYTES : 0;
+}
+
+size_t kern_kx16_bytes(int wtype, int64_t rows, int64_t K)
+{
+    if (!sb_bytes(wtype) || rows < 1 || K == 0 || !kern_wtype_ok(wtype, K)) return 0;
+    const size_t groups = (size_t)((rows + KERN_PACK_ROWS - 1) / KERN_PACK_ROWS);
+    return groups * (size_t)(K / QK_K) * sb_bytes(wtype);
+}
+
+/* Row r (< 16) of a group's packed super-block B from its block b. */
+static void pack_q4k(unsigned char *B, int r, const block_q4_K *b)
+{
+    memcpy(B + 2 * r, &b->d, 2);
+    memcpy(B + 32 + 2 * r, &b->dmin, 2);
+    for (int w = 0; w < 3; w++) memcpy(B + 64 + 64 * w + 4 * r, b->scales + 4 * w, 4);
+    for (int i = 0; i < QK_K / 8; i++) memcpy(B + 256 + 64 * i + 4 * r, b->qs + 4 * i, 4);
+}
+
+static void pack_q6k(unsigned char *B, int r, const block_q6_K *b)
+{
+    memcpy(B + 2 * r, &b->d, 2);
+    for (int p = 0; p < Q6K_SCALES / 2; p++) memcpy(B + 32 + 32 * p + 2 * r, b->scales + 2 * p, 2);
+    /* ql word 16h + 8a + wi and qh word 8h + wi (h < 2, a < 2, wi < 8): lines 24h + 3wi + a and
+     * 24h + 3wi + 2 of the quants */
+    for (int i = 0; i < QK_K / 8; i++) {
+        const int h = i / 16, a = i / 8 % 2, wi = i % 8;
+        memcpy(B + KERN_Q6KX16_QOFF + 64 * (24 * h + 3 * wi + a) + 4 * r, b->ql + 4 * i, 4);
+    }
+    for (int j = 0; j < QK_K / 16; j++) {
+        const int h = j / 8, wi = j % 8;
+        memcpy(B + KERN_Q6KX16_QOFF + 64 * (24 * h + 3 * wi + 2) + 4 * r, b->qh + 4 * j, 4);
+    }
+}
+
+void kern_kx16_pack(int wtype, const void *W, size_t wrb, int64_t rows, int64_t K, void *dst)
+{
+    const size_t bytes = kern_kx16_bytes(wtype, rows, K), sbb = sb_bytes(wtype);
+    if (!bytes) return;
+    memset(dst, 0, bytes); /* the rows past the last: zero blocks (every scale 0) */
+    const int64_t nsb = K / QK_K;
+    for (int64_t o = 0; o < rows; o++) {
+        const char *row = (const char *)W + (size_t)o * wrb;
+        const int64_t g = o / KERN_PACK_ROWS;
+        const int r = (int)(o % KERN_PACK_ROWS);
+        for (int64_t s = 0; s < nsb; s++) {
+            unsigned char *B = (unsigned char *)dst + (size_t)(g * nsb + s) * sbb;
+            if (wtype == DT_Q4_K) pack_q4k(B, r, (const block_q4_K *)row + s);
+            else pack_q6k(B, r, (const block_q6_K *)row + s);
+        }
+    }
+}

@@ -1,0 +1,347 @@
+/* engine/cpu/kpack_avx512.c: packed Q4_K and Q6_K x int8 (kernels.h "Packed Q4_K and Q6_K"; the
+ * layouts in kernels_impl.h) for AVX-512 (F, BW, VL, DQ) + AVX512-VNNI + FMA + F16C. Called only
+ * through the avx512-vnni table, which kern_get returns only where the CPU has all of them.
+ *
+ * Per super-block of a group of 16 rows (row r in 32-bit lane r) and per token, each 64-byte
+ * line of quants (4 quant bytes of every row) is unpacked to 4 unsigned quants per lane and goes
+ * through vpdpbusd against the token's 4 matching xq, broadcast, into one int32 accumulator per
+ * sub-block and token; at the sub-block's end, isum += P * sc (vpmulld, sc the rows' scales):
+ *   Q4_K: the low nibbles of a line are sub-block 2c of chunk c, the high ones 2c + 1
+ *     (|P| <= 32 * 15 * 127); the mins term msum = vpdpwssd of the rows' (m_2p, m_2p+1) pairs
+ *     with the token's bsum pairs; acc = fma(float(isum), d * dx, acc), accm = fma(float(msum),
+ *     dmin * dx, accm), y = acc - accm.
+ *   Q6_K: q = ql nibble | qh bit pair << 4 in 0..63 (|P| <= 16 * 63 * 127); the -32 of every
+ *     quant as -32 * sum_j sc_j * bsum16_j (vpdpwssd of the rows' scale pairs with the token's
+ *     16-element sums, kern_q8k16_t), so isum = sum_j sc_j sum_k (q_k - 32) xq_k exactly;
+ *     acc = fma(float(isum), d * dx, acc), y = acc.
+ * Each (row, token) has its own lane and accumulators and the same operations whatever the tile,
+ * so the routes are batch invariant. */
+#if defined(__x86_64__) && defined(__GNUC__)
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
+#endif
+
+#include <immintrin.h>
+#include <string.h>
+
+#include "engine/cpu/kernels_impl.h"
+#include "engine/cpu/q23k.h"
+
+#define AI static inline __attribute__((always_inline))
+
+#ifndef X16_TOK
+#define X16_TOK 8 /* tokens per tile */
+#endif
+#define X16_PF_BYTES 16384           /* prefetch distance of a several-token tile streaming */
+#define X16_PANEL_BYTES (192 * 1024) /* groups kept in L2 while every token tile passes them */
+
+/* The vpshufb control that puts, in every 32-bit lane, bytes b0..b3 of that lane's own word
+ * (b < 0: a zero byte). */
+AI __m512i lane_ctl(int b0, int b1, int b2, int b3)
+{
+    int32_t v[16];
+    for (int j = 0; j < 16; j++) {
+        const int base = 4 * (j % 4);
+        const int b[4] = {b0, b1, b2, b3};
+        uint32_t w = 0;
+        for (int i = 0; i < 4; i++) w |= (uint32_t)(b[i] < 0 ? 0x80 : base + b[i]) << (8 * i);
+        v[j] = (int32_t)w;
+    }
+    return _mm512_loadu_si512(v);
+}
+
+/* 4 bytes at p, in every 32-bit lane. */
+AI __m512i bcast4(const void *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+/* Q4_K: group G (nsb super-blocks of KERN_Q4KX16_SB_BYTES) against C tokens of xq (token stride nsb);
+ * y[c * ldy + r] for the rows r in keep. pfd: prefetch distance (0: none). */
+AI void q4_tile(const int C, const unsigned char *G, int64_t nsb, const kern_q8k_t *xq, float *y,
+                int64_t ldy, __mmask16 keep, size_t pfd)
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    const __m512i m6 = _mm512_set1_epi8(0x3f);
+    const __m512i m2 = _mm512_set1_epi8(0x03);
+    const __m512i mb = _mm512_set1_epi32(0xff);
+    __m512 acc[X16_TOK], accm[X16_TOK];
+#pragma GCC unroll 8
+    for (int c = 0; c < C; c++) acc[c] = accm[c] = _mm512_setzero_ps();
+    for (int64_t s = 0; s < nsb; s++) {
+        const unsigned char *B = G + (size_t)s * KERN_Q4KX16_SB_BYTES;
+        if (pfd)
+            for (int l = 0; l < KERN_Q4KX16_SB_BYTES / 64; l++) kern_pf_stream(B + pfd + 64 * l);
+        /* q4k_unpack_words in every lane: v0 sc 0..3, v1 sc 4..7, v2 m 0..3, v3 m 4..7 */
+        const __m512i wa = _mm512_loadu_si512(B + 64), wb = _mm512_loadu_si512(B + 128),
+                      wc = _mm512_loadu_si512(B + 192);
+        const __m512i v0 = _mm512_and_si512(wa, m6), v2 = _mm512_and_si512(wb, m6);
+        const __m512i v1 = _mm512_or_si512(
+            _mm512_and_si512(wc, m4),
+            _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(wa, 6), m2), 4));
+        const __m512i v3 = _mm512_or_si512(
+            _mm512_and_si512(_mm512_srli_epi32(wc, 4), m4),
+            _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(wb, 6), m2), 4));
+        /* the mins as int16 pairs (m_2p, m_2p+1) per lane */
+        const __m512i pair_lo = lane_ctl(0, -1, 1, -1), pair_hi = lane_ctl(2, -1, 3, -1);
+        const __m512i M0 = _mm512_shuffle_epi8(v2, pair_lo), M1 = _mm512_shuffle_epi8(v2, pair_hi);
+        const __m512i M2 = _mm512_shuffle_epi8(v3, pair_lo), M3 = _mm512_shuffle_epi8(v3, pair_hi);
+        __m512i isum[X16_TOK];
+#pragma GCC unroll 8
+        for (int c = 0; c < C; c++) isum[c] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int ch = 0; ch < 4; ch++) {
+            __m512i plo[X16_TOK], phi[X16_TOK];
+#pragma GCC unroll 8
+            for (int c = 0; c < C; c++) plo[c] = phi[c] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+            for (int m = 0; m < 8; m++) {
+                const __m512i V = _mm512_loadu_si512(B + 256 + 64 * (8 * ch + m));
+                const __m512i lo = _mm512_and_si512(V, m4);
+                const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(V, 4), m4);
+#pragma GCC unroll 8
+                for (int c = 0; c < C; c++) {
+                    const int8_t *xs = xq[c * nsb + s].q + 64 * ch + 4 * m;
+                    plo[c] = _mm512_dpbusd_epi32(plo[c], lo, bcast4(xs));
+                    phi[c] = _mm512_dpbusd_epi32(phi[c], hi, bcast4(xs + 32));
+                }
+            }
+            /* the scales of sub-blocks 2ch and 2ch + 1: bytes (2ch) % 4, (2ch + 1) % 4 of v0/v1 */
+            const __m512i vs = ch < 2 ? v0 : v1;
+            const __m512i slo = _mm512_and_si512(_mm512_srli_epi32(vs, 8 * ((2 * ch) % 4)), mb);
+            const __m512i shi = _mm512_and_si512(_mm512_srli_epi32(vs, 8 * ((2 * ch + 1) % 4)), mb);
+#pragma GCC unroll 8
+            for (int c = 0; c < C; c++)
+                isum[c] = _mm512_add_epi32(
+                    isum[c], _mm512_add_epi32(_mm512_mullo_epi32(plo[c], slo),
+                                              _mm512_mullo_epi32(phi[c], shi)));
+        }
+        const __m512 D = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)B));
+        const __m512 DM = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(B + 32)));
+#pragma GCC unroll 8
+        for (int c = 0; c < C; c++) {
+            const kern_q8k_t *xb = xq + c * nsb + s;
+            __m512i mi = _mm512_dpwssd_epi32(_mm512_setzero_si512(), M0, bcast4(xb->bsum));
+            mi = _mm512_dpwssd_epi32(mi, M1, bcast4(xb->bsum + 2));
+            mi = _mm512_dpwssd_epi32(mi, M2, bcast4(xb->bsum + 4));
+            mi = _mm512_dpwssd_epi32(mi, M3, bcast4(xb->bsum + 6));
+            const __m512 dx = _mm512_set1_ps(xb->d);
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]), _mm512_mul_ps(D, dx), acc[c]);
+            accm[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(mi), _mm512_mul_ps(DM, dx), accm[c]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int c = 0; c < C; c++)
+        _mm512_mask_storeu_ps(y + c * ldy, keep, _mm512_sub_ps(acc[c], accm[c]));
+}
+
+/* Offsets in a packed Q6_K super-block (kernels_impl.h): the line of ql word 16h + 8a + wi and
+ * of qh word 8h + wi. */
+AI size_t q6_ql(int h, int a, int wi) { return KERN_Q6KX16_QOFF + 64 * (size_t)(24 * h + 3 * wi + a); }
+AI size_t q6_qh(int h, int wi) { return KERN_Q6KX16_QOFF + 64 * (size_t)(24 * h + 3 * wi + 2); }
+
+/* Q6_K: group G (nsb super-blocks of KERN_Q6KX16_SB_BYTES) against C tokens of xq and their
+ * 16-element sums xs (token stride nsb); y[c * ldy + r] for the rows r in keep. pfd:
+ * prefetch distance (0: none). */
+AI void q6_tile(const int C, const unsigned char *G, int64_t nsb, const kern_q8k_t *xq,
+                const kern_q8k16_t *xs, float *y, int64_t ldy, __mmask16 keep, size_t pfd)
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
+    __m512 acc[X16_TOK];
+#pragma GCC unroll 8
+    for (int c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t s = 0; s < nsb; s++) {
+        const unsigned char *B = G + (size_t)s * KERN_Q6KX16_SB_BYTES;
+        if (pfd)
+            for (int l = 0; l < KERN_Q6KX16_SB_BYTES / 64; l++) kern_pf_stream(B + pfd + 64 * l);
+        /* isum starts at -32 * sum_j sc_j bsum16_j: pair p of the scales against the sums */
+        __m512i isum[X16_TOK];
+#pragma GCC unroll 8
+        for (int c = 0; c < C; c++) isum[c] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int p = 0; p < 8; p++) {
+            const __m512i sp =
+                _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(B + 32 + 32 * p)));
+#pragma GCC unroll 8
+            for (int c = 0; c < C; c++)
+                isum[c] = _mm512_dpwssd_epi32(isum[c], sp, bcast4(xs[c * nsb + s].s + 2 * p));
+        }
+#pragma GCC unroll 8
+        for (int c = 0; c < C; c++)
+            isum[c] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(isum[c], 5));
+        /* sub-block j = 8h + g + 2 pos: weights 128h + 32 pos + 16g .. +15, the quads 4g + w
+         * (w < 4) of ql word 16h + 8 (pos & 1) + 4g + w and qh word 8h + 4g + w, bit pair pos.
+         * One token: each qh word and ql word pair unpacked once into its 4 quads (8 sub-block
+         * accumulators at a time); several: a sub-block at a time for all tokens. The same
+         * integers either way. */
+        if (C == 1) {
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                __m512i P[4][2];
+#pragma GCC unroll 4
+                for (int pos = 0; pos < 4; pos++) P[pos][0] = P[pos][1] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+                for (int wi = 0; wi < 8; wi++) {
+                    const __m512i ql0 = _mm512_loadu_si512(B + q6_ql(h, 0, wi));
+                    const __m512i ql1 = _mm512_loadu_si512(B + q6_ql(h, 1, wi));
+                    const __m512i qh = _mm512_loadu_si512(B + q6_qh(h, wi));
+                    const __m512i q[4] = {
+                        _mm512_or_si512(_mm512_and_si512(ql0, m4),
+                                        _mm512_and_si512(_mm512_slli_epi16(qh, 4), m30)),
+                        _mm512_or_si512(_mm512_and_si512(ql1, m4),
+                                        _mm512_and_si512(_mm512_slli_epi16(qh, 2), m30)),
+                        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql0, 4), m4),
+                                        _mm512_and_si512(qh, m30)),
+                        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql1, 4), m4),
+                                        _mm512_and_si512(_mm512_srli_epi16(qh, 2), m30))};
+#pragma GCC unroll 4
+                    for (int pos = 0; pos < 4; pos++)
+                        P[pos][wi / 4] = _mm512_dpbusd_epi32(
+                            P[pos][wi / 4], q[pos], bcast4(xq[s].q + 128 * h + 32 * pos + 4 * wi));
+                }
+#pragma GCC unroll 4
+                for (int pos = 0; pos < 4; pos++) {
+                    const __m512i sp = _mm512_cvtepi8_epi16(
+                        _mm256_loadu_si256((const __m256i *)(B + 32 + 32 * (4 * h + pos))));
+                    isum[0] = _mm512_add_epi32(
+                        isum[0], _mm512_mullo_epi32(
+                                     P[pos][0], _mm512_srai_epi32(_mm512_slli_epi32(sp, 16), 16)));
+                    isum[0] = _mm512_add_epi32(
+                        isum[0], _mm512_mullo_epi32(P[pos][1], _mm512_srai_epi32(sp, 16)));
+                }
+            }
+        } else
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++)
+#pragma GCC unroll 2
+            for (int g = 0; g < 2; g++)
+#pragma GCC unroll 4
+                for (int pos = 0; pos < 4; pos++) {
+                    __m512i P[X16_TOK];
+#pragma GCC unroll 8
+                    for (int c = 0; c < C; c++) P[c] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+                    for (int w = 0; w < 4; w++) {
+                        const int wi = 4 * g + w;
+                        const __m512i ql = _mm512_loadu_si512(B + q6_ql(h, pos & 1, wi));
+                        const __m512i qh = _mm512_loadu_si512(B + q6_qh(h, wi));
+                        const __m512i lo = pos < 2 ? _mm512_and_si512(ql, m4)
+                                                   : _mm512_and_si512(_mm512_srli_epi16(ql, 4), m4);
+                        const __m512i hb = pos == 0   ? _mm512_slli_epi16(qh, 4)
+                                           : pos == 1 ? _mm512_slli_epi16(qh, 2)
+                                           : pos == 2 ? qh
+                                                      : _mm512_srli_epi16(qh, 2);
+                        const __m512i q = _mm512_or_si512(lo, _mm512_and_si512(hb, m30));
+#pragma GCC unroll 8
+                        for (int c = 0; c < C; c++)
+                            P[c] = _mm512_dpbusd_epi32(
+                                P[c], q, bcast4(xq[c * nsb + s].q + 128 * h + 32 * pos + 4 * wi));
+                    }
+                    /* scale j = 8h + g + 2 pos: of pair 4h + pos, the low (g = 0) or high half */
+                    const __m512i sp = _mm512_cvtepi8_epi16(
+                        _mm256_loadu_si256((const __m256i *)(B + 32 + 32 * (4 * h + pos))));
+                    const __m512i sc = g ? _mm512_srai_epi32(sp, 16)
+                                         : _mm512_srai_epi32(_mm512_slli_epi32(sp, 16), 16);
+#pragma GCC unroll 8
+                    for (int c = 0; c < C; c++)
+                        isum[c] = _mm512_add_epi32(isum[c], _mm512_mullo_epi32(P[c], sc));
+                }
+        const __m512 D = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)B));
+#pragma GCC unroll 8
+        for (int c = 0; c < C; c++)
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]),
+                                     _mm512_mul_ps(D, _mm512_set1_ps(xq[c * nsb + s].d)), acc[c]);
+    }
+#pragma GCC unroll 8
+    for (int c = 0; c < C; c++) _mm512_mask_storeu_ps(y + c * ldy, keep, acc[c]);
+}
+
+/* C tokens of group G, type wt (a constant): the tile of that type. */
+AI void x16_tile(const int wt, const int C, const unsigned char *G, int64_t nsb,
+                 const kern_q8k_t *xq, const kern_q8k16_t *xs, float *y, int64_t ldy,
+                 __mmask16 keep, size_t pfd)
+{
+    if (wt == DT_Q4_K) q4_tile(C, G, nsb, xq, y, ldy, keep, pfd);
+    else q6_tile(C, G, nsb, xq, xs, y, ldy, keep, pfd);
+}
+
+/* y[t * ldy + o] for t < T, o in [o0, o1) over the packed matrix P of type wt (xs: Q6_K's
+ * 16-element sums, token stride nsb; NULL for Q4_K): groups in panels kept in L2 while every tile
+ * of tokens passes over them; with few tokens, one pass. A thread's rows are one sequential
+ * stream: with one token the hardware prefetchers keep up alone (software prefetch measured
+ * 0.7-1.0x on Zen 4), with several the first tile over a panel prefetches X16_PF_BYTES ahead
+ * (bench/RESULTS.md). */
+AI void x16_rows(const int wt, const char *P, int64_t nsb, const kern_q8k_t *xq,
+                 const kern_q8k16_t *xs, int T, float *y, int64_t ldy, int64_t o0, int64_t o1)
+{
+    const size_t gb = (size_t)nsb * (wt == DT_Q4_K ? KERN_Q4KX16_SB_BYTES : KERN_Q6KX16_SB_BYTES);
+    const unsigned char *base = (const unsigned char *)P;
+    const int64_t g0 = o0 / KERN_PACK_ROWS, g1 = (o1 + KERN_PACK_ROWS - 1) / KERN_PACK_ROWS;
+    int64_t panel = T <= X16_TOK ? g1 - g0 : (int64_t)(X16_PANEL_BYTES / gb);
+    if (panel < 1) panel = 1;
+    for (int64_t gb0 = g0; gb0 < g1; gb0 += panel) {
+        const int64_t ge = g1 - gb0 < panel ? g1 : gb0 + panel;
+        for (int t = 0; t < T; t += X16_TOK) {
+            const kern_q8k_t *xt = xq + (int64_t)t * nsb;
+            const kern_q8k16_t *st = xs ? xs + (int64_t)t * nsb : NULL;
+            const size_t pfd = T > 1 && t == 0 ? X16_PF_BYTES : 0;
+            for (int64_t g = gb0; g < ge; g++) {
+                const int64_t r0 = g * KERN_PACK_ROWS;
+                const int64_t lo = o0 > r0 ? o0 - r0 : 0;
+                const int64_t hi = o1 - r0 < KERN_PACK_ROWS ? o1 - r0 : KERN_PACK_ROWS;
+                const __mmask16 keep = (__mmask16)((0xffffu >> (16 - (hi - lo))) << lo);
+                const unsigned char *G = base + (size_t)g * gb;
+                float *yt = y + (int64_t)t * ldy + r0;
+                switch (T - t) {
+                case 1: x16_tile(wt, 1, G, nsb, xt, st, yt, ldy, keep, pfd); break;
+                case 2: x16_tile(wt, 2, G, nsb, xt, st, yt, ldy, keep, pfd); break;
+                case 3: x16_tile(wt, 3, G, nsb, xt, st, yt, ldy, keep, pfd); break;
+                case 4: x16_tile(wt, 4, G, nsb, xt, st, yt, ldy, keep, pfd); break;
+#if X16_TOK > 4
+                case 5: x16_tile(wt, 5, G, nsb, xt, st, yt, ldy, keep, pfd); break;
+                case 6: x16_tile(wt, 6, G, nsb, xt, st, yt, ldy, keep, pfd); break;
+                case 7: x16_tile(wt, 7, G, nsb, xt, st, yt, ldy, keep, pfd); break;
+#endif
+                default: x16_tile(wt, X16_TOK, G, nsb, xt, st, yt, ldy, keep, pfd); break;
+                }
+            }
+        }
+    }
+}
+
+/* kern_q4k_fn over a packed Q4_K matrix (wrb unused) */
+static void q4_rows(const char *P, size_t wrb, int64_t nsb, const kern_q8k_t *xq, int T, float *y,
+                    int64_t ldy, int64_t o0, int64_t o1)
+{
+    (void)wrb;
+    x16_rows(DT_Q4_K, P, nsb, xq, NULL, T, y, ldy, o0, o1);
+}
+
+/* kern_q23k_fn over a packed Q6_K matrix (wrb unused) */
+static void q6_rows(const char *P, size_t wrb, int64_t nsb, const kern_q8k_t *xq,
+                    const kern_q8k16_t *xs, int T, float *y, int64_t ldy, int64_t o0, int64_t o1)
+{
+    (void)wrb;
+    x16_rows(DT_Q6_K, P, nsb, xq, xs, T, y, ldy, o0, o1);
+}
+
+int kern_kx16_matmul_vnni(int wtype, const void *P, int64_t K, const float *x, int64_t ldx,
+                          float *y, int64_t ldy, int T, int64_t o0, int64_t o1)
+{
+    if (wtype == DT_Q4_K)
+        return kern_q4k_matmul(q4_rows, kern_q8k_quantize_avx512, P, 0, K, x, ldx, y, ldy, T, o0, o1);
+    if (wtype == DT_Q6_K)
+        return kern_q23k_matmul(DT_Q6_K, q6_rows, P, 0, K, x, ldx, y, ldy, T, o0, o1);
+    return -1;
+}
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#endif
+
+#endif
