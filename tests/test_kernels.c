@@ -20,9 +20,10 @@
  * bit-identical to the same token computed alone over a single row, for T = 1..70, ranges
  * starting and ending at odd rows, and neighbouring tokens that differ.
  *
- * Packed Q4_K (the avx512-vnni table's pack / matmul_packed, where this CPU has it): the same
- * accuracy, batch invariance and cross-ISA checks, through a matmul that packs its W first;
- * row counts that are not multiples of 16 and ranges that start or end inside a group. */
+ * Packed Q4_K and Q8_0 (the avx512-vnni table's pack / matmul_packed, where this CPU has it): the
+ * same accuracy, batch invariance and cross-ISA checks, through a matmul that packs its W first;
+ * row counts that are not multiples of 16, ranges that start or end inside a group, Q8_0 rows
+ * of an odd number of blocks. */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -273,16 +274,20 @@ static void test_isa_cross(const kern_table_t *a, const kern_table_t *b, int t, 
     free(yb);
 }
 
-/* kern_table_t.pack of the table that has one (avx512-vnni): what it packs, and the packed route
- * through the checks every matmul gets (kernels.h "Packed Q4_K and Q6_K" gives its bound: matmul's). */
+/* kern_table_t.pack of the table that has one (avx512-vnni): what it packs, and the packed routes
+ * of Q4_K and Q8_0 through the checks every matmul gets (kernels.h "Packed Q4_K, Q6_K and Q8_0"
+ * gives their bound: matmul's). Q6_K's: test_kernels_q56k. */
 static void test_packed(const kern_table_t *kt, const kern_table_t *other)
 {
     CHECK(kt->pack_bytes(DT_Q4_K, 37, 768) == 3 * 3 * 2304);
     CHECK(kt->pack_bytes(DT_Q4_K, 32, 256) == 2 * 2304);
     CHECK(kt->pack_bytes(DT_Q4_K, 37, 288) == 0); /* K not a multiple of 256 */
     CHECK(kt->pack_bytes(DT_Q4_K, 0, 256) == 0);
+    CHECK(kt->pack_bytes(DT_Q8_0, 37, 96) == 3 * 2 * 1088); /* 3 blocks: a pair and a half */
+    CHECK(kt->pack_bytes(DT_Q8_0, 16, 576) == 9 * 1088);
+    CHECK(kt->pack_bytes(DT_Q8_0, 16, 48) == 0);
     for (int wi = 0; wi < N_WTYPES; wi++)
-        if (WTYPES[wi] != DT_Q4_K) {
+        if (WTYPES[wi] != DT_Q4_K && WTYPES[wi] != DT_Q8_0) {
             CHECK(kt->pack_bytes(WTYPES[wi], 37, 768) == 0);
             CHECK(kt->matmul_packed(WTYPES[wi], NULL, 768, NULL, 768, NULL, 1, 1, 0, 0) == -1);
         }
@@ -296,6 +301,13 @@ static void test_packed(const kern_table_t *kt, const kern_table_t *other)
     kc_batch_invariance(&pk, DT_Q4_K, 45, 768, 14, make_weights, &rng_state);
     kc_batch_invariance(&pk, DT_Q4_K, 29, 1536, 14, make_weights, &rng_state);
     test_isa_cross(&pk, other, DT_Q4_K, 768);
+    static const int64_t KS_8[] = {32, 64, 96, 576, 1536}; /* odd block counts too */
+    for (size_t ki = 0; ki < sizeof KS_8 / sizeof KS_8[0]; ki++)
+        for (int T = 1; T <= 21; T += 4) kc_matmul_accuracy(&pk, DT_Q8_0, KS_8[ki], T, &ACC);
+    kc_batch_invariance(&pk, DT_Q8_0, 29, 96, 24, make_weights, &rng_state);
+    kc_batch_invariance(&pk, DT_Q8_0, 45, 576, 14, make_weights, &rng_state);
+    kc_batch_invariance(&pk, DT_Q8_0, 29, 1536, 14, make_weights, &rng_state);
+    test_isa_cross(&pk, other, DT_Q8_0, 576);
 }
 
 static void test_elementwise(const kern_table_t *kt)

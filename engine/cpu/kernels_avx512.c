@@ -895,6 +895,11 @@ static void q8_quantize(const float *x, int64_t K, int8_t *q, float *d)
     }
 }
 
+void kern_q8_quantize_avx512(const float *x, int64_t K, int8_t *q, float *d)
+{
+    q8_quantize(x, K, q, d);
+}
+
 static void v_dequant_row(int wtype, const void *row, float *out, int64_t K);
 
 AI int matmul_isa(const int vnni, int wtype, const void *W, size_t w_row_bytes, int64_t K,
@@ -1120,7 +1125,7 @@ static void v_f16_to_f32(const uint16_t *x, float *y, int64_t n)
 }
 
 /* The two tables' matmul differ only in madd_acc (VNNI or not): the same values. The VNNI one
- * also packs Q4_K and Q6_K (kpack_avx512.c). */
+ * also packs Q4_K, Q6_K and Q8_0 (kpack_avx512.c). */
 #define V_TABLE(NAME, MATMUL, PACK_BYTES, PACK, MATMUL_PACKED)                                     \
     {                                                                                              \
         .name = NAME, .matmul = MATMUL, .pack_bytes = PACK_BYTES, .pack = PACK,                    \

@@ -68,10 +68,11 @@ typedef void (*kern_q8k_fn)(const float *x, int64_t K, kern_q8k_t *out);
 int kern_q4k_matmul(kern_q4k_fn fn, kern_q8k_fn quant, const void *W, size_t wrb, int64_t K, const float *x,
                     int64_t ldx, float *y, int64_t ldy, int T, int64_t o0, int64_t o1);
 
-/* ---- Q4_K and Q6_K packed in groups of 16 rows (kern_table_t.pack_bytes/pack/matmul_packed;
+/* ---- Q4_K, Q6_K and Q8_0 packed in groups of 16 rows (kern_table_t.pack_bytes/pack/matmul_packed;
  * engine/cpu/kpack*.c) ----
  * Rows 16g .. 16g+15 of a matrix (rows past the last: zero blocks) form group g; its
- * super-block s (nsb = K / 256 per row) is the SB_BYTES at (g * nsb + s) * SB_BYTES, the same
+ * super-block s (nsb = K / 256 per row) is the SB_BYTES at (g * nsb + s) * SB_BYTES (Q8_0: its
+ * pair of blocks p at (g * ceil(nb / 2) + p) * PAIR_BYTES, nb = K / 32), the same
  * bytes as the 16 rows' blocks, rearranged so that one 64-byte line holds the same 4 quant bytes
  * of all 16 rows, a row per 32-bit lane (row r's bytes at 4 r): one int8 dot-product instruction
  * multiplies them with 4 of a token's xq at once, and a group is one sequential stream.
@@ -86,12 +87,18 @@ int kern_q4k_matmul(kern_q4k_fn fn, kern_q8k_fn quant, const void *W, size_t wrb
  *   288..319   zero;
  *   320..3391  48 lines in the order one token's pass reads them: for h < 2 and wi < 8, word
  *              16h + wi of ql, word 16h + 8 + wi of ql, word 8h + wi of qh (line 24h + 3wi + 0,
- *              1, 2 at 320 + 64 line). */
+ *              1, 2 at 320 + 64 line).
+ * Q8_0 (1088 bytes per pair of blocks 2p, 2p + 1 of 32 weights; an odd last block alone in a
+ * whole pair, its second half zero):
+ *   0..63      d of rows 0..15 (fp16), block 2p then block 2p + 1;
+ *   64..1087   word m (< 8) of block 2p + h's quants at 64 + 512 h + 64 m, each byte q + 128
+ *              (its top bit flipped: unsigned, as vpdpbusd's first operand wants). */
 #define KERN_Q4KX16_SB_BYTES 2304
 #define KERN_Q6KX16_SB_BYTES 3392
 #define KERN_Q6KX16_QOFF 320
-/* Bytes of the packed copy of a rows x K matrix of wtype: 0 unless wtype is DT_Q4_K or DT_Q6_K,
- * rows >= 1 and kern_wtype_ok(wtype, K) with K > 0. */
+#define KERN_Q8X16_PAIR_BYTES 1088
+/* Bytes of the packed copy of a rows x K matrix of wtype: 0 unless wtype is DT_Q4_K, DT_Q6_K or
+ * DT_Q8_0, rows >= 1 and kern_wtype_ok(wtype, K) with K > 0. */
 size_t kern_kx16_bytes(int wtype, int64_t rows, int64_t K);
 /* Packs W (rows x K, row o at (const char *)W + o * wrb) into dst (kern_kx16_bytes long). */
 void kern_kx16_pack(int wtype, const void *W, size_t wrb, int64_t rows, int64_t K, void *dst);
@@ -189,6 +196,7 @@ extern const kern_table_t kern_table_avx512_vnni;
 /* The AVX2 and AVX-512 versions of kern_q8k_quantize (the same bits), for other route files. */
 void kern_q8k_quantize_avx2(const float *x, int64_t K, kern_q8k_t *out);
 void kern_q8k_quantize_avx512(const float *x, int64_t K, kern_q8k_t *out);
+void kern_q8_quantize_avx512(const float *x, int64_t K, int8_t *q, float *d);
 #endif
 
 #endif

@@ -1,20 +1,32 @@
-/* engine/cpu/kpack.c: Q4_K and Q6_K matrices repacked in groups of 16 rows (kernels_impl.h's
+/* engine/cpu/kpack.c: Q4_K, Q6_K and Q8_0 matrices repacked in groups of 16 rows (kernels_impl.h's
  * layouts), the portable part: the size and the packing. */
 #include <string.h>
 
 #include "engine/cpu/kernels_impl.h"
 
-/* Bytes of one packed super-block of 16 rows of type t; 0 for a type not packed. */
-static size_t sb_bytes(int t)
+/* Bytes of one packed unit (a super-block, Q8_0 a pair of blocks) of 16 rows of type t; 0 for a
+ * type not packed. */
+static size_t unit_bytes(int t)
 {
-    return t == DT_Q4_K ? KERN_Q4KX16_SB_BYTES : t == DT_Q6_K ? KERN_Q6KX16_SB_BYTES : 0;
+    switch (t) {
+    case DT_Q4_K: return KERN_Q4KX16_SB_BYTES;
+    case DT_Q6_K: return KERN_Q6KX16_SB_BYTES;
+    case DT_Q8_0: return KERN_Q8X16_PAIR_BYTES;
+    default: return 0;
+    }
+}
+
+/* Units per row of K elements of type t. */
+static int64_t units(int t, int64_t K)
+{
+    return t == DT_Q8_0 ? (K / QK8_0 + 1) / 2 : K / QK_K;
 }
 
 size_t kern_kx16_bytes(int wtype, int64_t rows, int64_t K)
 {
-    if (!sb_bytes(wtype) || rows < 1 || K == 0 || !kern_wtype_ok(wtype, K)) return 0;
+    if (!unit_bytes(wtype) || rows < 1 || K == 0 || !kern_wtype_ok(wtype, K)) return 0;
     const size_t groups = (size_t)((rows + KERN_PACK_ROWS - 1) / KERN_PACK_ROWS);
-    return groups * (size_t)(K / QK_K) * sb_bytes(wtype);
+    return groups * (size_t)units(wtype, K) * unit_bytes(wtype);
 }
 
 /* Row r (< 16) of a group's packed super-block B from its block b. */
@@ -42,20 +54,32 @@ static void pack_q6k(unsigned char *B, int r, const block_q6_K *b)
     }
 }
 
+/* Row r of a group's packed pair of Q8_0 blocks B: block h (< 2) from b. */
+static void pack_q80(unsigned char *B, int r, int h, const block_q8_0 *b)
+{
+    memcpy(B + 32 * h + 2 * r, &b->d, 2);
+    for (int m = 0; m < QK8_0 / 4; m++)
+        for (int i = 0; i < 4; i++)
+            B[64 + 512 * h + 64 * m + 4 * r + i] = (unsigned char)((uint8_t)b->qs[4 * m + i] ^ 0x80);
+}
+
 void kern_kx16_pack(int wtype, const void *W, size_t wrb, int64_t rows, int64_t K, void *dst)
 {
-    const size_t bytes = kern_kx16_bytes(wtype, rows, K), sbb = sb_bytes(wtype);
+    const size_t bytes = kern_kx16_bytes(wtype, rows, K), ub = unit_bytes(wtype);
     if (!bytes) return;
     memset(dst, 0, bytes); /* the rows past the last: zero blocks (every scale 0) */
-    const int64_t nsb = K / QK_K;
+    const int64_t nu = units(wtype, K);
     for (int64_t o = 0; o < rows; o++) {
         const char *row = (const char *)W + (size_t)o * wrb;
         const int64_t g = o / KERN_PACK_ROWS;
         const int r = (int)(o % KERN_PACK_ROWS);
-        for (int64_t s = 0; s < nsb; s++) {
-            unsigned char *B = (unsigned char *)dst + (size_t)(g * nsb + s) * sbb;
+        for (int64_t s = 0; s < nu; s++) {
+            unsigned char *B = (unsigned char *)dst + (size_t)(g * nu + s) * ub;
             if (wtype == DT_Q4_K) pack_q4k(B, r, (const block_q4_K *)row + s);
-            else pack_q6k(B, r, (const block_q6_K *)row + s);
+            else if (wtype == DT_Q6_K) pack_q6k(B, r, (const block_q6_K *)row + s);
+            else
+                for (int h = 0; h < 2 && 2 * s + h < K / QK8_0; h++)
+                    pack_q80(B, r, h, (const block_q8_0 *)row + 2 * s + h);
         }
     }
 }

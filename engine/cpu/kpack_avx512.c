@@ -1,19 +1,23 @@
-/* engine/cpu/kpack_avx512.c: packed Q4_K and Q6_K x int8 (kernels.h "Packed Q4_K and Q6_K"; the
- * layouts in kernels_impl.h) for AVX-512 (F, BW, VL, DQ) + AVX512-VNNI + FMA + F16C. Called only
- * through the avx512-vnni table, which kern_get returns only where the CPU has all of them.
+/* engine/cpu/kpack_avx512.c: packed Q4_K, Q6_K and Q8_0 x int8 (kernels.h "Packed Q4_K, Q6_K and
+ * Q8_0"; the layouts in kernels_impl.h) for AVX-512 (F, BW, VL, DQ) + AVX512-VNNI + FMA + F16C.
+ * Called only through the avx512-vnni table, which kern_get returns only where the CPU has all
+ * of them.
  *
- * Per super-block of a group of 16 rows (row r in 32-bit lane r) and per token, each 64-byte
- * line of quants (4 quant bytes of every row) is unpacked to 4 unsigned quants per lane and goes
- * through vpdpbusd against the token's 4 matching xq, broadcast, into one int32 accumulator per
- * sub-block and token; at the sub-block's end, isum += P * sc (vpmulld, sc the rows' scales):
+ * Per unit of a group of 16 rows (row r in 32-bit lane r) and per token, each 64-byte line of
+ * quants (4 quant bytes of every row) becomes 4 unsigned quants per lane and goes through
+ * vpdpbusd against the token's 4 matching xq, broadcast, into one int32 accumulator per
+ * sub-block (block) and token:
  *   Q4_K: the low nibbles of a line are sub-block 2c of chunk c, the high ones 2c + 1
- *     (|P| <= 32 * 15 * 127); the mins term msum = vpdpwssd of the rows' (m_2p, m_2p+1) pairs
- *     with the token's bsum pairs; acc = fma(float(isum), d * dx, acc), accm = fma(float(msum),
- *     dmin * dx, accm), y = acc - accm.
- *   Q6_K: q = ql nibble | qh bit pair << 4 in 0..63 (|P| <= 16 * 63 * 127); the -32 of every
- *     quant as -32 * sum_j sc_j * bsum16_j (vpdpwssd of the rows' scale pairs with the token's
- *     16-element sums, kern_q8k16_t), so isum = sum_j sc_j sum_k (q_k - 32) xq_k exactly;
- *     acc = fma(float(isum), d * dx, acc), y = acc.
+ *     (|P| <= 32 * 15 * 127); isum += P * sc (vpmulld) at each sub-block's end; the mins term
+ *     msum = vpdpwssd of the rows' (m_2p, m_2p+1) pairs with the token's bsum pairs;
+ *     acc = fma(float(isum), d * dx, acc), accm = fma(float(msum), dmin * dx, accm),
+ *     y = acc - accm.
+ *   Q6_K: q = ql nibble | qh bit pair << 4 in 0..63 (|P| <= 16 * 63 * 127); isum += P * sc;
+ *     the -32 of every quant as -32 * sum_j sc_j * bsum16_j (vpdpwssd of the rows' scale pairs
+ *     with the token's 16-element sums, kern_q8k16_t), so isum = sum_j sc_j sum_k (q_k - 32)
+ *     xq_k exactly; acc = fma(float(isum), d * dx, acc), y = acc.
+ *   Q8_0: the stored q + 128, P started at -128 * the token's block sum, so P = sum q * xq
+ *     exactly (|P| <= 32 * 128 * 127); acc = fma(float(P), d * dx, acc) per block, y = acc.
  * Each (row, token) has its own lane and accumulators and the same operations whatever the tile,
  * so the routes are batch invariant. */
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -25,6 +29,7 @@
 #endif
 
 #include <immintrin.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "engine/cpu/kernels_impl.h"
@@ -261,25 +266,91 @@ AI void q6_tile(const int C, const unsigned char *G, int64_t nsb, const kern_q8k
     for (int c = 0; c < C; c++) _mm512_mask_storeu_ps(y + c * ldy, keep, acc[c]);
 }
 
-/* C tokens of group G, type wt (a constant): the tile of that type. */
-AI void x16_tile(const int wt, const int C, const unsigned char *G, int64_t nsb,
-                 const kern_q8k_t *xq, const kern_q8k16_t *xs, float *y, int64_t ldy,
-                 __mmask16 keep, size_t pfd)
+/* Q8_0: group G (ceil(nb / 2) pairs of blocks of KERN_Q8X16_PAIR_BYTES) against C tokens of
+ * q8 (token stride nb * 32), their block scales d8 and -128 times their block sums ns (both
+ * token stride nb); y[c * ldy + r] for the rows r in keep. pfd: prefetch distance (0: none). */
+AI void q8_tile(const int C, const unsigned char *G, int64_t nb, const int8_t *q8, const float *d8,
+                const int32_t *ns, float *y, int64_t ldy, __mmask16 keep, size_t pfd)
 {
-    if (wt == DT_Q4_K) q4_tile(C, G, nsb, xq, y, ldy, keep, pfd);
-    else q6_tile(C, G, nsb, xq, xs, y, ldy, keep, pfd);
+    const int64_t K = nb * QK8_0;
+    __m512 acc[X16_TOK];
+#pragma GCC unroll 8
+    for (int c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < (nb + 1) / 2; p++) {
+        const unsigned char *B = G + (size_t)p * KERN_Q8X16_PAIR_BYTES;
+        if (pfd)
+            for (int l = 0; l < KERN_Q8X16_PAIR_BYTES / 64; l++) kern_pf_stream(B + pfd + 64 * l);
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            const int64_t b = 2 * p + h;
+            if (b >= nb) break;
+            /* P = -128 * sum xq + sum (q + 128) xq = sum q * xq, per row lane */
+            __m512i P[X16_TOK];
+#pragma GCC unroll 8
+            for (int c = 0; c < C; c++) P[c] = _mm512_set1_epi32(ns[c * nb + b]);
+#pragma GCC unroll 8
+            for (int m = 0; m < QK8_0 / 4; m++) {
+                const __m512i w = _mm512_loadu_si512(B + 64 + 512 * h + 64 * m);
+#pragma GCC unroll 8
+                for (int c = 0; c < C; c++)
+                    P[c] = _mm512_dpbusd_epi32(P[c], w, bcast4(q8 + c * K + QK8_0 * b + 4 * m));
+            }
+            const __m512 D = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(B + 32 * h)));
+#pragma GCC unroll 8
+            for (int c = 0; c < C; c++)
+                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(P[c]),
+                                         _mm512_mul_ps(D, _mm512_set1_ps(d8[c * nb + b])), acc[c]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int c = 0; c < C; c++) _mm512_mask_storeu_ps(y + c * ldy, keep, acc[c]);
 }
 
-/* y[t * ldy + o] for t < T, o in [o0, o1) over the packed matrix P of type wt (xs: Q6_K's
- * 16-element sums, token stride nsb; NULL for Q4_K): groups in panels kept in L2 while every tile
- * of tokens passes over them; with few tokens, one pass. A thread's rows are one sequential
- * stream: with one token the hardware prefetchers keep up alone (software prefetch measured
- * 0.7-1.0x on Zen 4), with several the first tile over a panel prefetches X16_PF_BYTES ahead
- * (bench/RESULTS.md). */
-AI void x16_rows(const int wt, const char *P, int64_t nsb, const kern_q8k_t *xq,
-                 const kern_q8k16_t *xs, int T, float *y, int64_t ldy, int64_t o0, int64_t o1)
+/* A run of tokens as the tiles take them: K-quants xq (and Q6_K's xs), token stride nsb; Q8_0
+ * q8 (token stride nb * 32), d8 and ns (token stride nb). */
+typedef struct {
+    const kern_q8k_t *xq;
+    const kern_q8k16_t *xs;
+    const int8_t *q8;
+    const float *d8;
+    const int32_t *ns;
+} x16_tok_t;
+
+/* Token t of x (type wt; n: nsb or nb) onwards. */
+AI x16_tok_t tok_at(const int wt, const x16_tok_t *x, int64_t n, int t)
 {
-    const size_t gb = (size_t)nsb * (wt == DT_Q4_K ? KERN_Q4KX16_SB_BYTES : KERN_Q6KX16_SB_BYTES);
+    x16_tok_t r = {0};
+    if (wt == DT_Q8_0) {
+        r.q8 = x->q8 + (int64_t)t * n * QK8_0;
+        r.d8 = x->d8 + (int64_t)t * n;
+        r.ns = x->ns + (int64_t)t * n;
+    } else {
+        r.xq = x->xq + (int64_t)t * n;
+        r.xs = x->xs ? x->xs + (int64_t)t * n : NULL;
+    }
+    return r;
+}
+
+/* C tokens of group G, type wt (a constant; n its nsb or nb): the tile of that type. */
+AI void x16_tile(const int wt, const int C, const unsigned char *G, int64_t n, const x16_tok_t *x,
+                 float *y, int64_t ldy, __mmask16 keep, size_t pfd)
+{
+    if (wt == DT_Q4_K) q4_tile(C, G, n, x->xq, y, ldy, keep, pfd);
+    else if (wt == DT_Q6_K) q6_tile(C, G, n, x->xq, x->xs, y, ldy, keep, pfd);
+    else q8_tile(C, G, n, x->q8, x->d8, x->ns, y, ldy, keep, pfd);
+}
+
+/* y[t * ldy + o] for t < T, o in [o0, o1) over the packed matrix P of type wt (n: nsb, Q8_0 nb)
+ * and the tokens x: groups in panels kept in L2 while every tile of tokens passes over them;
+ * with few tokens, one pass. A thread's rows are one sequential stream: with one token the
+ * hardware prefetchers keep up alone (software prefetch measured 0.7-1.0x on Zen 4), with
+ * several the first tile over a panel prefetches X16_PF_BYTES ahead (bench/RESULTS.md). */
+AI void x16_rows(const int wt, const char *P, int64_t n, const x16_tok_t *x, int T, float *y,
+                 int64_t ldy, int64_t o0, int64_t o1)
+{
+    const size_t gb = wt == DT_Q8_0 ? (size_t)((n + 1) / 2) * KERN_Q8X16_PAIR_BYTES
+                                    : (size_t)n * (wt == DT_Q4_K ? KERN_Q4KX16_SB_BYTES
+                                                                  : KERN_Q6KX16_SB_BYTES);
     const unsigned char *base = (const unsigned char *)P;
     const int64_t g0 = o0 / KERN_PACK_ROWS, g1 = (o1 + KERN_PACK_ROWS - 1) / KERN_PACK_ROWS;
     int64_t panel = T <= X16_TOK ? g1 - g0 : (int64_t)(X16_PANEL_BYTES / gb);
@@ -287,8 +358,7 @@ AI void x16_rows(const int wt, const char *P, int64_t nsb, const kern_q8k_t *xq,
     for (int64_t gb0 = g0; gb0 < g1; gb0 += panel) {
         const int64_t ge = g1 - gb0 < panel ? g1 : gb0 + panel;
         for (int t = 0; t < T; t += X16_TOK) {
-            const kern_q8k_t *xt = xq + (int64_t)t * nsb;
-            const kern_q8k16_t *st = xs ? xs + (int64_t)t * nsb : NULL;
+            const x16_tok_t xt = tok_at(wt, x, n, t);
             const size_t pfd = T > 1 && t == 0 ? X16_PF_BYTES : 0;
             for (int64_t g = gb0; g < ge; g++) {
                 const int64_t r0 = g * KERN_PACK_ROWS;
@@ -298,16 +368,16 @@ AI void x16_rows(const int wt, const char *P, int64_t nsb, const kern_q8k_t *xq,
                 const unsigned char *G = base + (size_t)g * gb;
                 float *yt = y + (int64_t)t * ldy + r0;
                 switch (T - t) {
-                case 1: x16_tile(wt, 1, G, nsb, xt, st, yt, ldy, keep, pfd); break;
-                case 2: x16_tile(wt, 2, G, nsb, xt, st, yt, ldy, keep, pfd); break;
-                case 3: x16_tile(wt, 3, G, nsb, xt, st, yt, ldy, keep, pfd); break;
-                case 4: x16_tile(wt, 4, G, nsb, xt, st, yt, ldy, keep, pfd); break;
+                case 1: x16_tile(wt, 1, G, n, &xt, yt, ldy, keep, pfd); break;
+                case 2: x16_tile(wt, 2, G, n, &xt, yt, ldy, keep, pfd); break;
+                case 3: x16_tile(wt, 3, G, n, &xt, yt, ldy, keep, pfd); break;
+                case 4: x16_tile(wt, 4, G, n, &xt, yt, ldy, keep, pfd); break;
 #if X16_TOK > 4
-                case 5: x16_tile(wt, 5, G, nsb, xt, st, yt, ldy, keep, pfd); break;
-                case 6: x16_tile(wt, 6, G, nsb, xt, st, yt, ldy, keep, pfd); break;
-                case 7: x16_tile(wt, 7, G, nsb, xt, st, yt, ldy, keep, pfd); break;
+                case 5: x16_tile(wt, 5, G, n, &xt, yt, ldy, keep, pfd); break;
+                case 6: x16_tile(wt, 6, G, n, &xt, yt, ldy, keep, pfd); break;
+                case 7: x16_tile(wt, 7, G, n, &xt, yt, ldy, keep, pfd); break;
 #endif
-                default: x16_tile(wt, X16_TOK, G, nsb, xt, st, yt, ldy, keep, pfd); break;
+                default: x16_tile(wt, X16_TOK, G, n, &xt, yt, ldy, keep, pfd); break;
                 }
             }
         }
@@ -319,7 +389,8 @@ static void q4_rows(const char *P, size_t wrb, int64_t nsb, const kern_q8k_t *xq
                     int64_t ldy, int64_t o0, int64_t o1)
 {
     (void)wrb;
-    x16_rows(DT_Q4_K, P, nsb, xq, NULL, T, y, ldy, o0, o1);
+    const x16_tok_t x = {.xq = xq};
+    x16_rows(DT_Q4_K, P, nsb, &x, T, y, ldy, o0, o1);
 }
 
 /* kern_q23k_fn over a packed Q6_K matrix (wrb unused) */
@@ -327,7 +398,38 @@ static void q6_rows(const char *P, size_t wrb, int64_t nsb, const kern_q8k_t *xq
                     const kern_q8k16_t *xs, int T, float *y, int64_t ldy, int64_t o0, int64_t o1)
 {
     (void)wrb;
-    x16_rows(DT_Q6_K, P, nsb, xq, xs, T, y, ldy, o0, o1);
+    const x16_tok_t x = {.xq = xq, .xs = xs};
+    x16_rows(DT_Q6_K, P, nsb, &x, T, y, ldy, o0, o1);
+}
+
+#define X16_NS_STACK 2048 /* Q8_0 block sums kept on the stack (>= KERN_Q8_STACK / 32) */
+
+/* kern_b32_fn over a packed Q8_0 matrix (wrb unused): -128 times each token's block sums first
+ * (exact integers), in one heap buffer, or on the stack in chunks of tokens when that is too
+ * small and the allocation fails. */
+static void q8_rows(const char *P, size_t wrb, int64_t nb, const int8_t *xq, const float *xd,
+                    int T, float *y, int64_t ldy, int64_t o0, int64_t o1)
+{
+    (void)wrb;
+    const int64_t K = nb * QK8_0;
+    int32_t stack[X16_NS_STACK];
+    int32_t *ns = (int64_t)T * nb <= X16_NS_STACK ? stack
+                                                  : malloc((size_t)T * (size_t)nb * sizeof *ns);
+    const int chunk = ns ? T : (int)(X16_NS_STACK / nb);
+    if (!ns) ns = stack;
+    for (int t0 = 0; t0 < T; t0 += chunk) {
+        const int n = T - t0 < chunk ? T - t0 : chunk;
+        for (int t = 0; t < n; t++)
+            for (int64_t b = 0; b < nb; b++) {
+                const int8_t *q = xq + (int64_t)(t0 + t) * K + QK8_0 * b;
+                int32_t sum = 0;
+                for (int k = 0; k < QK8_0; k++) sum += q[k];
+                ns[(int64_t)t * nb + b] = -128 * sum;
+            }
+        const x16_tok_t x = {.q8 = xq + (int64_t)t0 * K, .d8 = xd + (int64_t)t0 * nb, .ns = ns};
+        x16_rows(DT_Q8_0, P, nb, &x, n, y + (int64_t)t0 * ldy, ldy, o0, o1);
+    }
+    if (ns != stack) free(ns);
 }
 
 int kern_kx16_matmul_vnni(int wtype, const void *P, int64_t K, const float *x, int64_t ldx,
@@ -337,6 +439,9 @@ int kern_kx16_matmul_vnni(int wtype, const void *P, int64_t K, const float *x, i
         return kern_q4k_matmul(q4_rows, kern_q8k_quantize_avx512, P, 0, K, x, ldx, y, ldy, T, o0, o1);
     if (wtype == DT_Q6_K)
         return kern_q23k_matmul(DT_Q6_K, q6_rows, P, 0, K, x, ldx, y, ldy, T, o0, o1);
+    if (wtype == DT_Q8_0)
+        return kern_b32_matmul(DT_Q8_0, q8_rows, kern_q8_quantize_avx512, P, 0, K, x, ldx, y, ldy,
+                               T, o0, o1);
     return -1;
 }
 
