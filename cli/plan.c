@@ -39,7 +39,9 @@
  * the backend holds on the device (the CUDA context and the allocator's rounding aside).
  * A mixture-of-experts model's weights are all its experts' (all are resident; a token reads only
  * k of them). Weights count against --gpu-mem only with --weights-on-device (the CPU backend reads them in
- * place from the file mapping, i.e. host page cache, not from the pool's budget). */
+ * place from the file mapping, i.e. host page cache, not from the pool's budget; except the
+ * matrices its kernels pack on this CPU, whose copies it holds in its own memory: the
+ * "cpu packed copy" row, backend_cpu_packed_bytes). */
 #include <getopt.h>
 #include <jansson.h>
 #include <stdint.h>
@@ -51,6 +53,7 @@
 #include "common/err.h"
 #include "cache/cache.h"
 #include "cli.h"
+#include "engine/backend.h"
 #include "engine/devmem.h"
 #include "engine/dtype.h"
 #include "engine/gguf.h"
@@ -78,6 +81,8 @@ typedef struct {
     int unsupported_dtype;     /* a tensor type the engine cannot compute with (-1 none) */
     int tied_output;           /* no output.weight: the output matrix is the embedding */
     int qkv_bias;              /* layer 0 has a q, k or v bias (the CUDA backend uploads them) */
+    uint64_t cpu_packed_bytes; /* the CPU backend's packed copies on this CPU
+                                  (backend_cpu_packed_bytes of every matrix it packs) */
 } plan_model_t;
 
 /* Inputs (from options, engine/cache defaults) and results of one plan. */
@@ -193,6 +198,34 @@ static int read_experts(const gguf_t *g, const char *path, plan_model_t *m, int6
     return 0;
 }
 
+/* backend_cpu_packed_bytes of tensor t (a dense matmul of the forward pass, by name, as the CPU
+ * backend binds it: the parts of a fused attn_qkv, and of phi3's ffn_up holding gate and up,
+ * each on their own), or 0. */
+static uint64_t cpu_packed(const gguf_t *g, const plan_model_t *m, const gguf_tensor_t *t)
+{
+    static const char *const dense[] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate",
+                                        "ffn_up", "ffn_down"};
+    const int64_t rows = t->ne[1], cols = t->ne[0];
+    if (t->n_dims != 2) return 0;
+    if (!strcmp(t->name, "output.weight") || (m->tied_output && !strcmp(t->name, "token_embd.weight")))
+        return backend_cpu_packed_bytes(t->type, rows, cols);
+    int layer, n = 0;
+    char what[32];
+    if (sscanf(t->name, "blk.%d.%31[a-z_].weight%n", &layer, what, &n) != 2 || t->name[n] != '\0')
+        return 0;
+    if (!strcmp(what, "attn_qkv")) {
+        const int64_t q = (int64_t)m->n_heads * m->head_dim, kv = (int64_t)m->n_kv_heads * m->head_dim;
+        return backend_cpu_packed_bytes(t->type, q, cols) + 2 * backend_cpu_packed_bytes(t->type, kv, cols);
+    }
+    char gate[64];
+    snprintf(gate, sizeof gate, "blk.%d.ffn_gate.weight", layer);
+    if (!strcmp(what, "ffn_up") && !gguf_find_tensor(g, gate) && rows == 2 * (int64_t)m->ffn_dim)
+        return 2 * backend_cpu_packed_bytes(t->type, m->ffn_dim, cols);
+    for (size_t i = 0; i < sizeof dense / sizeof dense[0]; i++)
+        if (!strcmp(what, dense[i])) return backend_cpu_packed_bytes(t->type, rows, cols);
+    return 0;
+}
+
 /* Reads path's hyper-parameters (keys, defaults and limits of model_load) and tensor bytes into
  * m. Maps the file only while reading; touches no tensor data. 0, or -1 + errstr. */
 static int read_model(const char *path, plan_model_t *m, char *errstr, size_t errlen)
@@ -274,6 +307,9 @@ static int read_model(const char *path, plan_model_t *m, char *errstr, size_t er
         m->weight_bytes += t->nbytes;
         if (t->type >= 0 && t->type < DT_COUNT_) m->by_dtype[t->type] += t->nbytes;
         if (!dtype_supported(t->type) && m->unsupported_dtype < 0) m->unsupported_dtype = t->type;
+        if (m->n_expert == 0 || strstr(t->name, "attn_") || !strncmp(t->name, "output", 6) ||
+            !strncmp(t->name, "token_embd", 10))
+            m->cpu_packed_bytes += cpu_packed(g, m, t);
     }
     gguf_close(g);
     return 0;
@@ -439,6 +475,10 @@ static void print_table(FILE *out, const char *path, const plan_model_t *m, cons
             ROW(label, "%14llu B  %10s", (unsigned long long)m->by_dtype[t],
                 human(m->by_dtype[t], h1, sizeof h1));
         }
+    if (m->cpu_packed_bytes && !p->on_device)
+        ROW("  cpu packed copy", "%14llu B  %10s  host memory the CPU kernels copy those of the "
+            "matrices they pack into", (unsigned long long)m->cpu_packed_bytes,
+            human(m->cpu_packed_bytes, h1, sizeof h1));
     ROW("KV per token", "%14llu B  %10s  %d layers x 2 x %d kv heads x %d x %d B (%s)",
         (unsigned long long)p->kv_per_token, human(p->kv_per_token, h1, sizeof h1), m->n_layers,
         m->n_kv_heads, m->head_dim, p->kv_elem, p->kv_type);
@@ -570,6 +610,7 @@ static json_t *plan_json(const char *path, const plan_model_t *m, const plan_t *
     e |= json_object_set_new(jw, "by_dtype", jd);
     jd = NULL;
     e |= json_object_set_new(jw, "on_device", json_boolean(p->on_device));
+    e |= json_object_set_new(jw, "cpu_packed_bytes", jint(m->cpu_packed_bytes));
 
     e |= json_object_set_new(jk, "type", json_string(p->kv_type));
     e |= json_object_set_new(jk, "elem_bytes", jint((uint64_t)p->kv_elem));

@@ -152,7 +152,17 @@ struct backend {
      * (cudaMemGetInfo before and after; includes the allocator's rounding and cuBLAS state). */
     uint64_t dev_bytes_planned, dev_bytes_measured;
     int dev_allocations;     /* device allocations behind dev_bytes_planned */
+    /* Host memory the CPU backend holds for its kernels' packed copies of weights (the sum of
+     * backend_cpu_packed_bytes over the matrices it packed; 0 on the CUDA backend). */
+    uint64_t host_packed_bytes;
 };
+
+/* Bytes of host memory the CPU backend allocates on this CPU for its kernels' packed copy of a
+ * rows x cols matrix of dtype wtype (Q4_K, Q6_K and Q8_0 with AVX512-VNNI), or 0 when it reads
+ * the matrix in place. It packs every dense matmul of the forward pass (attention, a dense FFN,
+ * the output head; a fused matrix's parts each on their own), never the embedding lookup or
+ * mixture-of-experts FFNs. Thread-safe. */
+size_t backend_cpu_packed_bytes(int wtype, int64_t rows, int64_t cols);
 
 /* CPU backend (engine/cpu). model is borrowed and must outlive the backend. */
 backend_t *backend_cpu_new(const model_t *model, const backend_params_t *params, char *errstr,

@@ -1363,6 +1363,7 @@ void engine_info(const engine_t *e, engine_info_t *info)
     info->max_seqs = e->cfg.max_seqs;
     info->kv_block_bytes = e->be->kv_block_bytes;
     info->weight_bytes = e->model->weight_bytes;
+    info->host_packed_bytes = e->be->host_packed_bytes;
     info->dev_bytes_planned = e->be->dev_bytes_planned;
     info->dev_bytes_measured = e->be->dev_bytes_measured;
     info->dev_allocations = e->be->dev_allocations;

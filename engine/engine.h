@@ -189,6 +189,7 @@ typedef struct {
     int threads, block_tokens, kv_blocks, max_batch_tokens, max_seqs;
     size_t kv_block_bytes;
     size_t weight_bytes;
+    uint64_t host_packed_bytes; /* the CPU backend's packed weight copies (backend.h) */
     /* device memory of the CUDA backend (0 on the CPU backend): engine/devmem.h's figure, what
      * the device's free memory fell by while the backend was created, and the allocations */
     uint64_t dev_bytes_planned, dev_bytes_measured;

@@ -3,9 +3,10 @@
  * plan reads only GGUF metadata and computes with its own copy of the formulas; every number it
  * prints is compared here with a number taken from the engine or the cache, never with the same
  * formula recomputed:
- *   - hyper-parameters, kv.block_bytes, pool.blocks, pool.ctx, weights.bytes: engine_new's
- *     engine_info (the backend's kv_block_bytes and n_kv_blocks, model_load's weight_bytes, the
- *     engine's context limit);
+ *   - hyper-parameters, kv.block_bytes, pool.blocks, pool.ctx, weights.bytes,
+ *     weights.cpu_packed_bytes: engine_new's engine_info (the backend's kv_block_bytes,
+ *     n_kv_blocks and host_packed_bytes -- what it allocated for packed copies on this CPU --,
+ *     model_load's weight_bytes, the engine's context limit);
  *   - kv.bytes_per_token: `spillway inspect` (model_load + model_kv_bytes_per_token), f16 and f32;
  *   - pool.max_seqs_at_ctx: that many sequences of blocks_per_seq blocks are allocated from the
  *     engine's pool (engine_raw_alloc_blocks) and one more sequence is refused;
@@ -18,7 +19,7 @@
  *   - --gpu-mem: the pool's kv_mem_mb given to the engine gives the planned blocks, and the
  *     budget adds up (kv_mem_mb MiB <= gpu - scratch - reserve - [weights] < one MiB more).
  * Models: stories260K and the arch-fixtures qwen3, gemma2, gemma3, phi3 (shared), mkmodel presets
- * tiny, qwen2-tiny, tiny in q8_0, smollm2-135m in f16 (VmSize checks: blocks of 360 KiB), a
+ * tiny, qwen2-tiny, tiny, phi3 and qwen2moe in q8_0 (packed copies), smollm2-135m in f16 (VmSize checks: blocks of 360 KiB), a
  * qwen2moe and a Mixtral-style llama (mixture of experts: hyper-parameters and every case) and a
  * qwen2moe of smollm2's shapes (2 layers, for the VmSize checks of the expert scratch), and two
  * rewrites of tiny that take model_load's other
@@ -210,6 +211,9 @@ static void check_case(const ctx_t *c, const char *model, const pcase_t *pc, int
     json_object_foreach(json_object_get(json_object_get(j, "weights"), "by_dtype"), k, v)
         sum += json_integer_value(v);
     CHECKF(sum == (long long)in.weight_bytes, "%s: by_dtype sums to %lld", model, sum);
+    CHECKF(jget(j, "weights", "cpu_packed_bytes") == (long long)in.host_packed_bytes,
+           "%s: cpu_packed_bytes %lld vs the CPU backend's %llu", model,
+           jget(j, "weights", "cpu_packed_bytes"), (unsigned long long)in.host_packed_bytes);
     CHECKF(jget(j, "kv", "block_bytes") == (long long)in.kv_block_bytes,
            "%s %s: block_bytes %lld vs engine %zu", model, what, jget(j, "kv", "block_bytes"),
            in.kv_block_bytes);
@@ -399,7 +403,7 @@ int main(void)
         return 1;
     }
     char err[256], tiny[128], qwen[128], q8[128], smol[128], nokv[128], arr[128], mha[128];
-    char moe2[128], moe3[128], moebig[128];
+    char moe2[128], moe3[128], moebig[128], phi3q8[128], moe2q8[128];
     snprintf(tiny, sizeof tiny, "%s/tiny.gguf", c.dir);
     snprintf(qwen, sizeof qwen, "%s/qwen2-tiny.gguf", c.dir);
     snprintf(q8, sizeof q8, "%s/tiny-q8.gguf", c.dir);
@@ -410,6 +414,8 @@ int main(void)
     snprintf(moe2, sizeof moe2, "%s/qwen2moe.gguf", c.dir);
     snprintf(moe3, sizeof moe3, "%s/llama-moe.gguf", c.dir);
     snprintf(moebig, sizeof moebig, "%s/qwen2moe-576.gguf", c.dir);
+    snprintf(phi3q8, sizeof phi3q8, "%s/phi3-q8.gguf", c.dir);
+    snprintf(moe2q8, sizeof moe2q8, "%s/qwen2moe-q8.gguf", c.dir);
     mkmodel_params_t p;
     mkmodel_preset("tiny", &p);
     CHECKF(mkmodel_write(&p, tiny, err, sizeof err) == 0, "%s", err);
@@ -430,6 +436,15 @@ int main(void)
     p.n_expert_used = 2;
     p.expert_ffn_dim = 96;
     CHECKF(mkmodel_write(&p, moe2, err, sizeof err) == 0, "%s", err);
+    /* in Q8_0, which the CPU backend packs where the CPU has AVX512-VNNI (weights.
+     * cpu_packed_bytes): the attention only, the experts in place */
+    p.dtype = DT_Q8_0;
+    CHECKF(mkmodel_write(&p, moe2q8, err, sizeof err) == 0, "%s", err);
+    /* phi3 in Q8_0: the parts of its fused attn_qkv and ffn_up packed each on their own */
+    mkmodel_preset("tiny", &p);
+    p.arch = ARCH_PHI3;
+    p.dtype = DT_Q8_0;
+    CHECKF(mkmodel_write(&p, phi3q8, err, sizeof err) == 0, "%s", err);
     mkmodel_preset("tiny", &p);
     p.n_expert = 4;
     p.n_expert_used = 2;
@@ -458,7 +473,7 @@ int main(void)
     };
     const char *shared = SPILLWAY_MODELS "/stories260K.gguf";
     /* the architectures beyond llama/qwen2 (gemma3: head_dim 64 != dim / n_heads) */
-    const char *models[] = {shared, tiny, qwen, q8, mha, nokv, arr, moe2, moe3,
+    const char *models[] = {shared, tiny, qwen, q8, mha, nokv, arr, moe2, moe3, phi3q8, moe2q8,
                             SPILLWAY_MODELS "/arch-fixtures/qwen3-tiny.gguf",
                             SPILLWAY_MODELS "/arch-fixtures/gemma2-tiny.gguf",
                             SPILLWAY_MODELS "/arch-fixtures/gemma3-tiny.gguf",
@@ -503,7 +518,7 @@ int main(void)
     check_vm(&c, moebig, 0); /* the logits buffer does not depend on the experts */
     check_cli(&c, tiny);
 
-    const char *files[] = {tiny, qwen, q8, smol, mha, nokv, arr, moe2, moe3, moebig};
+    const char *files[] = {tiny, qwen, q8, smol, mha, nokv, arr, moe2, moe3, moebig, phi3q8, moe2q8};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) unlink(files[i]);
     if (rmdir(c.dir) != 0) fprintf(stderr, "rmdir %s: %s\n", c.dir, strerror(errno));
     return check_exit();

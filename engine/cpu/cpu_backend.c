@@ -592,6 +592,12 @@ static void cpu_free(backend_t *be)
     free(c);
 }
 
+size_t backend_cpu_packed_bytes(int wtype, int64_t rows, int64_t cols)
+{
+    const kern_table_t *k = kern_get(NULL);
+    return k->pack_bytes ? k->pack_bytes(wtype, rows, cols) : 0;
+}
+
 /* c->packed: the kernels' packed copy of every matrix the table packs (kern_table_t.pack), in
  * memory c owns. 0, or -1 (errstr set) when memory runs out. */
 static int pack_weights(cpu_t *c, char *errstr, size_t errlen)
@@ -618,6 +624,7 @@ static int pack_weights(cpu_t *c, char *errstr, size_t errlen)
             if (!p) goto oom;
             c->k->pack(w->type, w->data, w->row_bytes, w->rows, w->cols, p);
             c->packed[l * MAT_N + i] = p;
+            c->base.host_packed_bytes += n;
         }
     }
     return 0;
