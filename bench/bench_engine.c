@@ -255,13 +255,14 @@ int main(int argc, char **argv)
         return 1;
     }
     memset(bw_buf, 1, bw_bytes);
-    double bw[101];
+    double bw[101], dec1[100];
     for (int b = 0; b < nb + 1; b++) {
         int n = sizes[b];
         for (int r = 0; r < reps; r++) {
             if (n == 1) bw[r] = membw_read(bw_pool, bw_buf, bw_bytes, 3);
             if (measure(e, n, 16, G, &tp, &td)) return 1;
             v[r] = (double)n * (G - 1) / td;
+            if (n == 1) dec1[r] = v[r];
         }
         qsort(v, (size_t)reps, sizeof *v, bench_cmp_double);
         printf("| decode, %d sequence%s x %d tokens | %.1f | %.1f | %.1f |\n", n, n > 1 ? "s" : "",
@@ -272,6 +273,18 @@ int main(int argc, char **argv)
                     model, n, G, v[0], v[reps / 2], v[reps - 1]);
         if (n == 1) {
             bw[reps] = membw_read(bw_pool, bw_buf, bw_bytes, 3);
+            /* each repetition with the probes just before and after it (the machine's bandwidth
+             * moves between minutes: bench/run.py pairs them) */
+            printf("| decode-1 repetitions: read GB/s before, tokens/s, read GB/s after |");
+            for (int r = 0; r < reps; r++)
+                printf(" %.1f, %.1f, %.1f%s", bw[r], dec1[r], bw[r + 1], r + 1 < reps ? ";" : " |\n");
+            if (jf) {
+                fprintf(jf, "{\"model\": \"%s\", \"workload\": \"decode1_pairs\", \"n\": 1, "
+                            "\"pairs\": [", model);
+                for (int r = 0; r < reps; r++)
+                    fprintf(jf, "%s[%.3f, %.3f, %.3f]", r ? ", " : "", bw[r], dec1[r], bw[r + 1]);
+                fprintf(jf, "]}\n");
+            }
             qsort(bw, (size_t)reps + 1, sizeof *bw, bench_cmp_double);
             printf("| read bandwidth before each decode-1 repetition and after, GB/s | %.1f | %.1f | "
                    "%.1f |\n", bw[0], bw[(reps + 1) / 2], bw[reps]);

@@ -50,7 +50,11 @@ Figures (each measured --reps times unless stated):
     measurements (bench_kernels, first and last), and the median of the ones bench_engine takes
     between its decode-1 repetitions (a shared machine's bandwidth changes from minute to minute:
     on the Zen 5 build machine F16 decode ran 159 tok/s in one run and 237 ten minutes later, the
-    same code; the second figure compares with what the machine gave at that time). Weight bytes
+    same code; the second figure compares with what the machine gave at that time), and, third,
+    each repetition against the two probes taken just before and after it in the same process
+    (the share per repetition, then min / median / max over them; goal on the median): on a
+    guest whose bandwidth jumps between two levels from minute to minute (bench/RESULTS.md,
+    AMD EPYC), only a probe adjacent in time measures what that repetition could get. Weight bytes
     per token = every tensor of the GGUF
     (matrices and norms; the embedding counted once when tied, as it is the output head; left
     out when an untied output head exists, as decode reads one row of it); the KV cache read
@@ -152,6 +156,8 @@ def merge_rounds(rounds):
             if key not in seen:
                 seen[key] = dict(r, _vals=[])
                 out.append(seen[key])
+            elif "pairs" in r:  # decode1_pairs: every run's repetitions
+                seen[key]["pairs"] = seen[key]["pairs"] + r["pairs"]
             if "median" in r:
                 seen[key]["_vals"].append(r["median"])
     for r in out:
@@ -360,6 +366,10 @@ class Row:
             if r is None:
                 return f">= {thr:g}x: n/a" + ("" if self.ours else " (not measured)")
             return f">= {thr:g}x: {'met' if r >= thr else 'NOT MET'}"
+        if kind == "share":  # ours: the shares in percent, paired sample by sample
+            if not self.ours:
+                return f">= {thr:.0%}: n/a"
+            return f"median >= {thr:.0%}: {'met' if self.ours[1] >= 100 * thr else 'NOT MET'}"
         c, name = self.ceil or ({}, "")
         val = c.get(name)
         if not self.ours or not val:
@@ -621,6 +631,14 @@ def main():
                     notes.append(f"{dt}: engine weight_bytes {r['weight_bytes']} != GGUF tensor bytes {mf['total_bytes']}")
                 continue
             o = (r["min"], r["median"], r["max"])
+            if r["workload"] == "decode1_pairs":  # each repetition against its own probes
+                g = goal_for(args.preset, "decode1_bw")
+                shares = [100 * t * mf["bytes_per_token"] / 1e9 / ((b + a) / 2)
+                          for b, t, a in r["pairs"] if b + a > 0]
+                rows.append(Row(f"{dt} decode 1 sequence, weights streamed as % of the read bandwidth "
+                                f"probed just before and after the same repetition ({len(shares)} repetitions)",
+                                mmm(shares) if shares else None, None, ("share", g[1]) if g else None))
+                continue
             if r["workload"] == "read_bw":  # after the decode-1 figure it was measured with
                 rows.append(Row(f"{dt}: read bandwidth measured between the decode-1 repetitions (GB/s)", o))
                 rows.append(Row(f"{dt} decode 1 sequence (GB/s of weights), against that bandwidth", dec1,
