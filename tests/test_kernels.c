@@ -291,6 +291,22 @@ static void test_packed(const kern_table_t *kt, const kern_table_t *other)
             CHECK(kt->pack_bytes(WTYPES[wi], 37, 768) == 0);
             CHECK(kt->matmul_packed(WTYPES[wi], NULL, 768, NULL, 768, NULL, 1, 1, 0, 0) == -1);
         }
+    /* packed in parts at group boundaries (kernels.h): the same bytes as the whole */
+    static const int PT[] = {DT_Q4_K, DT_Q8_0};
+    for (int i = 0; i < 2; i++) {
+        const int64_t N = 37, K = PT[i] == DT_Q4_K ? 512 : 96;
+        size_t rb;
+        void *W = make_weights(PT[i], N, K, &rb);
+        const size_t n = kt->pack_bytes(PT[i], N, K), g = kt->pack_bytes(PT[i], 16, K);
+        unsigned char *whole = malloc(n), *parts = malloc(n);
+        kt->pack(PT[i], W, rb, N, K, whole);
+        kt->pack(PT[i], W, rb, 16, K, parts);
+        kt->pack(PT[i], (const char *)W + 16 * rb, rb, N - 16, K, parts + g);
+        CHECKF(memcmp(whole, parts, n) == 0, "%s packed in parts differs", dtype_name(PT[i]));
+        free(W);
+        free(whole);
+        free(parts);
+    }
     kern_table_t pk = *kt;
     pk.name = "avx512-vnni packed";
     pk.matmul = kc_packed_matmul;

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "common/err.h"
 #include "../backend.h"
@@ -38,8 +39,9 @@ typedef struct {
     const kern_table_t *k;
     /* [(n_layers + 1) * MAT_N]: the kernels' packed copy of matrix i of layer l at
      * [l * MAT_N + i], of the output head at [n_layers * MAT_N]; NULL where the matrix is used
-     * in place. Owned (aligned_alloc). */
+     * in place. The pointers are into packed_mem, which c owns. */
     void **packed;
+    void *packed_mem;
     tpool_t *pool;
     int n_threads;
     unsigned char *kv;       /* [n_kv_blocks][kv_block_bytes] */
@@ -565,9 +567,8 @@ static void cpu_free(backend_t *be)
 {
     cpu_t *c = (cpu_t *)be;
     if (!c) return;
-    if (c->packed)
-        for (int i = 0; i < (c->base.model->hp.n_layers + 1) * MAT_N; i++) free(c->packed[i]);
     free(c->packed);
+    free(c->packed_mem);
     tpool_free(c->pool);
     moe_free(c->moe);
     free(c->kv);
@@ -598,8 +599,58 @@ size_t backend_cpu_packed_bytes(int wtype, int64_t rows, int64_t cols)
     return k->pack_bytes ? k->pack_bytes(wtype, rows, cols) : 0;
 }
 
-/* c->packed: the kernels' packed copy of every matrix the table packs (kern_table_t.pack), in
- * memory c owns. 0, or -1 (errstr set) when memory runs out. */
+/* n bytes for the packed copies (free() releases them): 64-byte aligned, and from 2 MiB on
+ * aligned to 2 MiB and offered to transparent huge pages (MADV_HUGEPAGE; where the kernel has them
+ * in "madvise" mode), so that packing faults them in 2 MiB pages rather than 4 KiB ones (packing
+ * Llama-3.2-1B Q8_0: 1.84 -> 0.70 s) and a decode step's stream crosses fewer page boundaries.
+ * Performance only. */
+static void *packed_alloc(size_t n)
+{
+    const size_t huge = (size_t)2 << 20;
+    if (n < huge) return aligned_alloc(64, (n + 63) / 64 * 64);
+    void *p = aligned_alloc(huge, (n + huge - 1) / huge * huge);
+#ifdef MADV_HUGEPAGE
+    if (p) (void)madvise(p, (n + huge - 1) / huge * huge, MADV_HUGEPAGE);
+#endif
+    return p;
+}
+
+/* Packing one matrix over the pool: each thread its own groups of rows (split_rows). */
+typedef struct {
+    const kern_table_t *k;
+    const weight_t *w;
+    unsigned char *dst;  /* the copy; group g at dst + g * gbytes */
+    size_t gbytes;       /* pack_bytes of one group of KERN_PACK_ROWS rows */
+} pack_job_t;
+
+static void ph_pack(void *arg, int ith, int nth)
+{
+    const pack_job_t *j = arg;
+    long lo, hi;
+    split_rows((long)j->w->rows, ith, nth, &lo, &hi);
+    if (lo < hi)
+        j->k->pack(j->w->type, (const char *)j->w->data + (size_t)lo * j->w->row_bytes,
+                   j->w->row_bytes, hi - lo, j->w->cols,
+                   j->dst + (size_t)(lo / KERN_PACK_ROWS) * j->gbytes);
+}
+
+/* The matrices of layer l (l == n_layers: the output head) that pack_weights considers, in slot
+ * order; returns their count. */
+static int layer_mats(const model_t *m, int l, const weight_t *ws[MAT_N])
+{
+    if (l == m->hp.n_layers) {
+        ws[0] = &m->output;
+        return 1;
+    }
+    const layer_weights_t *L = &m->layers[l];
+    const weight_t *lw[MAT_N] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+    memcpy(ws, lw, sizeof lw);
+    return m->hp.n_expert > 0 ? MAT_O + 1 : MAT_N; /* MoE FFNs: moe.c's, in place */
+}
+
+/* c->packed: the kernels' packed copy of every matrix the table packs (kern_table_t.pack), all in
+ * one allocation c owns (c->packed_mem), packed over the thread pool. 0, or -1 (errstr set)
+ * when memory runs out. */
 static int pack_weights(cpu_t *c, char *errstr, size_t errlen)
 {
     const model_t *m = c->base.model;
@@ -607,24 +658,28 @@ static int pack_weights(cpu_t *c, char *errstr, size_t errlen)
     c->packed = calloc((size_t)(nl + 1) * MAT_N, sizeof *c->packed);
     if (!c->packed) goto oom;
     if (!c->k->pack_bytes) return 0;
+    size_t total = 0;
     for (int l = 0; l <= nl; l++) {
-        const weight_t *ws[MAT_N] = {&m->output};
-        int nw = 1;
-        if (l < nl) {
-            const layer_weights_t *L = &m->layers[l];
-            const weight_t *lw[MAT_N] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-            memcpy(ws, lw, sizeof lw);
-            nw = m->hp.n_expert > 0 ? MAT_O + 1 : MAT_N; /* MoE FFNs: moe.c's, in place */
-        }
+        const weight_t *ws[MAT_N];
+        const int nw = layer_mats(m, l, ws);
+        for (int i = 0; i < nw; i++)
+            total += (c->k->pack_bytes(ws[i]->type, ws[i]->rows, ws[i]->cols) + 63) / 64 * 64;
+    }
+    if (!total) return 0;
+    if (!(c->packed_mem = packed_alloc(total))) goto oom;
+    unsigned char *at = c->packed_mem;
+    for (int l = 0; l <= nl; l++) {
+        const weight_t *ws[MAT_N];
+        const int nw = layer_mats(m, l, ws);
         for (int i = 0; i < nw; i++) {
             const weight_t *w = ws[i];
             const size_t n = c->k->pack_bytes(w->type, w->rows, w->cols);
             if (!n) continue;
-            void *p = aligned_alloc(64, (n + 63) / 64 * 64);
-            if (!p) goto oom;
-            c->k->pack(w->type, w->data, w->row_bytes, w->rows, w->cols, p);
-            c->packed[l * MAT_N + i] = p;
+            pack_job_t j = {c->k, w, at, c->k->pack_bytes(w->type, KERN_PACK_ROWS, w->cols)};
+            tpool_run(c->pool, ph_pack, &j);
+            c->packed[l * MAT_N + i] = at;
             c->base.host_packed_bytes += n;
+            at += (n + 63) / 64 * 64;
         }
     }
     return 0;
@@ -689,11 +744,11 @@ backend_t *backend_cpu_new(const model_t *model, const backend_params_t *params,
                 goto fail;
             }
     }
-    if (pack_weights(c, errstr, errlen) != 0) goto fail;
     c->n_threads = params->threads;
     c->max_T = params->max_batch_tokens;
     c->pool = tpool_new(params->threads, errstr, errlen);
     if (!c->pool) goto fail;
+    if (pack_weights(c, errstr, errlen) != 0) goto fail;
     if (hp->n_expert > 0 && !(c->moe = moe_new(model, c->k, c->max_T, errstr, errlen))) goto fail;
 
     const size_t T = (size_t)c->max_T, dim = hp->dim, hd = hp->head_dim;

@@ -109,7 +109,10 @@ typedef struct {
      * pack_bytes(wtype, rows, K): bytes of the packed copy of a rows x K matrix of wtype, or 0
      * when the table has no layout for that type and K (then use matmul on the rows as they
      * are). pack(...): writes the copy of W (matmul's W and w_row_bytes) to dst, 64-byte
-     * aligned and pack_bytes long; the caller owns dst; W is not referenced afterwards.
+     * aligned and pack_bytes long; the caller owns dst; W is not referenced afterwards. Rows
+     * may be packed in parts, each starting at a multiple of KERN_PACK_ROWS: rows [a, b) packed
+     * as a matrix of their own at dst + (a / KERN_PACK_ROWS) * pack_bytes(wtype,
+     * KERN_PACK_ROWS, K) give the same bytes as the whole.
      * matmul_packed(wtype, P, K, ...): matmul's y for rows [o0, o1) (o1 <= rows) of the matrix
      * packed at P ("Packed Q4_K, Q6_K and Q8_0" above gives the values); any o0, o1, fastest when both are
      * multiples of KERN_PACK_ROWS. Returns -1 when wtype or K is not packed, else 0. */

@@ -58,9 +58,12 @@ static void pack_q6k(unsigned char *B, int r, const block_q6_K *b)
 static void pack_q80(unsigned char *B, int r, int h, const block_q8_0 *b)
 {
     memcpy(B + 32 * h + 2 * r, &b->d, 2);
-    for (int m = 0; m < QK8_0 / 4; m++)
-        for (int i = 0; i < 4; i++)
-            B[64 + 512 * h + 64 * m + 4 * r + i] = (unsigned char)((uint8_t)b->qs[4 * m + i] ^ 0x80);
+    for (int m = 0; m < QK8_0 / 4; m++) {
+        uint32_t w;
+        memcpy(&w, b->qs + 4 * m, 4);
+        w ^= 0x80808080u; /* q + 128 in every byte */
+        memcpy(B + 64 + 512 * h + 64 * m + 4 * r, &w, 4);
+    }
 }
 
 void kern_kx16_pack(int wtype, const void *W, size_t wrb, int64_t rows, int64_t K, void *dst)
