@@ -630,7 +630,6 @@ def main():
                 if r["weight_bytes"] != mf["total_bytes"]:
                     notes.append(f"{dt}: engine weight_bytes {r['weight_bytes']} != GGUF tensor bytes {mf['total_bytes']}")
                 continue
-            o = (r["min"], r["median"], r["max"])
             if r["workload"] == "decode1_pairs":  # each repetition against its own probes
                 g = goal_for(args.preset, "decode1_bw")
                 shares = [100 * t * mf["bytes_per_token"] / 1e9 / ((b + a) / 2)
@@ -639,6 +638,7 @@ def main():
                                 f"probed just before and after the same repetition ({len(shares)} repetitions)",
                                 mmm(shares) if shares else None, None, ("share", g[1]) if g else None))
                 continue
+            o = (r["min"], r["median"], r["max"])
             if r["workload"] == "read_bw":  # after the decode-1 figure it was measured with
                 rows.append(Row(f"{dt}: read bandwidth measured between the decode-1 repetitions (GB/s)", o))
                 rows.append(Row(f"{dt} decode 1 sequence (GB/s of weights), against that bandwidth", dec1,
