@@ -310,20 +310,21 @@ static void test_packed(const kern_table_t *kt, const kern_table_t *other)
     kern_table_t pk = *kt;
     pk.name = "avx512-vnni packed";
     pk.matmul = kc_packed_matmul;
-    static const int64_t KS_K[] = {256, 512, 768, 1536};
-    for (size_t ki = 0; ki < sizeof KS_K / sizeof KS_K[0]; ki++)
-        for (int T = 1; T <= 21; T += 4) kc_matmul_accuracy(&pk, DT_Q4_K, KS_K[ki], T, &ACC);
-    kc_batch_invariance(&pk, DT_Q4_K, 29, 256, 24, make_weights, &rng_state);
-    kc_batch_invariance(&pk, DT_Q4_K, 45, 768, 14, make_weights, &rng_state);
-    kc_batch_invariance(&pk, DT_Q4_K, 29, 1536, 14, make_weights, &rng_state);
-    test_isa_cross(&pk, other, DT_Q4_K, 768);
-    static const int64_t KS_8[] = {32, 64, 96, 576, 1536}; /* odd block counts too */
-    for (size_t ki = 0; ki < sizeof KS_8 / sizeof KS_8[0]; ki++)
-        for (int T = 1; T <= 21; T += 4) kc_matmul_accuracy(&pk, DT_Q8_0, KS_8[ki], T, &ACC);
-    kc_batch_invariance(&pk, DT_Q8_0, 29, 96, 24, make_weights, &rng_state);
-    kc_batch_invariance(&pk, DT_Q8_0, 45, 576, 14, make_weights, &rng_state);
-    kc_batch_invariance(&pk, DT_Q8_0, 29, 1536, 14, make_weights, &rng_state);
-    test_isa_cross(&pk, other, DT_Q8_0, 576);
+    /* per type: the row lengths of the accuracy checks, those of the three invariance checks
+     * (the middle one also for the cross-ISA check); Q8_0 with odd block counts too */
+    static const struct {
+        int t, nks;
+        int64_t ks[5], inv[3];
+    } PC[] = {{DT_Q4_K, 4, {256, 512, 768, 1536}, {256, 768, 1536}},
+              {DT_Q8_0, 5, {32, 64, 96, 576, 1536}, {96, 576, 1536}}};
+    for (size_t i = 0; i < sizeof PC / sizeof PC[0]; i++) {
+        for (int ki = 0; ki < PC[i].nks; ki++)
+            for (int T = 1; T <= 21; T += 4) kc_matmul_accuracy(&pk, PC[i].t, PC[i].ks[ki], T, &ACC);
+        kc_batch_invariance(&pk, PC[i].t, 29, PC[i].inv[0], 24, make_weights, &rng_state);
+        kc_batch_invariance(&pk, PC[i].t, 45, PC[i].inv[1], 14, make_weights, &rng_state);
+        kc_batch_invariance(&pk, PC[i].t, 29, PC[i].inv[2], 14, make_weights, &rng_state);
+        test_isa_cross(&pk, other, PC[i].t, PC[i].inv[1]);
+    }
 }
 
 static void test_elementwise(const kern_table_t *kt)
