@@ -12,9 +12,9 @@
  * formula's terms' |.| (u = 2^-24, the bound kernels.h states), and the formula within x's 8-bit
  * rounding of the exact product of the widened weights. Batch invariance: every (t, o) of a
  * batch over rows [o0, o1) bit-identical to that token alone over one row, for T = 1..maxT,
- * odd starts and ends. AVX-512 with and without VNNI: bit-identical. Q6_K packed in 16-row
- * groups (the avx512-vnni table's pack, where this CPU has it): the same accuracy and batch
- * invariance checks, row counts not multiples of 16 and ranges starting inside a group. */
+ * odd starts and ends. AVX-512 with and without VNNI: bit-identical. Q6_K and Q5_K packed in
+ * 16-row groups (the avx512-vnni table's pack, where this CPU has it): the same accuracy and
+ * batch invariance checks, row counts not multiples of 16 and ranges starting inside a group. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -254,21 +254,24 @@ int main(void)
         for (int ti = 0; ti < 2; ti++)
             kc_same_bits(tabs[KC_AVX512], tabs[KC_AVX512_VNNI], TYPES[ti], 768, make_weights,
                          &rng_state);
-    /* Q6_K packed (the avx512-vnni table's pack: kernels.h "Packed Q4_K, Q6_K and Q8_0"): the same
-     * checks through a matmul that packs W first; Q5_K is not packed */
+    /* Q6_K and Q5_K packed (the avx512-vnni table's pack: kernels.h "Packed Q4_K, Q5_K, Q6_K
+     * and Q8_0"): the same checks through a matmul that packs W first */
     const kern_table_t *vn = tabs[KC_AVX512_VNNI];
     if (vn) {
         CHECK(vn->pack_bytes(DT_Q6_K, 37, 768) == 3 * 3 * 3392);
-        CHECK(vn->pack_bytes(DT_Q6_K, 37, 288) == 0 && vn->pack_bytes(DT_Q5_K, 37, 768) == 0);
-        CHECK(vn->matmul_packed(DT_Q5_K, NULL, 768, NULL, 768, NULL, 1, 1, 0, 0) == -1);
+        CHECK(vn->pack_bytes(DT_Q5_K, 37, 768) == 3 * 3 * 2816);
+        CHECK(vn->pack_bytes(DT_Q6_K, 37, 288) == 0 && vn->pack_bytes(DT_Q5_K, 37, 288) == 0);
         kern_table_t pk = *vn;
         pk.name = "avx512-vnni packed";
         pk.matmul = kc_packed_matmul;
-        for (size_t ki = 0; ki < sizeof KS / sizeof KS[0]; ki++)
-            for (int T = 1; T <= 21; T += 4) kc_matmul_accuracy(&pk, DT_Q6_K, KS[ki], T, &ACC);
-        kc_batch_invariance(&pk, DT_Q6_K, 29, 256, 24, make_weights, &rng_state);
-        kc_batch_invariance(&pk, DT_Q6_K, 45, 768, 14, make_weights, &rng_state);
-        kc_batch_invariance(&pk, DT_Q6_K, 29, 1536, 12, make_weights, &rng_state);
+        for (int ti = 0; ti < 2; ti++) {
+            const int t = TYPES[ti];
+            for (size_t ki = 0; ki < sizeof KS / sizeof KS[0]; ki++)
+                for (int T = 1; T <= 21; T += 4) kc_matmul_accuracy(&pk, t, KS[ki], T, &ACC);
+            kc_batch_invariance(&pk, t, 29, 256, 24, make_weights, &rng_state);
+            kc_batch_invariance(&pk, t, 45, 768, 14, make_weights, &rng_state);
+            kc_batch_invariance(&pk, t, 29, 1536, 12, make_weights, &rng_state);
+        }
     }
     return check_exit();
 }

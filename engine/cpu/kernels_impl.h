@@ -68,7 +68,7 @@ typedef void (*kern_q8k_fn)(const float *x, int64_t K, kern_q8k_t *out);
 int kern_q4k_matmul(kern_q4k_fn fn, kern_q8k_fn quant, const void *W, size_t wrb, int64_t K, const float *x,
                     int64_t ldx, float *y, int64_t ldy, int T, int64_t o0, int64_t o1);
 
-/* ---- Q4_K, Q6_K and Q8_0 packed in groups of 16 rows (kern_table_t.pack_bytes/pack/matmul_packed;
+/* ---- Q4_K, Q5_K, Q6_K and Q8_0 packed in groups of 16 rows (kern_table_t.pack_bytes/pack/matmul_packed;
  * engine/cpu/kpack*.c) ----
  * Rows 16g .. 16g+15 of a matrix (rows past the last: zero blocks) form group g; its
  * super-block s (nsb = K / 256 per row) is the SB_BYTES at (g * nsb + s) * SB_BYTES (Q8_0: its
@@ -80,6 +80,10 @@ int kern_q4k_matmul(kern_q4k_fn fn, kern_q8k_fn quant, const void *W, size_t wrb
  *   0..31     d of rows 0..15 (fp16), 32..63 their dmin (fp16);
  *   64..255   word w (< 3) of the rows' 12 scale bytes at 64 + 64 w;
  *   256..2303 word i (< 32) of the rows' 128 qs bytes at 256 + 64 i.
+ * Q5_K (2816 bytes): Q4_K's first 256 bytes, then 40 lines at 256 + 64 line in the order one
+ *   token's pass first reads them: word m (< 8) of the rows' 32 qh bytes at line 2m, word m of
+ *   their qs at line 2m + 1, word 8c + m of their qs (c = 1..3) at line 8 + 8c + m
+ *   (kern_q5k_line).
  * Q6_K (3392 bytes: the rows' 3360 and 32 of padding, so that every line of quants is a whole
  * cache line):
  *   0..31      d of rows 0..15 (fp16);
@@ -94,11 +98,19 @@ int kern_q4k_matmul(kern_q4k_fn fn, kern_q8k_fn quant, const void *W, size_t wrb
  *   64..1087   word m (< 8) of block 2p + h's quants at 64 + 512 h + 64 m, each byte q + 128
  *              (its top bit flipped: unsigned, as vpdpbusd's first operand wants). */
 #define KERN_Q4KX16_SB_BYTES 2304
+#define KERN_Q5KX16_SB_BYTES 2816
+/* The line (< 40) of qs word i (< 32) of a packed Q5_K super-block, or of qh word m (< 8) as
+ * kern_q5k_line(-1, m): see the layout above. */
+static inline int kern_q5k_line(int i, int m)
+{
+    if (i < 0) return 2 * m;
+    return i < 8 ? 2 * i + 1 : 8 + i;
+}
 #define KERN_Q6KX16_SB_BYTES 3392
 #define KERN_Q6KX16_QOFF 320
 #define KERN_Q8X16_PAIR_BYTES 1088
-/* Bytes of the packed copy of a rows x K matrix of wtype: 0 unless wtype is DT_Q4_K, DT_Q6_K or
- * DT_Q8_0, rows >= 1 and kern_wtype_ok(wtype, K) with K > 0. */
+/* Bytes of the packed copy of a rows x K matrix of wtype: 0 unless wtype is DT_Q4_K, DT_Q5_K, DT_Q6_K
+ * or DT_Q8_0, rows >= 1 and kern_wtype_ok(wtype, K) with K > 0. */
 size_t kern_kx16_bytes(int wtype, int64_t rows, int64_t K);
 /* Packs W (rows x K, row o at (const char *)W + o * wrb) into dst (kern_kx16_bytes long). */
 void kern_kx16_pack(int wtype, const void *W, size_t wrb, int64_t rows, int64_t K, void *dst);

@@ -1,5 +1,5 @@
-/* engine/cpu/kpack.c: Q4_K, Q6_K and Q8_0 matrices repacked in groups of 16 rows (kernels_impl.h's
- * layouts), the portable part: the size and the packing. */
+/* engine/cpu/kpack.c: Q4_K, Q5_K, Q6_K and Q8_0 matrices repacked in groups of 16 rows
+ * (kernels_impl.h's layouts), the portable part: the size and the packing. */
 #include <string.h>
 
 #include "engine/cpu/kernels_impl.h"
@@ -10,6 +10,7 @@ static size_t unit_bytes(int t)
 {
     switch (t) {
     case DT_Q4_K: return KERN_Q4KX16_SB_BYTES;
+    case DT_Q5_K: return KERN_Q5KX16_SB_BYTES;
     case DT_Q6_K: return KERN_Q6KX16_SB_BYTES;
     case DT_Q8_0: return KERN_Q8X16_PAIR_BYTES;
     default: return 0;
@@ -36,6 +37,18 @@ static void pack_q4k(unsigned char *B, int r, const block_q4_K *b)
     memcpy(B + 32 + 2 * r, &b->dmin, 2);
     for (int w = 0; w < 3; w++) memcpy(B + 64 + 64 * w + 4 * r, b->scales + 4 * w, 4);
     for (int i = 0; i < QK_K / 8; i++) memcpy(B + 256 + 64 * i + 4 * r, b->qs + 4 * i, 4);
+}
+
+/* Q5_K: Q4_K's first 256 bytes, then its qs and qh words in kern_q5k_line's order. */
+static void pack_q5k(unsigned char *B, int r, const block_q5_K *b)
+{
+    memcpy(B + 2 * r, &b->d, 2);
+    memcpy(B + 32 + 2 * r, &b->dmin, 2);
+    for (int w = 0; w < 3; w++) memcpy(B + 64 + 64 * w + 4 * r, b->scales + 4 * w, 4);
+    for (int i = 0; i < QK_K / 8; i++)
+        memcpy(B + 256 + 64 * kern_q5k_line(i, 0) + 4 * r, b->qs + 4 * i, 4);
+    for (int m = 0; m < QK_K / 32; m++)
+        memcpy(B + 256 + 64 * kern_q5k_line(-1, m) + 4 * r, b->qh + 4 * m, 4);
 }
 
 static void pack_q6k(unsigned char *B, int r, const block_q6_K *b)
@@ -79,6 +92,7 @@ void kern_kx16_pack(int wtype, const void *W, size_t wrb, int64_t rows, int64_t 
         for (int64_t s = 0; s < nu; s++) {
             unsigned char *B = (unsigned char *)dst + (size_t)(g * nu + s) * ub;
             if (wtype == DT_Q4_K) pack_q4k(B, r, (const block_q4_K *)row + s);
+            else if (wtype == DT_Q5_K) pack_q5k(B, r, (const block_q5_K *)row + s);
             else if (wtype == DT_Q6_K) pack_q6k(B, r, (const block_q6_K *)row + s);
             else
                 for (int h = 0; h < 2 && 2 * s + h < K / QK8_0; h++)

@@ -1,6 +1,7 @@
-/* engine/cpu/kpack_avx512.c: packed Q4_K, Q6_K and Q8_0 x int8 (kernels.h "Packed Q4_K, Q6_K and
- * Q8_0"; the layouts in kernels_impl.h) for AVX-512 (F, BW, VL, DQ) + AVX512-VNNI + FMA + F16C.
- * Called only through the avx512-vnni table, which kern_get returns only where the CPU has all
+/* engine/cpu/kpack_avx512.c: packed Q4_K, Q5_K, Q6_K and Q8_0 x int8 (kernels.h "Packed Q4_K,
+ * Q5_K, Q6_K and Q8_0"; the layouts in kernels_impl.h) for AVX-512 (F, BW, VL, DQ) +
+ * AVX512-VNNI + FMA + F16C. Called only through the avx512-vnni table, which kern_get returns
+ * only where the CPU has all
  * of them.
  *
  * Per unit of a group of 16 rows (row r in 32-bit lane r) and per token, each 64-byte line of
@@ -8,7 +9,8 @@
  * vpdpbusd against the token's 4 matching xq, broadcast, into one int32 accumulator per
  * sub-block (block) and token:
  *   Q4_K: the low nibbles of a line are sub-block 2c of chunk c, the high ones 2c + 1
- *     (|P| <= 32 * 15 * 127); isum += P * sc (vpmulld) at each sub-block's end; the mins term
+ *     (|P| <= 32 * 15 * 127; Q5_K: the same with each quant's 5th bit from its qh line,
+ *     |P| <= 32 * 31 * 127); isum += P * sc (vpmulld) at each sub-block's end; the mins term
  *     msum = vpdpwssd of the rows' (m_2p, m_2p+1) pairs with the token's bsum pairs;
  *     acc = fma(float(isum), d * dx, acc), accm = fma(float(msum), dmin * dx, accm),
  *     y = acc - accm.
@@ -66,11 +68,14 @@ AI __m512i bcast4(const void *p)
     return _mm512_set1_epi32(v);
 }
 
-/* Q4_K: group G (nsb super-blocks of KERN_Q4KX16_SB_BYTES) against C tokens of xq (token stride nsb);
+/* Q4_K (q5 0) or Q5_K (q5 1): group G (nsb super-blocks of KERN_Q4KX16_SB_BYTES or
+ * KERN_Q5KX16_SB_BYTES) against C tokens of xq (token stride nsb);
  * y[c * ldy + r] for the rows r in keep. pfd: prefetch distance (0: none). */
-AI void q4_tile(const int C, const unsigned char *G, int64_t nsb, const kern_q8k_t *xq, float *y,
-                int64_t ldy, __mmask16 keep, size_t pfd)
+AI void q4_tile(const int q5, const int C, const unsigned char *G, int64_t nsb,
+                const kern_q8k_t *xq, float *y, int64_t ldy, __mmask16 keep, size_t pfd)
 {
+    const size_t sbb = q5 ? KERN_Q5KX16_SB_BYTES : KERN_Q4KX16_SB_BYTES;
+    const __m512i m10 = _mm512_set1_epi8(0x10);
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     const __m512i m6 = _mm512_set1_epi8(0x3f);
     const __m512i m2 = _mm512_set1_epi8(0x03);
@@ -79,9 +84,9 @@ AI void q4_tile(const int C, const unsigned char *G, int64_t nsb, const kern_q8k
 #pragma GCC unroll 8
     for (int c = 0; c < C; c++) acc[c] = accm[c] = _mm512_setzero_ps();
     for (int64_t s = 0; s < nsb; s++) {
-        const unsigned char *B = G + (size_t)s * KERN_Q4KX16_SB_BYTES;
+        const unsigned char *B = G + (size_t)s * sbb;
         if (pfd)
-            for (int l = 0; l < KERN_Q4KX16_SB_BYTES / 64; l++) kern_pf_stream(B + pfd + 64 * l);
+            for (size_t l = 0; l < sbb / 64; l++) kern_pf_stream(B + pfd + 64 * l);
         /* q4k_unpack_words in every lane: v0 sc 0..3, v1 sc 4..7, v2 m 0..3, v3 m 4..7 */
         const __m512i wa = _mm512_loadu_si512(B + 64), wb = _mm512_loadu_si512(B + 128),
                       wc = _mm512_loadu_si512(B + 192);
@@ -106,9 +111,19 @@ AI void q4_tile(const int C, const unsigned char *G, int64_t nsb, const kern_q8k
             for (int c = 0; c < C; c++) plo[c] = phi[c] = _mm512_setzero_si512();
 #pragma GCC unroll 8
             for (int m = 0; m < 8; m++) {
-                const __m512i V = _mm512_loadu_si512(B + 256 + 64 * (8 * ch + m));
-                const __m512i lo = _mm512_and_si512(V, m4);
-                const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(V, 4), m4);
+                const __m512i V = _mm512_loadu_si512(
+                    B + 256 + 64 * (q5 ? kern_q5k_line(8 * ch + m, 0) : 8 * ch + m));
+                __m512i lo = _mm512_and_si512(V, m4);
+                __m512i hi = _mm512_and_si512(_mm512_srli_epi16(V, 4), m4);
+                if (q5) { /* Q5_K: bits 2ch and 2ch + 1 of qh word m, moved to bit 4 */
+                    const __m512i H = _mm512_loadu_si512(B + 256 + 64 * kern_q5k_line(-1, m));
+                    const __m512i hl = 2 * ch <= 4 ? _mm512_slli_epi16(H, 4 - 2 * ch)
+                                                   : _mm512_srli_epi16(H, 2 * ch - 4);
+                    const __m512i hh = 2 * ch + 1 <= 4 ? _mm512_slli_epi16(H, 3 - 2 * ch)
+                                                       : _mm512_srli_epi16(H, 2 * ch - 3);
+                    lo = _mm512_or_si512(lo, _mm512_and_si512(hl, m10));
+                    hi = _mm512_or_si512(hi, _mm512_and_si512(hh, m10));
+                }
 #pragma GCC unroll 8
                 for (int c = 0; c < C; c++) {
                     const int8_t *xs = xq[c * nsb + s].q + 64 * ch + 4 * m;
@@ -147,8 +162,14 @@ AI void q4_tile(const int C, const unsigned char *G, int64_t nsb, const kern_q8k
 
 /* Offsets in a packed Q6_K super-block (kernels_impl.h): the line of ql word 16h + 8a + wi and
  * of qh word 8h + wi. */
-AI size_t q6_ql(int h, int a, int wi) { return KERN_Q6KX16_QOFF + 64 * (size_t)(24 * h + 3 * wi + a); }
-AI size_t q6_qh(int h, int wi) { return KERN_Q6KX16_QOFF + 64 * (size_t)(24 * h + 3 * wi + 2); }
+AI size_t q6_ql(int h, int a, int wi)
+{
+    return KERN_Q6KX16_QOFF + 64 * (size_t)(24 * h + 3 * wi + a);
+}
+AI size_t q6_qh(int h, int wi)
+{
+    return KERN_Q6KX16_QOFF + 64 * (size_t)(24 * h + 3 * wi + 2);
+}
 
 /* Q6_K: group G (nsb super-blocks of KERN_Q6KX16_SB_BYTES) against C tokens of xq and their
  * 16-element sums xs (token stride nsb); y[c * ldy + r] for the rows r in keep. pfd:
@@ -335,7 +356,7 @@ AI x16_tok_t tok_at(const int wt, const x16_tok_t *x, int64_t n, int t)
 AI void x16_tile(const int wt, const int C, const unsigned char *G, int64_t n, const x16_tok_t *x,
                  float *y, int64_t ldy, __mmask16 keep, size_t pfd)
 {
-    if (wt == DT_Q4_K) q4_tile(C, G, n, x->xq, y, ldy, keep, pfd);
+    if (wt == DT_Q4_K || wt == DT_Q5_K) q4_tile(wt == DT_Q5_K, C, G, n, x->xq, y, ldy, keep, pfd);
     else if (wt == DT_Q6_K) q6_tile(C, G, n, x->xq, x->xs, y, ldy, keep, pfd);
     else q8_tile(C, G, n, x->q8, x->d8, x->ns, y, ldy, keep, pfd);
 }
@@ -348,9 +369,10 @@ AI void x16_tile(const int wt, const int C, const unsigned char *G, int64_t n, c
 AI void x16_rows(const int wt, const char *P, int64_t n, const x16_tok_t *x, int T, float *y,
                  int64_t ldy, int64_t o0, int64_t o1)
 {
-    const size_t gb = wt == DT_Q8_0 ? (size_t)((n + 1) / 2) * KERN_Q8X16_PAIR_BYTES
-                                    : (size_t)n * (wt == DT_Q4_K ? KERN_Q4KX16_SB_BYTES
-                                                                  : KERN_Q6KX16_SB_BYTES);
+    const size_t gb = wt == DT_Q8_0   ? (size_t)((n + 1) / 2) * KERN_Q8X16_PAIR_BYTES
+                      : wt == DT_Q4_K ? (size_t)n * KERN_Q4KX16_SB_BYTES
+                      : wt == DT_Q5_K ? (size_t)n * KERN_Q5KX16_SB_BYTES
+                                      : (size_t)n * KERN_Q6KX16_SB_BYTES;
     const unsigned char *base = (const unsigned char *)P;
     const int64_t g0 = o0 / KERN_PACK_ROWS, g1 = (o1 + KERN_PACK_ROWS - 1) / KERN_PACK_ROWS;
     int64_t panel = T <= X16_TOK ? g1 - g0 : (int64_t)(X16_PANEL_BYTES / gb);
@@ -391,6 +413,15 @@ static void q4_rows(const char *P, size_t wrb, int64_t nsb, const kern_q8k_t *xq
     (void)wrb;
     const x16_tok_t x = {.xq = xq};
     x16_rows(DT_Q4_K, P, nsb, &x, T, y, ldy, o0, o1);
+}
+
+/* kern_q4k_fn over a packed Q5_K matrix (wrb unused) */
+static void q5_rows(const char *P, size_t wrb, int64_t nsb, const kern_q8k_t *xq, int T, float *y,
+                    int64_t ldy, int64_t o0, int64_t o1)
+{
+    (void)wrb;
+    const x16_tok_t x = {.xq = xq};
+    x16_rows(DT_Q5_K, P, nsb, &x, T, y, ldy, o0, o1);
 }
 
 /* kern_q23k_fn over a packed Q6_K matrix (wrb unused) */
@@ -436,7 +467,11 @@ int kern_kx16_matmul_vnni(int wtype, const void *P, int64_t K, const float *x, i
                           float *y, int64_t ldy, int T, int64_t o0, int64_t o1)
 {
     if (wtype == DT_Q4_K)
-        return kern_q4k_matmul(q4_rows, kern_q8k_quantize_avx512, P, 0, K, x, ldx, y, ldy, T, o0, o1);
+        return kern_q4k_matmul(q4_rows, kern_q8k_quantize_avx512, P, 0, K, x, ldx, y, ldy, T, o0,
+                               o1);
+    if (wtype == DT_Q5_K) /* the same int8 route as Q4_K (kernels.h) */
+        return kern_q4k_matmul(q5_rows, kern_q8k_quantize_avx512, P, 0, K, x, ldx, y, ldy, T, o0,
+                               o1);
     if (wtype == DT_Q6_K)
         return kern_q23k_matmul(DT_Q6_K, q6_rows, P, 0, K, x, ldx, y, ldy, T, o0, o1);
     if (wtype == DT_Q8_0)
