@@ -41,7 +41,8 @@
  * k of them). Weights count against --gpu-mem only with --weights-on-device (the CPU backend reads them in
  * place from the file mapping, i.e. host page cache, not from the pool's budget; except the
  * matrices its kernels pack on this CPU, whose copies it holds in its own memory: the
- * "cpu packed copy" row, backend_cpu_packed_bytes). */
+ * "cpu packed copy" row, backend_cpu_packed_bytes; none with cpu.pack false, or when the host's
+ * available memory is short of them at start). */
 #include <getopt.h>
 #include <jansson.h>
 #include <stdint.h>

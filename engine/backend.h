@@ -49,6 +49,10 @@ typedef struct {
                              weights and activations (the backend then sets params.n_kv_blocks) */
     int kv_type;          /* DT_F32 or DT_F16 */
     int max_batch_tokens; /* largest n_tokens a forward call may get (sizes scratch) */
+    /* CPU backend only: 1 = copy the matrices its kernels pack (backend_cpu_packed_bytes) into
+     * their layout at creation, unless the host's available memory is short of the copies
+     * (then, as with 0, every matrix is read in place) */
+    int cpu_pack;
     /* CUDA backend only (the CPU backend ignores them) */
     int weight_type;      /* device dtype of the matrices: DT_BF16, DT_F16 or DT_F32 (every file
                              type is converted at load; DT_F32 computes like the CPU backend),

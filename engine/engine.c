@@ -157,6 +157,7 @@ void engine_config_default(engine_config_t *c)
     c->max_seqs = 64;
     c->max_ctx = 0;
     c->prefix_cache = 1;
+    c->cpu_pack = 1;
     c->sched_window = 32;
     c->sched_aging_ms = 5000;
     c->sched_urgent_ms = 2000;
@@ -520,6 +521,7 @@ engine_t *engine_new(const engine_config_t *cfg, char *errstr, size_t errlen)
         .n_kv_blocks = n_blocks, /* cuda: 0 = sized by the backend from its memory budget */
         .kv_type = e->kv_type,
         .max_batch_tokens = c->max_batch_tokens,
+        .cpu_pack = c->cpu_pack,
         .weight_type = cuda_wtype,
         .mem_fraction = c->cuda_mem_fraction,
         .device = c->cuda_device,

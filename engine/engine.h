@@ -38,6 +38,8 @@ typedef struct {
     int max_seqs;            /* sequences running at once (64) */
     int max_ctx;             /* context limit per sequence; 0 = the model's trained context */
     int prefix_cache;        /* 1: reuse cached full prompt blocks across requests (1) */
+    int cpu_pack;            /* CPU backend: 1 = the kernels' packed copies of the matrices they
+                                pack (backend_params_t.cpu_pack) (1) */
     const unsigned char *kv_secret; /* ENGINE_KV_SECRET_BYTES bytes keying the block names
                                 (copied by engine_new); engines share cached blocks (tier 2)
                                 only when they have the same secret. NULL: a random one drawn

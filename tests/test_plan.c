@@ -5,7 +5,8 @@
  * formula recomputed:
  *   - hyper-parameters, kv.block_bytes, pool.blocks, pool.ctx, weights.bytes,
  *     weights.cpu_packed_bytes: engine_new's engine_info (the backend's kv_block_bytes,
- *     n_kv_blocks and host_packed_bytes -- what it allocated for packed copies on this CPU --,
+ *     n_kv_blocks and host_packed_bytes -- what it allocated for packed copies on this CPU; none
+ *     with cpu_pack 0 --,
  *     model_load's weight_bytes, the engine's context limit);
  *   - kv.bytes_per_token: `spillway inspect` (model_load + model_kv_bytes_per_token), f16 and f32;
  *   - pool.max_seqs_at_ctx: that many sequences of blocks_per_seq blocks are allocated from the
@@ -504,6 +505,19 @@ int main(void)
     j = plan(&c, tiny, "");
     CHECK(j && jget(j, "model", "n_expert") == 0);
     json_decref(j);
+    /* cpu.pack false: no copies, whatever the plan says this CPU's kernels would pack */
+    {
+        engine_config_t cfg = base_cfg(phi3q8);
+        cfg.cpu_pack = 0;
+        engine_t *e = engine_new(&cfg, err, sizeof err);
+        CHECKF(e, "engine_new %s: %s", phi3q8, err);
+        if (e) {
+            engine_info_t in;
+            engine_info(e, &in);
+            CHECK(in.host_packed_bytes == 0);
+            engine_free(e);
+        }
+    }
 
 
     /* smollm2-135m shapes: blocks of 360 KiB at f16 */

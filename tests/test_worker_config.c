@@ -229,7 +229,7 @@ static void test_key_table(void)
           e.max_batch_tokens == c.max_batch_tokens);
     CHECK(e.kv_blocks == c.kv_blocks && e.kv_mem_mb == c.kv_mem_mb &&
           !strcmp(e.kv_type, c.kv_type) && e.block_tokens == c.block_tokens);
-    CHECK(e.max_ctx == c.max_ctx && e.prefix_cache == c.prefix_cache);
+    CHECK(e.max_ctx == c.max_ctx && e.prefix_cache == c.prefix_cache && e.cpu_pack == c.cpu_pack);
     CHECK(e.sched_window == c.sched_window && e.sched_aging_ms == c.sched_aging_ms &&
           e.sched_urgent_ms == c.sched_urgent_ms);
     CHECK(!strcmp(e.cuda_dtype, c.cuda_dtype) && e.cuda_mem_fraction == (float)c.cuda_mem_fraction);

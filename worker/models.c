@@ -61,6 +61,7 @@ static void model_engine_config(const worker_t *w, engine_config_t *ec)
     ec->block_tokens = w->cfg.block_tokens;
     ec->max_ctx = w->cfg.max_ctx;
     ec->prefix_cache = w->cfg.prefix_cache;
+    ec->cpu_pack = w->cfg.cpu_pack;
     ec->sched_window = w->cfg.sched_window;
     ec->sched_aging_ms = w->cfg.sched_aging_ms;
     ec->sched_urgent_ms = w->cfg.sched_urgent_ms;

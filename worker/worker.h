@@ -108,6 +108,7 @@ typedef struct {
     int block_tokens;
     int max_ctx;               /* 0 = the model's */
     int prefix_cache;          /* 0/1 */
+    int cpu_pack;              /* 0/1: engine_config_t.cpu_pack */
     char *chat_template;       /* "" = the model's tokenizer.chat_template */
     int sched_window;          /* admission candidates (engine_config_t.sched_*) */
     int sched_aging_ms;

@@ -615,6 +615,23 @@ static void *packed_alloc(size_t n)
     return p;
 }
 
+/* Memory the host must have available beyond the packed copies for the backend to make them. */
+#define PACK_HEADROOM ((uint64_t)1 << 30)
+
+/* MemAvailable of /proc/meminfo in bytes (free memory and reclaimable caches, among them the
+ * model file's pages that the copies make cold), or 0 when it cannot be read. */
+static uint64_t host_mem_available(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[128];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    fclose(f);
+    return (uint64_t)kb * 1024;
+}
+
 /* Packing one matrix over the pool: each thread its own groups of rows (split_rows). */
 typedef struct {
     const kern_table_t *k;
@@ -657,7 +674,7 @@ static int pack_weights(cpu_t *c, char *errstr, size_t errlen)
     const int nl = m->hp.n_layers;
     c->packed = calloc((size_t)(nl + 1) * MAT_N, sizeof *c->packed);
     if (!c->packed) goto oom;
-    if (!c->k->pack_bytes) return 0;
+    if (!c->k->pack_bytes || !c->base.params.cpu_pack) return 0;
     size_t total = 0;
     for (int l = 0; l <= nl; l++) {
         const weight_t *ws[MAT_N];
@@ -666,6 +683,8 @@ static int pack_weights(cpu_t *c, char *errstr, size_t errlen)
             total += (c->k->pack_bytes(ws[i]->type, ws[i]->rows, ws[i]->cols) + 63) / 64 * 64;
     }
     if (!total) return 0;
+    const uint64_t avail = host_mem_available();
+    if (avail && (uint64_t)total + PACK_HEADROOM > avail) return 0; /* short: read in place */
     if (!(c->packed_mem = packed_alloc(total))) goto oom;
     unsigned char *at = c->packed_mem;
     for (int l = 0; l <= nl; l++) {
