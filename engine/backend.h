@@ -162,7 +162,7 @@ struct backend {
 };
 
 /* Bytes of host memory the CPU backend allocates on this CPU for its kernels' packed copy of a
- * rows x cols matrix of dtype wtype (Q4_K, Q5_K, Q6_K, Q8_0 with AVX512-VNNI), or 0 when it reads
+ * rows x cols matrix of dtype wtype (Q4_K, Q5_K, Q6_K, IQ4_XS, Q8_0 with AVX512-VNNI), or 0 when it reads
  * the matrix in place. It packs every dense matmul of the forward pass (attention, a dense FFN,
  * the output head; a fused matrix's parts each on their own), never the embedding lookup or
  * mixture-of-experts FFNs. Thread-safe. */

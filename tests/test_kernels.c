@@ -275,8 +275,9 @@ static void test_isa_cross(const kern_table_t *a, const kern_table_t *b, int t, 
 }
 
 /* kern_table_t.pack of the table that has one (avx512-vnni): what it packs, and the packed routes
- * of Q4_K and Q8_0 through the checks every matmul gets (kernels.h "Packed Q4_K, Q5_K, Q6_K and
- * Q8_0" gives their bound: matmul's). Q5_K's and Q6_K's: test_kernels_q56k. */
+ * of Q4_K and Q8_0 through the checks every matmul gets (kernels.h "Packed Q4_K, Q5_K, Q6_K,
+ * IQ4_XS and Q8_0" gives their bound: matmul's). Q5_K's and Q6_K's: test_kernels_q56k;
+ * IQ4_XS's: test_qleg. */
 static void test_packed(const kern_table_t *kt, const kern_table_t *other)
 {
     CHECK(kt->pack_bytes(DT_Q4_K, 37, 768) == 3 * 3 * 2304);

@@ -254,8 +254,8 @@ int main(void)
         for (int ti = 0; ti < 2; ti++)
             kc_same_bits(tabs[KC_AVX512], tabs[KC_AVX512_VNNI], TYPES[ti], 768, make_weights,
                          &rng_state);
-    /* Q6_K and Q5_K packed (the avx512-vnni table's pack: kernels.h "Packed Q4_K, Q5_K, Q6_K
-     * and Q8_0"): the same checks through a matmul that packs W first */
+    /* Q6_K and Q5_K packed (the avx512-vnni table's pack: kernels.h "Packed Q4_K, Q5_K, Q6_K,
+     * IQ4_XS and Q8_0"): the same checks through a matmul that packs W first */
     const kern_table_t *vn = tabs[KC_AVX512_VNNI];
     if (vn) {
         CHECK(vn->pack_bytes(DT_Q6_K, 37, 768) == 3 * 3 * 3392);

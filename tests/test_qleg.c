@@ -4,7 +4,9 @@
  * route's formula evaluated in double within the bound kernels.h states, that formula against
  * the exact product of the widened weights within x's 8-bit rounding, batch invariance
  * (bit-identical alone and batched, odd row ranges), VNNI against plain AVX-512 (the same
- * bits), and mkmodel's quantisers (round trip within each type's step).
+ * bits), IQ4_XS packed in 16-row groups (the avx512-vnni table's pack, where this CPU has it:
+ * the same accuracy and batch-invariance checks, and non-finite x), and mkmodel's quantisers
+ * (round trip within each type's step).
  *
  * Blocks are random bytes (every bit pattern of quants, fifth bits and 6-bit scales) with
  * random finite fp16 scales and mins of both signs. */
@@ -291,6 +293,22 @@ int main(void)
         for (int ti = 0; ti < N_TYPES; ti++)
             kc_same_bits(tabs[KC_AVX512], tabs[KC_AVX512_VNNI], TYPES[ti], TYPES[ti] == DT_IQ4_XS ? 768 : 608, make_weights,
                          &rng_state);
+    /* IQ4_XS packed (the avx512-vnni table's pack: kernels.h "Packed Q4_K, Q5_K, Q6_K, IQ4_XS
+     * and Q8_0"): the same checks through a matmul that packs W first; the 32-blocks are not */
+    const kern_table_t *vn = tabs[KC_AVX512_VNNI];
+    if (vn) {
+        CHECK(vn->pack_bytes(DT_IQ4_XS, 37, 768) == 3 * 3 * 2176);
+        for (int ti = 0; ti < N_TYPES; ti++)
+            if (TYPES[ti] != DT_IQ4_XS) CHECK(vn->pack_bytes(TYPES[ti], 37, 768) == 0);
+        kern_table_t pk = *vn;
+        pk.name = "avx512-vnni packed";
+        pk.matmul = kc_packed_matmul;
+        for (int ki = 0; ki < 3; ki++)
+            for (int T = 1; T <= 21; T += 4) kc_matmul_accuracy(&pk, DT_IQ4_XS, KS256[ki], T, &ACC);
+        kc_batch_invariance(&pk, DT_IQ4_XS, 27, 256, 24, make_weights, &rng_state);
+        kc_batch_invariance(&pk, DT_IQ4_XS, 45, 1536, 12, make_weights, &rng_state);
+        test_nonfinite(&pk, DT_IQ4_XS);
+    }
     for (int ti = 0; ti < N_TYPES; ti++) test_quantiser(TYPES[ti]);
     return check_exit();
 }

@@ -118,7 +118,7 @@ static const key_t_ KEYS[] = {
      "the pool takes what is left"},
     {"threads", K_INT, F(threads), "0", 0, 1024, "compute threads (0 = one per CPU)"},
     {"cpu.pack", K_BOOL, F(cpu_pack), "true", 0, 1,
-     "CPU backend: copy the Q4_K, Q5_K, Q6_K and Q8_0 matrices at start into the kernels' own "
+     "CPU backend: copy the Q4_K, Q5_K, Q6_K, IQ4_XS and Q8_0 matrices at start into the kernels' own "
      "layout where the CPU has AVX512-VNNI (1.7-3x faster at several sequences; the host memory "
      "of the copy is `spillway plan`'s `cpu packed copy`; not done when the host's available "
      "memory is short of it); false = every matrix read in place from the file mapping"},

@@ -1125,7 +1125,7 @@ static void v_f16_to_f32(const uint16_t *x, float *y, int64_t n)
 }
 
 /* The two tables' matmul differ only in madd_acc (VNNI or not): the same values. The VNNI one
- * also packs Q4_K, Q5_K, Q6_K and Q8_0 (kpack_avx512.c). */
+ * also packs Q4_K, Q5_K, Q6_K, IQ4_XS and Q8_0 (kpack_avx512.c). */
 #define V_TABLE(NAME, MATMUL, PACK_BYTES, PACK, MATMUL_PACKED)                                     \
     {                                                                                              \
         .name = NAME, .matmul = MATMUL, .pack_bytes = PACK_BYTES, .pack = PACK,                    \

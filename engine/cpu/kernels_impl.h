@@ -68,7 +68,7 @@ typedef void (*kern_q8k_fn)(const float *x, int64_t K, kern_q8k_t *out);
 int kern_q4k_matmul(kern_q4k_fn fn, kern_q8k_fn quant, const void *W, size_t wrb, int64_t K, const float *x,
                     int64_t ldx, float *y, int64_t ldy, int T, int64_t o0, int64_t o1);
 
-/* ---- Q4_K, Q5_K, Q6_K and Q8_0 packed in groups of 16 rows (kern_table_t.pack_bytes/pack/matmul_packed;
+/* ---- Q4_K, Q5_K, Q6_K, IQ4_XS and Q8_0 packed in groups of 16 rows (kern_table_t.pack_bytes/pack/matmul_packed;
  * engine/cpu/kpack*.c) ----
  * Rows 16g .. 16g+15 of a matrix (rows past the last: zero blocks) form group g; its
  * super-block s (nsb = K / 256 per row) is the SB_BYTES at (g * nsb + s) * SB_BYTES (Q8_0: its
@@ -92,6 +92,10 @@ int kern_q4k_matmul(kern_q4k_fn fn, kern_q8k_fn quant, const void *W, size_t wrb
  *   320..3391  48 lines in the order one token's pass reads them: for h < 2 and wi < 8, word
  *              16h + wi of ql, word 16h + 8 + wi of ql, word 8h + wi of qh (line 24h + 3wi + 0,
  *              1, 2 at 320 + 64 line).
+ * IQ4_XS (2176 bytes):
+ *   0..31     d of rows 0..15 (fp16), 32..63 their scales_h (16 bits each), 64..127 their
+ *             scales_l (4 bytes each);
+ *   128..2175 word i (< 32) of the rows' 128 qs bytes at 128 + 64 i.
  * Q8_0 (1088 bytes per pair of blocks 2p, 2p + 1 of 32 weights; an odd last block alone in a
  * whole pair, its second half zero):
  *   0..63      d of rows 0..15 (fp16), block 2p then block 2p + 1;
@@ -109,8 +113,9 @@ static inline int kern_q5k_line(int i, int m)
 #define KERN_Q6KX16_SB_BYTES 3392
 #define KERN_Q6KX16_QOFF 320
 #define KERN_Q8X16_PAIR_BYTES 1088
-/* Bytes of the packed copy of a rows x K matrix of wtype: 0 unless wtype is DT_Q4_K, DT_Q5_K, DT_Q6_K
- * or DT_Q8_0, rows >= 1 and kern_wtype_ok(wtype, K) with K > 0. */
+#define KERN_IQ4XSX16_SB_BYTES 2176
+/* Bytes of the packed copy of a rows x K matrix of wtype: 0 unless wtype is DT_Q4_K, DT_Q5_K, DT_Q6_K,
+ * DT_IQ4_XS or DT_Q8_0, rows >= 1 and kern_wtype_ok(wtype, K) with K > 0. */
 size_t kern_kx16_bytes(int wtype, int64_t rows, int64_t K);
 /* Packs W (rows x K, row o at (const char *)W + o * wrb) into dst (kern_kx16_bytes long). */
 void kern_kx16_pack(int wtype, const void *W, size_t wrb, int64_t rows, int64_t K, void *dst);

@@ -1,4 +1,4 @@
-/* engine/cpu/kpack.c: Q4_K, Q5_K, Q6_K and Q8_0 matrices repacked in groups of 16 rows
+/* engine/cpu/kpack.c: Q4_K, Q5_K, Q6_K, IQ4_XS and Q8_0 matrices repacked in groups of 16 rows
  * (kernels_impl.h's layouts), the portable part: the size and the packing. */
 #include <string.h>
 
@@ -12,6 +12,7 @@ static size_t unit_bytes(int t)
     case DT_Q4_K: return KERN_Q4KX16_SB_BYTES;
     case DT_Q5_K: return KERN_Q5KX16_SB_BYTES;
     case DT_Q6_K: return KERN_Q6KX16_SB_BYTES;
+    case DT_IQ4_XS: return KERN_IQ4XSX16_SB_BYTES;
     case DT_Q8_0: return KERN_Q8X16_PAIR_BYTES;
     default: return 0;
     }
@@ -49,6 +50,14 @@ static void pack_q5k(unsigned char *B, int r, const block_q5_K *b)
         memcpy(B + 256 + 64 * kern_q5k_line(i, 0) + 4 * r, b->qs + 4 * i, 4);
     for (int m = 0; m < QK_K / 32; m++)
         memcpy(B + 256 + 64 * kern_q5k_line(-1, m) + 4 * r, b->qh + 4 * m, 4);
+}
+
+static void pack_iq4xs(unsigned char *B, int r, const block_iq4_xs *b)
+{
+    memcpy(B + 2 * r, &b->d, 2);
+    memcpy(B + 32 + 2 * r, &b->scales_h, 2);
+    memcpy(B + 64 + 4 * r, b->scales_l, 4);
+    for (int i = 0; i < QK_K / 8; i++) memcpy(B + 128 + 64 * i + 4 * r, b->qs + 4 * i, 4);
 }
 
 static void pack_q6k(unsigned char *B, int r, const block_q6_K *b)
@@ -94,6 +103,7 @@ void kern_kx16_pack(int wtype, const void *W, size_t wrb, int64_t rows, int64_t 
             if (wtype == DT_Q4_K) pack_q4k(B, r, (const block_q4_K *)row + s);
             else if (wtype == DT_Q5_K) pack_q5k(B, r, (const block_q5_K *)row + s);
             else if (wtype == DT_Q6_K) pack_q6k(B, r, (const block_q6_K *)row + s);
+            else if (wtype == DT_IQ4_XS) pack_iq4xs(B, r, (const block_iq4_xs *)row + s);
             else
                 for (int h = 0; h < 2 && 2 * s + h < K / QK8_0; h++)
                     pack_q80(B, r, h, (const block_q8_0 *)row + 2 * s + h);

@@ -1,8 +1,7 @@
-/* engine/cpu/kpack_avx512.c: packed Q4_K, Q5_K, Q6_K and Q8_0 x int8 (kernels.h "Packed Q4_K,
- * Q5_K, Q6_K and Q8_0"; the layouts in kernels_impl.h) for AVX-512 (F, BW, VL, DQ) +
- * AVX512-VNNI + FMA + F16C. Called only through the avx512-vnni table, which kern_get returns
- * only where the CPU has all
- * of them.
+/* engine/cpu/kpack_avx512.c: packed Q4_K, Q5_K, Q6_K, IQ4_XS and Q8_0 x int8 (kernels.h
+ * "Packed Q4_K, Q5_K, Q6_K, IQ4_XS and Q8_0"; the layouts in kernels_impl.h) for AVX-512 (F,
+ * BW, VL, DQ) + AVX512-VNNI + FMA + F16C. Called only through the avx512-vnni table, which
+ * kern_get returns only where the CPU has all of them.
  *
  * Per unit of a group of 16 rows (row r in 32-bit lane r) and per token, each 64-byte line of
  * quants (4 quant bytes of every row) becomes 4 unsigned quants per lane and goes through
@@ -18,6 +17,9 @@
  *     the -32 of every quant as -32 * sum_j sc_j * bsum16_j (vpdpwssd of the rows' scale pairs
  *     with the token's 16-element sums, kern_q8k16_t), so isum = sum_j sc_j sum_k (q_k - 32)
  *     xq_k exactly; acc = fma(float(isum), d * dx, acc), y = acc.
+ *   IQ4_XS: kv[q] + 128 (a byte shuffle of each nibble) through vpdpbusd; isum += P * (ls - 32)
+ *     per sub-block of 32 and the +128 folded in as -128 * sum_j (ls_j - 32) bsum_j (vpdpwssd);
+ *     acc = fma(float(isum), d * dx, acc), y = acc.
  *   Q8_0: the stored q + 128, P started at -128 * the token's block sum, so P = sum q * xq
  *     exactly (|P| <= 32 * 128 * 127); acc = fma(float(P), d * dx, acc) per block, y = acc.
  * Each (row, token) has its own lane and accumulators and the same operations whatever the tile,
@@ -287,6 +289,83 @@ AI void q6_tile(const int C, const unsigned char *G, int64_t nsb, const kern_q8k
     for (int c = 0; c < C; c++) _mm512_mask_storeu_ps(y + c * ldy, keep, acc[c]);
 }
 
+/* IQ4_XS: group G (nsb super-blocks of KERN_IQ4XSX16_SB_BYTES) against C tokens of xq (token
+ * stride nsb); y[c * ldy + r] for the rows r in keep. pfd: prefetch distance (0: none). */
+AI void iq4_tile(const int C, const unsigned char *G, int64_t nsb, const kern_q8k_t *xq, float *y,
+                 int64_t ldy, __mmask16 keep, size_t pfd)
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m3 = _mm512_set1_epi32(3);
+    /* kv[q] + 128 (1..241, unsigned for vpdpbusd) in every 128-bit lane */
+    int8_t kvu[16];
+    for (int i = 0; i < 16; i++) kvu[i] = (int8_t)(dtype_iq4nl_values[i] + 128);
+    const __m512i tbl = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)kvu));
+    __m512 acc[X16_TOK];
+#pragma GCC unroll 8
+    for (int c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t s = 0; s < nsb; s++) {
+        const unsigned char *B = G + (size_t)s * KERN_IQ4XSX16_SB_BYTES;
+        if (pfd)
+            for (int l = 0; l < KERN_IQ4XSX16_SB_BYTES / 64; l++) kern_pf_stream(B + pfd + 64 * l);
+        const __m512i sh = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(B + 32)));
+        const __m512i sl = _mm512_loadu_si512(B + 64);
+        /* ls_j - 32 of sub-block j, per row lane */
+        __m512i ls[8];
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++)
+            ls[j] = _mm512_sub_epi32(
+                _mm512_or_si512(
+                    _mm512_and_si512(_mm512_srli_epi32(sl, 8 * (j / 2) + 4 * (j % 2)), _mm512_set1_epi32(0xf)),
+                    _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(sh, 2 * j), m3), 4)),
+                _mm512_set1_epi32(32));
+        /* isum starts at -128 * sum_j (ls_j - 32) bsum_j (the +128 of every stored kv): the
+         * pairs (ls_2p - 32, ls_2p+1 - 32) as int16 against the token's bsum pairs */
+        __m512i isum[X16_TOK];
+#pragma GCC unroll 8
+        for (int c = 0; c < C; c++) isum[c] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int p = 0; p < 4; p++) {
+            const __m512i lp = _mm512_or_si512(_mm512_and_si512(ls[2 * p], _mm512_set1_epi32(0xffff)),
+                                               _mm512_slli_epi32(ls[2 * p + 1], 16));
+#pragma GCC unroll 8
+            for (int c = 0; c < C; c++)
+                isum[c] = _mm512_dpwssd_epi32(isum[c], lp, bcast4(xq[c * nsb + s].bsum + 2 * p));
+        }
+#pragma GCC unroll 8
+        for (int c = 0; c < C; c++)
+            isum[c] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(isum[c], 7));
+        /* sub-block j: qs words 4j .. 4j+3, low nibbles weights 32j + 4w .., high 32j + 16 + 4w */
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            __m512i P[X16_TOK];
+#pragma GCC unroll 8
+            for (int c = 0; c < C; c++) P[c] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int w = 0; w < 4; w++) {
+                const __m512i V = _mm512_loadu_si512(B + 128 + 64 * (4 * j + w));
+                const __m512i lo = _mm512_shuffle_epi8(tbl, _mm512_and_si512(V, m4));
+                const __m512i hi =
+                    _mm512_shuffle_epi8(tbl, _mm512_and_si512(_mm512_srli_epi16(V, 4), m4));
+#pragma GCC unroll 8
+                for (int c = 0; c < C; c++) {
+                    const int8_t *xs = xq[c * nsb + s].q + 32 * j + 4 * w;
+                    P[c] = _mm512_dpbusd_epi32(P[c], lo, bcast4(xs));
+                    P[c] = _mm512_dpbusd_epi32(P[c], hi, bcast4(xs + 16));
+                }
+            }
+#pragma GCC unroll 8
+            for (int c = 0; c < C; c++)
+                isum[c] = _mm512_add_epi32(isum[c], _mm512_mullo_epi32(P[c], ls[j]));
+        }
+        const __m512 D = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)B));
+#pragma GCC unroll 8
+        for (int c = 0; c < C; c++)
+            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]),
+                                     _mm512_mul_ps(D, _mm512_set1_ps(xq[c * nsb + s].d)), acc[c]);
+    }
+#pragma GCC unroll 8
+    for (int c = 0; c < C; c++) _mm512_mask_storeu_ps(y + c * ldy, keep, acc[c]);
+}
+
 /* Q8_0: group G (ceil(nb / 2) pairs of blocks of KERN_Q8X16_PAIR_BYTES) against C tokens of
  * q8 (token stride nb * 32), their block scales d8 and -128 times their block sums ns (both
  * token stride nb); y[c * ldy + r] for the rows r in keep. pfd: prefetch distance (0: none). */
@@ -358,6 +437,7 @@ AI void x16_tile(const int wt, const int C, const unsigned char *G, int64_t n, c
 {
     if (wt == DT_Q4_K || wt == DT_Q5_K) q4_tile(wt == DT_Q5_K, C, G, n, x->xq, y, ldy, keep, pfd);
     else if (wt == DT_Q6_K) q6_tile(C, G, n, x->xq, x->xs, y, ldy, keep, pfd);
+    else if (wt == DT_IQ4_XS) iq4_tile(C, G, n, x->xq, y, ldy, keep, pfd);
     else q8_tile(C, G, n, x->q8, x->d8, x->ns, y, ldy, keep, pfd);
 }
 
@@ -372,6 +452,7 @@ AI void x16_rows(const int wt, const char *P, int64_t n, const x16_tok_t *x, int
     const size_t gb = wt == DT_Q8_0   ? (size_t)((n + 1) / 2) * KERN_Q8X16_PAIR_BYTES
                       : wt == DT_Q4_K ? (size_t)n * KERN_Q4KX16_SB_BYTES
                       : wt == DT_Q5_K ? (size_t)n * KERN_Q5KX16_SB_BYTES
+                      : wt == DT_IQ4_XS ? (size_t)n * KERN_IQ4XSX16_SB_BYTES
                                       : (size_t)n * KERN_Q6KX16_SB_BYTES;
     const unsigned char *base = (const unsigned char *)P;
     const int64_t g0 = o0 / KERN_PACK_ROWS, g1 = (o1 + KERN_PACK_ROWS - 1) / KERN_PACK_ROWS;
@@ -424,6 +505,15 @@ static void q5_rows(const char *P, size_t wrb, int64_t nsb, const kern_q8k_t *xq
     x16_rows(DT_Q5_K, P, nsb, &x, T, y, ldy, o0, o1);
 }
 
+/* kern_q4k_fn over a packed IQ4_XS matrix (wrb unused) */
+static void iq4_rows(const char *P, size_t wrb, int64_t nsb, const kern_q8k_t *xq, int T, float *y,
+                     int64_t ldy, int64_t o0, int64_t o1)
+{
+    (void)wrb;
+    const x16_tok_t x = {.xq = xq};
+    x16_rows(DT_IQ4_XS, P, nsb, &x, T, y, ldy, o0, o1);
+}
+
 /* kern_q23k_fn over a packed Q6_K matrix (wrb unused) */
 static void q6_rows(const char *P, size_t wrb, int64_t nsb, const kern_q8k_t *xq,
                     const kern_q8k16_t *xs, int T, float *y, int64_t ldy, int64_t o0, int64_t o1)
@@ -471,6 +561,9 @@ int kern_kx16_matmul_vnni(int wtype, const void *P, int64_t K, const float *x, i
                                o1);
     if (wtype == DT_Q5_K) /* the same int8 route as Q4_K (kernels.h) */
         return kern_q4k_matmul(q5_rows, kern_q8k_quantize_avx512, P, 0, K, x, ldx, y, ldy, T, o0,
+                               o1);
+    if (wtype == DT_IQ4_XS) /* Q4_K's int8 route (kernels.h) */
+        return kern_q4k_matmul(iq4_rows, kern_q8k_quantize_avx512, P, 0, K, x, ldx, y, ldy, T, o0,
                                o1);
     if (wtype == DT_Q6_K)
         return kern_q23k_matmul(DT_Q6_K, q6_rows, P, 0, K, x, ldx, y, ldy, T, o0, o1);
