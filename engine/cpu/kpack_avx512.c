@@ -70,6 +70,54 @@ AI __m512i bcast4(const void *p)
     return _mm512_set1_epi32(v);
 }
 
+/* The lines of the unit of `bytes` at B + pfd, streamed (kern_pf_stream; pfd 0: none). */
+AI void x16_prefetch(const unsigned char *B, size_t pfd, size_t bytes)
+{
+    if (!pfd) return;
+    for (size_t l = 0; l < bytes; l += 64) kern_pf_stream(B + pfd + l);
+}
+
+/* acc[c] = 0 for C tokens. */
+AI void x16_zero(const int C, __m512 *acc)
+{
+#pragma GCC unroll 8
+    for (int c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
+}
+
+/* v[c] = 0 for C tokens. */
+AI void x16_zeroi(const int C, __m512i *v)
+{
+#pragma GCC unroll 8
+    for (int c = 0; c < C; c++) v[c] = _mm512_setzero_si512();
+}
+
+/* isum[c] = -(isum[c] << k) for C tokens: a correction summed first, scaled and negated. */
+AI void neg_shift(const int C, __m512i *isum, const int k)
+{
+#pragma GCC unroll 8
+    for (int c = 0; c < C; c++)
+        isum[c] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(isum[c], k));
+}
+
+/* acc[c] = fma(float(isum[c]), d * dx_c, acc[c]) for C tokens: d the 16 rows' fp16 scales at B,
+ * dx_c = xb[c * nsb].d (xb: token 0's block of this super-block). */
+AI void x16_fold(const int C, const unsigned char *B, const kern_q8k_t *xb, int64_t nsb,
+                 const __m512i *isum, __m512 *acc)
+{
+    const __m512 D = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)B));
+#pragma GCC unroll 8
+    for (int c = 0; c < C; c++)
+        acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]),
+                                 _mm512_mul_ps(D, _mm512_set1_ps(xb[c * nsb].d)), acc[c]);
+}
+
+/* y[c * ldy + r] = acc[c] lane r for the rows r in keep, C tokens. */
+AI void x16_store(const int C, const __m512 *acc, float *y, int64_t ldy, __mmask16 keep)
+{
+#pragma GCC unroll 8
+    for (int c = 0; c < C; c++) _mm512_mask_storeu_ps(y + c * ldy, keep, acc[c]);
+}
+
 /* Q4_K (q5 0) or Q5_K (q5 1): group G (nsb super-blocks of KERN_Q4KX16_SB_BYTES or
  * KERN_Q5KX16_SB_BYTES) against C tokens of xq (token stride nsb);
  * y[c * ldy + r] for the rows r in keep. pfd: prefetch distance (0: none). */
@@ -87,8 +135,7 @@ AI void q4_tile(const int q5, const int C, const unsigned char *G, int64_t nsb,
     for (int c = 0; c < C; c++) acc[c] = accm[c] = _mm512_setzero_ps();
     for (int64_t s = 0; s < nsb; s++) {
         const unsigned char *B = G + (size_t)s * sbb;
-        if (pfd)
-            for (size_t l = 0; l < sbb / 64; l++) kern_pf_stream(B + pfd + 64 * l);
+        x16_prefetch(B, pfd, sbb);
         /* q4k_unpack_words in every lane: v0 sc 0..3, v1 sc 4..7, v2 m 0..3, v3 m 4..7 */
         const __m512i wa = _mm512_loadu_si512(B + 64), wb = _mm512_loadu_si512(B + 128),
                       wc = _mm512_loadu_si512(B + 192);
@@ -104,8 +151,7 @@ AI void q4_tile(const int q5, const int C, const unsigned char *G, int64_t nsb,
         const __m512i M0 = _mm512_shuffle_epi8(v2, pair_lo), M1 = _mm512_shuffle_epi8(v2, pair_hi);
         const __m512i M2 = _mm512_shuffle_epi8(v3, pair_lo), M3 = _mm512_shuffle_epi8(v3, pair_hi);
         __m512i isum[X16_TOK];
-#pragma GCC unroll 8
-        for (int c = 0; c < C; c++) isum[c] = _mm512_setzero_si512();
+        x16_zeroi(C, isum);
 #pragma GCC unroll 4
         for (int ch = 0; ch < 4; ch++) {
             __m512i plo[X16_TOK], phi[X16_TOK];
@@ -181,16 +227,13 @@ AI void q6_tile(const int C, const unsigned char *G, int64_t nsb, const kern_q8k
 {
     const __m512i m4 = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
     __m512 acc[X16_TOK];
-#pragma GCC unroll 8
-    for (int c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
+    x16_zero(C, acc);
     for (int64_t s = 0; s < nsb; s++) {
         const unsigned char *B = G + (size_t)s * KERN_Q6KX16_SB_BYTES;
-        if (pfd)
-            for (int l = 0; l < KERN_Q6KX16_SB_BYTES / 64; l++) kern_pf_stream(B + pfd + 64 * l);
+        x16_prefetch(B, pfd, KERN_Q6KX16_SB_BYTES);
         /* isum starts at -32 * sum_j sc_j bsum16_j: pair p of the scales against the sums */
         __m512i isum[X16_TOK];
-#pragma GCC unroll 8
-        for (int c = 0; c < C; c++) isum[c] = _mm512_setzero_si512();
+        x16_zeroi(C, isum);
 #pragma GCC unroll 8
         for (int p = 0; p < 8; p++) {
             const __m512i sp =
@@ -199,9 +242,7 @@ AI void q6_tile(const int C, const unsigned char *G, int64_t nsb, const kern_q8k
             for (int c = 0; c < C; c++)
                 isum[c] = _mm512_dpwssd_epi32(isum[c], sp, bcast4(xs[c * nsb + s].s + 2 * p));
         }
-#pragma GCC unroll 8
-        for (int c = 0; c < C; c++)
-            isum[c] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(isum[c], 5));
+        neg_shift(C, isum, 5);
         /* sub-block j = 8h + g + 2 pos: weights 128h + 32 pos + 16g .. +15, the quads 4g + w
          * (w < 4) of ql word 16h + 8 (pos & 1) + 4g + w and qh word 8h + 4g + w, bit pair pos.
          * One token: each qh word and ql word pair unpacked once into its 4 quads (8 sub-block
@@ -251,8 +292,7 @@ AI void q6_tile(const int C, const unsigned char *G, int64_t nsb, const kern_q8k
 #pragma GCC unroll 4
                 for (int pos = 0; pos < 4; pos++) {
                     __m512i P[X16_TOK];
-#pragma GCC unroll 8
-                    for (int c = 0; c < C; c++) P[c] = _mm512_setzero_si512();
+                    x16_zeroi(C, P);
 #pragma GCC unroll 4
                     for (int w = 0; w < 4; w++) {
                         const int wi = 4 * g + w;
@@ -279,14 +319,9 @@ AI void q6_tile(const int C, const unsigned char *G, int64_t nsb, const kern_q8k
                     for (int c = 0; c < C; c++)
                         isum[c] = _mm512_add_epi32(isum[c], _mm512_mullo_epi32(P[c], sc));
                 }
-        const __m512 D = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)B));
-#pragma GCC unroll 8
-        for (int c = 0; c < C; c++)
-            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]),
-                                     _mm512_mul_ps(D, _mm512_set1_ps(xq[c * nsb + s].d)), acc[c]);
+        x16_fold(C, B, xq + s, nsb, isum, acc);
     }
-#pragma GCC unroll 8
-    for (int c = 0; c < C; c++) _mm512_mask_storeu_ps(y + c * ldy, keep, acc[c]);
+    x16_store(C, acc, y, ldy, keep);
 }
 
 /* IQ4_XS: group G (nsb super-blocks of KERN_IQ4XSX16_SB_BYTES) against C tokens of xq (token
@@ -300,12 +335,10 @@ AI void iq4_tile(const int C, const unsigned char *G, int64_t nsb, const kern_q8
     for (int i = 0; i < 16; i++) kvu[i] = (int8_t)(dtype_iq4nl_values[i] + 128);
     const __m512i tbl = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)kvu));
     __m512 acc[X16_TOK];
-#pragma GCC unroll 8
-    for (int c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
+    x16_zero(C, acc);
     for (int64_t s = 0; s < nsb; s++) {
         const unsigned char *B = G + (size_t)s * KERN_IQ4XSX16_SB_BYTES;
-        if (pfd)
-            for (int l = 0; l < KERN_IQ4XSX16_SB_BYTES / 64; l++) kern_pf_stream(B + pfd + 64 * l);
+        x16_prefetch(B, pfd, KERN_IQ4XSX16_SB_BYTES);
         const __m512i sh = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(B + 32)));
         const __m512i sl = _mm512_loadu_si512(B + 64);
         /* ls_j - 32 of sub-block j, per row lane */
@@ -320,8 +353,7 @@ AI void iq4_tile(const int C, const unsigned char *G, int64_t nsb, const kern_q8
         /* isum starts at -128 * sum_j (ls_j - 32) bsum_j (the +128 of every stored kv): the
          * pairs (ls_2p - 32, ls_2p+1 - 32) as int16 against the token's bsum pairs */
         __m512i isum[X16_TOK];
-#pragma GCC unroll 8
-        for (int c = 0; c < C; c++) isum[c] = _mm512_setzero_si512();
+        x16_zeroi(C, isum);
 #pragma GCC unroll 4
         for (int p = 0; p < 4; p++) {
             const __m512i lp = _mm512_or_si512(_mm512_and_si512(ls[2 * p], _mm512_set1_epi32(0xffff)),
@@ -330,15 +362,12 @@ AI void iq4_tile(const int C, const unsigned char *G, int64_t nsb, const kern_q8
             for (int c = 0; c < C; c++)
                 isum[c] = _mm512_dpwssd_epi32(isum[c], lp, bcast4(xq[c * nsb + s].bsum + 2 * p));
         }
-#pragma GCC unroll 8
-        for (int c = 0; c < C; c++)
-            isum[c] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(isum[c], 7));
+        neg_shift(C, isum, 7);
         /* sub-block j: qs words 4j .. 4j+3, low nibbles weights 32j + 4w .., high 32j + 16 + 4w */
 #pragma GCC unroll 8
         for (int j = 0; j < 8; j++) {
             __m512i P[X16_TOK];
-#pragma GCC unroll 8
-            for (int c = 0; c < C; c++) P[c] = _mm512_setzero_si512();
+            x16_zeroi(C, P);
 #pragma GCC unroll 4
             for (int w = 0; w < 4; w++) {
                 const __m512i V = _mm512_loadu_si512(B + 128 + 64 * (4 * j + w));
@@ -356,14 +385,9 @@ AI void iq4_tile(const int C, const unsigned char *G, int64_t nsb, const kern_q8
             for (int c = 0; c < C; c++)
                 isum[c] = _mm512_add_epi32(isum[c], _mm512_mullo_epi32(P[c], ls[j]));
         }
-        const __m512 D = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)B));
-#pragma GCC unroll 8
-        for (int c = 0; c < C; c++)
-            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]),
-                                     _mm512_mul_ps(D, _mm512_set1_ps(xq[c * nsb + s].d)), acc[c]);
+        x16_fold(C, B, xq + s, nsb, isum, acc);
     }
-#pragma GCC unroll 8
-    for (int c = 0; c < C; c++) _mm512_mask_storeu_ps(y + c * ldy, keep, acc[c]);
+    x16_store(C, acc, y, ldy, keep);
 }
 
 /* Q8_0: group G (ceil(nb / 2) pairs of blocks of KERN_Q8X16_PAIR_BYTES) against C tokens of
@@ -374,12 +398,10 @@ AI void q8_tile(const int C, const unsigned char *G, int64_t nb, const int8_t *q
 {
     const int64_t K = nb * QK8_0;
     __m512 acc[X16_TOK];
-#pragma GCC unroll 8
-    for (int c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
+    x16_zero(C, acc);
     for (int64_t p = 0; p < (nb + 1) / 2; p++) {
         const unsigned char *B = G + (size_t)p * KERN_Q8X16_PAIR_BYTES;
-        if (pfd)
-            for (int l = 0; l < KERN_Q8X16_PAIR_BYTES / 64; l++) kern_pf_stream(B + pfd + 64 * l);
+        x16_prefetch(B, pfd, KERN_Q8X16_PAIR_BYTES);
 #pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
             const int64_t b = 2 * p + h;
@@ -402,8 +424,7 @@ AI void q8_tile(const int C, const unsigned char *G, int64_t nb, const int8_t *q
                                          _mm512_mul_ps(D, _mm512_set1_ps(d8[c * nb + b])), acc[c]);
         }
     }
-#pragma GCC unroll 8
-    for (int c = 0; c < C; c++) _mm512_mask_storeu_ps(y + c * ldy, keep, acc[c]);
+    x16_store(C, acc, y, ldy, keep);
 }
 
 /* A run of tokens as the tiles take them: K-quants xq (and Q6_K's xs), token stride nsb; Q8_0
