@@ -1,8 +1,8 @@
 /* engine/cpu/cpu_backend.c: the CPU backend: Llama-family forward pass over the paged KV cache.
  *
  * Weights are read in place from the model's mapping, except the matrices the kernel table packs
- * into a layout of its own (kern_table_t.pack: Q4_K with AVX512-VNNI), copied once at creation
- * into memory the backend owns. Activations live in scratch buffers sized
+ * into a layout of its own (kern_table_t.pack: Q4_K, Q5_K, Q6_K, IQ4_XS and Q8_0 with
+ * AVX512-VNNI), copied once at creation into memory the backend owns. Activations live in scratch buffers sized
  * for params.max_batch_tokens at creation; nothing is allocated per step. Each phase of a layer
  * is one tpool_run; matmuls split output rows over threads, attention splits (token, kv head)
  * items over threads. Every output value is computed in an order that does not depend on the
@@ -111,13 +111,13 @@ static void split_rows(long n, int ith, int nth, long *lo, long *hi)
     if (*lo > n) *lo = n;
 }
 
-/* y = W x over rows [lo, hi) of matrix `which` of layer `layer` (layer -1: the output head), w,
- * through its packed copy when it has one (kernels.h: matmul's contract either way). */
+/* y = W x over rows [lo, hi) of matrix `which` of layer `layer` (layer n_layers, which 0: the
+ * output head), w, through its packed copy when it has one (kernels.h: matmul's contract either
+ * way). */
 static void matmul_w(const cpu_t *c, int layer, int which, const weight_t *w, const float *x,
                      int64_t ldx, float *y, int64_t ldy, int T, long lo, long hi)
 {
-    const int hp_layers = c->base.model->hp.n_layers;
-    const void *p = c->packed[(layer < 0 ? hp_layers : layer) * MAT_N + (layer < 0 ? 0 : which)];
+    const void *p = c->packed[layer * MAT_N + which];
     if (p) c->k->matmul_packed(w->type, p, w->cols, x, ldx, y, ldy, T, lo, hi);
     else c->k->matmul(w->type, w->data, w->row_bytes, w->cols, x, ldx, y, ldy, T, lo, hi);
 }
@@ -474,7 +474,7 @@ static void ph_logits(void *arg, int ith, int nth)
     job_t *j = arg;
     const cpu_t *c = j->c;
     const model_t *m = c->base.model;
-    mm(c, -1, 0, &m->output, c->xn, m->hp.dim, j->logits, m->hp.n_vocab, j->b->n_logits, ith, nth);
+    mm(c, m->hp.n_layers, 0, &m->output, c->xn, m->hp.dim, j->logits, m->hp.n_vocab, j->b->n_logits, ith, nth);
     if (m->hp.logit_softcap > 0) {
         long lo, hi;
         split_rows((long)m->output.rows, ith, nth, &lo, &hi);
@@ -651,8 +651,8 @@ static void ph_pack(void *arg, int ith, int nth)
                    j->dst + (size_t)(lo / KERN_PACK_ROWS) * j->gbytes);
 }
 
-/* The matrices of layer l (l == n_layers: the output head) that pack_weights considers, in slot
- * order; returns their count. */
+/* The dense matmul matrices of layer l (l == n_layers: the output head) in slot order; returns
+ * their count. A mixture-of-experts layer's FFN is moe.c's (checked and used there, in place). */
 static int layer_mats(const model_t *m, int l, const weight_t *ws[MAT_N])
 {
     if (l == m->hp.n_layers) {
@@ -662,7 +662,7 @@ static int layer_mats(const model_t *m, int l, const weight_t *ws[MAT_N])
     const layer_weights_t *L = &m->layers[l];
     const weight_t *lw[MAT_N] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
     memcpy(ws, lw, sizeof lw);
-    return m->hp.n_expert > 0 ? MAT_O + 1 : MAT_N; /* MoE FFNs: moe.c's, in place */
+    return m->hp.n_expert > 0 ? MAT_O + 1 : MAT_N;
 }
 
 /* c->packed: the kernels' packed copy of every matrix the table packs (kern_table_t.pack), all in
@@ -742,20 +742,14 @@ backend_t *backend_cpu_new(const model_t *model, const backend_params_t *params,
     c->k = kern_get(NULL);
     /* every matrix must be one the kernels multiply (type, row length); a probe over an empty
      * row range checks that without touching data */
-    for (int l = -1; l < hp->n_layers; l++) {
-        const weight_t *ws[7] = {&model->output};
-        int nw = 1;
-        if (l >= 0) {
-            const layer_weights_t *L = &model->layers[l];
-            const weight_t *lw[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-            memcpy(ws, lw, sizeof lw);
-            nw = model->hp.n_expert > 0 ? 4 : 7; /* MoE matrices: moe_new checks them */
-        }
+    for (int l = 0; l <= hp->n_layers; l++) {
+        const weight_t *ws[MAT_N];
+        const int nw = layer_mats(model, l, ws); /* MoE FFNs: moe_new checks them */
         for (int i = 0; i < nw; i++)
             if (c->k->matmul(ws[i]->type, ws[i]->data, ws[i]->row_bytes, ws[i]->cols, NULL,
                              ws[i]->cols, NULL, 1, 1, 0, 0) != 0) {
                 char where[32];
-                if (l < 0) snprintf(where, sizeof where, "output");
+                if (l == hp->n_layers) snprintf(where, sizeof where, "output");
                 else snprintf(where, sizeof where, "layer %d", l);
                 sw_seterr(errstr, errlen, "cpu: %s: a %s matrix with rows of %lld elements is not "
                           "supported by the CPU kernels", where, dtype_name(ws[i]->type),

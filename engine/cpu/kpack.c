@@ -31,21 +31,27 @@ size_t kern_kx16_bytes(int wtype, int64_t rows, int64_t K)
     return groups * (size_t)units(wtype, K) * unit_bytes(wtype);
 }
 
+/* Row r (< 16) of the first 256 bytes of a group's packed Q4_K or Q5_K super-block B: its d,
+ * dmin and 12 scale bytes. */
+static void pack_dm_scales(unsigned char *B, int r, const uint16_t *d, const uint16_t *dmin,
+                           const uint8_t *scales)
+{
+    memcpy(B + 2 * r, d, 2);
+    memcpy(B + 32 + 2 * r, dmin, 2);
+    for (int w = 0; w < 3; w++) memcpy(B + 64 + 64 * w + 4 * r, scales + 4 * w, 4);
+}
+
 /* Row r (< 16) of a group's packed super-block B from its block b. */
 static void pack_q4k(unsigned char *B, int r, const block_q4_K *b)
 {
-    memcpy(B + 2 * r, &b->d, 2);
-    memcpy(B + 32 + 2 * r, &b->dmin, 2);
-    for (int w = 0; w < 3; w++) memcpy(B + 64 + 64 * w + 4 * r, b->scales + 4 * w, 4);
+    pack_dm_scales(B, r, &b->d, &b->dmin, b->scales);
     for (int i = 0; i < QK_K / 8; i++) memcpy(B + 256 + 64 * i + 4 * r, b->qs + 4 * i, 4);
 }
 
 /* Q5_K: Q4_K's first 256 bytes, then its qs and qh words in kern_q5k_line's order. */
 static void pack_q5k(unsigned char *B, int r, const block_q5_K *b)
 {
-    memcpy(B + 2 * r, &b->d, 2);
-    memcpy(B + 32 + 2 * r, &b->dmin, 2);
-    for (int w = 0; w < 3; w++) memcpy(B + 64 + 64 * w + 4 * r, b->scales + 4 * w, 4);
+    pack_dm_scales(B, r, &b->d, &b->dmin, b->scales);
     for (int i = 0; i < QK_K / 8; i++)
         memcpy(B + 256 + 64 * kern_q5k_line(i, 0) + 4 * r, b->qs + 4 * i, 4);
     for (int m = 0; m < QK_K / 32; m++)

@@ -99,12 +99,12 @@ AI void neg_shift(const int C, __m512i *isum, const int k)
         isum[c] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(isum[c], k));
 }
 
-/* acc[c] = fma(float(isum[c]), d * dx_c, acc[c]) for C tokens: d the 16 rows' fp16 scales at B,
- * dx_c = xb[c * nsb].d (xb: token 0's block of this super-block). */
-AI void x16_fold(const int C, const unsigned char *B, const kern_q8k_t *xb, int64_t nsb,
+/* acc[c] = fma(float(isum[c]), d * dx_c, acc[c]) for C tokens: d the 16 rows' fp16 scales at
+ * dp, dx_c = xb[c * nsb].d (xb: token 0's block of this super-block). */
+AI void x16_fold(const int C, const unsigned char *dp, const kern_q8k_t *xb, int64_t nsb,
                  const __m512i *isum, __m512 *acc)
 {
-    const __m512 D = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)B));
+    const __m512 D = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)dp));
 #pragma GCC unroll 8
     for (int c = 0; c < C; c++)
         acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]),
@@ -130,9 +130,11 @@ AI void q4_tile(const int q5, const int C, const unsigned char *G, int64_t nsb,
     const __m512i m6 = _mm512_set1_epi8(0x3f);
     const __m512i m2 = _mm512_set1_epi8(0x03);
     const __m512i mb = _mm512_set1_epi32(0xff);
+    /* vpshufb controls: the mins as int16 pairs (m_2p, m_2p+1) per lane */
+    const __m512i pair_lo = lane_ctl(0, -1, 1, -1), pair_hi = lane_ctl(2, -1, 3, -1);
     __m512 acc[X16_TOK], accm[X16_TOK];
-#pragma GCC unroll 8
-    for (int c = 0; c < C; c++) acc[c] = accm[c] = _mm512_setzero_ps();
+    x16_zero(C, acc);
+    x16_zero(C, accm);
     for (int64_t s = 0; s < nsb; s++) {
         const unsigned char *B = G + (size_t)s * sbb;
         x16_prefetch(B, pfd, sbb);
@@ -146,8 +148,6 @@ AI void q4_tile(const int q5, const int C, const unsigned char *G, int64_t nsb,
         const __m512i v3 = _mm512_or_si512(
             _mm512_and_si512(_mm512_srli_epi32(wc, 4), m4),
             _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(wb, 6), m2), 4));
-        /* the mins as int16 pairs (m_2p, m_2p+1) per lane */
-        const __m512i pair_lo = lane_ctl(0, -1, 1, -1), pair_hi = lane_ctl(2, -1, 3, -1);
         const __m512i M0 = _mm512_shuffle_epi8(v2, pair_lo), M1 = _mm512_shuffle_epi8(v2, pair_hi);
         const __m512i M2 = _mm512_shuffle_epi8(v3, pair_lo), M3 = _mm512_shuffle_epi8(v3, pair_hi);
         __m512i isum[X16_TOK];
@@ -189,19 +189,18 @@ AI void q4_tile(const int q5, const int C, const unsigned char *G, int64_t nsb,
                     isum[c], _mm512_add_epi32(_mm512_mullo_epi32(plo[c], slo),
                                               _mm512_mullo_epi32(phi[c], shi)));
         }
-        const __m512 D = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)B));
-        const __m512 DM = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(B + 32)));
+        /* msum: the rows' mins pairs against the token's bsum pairs */
+        __m512i mi[X16_TOK];
 #pragma GCC unroll 8
         for (int c = 0; c < C; c++) {
             const kern_q8k_t *xb = xq + c * nsb + s;
-            __m512i mi = _mm512_dpwssd_epi32(_mm512_setzero_si512(), M0, bcast4(xb->bsum));
-            mi = _mm512_dpwssd_epi32(mi, M1, bcast4(xb->bsum + 2));
-            mi = _mm512_dpwssd_epi32(mi, M2, bcast4(xb->bsum + 4));
-            mi = _mm512_dpwssd_epi32(mi, M3, bcast4(xb->bsum + 6));
-            const __m512 dx = _mm512_set1_ps(xb->d);
-            acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[c]), _mm512_mul_ps(D, dx), acc[c]);
-            accm[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(mi), _mm512_mul_ps(DM, dx), accm[c]);
+            mi[c] = _mm512_dpwssd_epi32(_mm512_setzero_si512(), M0, bcast4(xb->bsum));
+            mi[c] = _mm512_dpwssd_epi32(mi[c], M1, bcast4(xb->bsum + 2));
+            mi[c] = _mm512_dpwssd_epi32(mi[c], M2, bcast4(xb->bsum + 4));
+            mi[c] = _mm512_dpwssd_epi32(mi[c], M3, bcast4(xb->bsum + 6));
         }
+        x16_fold(C, B, xq + s, nsb, isum, acc);       /* d */
+        x16_fold(C, B + 32, xq + s, nsb, mi, accm);   /* dmin */
     }
 #pragma GCC unroll 8
     for (int c = 0; c < C; c++)
