@@ -54,14 +54,18 @@ typedef struct {
     int n_props;
     int commit_offsets;            /* 1: consumer_commit commits (at-least-once); 0: the caller
                                       commits through a transaction */
+    int leave_wait_ms;             /* consumer_leave serves the rebalance of its unsubscribe at
+                                      most this long (ms) before it closes; 0: 10000 */
 } consumer_config_t;
 
 /* Creates the consumer and subscribes. NULL + errstr on failure. hooks is copied. */
 consumer_t *consumer_new(const consumer_config_t *cfg, const consumer_hooks_t *hooks,
                          char *errstr, size_t errlen);
-/* Commits what is committable (synchronously when commit_offsets) and closes the group
- * membership: revocations drop what is left (hooks.drop) and every partition is forgotten. The
- * handle stays valid for consumer_wake and consumer_close only. Idempotent. */
+/* Commits what is committable (synchronously when commit_offsets), unsubscribes, serves the
+ * rebalance that follows (at most leave_wait_ms; not for a static member, group.instance.id,
+ * which must not leave the group) and closes the group membership: revocations drop what is
+ * left (hooks.drop) and every partition is forgotten. The handle stays valid for consumer_wake
+ * and consumer_close only. Idempotent. */
 void consumer_leave(consumer_t *c);
 /* consumer_leave unless done, then frees. Every message consumer_poll returned must have been
  * destroyed before: librdkafka's rd_kafka_destroy waits for them (forever). NULL is a no-op. */

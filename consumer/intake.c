@@ -66,9 +66,13 @@ struct consumer {
      * callback at a re-join's start; its cgrp debug log line "changed join state A -> B" is
      * written on its main thread before the state changes (log.queue off), so on_log sets
      * this flag before the JoinGroup is sent. */
-    int watch_join;          /* debug=cgrp set here for that (librdkafka < 2.9, no user debug
-                              * or log.queue) */
+    int watch_join;          /* debug=cgrp set here for that and for consumer_leave
+                              * (librdkafka < 2.9, no user debug or log.queue) */
     atomic_int rejoining;    /* 1 in a re-join phase; written by librdkafka's main thread */
+    atomic_int join_init;    /* 1 in the init join state (not joined, joining nothing);
+                              * written by librdkafka's main thread */
+    int leave_wait_ms;       /* consumer_leave's bound on the unsubscribe's rebalance */
+    int static_member;       /* group.instance.id set (KIP-345): leaving closes at once */
 };
 
 static int is_held(const consumer_t *c, const char *topic)
@@ -324,6 +328,7 @@ static void note_join_state(consumer_t *c, const char *buf)
     int r = 0;
     for (size_t i = 0; i < sizeof held / sizeof held[0]; i++)
         if (!strncmp(to, held[i], strlen(held[i]))) r = 1;
+    atomic_store(&c->join_init, !strncmp(to, "init ", 5));
     atomic_store(&c->rejoining, r);
 }
 
@@ -376,7 +381,9 @@ consumer_t *consumer_new(const consumer_config_t *cfg, const consumer_hooks_t *h
         goto conf_fail;
     for (size_t i = 0; i < sizeof defaults / sizeof defaults[0]; i++)
         if (rd_kafka_conf_set(conf, defaults[i][0], defaults[i][1], e, sizeof e)) goto conf_fail;
-    c->watch_join = c->commit_offsets && rd_kafka_version() < 0x02090000;
+    c->leave_wait_ms = cfg->leave_wait_ms > 0 ? cfg->leave_wait_ms : 10000;
+    atomic_store(&c->join_init, 1); /* a new group client starts there */
+    c->watch_join = rd_kafka_version() < 0x02090000;
     for (int i = 0; i < cfg->n_props; i++)
         if (!strcmp(cfg->prop_keys[i], "debug") || !strcmp(cfg->prop_keys[i], "log.queue"))
             c->watch_join = 0; /* the user's debug log, or logs served late on the poll thread */
@@ -384,6 +391,10 @@ consumer_t *consumer_new(const consumer_config_t *cfg, const consumer_hooks_t *h
     for (int i = 0; i < cfg->n_props; i++)
         if (rd_kafka_conf_set(conf, cfg->prop_keys[i], cfg->prop_values[i], e, sizeof e))
             goto conf_fail;
+    char inst[256];
+    size_t inst_len = sizeof inst;
+    c->static_member = rd_kafka_conf_get(conf, "group.instance.id", inst, &inst_len) ==
+                           RD_KAFKA_CONF_OK && inst[0];
     rd_kafka_conf_set_rebalance_cb(conf, on_rebalance);
     rd_kafka_conf_set_offset_commit_cb(conf, on_commit);
     rd_kafka_conf_set_log_cb(conf, on_log);
@@ -430,6 +441,45 @@ fail:
     return NULL;
 }
 
+/* 1 when rd_kafka_assignment says nothing is assigned (or cannot say). */
+static int nothing_assigned(consumer_t *c)
+{
+    rd_kafka_topic_partition_list_t *l = NULL;
+    if (rd_kafka_assignment(c->rk, &l)) return 1;
+    int n = l ? l->cnt : 0;
+    if (l) rd_kafka_topic_partition_list_destroy(l);
+    return n == 0;
+}
+
+/* Unsubscribes and serves the rebalance that starts (the revocation, and an assignment already
+ * on its way before it) on this thread until nothing is assigned and, where the join state is
+ * watched, the group client is back in its init state: not a member, not joining; at most
+ * leave_wait_ms. rd_kafka_consumer_close alone is not enough with librdkafka < 2.4: an
+ * assignment that arrives while the consumer closes is turned into an unassign but the group
+ * stays waiting for the assign call, and the close never ends (librdkafka #4527). After an
+ * unsubscribe an assignment is an ordinary one, revoked in turn. Messages polled here are
+ * destroyed, not tracked. */
+static void unsubscribe_and_wait(consumer_t *c)
+{
+    rd_kafka_resp_err_t err = rd_kafka_unsubscribe(c->rk);
+    if (err) {
+        logf_(c, SW_LOG_WARN, "unsubscribe: %s", rd_kafka_err2str(err));
+        return;
+    }
+    int64_t end = sw_mono_ms() + c->leave_wait_ms;
+    for (;;) {
+        rd_kafka_message_t *m = rd_kafka_consumer_poll(c->rk, 10);
+        if (m) rd_kafka_message_destroy(m);
+        if (c->n_parts == 0 && (!c->watch_join || atomic_load(&c->join_init)) &&
+            nothing_assigned(c))
+            return;
+        if (sw_mono_ms() >= end) break;
+    }
+    logf_(c, SW_LOG_WARN,
+          "leaving the group: the rebalance after the unsubscribe did not end within %d ms "
+          "(%d partition(s) still tracked): closing anyway", c->leave_wait_ms, c->n_parts);
+}
+
 void consumer_leave(consumer_t *c)
 {
     if (c->left) return;
@@ -438,7 +488,10 @@ void consumer_leave(consumer_t *c)
     c->closing = 1; /* from here on consumer_wake does nothing */
     pthread_mutex_unlock(&c->wake_mu);
     if (c->commit_offsets) consumer_commit(c, 0);
-    rd_kafka_resp_err_t err = rd_kafka_consumer_close(c->rk); /* revokes: drops what is left */
+    /* A static member does not leave the group when it closes (its restart within the session
+     * moves no partition), but an unsubscribe would leave it: it closes at once. */
+    if (!c->static_member) unsubscribe_and_wait(c); /* revokes (commit_parts): drops what is left */
+    rd_kafka_resp_err_t err = rd_kafka_consumer_close(c->rk);
     if (err) logf_(c, SW_LOG_WARN, "consumer close: %s", rd_kafka_err2str(err));
     while (c->n_parts) remove_part(c, c->parts[c->n_parts - 1]);
 }

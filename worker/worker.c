@@ -294,6 +294,8 @@ worker_t *worker_new(const worker_config_t *cfg, char *errstr, size_t errlen)
         .prop_values = (const char *const *)w->prop_c_vals,
         .n_props = w->n_prop_c,
         .commit_offsets = w->cfg.delivery == WORKER_ALO,
+        /* half the shutdown budget: the close after it and the watchdog get the rest */
+        .leave_wait_ms = w->cfg.shutdown_timeout_ms / 2,
     };
     consumer_hooks_t hooks = {.arg = w, .before_revoke = wout_hook_before_revoke, .drop = wout_hook_drop,
                               .lost = wout_hook_lost, .committed = wout_hook_committed,
