@@ -7,9 +7,9 @@
 #      (batch.max_seqs 128) that runs well past 3 s (the results' timings prove it) -> no
 #      revocation, no lost partition and no "maximum poll interval exceeded" in the worker's log
 #      before the stop: one assignment.
-#   2. At-least-once, a second worker joins under load (600 prompts, then 200 more as it joins,
-#      so the partitions it takes over have work) and leaves (SIGTERM) after its first 50
-#      results, just after 400 more arrive (max.inflight 64 each): every id comes back (set
+#   2. At-least-once, a second worker joins under load (600 prompts, then 200 more once it holds
+#      partitions, so the partitions it took over have work) and leaves (SIGTERM) after its first
+#      50 results, just after 400 more arrive (max.inflight 64 each): every id comes back (set
 #      equality);
 #      duplicates are at most the in-flight requests the revocations dropped (the workers'
 #      "revoked ... (N in-flight dropped)" lines); both exit 0.
@@ -28,6 +28,7 @@ bt_init worker-rebalance "$1" "$2"
 export SPILLWAY_KAFKA_PROPS="group.min.session.timeout.ms=1000"
 fail() {
   echo "FAIL: $*"
+  : >"$WORK/.failed" # bt_cleanup keeps the work folder
   local f
   for f in "$WORK"/*.log; do
     [ -f "$f" ] || continue
@@ -96,6 +97,15 @@ results_of() {
   kcat -b "$BOOTSTRAP" -C -t "${NS}results" -e -q -o beginning -f '%s\n' -X isolation.level=read_committed \
     2>/dev/null | grep -c "\"worker\":\"$1\"" || true
 }
+# wait_assigned WORKER SECONDS: true once WORKER's log shows partitions assigned to it
+wait_assigned() {
+  local end=$(( $(date +%s) + $2 ))
+  while [ "$(date +%s)" -lt "$end" ]; do
+    grep -qE ' INFO assigned [0-9]+ partition\(s\), [1-9][0-9]* now' "$WORK/$1.log" && return 0
+    sleep 0.2
+  done
+  return 1
+}
 # wait_results WORKER MIN SECONDS
 wait_results() {
   local c=0 end=$(( $(date +%s) + $3 ))
@@ -157,15 +167,18 @@ phase() {
   run_worker "$b" "g-$mode" "p-$mode" -s max.inflight=64 "${extra[@]}"
   local WB=$WPID
   # the joiner must get work: the partitions it takes over may already be drained (the first
-  # worker fetched whole partitions at once), so 200 more arrive on every partition as it joins
+  # worker fetched whole partitions at once and finishes what it fetched before the hand-over),
+  # so 200 more arrive once it holds partitions
+  wait_assigned "$b" 60 || fail "$b: no partition assigned within 60 s of joining"
   "$SPILLWAY" produce -b "$BOOTSTRAP" -t "${NS}p-$mode" --key-prefix 0 "$WORK/${mode}2.jsonl" 2>/dev/null
   c=$(wait_results "$b" 50 60)
   [ "$c" -ge 50 ] || fail "$b: only $c results after joining"
   "$SPILLWAY" produce -b "$BOOTSTRAP" -t "${NS}p-$mode" --key-prefix 0 "$WORK/${mode}3.jsonl" 2>/dev/null
-  stop_worker "$WB" "$b"
+  # counted as the stop is sent: the other worker may finish the rest while this one drains
   local done
   done=$(done_ids "$WORK/$mode.ids")
-  [ "$done" -lt 1200 ] || fail "$mode: no work left when $b left"
+  stop_worker "$WB" "$b"
+  [ "$done" -lt 1200 ] || fail "$mode: no work left when $b was stopped"
   say "$mode: $b joined after $a had 100+ results, served $c, left on SIGTERM with $(( 1200 - done )) of 1200 ids to go"
   collect "$mode"
   stop_worker "$WA" "$a"
