@@ -80,10 +80,11 @@ join_build "$rel_rc" "$asan_build" build-asan/build.log Release ASan+UBSan
 # The ThreadSanitizer and fuzz builds run behind the ASan+UBSan tests the same way.
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPILLWAY_WERROR=ON -DSPILLWAY_TSAN=ON \
   -DSPILLWAY_CUDA=OFF -DSPILLWAY_SHARED_DIR="$SHARED" >/dev/null
-# only what the stage runs: the tests labelled "threaded" (CMakeLists.txt) and what they run
+# only what the stage runs: the tests labelled "threaded" (CMakeLists.txt SPILLWAY_THREADED_TESTS,
+# kept equal to this list) and what they run
 # (test_cache_tier.sh: spillway)
 TSAN_TARGETS="spillway test_engine test_threadpool test_kvpool test_metrics test_cache test_peer
-  test_consumer_offsets test_worker_mock test_worker_txn_mock test_worker_features"
+  test_consumer_offsets test_consumer_leave test_worker_mock test_worker_txn_mock test_worker_features"
 fuzz_targets=$(for src in tests/fuzz/fuzz_*.c; do basename "$src" .c; done)
 if [ "$FUZZ_SECONDS" -gt 0 ]; then
   CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPILLWAY_FUZZ=ON \

@@ -11,6 +11,7 @@
  *   warning or error, and every partition's committed offset is its end. */
 #include <librdkafka/rdkafka.h>
 #include <librdkafka/rdkafka_mock.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,23 +23,25 @@
 
 enum { NPART = 4, NMSG = 10 };
 
-/* One consumer's log as the test sees it: counts of warnings/errors and of the line wanted. */
+/* One consumer's log as the test sees it: counts of warnings/errors and of the line wanted.
+ * Atomics: librdkafka's own threads may log too. */
 typedef struct {
     const char *name;
-    int bad;                 /* warning or error lines */
-    int watching;            /* 1: count lines containing want */
+    atomic_int bad;          /* warning or error lines */
+    atomic_int watching;     /* 1: count lines containing want */
     const char *want;
-    int wanted;
+    atomic_int wanted;
 } logstate_t;
 
 static void on_log(void *arg, int level, const char *msg)
 {
     logstate_t *l = arg;
     if (level <= 1) {
-        l->bad++;
+        atomic_fetch_add(&l->bad, 1);
         fprintf(stderr, "consumer %s: %s\n", l->name, msg);
     }
-    if (l->watching && l->want && strstr(msg, l->want)) l->wanted++;
+    if (atomic_load(&l->watching) && l->want && strstr(msg, l->want))
+        atomic_fetch_add(&l->wanted, 1);
 }
 
 static void on_drop(void *arg, void *user)
@@ -124,14 +127,14 @@ int main(void)
      * librdkafka's own thread */
     consumer_close(b);
     b = NULL;
-    CHECK(lb.bad == 0);
+    CHECK(atomic_load(&lb.bad) == 0);
     sleep_ms(8000);
 
-    la.watching = 1;
+    atomic_store(&la.watching, 1);
     consumer_leave(a);
-    CHECKF(la.wanted == 1, "A's leave served %d assignment(s) of B's partitions, want 1",
-           la.wanted);
-    CHECKF(la.bad == 0, "A logged %d warning(s)/error(s) while leaving", la.bad);
+    int wanted = atomic_load(&la.wanted), bad = atomic_load(&la.bad);
+    CHECKF(wanted == 1, "A's leave served %d assignment(s) of B's partitions, want 1", wanted);
+    CHECKF(bad == 0, "A logged %d warning(s)/error(s) while leaving", bad);
     int64_t per[NPART];
     tk_committed(brokers, "g-leave", "t", NPART, per);
     for (int p = 0; p < NPART; p++)
