@@ -77,22 +77,14 @@ static int poll_ack(consumer_t *c, int ms)
 int main(void)
 {
     char err[512];
-    rd_kafka_conf_t *conf = rd_kafka_conf_new();
-    rd_kafka_conf_set(conf, "log_level", "3", err, sizeof err);
-    rd_kafka_t *mk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof err);
-    CHECK(mk != NULL);
-    if (!mk) return check_exit();
-    rd_kafka_mock_cluster_t *mc = rd_kafka_mock_cluster_new(mk, 1);
+    rd_kafka_t *mk;
+    rd_kafka_mock_cluster_t *mc = tk_mock_cluster(1, "t", NPART, &mk);
     CHECK(mc != NULL);
+    if (!mc) return check_exit();
     const char *brokers = rd_kafka_mock_cluster_bootstraps(mc);
-    CHECK(rd_kafka_mock_topic_create(mc, "t", NPART, 1) == 0);
-    static tk_msg_t msgs[NPART * NMSG];
-    static char vals[NPART * NMSG][16];
-    for (int i = 0; i < NPART * NMSG; i++) {
-        snprintf(vals[i], sizeof vals[i], "m%d", i);
-        msgs[i] = (tk_msg_t){.topic = "t", .value = vals[i], .partition = i % NPART};
-    }
-    CHECK(tk_produce(brokers, msgs, NPART * NMSG) == 0);
+    const char *vals[NPART * NMSG];
+    for (int i = 0; i < NPART * NMSG; i++) vals[i] = "m";
+    CHECK(tk_produce_values(brokers, "t", vals, NULL, NPART * NMSG, NPART, 0) == 0);
 
     /* max.poll.interval.ms well above the time A is left unpolled below */
     const char *pk[] = {"log_level", "session.timeout.ms", "heartbeat.interval.ms",

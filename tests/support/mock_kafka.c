@@ -37,6 +37,27 @@ int tk_free_port(void)
     return -1;
 }
 
+rd_kafka_mock_cluster_t *tk_mock_cluster(int nbrokers, const char *topic, int nparts,
+                                         rd_kafka_t **mk)
+{
+    char err[512];
+    rd_kafka_conf_t *conf = rd_kafka_conf_new();
+    rd_kafka_conf_set(conf, "log_level", "3", err, sizeof err);
+    *mk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof err); /* owns conf on success */
+    if (!*mk) {
+        fprintf(stderr, "mock cluster handle: %s\n", err);
+        rd_kafka_conf_destroy(conf);
+        return NULL;
+    }
+    rd_kafka_mock_cluster_t *mc = rd_kafka_mock_cluster_new(*mk, nbrokers);
+    if (mc && rd_kafka_mock_topic_create(mc, topic, nparts, 1) == 0) return mc;
+    fprintf(stderr, "mock cluster: cannot create it or its topic %s\n", topic);
+    if (mc) rd_kafka_mock_cluster_destroy(mc);
+    rd_kafka_destroy(*mk);
+    *mk = NULL;
+    return NULL;
+}
+
 rd_kafka_t *tk_client(rd_kafka_type_t type, const char *brokers, const char *group,
                       const char *isolation)
 {

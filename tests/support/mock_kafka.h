@@ -10,6 +10,7 @@
 
 #include <jansson.h>
 #include <librdkafka/rdkafka.h>
+#include <librdkafka/rdkafka_mock.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -23,6 +24,12 @@ int64_t tk_now_ms(void);
  * scripts/svc-lib.sh picks the test servers'), so no client connection of another process can be
  * given it before the test's server binds it; -1 when none was found in 200 tries. */
 int tk_free_port(void);
+
+/* An in-process mock cluster of nbrokers brokers with topic (nparts partitions, replication 1)
+ * created, on a handle of its own at log_level 3 (*mk, which the caller destroys after
+ * rd_kafka_mock_cluster_destroy). NULL on failure (printed; *mk then NULL). */
+rd_kafka_mock_cluster_t *tk_mock_cluster(int nbrokers, const char *topic, int nparts,
+                                         rd_kafka_t **mk);
 
 /* A client of brokers (NULL: none set) at log_level 3. group: group.id, with auto commit off
  * (NULL: none); isolation: isolation.level (NULL: librdkafka's default). NULL on failure
