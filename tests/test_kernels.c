@@ -275,9 +275,8 @@ static void test_isa_cross(const kern_table_t *a, const kern_table_t *b, int t, 
 }
 
 /* kern_table_t.pack of the table that has one (avx512-vnni): what it packs, and the packed routes
- * of Q4_K and Q8_0 through the checks every matmul gets (kernels.h "Packed Q4_K, Q5_K, Q6_K,
- * IQ4_XS and Q8_0" gives their bound: matmul's). Q5_K's and Q6_K's: test_kernels_q56k;
- * IQ4_XS's: test_qleg. */
+ * of Q4_K, Q8_0 and F16 through the checks every matmul gets (kernels.h "Packed ..." gives their
+ * bound: matmul's). Q5_K's and Q6_K's: test_kernels_q56k; IQ4_XS's: test_qleg. */
 static void test_packed(const kern_table_t *kt, const kern_table_t *other)
 {
     CHECK(kt->pack_bytes(DT_Q4_K, 37, 768) == 3 * 3 * 2304);
@@ -287,14 +286,17 @@ static void test_packed(const kern_table_t *kt, const kern_table_t *other)
     CHECK(kt->pack_bytes(DT_Q8_0, 37, 96) == 3 * 2 * 1088); /* 3 blocks: a pair and a half */
     CHECK(kt->pack_bytes(DT_Q8_0, 16, 576) == 9 * 1088);
     CHECK(kt->pack_bytes(DT_Q8_0, 16, 48) == 0);
+    CHECK(kt->pack_bytes(DT_F16, 37, 96) == 3 * 3 * 1024);
+    CHECK(kt->pack_bytes(DT_F16, 16, 48) == 0); /* K not a multiple of 32 */
+    CHECK(kt->matmul_packed(DT_F16, NULL, 48, NULL, 48, NULL, 1, 1, 0, 0) == -1);
     for (int wi = 0; wi < N_WTYPES; wi++)
-        if (WTYPES[wi] != DT_Q4_K && WTYPES[wi] != DT_Q8_0) {
+        if (WTYPES[wi] != DT_Q4_K && WTYPES[wi] != DT_Q8_0 && WTYPES[wi] != DT_F16) {
             CHECK(kt->pack_bytes(WTYPES[wi], 37, 768) == 0);
             CHECK(kt->matmul_packed(WTYPES[wi], NULL, 768, NULL, 768, NULL, 1, 1, 0, 0) == -1);
         }
     /* packed in parts at group boundaries (kernels.h): the same bytes as the whole */
-    static const int PT[] = {DT_Q4_K, DT_Q8_0};
-    for (int i = 0; i < 2; i++) {
+    static const int PT[] = {DT_Q4_K, DT_Q8_0, DT_F16};
+    for (int i = 0; i < 3; i++) {
         const int64_t N = 37, K = PT[i] == DT_Q4_K ? 512 : 96;
         size_t rb;
         void *W = make_weights(PT[i], N, K, &rb);
@@ -317,7 +319,8 @@ static void test_packed(const kern_table_t *kt, const kern_table_t *other)
         int t, nks;
         int64_t ks[5], inv[3];
     } PC[] = {{DT_Q4_K, 4, {256, 512, 768, 1536}, {256, 768, 1536}},
-              {DT_Q8_0, 5, {32, 64, 96, 576, 1536}, {96, 576, 1536}}};
+              {DT_Q8_0, 5, {32, 64, 96, 576, 1536}, {96, 576, 1536}},
+              {DT_F16, 5, {32, 64, 96, 576, 2048}, {96, 576, 2048}}};
     for (size_t i = 0; i < sizeof PC / sizeof PC[0]; i++) {
         for (int ki = 0; ki < PC[i].nks; ki++)
             for (int T = 1; T <= 21; T += 4) kc_matmul_accuracy(&pk, PC[i].t, PC[i].ks[ki], T, &ACC);

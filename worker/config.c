@@ -118,10 +118,10 @@ static const key_t_ KEYS[] = {
      "the pool takes what is left"},
     {"threads", K_INT, F(threads), "0", 0, 1024, "compute threads (0 = one per CPU)"},
     {"cpu.pack", K_BOOL, F(cpu_pack), "true", 0, 1,
-     "CPU backend: copy the Q4_K, Q5_K, Q6_K, IQ4_XS and Q8_0 matrices at start into the kernels' own "
-     "layout where the CPU has AVX512-VNNI (1.7-3x faster at several sequences; the host memory "
-     "of the copy is `spillway plan`'s `cpu packed copy`; not done when the host's available "
-     "memory is short of it); false = every matrix read in place from the file mapping"},
+     "CPU backend: copy the Q4_K, Q5_K, Q6_K, IQ4_XS, Q8_0 and F16 matrices at start into the "
+     "kernels' own layout where the CPU has AVX512-VNNI (1.2-3x faster at several sequences; the "
+     "host memory of the copy is `spillway plan`'s `cpu packed copy`; not done when the host's "
+     "available memory is short of it); false = every matrix read in place from the file mapping"},
     {"batch.max_seqs", K_INT, F(max_seqs), "64", 1, 1 << 16, "sequences per batch"},
     {"batch.max_tokens", K_INT, F(max_batch_tokens), "512", 1, 1 << 20, "tokens per forward step"},
     {"kv.blocks", K_INT, F(kv_blocks), "0", 0, 1 << 30,

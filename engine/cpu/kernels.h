@@ -31,7 +31,7 @@
  * of the exact value of that formula; against the exact dot product of the widened weights it
  * adds x's rounding to 8 bits, at most dx_s / 2 = max|x over the 256| / 254 per element.
  *
- * Packed Q4_K, Q5_K, Q6_K, IQ4_XS and Q8_0 (the avx512-vnni table's pack/matmul_packed: rows
+ * Packed Q4_K, Q5_K, Q6_K, IQ4_XS, Q8_0 and F16 (the avx512-vnni table's pack/matmul_packed: rows
  * in groups of 16, one row per 32-bit lane of AVX512-VNNI's int8 dot product): the same xq and
  * the same exact integers isum_s (and Q4_K's and Q5_K's msum_s) per row, super-block and token
  * as matmul's routes (Q5_K, Q6_K, IQ4_XS and Q8_0 below; Q8_0's P_b per block b); in F32, per
@@ -39,7 +39,9 @@
  * Q5_K, accm = fma(msum_s, fl(dmin_s * dx_s), accm), y = acc - accm (the others: y = acc).
  * fl(isum_s) is exact below 2^24, so y is within matmul's bound for the type, though not
  * bit-equal to matmul's y. Batch invariance holds (a row's lane does the same operations in
- * every tile).
+ * every tile). Packed F16 (K a multiple of 32; x stays F32): per row and token one F32 chain,
+ * acc = fma(w_k, x_k, acc) in increasing k, y = acc: within F16's matmul bound above, not
+ * bit-equal to matmul's y, the same in every tile.
  *
  * Q6_K and Q5_K take the same int8 activations (kern_q8k_quantize; engine/cpu/kernels_q56k.h
  * gives each ISA's order). Per super-block s and token, exactly in integers: Q6_K
@@ -115,7 +117,7 @@ typedef struct {
      * as a matrix of their own at dst + (a / KERN_PACK_ROWS) * pack_bytes(wtype,
      * KERN_PACK_ROWS, K) give the same bytes as the whole.
      * matmul_packed(wtype, P, K, ...): matmul's y for rows [o0, o1) (o1 <= rows) of the matrix
-     * packed at P ("Packed Q4_K, Q5_K, Q6_K, IQ4_XS and Q8_0" above gives the values); any o0, o1,
+     * packed at P ("Packed Q4_K, Q5_K, Q6_K, IQ4_XS, Q8_0 and F16" above gives the values); any o0, o1,
      * fastest when both are multiples of KERN_PACK_ROWS. Returns -1 when wtype or K is not
      * packed, else 0. */
     size_t (*pack_bytes)(int wtype, int64_t rows, int64_t K);

@@ -100,7 +100,10 @@ int kern_q4k_matmul(kern_q4k_fn fn, kern_q8k_fn quant, const void *W, size_t wrb
  * whole pair, its second half zero):
  *   0..63      d of rows 0..15 (fp16), block 2p then block 2p + 1;
  *   64..1087   word m (< 8) of block 2p + h's quants at 64 + 512 h + 64 m, each byte q + 128
- *              (its top bit flipped: unsigned, as vpdpbusd's first operand wants). */
+ *              (its top bit flipped: unsigned, as vpdpbusd's first operand wants).
+ * F16 (1024 bytes per unit of 32 columns; K a multiple of 32): column k's 16 halves (rows
+ *   0..15) at 32 (k mod 32), so a group's whole matrix is column after column, 32 bytes each. */
+#define KERN_F16X16_UNIT_BYTES 1024
 #define KERN_Q4KX16_SB_BYTES 2304
 #define KERN_Q5KX16_SB_BYTES 2816
 /* The line (< 40) of qs word i (< 32) of a packed Q5_K super-block, or of qh word m (< 8) as
@@ -115,7 +118,8 @@ static inline int kern_q5k_line(int i, int m)
 #define KERN_Q8X16_PAIR_BYTES 1088
 #define KERN_IQ4XSX16_SB_BYTES 2176
 /* Bytes of the packed copy of a rows x K matrix of wtype: 0 unless wtype is DT_Q4_K, DT_Q5_K, DT_Q6_K,
- * DT_IQ4_XS or DT_Q8_0, rows >= 1 and kern_wtype_ok(wtype, K) with K > 0. */
+ * DT_IQ4_XS, DT_Q8_0 or DT_F16 (K a multiple of 32), rows >= 1 and kern_wtype_ok(wtype, K) with
+ * K > 0. */
 size_t kern_kx16_bytes(int wtype, int64_t rows, int64_t K);
 /* Packs W (rows x K, row o at (const char *)W + o * wrb) into dst (kern_kx16_bytes long). */
 void kern_kx16_pack(int wtype, const void *W, size_t wrb, int64_t rows, int64_t K, void *dst);

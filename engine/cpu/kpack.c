@@ -1,4 +1,4 @@
-/* engine/cpu/kpack.c: Q4_K, Q5_K, Q6_K, IQ4_XS and Q8_0 matrices repacked in groups of 16 rows
+/* engine/cpu/kpack.c: Q4_K, Q5_K, Q6_K, IQ4_XS, Q8_0 and F16 matrices repacked in groups of 16 rows
  * (kernels_impl.h's layouts), the portable part: the size and the packing. */
 #include <string.h>
 
@@ -14,6 +14,7 @@ static size_t unit_bytes(int t)
     case DT_Q6_K: return KERN_Q6KX16_SB_BYTES;
     case DT_IQ4_XS: return KERN_IQ4XSX16_SB_BYTES;
     case DT_Q8_0: return KERN_Q8X16_PAIR_BYTES;
+    case DT_F16: return KERN_F16X16_UNIT_BYTES;
     default: return 0;
     }
 }
@@ -21,12 +22,13 @@ static size_t unit_bytes(int t)
 /* Units per row of K elements of type t. */
 static int64_t units(int t, int64_t K)
 {
-    return t == DT_Q8_0 ? (K / QK8_0 + 1) / 2 : K / QK_K;
+    return t == DT_Q8_0 ? (K / QK8_0 + 1) / 2 : t == DT_F16 ? K / 32 : K / QK_K;
 }
 
 size_t kern_kx16_bytes(int wtype, int64_t rows, int64_t K)
 {
     if (!unit_bytes(wtype) || rows < 1 || K == 0 || !kern_wtype_ok(wtype, K)) return 0;
+    if (wtype == DT_F16 && K % 32) return 0;
     const size_t groups = (size_t)((rows + KERN_PACK_ROWS - 1) / KERN_PACK_ROWS);
     return groups * (size_t)units(wtype, K) * unit_bytes(wtype);
 }
@@ -110,6 +112,8 @@ void kern_kx16_pack(int wtype, const void *W, size_t wrb, int64_t rows, int64_t 
             else if (wtype == DT_Q5_K) pack_q5k(B, r, (const block_q5_K *)row + s);
             else if (wtype == DT_Q6_K) pack_q6k(B, r, (const block_q6_K *)row + s);
             else if (wtype == DT_IQ4_XS) pack_iq4xs(B, r, (const block_iq4_xs *)row + s);
+            else if (wtype == DT_F16)
+                for (int k = 0; k < 32; k++) memcpy(B + 32 * k + 2 * r, row + 2 * (32 * s + k), 2);
             else
                 for (int h = 0; h < 2 && 2 * s + h < K / QK8_0; h++)
                     pack_q80(B, r, h, (const block_q8_0 *)row + 2 * s + h);

@@ -1,5 +1,5 @@
-/* engine/cpu/kpack_avx512.c: packed Q4_K, Q5_K, Q6_K, IQ4_XS and Q8_0 x int8 (kernels.h
- * "Packed Q4_K, Q5_K, Q6_K, IQ4_XS and Q8_0"; the layouts in kernels_impl.h) for AVX-512 (F,
+/* engine/cpu/kpack_avx512.c: packed Q4_K, Q5_K, Q6_K, IQ4_XS and Q8_0 x int8, and packed F16 x
+ * F32 (kernels.h "Packed ..."; the layouts in kernels_impl.h) for AVX-512 (F,
  * BW, VL, DQ) + AVX512-VNNI + FMA + F16C. Called only through the avx512-vnni table, which
  * kern_get returns only where the CPU has all of them.
  *
@@ -22,6 +22,9 @@
  *     acc = fma(float(isum), d * dx, acc), y = acc.
  *   Q8_0: the stored q + 128, P started at -128 * the token's block sum, so P = sum q * xq
  *     exactly (|P| <= 32 * 128 * 127); acc = fma(float(P), d * dx, acc) per block, y = acc.
+ *   F16 (F32 x, not quantised): each 32-byte column widened by vcvtph2ps; one F32 chain per
+ *     row and token, acc = fma(w_k, x_k, acc) in column order, y = acc; up to 4 groups side by
+ *     side share each token's broadcast x_k (f16_rows).
  * Each (row, token) has its own lane and accumulators and the same operations whatever the tile,
  * so the routes are batch invariant. */
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -46,6 +49,9 @@
 #endif
 #define X16_PF_BYTES 16384           /* prefetch distance of a several-token tile streaming */
 #define X16_PANEL_BYTES (192 * 1024) /* groups kept in L2 while every token tile passes them */
+#define X16_F16_PF1_BYTES 4096       /* F16, one token: prefetch distance of each group's stream */
+#define X16_F16_TOK 6                /* F16: tokens per tile */
+#define X16_F16_L2 (512 * 1024)      /* F16: bytes of the groups a tile set keeps in L2 */
 
 /* The vpshufb control that puts, in every 32-bit lane, bytes b0..b3 of that lane's own word
  * (b < 0: a zero byte). */
@@ -507,6 +513,95 @@ AI void x16_rows(const int wt, const char *P, int64_t n, const x16_tok_t *x, int
     }
 }
 
+/* F16: NG groups from G0 (each K columns of 32 bytes, gb bytes apart) against C tokens of x (F32,
+ * token stride ldx); y[c * ldy + 16 g + r] for the rows r in keep[g]. pfd: prefetch distance of
+ * each group's stream (0: none): non-temporal with one token (each line is read once), else into
+ * L2 (the groups are read again by the next tiles). */
+AI void f16_tile(const int NG, const int C, const unsigned char *G0, size_t gb, int64_t K,
+                 const float *x, int64_t ldx, float *y, int64_t ldy, const __mmask16 *keep,
+                 size_t pfd)
+{
+    __m512 acc[4][X16_F16_TOK];
+#pragma GCC unroll 4
+    for (int g = 0; g < NG; g++) x16_zero(C, acc[g]);
+    for (int64_t k = 0; k < K; k += 2) {
+        if (pfd) {
+#pragma GCC unroll 4
+            for (int g = 0; g < NG; g++) {
+                const char *p = (const char *)(G0 + (size_t)g * gb + (size_t)k * 32 + pfd);
+                if (C == 1) _mm_prefetch(p, _MM_HINT_NTA);
+                else kern_pf_stream(p);
+            }
+        }
+#pragma GCC unroll 2
+        for (int j = 0; j < 2; j++) {
+            __m512 w[4];
+#pragma GCC unroll 4
+            for (int g = 0; g < NG; g++)
+                w[g] = _mm512_cvtph_ps(_mm256_load_si256(
+                    (const __m256i *)(G0 + (size_t)g * gb + (size_t)(k + j) * 32)));
+#pragma GCC unroll 8
+            for (int c = 0; c < C; c++) {
+                const __m512 xb = _mm512_set1_ps(x[c * ldx + k + j]);
+#pragma GCC unroll 4
+                for (int g = 0; g < NG; g++) acc[g][c] = _mm512_fmadd_ps(w[g], xb, acc[g][c]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int g = 0; g < NG; g++) x16_store(C, acc[g], y + 16 * g, ldy, keep[g]);
+}
+
+/* C (a constant) tokens over NG groups: f16_tile. */
+AI void f16_tile_ng(const int C, int NG, const unsigned char *G0, size_t gb, int64_t K,
+                    const float *x, int64_t ldx, float *y, int64_t ldy, const __mmask16 *keep,
+                    size_t pfd)
+{
+    switch (NG) {
+    case 1: f16_tile(1, C, G0, gb, K, x, ldx, y, ldy, keep, pfd); break;
+    case 2: f16_tile(2, C, G0, gb, K, x, ldx, y, ldy, keep, pfd); break;
+    case 3: f16_tile(3, C, G0, gb, K, x, ldx, y, ldy, keep, pfd); break;
+    default: f16_tile(4, C, G0, gb, K, x, ldx, y, ldy, keep, pfd); break;
+    }
+}
+
+/* Packed F16 rows [o0, o1) for T tokens: sets of up to 4 groups (fewer when K is long, so that a
+ * set stays in L2 while the token tiles of X16_F16_TOK pass over it); the first tile over a set
+ * prefetches (one token: X16_F16_PF1_BYTES ahead, non-temporal; several: X16_PF_BYTES). Every
+ * (row, token) lane gets the same chain whatever the set or tile: batch invariant. */
+static void f16_rows(const unsigned char *P, int64_t K, const float *x, int64_t ldx, int T,
+                     float *y, int64_t ldy, int64_t o0, int64_t o1)
+{
+    const size_t gb = (size_t)K * 32;
+    int per = (int)(X16_F16_L2 / gb);
+    per = per < 1 ? 1 : per > 4 ? 4 : per;
+    const int64_t g0 = o0 / KERN_PACK_ROWS, g1 = (o1 + KERN_PACK_ROWS - 1) / KERN_PACK_ROWS;
+    for (int64_t gs = g0; gs < g1; gs += per) {
+        const int ng = g1 - gs < per ? (int)(g1 - gs) : per;
+        __mmask16 keep[4];
+        for (int g = 0; g < ng; g++) {
+            const int64_t r0 = (gs + g) * KERN_PACK_ROWS;
+            const int64_t lo = o0 > r0 ? o0 - r0 : 0;
+            const int64_t hi = o1 - r0 < KERN_PACK_ROWS ? o1 - r0 : KERN_PACK_ROWS;
+            keep[g] = (__mmask16)((0xffffu >> (16 - (hi - lo))) << lo);
+        }
+        const unsigned char *G0 = P + (size_t)gs * gb;
+        for (int t = 0; t < T; t += X16_F16_TOK) {
+            const size_t pfd = t ? 0 : T == 1 ? X16_F16_PF1_BYTES : X16_PF_BYTES;
+            const float *xt = x + (int64_t)t * ldx;
+            float *yt = y + (int64_t)t * ldy + gs * KERN_PACK_ROWS;
+            switch (T - t) {
+            case 1: f16_tile_ng(1, ng, G0, gb, K, xt, ldx, yt, ldy, keep, pfd); break;
+            case 2: f16_tile_ng(2, ng, G0, gb, K, xt, ldx, yt, ldy, keep, pfd); break;
+            case 3: f16_tile_ng(3, ng, G0, gb, K, xt, ldx, yt, ldy, keep, pfd); break;
+            case 4: f16_tile_ng(4, ng, G0, gb, K, xt, ldx, yt, ldy, keep, pfd); break;
+            case 5: f16_tile_ng(5, ng, G0, gb, K, xt, ldx, yt, ldy, keep, pfd); break;
+            default: f16_tile_ng(X16_F16_TOK, ng, G0, gb, K, xt, ldx, yt, ldy, keep, pfd); break;
+            }
+        }
+    }
+}
+
 /* kern_q4k_fn over a packed Q4_K matrix (wrb unused) */
 static void q4_rows(const char *P, size_t wrb, int64_t nsb, const kern_q8k_t *xq, int T, float *y,
                     int64_t ldy, int64_t o0, int64_t o1)
@@ -590,6 +685,10 @@ int kern_kx16_matmul_vnni(int wtype, const void *P, int64_t K, const float *x, i
     if (wtype == DT_Q8_0)
         return kern_b32_matmul(DT_Q8_0, q8_rows, kern_q8_quantize_avx512, P, 0, K, x, ldx, y, ldy,
                                T, o0, o1);
+    if (wtype == DT_F16 && K > 0 && K % 32 == 0) {
+        f16_rows(P, K, x, ldx, T, y, ldy, o0, o1);
+        return 0;
+    }
     return -1;
 }
 
