@@ -191,6 +191,17 @@ fail() {
   exit 1
 }
 
+# wait_assigned NAME SECONDS: true once $WORK/NAME.log has an assignment of >= 1 partition,
+# false after SECONDS.
+wait_assigned() {
+  local end=$(( $(date +%s) + $2 ))
+  while [ "$(date +%s)" -lt "$end" ]; do
+    grep -qE ' INFO assigned [1-9][0-9]* partition' "$WORK/$1.log" && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
 # stop_worker PID NAME: SIGTERM, then exit status 0 and a clean stop in $WORK/NAME.log, or fail.
 stop_worker() {
   local rc=0

@@ -75,15 +75,6 @@ no_lost() {
 }
 # rebal LOG: assignment / revocation / loss lines of a worker's log
 rebal() { grep -E ' INFO (assigned|revoked|lost) [0-9]+ partition' "$1" || true; }
-# wait_assigned NAME SECONDS: until NAME's log has an assignment of >= 1 partition
-wait_assigned() {
-  local end=$(( $(date +%s) + $2 ))
-  while [ "$(date +%s)" -lt "$end" ]; do
-    grep -qE ' INFO assigned [1-9][0-9]* partition' "$WORK/$1.log" && return 0
-    sleep 0.1
-  done
-  fail "$1: no partition assigned within $2 s"
-}
 
 # ---- 4. rebalance 2 -> 3 -> 2 under load ----
 rebalance() {
@@ -176,7 +167,8 @@ if scenario 5; then
   produce s1 ps
   static_run sa1 sa1 member-a; A=$WPID
   static_run sb sb member-b; B=$WPID
-  wait_assigned sa1 60; wait_assigned sb 60
+  wait_assigned sa1 60 || fail "sa1: no partition assigned within 60 s"
+  wait_assigned sb 60 || fail "sb: no partition assigned within 60 s"
   c=$(wait_worker S sa1 20 90 read_uncommitted); [ "$c" -ge 20 ] || fail "sa1: only $c results"
   c=$(wait_worker S sb 20 90 read_uncommitted); [ "$c" -ge 20 ] || fail "sb: only $c results"
   # the group is settled once both have results; the other member's rebalance lines so far
@@ -188,7 +180,7 @@ if scenario 5; then
   # result counts above late): s2 gives member-a's partitions work for the restarted member
   produce s2 ps
   static_run sa2 sa2 member-a; A=$WPID
-  wait_assigned sa2 60
+  wait_assigned sa2 60 || fail "sa2: no partition assigned within 60 s"
   c=$(wait_worker S sa2 10 90 read_uncommitted); [ "$c" -ge 10 ] || fail "sa2: only $c results"
   say "5a member-a stopped (SIGTERM) and restarted: assigned again after $(secs_since "$r0") s ($(rebal "$WORK/sa2.log" | head -1 | sed 's/.* INFO //'))"
   c=$(wait_worker S sa2 40 90 read_uncommitted)
@@ -196,7 +188,7 @@ if scenario 5; then
   committed gs ps "$WORK/k-sa2"
   echo "sa2 $kms $(awk '{ printf "%s:%s ", $1, ($2 < 0 ? 0 : $2) }' "$WORK/k-sa2")" >"$WORK/s.kills"
   static_run sa3 sa3 member-a; A=$WPID
-  wait_assigned sa3 60
+  wait_assigned sa3 60 || fail "sa3: no partition assigned within 60 s"
   say "5a member-a killed (kill -9) after $c results and restarted: assigned again after $(secs_since "$kms") s ($(rebal "$WORK/sa3.log" | head -1 | sed 's/.* INFO //'))"
   wait_all s 300
   after=$(tail -n +"$((MARK + 1))" "$WORK/sb.log" | sed '/ INFO draining /,$d' | grep -E ' INFO (assigned|revoked|lost) [0-9]+ partition' || true)

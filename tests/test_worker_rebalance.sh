@@ -97,15 +97,6 @@ results_of() {
   kcat -b "$BOOTSTRAP" -C -t "${NS}results" -e -q -o beginning -f '%s\n' -X isolation.level=read_committed \
     2>/dev/null | grep -c "\"worker\":\"$1\"" || true
 }
-# wait_assigned WORKER SECONDS: true once WORKER's log shows partitions assigned to it
-wait_assigned() {
-  local end=$(( $(date +%s) + $2 ))
-  while [ "$(date +%s)" -lt "$end" ]; do
-    grep -qE ' INFO assigned [0-9]+ partition\(s\), [1-9][0-9]* now' "$WORK/$1.log" && return 0
-    sleep 0.2
-  done
-  return 1
-}
 # wait_results WORKER MIN SECONDS
 wait_results() {
   local c=0 end=$(( $(date +%s) + $3 ))
